@@ -1,0 +1,150 @@
+// Config: the DeepSpeed-style JSON that configures an Engine, parsed and validated.
+//
+// Every key is declared once in config.cc's key table (JSON path, type, default, check, one-line
+// doc); the same table drives parsing, defaults, validation and docs/config.md (written by
+// //engine:config_doc). Errors name the key's full path ("zero_optimization.offload_optimizer.
+// device"), the value seen and what was expected; malformed JSON reports line and column. Unknown
+// keys are collected as warnings, or errors when `strict` is set. Cross-key checks (batch identity,
+// param offload below stage 3, nvme without nvme_path, fp16 and bf16 both on, ...) run after the
+// keys are read. A Config is a plain value: copyable, no resources, safe to share read-only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/dtype.h"
+#include "runtime/status.h"
+
+namespace zero {
+
+enum class OffloadDevice { kNone, kCpu, kNvme };
+const char* OffloadDeviceName(OffloadDevice d);
+
+struct OffloadOptimizerConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path;
+  int64_t buffer_count = 4;
+  bool pin_memory = true;
+  bool pipeline_read = false;
+  bool pipeline_write = false;
+  bool fast_init = false;
+  double ratio = 1.0;
+};
+
+struct OffloadParamConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path;
+  int64_t buffer_count = 5;
+  int64_t buffer_size = 100000000;
+  int64_t max_in_cpu = 1000000000;
+  bool pin_memory = true;
+};
+
+struct AioConfig {
+  int64_t block_size = 1048576;
+  int64_t queue_depth = 8;
+  int64_t intra_op_parallelism = 1;  // older name: thread_count
+  bool single_submit = false;
+  bool overlap_events = true;
+  bool use_gds = false;
+};
+
+struct ZeroConfig {
+  int stage = 0;
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+  int64_t reduce_bucket_size = 500000000;
+  int64_t allgather_bucket_size = 500000000;
+  bool overlap_comm = false;  // default depends on stage: true for stage 3 (set when not given)
+  bool overlap_comm_set = false;
+  int64_t sub_group_size = 1000000000;
+  int64_t stage3_prefetch_bucket_size = 50000000;
+  int64_t stage3_param_persistence_threshold = 100000;
+  int64_t stage3_max_live_parameters = 1000000000;
+  int64_t stage3_max_reuse_distance = 1000000000;
+  bool stage3_gather_16bit_weights_on_model_save = false;
+  bool round_robin_gradients = false;
+  bool ignore_unused_parameters = true;
+  std::string offload_grad_accumulation = "cpu";  // "cpu" | "gpu"
+  OffloadOptimizerConfig offload_optimizer;
+  OffloadParamConfig offload_param;
+};
+
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0.0;  // 0 = dynamic
+  int initial_scale_power = 16;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1.0;
+};
+
+struct OptimizerConfig {
+  std::string type = "AdamW";  // "Adam" | "AdamW" (case-insensitive on input, normalized)
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;  // AdamW default; Adam: 0
+  bool adam_w_mode = true;     // "Adam" with adam_w_mode false is classic Adam (L2)
+};
+
+struct SchedulerConfig {
+  std::string type;  // "" (constant lr), "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"
+  double warmup_min_lr = 0.0;
+  double warmup_max_lr = -1.0;  // -1: the optimizer's lr
+  int64_t warmup_num_steps = 1000;
+  std::string warmup_type = "log";  // "log" | "linear"
+  int64_t total_num_steps = 0;      // WarmupDecayLR, WarmupCosineLR
+  double warmup_min_ratio = 0.0;    // WarmupCosineLR
+  double cos_min_ratio = 1e-4;      // WarmupCosineLR
+};
+
+struct Config {
+  // Batch arithmetic (resolved: all three set and consistent with world_size after Parse).
+  int64_t train_batch_size = 0;
+  int64_t train_micro_batch_size_per_gpu = 0;
+  int64_t gradient_accumulation_steps = 0;
+
+  double gradient_clipping = 1.0;  // 0 = off
+  int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+  std::string gradient_allreduce_op = "mean";  // "mean" | "sum"
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
+  bool managed_gradient_accumulation = true;
+  bool has_communication_data_type = false;
+  DType communication_data_type = DType::kF32;
+  bool has_grad_accum_dtype = false;
+  DType grad_accum_dtype = DType::kF32;
+
+  Fp16Config fp16;
+  bool bf16_enabled = false;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  ZeroConfig zero;
+  AioConfig aio;
+
+  std::vector<std::string> warnings;  // unknown keys, deprecated spellings mapped
+
+  // The model dtype implied by fp16/bf16 (fp32 when neither is enabled).
+  DType model_dtype() const;
+};
+
+struct ParseOptions {
+  int world_size = 1;     // for the batch identity
+  bool strict = false;    // unknown keys are errors rather than warnings
+  std::string source = "<config>";  // file name used in messages
+};
+
+Result<Config> ParseConfig(const std::string& json_text, const ParseOptions& options);
+Result<Config> LoadConfigFile(const std::string& path, const ParseOptions& options);
+
+// The config reference (markdown) generated from the key table.
+std::string ConfigReferenceMarkdown();
+// The resolved config as JSON (for checkpoints and logs).
+std::string ConfigToJson(const Config& config);
+
+}  // namespace zero

@@ -1,0 +1,80 @@
+#include "runtime/device.h"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+
+namespace zero {
+
+const char* DeviceKindName(DeviceKind k) { return k == DeviceKind::kCpu ? "cpu" : "cuda"; }
+
+struct Device::Counters {
+  std::mutex mu;
+  size_t in_use = 0;
+  size_t peak = 0;
+};
+
+std::shared_ptr<Device::Counters> Device::MakeCounters() { return std::make_shared<Counters>(); }
+
+void Device::NoteAlloc(size_t bytes) {
+  std::lock_guard<std::mutex> l(counters_->mu);
+  counters_->in_use += bytes;
+  counters_->peak = std::max(counters_->peak, counters_->in_use);
+}
+
+void Device::NoteFree(size_t bytes) {
+  std::lock_guard<std::mutex> l(counters_->mu);
+  counters_->in_use -= bytes;
+}
+
+MemoryStats Device::memory_stats() const {
+  std::lock_guard<std::mutex> l(counters_->mu);
+  return MemoryStats{counters_->in_use, counters_->peak};
+}
+
+void Device::ResetPeak() {
+  std::lock_guard<std::mutex> l(counters_->mu);
+  counters_->peak = counters_->in_use;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    device_ = o.device_;
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.device_ = nullptr;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void DeviceBuffer::Reset() {
+  if (ptr_ != nullptr && device_ != nullptr) device_->FreeDevice(ptr_, bytes_);
+  device_ = nullptr;
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    device_ = o.device_;
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.device_ = nullptr;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void PinnedBuffer::Reset() {
+  if (ptr_ != nullptr && device_ != nullptr) device_->FreePinned(ptr_, bytes_);
+  device_ = nullptr;
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+}  // namespace zero
