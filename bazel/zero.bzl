@@ -45,7 +45,7 @@ def cuda_library(name, srcs, hdrs = [], extra_hdrs = [], deps = [], cuda_deps = 
             outs = [obj],
             cmd = ("{nvcc} -c -O3 -std=c++20 -Xcompiler -fPIC -Xcompiler -O3 " +
                    "-gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 " +
-                   "--expt-relaxed-constexpr -DZERO_HAS_CUDA=1 -I. -I$(GENDIR) -I{cuda}/include " +
+                   "--expt-relaxed-constexpr --fmad=false -DZERO_HAS_CUDA=1 -I. -I$(GENDIR) -I{cuda}/include " +
                    "-o $@ $(location {src})").format(nvcc = NVCC, cuda = CUDA_PATH, src = src),
             message = "nvcc " + src,
         )
