@@ -24,7 +24,7 @@ def zero_cc_test(name, copts = [], deps = [], size = "small", **kw):
         **kw
     )
 
-def cuda_library(name, srcs, hdrs = [], extra_hdrs = [], deps = [], cuda_deps = [], **kw):
+def cuda_library(name, srcs, hdrs = [], extra_hdrs = [], deps = [], cuda_deps = [], nvcc_opts = [], **kw):
     """A cc_library whose .cu sources are compiled by nvcc for sm_90 (SASS) plus compute_90 PTX.
 
     `deps` are ordinary cc dependencies whose headers the .cu files include; `extra_hdrs` lists those
@@ -46,7 +46,7 @@ def cuda_library(name, srcs, hdrs = [], extra_hdrs = [], deps = [], cuda_deps = 
             cmd = ("{nvcc} -c -O3 -std=c++20 -Xcompiler -fPIC -Xcompiler -O3 " +
                    "-gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 " +
                    "--expt-relaxed-constexpr --fmad=false -DZERO_HAS_CUDA=1 -I. -I$(GENDIR) -I{cuda}/include " +
-                   "-o $@ $(location {src})").format(nvcc = NVCC, cuda = CUDA_PATH, src = src),
+                   "{opts} -o $@ $(location {src})").format(nvcc = NVCC, cuda = CUDA_PATH, src = src, opts = " ".join(nvcc_opts)),
             message = "nvcc " + src,
         )
         objs.append(obj)
