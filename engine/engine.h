@@ -1,0 +1,174 @@
+// Engine: the user's handle on ZeRO training (DeepSpeed's engine, for C++ training loops).
+//
+// The Engine owns every piece of training state of the parameters registered with it: the model
+// parameters in the model dtype (full, or this rank's shard at stage 3), the fp32 master weights,
+// the AdamW moments, the gradient accumulators and reduction buckets, the loss scaler, the LR
+// scheduler and the step counters. It does not own the Device or the Communicator it is given
+// (they must outlive it), nor the user's activations.
+//
+// Lifecycle (every rank makes the same calls in the same order; all calls below are collective
+// unless marked local):
+//   auto engine = Engine::Create(config, device, comm);
+//   for each parameter: engine->RegisterParameter({name, shape, module});         (local)
+//   engine->Initialize(init);       // init(index, float* host) fills full fp32 values, same on all ranks
+//   loop:
+//     forward:  { auto h = engine->GatherModule("block0"); use engine->param(i) ... }  // h releases
+//     backward: per parameter, write its gradient into engine->grad_buffer(i), then GradReady(i);
+//               engine->Backward();  // ends this micro step's backward
+//     engine->Step();               // optimizer step at the accumulation boundary
+//
+// Partitioning: every parameter is sharded on its own: numel n is padded to n_pad = ceil(n/N)*N
+// and rank r owns elements [r*n_pad/N, (r+1)*n_pad/N) (zero/partition.h). Stage 0: nothing is
+// partitioned. Stage 1: fp32 master weights and AdamW moments are partitioned. Stage 2: also the
+// fp32 gradient accumulators (gradients are reduce-scattered as they are produced, in buckets of
+// reduce_bucket_size elements, on the communicator while backward continues). Stage 3: also the
+// model-dtype parameters; GatherModule all-gathers a module's parameters and the handle releases
+// them (parameters of at most stage3_param_persistence_threshold elements stay gathered),
+// prefetching the modules that followed last step, within stage3_prefetch_bucket_size and
+// stage3_max_live_parameters.
+//
+// Arithmetic (what the equivalence suite checks bitwise):
+//   - Reduction is the mean over ranks ("gradient_allreduce_op": "mean"; "sum" skips the division):
+//     fp32 sum in rank order, divided by N, rounded once to the reduced buffer's dtype.
+//   - Stages 0/1 accumulate each rank's gradients locally in fp32 across micro steps and reduce the
+//     fp32 sums at the boundary backward. Stages 2/3 reduce each micro step's gradients in the model
+//     dtype and add the result to the fp32 partition.
+//   - At the boundary: sum of squares of the fp32 accumulators in double (partials all-reduced),
+//     overflow check (fp16: skip the step, update the loss scale), clip coefficient
+//     max(1, (norm/loss_scale + 1e-6)/clip), and one AdamW pass with grad_scale =
+//     1 / (GAS * loss_scale * clip_coef) (GAS = 1 in unmanaged mode: the user scales), then the new
+//     fp32 weights are rounded to the model dtype and all-gathered (stages 1/2).
+//
+// Accumulation modes: managed (default): the boundary is every gradient_accumulation_steps-th
+// Backward(); Step() off the boundary only advances. Unmanaged (managed_gradient_accumulation
+// false): Backward() may be called any number of times; Step() is the boundary: it reduces what
+// stages 0/1 accumulated, and updates only the parameters that received a gradient in the window
+// (others keep weights and moments untouched); active sets reset at every Step().
+//
+// Threading: an Engine is used from one thread. Errors: every call returns a Status naming the
+// parameter, module, key or rank at fault; after a communication error the engine is unusable.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "engine/config.h"
+#include "runtime/device.h"
+#include "runtime/status.h"
+
+namespace zero {
+
+struct ParamSpec {
+  std::string name;            // unique, e.g. "block0.fc1.weight"
+  std::vector<int64_t> shape;  // numel = product; scalars have shape {}
+  std::string module;          // unit of stage-3 gathering, e.g. "block0"
+};
+
+class Engine;
+
+// Scoped gather of one module's parameters (stage 3); a no-op handle at stages 0-2. Releases on
+// destruction (or Release()). Move-only. Must not outlive the Engine.
+class ModuleHandle {
+ public:
+  ModuleHandle() = default;
+  ModuleHandle(Engine* engine, int module_id) : engine_(engine), module_id_(module_id) {}
+  ~ModuleHandle();
+  ModuleHandle(ModuleHandle&& o) noexcept;
+  ModuleHandle& operator=(ModuleHandle&& o) noexcept;
+  ModuleHandle(const ModuleHandle&) = delete;
+  ModuleHandle& operator=(const ModuleHandle&) = delete;
+  Status Release();
+
+ private:
+  Engine* engine_ = nullptr;
+  int module_id_ = -1;
+};
+
+// Per-rank memory held by the engine, in bytes of device memory (for tests and logs).
+struct EngineMemory {
+  size_t model_params = 0;   // model-dtype parameters resident (full, or shards + gathered at stage 3)
+  size_t master_params = 0;  // fp32 master weights
+  size_t optimizer_states = 0;
+  size_t gradients = 0;      // accumulators + reduction buckets + gradient buffers handed out
+  size_t device_peak = 0;    // Device::memory_stats().peak
+};
+
+// Serializable training state of this rank (checkpoints). Shards are in this rank's partition
+// layout for partitioned stages (full tensors at stage 0).
+struct EngineCounters {
+  int64_t global_steps = 0;    // optimizer steps applied or skipped (DeepSpeed's global_steps)
+  int64_t skipped_steps = 0;   // fp16 overflow skips
+  int64_t micro_steps = 0;     // Backward() calls since creation
+  int64_t adam_step = 0;       // t of the last applied AdamW update
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> Create(const Config& config, Device* device,
+                                                Communicator* comm);
+  ~Engine();
+
+  // --- set-up --------------------------------------------------------------------------------
+  // Local. Returns the parameter's index (0, 1, ... in registration order). Names must be unique.
+  Result<int> RegisterParameter(const ParamSpec& spec);
+  // Allocates and partitions everything; init(index, values) writes the parameter's full fp32
+  // initial values into `values` (host memory, numel floats) and must give the same values on every
+  // rank (checked: a checksum is compared across ranks, and a mismatch names the parameter).
+  Status Initialize(const std::function<void(int index, float* values)>& init);
+
+  // --- forward -------------------------------------------------------------------------------
+  Result<ModuleHandle> GatherModule(const std::string& module);
+  // Device pointer to parameter `index` in the model dtype, full shape. Local. Valid while the
+  // parameter is gathered (stages 0-2: always, until the next Step() rewrites it in place).
+  Result<const void*> param(int index) const;
+
+  // --- backward ------------------------------------------------------------------------------
+  // Local. Device buffer (model dtype, full shape) for parameter `index`'s gradient of this
+  // micro step. The user overwrites it (not accumulates), then calls GradReady(index).
+  Result<void*> grad_buffer(int index);
+  // The gradient is written: it is queued for accumulation/reduction and the buffer must not be
+  // touched again. Reporting a parameter twice in one backward is an error naming it.
+  Status GradReady(int index);
+  // Ends the current micro step's backward: flushes partial buckets, waits for this micro step's
+  // reductions, advances micro_steps. Parameters not reported received no gradient (treated as zero
+  // in managed mode; not active in unmanaged mode).
+  Status Backward();
+
+  // --- step ----------------------------------------------------------------------------------
+  // True when the next Backward() is (managed) / the next Step() is (unmanaged) a boundary.
+  bool is_gradient_accumulation_boundary() const;
+  Status Step();
+  bool was_step_applied() const;       // false off-boundary or on fp16 overflow
+  double global_grad_norm() const;     // unscaled global norm of the last boundary (-1 if none)
+  float loss_scale() const;            // current loss scale (1 without fp16)
+  double lr() const;                   // lr the next applied step will use
+  // Stage 0/1 only: while on, Step() at a boundary is refused (no_sync must end before the boundary).
+  Status SetNoSync(bool on);
+  Status ZeroGrad();  // drops accumulated gradients of the current window
+
+  const Config& config() const;
+  const EngineCounters& counters() const;
+  int num_params() const;
+  const ParamSpec& param_spec(int index) const;
+  EngineMemory memory() const;
+
+  // --- state access (collective; tests, checkpoints, consolidation) ---------------------------
+  // Full fp32 master weights of parameter `index` into host `out` (numel floats), on every rank.
+  Status GatherMasterWeights(int index, float* out);
+  // Full model-dtype parameter `index` as float into host `out`, on every rank.
+  Status GatherModelParam(int index, float* out);
+
+  struct Impl;
+
+ private:
+  friend class ModuleHandle;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  Status ReleaseModule(int module_id);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zero
