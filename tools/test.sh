@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole test suite: builds every target (CUDA ones too where the toolkit is present) and runs
+# every test that needs no GPU. Ends with "N passed, N failed" counting gtest cases (a test target
+# that crashed or timed out without a report counts as one failure).
+# Usage: tools/test.sh [extra bazel test flags]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash tools/setup.sh
+
+bazel build //... "$@"
+build_rc=$?
+bazel test //... --test_tag_filters=-gpu --build_tests_only "$@"
+test_rc=$?
+# Count only the targets of this run (stale reports of removed tests are ignored).
+bazel query 'tests(//...) except attr(tags, "gpu", tests(//...))' 2>/dev/null > /tmp/zero_test_targets.$$
+python3 tools/count_tests.py bazel-testlogs /tmp/zero_test_targets.$$
+count_rc=$?
+if [ $build_rc -ne 0 ]; then echo "build of //... failed (exit $build_rc)" >&2; exit 1; fi
+if [ $test_rc -ne 0 ] || [ $count_rc -ne 0 ]; then exit 1; fi
