@@ -1,0 +1,153 @@
+#include "tools/launcher.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+extern char** environ;
+
+namespace zero {
+
+Result<int> PickFreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return ErrnoError("socket", "127.0.0.1", errno);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    int e = errno;
+    close(fd);
+    return ErrnoError("bind", "127.0.0.1:0", e);
+  }
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int port = ntohs(addr.sin_port);
+  close(fd);
+  return port;
+}
+
+namespace {
+
+std::string DescribeExit(int status) {
+  if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("signal ") + strsignal(WTERMSIG(status));
+  return "status " + std::to_string(status);
+}
+
+void KillAll(const std::vector<pid_t>& pids, const std::vector<bool>& done, int grace_seconds) {
+  for (size_t i = 0; i < pids.size(); ++i) {
+    if (!done[i]) kill(pids[i], SIGTERM);
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(grace_seconds);
+  std::vector<bool> reaped = done;
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool all = true;
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (reaped[i]) continue;
+      int st;
+      if (waitpid(pids[i], &st, WNOHANG) == pids[i]) {
+        reaped[i] = true;
+      } else {
+        all = false;
+      }
+    }
+    if (all) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (size_t i = 0; i < pids.size(); ++i) {
+    if (!reaped[i]) {
+      kill(pids[i], SIGKILL);
+      int st;
+      waitpid(pids[i], &st, 0);
+    }
+  }
+}
+
+}  // namespace
+
+Status LaunchLocal(const std::vector<std::string>& argv, const LaunchOptions& options) {
+  if (argv.empty()) return InvalidArgumentError("launch: no program given");
+  if (options.nproc < 1) {
+    return InvalidArgumentError("launch: --nproc must be >= 1, got " + std::to_string(options.nproc));
+  }
+  int port = options.master_port;
+  if (port == 0) {
+    ZERO_ASSIGN_OR_RETURN(port, PickFreePort());
+  }
+  std::vector<pid_t> pids;
+  std::vector<bool> done;
+  for (int r = 0; r < options.nproc; ++r) {
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string kv(*e);
+      std::string key = kv.substr(0, kv.find('='));
+      if (key == "RANK" || key == "WORLD_SIZE" || key == "LOCAL_RANK" || key == "LOCAL_WORLD_SIZE" ||
+          key == "MASTER_ADDR" || key == "MASTER_PORT") {
+        continue;
+      }
+      env.push_back(kv);
+    }
+    env.push_back("RANK=" + std::to_string(r));
+    env.push_back("WORLD_SIZE=" + std::to_string(options.nproc));
+    env.push_back("LOCAL_RANK=" + std::to_string(r));
+    env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(options.nproc));
+    env.push_back("MASTER_ADDR=" + options.master_addr);
+    env.push_back("MASTER_PORT=" + std::to_string(port));
+    for (const auto& kv : options.extra_env) env.push_back(kv);
+    pid_t pid = fork();
+    if (pid < 0) {
+      int e = errno;
+      KillAll(pids, done, options.grace_seconds);
+      return ErrnoError("fork", argv[0], e);
+    }
+    if (pid == 0) {
+      std::vector<char*> cargv, cenv;
+      for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+      cargv.push_back(nullptr);
+      for (const auto& a : env) cenv.push_back(const_cast<char*>(a.c_str()));
+      cenv.push_back(nullptr);
+      execve(argv[0].c_str(), cargv.data(), cenv.data());
+      std::fprintf(stderr, "launch: cannot run %s: %s\n", argv[0].c_str(), strerror(errno));
+      _exit(127);
+    }
+    pids.push_back(pid);
+    done.push_back(false);
+  }
+  int remaining = options.nproc;
+  while (remaining > 0) {
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      KillAll(pids, done, options.grace_seconds);
+      return ErrnoError("waitpid", argv[0], e);
+    }
+    int rank = -1;
+    for (int r = 0; r < options.nproc; ++r) {
+      if (pids[r] == pid) rank = r;
+    }
+    if (rank < 0) continue;
+    done[rank] = true;
+    --remaining;
+    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!ok) {
+      KillAll(pids, done, options.grace_seconds);
+      return UnavailableError("launch: rank " + std::to_string(rank) + " of " +
+                              std::to_string(options.nproc) + " (" + argv[0] + ") failed with " +
+                              DescribeExit(status) + "; the other ranks were stopped");
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace zero

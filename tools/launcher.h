@@ -1,0 +1,30 @@
+// Launcher: starts N ranks of a program on this machine as child processes with the rendezvous
+// variables set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), waits for
+// them, and stops the others as soon as one fails (so a crashed rank never leaves the job hanging).
+// Used by `tools/launch` and `zero_train --nproc N`. Owns the child processes it starts: they are
+// killed (SIGTERM, then SIGKILL after a grace period) if the launcher returns early.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/status.h"
+
+namespace zero {
+
+struct LaunchOptions {
+  int nproc = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;       // 0: pick a free port
+  int grace_seconds = 5;     // after one rank fails, how long the others get before SIGKILL
+  std::vector<std::string> extra_env;  // "KEY=VALUE" added to every child
+};
+
+// Runs argv (argv[0] is the program path) as nproc ranks. OK when every rank exits 0; otherwise an
+// error naming the first rank that failed and its exit status or signal.
+Status LaunchLocal(const std::vector<std::string>& argv, const LaunchOptions& options);
+
+// A free TCP port on 127.0.0.1 (bind to port 0 and read it back).
+Result<int> PickFreePort();
+
+}  // namespace zero
