@@ -30,6 +30,8 @@ struct OffloadOptimizerConfig {
   bool pipeline_write = false;
   bool fast_init = false;
   double ratio = 1.0;
+
+  friend bool operator==(const OffloadOptimizerConfig&, const OffloadOptimizerConfig&) = default;
 };
 
 struct OffloadParamConfig {
@@ -39,6 +41,8 @@ struct OffloadParamConfig {
   int64_t buffer_size = 100000000;
   int64_t max_in_cpu = 1000000000;
   bool pin_memory = true;
+
+  friend bool operator==(const OffloadParamConfig&, const OffloadParamConfig&) = default;
 };
 
 struct AioConfig {
@@ -48,6 +52,8 @@ struct AioConfig {
   bool single_submit = false;
   bool overlap_events = true;
   bool use_gds = false;
+
+  friend bool operator==(const AioConfig&, const AioConfig&) = default;
 };
 
 struct ZeroConfig {
@@ -69,6 +75,8 @@ struct ZeroConfig {
   std::string offload_grad_accumulation = "cpu";  // "cpu" | "gpu"
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
+
+  friend bool operator==(const ZeroConfig&, const ZeroConfig&) = default;
 };
 
 struct Fp16Config {
@@ -79,6 +87,8 @@ struct Fp16Config {
   int hysteresis = 2;
   bool consecutive_hysteresis = false;
   double min_loss_scale = 1.0;
+
+  friend bool operator==(const Fp16Config&, const Fp16Config&) = default;
 };
 
 struct OptimizerConfig {
@@ -89,6 +99,8 @@ struct OptimizerConfig {
   double eps = 1e-8;
   double weight_decay = 0.01;  // AdamW default; Adam: 0
   bool adam_w_mode = true;     // "Adam" with adam_w_mode false is classic Adam (L2)
+
+  friend bool operator==(const OptimizerConfig&, const OptimizerConfig&) = default;
 };
 
 struct SchedulerConfig {
@@ -100,6 +112,8 @@ struct SchedulerConfig {
   int64_t total_num_steps = 0;      // WarmupDecayLR, WarmupCosineLR
   double warmup_min_ratio = 0.0;    // WarmupCosineLR
   double cos_min_ratio = 1e-4;      // WarmupCosineLR
+
+  friend bool operator==(const SchedulerConfig&, const SchedulerConfig&) = default;
 };
 
 struct Config {
@@ -131,6 +145,9 @@ struct Config {
 
   // The model dtype implied by fp16/bf16 (fp32 when neither is enabled).
   DType model_dtype() const;
+
+  // Field-by-field, warnings included.
+  friend bool operator==(const Config&, const Config&) = default;
 };
 
 struct ParseOptions {

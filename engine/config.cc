@@ -1,0 +1,1311 @@
+#include "engine/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/config_keys.h"
+
+namespace zero {
+
+const char* OffloadDeviceName(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::kNone: return "none";
+    case OffloadDevice::kCpu: return "cpu";
+    case OffloadDevice::kNvme: return "nvme";
+  }
+  return "?";
+}
+
+DType Config::model_dtype() const {
+  if (fp16.enabled) return DType::kF16;
+  if (bf16_enabled) return DType::kBF16;
+  return DType::kF32;
+}
+
+namespace {
+
+// Ordered so that warnings come in file order and ConfigToJson follows the table.
+using Json = nlohmann::ordered_json;
+
+// ---------------------------------------------------------------------------------------------
+// The key table.
+
+enum class Kind { kBool, kInt, kNumber, kString, kDType, kBetas };
+
+struct Key {
+  std::string path;
+  Kind kind = Kind::kBool;
+  Json default_value;        // null: no default (derived or required) unless `nullable`
+  bool nullable = false;     // null is a value: "not set"
+  std::optional<double> min, max;
+  bool min_exclusive = false;
+  bool max_exclusive = false;
+  std::vector<std::string> choices;  // kString: allowed values (canonical spelling)
+  bool case_insensitive = false;
+  std::string expected_override;     // replaces the generated "expected ..." text
+  std::function<bool(double)> also_ok;  // kNumber: an extra check after the range
+  std::vector<std::string> extra_bad;   // JSON texts failing `also_ok`, for the tests
+  std::string default_doc;  // shown instead of default_value in the reference
+  bool default_depends = false;  // the default is resolved from other keys after parsing
+  std::vector<std::string> not_implemented;  // DeepSpeed values zero refuses, named in the error
+  std::string doc;
+  std::vector<std::string> only_for;  // scheduler types reading this key; empty: always
+  std::function<void(Config&, const Json&)> set;
+  std::function<Json(const Config&)> get;
+
+  Key& Range(double lo, double hi) { min = lo; max = hi; return *this; }
+  Key& AtLeast(double lo) { min = lo; min_exclusive = false; return *this; }
+  Key& Above(double lo) { min = lo; min_exclusive = true; return *this; }
+  Key& Below(double hi) { max = hi; max_exclusive = true; return *this; }
+  Key& Choices(std::vector<std::string> c) { choices = std::move(c); return *this; }
+  Key& CaseInsensitive() { case_insensitive = true; return *this; }
+  Key& Nullable() { nullable = true; return *this; }
+  Key& NoDefault(std::string text) { default_value = Json(); default_doc = std::move(text); return *this; }
+  Key& DefaultDoc(std::string text) { default_doc = std::move(text); return *this; }
+  Key& DependsOn(std::string text) { default_doc = std::move(text); default_depends = true; return *this; }
+  Key& NotImplemented(std::vector<std::string> v) { not_implemented = std::move(v); return *this; }
+  Key& OnlyFor(std::vector<std::string> types) { only_for = std::move(types); return *this; }
+  Key& Doc(std::string text) { doc = std::move(text); return *this; }
+};
+
+// FIELD(zero.stage) is a function returning a reference to that Config member.
+#define FIELD(member) (+[](Config& c) -> auto& { return c.member; })
+
+template <typename T>
+Key IntKey(std::string path, T& (*field)(Config&), int64_t def) {
+  Key k;
+  k.path = std::move(path);
+  k.kind = Kind::kInt;
+  k.default_value = def;
+  k.min = static_cast<double>(std::numeric_limits<T>::min());
+  k.max = static_cast<double>(std::numeric_limits<T>::max());
+  k.set = [field](Config& c, const Json& v) { field(c) = static_cast<T>(v.get<int64_t>()); };
+  k.get = [field](const Config& c) { return Json(static_cast<int64_t>(field(const_cast<Config&>(c)))); };
+  return k;
+}
+
+Key NumberKey(std::string path, double& (*field)(Config&), double def) {
+  Key k;
+  k.path = std::move(path);
+  k.kind = Kind::kNumber;
+  k.default_value = def;
+  k.set = [field](Config& c, const Json& v) { field(c) = v.get<double>(); };
+  k.get = [field](const Config& c) { return Json(field(const_cast<Config&>(c))); };
+  return k;
+}
+
+Key BoolKey(std::string path, bool& (*field)(Config&), bool def) {
+  Key k;
+  k.path = std::move(path);
+  k.kind = Kind::kBool;
+  k.default_value = def;
+  k.set = [field](Config& c, const Json& v) { field(c) = v.get<bool>(); };
+  k.get = [field](const Config& c) { return Json(field(const_cast<Config&>(c))); };
+  return k;
+}
+
+Key StringKey(std::string path, std::string& (*field)(Config&), std::string def) {
+  Key k;
+  k.path = std::move(path);
+  k.kind = Kind::kString;
+  k.default_value = def;
+  k.set = [field](Config& c, const Json& v) { field(c) = v.get<std::string>(); };
+  k.get = [field](const Config& c) { return Json(field(const_cast<Config&>(c))); };
+  return k;
+}
+
+Key DeviceKey(std::string path, OffloadDevice& (*field)(Config&)) {
+  Key k;
+  k.path = std::move(path);
+  k.kind = Kind::kString;
+  k.default_value = "none";
+  k.choices = {"none", "cpu", "nvme"};
+  k.set = [field](Config& c, const Json& v) {
+    const std::string s = v.get<std::string>();
+    field(c) = s == "cpu" ? OffloadDevice::kCpu : s == "nvme" ? OffloadDevice::kNvme : OffloadDevice::kNone;
+  };
+  k.get = [field](const Config& c) { return Json(OffloadDeviceName(field(const_cast<Config&>(c)))); };
+  return k;
+}
+
+// A dtype that may be unset (null): `has` says whether it is set.
+Key DTypeKey(std::string path, DType& (*field)(Config&), bool& (*has)(Config&)) {
+  Key k;
+  k.path = std::move(path);
+  k.kind = Kind::kDType;
+  k.nullable = true;
+  k.default_value = Json();
+  k.set = [field, has](Config& c, const Json& v) {
+    has(c) = !v.is_null();
+    if (v.is_null()) {
+      field(c) = DType::kF32;
+      return;
+    }
+    DType t = DType::kF32;
+    ParseDType(v.get<std::string>(), &t);
+    field(c) = t;
+  };
+  k.get = [field, has](const Config& c) {
+    Config& m = const_cast<Config&>(c);
+    return has(m) ? Json(DTypeName(field(m))) : Json();
+  };
+  return k;
+}
+
+Key BetasKey(std::string path) {
+  Key k;
+  k.path = std::move(path);
+  k.kind = Kind::kBetas;
+  k.default_value = Json::array({0.9, 0.999});
+  k.set = [](Config& c, const Json& v) {
+    c.optimizer.beta1 = v[0].get<double>();
+    c.optimizer.beta2 = v[1].get<double>();
+  };
+  k.get = [](const Config& c) { return Json::array({c.optimizer.beta1, c.optimizer.beta2}); };
+  return k;
+}
+
+const char* const kWarmupLR = "WarmupLR";
+const char* const kWarmupDecayLR = "WarmupDecayLR";
+const char* const kWarmupCosineLR = "WarmupCosineLR";
+
+std::vector<Key> BuildKeys() {
+  std::vector<Key> t;
+
+  // Batch arithmetic: any two derive the third (see ResolveBatch).
+  t.push_back(IntKey("train_batch_size", FIELD(train_batch_size), 0)
+                  .AtLeast(1)
+                  .NoDefault("derived")
+                  .Doc("Samples per optimizer step over all ranks: train_micro_batch_size_per_gpu x "
+                       "gradient_accumulation_steps x world size."));
+  t.push_back(IntKey("train_micro_batch_size_per_gpu", FIELD(train_micro_batch_size_per_gpu), 0)
+                  .AtLeast(1)
+                  .NoDefault("derived")
+                  .Doc("Samples per rank in one forward/backward (one micro step)."));
+  t.push_back(IntKey("gradient_accumulation_steps", FIELD(gradient_accumulation_steps), 0)
+                  .AtLeast(1)
+                  .NoDefault("derived")
+                  .Doc("Micro steps per optimizer step in managed accumulation; backward divides "
+                       "gradients by it."));
+  t.push_back(NumberKey("gradient_clipping", FIELD(gradient_clipping), 1.0)
+                  .AtLeast(0)
+                  .Doc("Clip the global gradient norm to this value; 0 turns clipping off."));
+  t.push_back(IntKey("steps_per_print", FIELD(steps_per_print), 10)
+                  .AtLeast(1)
+                  .Doc("Log progress every this many optimizer steps."));
+  t.push_back(BoolKey("wall_clock_breakdown", FIELD(wall_clock_breakdown), false)
+                  .Doc("Time forward, backward and step and log the breakdown."));
+  t.push_back(StringKey("gradient_allreduce_op", FIELD(gradient_allreduce_op), "mean")
+                  .Choices({"mean", "sum"})
+                  .Doc("How gradients are combined across data-parallel ranks."));
+  t.push_back(BoolKey("prescale_gradients", FIELD(prescale_gradients), false)
+                  .Doc("Divide gradients by the world size before the reduction instead of after."));
+  t.push_back(NumberKey("gradient_predivide_factor", FIELD(gradient_predivide_factor), 1.0)
+                  .Above(0)
+                  .Doc("Divide gradients by this factor before the reduction and by world size / "
+                       "factor after it."));
+  t.push_back(DTypeKey("communication_data_type", FIELD(communication_data_type),
+                       FIELD(has_communication_data_type))
+                  .DefaultDoc("null (the gradient dtype)")
+                  .Doc("Element type of gradient reductions; null: the gradients' own type."));
+  t.push_back(BoolKey("managed_gradient_accumulation", FIELD(managed_gradient_accumulation), true)
+                  .Doc("true: the engine counts micro steps and steps every gradient_accumulation_steps; "
+                       "false: the user calls backward any number of times and steps when they choose."));
+  t.push_back(DTypeKey("data_types.grad_accum_dtype", FIELD(grad_accum_dtype), FIELD(has_grad_accum_dtype))
+                  .DefaultDoc("null (fp32)")
+                  .Doc("Element type gradients are accumulated in across micro steps; null: fp32."));
+
+  // fp16 and bf16.
+  t.push_back(BoolKey("fp16.enabled", FIELD(fp16.enabled), false)
+                  .Doc("Train with fp16 parameters and gradients, fp32 master weights and loss scaling."));
+  t.push_back(NumberKey("fp16.loss_scale", FIELD(fp16.loss_scale), 0.0)
+                  .AtLeast(0)
+                  .Doc("Static loss scale; 0 selects dynamic loss scaling."));
+  t.push_back(IntKey("fp16.initial_scale_power", FIELD(fp16.initial_scale_power), 16)
+                  .Range(0, 127)
+                  .Doc("Dynamic scaling starts at 2^initial_scale_power."));
+  t.push_back(IntKey("fp16.loss_scale_window", FIELD(fp16.loss_scale_window), 1000)
+                  .AtLeast(1)
+                  .Doc("Steps without overflow after which the dynamic scale doubles."));
+  t.push_back(IntKey("fp16.hysteresis", FIELD(fp16.hysteresis), 2)
+                  .AtLeast(1)
+                  .Doc("Overflows tolerated before the dynamic scale is halved (delayed shift)."));
+  t.push_back(BoolKey("fp16.consecutive_hysteresis", FIELD(fp16.consecutive_hysteresis), false)
+                  .Doc("Refill the hysteresis after every step without overflow, not only when the scale "
+                       "grows."));
+  t.push_back(NumberKey("fp16.min_loss_scale", FIELD(fp16.min_loss_scale), 1.0)
+                  .Above(0)
+                  .Doc("The dynamic scale never goes below this."));
+  t.push_back(BoolKey("bf16.enabled", FIELD(bf16_enabled), false)
+                  .Doc("Train with bf16 parameters and gradients and fp32 master weights (no loss "
+                       "scaling). The block may also be spelled \"bfloat16\"."));
+
+  // Optimizer.
+  t.push_back(StringKey("optimizer.type", FIELD(optimizer.type), "AdamW")
+                  .Choices({"Adam", "AdamW"})
+                  .CaseInsensitive()
+                  .NotImplemented({"Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "Adagrad", "Lion",
+                                   "MuAdam", "MuAdamW", "MuSGD", "SGD", "FusedAdam", "DeepSpeedCPUAdam"})
+                  .Doc("\"AdamW\", or \"Adam\": decoupled weight decay (AdamW) unless "
+                       "optimizer.params.adam_w_mode is false."));
+  t.push_back(NumberKey("optimizer.params.lr", FIELD(optimizer.lr), 1e-3)
+                  .AtLeast(0)
+                  .Doc("Learning rate (the base the scheduler scales)."));
+  t.push_back(BetasKey("optimizer.params.betas")
+                  .Doc("[beta1, beta2]: decay rates of the first and second moment estimates."));
+  t.push_back(NumberKey("optimizer.params.eps", FIELD(optimizer.eps), 1e-8)
+                  .Above(0)
+                  .Doc("Added to the denominator for numerical stability."));
+  t.push_back(NumberKey("optimizer.params.weight_decay", FIELD(optimizer.weight_decay), 0.01)
+                  .AtLeast(0)
+                  .DependsOn("0.01 for AdamW, 0 for Adam (torch's defaults)")
+                  .Doc("Weight decay: decoupled (AdamW) or added to the gradient as L2 (classic Adam)."));
+  t.push_back(BoolKey("optimizer.params.adam_w_mode", FIELD(optimizer.adam_w_mode), true)
+                  .Doc("With type \"Adam\": false selects classic Adam (L2 weight decay in the "
+                       "gradient)."));
+
+  // Scheduler.
+  t.push_back(StringKey("scheduler.type", FIELD(scheduler.type), "")
+                  .Choices({"", kWarmupLR, kWarmupDecayLR, kWarmupCosineLR})
+                  .NotImplemented({"OneCycle", "LRRangeTest"})
+                  .DefaultDoc("\"\" (constant lr)")
+                  .Doc("Learning-rate schedule; \"\" or no scheduler block keeps optimizer.params.lr."));
+  t.push_back(NumberKey("scheduler.params.warmup_min_lr", FIELD(scheduler.warmup_min_lr), 0.0)
+                  .AtLeast(0)
+                  .OnlyFor({kWarmupLR, kWarmupDecayLR})
+                  .Doc("Learning rate at the start of warmup."));
+  {
+    Key k = NumberKey("scheduler.params.warmup_max_lr", FIELD(scheduler.warmup_max_lr), -1.0)
+                .AtLeast(-1)
+                .OnlyFor({kWarmupLR, kWarmupDecayLR})
+                .DependsOn("optimizer.params.lr for WarmupLR; 0.001 for WarmupDecayLR (as DeepSpeed)")
+                .Doc("Learning rate at the end of warmup; -1 means optimizer.params.lr.");
+    k.expected_override = "a number >= 0, or -1 for optimizer.params.lr";
+    k.also_ok = [](double v) { return v == -1.0 || v >= 0.0; };
+    k.extra_bad = {"-0.5"};
+    t.push_back(std::move(k));
+  }
+  t.push_back(IntKey("scheduler.params.warmup_num_steps", FIELD(scheduler.warmup_num_steps), 1000)
+                  .AtLeast(1)
+                  .OnlyFor({kWarmupLR, kWarmupDecayLR, kWarmupCosineLR})
+                  .Doc("Optimizer steps of warmup (values below 2 act as 2, as in DeepSpeed)."));
+  t.push_back(StringKey("scheduler.params.warmup_type", FIELD(scheduler.warmup_type), "log")
+                  .Choices({"log", "linear"})
+                  .OnlyFor({kWarmupLR, kWarmupDecayLR, kWarmupCosineLR})
+                  .Doc("Warmup curve: log(step + 1) / log(warmup_num_steps), or step / warmup_num_steps."));
+  t.push_back(IntKey("scheduler.params.total_num_steps", FIELD(scheduler.total_num_steps), 0)
+                  .AtLeast(1)
+                  .NoDefault("required")
+                  .OnlyFor({kWarmupDecayLR, kWarmupCosineLR})
+                  .Doc("Optimizer steps of the whole run; the decay ends here."));
+  t.push_back(NumberKey("scheduler.params.warmup_min_ratio", FIELD(scheduler.warmup_min_ratio), 0.0)
+                  .Range(0, 1)
+                  .OnlyFor({kWarmupCosineLR})
+                  .Doc("Warmup starts at this fraction of optimizer.params.lr."));
+  t.push_back(NumberKey("scheduler.params.cos_min_ratio", FIELD(scheduler.cos_min_ratio), 1e-4)
+                  .Range(0, 1)
+                  .OnlyFor({kWarmupCosineLR})
+                  .Doc("The cosine decay ends at this fraction of optimizer.params.lr."));
+
+  // ZeRO.
+  t.push_back(IntKey("zero_optimization.stage", FIELD(zero.stage), 0)
+                  .Range(0, 3)
+                  .Doc("0: plain data parallelism; 1: optimizer states partitioned; 2: + gradients; "
+                       "3: + parameters."));
+  t.push_back(BoolKey("zero_optimization.contiguous_gradients", FIELD(zero.contiguous_gradients), true)
+                  .Doc("Copy reduced gradients into one contiguous buffer as they are produced."));
+  t.push_back(BoolKey("zero_optimization.reduce_scatter", FIELD(zero.reduce_scatter), true)
+                  .Doc("Reduce gradients with reduce-scatter rather than all-reduce."));
+  t.push_back(IntKey("zero_optimization.reduce_bucket_size", FIELD(zero.reduce_bucket_size), 500000000)
+                  .AtLeast(1)
+                  .Doc("Elements reduced at once (gradient bucket)."));
+  t.push_back(IntKey("zero_optimization.allgather_bucket_size", FIELD(zero.allgather_bucket_size), 500000000)
+                  .AtLeast(1)
+                  .Doc("Elements all-gathered at once when updated partitions are shared."));
+  t.push_back(BoolKey("zero_optimization.overlap_comm", FIELD(zero.overlap_comm), false)
+                  .DependsOn("true at stage 3, false otherwise")
+                  .Doc("Reduce gradient buckets on a communication stream, overlapped with backward."));
+  t.push_back(IntKey("zero_optimization.sub_group_size", FIELD(zero.sub_group_size), 1000000000)
+                  .AtLeast(1)
+                  .Doc("Elements per optimizer sub-group (the unit of the optimizer step and of NVMe "
+                       "swapping)."));
+  t.push_back(IntKey("zero_optimization.stage3_prefetch_bucket_size",
+                     FIELD(zero.stage3_prefetch_bucket_size), 50000000)
+                  .AtLeast(0)
+                  .Doc("Stage 3: elements of parameters fetched ahead of use."));
+  t.push_back(IntKey("zero_optimization.stage3_param_persistence_threshold",
+                     FIELD(zero.stage3_param_persistence_threshold), 100000)
+                  .AtLeast(0)
+                  .Doc("Stage 3: parameters with fewer elements stay gathered."));
+  t.push_back(IntKey("zero_optimization.stage3_max_live_parameters",
+                     FIELD(zero.stage3_max_live_parameters), 1000000000)
+                  .AtLeast(0)
+                  .Doc("Stage 3: most elements kept gathered at once."));
+  t.push_back(IntKey("zero_optimization.stage3_max_reuse_distance",
+                     FIELD(zero.stage3_max_reuse_distance), 1000000000)
+                  .AtLeast(0)
+                  .Doc("Stage 3: a parameter reused within this many elements is not released."));
+  t.push_back(BoolKey("zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                      FIELD(zero.stage3_gather_16bit_weights_on_model_save), false)
+                  .Doc("Stage 3: gather full 16-bit weights when the model is saved."));
+  t.push_back(BoolKey("zero_optimization.round_robin_gradients", FIELD(zero.round_robin_gradients), false)
+                  .Doc("Stages 1/2 with offload: spread gradient copies across ranks round-robin."));
+  t.push_back(BoolKey("zero_optimization.ignore_unused_parameters", FIELD(zero.ignore_unused_parameters), true)
+                  .Doc("Stage 2/3: parameters that get no gradient are not an error."));
+  t.push_back(StringKey("zero_optimization.offload_grad_accumulation", FIELD(zero.offload_grad_accumulation),
+                        "cpu")
+                  .Choices({"cpu", "gpu"})
+                  .Doc("With optimizer offload: sum micro-step gradients on the host (\"cpu\") or in "
+                       "FP32 on the GPU, crossing PCIe once per step (\"gpu\")."));
+
+  t.push_back(DeviceKey("zero_optimization.offload_optimizer.device", FIELD(zero.offload_optimizer.device))
+                  .Doc("Where FP32 master weights and optimizer states live: GPU (\"none\"), host "
+                       "memory, or NVMe."));
+  t.push_back(StringKey("zero_optimization.offload_optimizer.nvme_path",
+                        FIELD(zero.offload_optimizer.nvme_path), "")
+                  .Doc("Directory for the swap files when device is \"nvme\"."));
+  t.push_back(IntKey("zero_optimization.offload_optimizer.buffer_count",
+                     FIELD(zero.offload_optimizer.buffer_count), 4)
+                  .AtLeast(1)
+                  .Doc("Pinned buffers for NVMe swapping of optimizer states."));
+  t.push_back(BoolKey("zero_optimization.offload_optimizer.pin_memory",
+                      FIELD(zero.offload_optimizer.pin_memory), true)
+                  .Doc("Keep offloaded states in pinned (page-locked) host memory."));
+  t.push_back(BoolKey("zero_optimization.offload_optimizer.pipeline_read",
+                      FIELD(zero.offload_optimizer.pipeline_read), false)
+                  .Doc("NVMe: overlap reading the next sub-group with the step."));
+  t.push_back(BoolKey("zero_optimization.offload_optimizer.pipeline_write",
+                      FIELD(zero.offload_optimizer.pipeline_write), false)
+                  .Doc("NVMe: overlap writing the previous sub-group with the step."));
+  t.push_back(BoolKey("zero_optimization.offload_optimizer.fast_init", FIELD(zero.offload_optimizer.fast_init),
+                      false)
+                  .Doc("NVMe: skip writing initial optimizer states through the swapper."));
+  t.push_back(NumberKey("zero_optimization.offload_optimizer.ratio", FIELD(zero.offload_optimizer.ratio), 1.0)
+                  .Range(0, 1)
+                  .Above(0)
+                  .Doc("Stage 3: fraction of the optimizer step offloaded to the CPU."));
+
+  t.push_back(DeviceKey("zero_optimization.offload_param.device", FIELD(zero.offload_param.device))
+                  .Doc("Stage 3: where partitioned 16-bit parameters live between uses."));
+  t.push_back(StringKey("zero_optimization.offload_param.nvme_path", FIELD(zero.offload_param.nvme_path), "")
+                  .Doc("Directory for the swap files when device is \"nvme\"."));
+  t.push_back(IntKey("zero_optimization.offload_param.buffer_count", FIELD(zero.offload_param.buffer_count), 5)
+                  .AtLeast(1)
+                  .Doc("Pinned buffers for NVMe swapping of parameters."));
+  t.push_back(IntKey("zero_optimization.offload_param.buffer_size", FIELD(zero.offload_param.buffer_size),
+                     100000000)
+                  .AtLeast(1)
+                  .Doc("Elements per parameter swap buffer."));
+  t.push_back(IntKey("zero_optimization.offload_param.max_in_cpu", FIELD(zero.offload_param.max_in_cpu),
+                     1000000000)
+                  .AtLeast(0)
+                  .Doc("Elements of parameters kept in host memory when device is \"nvme\"."));
+  t.push_back(BoolKey("zero_optimization.offload_param.pin_memory", FIELD(zero.offload_param.pin_memory), true)
+                  .Doc("Keep offloaded parameters in pinned host memory."));
+
+  // Asynchronous I/O for NVMe.
+  t.push_back(IntKey("aio.block_size", FIELD(aio.block_size), 1048576)
+                  .AtLeast(1)
+                  .Doc("Bytes per I/O request."));
+  t.push_back(IntKey("aio.queue_depth", FIELD(aio.queue_depth), 8)
+                  .AtLeast(1)
+                  .Doc("Requests in flight per I/O thread."));
+  t.push_back(IntKey("aio.intra_op_parallelism", FIELD(aio.intra_op_parallelism), 1)
+                  .AtLeast(1)
+                  .Doc("I/O threads per read or write (older name: thread_count)."));
+  t.push_back(BoolKey("aio.single_submit", FIELD(aio.single_submit), false)
+                  .Doc("Submit requests one at a time rather than in batches."));
+  t.push_back(BoolKey("aio.overlap_events", FIELD(aio.overlap_events), true)
+                  .Doc("Submit new requests while waiting for completions."));
+  t.push_back(BoolKey("aio.use_gds", FIELD(aio.use_gds), false)
+                  .Doc("Use GPUDirect Storage."));
+  return t;
+}
+
+#undef FIELD
+
+const std::vector<Key>& Keys() {
+  static const std::vector<Key>* keys = new std::vector<Key>(BuildKeys());
+  return *keys;
+}
+
+const Key* FindKey(const std::string& path) {
+  for (const Key& k : Keys()) {
+    if (k.path == path) return &k;
+  }
+  return nullptr;
+}
+
+bool IsBlock(const std::string& path) {
+  const std::string prefix = path + ".";
+  for (const Key& k : Keys()) {
+    if (k.path.compare(0, prefix.size(), prefix) == 0) return true;
+  }
+  return false;
+}
+
+// Other spellings of keys and blocks. Each maps to its canonical path with a warning.
+struct Alias {
+  const char* path;
+  const char* canonical;
+  const char* note;
+};
+const Alias kAliases[] = {
+    {"bfloat16", "bf16", "the older name of the 'bf16' block"},
+    {"aio.thread_count", "aio.intra_op_parallelism", "the older name of 'aio.intra_op_parallelism'"},
+    {"zero_optimization.stage3_gather_fp16_weights_on_model_save",
+     "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+     "deprecated; use 'zero_optimization.stage3_gather_16bit_weights_on_model_save'"},
+};
+
+// Deprecated booleans that map onto the offload blocks (handled in ApplyDeprecatedOffload).
+struct Deprecated {
+  const char* path;
+  const char* doc;
+};
+const Deprecated kDeprecated[] = {
+    {"zero_optimization.cpu_offload",
+     "true: zero_optimization.offload_optimizer.device = \"cpu\""},
+    {"zero_optimization.cpu_offload_param", "true: zero_optimization.offload_param.device = \"cpu\""},
+    {"zero_optimization.cpu_offload_use_pin_memory",
+     "sets pin_memory of the offload blocks turned on by cpu_offload / cpu_offload_param"},
+};
+
+// DeepSpeed keys and blocks zero knows and does not act on: a warning, never an error.
+struct Ignored {
+  const char* path;
+  const char* why;
+};
+const Ignored kIgnored[] = {
+    {"zero_allow_untested_optimizer", "zero runs only its own Adam/AdamW"},
+    {"fp16.auto_cast", "zero does not cast the user's forward"},
+    {"zero_optimization.allgather_partitions", "zero always all-gathers updated partitions"},
+    {"zero_optimization.load_from_fp32_weights", "zero restores the FP32 master weights of its checkpoints"},
+    {"activation_checkpointing", "activation checkpointing belongs to the user's model"},
+    {"flops_profiler", "zero has no flops profiler"},
+    {"tensorboard", "zero has no monitor backends"},
+    {"wandb", "zero has no monitor backends"},
+    {"csv_monitor", "zero has no monitor backends"},
+    {"comms_logger", "zero has no communication logger"},
+};
+
+const char* const kAutoNote =
+    " (\"auto\" is a Hugging Face Trainer placeholder: the Trainer replaces it with a number before "
+    "DeepSpeed reads the config; replace it with the value you want)";
+
+// ---------------------------------------------------------------------------------------------
+// Helpers.
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string Quote(const std::string& s) { return "\"" + s + "\""; }
+
+std::string ShowValue(const Json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+std::string FormatNumber(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 1e15) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.0f", v);
+    return buf;
+  }
+  return Json(v).dump();
+}
+
+std::string Join(const std::vector<std::string>& items, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += sep;
+    out += items[i];
+  }
+  return out;
+}
+
+std::string ChoicesText(const std::vector<std::string>& choices) {
+  std::vector<std::string> q;
+  for (const std::string& c : choices) q.push_back(Quote(c));
+  return Join(q, ", ");
+}
+
+bool IsIntType(const Key& k) { return k.kind == Kind::kInt; }
+
+std::string RangeText(const Key& k) {
+  const bool is_int = IsIntType(k);
+  const double lim = is_int ? 2147483647.0 : std::numeric_limits<double>::infinity();
+  const bool has_min = k.min && *k.min > -lim - 1;
+  const bool has_max = k.max && *k.max < lim;
+  if (has_min && has_max) {
+    if (is_int) return " in " + FormatNumber(*k.min) + ".." + FormatNumber(*k.max);
+    return std::string(" in ") + (k.min_exclusive ? "(" : "[") + FormatNumber(*k.min) + ", " +
+           FormatNumber(*k.max) + (k.max_exclusive ? ")" : "]");
+  }
+  if (has_min) return (k.min_exclusive ? " > " : " >= ") + FormatNumber(*k.min);
+  if (has_max) return (k.max_exclusive ? " < " : " <= ") + FormatNumber(*k.max);
+  return "";
+}
+
+std::string Expected(const Key& k) {
+  if (!k.expected_override.empty()) return k.expected_override;
+  switch (k.kind) {
+    case Kind::kBool: return "true or false";
+    case Kind::kInt: return "an integer" + RangeText(k);
+    case Kind::kNumber: return "a number" + RangeText(k);
+    case Kind::kString:
+      if (k.choices.empty()) return "a string";
+      return "one of " + ChoicesText(k.choices) + (k.case_insensitive ? " (any case)" : "");
+    case Kind::kDType: return "one of \"fp32\", \"fp16\", \"bf16\", or null";
+    case Kind::kBetas: return "[beta1, beta2] with each in [0, 1)";
+  }
+  return "?";
+}
+
+std::string TypeName(const Key& k) {
+  switch (k.kind) {
+    case Kind::kBool: return "boolean";
+    case Kind::kInt: return "integer";
+    case Kind::kNumber: return "number";
+    case Kind::kString: return "string";
+    case Kind::kDType: return "dtype or null";
+    case Kind::kBetas: return "[number, number]";
+  }
+  return "?";
+}
+
+Status KeyError(const std::string& source, const std::string& path, const std::string& expected,
+                const std::string& got) {
+  return InvalidArgumentError(source + ": " + path + ": expected " + expected + ", got " + got);
+}
+
+bool InRange(const Key& k, double v) {
+  if (k.min && (k.min_exclusive ? v <= *k.min : v < *k.min)) return false;
+  if (k.max && (k.max_exclusive ? v >= *k.max : v > *k.max)) return false;
+  if (k.also_ok && !k.also_ok(v)) return false;
+  return true;
+}
+
+// Checks `v` against the key and returns its canonical form in *out.
+Status ReadValue(const Key& k, const Json& v, const std::string& user_path, const std::string& source,
+                 Json* out) {
+  auto fail = [&](std::string extra = "") {
+    return KeyError(source, user_path, Expected(k), ShowValue(v) + extra);
+  };
+  if (v.is_string() && v.get<std::string>() == "auto") return fail(kAutoNote);
+  if (v.is_null() && k.nullable) {
+    *out = Json();
+    return OkStatus();
+  }
+  switch (k.kind) {
+    case Kind::kBool:
+      if (!v.is_boolean()) return fail();
+      *out = v;
+      return OkStatus();
+    case Kind::kInt: {
+      int64_t i = 0;
+      if (v.is_number_unsigned()) {
+        if (v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return fail();
+        i = static_cast<int64_t>(v.get<uint64_t>());
+      } else if (v.is_number_integer()) {
+        i = v.get<int64_t>();
+      } else if (v.is_number_float()) {
+        // 5e8 and 1000.0 are integers written as floats: accepted when integral.
+        const double d = v.get<double>();
+        if (!std::isfinite(d) || d != std::floor(d) || d < -9.2e18 || d > 9.2e18) return fail();
+        i = static_cast<int64_t>(d);
+      } else {
+        return fail();
+      }
+      if (!InRange(k, static_cast<double>(i))) return fail();
+      *out = i;
+      return OkStatus();
+    }
+    case Kind::kNumber: {
+      if (!v.is_number()) return fail();
+      const double d = v.get<double>();
+      if (!std::isfinite(d) || !InRange(k, d)) return fail();
+      *out = d;
+      return OkStatus();
+    }
+    case Kind::kString: {
+      if (!v.is_string()) return fail();
+      const std::string s = v.get<std::string>();
+      if (k.choices.empty()) {
+        *out = s;
+        return OkStatus();
+      }
+      for (const std::string& c : k.choices) {
+        if (s == c || (k.case_insensitive && Lower(s) == Lower(c))) {
+          *out = c;
+          return OkStatus();
+        }
+      }
+      for (const std::string& n : k.not_implemented) {
+        if (Lower(s) == Lower(n)) return fail(" (a DeepSpeed choice zero does not implement)");
+      }
+      return fail();
+    }
+    case Kind::kDType: {
+      DType t;
+      if (!v.is_string() || !ParseDType(v.get<std::string>(), &t)) return fail();
+      *out = DTypeName(t);
+      return OkStatus();
+    }
+    case Kind::kBetas: {
+      if (!v.is_array() || v.size() != 2) return fail();
+      for (const Json& b : v) {
+        if (!b.is_number() || !(b.get<double>() >= 0.0 && b.get<double>() < 1.0)) return fail();
+      }
+      *out = Json::array({v[0].get<double>(), v[1].get<double>()});
+      return OkStatus();
+    }
+  }
+  return fail();
+}
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string LastComponent(const std::string& path) {
+  const size_t dot = path.rfind('.');
+  return dot == std::string::npos ? path : path.substr(dot + 1);
+}
+
+std::string ParentOf(const std::string& path) {
+  const size_t dot = path.rfind('.');
+  return dot == std::string::npos ? "" : path.substr(0, dot);
+}
+
+// Every name zero knows directly under the block `parent` ("" = top level).
+std::vector<std::string> NamesUnder(const std::string& parent) {
+  std::vector<std::string> all;
+  for (const Key& k : Keys()) all.push_back(k.path);
+  for (const Alias& a : kAliases) all.push_back(a.path);
+  for (const Deprecated& d : kDeprecated) all.push_back(d.path);
+  for (const Ignored& i : kIgnored) all.push_back(i.path);
+  std::vector<std::string> names;
+  const std::string prefix = parent.empty() ? "" : parent + ".";
+  for (const std::string& p : all) {
+    if (p.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string rest = p.substr(prefix.size());
+    const std::string first = rest.substr(0, rest.find('.'));
+    if (std::find(names.begin(), names.end(), first) == names.end()) names.push_back(first);
+  }
+  return names;
+}
+
+std::string Suggestion(const std::string& parent, const std::string& name) {
+  std::string best;
+  size_t best_d = std::string::npos;
+  for (const std::string& n : NamesUnder(parent)) {
+    const size_t d = EditDistance(Lower(name), Lower(n));
+    if (d < best_d) {
+      best_d = d;
+      best = n;
+    }
+  }
+  const size_t limit = std::max<size_t>(1, std::min<size_t>(3, name.size() / 3));
+  if (!best.empty() && best_d <= limit) return " (did you mean '" + best + "'?)";
+  // The right name in the wrong block: suggest the full path.
+  for (const Key& k : Keys()) {
+    if (LastComponent(k.path) == name && ParentOf(k.path) != parent) {
+      return " (did you mean '" + k.path + "'?)";
+    }
+  }
+  return "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parsing.
+
+struct ParseState {
+  const ParseOptions& options;
+  Config config;
+  std::map<std::string, std::string> given;  // canonical path -> path as written
+  std::map<std::string, bool> deprecated;    // deprecated boolean keys as given
+};
+
+const Alias* FindAlias(const std::string& path) {
+  for (const Alias& a : kAliases) {
+    if (path == a.path) return &a;
+  }
+  return nullptr;
+}
+
+Status Walk(const Json& obj, const std::string& canonical_prefix, const std::string& user_prefix,
+            ParseState* st) {
+  const std::string& source = st->options.source;
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    const std::string& name = it.key();
+    const Json& value = it.value();
+    const std::string user_path = user_prefix.empty() ? name : user_prefix + "." + name;
+    std::string path = canonical_prefix.empty() ? name : canonical_prefix + "." + name;
+    if (const Alias* a = FindAlias(path)) {
+      st->config.warnings.push_back(source + ": '" + user_path + "' is " + a->note);
+      path = a->canonical;
+    }
+    if (path == "optimizer.params.max_grad_norm") {
+      return KeyError(source, user_path,
+                      "no value (zero clips by the top-level \"gradient_clipping\"; move the value there)",
+                      ShowValue(value));
+    }
+    if (const Key* k = FindKey(path)) {
+      auto prior = st->given.find(path);
+      if (prior != st->given.end()) {
+        return KeyError(source, user_path, "one spelling of the key", "it also as '" + prior->second + "'");
+      }
+      Json canonical;
+      ZERO_RETURN_IF_ERROR(ReadValue(*k, value, user_path, source, &canonical));
+      k->set(st->config, canonical);
+      st->given[path] = user_path;
+      continue;
+    }
+    if (IsBlock(path)) {
+      if (value.is_string() && value.get<std::string>() == "auto") {
+        return KeyError(source, user_path, "an object", ShowValue(value) + kAutoNote);
+      }
+      if (!value.is_object()) return KeyError(source, user_path, "an object", ShowValue(value));
+      if (st->given.count(path)) {
+        return KeyError(source, user_path, "one spelling of the block",
+                        "it also as '" + st->given[path] + "'");
+      }
+      st->given[path] = user_path;
+      ZERO_RETURN_IF_ERROR(Walk(value, path, user_path, st));
+      continue;
+    }
+    bool handled = false;
+    for (const Deprecated& d : kDeprecated) {
+      if (path != d.path) continue;
+      if (!value.is_boolean()) return KeyError(source, user_path, "true or false", ShowValue(value));
+      st->deprecated[path] = value.get<bool>();
+      handled = true;
+    }
+    for (const Ignored& i : kIgnored) {
+      if (path != i.path) continue;
+      st->config.warnings.push_back(source + ": '" + user_path + "' is ignored: " + i.why);
+      handled = true;
+    }
+    if (handled) continue;
+    const std::string message = source + ": unknown key '" + user_path + "'" + Suggestion(canonical_prefix, name);
+    if (st->options.strict) return InvalidArgumentError(message);
+    st->config.warnings.push_back(message);
+  }
+  return OkStatus();
+}
+
+bool Given(const ParseState& st, const std::string& path) { return st.given.count(path) > 0; }
+
+bool AnyGivenUnder(const ParseState& st, const std::string& block) {
+  const std::string prefix = block + ".";
+  for (const auto& [path, user] : st.given) {
+    if (path.compare(0, prefix.size(), prefix) == 0) return true;
+  }
+  return false;
+}
+
+Status ApplyDeprecatedOffload(ParseState* st) {
+  const std::string& source = st->options.source;
+  Config& c = st->config;
+  struct Mapping {
+    const char* old_key;
+    const char* block;
+    OffloadDevice* device;
+    bool* pin_memory;
+  };
+  const Mapping mappings[] = {
+      {"zero_optimization.cpu_offload", "zero_optimization.offload_optimizer", &c.zero.offload_optimizer.device,
+       &c.zero.offload_optimizer.pin_memory},
+      {"zero_optimization.cpu_offload_param", "zero_optimization.offload_param", &c.zero.offload_param.device,
+       &c.zero.offload_param.pin_memory},
+  };
+  const auto pin = st->deprecated.find("zero_optimization.cpu_offload_use_pin_memory");
+  for (const Mapping& m : mappings) {
+    const auto it = st->deprecated.find(m.old_key);
+    if (it == st->deprecated.end()) continue;
+    if (AnyGivenUnder(*st, m.block)) {
+      return KeyError(source, m.old_key,
+                      std::string("no value when '") + m.block + "' is given (it is the deprecated spelling of " +
+                          m.block + ".device)",
+                      it->second ? "true" : "false");
+    }
+    c.warnings.push_back(source + ": '" + m.old_key + "' is deprecated; use '" + m.block + "'" +
+                         (it->second ? std::string(" (mapped to ") + m.block + ".device = \"cpu\")" : ""));
+    if (!it->second) continue;
+    *m.device = OffloadDevice::kCpu;
+    st->given[std::string(m.block) + ".device"] = m.old_key;
+    if (pin != st->deprecated.end()) {
+      *m.pin_memory = pin->second;
+      st->given[std::string(m.block) + ".pin_memory"] = pin->first;
+    }
+  }
+  if (pin != st->deprecated.end()) {
+    c.warnings.push_back(source + ": '" + pin->first +
+                         "' is deprecated; use pin_memory in zero_optimization.offload_optimizer / offload_param");
+  }
+  return OkStatus();
+}
+
+// Defaults that depend on other keys, and the scheduler's per-type parameters.
+Status ResolveDependentDefaults(ParseState* st) {
+  const std::string& source = st->options.source;
+  Config& c = st->config;
+  c.zero.overlap_comm_set = Given(*st, "zero_optimization.overlap_comm");
+  if (!c.zero.overlap_comm_set) c.zero.overlap_comm = c.zero.stage == 3;
+
+  if (!Given(*st, "optimizer.params.weight_decay") && c.optimizer.type == "Adam") c.optimizer.weight_decay = 0.0;
+
+  const std::string& type = c.scheduler.type;
+  for (const Key& k : Keys()) {
+    if (k.only_for.empty() || !Given(*st, k.path)) continue;
+    if (std::find(k.only_for.begin(), k.only_for.end(), type) == k.only_for.end()) {
+      return KeyError(source, st->given[k.path],
+                      "no value with scheduler.type " + Quote(type) + " (it is a parameter of " +
+                          Join(k.only_for, ", ") + ")",
+                      ShowValue(k.get(c)));
+    }
+  }
+  if ((type == kWarmupDecayLR || type == kWarmupCosineLR) && !Given(*st, "scheduler.params.total_num_steps")) {
+    return KeyError(source, "scheduler.params.total_num_steps",
+                    "an integer >= 1 (" + type + " requires it)", "nothing");
+  }
+  if (type == kWarmupDecayLR && !Given(*st, "scheduler.params.warmup_max_lr")) {
+    // DeepSpeed's WarmupDecayLR constructor defaults warmup_max_lr to 0.001 (WarmupLR's to the lr).
+    c.scheduler.warmup_max_lr = 0.001;
+    if (c.optimizer.lr != 0.001) {
+      c.warnings.push_back(source +
+                           ": 'scheduler.params.warmup_max_lr' not given: WarmupDecayLR peaks at 0.001 (as "
+                           "DeepSpeed does), not at optimizer.params.lr " + FormatNumber(c.optimizer.lr));
+    }
+  }
+  if ((type == kWarmupLR || type == kWarmupDecayLR) && c.scheduler.warmup_max_lr == -1.0) {
+    c.scheduler.warmup_max_lr = c.optimizer.lr;
+  }
+  return OkStatus();
+}
+
+std::string Product(int64_t a, int64_t b, int64_t w) {
+  return std::to_string(a) + " x " + std::to_string(b) + " x " + std::to_string(w);
+}
+
+// DeepSpeed's batch arithmetic: any two of the three derive the third, then the identity must hold.
+Status ResolveBatch(ParseState* st) {
+  const std::string& source = st->options.source;
+  Config& c = st->config;
+  const int64_t world = st->options.world_size;
+  const bool has_train = Given(*st, "train_batch_size");
+  const bool has_micro = Given(*st, "train_micro_batch_size_per_gpu");
+  const bool has_gas = Given(*st, "gradient_accumulation_steps");
+  int64_t& train = c.train_batch_size;
+  int64_t& micro = c.train_micro_batch_size_per_gpu;
+  int64_t& gas = c.gradient_accumulation_steps;
+  const std::string w = std::to_string(world);
+
+  if (has_train && has_micro && has_gas) {
+    if (train != micro * gas * world) {
+      return KeyError(source, "train_batch_size",
+                      "train_micro_batch_size_per_gpu x gradient_accumulation_steps x world_size = " +
+                          Product(micro, gas, world) + " = " + std::to_string(micro * gas * world),
+                      std::to_string(train));
+    }
+    return OkStatus();
+  }
+  if (has_train && has_micro) {
+    if (train % (micro * world) != 0) {
+      return KeyError(source, "train_batch_size",
+                      "a multiple of train_micro_batch_size_per_gpu x world_size = " + std::to_string(micro) +
+                          " x " + w + " = " + std::to_string(micro * world) +
+                          " (gradient_accumulation_steps is derived from it)",
+                      std::to_string(train));
+    }
+    gas = train / (micro * world);
+    return OkStatus();
+  }
+  if (has_train && has_gas) {
+    if (train % (gas * world) != 0) {
+      return KeyError(source, "train_batch_size",
+                      "a multiple of gradient_accumulation_steps x world_size = " + std::to_string(gas) + " x " +
+                          w + " = " + std::to_string(gas * world) +
+                          " (train_micro_batch_size_per_gpu is derived from it)",
+                      std::to_string(train));
+    }
+    micro = train / (gas * world);
+    return OkStatus();
+  }
+  if (has_micro && has_gas) {
+    train = micro * gas * world;
+    return OkStatus();
+  }
+  if (has_train) {
+    if (train % world != 0) {
+      return KeyError(source, "train_batch_size",
+                      "a multiple of world_size " + w +
+                          " (train_micro_batch_size_per_gpu = train_batch_size / world_size when "
+                          "gradient_accumulation_steps is not given)",
+                      std::to_string(train));
+    }
+    micro = train / world;
+    gas = 1;
+    return OkStatus();
+  }
+  if (has_micro) {
+    gas = 1;
+    train = micro * world;
+    return OkStatus();
+  }
+  return KeyError(source, "train_batch_size",
+                  "train_batch_size or train_micro_batch_size_per_gpu to be given (any two of train_batch_size, "
+                  "train_micro_batch_size_per_gpu, gradient_accumulation_steps derive the third)",
+                  has_gas ? "only gradient_accumulation_steps" : "none of them");
+}
+
+// Cross-key rules: each documented once and checked after all keys are read.
+struct Rule {
+  const char* doc;
+  std::function<Status(const Config&, const std::string& source)> check;
+};
+
+const std::vector<Rule>& Rules() {
+  static const std::vector<Rule>* rules = new std::vector<Rule>{
+      {"`fp16.enabled` and `bf16.enabled` are not both true.",
+       [](const Config& c, const std::string& s) {
+         if (c.fp16.enabled && c.bf16_enabled) {
+           return KeyError(s, "bf16.enabled", "false when fp16.enabled is true (pick one 16-bit type)", "true");
+         }
+         return OkStatus();
+       }},
+      {"`zero_optimization.offload_param.device` other than \"none\" needs stage 3.",
+       [](const Config& c, const std::string& s) {
+         if (c.zero.offload_param.device != OffloadDevice::kNone && c.zero.stage < 3) {
+           return KeyError(s, "zero_optimization.offload_param.device",
+                           "\"none\" below stage 3 (parameter offload needs zero_optimization.stage 3; stage is " +
+                               std::to_string(c.zero.stage) + ")",
+                           Quote(OffloadDeviceName(c.zero.offload_param.device)));
+         }
+         return OkStatus();
+       }},
+      {"`zero_optimization.offload_optimizer.device` other than \"none\" needs stage 1, 2 or 3.",
+       [](const Config& c, const std::string& s) {
+         if (c.zero.offload_optimizer.device != OffloadDevice::kNone && c.zero.stage == 0) {
+           return KeyError(s, "zero_optimization.offload_optimizer.device",
+                           "\"none\" at stage 0 (optimizer offload needs zero_optimization.stage 1, 2 or 3)",
+                           Quote(OffloadDeviceName(c.zero.offload_optimizer.device)));
+         }
+         return OkStatus();
+       }},
+      {"An offload block with device \"nvme\" has a non-empty `nvme_path`.",
+       [](const Config& c, const std::string& s) {
+         if (c.zero.offload_optimizer.device == OffloadDevice::kNvme && c.zero.offload_optimizer.nvme_path.empty()) {
+           return KeyError(s, "zero_optimization.offload_optimizer.nvme_path",
+                           "a directory when offload_optimizer.device is \"nvme\"", "nothing");
+         }
+         if (c.zero.offload_param.device == OffloadDevice::kNvme && c.zero.offload_param.nvme_path.empty()) {
+           return KeyError(s, "zero_optimization.offload_param.nvme_path",
+                           "a directory when offload_param.device is \"nvme\"", "nothing");
+         }
+         return OkStatus();
+       }},
+      {"`zero_optimization.offload_optimizer.ratio` below 1 needs stage 3.",
+       [](const Config& c, const std::string& s) {
+         if (c.zero.offload_optimizer.ratio < 1.0 && c.zero.stage < 3) {
+           return KeyError(s, "zero_optimization.offload_optimizer.ratio",
+                           "1 below stage 3 (partial optimizer offload needs zero_optimization.stage 3; stage is " +
+                               std::to_string(c.zero.stage) + ")",
+                           FormatNumber(c.zero.offload_optimizer.ratio));
+         }
+         return OkStatus();
+       }},
+      {"`managed_gradient_accumulation: false` refuses `zero_optimization.overlap_comm: true` at stages 0 "
+       "and 1 (as DeepSpeed does).",
+       [](const Config& c, const std::string& s) {
+         if (!c.managed_gradient_accumulation && c.zero.overlap_comm && c.zero.stage <= 1) {
+           return KeyError(s, "zero_optimization.overlap_comm",
+                           "false when managed_gradient_accumulation is false at stage " +
+                               std::to_string(c.zero.stage) +
+                               " (unmanaged accumulation reduces at step(); DeepSpeed refuses overlap_comm here)",
+                           "true");
+         }
+         return OkStatus();
+       }},
+      {"`zero_optimization.offload_grad_accumulation: \"gpu\"` needs an optimizer offload device (\"cpu\" "
+       "or \"nvme\").",
+       [](const Config& c, const std::string& s) {
+         if (c.zero.offload_grad_accumulation == "gpu" &&
+             c.zero.offload_optimizer.device == OffloadDevice::kNone) {
+           return KeyError(s, "zero_optimization.offload_grad_accumulation",
+                           "\"cpu\" unless zero_optimization.offload_optimizer.device is \"cpu\" or \"nvme\" (GPU "
+                           "accumulation feeds the offloaded optimizer)",
+                           "\"gpu\"");
+         }
+         return OkStatus();
+       }},
+      {"`optimizer.params.adam_w_mode: false` needs `optimizer.type` \"Adam\" (\"AdamW\" always decouples "
+       "weight decay).",
+       [](const Config& c, const std::string& s) {
+         if (!c.optimizer.adam_w_mode && c.optimizer.type == "AdamW") {
+           return KeyError(s, "optimizer.params.adam_w_mode",
+                           "true with optimizer.type \"AdamW\" (use type \"Adam\" for classic Adam with L2 weight "
+                           "decay)",
+                           "false");
+         }
+         return OkStatus();
+       }},
+  };
+  return *rules;
+}
+
+Status PositionedParseError(const std::string& text, const std::string& source, const Json::parse_error& e) {
+  // e.byte is the 1-based index of the last character read; turn it into line and column.
+  size_t index = e.byte == 0 ? 0 : e.byte - 1;
+  index = std::min(index, text.size());
+  size_t line = 1;
+  size_t line_start = 0;
+  for (size_t i = 0; i < index; ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      line_start = i + 1;
+    }
+  }
+  const size_t column = index - line_start + 1;
+  std::string detail = e.what();
+  const size_t col_pos = detail.find("column ");
+  const size_t colon = col_pos == std::string::npos ? std::string::npos : detail.find(": ", col_pos);
+  if (colon != std::string::npos) {
+    detail = detail.substr(colon + 2);
+  } else if (detail.find("] ") != std::string::npos) {
+    detail = detail.substr(detail.find("] ") + 2);
+  }
+  return InvalidArgumentError(source + ": malformed JSON at line " + std::to_string(line) + ", column " +
+                              std::to_string(column) + ": " + detail);
+}
+
+std::string ListOnlyFor(const Key& k) { return Join(k.only_for, ", "); }
+
+std::string DefaultText(const Key& k) {
+  if (!k.default_doc.empty()) return k.default_doc;
+  return "`" + k.default_value.dump() + "`";
+}
+
+}  // namespace
+
+Result<Config> ParseConfig(const std::string& json_text, const ParseOptions& options) {
+  const std::string& source = options.source;
+  if (options.world_size < 1) {
+    return InvalidArgumentError(source + ": world_size: expected an integer >= 1, got " +
+                                std::to_string(options.world_size));
+  }
+  Json root;
+  try {
+    root = Json::parse(json_text);
+  } catch (const Json::parse_error& e) {
+    return PositionedParseError(json_text, source, e);
+  }
+  if (!root.is_object()) {
+    return InvalidArgumentError(source + ": expected a JSON object at the top level, got " + ShowValue(root));
+  }
+
+  ParseState st{options, Config(), {}, {}};
+  for (const Key& k : Keys()) {
+    if (!k.default_value.is_null() || k.nullable) k.set(st.config, k.default_value);
+  }
+  try {
+    ZERO_RETURN_IF_ERROR(Walk(root, "", "", &st));
+    ZERO_RETURN_IF_ERROR(ApplyDeprecatedOffload(&st));
+    ZERO_RETURN_IF_ERROR(ResolveDependentDefaults(&st));
+    ZERO_RETURN_IF_ERROR(ResolveBatch(&st));
+  } catch (const Json::exception& e) {
+    // Values are type-checked before use, so this is a bug in the table.
+    return InternalError(source + ": config table: " + e.what());
+  }
+  for (const Rule& r : Rules()) ZERO_RETURN_IF_ERROR(r.check(st.config, source));
+  return std::move(st.config);
+}
+
+Result<Config> LoadConfigFile(const std::string& path, const ParseOptions& options) {
+  errno = 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return ErrnoError("open config", path, errno == 0 ? ENOENT : errno);
+  std::stringstream buf;
+  buf << in.rdbuf();
+  if (in.bad()) return ErrnoError("read config", path, errno == 0 ? EIO : errno);
+  ParseOptions opts = options;
+  if (opts.source == ParseOptions().source) opts.source = path;
+  return ParseConfig(buf.str(), opts);
+}
+
+std::string ConfigToJson(const Config& config) {
+  Json out = Json::object();
+  for (const Key& k : Keys()) {
+    if (!k.only_for.empty() &&
+        std::find(k.only_for.begin(), k.only_for.end(), config.scheduler.type) == k.only_for.end()) {
+      continue;
+    }
+    std::string pointer = "/" + k.path;
+    std::replace(pointer.begin(), pointer.end(), '.', '/');
+    out[Json::json_pointer(pointer)] = k.get(config);
+  }
+  return out.dump(2) + "\n";
+}
+
+std::string ConfigReferenceMarkdown() {
+  std::ostringstream md;
+  md << "# Config reference\n\n"
+     << "<!-- Generated from the key table in engine/config.cc by\n"
+     << "     `bazel run //engine:config_doc -- --output=docs/config.md`; do not edit by hand.\n"
+     << "     //engine:config_doc_test fails when this file and the table differ. -->\n\n"
+     << "_Generated from the key table in `engine/config.cc` by\n"
+     << "`bazel run //engine:config_doc -- --output=docs/config.md` (run from the workspace root);\n"
+     << "`//engine:config_doc_test` fails when this page is out of date._\n\n"
+     << "zero reads a DeepSpeed-style JSON config: the same key names, defaults and batch arithmetic as\n"
+     << "DeepSpeed for everything zero implements. Every key below is declared once in\n"
+     << "`engine/config.cc`; that declaration drives parsing, defaults, validation, `ConfigToJson` and this\n"
+     << "page.\n\n"
+     << "## Errors and warnings\n\n"
+     << "- A bad value names the key's full path, what was expected and what was found:\n"
+     << "  `ds_config.json: zero_optimization.stage: expected an integer in 0..3, got 4`.\n"
+     << "- Malformed JSON reports the line and column: `ds_config.json: malformed JSON at line 7, column 5: ...`.\n"
+     << "- Integer keys accept integral numbers written as floats (`5e8`).\n"
+     << "- `\"auto\"` (a Hugging Face Trainer placeholder the Trainer fills in) is an error for every key:\n"
+     << "  replace it with a value.\n"
+     << "- Unknown keys are warnings with a suggestion (`unknown key 'zero_optimization.stge' (did you mean\n"
+     << "  'stage'?)`), or errors with `ParseOptions::strict`.\n\n"
+     << "## Batch size\n\n"
+     << "`train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x world_size`.\n"
+     << "Any two of the three derive the third; all three given must satisfy the identity. With only\n"
+     << "`train_batch_size`: micro batch = train_batch_size / world_size and gradient_accumulation_steps = 1.\n"
+     << "With only `train_micro_batch_size_per_gpu`: gradient_accumulation_steps = 1. At least one of\n"
+     << "`train_batch_size` and `train_micro_batch_size_per_gpu` is required. A derived value must divide\n"
+     << "exactly.\n\n"
+     << "## Learning-rate schedule steps\n\n"
+     << "As in DeepSpeed, the scheduler advances once after every optimizer step that was applied (a step\n"
+     << "skipped for an fp16 overflow does not count), so the t-th applied update uses the schedule's value\n"
+     << "after t - 1 advances: the first update uses `warmup_min_lr` (WarmupLR, WarmupDecayLR) or 0\n"
+     << "(WarmupCosineLR). `warmup_num_steps` below 2 acts as 2. The formulas are in\n"
+     << "`engine/lr_scheduler.h`.\n\n";
+
+  // One table per block, in table order.
+  std::vector<std::string> blocks;
+  for (const Key& k : Keys()) {
+    const std::string b = ParentOf(k.path);
+    if (std::find(blocks.begin(), blocks.end(), b) == blocks.end()) blocks.push_back(b);
+  }
+  for (const std::string& b : blocks) {
+    md << "## " << (b.empty() ? "Top level" : "`" + b + "`") << "\n\n";
+    md << "| Key | Type | Default | Accepts | Description |\n| --- | --- | --- | --- | --- |\n";
+    for (const Key& k : Keys()) {
+      if (ParentOf(k.path) != b) continue;
+      std::string doc = k.doc;
+      if (!k.only_for.empty()) doc += " Read by " + ListOnlyFor(k) + ".";
+      std::string def = DefaultText(k);
+      md << "| `" << LastComponent(k.path) << "` | " << TypeName(k) << " | " << def << " | " << Expected(k)
+         << " | " << doc << " |\n";
+    }
+    md << "\n";
+  }
+
+  md << "## Rules between keys\n\n";
+  for (const Rule& r : Rules()) md << "- " << r.doc << "\n";
+  md << "- `scheduler.params` keys belong to the schedules listed with them; another schedule's key is an error "
+        "(DeepSpeed's constructors refuse them too).\n"
+     << "- WarmupDecayLR and WarmupCosineLR require `scheduler.params.total_num_steps`.\n"
+     << "- `optimizer.params.max_grad_norm` is an error: use the top-level `gradient_clipping`.\n"
+     << "- `optimizer.type` other than Adam/AdamW (Lamb, OneBitAdam, ...) and `scheduler.type` OneCycle or\n"
+     << "  LRRangeTest are errors: zero does not implement them.\n\n";
+
+  md << "## Other spellings\n\n"
+     << "Accepted with a warning and mapped onto the keys above; giving both spellings is an error.\n\n"
+     << "| Spelling | Means |\n| --- | --- |\n";
+  for (const Alias& a : kAliases) md << "| `" << a.path << "` | `" << a.canonical << "` |\n";
+  for (const Deprecated& d : kDeprecated) md << "| `" << d.path << "` (boolean) | " << d.doc << " |\n";
+  md << "\n## Keys read and ignored\n\n"
+     << "DeepSpeed keys zero knows and does not act on. Each gives a warning (also with `strict`).\n\n"
+     << "| Key | Why |\n| --- | --- |\n";
+  for (const Ignored& i : kIgnored) md << "| `" << i.path << "` | " << i.why << " |\n";
+  return md.str();
+}
+
+const std::vector<ConfigKeyInfo>& ConfigKeyTable() {
+  static const std::vector<ConfigKeyInfo>* table = [] {
+    auto* out = new std::vector<ConfigKeyInfo>();
+    for (const Key& k : Keys()) {
+      ConfigKeyInfo info;
+      info.path = k.path;
+      info.expected = Expected(k);
+      info.has_default = !k.default_value.is_null() || k.nullable;
+      info.default_json = k.default_value.dump();
+      info.default_depends_on_other_keys = k.default_depends;
+      info.only_for = k.only_for;
+      switch (k.kind) {
+        case Kind::kBool: info.wrong_type_values = {"1", "\"true\"", "null", "[]"}; break;
+        case Kind::kInt: info.wrong_type_values = {"\"8\"", "true", "1.5", "null", "{}"}; break;
+        case Kind::kNumber: info.wrong_type_values = {"\"0.5\"", "false", "null", "[1]"}; break;
+        case Kind::kString: info.wrong_type_values = {"3", "true", "null", "[\"cpu\"]"}; break;
+        case Kind::kDType: info.wrong_type_values = {"16", "true", "{}"}; break;
+        case Kind::kBetas: info.wrong_type_values = {"0.9", "\"0.9,0.999\"", "null", "{}"}; break;
+      }
+      info.wrong_type_values.push_back("\"auto\"");
+      const double lim = k.kind == Kind::kInt ? 2147483647.0 : std::numeric_limits<double>::infinity();
+      if (k.kind == Kind::kInt || k.kind == Kind::kNumber) {
+        if (k.min && *k.min > -lim - 1) {
+          const double below = k.kind == Kind::kInt ? *k.min - 1 : (k.min_exclusive ? *k.min : *k.min - 0.5);
+          info.out_of_range_values.push_back(FormatNumber(below));
+        }
+        if (k.max && *k.max < lim) {
+          const double above = k.kind == Kind::kInt ? *k.max + 1 : (k.max_exclusive ? *k.max : *k.max + 0.5);
+          info.out_of_range_values.push_back(FormatNumber(above));
+        }
+        for (const std::string& s : k.extra_bad) info.out_of_range_values.push_back(s);
+      } else if (k.kind == Kind::kString && !k.choices.empty()) {
+        info.out_of_range_values = {"\"bogus\"", "\"\""};
+        if (std::find(k.choices.begin(), k.choices.end(), "") != k.choices.end()) {
+          info.out_of_range_values = {"\"bogus\""};
+        }
+      } else if (k.kind == Kind::kDType) {
+        info.out_of_range_values = {"\"int8\"", "\"\""};
+      } else if (k.kind == Kind::kBetas) {
+        info.out_of_range_values = {"[0.9]", "[0.9,1.0]", "[-0.1,0.9]", "[0.9,0.99,0.999]"};
+      }
+      out->push_back(std::move(info));
+    }
+    return out;
+  }();
+  return *table;
+}
+
+std::string ConfigValueAt(const std::string& config_json, const std::string& path) {
+  Json root = Json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) return "";
+  std::string pointer = "/" + path;
+  std::replace(pointer.begin(), pointer.end(), '.', '/');
+  const Json::json_pointer ptr(pointer);
+  if (!root.contains(ptr)) return "";
+  return root.at(ptr).dump();
+}
+
+}  // namespace zero
