@@ -1,0 +1,291 @@
+// ByteLmCuda against ByteLmCpu on the same parameters and batch.
+//
+// Tolerances, and why:
+// - fp32: the loss within 1e-5 relative and every gradient element within 1e-4 of its tensor's
+//   largest magnitude. Both sides round every operation to fp32 but sum in different orders
+//   (cuBLAS's blocked/split reductions vs the CPU's sequential ones, warp-shuffle vs sequential
+//   LayerNorm and column sums), and expf/erff/logf differ from glibc's by an ulp or two. Such
+//   differences are ~1e-6 relative per value; chained through a few layers they stay well under
+//   1e-4 of each tensor's scale. Elements near zero carry absolute, not relative, error, hence the
+//   per-tensor scale.
+// - bf16 and fp16 (parameters and gradients in that dtype, math in fp32 on both sides): the fp32
+//   results differ as above, and rounding to 16 bits can then land one ulp apart where a value sits
+//   near a rounding boundary: one ulp is 2^-8 (bf16) / 2^-11 (fp16) relative to the value, so the
+//   bound is 1e-2 (bf16) / 2e-3 (fp16) of the tensor's largest magnitude.
+// Exact properties (loss scaling by a power of two, run-to-run determinism) are checked bitwise.
+// Observed on an H200: 1.3e-6 (fp32), 2.3e-3 (bf16), 3.9e-4 (fp16) of the tensor's scale.
+#include "examples/byte_lm_cuda.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "examples/byte_lm.h"
+#include "examples/model_api.h"
+#include "gtest/gtest.h"
+
+namespace zero::examples {
+namespace {
+
+bool HaveGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device"
+
+// Device copies of host tensors, one cudaMalloc per tensor.
+class DeviceTensors {
+ public:
+  explicit DeviceTensors(const HostTensors& host) : dtype_(host.dtype()) {
+    for (int i = 0; i < host.size(); ++i) {
+      const size_t bytes = host.numel(i) * SizeOf(dtype_);
+      void* p = nullptr;
+      EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(p, host.data(i), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+      ptrs_.push_back(p);
+      bytes_.push_back(bytes);
+    }
+  }
+  ~DeviceTensors() {
+    for (void* p : ptrs_) cudaFree(p);
+  }
+  std::vector<ParamView> ParamViews() const {
+    std::vector<ParamView> v;
+    for (void* p : ptrs_) v.push_back({p, dtype_});
+    return v;
+  }
+  std::vector<GradView> GradViews() {
+    std::vector<GradView> v;
+    for (void* p : ptrs_) v.push_back({p, dtype_});
+    return v;
+  }
+  void CopyTo(HostTensors* host) const {
+    for (size_t i = 0; i < ptrs_.size(); ++i) {
+      EXPECT_EQ(cudaMemcpy(host->data(i), ptrs_[i], bytes_[i], cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+  }
+
+ private:
+  DType dtype_;
+  std::vector<void*> ptrs_;
+  std::vector<size_t> bytes_;
+};
+
+std::vector<uint8_t> RandomTokens(int batch, int context, uint64_t seed) {
+  std::vector<uint8_t> t(static_cast<size_t>(batch) * (context + 1));
+  uint64_t s = seed;
+  for (auto& b : t) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    b = static_cast<uint8_t>(32 + (s >> 58) % 60);
+  }
+  return t;
+}
+
+HostTensors RandomParams(const std::vector<ParamSpec>& specs, DType dtype, uint64_t seed) {
+  HostTensors p(specs, dtype);
+  for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
+    std::vector<float> v = InitParam(specs[i], seed);
+    ParamSpec noise = specs[i];
+    noise.init = InitKind::kNormal;
+    noise.init_std = 0.2f;
+    noise.name += ".noise";
+    std::vector<float> n = InitParam(noise, seed);
+    for (size_t j = 0; j < v.size(); ++j) v[j] += n[j];
+    p.SetAll(i, v);
+  }
+  return p;
+}
+
+struct RunResult {
+  double loss = 0;
+  HostTensors grads;
+};
+
+RunResult CpuRun(const ByteLmConfig& c, const HostTensors& params, const std::vector<uint8_t>& tokens,
+                 int batch, float loss_scale) {
+  ByteLmCpu model(c);
+  RunResult r{0, HostTensors(model.specs(), params.dtype())};
+  ResidentParams provider(model.specs(), params.ParamViews());
+  GradBuffers sink(r.grads.GradViews());
+  ByteLmActivations acts;
+  auto loss = model.Forward(provider, tokens.data(), batch, &acts);
+  EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+  r.loss = loss.ok() ? *loss : 0;
+  Status st = model.Backward(provider, &acts, loss_scale, sink);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return r;
+}
+
+RunResult GpuRun(const ByteLmConfig& c, const HostTensors& params, const std::vector<uint8_t>& tokens,
+                 int batch, float loss_scale, GradBuffers** sink_out = nullptr,
+                 ResidentParams** provider_out = nullptr) {
+  cudaStream_t stream;
+  EXPECT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  auto model = ByteLmCuda::Create(c, stream);
+  EXPECT_TRUE(model.ok()) << model.status().ToString();
+  RunResult r{0, HostTensors((*model)->specs(), params.dtype())};
+  DeviceTensors dparams(params);
+  DeviceTensors dgrads(r.grads);
+  ResidentParams provider((*model)->specs(), dparams.ParamViews());
+  GradBuffers sink(dgrads.GradViews());
+  ByteLmCudaActivations acts;
+  Status st = (*model)->Forward(provider, tokens.data(), batch, &acts, &r.loss);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  st = (*model)->Backward(provider, &acts, loss_scale, sink);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  dgrads.CopyTo(&r.grads);
+  EXPECT_EQ(provider.acquires(), provider.releases());
+  EXPECT_EQ(provider.max_held(), 1);
+  for (int i = 0; i < static_cast<int>(sink.ready_count().size()); ++i) EXPECT_EQ(sink.ready_count()[i], 1);
+  model->reset();
+  cudaStreamDestroy(stream);
+  return r;
+}
+
+// Also prints the observed errors, so the tolerances can be judged against them.
+void ExpectClose(const std::string& label, const std::vector<ParamSpec>& specs, const RunResult& gpu,
+                 const RunResult& cpu, double loss_tol, double grad_tol) {
+  EXPECT_NEAR(gpu.loss, cpu.loss, loss_tol * std::abs(cpu.loss));
+  double worst = 0;
+  std::string worst_name;
+  for (int i = 0; i < cpu.grads.size(); ++i) {
+    float scale = 0;
+    double err = 0;
+    for (int64_t j = 0; j < cpu.grads.numel(i); ++j) scale = std::max(scale, std::abs(cpu.grads.Get(i, j)));
+    for (int64_t j = 0; j < cpu.grads.numel(i); ++j) {
+      err = std::max(err, double(std::abs(gpu.grads.Get(i, j) - cpu.grads.Get(i, j))));
+    }
+    EXPECT_GT(scale, 0.0f) << specs[i].name;
+    EXPECT_LE(err, grad_tol * scale) << specs[i].name << ": max error " << err << ", scale " << scale;
+    if (scale > 0 && err / scale > worst) {
+      worst = err / scale;
+      worst_name = specs[i].name;
+    }
+  }
+  std::printf("%s: loss %.9g vs %.9g (relative %.2g); worst gradient error %.2g of its tensor's scale (%s)\n",
+              label.c_str(), gpu.loss, cpu.loss, std::abs(gpu.loss - cpu.loss) / std::abs(cpu.loss), worst,
+              worst_name.c_str());
+}
+
+struct Case {
+  ByteLmConfig config;
+  int batch;
+};
+
+std::vector<Case> Cases() {
+  ByteLmConfig odd;  // widths that are not multiples of the kernels' tiles
+  odd.context = 3;
+  odd.embed_dim = 5;
+  odd.hidden = 24;
+  odd.ffn = 40;
+  odd.layers = 2;
+  return {{ByteLmConfig{}, 64}, {odd, 7}, {ByteLmConfig{}, 300}};
+}
+
+TEST(ByteLmCudaTest, Fp32MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  for (const Case& t : Cases()) {
+    const std::string label = "fp32 " + t.config.ToString() + " B=" + std::to_string(t.batch);
+    SCOPED_TRACE(label);
+    const auto specs = ByteLmParamSpecs(t.config);
+    HostTensors params = RandomParams(specs, DType::kF32, 3);
+    const auto tokens = RandomTokens(t.batch, t.config.context, 5);
+    ExpectClose(label, specs, GpuRun(t.config, params, tokens, t.batch, 1.0f),
+                CpuRun(t.config, params, tokens, t.batch, 1.0f), 1e-5, 1e-4);
+  }
+}
+
+TEST(ByteLmCudaTest, SixteenBitMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (const Case& t : Cases()) {
+      const std::string label =
+          std::string(DTypeName(dt)) + " " + t.config.ToString() + " B=" + std::to_string(t.batch);
+      SCOPED_TRACE(label);
+      const auto specs = ByteLmParamSpecs(t.config);
+      HostTensors params = RandomParams(specs, dt, 4);
+      const auto tokens = RandomTokens(t.batch, t.config.context, 6);
+      const float scale = dt == DType::kF16 ? 1024.0f : 1.0f;  // keeps fp16 gradients out of subnormals
+      ExpectClose(label, specs, GpuRun(t.config, params, tokens, t.batch, scale),
+                  CpuRun(t.config, params, tokens, t.batch, scale), 1e-5, dt == DType::kBF16 ? 1e-2 : 2e-3);
+    }
+  }
+}
+
+TEST(ByteLmCudaTest, LossScaleExactAndRunsReproducible) {
+  SKIP_WITHOUT_GPU();
+  const ByteLmConfig c;
+  const auto specs = ByteLmParamSpecs(c);
+  HostTensors params = RandomParams(specs, DType::kF32, 7);
+  const auto tokens = RandomTokens(128, c.context, 8);
+  RunResult a = GpuRun(c, params, tokens, 128, 1.0f);
+  RunResult b = GpuRun(c, params, tokens, 128, 1.0f);
+  RunResult s = GpuRun(c, params, tokens, 128, 4096.0f);
+  EXPECT_EQ(a.loss, b.loss);
+  for (int i = 0; i < a.grads.size(); ++i) {
+    for (int64_t j = 0; j < a.grads.numel(i); ++j) {
+      ASSERT_EQ(a.grads.Get(i, j), b.grads.Get(i, j)) << specs[i].name << "[" << j << "]";
+      ASSERT_EQ(s.grads.Get(i, j), 4096.0f * a.grads.Get(i, j)) << specs[i].name << "[" << j << "]";
+    }
+  }
+}
+
+TEST(ByteLmCudaTest, SgdOnDeviceReducesTheLoss) {
+  SKIP_WITHOUT_GPU();
+  ByteLmConfig c;
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  auto model = ByteLmCuda::Create(c, stream);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  HostTensors host(ByteLmParamSpecs(c), DType::kF32);
+  host.Init(ByteLmParamSpecs(c), 1);
+  DeviceTensors params(host);
+  HostTensors host_grads(ByteLmParamSpecs(c), DType::kF32);
+  DeviceTensors grads(host_grads);
+  ResidentParams provider((*model)->specs(), params.ParamViews());
+  GradBuffers sink(grads.GradViews());
+  ByteLmCudaActivations acts;
+  const std::string text =
+      "the quick brown fox jumps over the lazy dog; the lazy dog sleeps while the quick fox runs. ";
+  const int batch = 128, k = c.context;
+  std::vector<uint8_t> tokens(batch * (k + 1));
+  double first = 0, last = 0;
+  for (int step = 0; step < 40; ++step) {
+    for (int b = 0; b < batch; ++b) {
+      const size_t start = (step * 131 + b * 17) % (text.size() - k);
+      std::memcpy(&tokens[b * (k + 1)], text.data() + start, k + 1);
+    }
+    double loss = 0;
+    ASSERT_TRUE((*model)->Forward(provider, tokens.data(), batch, &acts, &loss).ok());
+    ASSERT_TRUE((*model)->Backward(provider, &acts, 1.0f, sink).ok());
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    // SGD on the host copies (small model; keeps the test free of extra kernels).
+    grads.CopyTo(&host_grads);
+    for (int i = 0; i < host.size(); ++i) {
+      float* p = static_cast<float*>(host.data(i));
+      const float* g = static_cast<const float*>(host_grads.data(i));
+      for (int64_t j = 0; j < host.numel(i); ++j) p[j] -= 0.3f * g[j];
+    }
+    std::vector<ParamView> views = params.ParamViews();
+    for (int i = 0; i < host.size(); ++i) {
+      ASSERT_EQ(cudaMemcpy(const_cast<void*>(views[i].data), host.data(i), host.numel(i) * 4,
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+    if (step == 0) first = loss;
+    last = loss;
+  }
+  EXPECT_LT(last, first - 1.5) << "first " << first << " last " << last;
+  model->reset();
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace zero::examples
