@@ -12,15 +12,19 @@ ZERO_COPTS = [
 def zero_cc_library(name, copts = [], **kw):
     native.cc_library(name = name, copts = ZERO_COPTS + copts, **kw)
 
-def zero_cc_binary(name, copts = [], **kw):
-    native.cc_binary(name = name, copts = ZERO_COPTS + copts, **kw)
+# Binaries and tests link statically: cudart is a static archive, and a dynamically linked test
+# would fail at load time with "undefined symbol: cuda..."; static binaries also travel to the GPU
+# machine without runfiles.
+def zero_cc_binary(name, copts = [], linkstatic = True, **kw):
+    native.cc_binary(name = name, copts = ZERO_COPTS + copts, linkstatic = linkstatic, **kw)
 
-def zero_cc_test(name, copts = [], deps = [], size = "small", **kw):
+def zero_cc_test(name, copts = [], deps = [], size = "small", linkstatic = True, **kw):
     native.cc_test(
         name = name,
         copts = ZERO_COPTS + copts,
         deps = deps + ["@gtest//:gtest_main"],
         size = size,
+        linkstatic = linkstatic,
         **kw
     )
 

@@ -15,8 +15,16 @@
 //
 // Kernels read/write `n` elements addressed with size_t (no 32-bit index overflow for n >= 2^31).
 // Elementwise results are bit-identical between the CPU and CUDA backends (both use dtype.h's
-// conversions; CUDA is compiled without FMA contraction). Reductions (SumOfSquares) accumulate in
-// double; their summation order differs between backends, so CPU and CUDA agree within rounding.
+// conversions; CUDA is compiled without FMA contraction). A NaN produced by arithmetic
+// (Accumulate, Scale, AdamW) is stored as the canonical NaN 0x7fffffff (as 16 bits: 0x7fff), which
+// is what the GPU produces, so NaN results are bit-identical too; Fill and Cast carry NaN sign and
+// top payload bits through dtype.h's conversions. Reductions (SumOfSquares) accumulate exact
+// double squares in a fixed order per backend (deterministic run to run; see cpu_device.h and
+// cuda_kernels.h); the orders differ, so CPU and CUDA agree within double rounding.
+//
+// A null Stream* in any call means default_stream(). Allocate(0) returns an empty buffer
+// (data() == nullptr); copies and kernels with zero bytes/elements do nothing (SumOfSquares writes
+// 0.0) and accept null data pointers.
 //
 // Thread safety: allocation, stream and event creation are thread-safe; a Stream must be used by
 // one thread at a time.
@@ -64,12 +72,13 @@ struct AdamWParams {
 
 // The update, per element, in this exact order (DeepSpeed's):
 //   g = grad * grad_scale;  if (!adam_w_mode) g += weight_decay * p;
-//   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g * g;
+//   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * (g * g);
 //   denom = sqrt(v) / sqrt(bias_correction2) + eps;
 //   if (adam_w_mode) p = p - lr * weight_decay * p;
 //   p = p - (lr / bias_correction1) * (m / denom);
-// Reference implementation for tests and the CPU backend: AdamWReference (one element).
-inline void AdamWReference(float* p, float g, float* m, float* v, const AdamWParams& h) {
+// Reference implementation for tests and both backends: AdamWReference (one element; ZERO_HD so
+// the CUDA kernel compiles this very expression).
+ZERO_HD void AdamWReference(float* p, float g, float* m, float* v, const AdamWParams& h) {
   g = g * h.grad_scale;
   if (!h.adam_w_mode) g = g + h.weight_decay * *p;
   *m = h.beta1 * *m + (1.0f - h.beta1) * g;
@@ -198,7 +207,8 @@ class Device {
 };
 
 // Creates a device from a name: "cpu", "cuda", "cuda:N". Unknown names and CUDA on a build or
-// machine without it give a clear error.
+// machine without it give a clear error. Defined in //runtime:device_factory (link that target to
+// call it); the backends live in //runtime:cpu_device and, with CUDA, //runtime:cuda_device.
 Result<std::unique_ptr<Device>> CreateDevice(const std::string& name);
 
 }  // namespace zero
