@@ -1,0 +1,167 @@
+#include "comm/rendezvous.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include "runtime/cpu_device.h"
+
+namespace zero {
+namespace {
+
+const char* kVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK",
+                       "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID",
+                       "SLURM_NTASKS", "SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT",
+                       "ZERO_STORE_PATH", "ZERO_COMM_TIMEOUT_MS", "ZERO_GLOO_IFACE",
+                       "GLOO_SOCKET_IFNAME", "ZERO_GLOO_HOSTNAME"};
+
+class RendezvousEnvTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* v : kVars) unsetenv(v);
+  }
+  void TearDown() override { SetUp(); }
+  void Set(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (auto& [k, v] : vars) setenv(k, v, 1);
+  }
+};
+
+TEST_F(RendezvousEnvTest, DefaultsWithNothingSet) {
+  auto o = RendezvousFromEnv();
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->rank, 0);
+  EXPECT_EQ(o->world_size, 1);
+  EXPECT_EQ(o->local_rank, 0);
+  EXPECT_EQ(o->master_addr, "127.0.0.1");
+  EXPECT_EQ(o->master_port, 29500);
+  EXPECT_EQ(o->comm.timeout.count(), 300000);
+}
+
+TEST_F(RendezvousEnvTest, TorchrunVariables) {
+  Set({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.2"},
+       {"MASTER_PORT", "1234"}, {"ZERO_COMM_TIMEOUT_MS", "2500"}, {"ZERO_STORE_PATH", "/shared/x"},
+       {"GLOO_SOCKET_IFNAME", "eth1"}});
+  auto o = RendezvousFromEnv();
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->rank, 3);
+  EXPECT_EQ(o->world_size, 8);
+  EXPECT_EQ(o->local_rank, 1);
+  EXPECT_EQ(o->master_addr, "10.0.0.2");
+  EXPECT_EQ(o->master_port, 1234);
+  EXPECT_EQ(o->comm.timeout.count(), 2500);
+  EXPECT_EQ(o->store_path, "/shared/x");
+  EXPECT_EQ(o->gloo_iface, "eth1");
+}
+
+TEST_F(RendezvousEnvTest, OpenMpiAndSlurmFallbacks) {
+  Set({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}});
+  auto o = RendezvousFromEnv();
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->rank, 2);
+  EXPECT_EQ(o->world_size, 4);
+  EXPECT_EQ(o->local_rank, 2);
+  SetUp();
+  Set({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}, {"SLURM_LOCALID", "1"}});
+  o = RendezvousFromEnv();
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->rank, 5);
+  EXPECT_EQ(o->world_size, 6);
+  EXPECT_EQ(o->local_rank, 1);
+  // The torchrun names win over the fallbacks.
+  Set({{"RANK", "0"}, {"WORLD_SIZE", "2"}});
+  o = RendezvousFromEnv();
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->rank, 0);
+  EXPECT_EQ(o->world_size, 2);
+}
+
+void ExpectError(const char* needle1, const char* needle2) {
+  auto o = RendezvousFromEnv();
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(o.status().message().find(needle1), std::string::npos) << o.status().ToString();
+  EXPECT_NE(o.status().message().find(needle2), std::string::npos) << o.status().ToString();
+}
+
+TEST_F(RendezvousEnvTest, MalformedValuesNameVariableAndValue) {
+  Set({{"RANK", "abc"}, {"WORLD_SIZE", "2"}});
+  ExpectError("RANK", "abc");
+  SetUp();
+  Set({{"RANK", "1"}, {"WORLD_SIZE", "2x"}});
+  ExpectError("WORLD_SIZE", "2x");
+  SetUp();
+  Set({{"RANK", "2"}, {"WORLD_SIZE", "2"}});
+  ExpectError("RANK=2", "WORLD_SIZE=2");
+  SetUp();
+  Set({{"MASTER_PORT", "70000"}});
+  ExpectError("MASTER_PORT", "70000");
+  SetUp();
+  Set({{"ZERO_COMM_TIMEOUT_MS", "-5"}});
+  ExpectError("ZERO_COMM_TIMEOUT_MS", "-5");
+  SetUp();
+  Set({{"SLURM_PROCID", "1"}});
+  ExpectError("SLURM_PROCID", "WORLD_SIZE");
+  SetUp();
+  Set({{"WORLD_SIZE", "0"}});
+  ExpectError("WORLD_SIZE", "0");
+}
+
+TEST(CreateCommunicatorTest, UnknownBackendAndSingleRank) {
+  CpuDevice dev;
+  RendezvousOptions o;
+  auto bad = CreateCommunicator("mpi", &dev, o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("mpi"), std::string::npos);
+  // A world of one binds no port: two at once on the same MASTER_PORT both work.
+  auto a = CreateCommunicator("gloo", &dev, o);
+  auto b = CreateCommunicator("gloo", &dev, o);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ((*a)->backend(), "gloo");
+  float x[3] = {1, 2, 3};
+  auto w = (*a)->AllReduce(x, 3, DType::kF32, ReduceOp::kAvg);
+  ASSERT_TRUE(w.ok());
+  EXPECT_TRUE((*w)->Wait().ok());
+  EXPECT_EQ(x[2], 3.0f);
+  // gloo needs host memory; nccl a CUDA device (or, without CUDA, is not built at all).
+  auto nccl = CreateCommunicator("nccl", &dev, o);
+  ASSERT_FALSE(nccl.ok());
+  EXPECT_TRUE(nccl.status().code() == StatusCode::kUnimplemented ||
+              nccl.status().code() == StatusCode::kInvalidArgument)
+      << nccl.status().ToString();
+}
+
+TEST(CreateCommunicatorTest, FileStoreRendezvousOfTwoThreads) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/zero_filestore_" +
+                    std::to_string(getpid());
+  CpuDevice d0, d1;
+  RendezvousOptions o;
+  o.world_size = 2;
+  o.store_path = dir;
+  o.comm.timeout = std::chrono::milliseconds(5000);
+  Result<std::unique_ptr<Communicator>> c1 = UnavailableError("not run");
+  std::thread t([&] {
+    RendezvousOptions o1 = o;
+    o1.rank = 1;
+    c1 = CreateCommunicator("gloo", &d1, o1);
+  });
+  auto c0 = CreateCommunicator("gloo", &d0, o);
+  t.join();
+  ASSERT_TRUE(c0.ok()) << c0.status().ToString();
+  ASSERT_TRUE(c1.ok()) << c1.status().ToString();
+  double v0 = 1.5, v1 = 2.25;
+  std::thread t2([&] { EXPECT_TRUE((*c1)->AllReduceHost(&v1, 1, ReduceOp::kSum).ok()); });
+  EXPECT_TRUE((*c0)->AllReduceHost(&v0, 1, ReduceOp::kSum).ok());
+  t2.join();
+  EXPECT_EQ(v0, 3.75);
+  EXPECT_EQ(v1, 3.75);
+}
+
+}  // namespace
+}  // namespace zero
