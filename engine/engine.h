@@ -38,6 +38,13 @@
 //     max(1, (norm/loss_scale + 1e-6)/clip), and one AdamW pass with grad_scale =
 //     1 / (GAS * loss_scale * clip_coef) (GAS = 1 in unmanaged mode: the user scales), then the new
 //     fp32 weights are rounded to the model dtype and all-gathered (stages 1/2).
+//   - Spelled out (as the equivalence suite models it): the sum of squares is taken per parameter
+//     over this rank's partition (stage 0: the whole parameter) with Device::SumOfSquares, added
+//     in parameter order, and the ranks' sums are added in rank order (AllReduceHost; stages 1-3);
+//     norm = sqrt(sum) / GAS in double; global_grad_norm() = norm / loss_scale (+Inf after an fp16
+//     overflow). AdamW gets lr = (float) the scheduler's lr, bias corrections (float)(1 - beta^t)
+//     computed in double (std::pow), t = applied steps; the master weights start as the init
+//     values exactly, the model parameters as those rounded to the model dtype.
 //
 // Accumulation modes: managed (default): the boundary is every gradient_accumulation_steps-th
 // Backward(); Step() off the boundary only advances. Unmanaged (managed_gradient_accumulation

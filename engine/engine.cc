@@ -1,0 +1,965 @@
+// Engine: wires the ZeRO pieces (zero/) into the API of engine.h. See docs/zero.md for how each
+// stage stores and reduces, the bucket layout and the boundary arithmetic.
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/lr_scheduler.h"
+#include "zero/buffer_pool.h"
+#include "zero/grad_reducer.h"
+#include "zero/gradient_bucket.h"
+#include "zero/loss_scaler.h"
+#include "zero/param_coordinator.h"
+#include "zero/partition.h"
+
+namespace zero {
+
+namespace {
+
+// Pieces of the engine's flat buffers start at multiples of this many elements (256 bytes of
+// fp32), so param(i) and grad shards are aligned for vectorized kernels. Gaps stay zero.
+constexpr int64_t kAlign = 64;
+
+struct ParamInfo {
+  ParamSpec spec;
+  int64_t numel = 0;
+  int module = -1;
+  ShardSpec shard;        // this rank's shard of the padded parameter
+  int64_t full_off = 0;   // offset in the full flat buffers (model at stages 0-2; fp32 at stage 0/1)
+  int64_t part_off = 0;   // offset in the partition flat buffers (stages 1-3)
+  bool persistent = false;
+};
+
+// 52-bit FNV-1a of the values' bits: exact as a double, so AllReduceHost max/min compare it.
+double Checksum(const float* v, int64_t n) {
+  uint64_t h = 1469598103934665603ull;
+  const unsigned char* b = reinterpret_cast<const unsigned char*>(v);
+  for (int64_t i = 0; i < n * 4; ++i) {
+    h ^= b[i];
+    h *= 1099511628211ull;
+  }
+  h ^= static_cast<uint64_t>(n);
+  return static_cast<double>(h & ((uint64_t{1} << 52) - 1));
+}
+
+std::string ParamName(const ParamInfo& p) { return "'" + p.spec.name + "'"; }
+
+}  // namespace
+
+struct Engine::Impl {
+  Config config;
+  Device* device = nullptr;
+  Communicator* comm = nullptr;
+  Stream* compute = nullptr;
+  int rank = 0;
+  int world = 1;
+  int stage = 0;
+  DType mdt = DType::kF32;      // model dtype
+  DType comm_dt = DType::kF32;  // stage 2/3 gradient reduction dtype
+  bool managed = true;
+  int64_t gas = 1;
+  ReduceOp op = ReduceOp::kAvg;
+  std::optional<LrScheduler> scheduler;
+  LossScaler scaler;
+
+  // Set-up.
+  bool initialized = false;
+  std::vector<ParamInfo> params;
+  std::map<std::string, int> param_index;
+  std::vector<std::string> module_names;
+  std::map<std::string, int> module_index;
+  std::vector<std::vector<int>> module_params;
+
+  // Flat buffers (see docs/zero.md). full_total / part_total in elements.
+  int64_t full_total = 0;
+  int64_t part_total = 0;
+  DeviceBuffer model;       // stages 0-2: full params (mdt); stage 3: this rank's shards (mdt)
+  DeviceBuffer master;      // fp32: stage 0 full, stages 1-3 partition
+  DeviceBuffer exp_avg;     // like master
+  DeviceBuffer exp_avg_sq;  // like master
+  DeviceBuffer acc;         // stages 0/1: fp32 full per-rank accumulators (stage 0: reduced in place)
+  DeviceBuffer grad_part;   // stages 1-3: fp32 gradient partition
+  DeviceBuffer norm_slots;  // one device double per parameter
+  std::vector<double> norm_host;
+
+  std::unique_ptr<BufferPool> grad_pool;
+  std::vector<DeviceBuffer> grad_out;   // handed out by grad_buffer(), not yet reported
+  std::vector<DeviceBuffer> grad_held;  // stage 2/3: reported, waiting to be packed
+  std::vector<uint8_t> handed_out;
+  std::vector<uint8_t> reported;        // in the current backward
+  std::vector<uint8_t> active;          // received a gradient in the current window
+  std::vector<uint8_t> reduce_queued;   // stage 0/1: queued for the boundary reduction
+  int reported_count = 0;
+  std::unique_ptr<GradientReducer> reducer;
+  std::unique_ptr<ParamCoordinator> coordinator;
+
+  // Accumulation state.
+  int64_t window_micro = 0;   // Backward() calls in the current window (managed)
+  bool pending_step = false;  // managed: the boundary Backward() ran; Step() does the update
+  bool reduced = false;       // stage 0/1: accumulators reduced for this window
+  bool no_sync = false;
+
+  EngineCounters counters;
+  bool step_applied = false;
+  double grad_norm = -1.0;
+  Status broken;
+
+  float* f32(const DeviceBuffer& b, int64_t off) const { return b.as<float>() + off; }
+  void* model_ptr(int64_t off) const { return ElementPtr(model.data(), mdt, off); }
+
+  Status Guard(Status s) {
+    if (!s.ok() && broken.ok()) broken = s;
+    return s;
+  }
+  Status CheckUsable(const char* call) const {
+    if (!broken.ok()) {
+      return Status(broken.code(), std::string(call) + ": the engine is unusable after an earlier error: " +
+                                       broken.message());
+    }
+    if (!initialized) {
+      return FailedPreconditionError(std::string(call) + " before Initialize()");
+    }
+    return OkStatus();
+  }
+  Status CheckIndex(const char* call, int index) const {
+    if (index < 0 || index >= static_cast<int>(params.size())) {
+      return InvalidArgumentError(std::string(call) + "(" + std::to_string(index) +
+                                  "): no such parameter (" + std::to_string(params.size()) +
+                                  " registered)");
+    }
+    return OkStatus();
+  }
+
+  Status Allocate(DeviceBuffer* out, int64_t numel, DType t, const char* what) {
+    auto b = device->Allocate(static_cast<size_t>(numel) * SizeOf(t));
+    if (!b.ok()) return b.status().WithContext(std::string("Initialize: allocating ") + what);
+    *out = std::move(b).value();
+    return device->Fill(out->data(), t, static_cast<size_t>(numel), 0.0f, compute);
+  }
+
+  Status InitializeImpl(const std::function<void(int index, float* values)>& init);
+  Status GradReadyImpl(int index);
+  Status BackwardImpl();
+  Status QueueBoundaryReduction(int index);
+  Status ReduceAccumulators(const std::vector<uint8_t>& which);
+  Status UnionActive();
+  Status BoundaryImpl();
+  Status ZeroAccumulators();
+  Status GatherFp32(int index, const float* part_src, float* out);
+};
+
+// --- ModuleHandle ---------------------------------------------------------------------------------
+
+ModuleHandle::~ModuleHandle() {
+  if (engine_ != nullptr) engine_->ReleaseModule(module_id_).IgnoreError();
+}
+
+ModuleHandle::ModuleHandle(ModuleHandle&& o) noexcept
+    : engine_(o.engine_), module_id_(o.module_id_) {
+  o.engine_ = nullptr;
+  o.module_id_ = -1;
+}
+
+ModuleHandle& ModuleHandle::operator=(ModuleHandle&& o) noexcept {
+  if (this != &o) {
+    if (engine_ != nullptr) engine_->ReleaseModule(module_id_).IgnoreError();
+    engine_ = o.engine_;
+    module_id_ = o.module_id_;
+    o.engine_ = nullptr;
+    o.module_id_ = -1;
+  }
+  return *this;
+}
+
+Status ModuleHandle::Release() {
+  if (engine_ == nullptr) return OkStatus();
+  Engine* e = engine_;
+  engine_ = nullptr;
+  return e->ReleaseModule(module_id_);
+}
+
+// --- creation -------------------------------------------------------------------------------------
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Engine::~Engine() {
+  if (impl_ == nullptr) return;
+  // Buckets and gathers in flight finish before their buffers go.
+  impl_->coordinator.reset();
+  impl_->reducer.reset();
+  if (impl_->device != nullptr) impl_->device->Synchronize().IgnoreError();
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* device,
+                                               Communicator* comm) {
+  if (device == nullptr || comm == nullptr) {
+    return InvalidArgumentError("Engine::Create: device and communicator must not be null");
+  }
+  if (comm->device() != nullptr && comm->device() != device) {
+    return InvalidArgumentError("Engine::Create: the communicator's buffers live on device '" +
+                                comm->device()->name() + "', not on the engine's device '" +
+                                device->name() + "'");
+  }
+  const ZeroConfig& z = config.zero;
+  if (z.stage < 0 || z.stage > 3) {
+    return InvalidArgumentError("zero_optimization.stage: expected 0..3, got " + std::to_string(z.stage));
+  }
+  if (z.offload_optimizer.device != OffloadDevice::kNone || z.offload_param.device != OffloadDevice::kNone) {
+    return UnimplementedError(
+        "zero_optimization.offload_optimizer/offload_param: offload is not handled by this engine "
+        "(device must be \"none\")");
+  }
+  if (config.prescale_gradients || config.gradient_predivide_factor != 1.0) {
+    return UnimplementedError(
+        "prescale_gradients / gradient_predivide_factor: not supported (expected false / 1.0)");
+  }
+  if (config.has_grad_accum_dtype && config.grad_accum_dtype != DType::kF32) {
+    return UnimplementedError(std::string("data_types.grad_accum_dtype: gradients are accumulated in fp32; got ") +
+                              DTypeName(config.grad_accum_dtype));
+  }
+  if (config.has_communication_data_type && z.stage <= 1 &&
+      config.communication_data_type != DType::kF32) {
+    return UnimplementedError(std::string("communication_data_type: stages 0/1 reduce fp32 accumulators; got ") +
+                              DTypeName(config.communication_data_type));
+  }
+  if (config.gradient_accumulation_steps < 1) {
+    return InvalidArgumentError("gradient_accumulation_steps: expected >= 1, got " +
+                                std::to_string(config.gradient_accumulation_steps) +
+                                " (ParseConfig resolves it from the batch sizes)");
+  }
+  if (config.gradient_allreduce_op != "mean" && config.gradient_allreduce_op != "sum") {
+    return InvalidArgumentError("gradient_allreduce_op: expected \"mean\" or \"sum\", got \"" +
+                                config.gradient_allreduce_op + "\"");
+  }
+  if (z.reduce_bucket_size < 1) {
+    return InvalidArgumentError("zero_optimization.reduce_bucket_size: expected >= 1, got " +
+                                std::to_string(z.reduce_bucket_size));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->device = device;
+  impl->comm = comm;
+  impl->compute = device->default_stream();
+  impl->rank = comm->rank();
+  impl->world = comm->world_size();
+  impl->stage = z.stage;
+  impl->mdt = config.model_dtype();
+  impl->comm_dt = config.has_communication_data_type ? config.communication_data_type : impl->mdt;
+  impl->managed = config.managed_gradient_accumulation;
+  impl->gas = impl->managed ? config.gradient_accumulation_steps : 1;
+  impl->op = config.gradient_allreduce_op == "sum" ? ReduceOp::kSum : ReduceOp::kAvg;
+  auto scheduler = LrScheduler::Create(config.scheduler, config.optimizer.lr);
+  if (!scheduler.ok()) return scheduler.status();
+  impl->scheduler.emplace(std::move(scheduler).value());
+  if (config.fp16.enabled) {
+    if (config.fp16.loss_scale > 0) {
+      auto s = LossScaler::Static(config.fp16.loss_scale);
+      if (!s.ok()) return s.status();
+      impl->scaler = std::move(s).value();
+    } else {
+      DynamicLossScaleOptions o;
+      o.initial_scale_power = config.fp16.initial_scale_power;
+      o.scale_window = config.fp16.loss_scale_window;
+      o.hysteresis = config.fp16.hysteresis;
+      o.consecutive_hysteresis = config.fp16.consecutive_hysteresis;
+      o.min_scale = config.fp16.min_loss_scale;
+      auto s = LossScaler::Dynamic(o);
+      if (!s.ok()) return s.status();
+      impl->scaler = std::move(s).value();
+    }
+  }
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+// --- set-up ---------------------------------------------------------------------------------------
+
+Result<int> Engine::RegisterParameter(const ParamSpec& spec) {
+  Impl& m = *impl_;
+  if (m.initialized) {
+    return FailedPreconditionError("RegisterParameter('" + spec.name + "') after Initialize()");
+  }
+  if (spec.name.empty()) return InvalidArgumentError("RegisterParameter: empty parameter name");
+  if (m.param_index.count(spec.name) != 0) {
+    return InvalidArgumentError("RegisterParameter: parameter name '" + spec.name +
+                                "' is already registered (index " +
+                                std::to_string(m.param_index[spec.name]) + ")");
+  }
+  int64_t numel = 1;
+  for (int64_t d : spec.shape) {
+    if (d < 0) {
+      return InvalidArgumentError("RegisterParameter('" + spec.name + "'): negative dimension " +
+                                  std::to_string(d));
+    }
+    if (d != 0 && numel > std::numeric_limits<int64_t>::max() / 4 / d) {
+      return InvalidArgumentError("RegisterParameter('" + spec.name + "'): too many elements");
+    }
+    numel *= d;
+  }
+  ParamInfo p;
+  p.spec = spec;
+  p.numel = numel;
+  auto it = m.module_index.find(spec.module);
+  if (it == m.module_index.end()) {
+    it = m.module_index.emplace(spec.module, static_cast<int>(m.module_names.size())).first;
+    m.module_names.push_back(spec.module);
+    m.module_params.emplace_back();
+  }
+  p.module = it->second;
+  const int index = static_cast<int>(m.params.size());
+  m.module_params[p.module].push_back(index);
+  m.param_index[spec.name] = index;
+  m.params.push_back(std::move(p));
+  return index;
+}
+
+Status Engine::Initialize(const std::function<void(int index, float* values)>& init) {
+  Impl& m = *impl_;
+  if (!m.broken.ok()) return m.broken;
+  if (m.initialized) return FailedPreconditionError("Initialize() called twice");
+  if (!init) return InvalidArgumentError("Initialize: init function is empty");
+  Status s = m.InitializeImpl(init);
+  if (!s.ok()) {
+    // Nothing half-built stays usable.
+    m.broken = s;
+    return s;
+  }
+  m.initialized = true;
+  return OkStatus();
+}
+
+Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* values)>& init) {
+  const int n_params = static_cast<int>(params.size());
+  std::vector<int64_t> full_sizes;
+  std::vector<int64_t> part_sizes;
+  int64_t max_padded = 0;
+  int64_t max_numel = 0;
+  for (ParamInfo& p : params) {
+    p.shard = MakeShardSpec(p.numel, world, rank);
+    p.persistent = p.numel <= config.zero.stage3_param_persistence_threshold;
+    full_sizes.push_back(p.shard.padded);
+    part_sizes.push_back(p.shard.shard);
+    max_padded = std::max(max_padded, p.shard.padded);
+    max_numel = std::max(max_numel, p.numel);
+  }
+  const FlatLayout full = MakeFlatLayout(full_sizes, kAlign);
+  const FlatLayout part = MakeFlatLayout(part_sizes, kAlign);
+  for (int i = 0; i < n_params; ++i) {
+    params[i].full_off = full.offset[i];
+    params[i].part_off = part.offset[i];
+  }
+  full_total = full.total;
+  part_total = part.total;
+
+  // Storage per stage (docs/zero.md).
+  const int64_t opt_total = stage == 0 ? full_total : part_total;
+  ZERO_RETURN_IF_ERROR(Allocate(&model, stage == 3 ? part_total : full_total, mdt, "model parameters"));
+  ZERO_RETURN_IF_ERROR(Allocate(&master, opt_total, DType::kF32, "fp32 master weights"));
+  ZERO_RETURN_IF_ERROR(Allocate(&exp_avg, opt_total, DType::kF32, "AdamW exp_avg"));
+  ZERO_RETURN_IF_ERROR(Allocate(&exp_avg_sq, opt_total, DType::kF32, "AdamW exp_avg_sq"));
+  if (stage <= 1) {
+    ZERO_RETURN_IF_ERROR(Allocate(&acc, full_total, DType::kF32, "fp32 gradient accumulators"));
+  }
+  if (stage >= 1) {
+    ZERO_RETURN_IF_ERROR(Allocate(&grad_part, part_total, DType::kF32, "fp32 gradient partition"));
+  }
+  {
+    auto b = device->Allocate(std::max<size_t>(1, params.size()) * sizeof(double));
+    if (!b.ok()) return b.status().WithContext("Initialize: allocating norm partials");
+    norm_slots = std::move(b).value();
+    norm_host.assign(params.size(), 0.0);
+  }
+
+  // Initial values: full fp32 on the host, uploaded through one device staging buffer.
+  DeviceBuffer staging;
+  ZERO_RETURN_IF_ERROR(Allocate(&staging, std::max<int64_t>(max_padded, 1), DType::kF32, "initial values"));
+  std::vector<float> values;
+  std::vector<double> sums(2 * params.size(), 0.0);
+  for (int i = 0; i < n_params; ++i) {
+    const ParamInfo& p = params[i];
+    values.assign(static_cast<size_t>(p.numel), 0.0f);
+    init(i, values.data());
+    sums[i] = Checksum(values.data(), p.numel);
+    sums[params.size() + i] = -sums[i];
+    if (p.numel == 0) continue;
+    float* st = staging.as<float>();
+    ZERO_RETURN_IF_ERROR(device->Copy(st, values.data(), static_cast<size_t>(p.numel) * 4,
+                                      CopyKind::kHostToDevice, compute));
+    ZERO_RETURN_IF_ERROR(device->Fill(st + p.numel, DType::kF32,
+                                      static_cast<size_t>(p.shard.padded - p.numel), 0.0f, compute));
+    const size_t shard = static_cast<size_t>(p.shard.shard);
+    if (stage == 0) {
+      ZERO_RETURN_IF_ERROR(device->Copy(f32(master, p.full_off), st, static_cast<size_t>(p.shard.padded) * 4,
+                                        CopyKind::kDeviceToDevice, compute));
+    } else {
+      ZERO_RETURN_IF_ERROR(device->Copy(f32(master, p.part_off), st + p.shard.begin, shard * 4,
+                                        CopyKind::kDeviceToDevice, compute));
+    }
+    if (stage <= 2) {
+      ZERO_RETURN_IF_ERROR(device->Cast(st, DType::kF32, model_ptr(p.full_off), mdt,
+                                        static_cast<size_t>(p.shard.padded), compute));
+    } else {
+      ZERO_RETURN_IF_ERROR(device->Cast(st + p.shard.begin, DType::kF32, model_ptr(p.part_off), mdt,
+                                        shard, compute));
+    }
+    // The host vector is refilled for the next parameter.
+    ZERO_RETURN_IF_ERROR(device->SynchronizeStream(compute));
+  }
+  if (world > 1 && !params.empty()) {
+    ZERO_RETURN_IF_ERROR(comm->AllReduceHost(sums.data(), sums.size(), ReduceOp::kMax)
+                             .WithContext("Initialize: comparing initial values across ranks"));
+    for (int i = 0; i < n_params; ++i) {
+      if (sums[i] != -sums[params.size() + i]) {
+        return InvalidArgumentError(
+            "Initialize: parameter " + ParamName(params[i]) + " (index " + std::to_string(i) +
+            ") has different initial values on different ranks; init(index, values) must give "
+            "every rank the same values");
+      }
+    }
+  }
+
+  // Gradient machinery.
+  // The gradient-buffer pool keeps up to two of the largest parameter's buffers and, at stages
+  // 2/3 (where a bucket holds its gradients until it is packed), one bucket's worth: a model of
+  // repeated blocks then reuses the same buffers every micro step and never frees (a free can
+  // wait on the host for the compute stream).
+  const size_t max_param_bytes = static_cast<size_t>(max_numel) * SizeOf(mdt);
+  size_t total_grad_bytes = 0;
+  for (const ParamInfo& p : params) total_grad_bytes += static_cast<size_t>(p.numel) * SizeOf(mdt);
+  const size_t bucket_bytes = std::min(
+      total_grad_bytes, static_cast<size_t>(config.zero.reduce_bucket_size) * SizeOf(mdt));
+  grad_pool = std::make_unique<BufferPool>(device, 2 * max_param_bytes + (stage >= 2 ? bucket_bytes : 0));
+  grad_out.resize(params.size());
+  grad_held.resize(params.size());
+  handed_out.assign(params.size(), 0);
+  reported.assign(params.size(), 0);
+  active.assign(params.size(), 0);
+  reduce_queued.assign(params.size(), 0);
+
+  GradientReducerOptions ro;
+  ro.op = op;
+  ro.bucket_numel = config.zero.reduce_bucket_size;
+  ro.overlap = config.zero.overlap_comm;
+  GradientReducer::Consumer consumer;
+  if (stage == 0) {
+    ro.kind = BucketKind::kFull;
+    ro.comm_dtype = DType::kF32;
+    ro.name = "stage-0 gradient";
+    consumer = [this](int i, const void* reduced) -> Status {
+      float* dst = f32(acc, params[i].full_off);
+      if (reduced == dst) return OkStatus();
+      return device->Copy(dst, reduced, static_cast<size_t>(params[i].numel) * 4,
+                          CopyKind::kDeviceToDevice, compute);
+    };
+  } else if (stage == 1) {
+    ro.kind = BucketKind::kShards;
+    ro.comm_dtype = DType::kF32;
+    ro.name = "stage-1 gradient";
+    consumer = [this](int i, const void* reduced) -> Status {
+      return device->Copy(f32(grad_part, params[i].part_off), reduced,
+                          static_cast<size_t>(params[i].shard.shard) * 4, CopyKind::kDeviceToDevice,
+                          compute);
+    };
+  } else {
+    ro.kind = BucketKind::kShards;
+    ro.comm_dtype = comm_dt;
+    ro.name = stage == 2 ? "stage-2 gradient" : "stage-3 gradient";
+    consumer = [this](int i, const void* reduced) -> Status {
+      return device->Accumulate(f32(grad_part, params[i].part_off), reduced, comm_dt,
+                                static_cast<size_t>(params[i].shard.shard), 1.0f, compute);
+    };
+  }
+  reducer = std::make_unique<GradientReducer>(device, comm, compute, ro, std::move(consumer));
+
+  if (stage == 3) {
+    std::vector<CoordinatedParam> cps;
+    std::vector<int64_t> module_bytes(module_names.size(), 0);
+    for (const ParamInfo& p : params) {
+      CoordinatedParam c;
+      c.name = p.spec.name;
+      c.numel = p.numel;
+      c.padded = p.shard.padded;
+      c.shard = p.shard.shard;
+      c.shard_data = model_ptr(p.part_off);
+      c.module = p.module;
+      c.persistent = p.persistent;
+      cps.push_back(std::move(c));
+      if (!p.persistent) module_bytes[p.module] += p.shard.padded * static_cast<int64_t>(SizeOf(mdt));
+    }
+    ParamCoordinatorOptions co;
+    co.prefetch_bucket_numel = config.zero.stage3_prefetch_bucket_size;
+    co.max_live_numel = config.zero.stage3_max_live_parameters;
+    co.max_reuse_distance = config.zero.stage3_max_reuse_distance;
+    // CPU: every event is complete when recorded, so released memory goes back at once. CUDA:
+    // keep about one module's worth for stream-ordered reuse without host waits.
+    int64_t largest_module = 0;
+    for (int64_t b : module_bytes) largest_module = std::max(largest_module, b);
+    co.pool_free_bytes = device->kind() == DeviceKind::kCpu ? 0 : static_cast<size_t>(largest_module);
+    coordinator = std::make_unique<ParamCoordinator>(device, comm, compute, mdt, std::move(cps),
+                                                     module_names, co);
+  }
+  ZERO_RETURN_IF_ERROR(device->SynchronizeStream(compute));
+  return OkStatus();
+}
+
+// --- forward --------------------------------------------------------------------------------------
+
+Result<ModuleHandle> Engine::GatherModule(const std::string& module) {
+  Impl& m = *impl_;
+  ZERO_RETURN_IF_ERROR(m.CheckUsable("GatherModule"));
+  auto it = m.module_index.find(module);
+  if (it == m.module_index.end()) {
+    std::string known;
+    for (size_t k = 0; k < m.module_names.size() && k < 8; ++k) {
+      known += (k ? ", '" : "'") + m.module_names[k] + "'";
+    }
+    if (m.module_names.size() > 8) known += ", ...";
+    return NotFoundError("GatherModule: unknown module '" + module + "' (registered: " + known + ")");
+  }
+  if (m.stage == 3) {
+    ZERO_RETURN_IF_ERROR(m.Guard(m.coordinator->Acquire(it->second)
+                                     .WithContext("GatherModule('" + module + "')")));
+  }
+  return ModuleHandle(this, it->second);
+}
+
+Status Engine::ReleaseModule(int module_id) {
+  Impl& m = *impl_;
+  if (m.stage != 3 || m.coordinator == nullptr) return OkStatus();
+  if (!m.broken.ok()) return m.broken;
+  return m.coordinator->Release(module_id);
+}
+
+Result<const void*> Engine::param(int index) const {
+  const Impl& m = *impl_;
+  ZERO_RETURN_IF_ERROR(m.CheckUsable("param"));
+  ZERO_RETURN_IF_ERROR(m.CheckIndex("param", index));
+  if (m.stage == 3) return m.coordinator->Full(index);
+  return static_cast<const void*>(m.model_ptr(m.params[index].full_off));
+}
+
+// --- backward -------------------------------------------------------------------------------------
+
+Result<void*> Engine::grad_buffer(int index) {
+  Impl& m = *impl_;
+  ZERO_RETURN_IF_ERROR(m.CheckUsable("grad_buffer"));
+  ZERO_RETURN_IF_ERROR(m.CheckIndex("grad_buffer", index));
+  const ParamInfo& p = m.params[index];
+  if (m.reported[index]) {
+    return InvalidArgumentError("grad_buffer(" + std::to_string(index) + "): the gradient of parameter " +
+                                ParamName(p) + " was already reported in this backward");
+  }
+  if (m.pending_step) {
+    return FailedPreconditionError("grad_buffer(" + std::to_string(index) +
+                                   "): the accumulation boundary was reached; call Step() first");
+  }
+  if (!m.handed_out[index]) {
+    if (p.numel > 0) {
+      auto b = m.grad_pool->Acquire(static_cast<size_t>(p.numel) * SizeOf(m.mdt),
+                                    "grad_buffer: allocating a gradient buffer");
+      if (!b.ok()) return b.status().WithContext("parameter " + ParamName(p));
+      m.grad_out[index] = std::move(b).value();
+    }
+    m.handed_out[index] = 1;
+  }
+  return m.grad_out[index].data();
+}
+
+Status Engine::GradReady(int index) {
+  Impl& m = *impl_;
+  ZERO_RETURN_IF_ERROR(m.CheckUsable("GradReady"));
+  ZERO_RETURN_IF_ERROR(m.CheckIndex("GradReady", index));
+  const ParamInfo& p = m.params[index];
+  if (m.reported[index]) {
+    return InvalidArgumentError("GradReady(" + std::to_string(index) + "): the gradient of parameter " +
+                                ParamName(p) + " was reported twice in one backward");
+  }
+  if (!m.handed_out[index]) {
+    return FailedPreconditionError("GradReady(" + std::to_string(index) + ") for parameter " + ParamName(p) +
+                                   " without grad_buffer(" + std::to_string(index) + ") first");
+  }
+  return m.Guard(m.GradReadyImpl(index).WithContext("GradReady(" + ParamName(p) + ")"));
+}
+
+Status Engine::Impl::GradReadyImpl(int index) {
+  const ParamInfo& p = params[index];
+  reported[index] = 1;
+  active[index] = 1;
+  ++reported_count;
+  handed_out[index] = 0;
+  DeviceBuffer buf = std::move(grad_out[index]);
+  if (p.numel == 0) return OkStatus();
+  if (stage <= 1) {
+    ZERO_RETURN_IF_ERROR(device->Accumulate(f32(acc, p.full_off), buf.data(), mdt,
+                                            static_cast<size_t>(p.numel), 1.0f, compute));
+    ZERO_RETURN_IF_ERROR(grad_pool->Release(std::move(buf), compute));
+    // The boundary micro step: this accumulator is final, so its reduction can start now.
+    if (managed && window_micro + 1 == gas && !no_sync) ZERO_RETURN_IF_ERROR(QueueBoundaryReduction(index));
+    return OkStatus();
+  }
+  grad_held[index] = std::move(buf);
+  return reducer->Add(index, grad_held[index].data(), mdt, p.numel, [this, index]() {
+    return grad_pool->Release(std::move(grad_held[index]), compute);
+  });
+}
+
+Status Engine::Impl::QueueBoundaryReduction(int index) {
+  if (reduce_queued[index]) return OkStatus();
+  reduce_queued[index] = 1;
+  const ParamInfo& p = params[index];
+  if (p.numel == 0) return OkStatus();
+  return reducer->Add(index, f32(acc, p.full_off), DType::kF32, p.numel, nullptr);
+}
+
+Status Engine::Impl::ReduceAccumulators(const std::vector<uint8_t>& which) {
+  for (int i = 0; i < static_cast<int>(params.size()); ++i) {
+    if (which[i]) ZERO_RETURN_IF_ERROR(QueueBoundaryReduction(i));
+  }
+  ZERO_RETURN_IF_ERROR(reducer->Drain());
+  reduced = true;
+  return OkStatus();
+}
+
+Status Engine::Backward() {
+  Impl& m = *impl_;
+  ZERO_RETURN_IF_ERROR(m.CheckUsable("Backward"));
+  if (m.pending_step) {
+    return FailedPreconditionError(
+        "Backward() after the gradient accumulation boundary: call Step() before the next backward");
+  }
+  return m.Guard(m.BackwardImpl().WithContext("Backward"));
+}
+
+Status Engine::Impl::BackwardImpl() {
+  // Buffers handed out but never reported carry no gradient.
+  for (int i = 0; i < static_cast<int>(params.size()); ++i) {
+    if (handed_out[i]) {
+      handed_out[i] = 0;
+      ZERO_RETURN_IF_ERROR(grad_pool->Release(std::move(grad_out[i]), compute));
+    }
+  }
+  const bool boundary = managed && window_micro + 1 == gas;
+  if (stage <= 1) {
+    if (boundary && !no_sync) {
+      // Managed: every parameter is updated; the ones not reported now have final sums too.
+      ZERO_RETURN_IF_ERROR(ReduceAccumulators(std::vector<uint8_t>(params.size(), 1)));
+    }
+  } else {
+    ZERO_RETURN_IF_ERROR(reducer->Drain());
+  }
+  if (coordinator != nullptr) ZERO_RETURN_IF_ERROR(coordinator->EndMicroStep());
+  std::fill(reported.begin(), reported.end(), 0);
+  reported_count = 0;
+  ++counters.micro_steps;
+  ++window_micro;
+  if (boundary) {
+    pending_step = true;
+    window_micro = 0;
+  }
+  return OkStatus();
+}
+
+// --- step -----------------------------------------------------------------------------------------
+
+bool Engine::is_gradient_accumulation_boundary() const {
+  const Impl& m = *impl_;
+  if (!m.managed) return true;
+  return m.window_micro + 1 == m.gas;
+}
+
+Status Engine::Step() {
+  Impl& m = *impl_;
+  ZERO_RETURN_IF_ERROR(m.CheckUsable("Step"));
+  if (m.reported_count > 0) {
+    return FailedPreconditionError("Step() with gradients reported since the last Backward(); call Backward() first");
+  }
+  if (m.managed && !m.pending_step) {
+    m.step_applied = false;
+    return OkStatus();
+  }
+  if (m.no_sync) {
+    return FailedPreconditionError(
+        "Step() at a gradient accumulation boundary while no_sync is on: turn no_sync off "
+        "(SetNoSync(false)) before the boundary step");
+  }
+  m.pending_step = false;
+  return m.Guard(m.BoundaryImpl().WithContext("Step (global step " +
+                                              std::to_string(m.counters.global_steps) + ")"));
+}
+
+Status Engine::Impl::UnionActive() {
+  if (world == 1) return OkStatus();
+  std::vector<double> flags(active.begin(), active.end());
+  ZERO_RETURN_IF_ERROR(comm->AllReduceHost(flags.data(), flags.size(), ReduceOp::kMax)
+                           .WithContext("agreeing on the parameters with gradients"));
+  for (size_t i = 0; i < active.size(); ++i) active[i] = flags[i] != 0.0 ? 1 : 0;
+  return OkStatus();
+}
+
+Status Engine::Impl::ZeroAccumulators() {
+  if (stage <= 1) ZERO_RETURN_IF_ERROR(device->Fill(acc.data(), DType::kF32, full_total, 0.0f, compute));
+  if (stage >= 1) ZERO_RETURN_IF_ERROR(device->Fill(grad_part.data(), DType::kF32, part_total, 0.0f, compute));
+  std::fill(active.begin(), active.end(), 0);
+  std::fill(reduce_queued.begin(), reduce_queued.end(), 0);
+  reduced = false;
+  return OkStatus();
+}
+
+Status Engine::Impl::BoundaryImpl() {
+  const int n_params = static_cast<int>(params.size());
+  // Unmanaged: only parameters that received a gradient (on any rank) in the window are updated.
+  std::vector<uint8_t> update(params.size(), 1);
+  if (!managed) {
+    ZERO_RETURN_IF_ERROR(UnionActive());
+    update = active;
+  }
+  if (stage <= 1 && !reduced) ZERO_RETURN_IF_ERROR(ReduceAccumulators(update));
+
+  // Global norm: per parameter, the sum of squares of its fp32 gradient (stage 0: full; stages
+  // 1-3: this rank's shard, padding zero) in double; summed on the host in parameter order;
+  // partitioned stages all-reduce the partial sums (rank order).
+  const DeviceBuffer& grads = stage == 0 ? acc : grad_part;
+  double* slots = norm_slots.as<double>();
+  for (int i = 0; i < n_params; ++i) {
+    const ParamInfo& p = params[i];
+    const int64_t off = stage == 0 ? p.full_off : p.part_off;
+    const int64_t n = stage == 0 ? p.numel : p.shard.shard;
+    if (n == 0) {
+      ZERO_RETURN_IF_ERROR(device->Fill(slots + i, DType::kF32, 2, 0.0f, compute));  // 8 zero bytes
+      continue;
+    }
+    ZERO_RETURN_IF_ERROR(device->SumOfSquares(f32(grads, off), DType::kF32, static_cast<size_t>(n),
+                                              slots + i, compute));
+  }
+  if (n_params > 0) {
+    ZERO_RETURN_IF_ERROR(device->Copy(norm_host.data(), slots, sizeof(double) * n_params,
+                                      CopyKind::kDeviceToHost, compute));
+  }
+  ZERO_RETURN_IF_ERROR(device->SynchronizeStream(compute));
+  double total = 0.0;
+  for (int i = 0; i < n_params; ++i) total += norm_host[i];
+  if (stage >= 1 && world > 1) {
+    ZERO_RETURN_IF_ERROR(comm->AllReduceHost(&total, 1, ReduceOp::kSum).WithContext("gradient norm"));
+  }
+  // A sum of squares (in double) of fp32 values is finite exactly when every value is finite, so
+  // this is the overflow check of every rank's gradients.
+  const bool overflow = !std::isfinite(total);
+  const bool fp16 = config.fp16.enabled;
+  const double s = fp16 ? static_cast<double>(scaler.scale()) : 1.0;
+  const double gas_d = static_cast<double>(gas);
+  const double scaled_norm = std::sqrt(total) / gas_d;
+
+  if (fp16 && overflow) {
+    grad_norm = std::numeric_limits<double>::infinity();
+    step_applied = false;
+    ++counters.global_steps;
+    ++counters.skipped_steps;
+    scaler.Update(true);
+    ZERO_RETURN_IF_ERROR(ZeroAccumulators());
+    if (scaler.overflow_at_min_scale()) {
+      return FailedPreconditionError(
+          "fp16 gradients overflowed with the loss scale already at fp16.min_loss_scale (" +
+          std::to_string(config.fp16.min_loss_scale) + "); cannot decrease it further");
+    }
+    return OkStatus();
+  }
+
+  const double clip = config.gradient_clipping;
+  double clip_coef = 1.0;
+  if (clip > 0.0) {
+    const double c = (scaled_norm / s + 1e-6) / clip;
+    if (c > 1.0) clip_coef = c;
+  }
+  AdamWParams h;
+  const OptimizerConfig& oc = config.optimizer;
+  const int64_t t = counters.adam_step + 1;
+  h.lr = static_cast<float>(scheduler->LrAt(counters.adam_step));
+  h.beta1 = static_cast<float>(oc.beta1);
+  h.beta2 = static_cast<float>(oc.beta2);
+  h.eps = static_cast<float>(oc.eps);
+  h.weight_decay = static_cast<float>(oc.weight_decay);
+  h.bias_correction1 = static_cast<float>(1.0 - std::pow(oc.beta1, static_cast<double>(t)));
+  h.bias_correction2 = static_cast<float>(1.0 - std::pow(oc.beta2, static_cast<double>(t)));
+  h.adam_w_mode = oc.adam_w_mode;
+  h.grad_scale = static_cast<float>(1.0 / (gas_d * s * clip_coef));
+
+  // AdamW over runs of consecutive updated parameters (all of them in managed mode). The gaps
+  // between pieces of a flat buffer are zero everywhere and stay zero under AdamW.
+  if (coordinator != nullptr) ZERO_RETURN_IF_ERROR(coordinator->QuiesceForUpdate());
+  for (int i = 0; i < n_params;) {
+    if (!update[i]) {
+      ++i;
+      continue;
+    }
+    int j = i;
+    while (j + 1 < n_params && update[j + 1]) ++j;
+    const int64_t begin = stage == 0 ? params[i].full_off : params[i].part_off;
+    const int64_t end = stage == 0 ? params[j].full_off + params[j].shard.padded
+                                   : params[j].part_off + params[j].shard.shard;
+    if (end > begin) {
+      ZERO_RETURN_IF_ERROR(device->AdamW(f32(master, begin), f32(grads, begin), f32(exp_avg, begin),
+                                         f32(exp_avg_sq, begin), static_cast<size_t>(end - begin), h,
+                                         compute));
+    }
+    i = j + 1;
+  }
+
+  // New weights into the model dtype.
+  if (stage == 0) {
+    ZERO_RETURN_IF_ERROR(device->Cast(master.data(), DType::kF32, model.data(), mdt,
+                                      static_cast<size_t>(full_total), compute));
+  } else if (stage == 3) {
+    ZERO_RETURN_IF_ERROR(device->Cast(master.data(), DType::kF32, model.data(), mdt,
+                                      static_cast<size_t>(part_total), compute));
+    ZERO_RETURN_IF_ERROR(coordinator->AfterUpdate());
+  } else {
+    std::vector<std::unique_ptr<Work>> works;
+    for (int i = 0; i < n_params; ++i) {
+      const ParamInfo& p = params[i];
+      if (!update[i] || p.numel == 0) continue;
+      void* full = model_ptr(p.full_off);
+      void* mine = ElementPtr(full, mdt, p.shard.begin);
+      ZERO_RETURN_IF_ERROR(device->Cast(f32(master, p.part_off), DType::kF32, mine, mdt,
+                                        static_cast<size_t>(p.shard.shard), compute));
+      if (world == 1) continue;
+      auto w = comm->AllGather(mine, full, static_cast<size_t>(p.shard.shard), mdt, compute);
+      if (!w.ok()) return w.status().WithContext("all-gather of parameter " + ParamName(p));
+      works.push_back(std::move(w).value());
+    }
+    for (size_t k = 0; k < works.size(); ++k) {
+      ZERO_RETURN_IF_ERROR(works[k]->StreamWait(compute).WithContext("all-gather of updated parameters"));
+    }
+  }
+
+  ZERO_RETURN_IF_ERROR(ZeroAccumulators());
+  grad_norm = scaled_norm / s;
+  step_applied = true;
+  ++counters.global_steps;
+  ++counters.adam_step;
+  if (fp16) scaler.Update(false);
+  return OkStatus();
+}
+
+bool Engine::was_step_applied() const { return impl_->step_applied; }
+double Engine::global_grad_norm() const { return impl_->grad_norm; }
+float Engine::loss_scale() const { return impl_->config.fp16.enabled ? impl_->scaler.scale() : 1.0f; }
+double Engine::lr() const { return impl_->scheduler->LrAt(impl_->counters.adam_step); }
+
+Status Engine::SetNoSync(bool on) {
+  Impl& m = *impl_;
+  if (m.stage >= 2) {
+    return FailedPreconditionError("no_sync is not supported at ZeRO stage " + std::to_string(m.stage) +
+                                   " (stage 2/3 reduce-scatter gradients as they are produced); "
+                                   "use gradient accumulation instead");
+  }
+  m.no_sync = on;
+  return OkStatus();
+}
+
+Status Engine::ZeroGrad() {
+  Impl& m = *impl_;
+  ZERO_RETURN_IF_ERROR(m.CheckUsable("ZeroGrad"));
+  if (m.reported_count > 0) {
+    return FailedPreconditionError("ZeroGrad() in the middle of a backward (gradients reported since the last Backward())");
+  }
+  return m.Guard(m.ZeroAccumulators().WithContext("ZeroGrad"));
+}
+
+const Config& Engine::config() const { return impl_->config; }
+const EngineCounters& Engine::counters() const { return impl_->counters; }
+int Engine::num_params() const { return static_cast<int>(impl_->params.size()); }
+const ParamSpec& Engine::param_spec(int index) const { return impl_->params[index].spec; }
+
+EngineMemory Engine::memory() const {
+  const Impl& m = *impl_;
+  EngineMemory out;
+  out.model_params = m.model.bytes() + (m.coordinator != nullptr ? m.coordinator->resident_bytes() : 0);
+  out.master_params = m.master.bytes();
+  out.optimizer_states = m.exp_avg.bytes() + m.exp_avg_sq.bytes();
+  out.gradients = m.acc.bytes() + m.grad_part.bytes() +
+                  (m.grad_pool != nullptr ? m.grad_pool->bytes() : 0) +
+                  (m.reducer != nullptr ? m.reducer->staging_bytes() : 0);
+  out.device_peak = m.device->memory_stats().peak;
+  return out;
+}
+
+// --- state access ---------------------------------------------------------------------------------
+
+// Full fp32 values of parameter `index` into host `out`: from `full_src` (stage 0) or gathered
+// from the ranks' fp32 shards at `part_src`.
+Status Engine::Impl::GatherFp32(int index, const float* part_src, float* out) {
+  const ParamInfo& p = params[index];
+  if (p.numel == 0) return OkStatus();
+  DeviceBuffer tmp;
+  ZERO_RETURN_IF_ERROR(Allocate(&tmp, p.shard.padded, DType::kF32, "a gathered parameter"));
+  if (world == 1) {
+    ZERO_RETURN_IF_ERROR(device->Copy(tmp.data(), part_src, static_cast<size_t>(p.shard.padded) * 4,
+                                      CopyKind::kDeviceToDevice, compute));
+  } else {
+    ZERO_ASSIGN_OR_RETURN(auto w, comm->AllGather(part_src, tmp.data(), static_cast<size_t>(p.shard.shard),
+                                                  DType::kF32, compute));
+    ZERO_RETURN_IF_ERROR(w->StreamWait(compute));
+  }
+  ZERO_RETURN_IF_ERROR(device->Copy(out, tmp.data(), static_cast<size_t>(p.numel) * 4,
+                                    CopyKind::kDeviceToHost, compute));
+  return device->SynchronizeStream(compute);
+}
+
+Status Engine::GatherMasterWeights(int index, float* out) {
+  Impl& m = *impl_;
+  ZERO_RETURN_IF_ERROR(m.CheckUsable("GatherMasterWeights"));
+  ZERO_RETURN_IF_ERROR(m.CheckIndex("GatherMasterWeights", index));
+  const ParamInfo& p = m.params[index];
+  if (m.stage == 0) {
+    if (p.numel == 0) return OkStatus();
+    ZERO_RETURN_IF_ERROR(m.device->Copy(out, m.f32(m.master, p.full_off), static_cast<size_t>(p.numel) * 4,
+                                        CopyKind::kDeviceToHost, m.compute));
+    return m.device->SynchronizeStream(m.compute);
+  }
+  return m.Guard(m.GatherFp32(index, m.f32(m.master, p.part_off), out)
+                     .WithContext("GatherMasterWeights(" + ParamName(p) + ")"));
+}
+
+Status Engine::GatherModelParam(int index, float* out) {
+  Impl& m = *impl_;
+  ZERO_RETURN_IF_ERROR(m.CheckUsable("GatherModelParam"));
+  ZERO_RETURN_IF_ERROR(m.CheckIndex("GatherModelParam", index));
+  const ParamInfo& p = m.params[index];
+  if (p.numel == 0) return OkStatus();
+  Status s = [&]() -> Status {
+    DeviceBuffer as_f32;
+    ZERO_RETURN_IF_ERROR(m.Allocate(&as_f32, p.shard.padded, DType::kF32, "a gathered parameter"));
+    if (m.stage <= 2) {
+      ZERO_RETURN_IF_ERROR(m.device->Cast(m.model_ptr(p.full_off), m.mdt, as_f32.data(), DType::kF32,
+                                          static_cast<size_t>(p.numel), m.compute));
+    } else {
+      // The shards cast to fp32 exactly, then gathered in fp32.
+      DeviceBuffer shard;
+      ZERO_RETURN_IF_ERROR(m.Allocate(&shard, std::max<int64_t>(p.shard.shard, 1), DType::kF32, "a shard"));
+      ZERO_RETURN_IF_ERROR(m.device->Cast(m.model_ptr(p.part_off), m.mdt, shard.data(), DType::kF32,
+                                          static_cast<size_t>(p.shard.shard), m.compute));
+      if (m.world == 1) {
+        ZERO_RETURN_IF_ERROR(m.device->Copy(as_f32.data(), shard.data(), static_cast<size_t>(p.shard.shard) * 4,
+                                            CopyKind::kDeviceToDevice, m.compute));
+      } else {
+        ZERO_ASSIGN_OR_RETURN(auto w, m.comm->AllGather(shard.data(), as_f32.data(),
+                                                        static_cast<size_t>(p.shard.shard), DType::kF32,
+                                                        m.compute));
+        ZERO_RETURN_IF_ERROR(w->StreamWait(m.compute));
+      }
+    }
+    ZERO_RETURN_IF_ERROR(m.device->Copy(out, as_f32.data(), static_cast<size_t>(p.numel) * 4,
+                                        CopyKind::kDeviceToHost, m.compute));
+    return m.device->SynchronizeStream(m.compute);
+  }();
+  return m.Guard(s.WithContext("GatherModelParam(" + ParamName(p) + ")"));
+}
+
+}  // namespace zero

@@ -1,0 +1,611 @@
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/thread_ranks.h"
+#include "engine/config.h"
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+
+namespace zero {
+namespace {
+
+// --- a tiny model with deterministic gradients --------------------------------------------------
+
+struct TestModel {
+  std::vector<ParamSpec> specs;
+  std::vector<std::string> modules;  // forward order
+};
+
+TestModel SmallModel() {
+  TestModel m;
+  m.specs = {
+      {"m0.w", {7, 5}, "m0"}, {"m0.b", {5}, "m0"},  {"m1.w", {5, 3}, "m1"},
+      {"m1.b", {3}, "m1"},    {"m2.w", {13}, "m2"}, {"m2.s", {}, "m2"},
+  };
+  m.modules = {"m0", "m1", "m2"};
+  return m;
+}
+
+// `blocks` modules of one weight (numel w) and one bias (numel b) each.
+TestModel BlockModel(int blocks, int64_t w, int64_t b) {
+  TestModel m;
+  for (int k = 0; k < blocks; ++k) {
+    const std::string mod = "block" + std::to_string(k);
+    m.specs.push_back({mod + ".w", {w}, mod});
+    m.specs.push_back({mod + ".b", {b}, mod});
+    m.modules.push_back(mod);
+  }
+  return m;
+}
+
+int64_t Numel(const ParamSpec& s) {
+  int64_t n = 1;
+  for (int64_t d : s.shape) n *= d;
+  return n;
+}
+
+float InitValue(int index, int64_t e) {
+  return 0.05f * static_cast<float>((e * 7 + index * 3) % 11) - 0.2f + 0.01f * index;
+}
+
+Result<Config> MakeConfig(const std::string& json, int world) {
+  ParseOptions o;
+  o.world_size = world;
+  return ParseConfig(json, o);
+}
+
+std::string ConfigJson(int stage, int gas, double clip, const std::string& extra = "",
+                       const std::string& zero_extra = "") {
+  return "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": " +
+         std::to_string(gas) + ", \"gradient_clipping\": " + std::to_string(clip) +
+         ", \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.1}}" +
+         (extra.empty() ? "" : ", " + extra) + ", \"zero_optimization\": {\"stage\": " +
+         std::to_string(stage) + ", \"reduce_bucket_size\": 40" +
+         (zero_extra.empty() ? "" : ", " + zero_extra) + "}}";
+}
+
+Status ReadParam(Engine* engine, Device* device, int index, std::vector<float>* out) {
+  const int64_t n = Numel(engine->param_spec(index));
+  const DType t = engine->config().model_dtype();
+  ZERO_ASSIGN_OR_RETURN(const void* p, engine->param(index));
+  std::vector<uint8_t> raw(static_cast<size_t>(n) * SizeOf(t));
+  ZERO_RETURN_IF_ERROR(device->Copy(raw.data(), p, raw.size(), CopyKind::kDeviceToHost, nullptr));
+  ZERO_RETURN_IF_ERROR(device->SynchronizeStream(nullptr));
+  out->resize(n);
+  for (int64_t e = 0; e < n; ++e) (*out)[e] = LoadAsFloat(raw.data(), t, e);
+  return OkStatus();
+}
+
+Status WriteGrad(Engine* engine, Device* device, int index, const std::vector<float>& g) {
+  const DType t = engine->config().model_dtype();
+  ZERO_ASSIGN_OR_RETURN(void* buf, engine->grad_buffer(index));
+  std::vector<uint8_t> raw(g.size() * SizeOf(t));
+  for (size_t e = 0; e < g.size(); ++e) StoreFromFloat(raw.data(), t, e, g[e]);
+  ZERO_RETURN_IF_ERROR(device->Copy(buf, raw.data(), raw.size(), CopyKind::kHostToDevice, nullptr));
+  ZERO_RETURN_IF_ERROR(device->SynchronizeStream(nullptr));
+  return engine->GradReady(index);
+}
+
+// A gradient that depends on the parameter's current value, the rank and the micro step.
+std::vector<float> Gradient(int index, const std::vector<float>& p, int rank, int64_t micro, float scale) {
+  std::vector<float> g(p.size());
+  for (size_t e = 0; e < p.size(); ++e) {
+    g[e] = scale * (0.5f * p[e] + 0.03f * static_cast<float>((rank + 1) * ((e + index) % 5)) -
+                    0.004f * static_cast<float>(micro % 7) + 0.02f * index);
+  }
+  return g;
+}
+
+struct RunOptions {
+  int steps = 3;                 // optimizer steps (windows)
+  float grad_scale = 1.0f;       // multiplies every gradient (large values: clipping kicks in)
+  std::vector<int> skip_params;  // never reported
+  // Called after every Backward() with the engine (stage-3 memory probes).
+  std::function<Status(Engine*, Device*)> after_backward;
+  std::function<Status(Engine*, Device*)> before_micro;
+};
+
+struct RankResult {
+  std::vector<std::vector<float>> master;
+  std::vector<std::vector<float>> model;
+  std::vector<double> norms;
+  EngineCounters counters;
+  EngineMemory memory;
+};
+
+// Trains `ro.steps` windows on this rank and fills `result`.
+Status Train(const Config& config, const TestModel& model, int rank, Communicator* comm, Device* device,
+             const RunOptions& ro, RankResult* result) {
+  ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, device, comm));
+  for (const ParamSpec& s : model.specs) ZERO_RETURN_IF_ERROR(engine->RegisterParameter(s).status());
+  Engine* e = engine.get();
+  ZERO_RETURN_IF_ERROR(engine->Initialize([e](int index, float* v) {
+    const int64_t n = Numel(e->param_spec(index));
+    for (int64_t k = 0; k < n; ++k) v[k] = InitValue(index, k);
+  }));
+  const int n_params = static_cast<int>(model.specs.size());
+  std::vector<std::vector<int>> module_params(model.modules.size());
+  for (int i = 0; i < n_params; ++i) {
+    for (size_t m = 0; m < model.modules.size(); ++m) {
+      if (model.specs[i].module == model.modules[m]) module_params[m].push_back(i);
+    }
+  }
+  const bool managed = config.managed_gradient_accumulation;
+  const int gas = static_cast<int>(config.gradient_accumulation_steps);
+  int64_t micro = 0;
+  for (int step = 0; step < ro.steps; ++step) {
+    const int micros = managed ? gas : 2;
+    for (int j = 0; j < micros; ++j, ++micro) {
+      if (ro.before_micro) ZERO_RETURN_IF_ERROR(ro.before_micro(e, device));
+      std::vector<std::vector<float>> values(n_params);
+      for (size_t m = 0; m < model.modules.size(); ++m) {
+        ZERO_ASSIGN_OR_RETURN(ModuleHandle h, engine->GatherModule(model.modules[m]));
+        for (int i : module_params[m]) ZERO_RETURN_IF_ERROR(ReadParam(e, device, i, &values[i]));
+        ZERO_RETURN_IF_ERROR(h.Release());
+      }
+      for (size_t m = model.modules.size(); m-- > 0;) {
+        ZERO_ASSIGN_OR_RETURN(ModuleHandle h, engine->GatherModule(model.modules[m]));
+        for (auto it = module_params[m].rbegin(); it != module_params[m].rend(); ++it) {
+          const int i = *it;
+          if (std::find(ro.skip_params.begin(), ro.skip_params.end(), i) != ro.skip_params.end()) continue;
+          ZERO_RETURN_IF_ERROR(WriteGrad(e, device, i, Gradient(i, values[i], rank, micro, ro.grad_scale)));
+        }
+      }
+      ZERO_RETURN_IF_ERROR(engine->Backward());
+      if (ro.after_backward) ZERO_RETURN_IF_ERROR(ro.after_backward(e, device));
+      if (managed) ZERO_RETURN_IF_ERROR(engine->Step());
+    }
+    if (!managed) ZERO_RETURN_IF_ERROR(engine->Step());
+    result->norms.push_back(engine->global_grad_norm());
+  }
+  result->master.resize(n_params);
+  result->model.resize(n_params);
+  for (int i = 0; i < n_params; ++i) {
+    const int64_t n = Numel(model.specs[i]);
+    result->master[i].resize(n);
+    result->model[i].resize(n);
+    ZERO_RETURN_IF_ERROR(engine->GatherMasterWeights(i, result->master[i].data()));
+    ZERO_RETURN_IF_ERROR(engine->GatherModelParam(i, result->model[i].data()));
+  }
+  result->counters = engine->counters();
+  result->memory = engine->memory();
+  return OkStatus();
+}
+
+// Runs Train on `world` thread ranks; every rank's result.
+std::vector<RankResult> TrainAll(const std::string& json, int world, const TestModel& model,
+                                 const RunOptions& ro = {}) {
+  std::vector<RankResult> results(world);
+  auto config = MakeConfig(json, world);
+  EXPECT_TRUE(config.ok()) << config.status().ToString();
+  if (!config.ok()) return results;
+  Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) {
+    return Train(*config, model, rank, comm, device, ro, &results[rank]);
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return results;
+}
+
+bool BitwiseEqual(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b,
+                  std::string* where) {
+  if (a.size() != b.size()) {
+    *where = "different parameter counts";
+    return false;
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size()) {
+      *where = "param " + std::to_string(i) + " sizes differ";
+      return false;
+    }
+    for (size_t k = 0; k < a[i].size(); ++k) {
+      if (FloatBits(a[i][k]) != FloatBits(b[i][k])) {
+        *where = "param " + std::to_string(i) + " element " + std::to_string(k) + ": " +
+                 std::to_string(a[i][k]) + " vs " + std::to_string(b[i][k]);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// --- API misuse ------------------------------------------------------------------------------
+
+Status Expect(const Status& s, StatusCode code, const std::string& needle) {
+  if (s.code() != code || s.message().find(needle) == std::string::npos) {
+    return InternalError("expected " + std::string(StatusCodeName(code)) + " containing '" + needle +
+                         "', got " + s.ToString());
+  }
+  return OkStatus();
+}
+
+TEST(EngineApiTest, CallsOutOfOrderAndBadArguments) {
+  Status s = RunThreadRanks(1, [](int rank, Communicator* comm, Device* device) -> Status {
+    ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(3, 1, 0.0, "",
+                                                               "\"stage3_param_persistence_threshold\": 0"), 1));
+    ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, device, comm));
+    ZERO_RETURN_IF_ERROR(Expect(engine->Step(), StatusCode::kFailedPrecondition, "Step"));
+    ZERO_RETURN_IF_ERROR(Expect(engine->GatherModule("a").status(), StatusCode::kFailedPrecondition,
+                                "GatherModule"));
+    ZERO_RETURN_IF_ERROR(Expect(engine->Backward(), StatusCode::kFailedPrecondition, "Backward"));
+    ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"a.w", {4, 3}, "a"}).status());
+    ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"b.w", {5}, "b"}).status());
+    ZERO_RETURN_IF_ERROR(Expect(engine->RegisterParameter({"a.w", {2}, "a"}).status(),
+                                StatusCode::kInvalidArgument, "a.w"));
+    ZERO_RETURN_IF_ERROR(engine->Initialize([](int, float* v) { v[0] = 1.0f; }));
+    ZERO_RETURN_IF_ERROR(Expect(engine->RegisterParameter({"c", {1}, "c"}).status(),
+                                StatusCode::kFailedPrecondition, "RegisterParameter"));
+    ZERO_RETURN_IF_ERROR(Expect(engine->Initialize([](int, float*) {}), StatusCode::kFailedPrecondition,
+                                "Initialize"));
+    ZERO_RETURN_IF_ERROR(Expect(engine->grad_buffer(7).status(), StatusCode::kInvalidArgument,
+                                "grad_buffer(7): no such parameter (2 registered)"));
+    ZERO_RETURN_IF_ERROR(Expect(engine->GradReady(-1), StatusCode::kInvalidArgument, "no such parameter"));
+    ZERO_RETURN_IF_ERROR(Expect(engine->GradReady(0), StatusCode::kFailedPrecondition, "grad_buffer"));
+    ZERO_RETURN_IF_ERROR(Expect(engine->GatherModule("zz").status(), StatusCode::kNotFound, "zz"));
+    ZERO_RETURN_IF_ERROR(Expect(engine->param(0).status(), StatusCode::kFailedPrecondition, "a.w"));
+    {
+      ZERO_ASSIGN_OR_RETURN(ModuleHandle h, engine->GatherModule("a"));
+      ZERO_RETURN_IF_ERROR(engine->param(0).status());
+    }
+    ZERO_RETURN_IF_ERROR(Expect(engine->param(0).status(), StatusCode::kFailedPrecondition, "a"));
+    ZERO_ASSIGN_OR_RETURN(void* g, engine->grad_buffer(1));
+    std::memset(g, 0, 5 * sizeof(float));
+    ZERO_RETURN_IF_ERROR(engine->GradReady(1));
+    ZERO_RETURN_IF_ERROR(Expect(engine->GradReady(1), StatusCode::kInvalidArgument, "'b.w'"));
+    ZERO_RETURN_IF_ERROR(Expect(engine->grad_buffer(1).status(), StatusCode::kInvalidArgument, "'b.w'"));
+    ZERO_RETURN_IF_ERROR(Expect(engine->Step(), StatusCode::kFailedPrecondition, "Backward"));
+    ZERO_RETURN_IF_ERROR(Expect(engine->SetNoSync(true), StatusCode::kFailedPrecondition,
+                                "no_sync is not supported at ZeRO stage 3"));
+    ZERO_RETURN_IF_ERROR(engine->Backward());
+    ZERO_RETURN_IF_ERROR(engine->Step());
+    if (!engine->was_step_applied()) return InternalError("step not applied");
+    return OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+TEST(EngineApiTest, NoSyncRefusesTheBoundaryStep) {
+  for (int stage : {0, 1}) {
+    Status s = RunThreadRanks(1, [&](int rank, Communicator* comm, Device* device) -> Status {
+      ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(stage, 2, 0.0), 1));
+      ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, device, comm));
+      ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"w", {3}, "m"}).status());
+      ZERO_RETURN_IF_ERROR(engine->Initialize([](int, float* v) { v[0] = v[1] = v[2] = 1.0f; }));
+      ZERO_RETURN_IF_ERROR(engine->SetNoSync(true));
+      for (int j = 0; j < 2; ++j) {
+        if (engine->is_gradient_accumulation_boundary() != (j == 1)) return InternalError("boundary flag");
+        ZERO_ASSIGN_OR_RETURN(void* g, engine->grad_buffer(0));
+        float* f = static_cast<float*>(g);
+        f[0] = f[1] = f[2] = 0.5f;
+        ZERO_RETURN_IF_ERROR(engine->GradReady(0));
+        ZERO_RETURN_IF_ERROR(engine->Backward());
+        if (j == 0) {
+          ZERO_RETURN_IF_ERROR(engine->Step());  // off the boundary: fine
+          if (engine->was_step_applied()) return InternalError("applied off the boundary");
+        }
+      }
+      ZERO_RETURN_IF_ERROR(Expect(engine->Step(), StatusCode::kFailedPrecondition, "no_sync"));
+      ZERO_RETURN_IF_ERROR(Expect(engine->Backward(), StatusCode::kFailedPrecondition, "Step()"));
+      ZERO_RETURN_IF_ERROR(engine->SetNoSync(false));
+      ZERO_RETURN_IF_ERROR(engine->Step());
+      if (!engine->was_step_applied() || engine->counters().global_steps != 1) {
+        return InternalError("boundary step not applied");
+      }
+      return OkStatus();
+    });
+    EXPECT_TRUE(s.ok()) << "stage " << stage << ": " << s.ToString();
+  }
+}
+
+TEST(EngineApiTest, InitialValuesMustAgreeAcrossRanks) {
+  Status s = RunThreadRanks(2, [](int rank, Communicator* comm, Device* device) -> Status {
+    ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(1, 1, 0.0), 2));
+    ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, device, comm));
+    ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"same", {3}, "m"}).status());
+    ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"differs", {3}, "m"}).status());
+    Status init = engine->Initialize([rank](int index, float* v) {
+      for (int k = 0; k < 3; ++k) v[k] = index == 1 ? static_cast<float>(rank) : 1.0f;
+    });
+    return Expect(init, StatusCode::kInvalidArgument, "'differs'");
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+TEST(EngineApiTest, UnsupportedConfigIsRefused) {
+  Status s = RunThreadRanks(1, [](int rank, Communicator* comm, Device* device) -> Status {
+    ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(2, 1, 0.0), 1));
+    config.zero.offload_optimizer.device = OffloadDevice::kCpu;
+    return Expect(Engine::Create(config, device, comm).status(), StatusCode::kUnimplemented, "offload");
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+// --- training: stages agree -------------------------------------------------------------------
+
+void ExpectSameAcrossRanks(const std::vector<RankResult>& r) {
+  std::string where;
+  for (size_t k = 1; k < r.size(); ++k) {
+    EXPECT_TRUE(BitwiseEqual(r[0].master, r[k].master, &where)) << "rank " << k << " master: " << where;
+    EXPECT_TRUE(BitwiseEqual(r[0].model, r[k].model, &where)) << "rank " << k << " model: " << where;
+  }
+}
+
+TEST(EngineTrainingTest, AllStagesEqualStageZeroAtGas1Fp32World2) {
+  const TestModel model = SmallModel();
+  const auto ref = TrainAll(ConfigJson(0, 1, 0.0), 2, model);
+  ExpectSameAcrossRanks(ref);
+  EXPECT_EQ(ref[0].counters.global_steps, 3);
+  EXPECT_EQ(ref[0].counters.adam_step, 3);
+  // The weights moved.
+  EXPECT_NE(ref[0].master[0][0], InitValue(0, 0));
+  for (int stage = 1; stage <= 3; ++stage) {
+    const auto got = TrainAll(ConfigJson(stage, 1, 0.0), 2, model);
+    ExpectSameAcrossRanks(got);
+    std::string where;
+    EXPECT_TRUE(BitwiseEqual(ref[0].master, got[0].master, &where)) << "stage " << stage << ": " << where;
+    EXPECT_TRUE(BitwiseEqual(ref[0].model, got[0].model, &where)) << "stage " << stage << ": " << where;
+    for (size_t k = 0; k < ref[0].norms.size(); ++k) {
+      EXPECT_NEAR(ref[0].norms[k], got[0].norms[k], 1e-9 * ref[0].norms[k]) << "stage " << stage;
+    }
+  }
+}
+
+TEST(EngineTrainingTest, SameReductionOrderIsBitwiseEqualWithAccumulation) {
+  const TestModel model = SmallModel();
+  // Stages 0/1 reduce fp32 window sums; stages 2/3 reduce each micro step's gradients.
+  const auto s0 = TrainAll(ConfigJson(0, 3, 0.0), 2, model);
+  const auto s1 = TrainAll(ConfigJson(1, 3, 0.0), 2, model);
+  const auto s2 = TrainAll(ConfigJson(2, 3, 0.0), 2, model);
+  const auto s3 = TrainAll(ConfigJson(3, 3, 0.0), 2, model);
+  std::string where;
+  EXPECT_TRUE(BitwiseEqual(s0[0].master, s1[0].master, &where)) << where;
+  EXPECT_TRUE(BitwiseEqual(s2[0].master, s3[0].master, &where)) << where;
+  EXPECT_TRUE(BitwiseEqual(s2[1].model, s3[1].model, &where)) << where;
+  for (size_t i = 0; i < s0[0].master.size(); ++i) {
+    for (size_t k = 0; k < s0[0].master[i].size(); ++k) {
+      EXPECT_NEAR(s0[0].master[i][k], s2[0].master[i][k], 1e-5f);
+    }
+  }
+  EXPECT_EQ(s0[0].counters.micro_steps, 9);
+  EXPECT_EQ(s0[0].counters.global_steps, 3);
+}
+
+TEST(EngineTrainingTest, Bf16Stage2EqualsStage3AndSumOpDiffers) {
+  const TestModel model = SmallModel();
+  const std::string bf16 = "\"bf16\": {\"enabled\": true}";
+  const auto s2 = TrainAll(ConfigJson(2, 2, 1.0, bf16), 2, model);
+  const auto s3 = TrainAll(ConfigJson(3, 2, 1.0, bf16), 2, model);
+  std::string where;
+  EXPECT_TRUE(BitwiseEqual(s2[0].master, s3[0].master, &where)) << where;
+  EXPECT_TRUE(BitwiseEqual(s2[0].model, s3[0].model, &where)) << where;
+  // Model params are the master weights rounded to bf16.
+  for (size_t i = 0; i < s2[0].master.size(); ++i) {
+    for (size_t k = 0; k < s2[0].master[i].size(); ++k) {
+      EXPECT_EQ(s2[0].model[i][k], Bf16ToFloat(FloatToBf16(s2[0].master[i][k])));
+    }
+  }
+  const auto sum = TrainAll(ConfigJson(2, 2, 0.0, bf16 + ", \"gradient_allreduce_op\": \"sum\""), 2, model);
+  const auto mean = TrainAll(ConfigJson(2, 2, 0.0, bf16), 2, model);
+  EXPECT_FALSE(BitwiseEqual(sum[0].master, mean[0].master, &where));
+}
+
+TEST(EngineTrainingTest, ClippingScalesTheUpdateAndNormsAgree) {
+  const TestModel model = SmallModel();
+  RunOptions ro;
+  ro.grad_scale = 50.0f;  // norms well above the clip value
+  const auto s0 = TrainAll(ConfigJson(0, 1, 1.0), 2, model, ro);
+  const auto s2 = TrainAll(ConfigJson(2, 1, 1.0), 2, model, ro);
+  ASSERT_EQ(s0[0].norms.size(), 3u);
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_GT(s0[0].norms[k], 1.0);
+    EXPECT_NEAR(s0[0].norms[k], s2[0].norms[k], 1e-9 * s0[0].norms[k]);
+    EXPECT_EQ(s0[0].norms[k], s0[1].norms[k]);
+    EXPECT_EQ(s2[0].norms[k], s2[1].norms[k]);
+  }
+  for (size_t i = 0; i < s0[0].master.size(); ++i) {
+    for (size_t k = 0; k < s0[0].master[i].size(); ++k) {
+      EXPECT_NEAR(s0[0].master[i][k], s2[0].master[i][k], 1e-6f);
+    }
+  }
+}
+
+TEST(EngineTrainingTest, UnmanagedLeavesParametersWithoutGradientsUntouched) {
+  const TestModel model = SmallModel();
+  RunOptions ro;
+  ro.skip_params = {1, 4};
+  for (int stage = 0; stage <= 3; ++stage) {
+    const std::string unmanaged = "\"managed_gradient_accumulation\": false";
+    const auto r = TrainAll(ConfigJson(stage, 1, 1.0, unmanaged, stage <= 1 ? "\"overlap_comm\": false" : ""),
+                            2, model, ro);
+    ExpectSameAcrossRanks(r);
+    for (int i : ro.skip_params) {
+      for (size_t k = 0; k < r[0].master[i].size(); ++k) {
+        EXPECT_EQ(r[0].master[i][k], InitValue(i, k)) << "stage " << stage << " param " << i;
+      }
+    }
+    EXPECT_NE(r[0].master[0][0], InitValue(0, 0)) << "stage " << stage;
+  }
+  // Managed mode updates every parameter (weight decay moves even those without gradients).
+  const auto m = TrainAll(ConfigJson(2, 1, 1.0), 2, model, ro);
+  EXPECT_NE(m[0].master[1][0], InitValue(1, 0));
+}
+
+TEST(EngineTrainingTest, Fp16OverflowSkipsTheStep) {
+  Status s = RunThreadRanks(2, [](int rank, Communicator* comm, Device* device) -> Status {
+    ZERO_ASSIGN_OR_RETURN(Config config,
+                          MakeConfig(ConfigJson(2, 1, 1.0, "\"fp16\": {\"enabled\": true, \"hysteresis\": 1}"), 2));
+    ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, device, comm));
+    ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"w", {5}, "m"}).status());
+    ZERO_RETURN_IF_ERROR(engine->Initialize([](int, float* v) {
+      for (int k = 0; k < 5; ++k) v[k] = 0.25f * k;
+    }));
+    const float scale0 = engine->loss_scale();
+    if (scale0 != 65536.0f) return InternalError("initial loss scale " + std::to_string(scale0));
+    std::vector<float> g(5, 1.0f);
+    if (rank == 1) g[3] = std::numeric_limits<float>::infinity();
+    ZERO_RETURN_IF_ERROR(WriteGrad(engine.get(), device, 0, g));
+    ZERO_RETURN_IF_ERROR(engine->Backward());
+    ZERO_RETURN_IF_ERROR(engine->Step());
+    if (engine->was_step_applied()) return InternalError("overflow step applied");
+    if (!std::isinf(engine->global_grad_norm())) return InternalError("norm not inf");
+    const EngineCounters& c = engine->counters();
+    if (c.global_steps != 1 || c.skipped_steps != 1 || c.adam_step != 0) return InternalError("counters");
+    if (engine->loss_scale() != scale0 / 2) return InternalError("scale not halved");
+    std::vector<float> w(5);
+    ZERO_RETURN_IF_ERROR(engine->GatherMasterWeights(0, w.data()));
+    for (int k = 0; k < 5; ++k) {
+      if (w[k] != 0.25f * k) return InternalError("weights changed on overflow");
+    }
+    // The next window (finite, scaled gradients) applies.
+    std::vector<float> ok(5, engine->loss_scale() * 0.001f);
+    ZERO_RETURN_IF_ERROR(WriteGrad(engine.get(), device, 0, ok));
+    ZERO_RETURN_IF_ERROR(engine->Backward());
+    ZERO_RETURN_IF_ERROR(engine->Step());
+    if (!engine->was_step_applied() || engine->counters().adam_step != 1) return InternalError("not applied");
+    const float g16 = HalfToFloat(FloatToHalf(ok[0]));  // what the fp16 gradient holds
+    const double want = std::sqrt(5.0 * static_cast<double>(g16) * g16) / engine->loss_scale();
+    if (std::fabs(engine->global_grad_norm() - want) > 1e-6 * want) {
+      return InternalError("norm " + std::to_string(engine->global_grad_norm()));
+    }
+    return OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+TEST(EngineTrainingTest, WorldOneAllStages) {
+  const TestModel model = SmallModel();
+  const auto ref = TrainAll(ConfigJson(0, 2, 1.0), 1, model);
+  for (int stage = 1; stage <= 3; ++stage) {
+    const auto got = TrainAll(ConfigJson(stage, 2, 1.0), 1, model);
+    for (size_t i = 0; i < ref[0].master.size(); ++i) {
+      for (size_t k = 0; k < ref[0].master[i].size(); ++k) {
+        EXPECT_NEAR(ref[0].master[i][k], got[0].master[i][k], 1e-6f) << "stage " << stage;
+      }
+    }
+  }
+}
+
+// --- memory ---------------------------------------------------------------------------------
+
+TEST(EngineMemoryTest, PartitionedStateIsAboutOneNth) {
+  const TestModel model = BlockModel(4, 1000, 10);
+  for (int stage = 0; stage <= 3; ++stage) {
+    const std::string no_persistence = "\"stage3_param_persistence_threshold\": 0";
+    RunOptions ro;
+    ro.steps = 1;
+    const auto one = TrainAll(ConfigJson(stage, 1, 1.0, "", no_persistence), 1, model, ro);
+    const auto four = TrainAll(ConfigJson(stage, 1, 1.0, "", no_persistence), 4, model, ro);
+    const EngineMemory& a = one[0].memory;
+    const EngineMemory& b = four[0].memory;
+    auto about_quarter = [](size_t full, size_t part) { return part * 4 <= full + 4 * 2048 && part * 3 < full; };
+    if (stage >= 1) {
+      EXPECT_TRUE(about_quarter(a.master_params, b.master_params)) << stage << ": " << a.master_params << " " << b.master_params;
+      EXPECT_TRUE(about_quarter(a.optimizer_states, b.optimizer_states)) << stage;
+    } else {
+      EXPECT_EQ(a.master_params, b.master_params);
+    }
+    if (stage == 3) {
+      EXPECT_TRUE(about_quarter(a.model_params, b.model_params)) << a.model_params << " " << b.model_params;
+    } else {
+      EXPECT_EQ(a.model_params, b.model_params);
+    }
+  }
+}
+
+TEST(EngineMemoryTest, Stage3PeakRespectsTheLiveLimitAndReleasingReturnsMemory) {
+  const int blocks = 16;
+  const int64_t w = 1000, b = 8;
+  const TestModel model = BlockModel(blocks, w, b);
+  const int64_t max_live = 2500;
+  const int world = 2;
+  const std::string zero_extra = "\"stage3_max_live_parameters\": " + std::to_string(max_live) +
+                                 ", \"stage3_prefetch_bucket_size\": 1500, \"stage3_param_persistence_threshold\": 8" +
+                                 ", \"stage3_max_reuse_distance\": 0";
+  auto config = MakeConfig(ConfigJson(3, 1, 1.0, "", zero_extra), world);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  std::vector<size_t> peak_extra(world, 0), leftover(world, 0);
+  std::vector<size_t> base(world, 0);
+  RunOptions ro;
+  ro.steps = 3;
+  Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) -> Status {
+    RunOptions mine = ro;
+    mine.before_micro = [&, rank](Engine* e, Device* d) -> Status {
+      base[rank] = d->memory_stats().in_use;
+      d->ResetPeak();
+      return OkStatus();
+    };
+    mine.after_backward = [&, rank](Engine* e, Device* d) -> Status {
+      peak_extra[rank] = std::max(peak_extra[rank], d->memory_stats().peak - base[rank]);
+      return OkStatus();
+    };
+    RankResult r;
+    ZERO_RETURN_IF_ERROR(Train(*config, model, rank, comm, device, mine, &r));
+    return OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  const size_t full_model = blocks * (w + b) * sizeof(float);
+  // Gathered parameters: at most max_live plus one module (a demand may exceed the limit by one
+  // module); gradient buffers: a bucket's worth plus the pool; staging: two buckets in flight.
+  const size_t bucket_bytes = 40 + w;  // reduce_bucket_size 40: one weight per bucket
+  const size_t bound = (max_live + w + b) * sizeof(float) + 3 * w * sizeof(float) +
+                       2 * (world + 1) * bucket_bytes * sizeof(float) + 8192;
+  for (int r = 0; r < world; ++r) {
+    EXPECT_LE(peak_extra[r], bound) << "rank " << r;
+    EXPECT_LT(peak_extra[r], full_model) << "rank " << r;
+  }
+}
+
+TEST(EngineMemoryTest, Stage3StepReleasesGatheredParameters) {
+  const TestModel model = BlockModel(4, 1000, 8);
+  auto config = MakeConfig(ConfigJson(3, 1, 1.0, "", "\"stage3_param_persistence_threshold\": 8"), 2);
+  ASSERT_TRUE(config.ok());
+  Status s = RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
+    RunOptions ro;
+    ro.steps = 2;
+    size_t after_init = 0;
+    ro.before_micro = [&](Engine* e, Device* d) -> Status {
+      if (after_init == 0) after_init = e->memory().model_params;
+      // Everything non-persistent was released by the previous Step().
+      if (e->memory().model_params > after_init + 4 * 8 * sizeof(float)) {
+        return InternalError("gathered parameters kept across Step(): " +
+                             std::to_string(e->memory().model_params) + " vs " + std::to_string(after_init));
+      }
+      return OkStatus();
+    };
+    RankResult r;
+    return Train(*config, model, rank, comm, device, ro, &r);
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+// A larger model through every stage on two ranks: exercises many buckets and prefetches and
+// prints the time per step (the CPU path must stay reasonably fast).
+TEST(EngineTrainingTest, LargerModelEveryStage) {
+  const TestModel model = BlockModel(8, 200000, 1000);
+  RunOptions ro;
+  ro.steps = 2;
+  for (int stage = 0; stage <= 3; ++stage) {
+    const std::string zero_extra = "\"reduce_bucket_size\": 300000, \"stage3_prefetch_bucket_size\": 400000, "
+                                   "\"stage3_param_persistence_threshold\": 1000, \"overlap_comm\": true";
+    const auto start = std::chrono::steady_clock::now();
+    const auto r = TrainAll(ConfigJson(stage, 2, 1.0, "", zero_extra), 2, model, ro);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ExpectSameAcrossRanks(r);
+    std::printf("stage %d: %.3f s for 4 micro steps of %d params on 2 ranks (with test-side host math)\n", stage, s,
+                8 * 201000);
+  }
+}
+
+}  // namespace
+}  // namespace zero
