@@ -1,0 +1,335 @@
+#include "engine/checkpoint_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+namespace zero {
+namespace {
+
+constexpr uint32_t kCrc32cPoly = 0x82F63B78u;  // reflected Castagnoli polynomial
+
+using CrcTables = std::array<std::array<uint32_t, 256>, 8>;
+
+constexpr CrcTables MakeCrcTables() {
+  CrcTables t{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1u) ? (c >> 1) ^ kCrc32cPoly : c >> 1;
+    t[0][i] = c;
+  }
+  for (uint32_t i = 0; i < 256; ++i) {
+    for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xffu];
+  }
+  return t;
+}
+
+constexpr CrcTables kCrcTables = MakeCrcTables();
+
+// Appends stay in a user-space buffer up to this size; bigger ones are written directly.
+constexpr size_t kBufferSize = 1 << 20;
+
+Status WriteAll(int fd, const char* data, size_t size, const std::string& path) {
+  while (size > 0) {
+    ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("write", path, errno);
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  return OkStatus();
+}
+
+std::string DirName(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+uint64_t RandomSuffix() {
+  static thread_local std::mt19937_64 gen([] {
+    std::random_device rd;
+    return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(::getpid());
+  }());
+  return gen();
+}
+
+}  // namespace
+
+uint32_t Crc32c(const void* data, size_t size, uint32_t crc) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint32_t c = ~crc;
+  while (size > 0 && (reinterpret_cast<uintptr_t>(p) & 7u) != 0) {
+    c = kCrcTables[0][(c ^ *p++) & 0xffu] ^ (c >> 8);
+    --size;
+  }
+  while (size >= 8) {
+    uint32_t lo, hi;
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + 4, 4);
+    lo ^= c;  // little-endian host (checked in checkpoint_format.cc)
+    c = kCrcTables[7][lo & 0xffu] ^ kCrcTables[6][(lo >> 8) & 0xffu] ^
+        kCrcTables[5][(lo >> 16) & 0xffu] ^ kCrcTables[4][lo >> 24] ^ kCrcTables[3][hi & 0xffu] ^
+        kCrcTables[2][(hi >> 8) & 0xffu] ^ kCrcTables[1][(hi >> 16) & 0xffu] ^
+        kCrcTables[0][hi >> 24];
+    p += 8;
+    size -= 8;
+  }
+  while (size > 0) {
+    c = kCrcTables[0][(c ^ *p++) & 0xffu] ^ (c >> 8);
+    --size;
+  }
+  return ~c;
+}
+
+std::string Crc32cHex(uint32_t crc) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "0x%08x", crc);
+  return buf;
+}
+
+// --- AtomicFileWriter ------------------------------------------------------------------------
+
+AtomicFileWriter::AtomicFileWriter(std::string path, std::string temp_path, int fd)
+    : path_(std::move(path)), temp_path_(std::move(temp_path)), fd_(fd) {}
+
+Result<AtomicFileWriter> AtomicFileWriter::Open(const std::string& path) {
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    char suffix[64];
+    std::snprintf(suffix, sizeof(suffix), ".tmp.%d.%016llx", static_cast<int>(::getpid()),
+                  static_cast<unsigned long long>(RandomSuffix()));
+    std::string temp = path + suffix;
+    int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) return AtomicFileWriter(path, temp, fd);
+    if (errno != EEXIST) return ErrnoError("create", temp, errno);
+  }
+  return InternalError("create " + path + ".tmp.*: no free temporary name after 8 attempts");
+}
+
+AtomicFileWriter::AtomicFileWriter(AtomicFileWriter&& o) noexcept
+    : path_(std::move(o.path_)),
+      temp_path_(std::move(o.temp_path_)),
+      fd_(o.fd_),
+      buffer_(std::move(o.buffer_)),
+      crc_(o.crc_),
+      size_(o.size_),
+      committed_(o.committed_) {
+  o.fd_ = -1;
+  o.committed_ = true;  // the moved-from writer owns nothing to discard
+}
+
+AtomicFileWriter& AtomicFileWriter::operator=(AtomicFileWriter&& o) noexcept {
+  if (this != &o) {
+    Discard();
+    path_ = std::move(o.path_);
+    temp_path_ = std::move(o.temp_path_);
+    fd_ = o.fd_;
+    buffer_ = std::move(o.buffer_);
+    crc_ = o.crc_;
+    size_ = o.size_;
+    committed_ = o.committed_;
+    o.fd_ = -1;
+    o.committed_ = true;
+  }
+  return *this;
+}
+
+AtomicFileWriter::~AtomicFileWriter() { Discard(); }
+
+void AtomicFileWriter::Discard() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  if (!committed_ && !temp_path_.empty()) ::unlink(temp_path_.c_str());
+  committed_ = true;
+}
+
+void AtomicFileWriter::AbandonForTest() {
+  if (fd_ >= 0) {
+    Flush().IgnoreError();
+    ::close(fd_);
+    fd_ = -1;
+  }
+  committed_ = true;  // keep the temporary file, as a crash would
+}
+
+Status AtomicFileWriter::Flush() {
+  if (buffer_.empty()) return OkStatus();
+  Status st = WriteAll(fd_, buffer_.data(), buffer_.size(), temp_path_);
+  buffer_.clear();
+  return st;
+}
+
+Status AtomicFileWriter::Append(const void* data, size_t size) {
+  if (fd_ < 0) return FailedPreconditionError("append to " + path_ + ": writer is closed");
+  crc_ = Crc32c(data, size, crc_);
+  size_ += size;
+  const char* p = static_cast<const char*>(data);
+  if (buffer_.size() + size <= kBufferSize) {
+    buffer_.append(p, size);
+    return OkStatus();
+  }
+  Status st = Flush();
+  if (st.ok()) st = WriteAll(fd_, p, size, temp_path_);
+  if (!st.ok()) Discard();
+  return st;
+}
+
+Status AtomicFileWriter::Commit() {
+  if (fd_ < 0 || committed_)
+    return FailedPreconditionError("commit " + path_ + ": writer is closed");
+  Status st = Flush();
+  if (st.ok() && ::fsync(fd_) != 0) st = ErrnoError("fsync", temp_path_, errno);
+  if (st.ok()) {
+    int rc = ::close(fd_);
+    fd_ = -1;
+    if (rc != 0) st = ErrnoError("close", temp_path_, errno);
+  }
+  if (st.ok() && ::rename(temp_path_.c_str(), path_.c_str()) != 0) {
+    st = ErrnoError("rename " + temp_path_ + " to", path_, errno);
+  }
+  if (!st.ok()) {
+    Discard();
+    return st;
+  }
+  committed_ = true;
+  return SyncDirectory(DirName(path_));
+}
+
+// --- whole files -------------------------------------------------------------------------------
+
+Status WriteFileAtomic(const std::string& path, std::string_view contents) {
+  ZERO_ASSIGN_OR_RETURN(AtomicFileWriter w, AtomicFileWriter::Open(path));
+  ZERO_RETURN_IF_ERROR(w.Append(contents));
+  return w.Commit();
+}
+
+Result<std::string> ReadFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("open", path, errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoError("stat", path, err);
+  }
+  std::string out;
+  out.resize(static_cast<size_t>(st.st_size));
+  size_t got = 0;
+  while (got < out.size()) {
+    ssize_t n = ::read(fd, out.data() + got, out.size() - got);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      return ErrnoError("read", path, err);
+    }
+    if (n == 0) break;  // shrank while reading
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  out.resize(got);
+  return out;
+}
+
+Result<std::string> ReadFileVerified(const std::string& path, uint64_t expected_size,
+                                     uint32_t expected_crc) {
+  ZERO_ASSIGN_OR_RETURN(std::string data, ReadFile(path));
+  if (data.size() < expected_size) {
+    return DataLossError(path + ": truncated: expected " + std::to_string(expected_size) +
+                         " bytes, got " + std::to_string(data.size()));
+  }
+  if (data.size() > expected_size) {
+    return DataLossError(path + ": longer than expected: expected " +
+                         std::to_string(expected_size) + " bytes, got " +
+                         std::to_string(data.size()));
+  }
+  uint32_t crc = Crc32c(data.data(), data.size());
+  if (crc != expected_crc) {
+    return DataLossError(path + ": checksum mismatch: expected crc32c " + Crc32cHex(expected_crc) +
+                         ", got " + Crc32cHex(crc) + " (the file is corrupt)");
+  }
+  return data;
+}
+
+Result<std::string> ReadFileRange(const std::string& path, uint64_t offset, size_t size) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("open", path, errno);
+  std::string out(size, '\0');
+  size_t got = 0;
+  while (got < size) {
+    ssize_t n = ::pread(fd, out.data() + got, size - got, static_cast<off_t>(offset + got));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      return ErrnoError("read", path, err);
+    }
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  if (got < size) {
+    return DataLossError(path + ": truncated: expected " + std::to_string(offset + size) +
+                         " bytes, got " + std::to_string(offset + got));
+  }
+  return out;
+}
+
+Result<uint64_t> FileSize(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return ErrnoError("stat", path, errno);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+bool PathExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+Status SyncDirectory(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("open directory", dir, errno);
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  // Some filesystems refuse fsync on directories; the rename is still atomic there.
+  if (rc != 0 && err != EINVAL && err != ENOTSUP) return ErrnoError("fsync directory", dir, err);
+  return OkStatus();
+}
+
+Status CreateDirectories(const std::string& path) {
+  if (path.empty()) return InvalidArgumentError("create directory: empty path");
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return OkStatus();
+    return FailedPreconditionError("create directory " + path + ": exists and is not a directory");
+  }
+  std::string parent = DirName(path);
+  if (parent != path && parent != "." && parent != "/") {
+    ZERO_RETURN_IF_ERROR(CreateDirectories(parent));
+  }
+  if (::mkdir(path.c_str(), 0755) != 0) {
+    if (errno == EEXIST && ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return OkStatus();
+    return ErrnoError("mkdir", path, errno);
+  }
+  return SyncDirectory(parent);
+}
+
+std::string JoinPath(const std::string& a, const std::string& b) {
+  if (a.empty()) return b;
+  if (a.back() == '/') return a + b;
+  return a + "/" + b;
+}
+
+}  // namespace zero

@@ -1,0 +1,101 @@
+// Checkpoint file I/O: crash-safe whole-file writes, CRC32C checksums, and verified reads.
+//
+// A file is never visible half-written under its final name: AtomicFileWriter writes to
+// `<path>.tmp.<pid>.<random>` in the same directory, fsyncs it, renames it over `<path>` and fsyncs
+// the directory, so after Commit() returns the new contents survive a power loss, and a crash at
+// any earlier point leaves whatever was at `<path>` before untouched (plus a `.tmp.` file that is
+// debris, safe to delete). Every error names the file and what was wrong (missing, truncated with
+// the expected and actual sizes, checksum mismatch with both values, errno text).
+//
+// This file owns only file descriptors it opens; it knows nothing of the checkpoint layout
+// (checkpoint_format.h). All functions are thread-safe; an AtomicFileWriter is used by one thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "runtime/status.h"
+
+namespace zero {
+
+// CRC32C (Castagnoli, the iSCSI/ext4 polynomial), software slice-by-8. Chainable:
+// Crc32c(b, nb, Crc32c(a, na)) == Crc32c(a followed by b). Crc32c("123456789") == 0xE3069283.
+uint32_t Crc32c(const void* data, size_t size, uint32_t crc = 0);
+// "0x1a2b3c4d" (8 hex digits), as checkpoint files and messages print checksums.
+std::string Crc32cHex(uint32_t crc);
+
+// Writes one file atomically (see the header comment). Move-only; owns the temporary file's fd.
+// Destroying a writer that was not committed closes and unlinks its temporary file.
+class AtomicFileWriter {
+ public:
+  // Creates the temporary file next to `path`. The directory must exist.
+  static Result<AtomicFileWriter> Open(const std::string& path);
+
+  AtomicFileWriter(AtomicFileWriter&& other) noexcept;
+  AtomicFileWriter& operator=(AtomicFileWriter&& other) noexcept;
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+  ~AtomicFileWriter();
+
+  // Appends bytes (small appends are buffered; large ones go straight to the file). Updates crc().
+  Status Append(const void* data, size_t size);
+  Status Append(std::string_view data) { return Append(data.data(), data.size()); }
+  // Flushes, fsyncs the file, renames it over the final path, fsyncs the directory. After an error
+  // the temporary file is removed and the final path is unchanged. REQUIRES: not committed yet.
+  Status Commit();
+
+  // CRC32C and count of every byte appended so far.
+  uint32_t crc() const { return crc_; }
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  const std::string& temp_path() const { return temp_path_; }
+
+  // Tests only: closes the file and leaves the temporary file in place without renaming it, as a
+  // crash between writing and Commit() would.
+  void AbandonForTest();
+
+ private:
+  AtomicFileWriter(std::string path, std::string temp_path, int fd);
+  Status Flush();
+  void Discard();
+
+  std::string path_;
+  std::string temp_path_;
+  int fd_ = -1;
+  std::string buffer_;
+  uint32_t crc_ = 0;
+  uint64_t size_ = 0;
+  bool committed_ = false;
+};
+
+// Writes `contents` to `path` atomically.
+Status WriteFileAtomic(const std::string& path, std::string_view contents);
+
+// Reads a whole file. Missing file: NOT_FOUND naming it.
+Result<std::string> ReadFile(const std::string& path);
+
+// Reads a whole file and checks its size and CRC32C: DATA_LOSS "<path>: truncated: expected N
+// bytes, got M" (or "longer than expected"), "<path>: checksum mismatch: expected crc32c 0x...,
+// got 0x...".
+Result<std::string> ReadFileVerified(const std::string& path, uint64_t expected_size,
+                                     uint32_t expected_crc);
+
+// Reads `size` bytes at `offset` (pread). Fewer bytes available: DATA_LOSS "truncated".
+Result<std::string> ReadFileRange(const std::string& path, uint64_t offset, size_t size);
+
+// Size of a file in bytes (NOT_FOUND naming it when missing).
+Result<uint64_t> FileSize(const std::string& path);
+bool PathExists(const std::string& path);
+
+// mkdir -p; each directory it creates is made durable (its parent is fsynced). Concurrent callers
+// creating the same directory all succeed.
+Status CreateDirectories(const std::string& path);
+// fsync of a directory, so that names created or renamed in it are durable.
+Status SyncDirectory(const std::string& dir);
+
+// "a/b" + "c" -> "a/b/c" (no doubled slash).
+std::string JoinPath(const std::string& a, const std::string& b);
+
+}  // namespace zero

@@ -1,0 +1,187 @@
+#include "engine/checkpoint_io.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/checkpoint_test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace zero {
+namespace {
+
+using ::testing::HasSubstr;
+using zero::testing::ScratchDir;
+
+uint32_t Crc32cBitwise(const std::string& s) {
+  uint32_t c = ~0u;
+  for (unsigned char b : s) {
+    c ^= b;
+    for (int k = 0; k < 8; ++k) c = (c & 1u) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+  }
+  return ~c;
+}
+
+std::vector<std::string> ListDir(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = opendir(dir.c_str());
+  if (!d) return names;
+  while (dirent* e = readdir(d)) {
+    std::string n = e->d_name;
+    if (n != "." && n != "..") names.push_back(n);
+  }
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void WritePlain(const std::string& path, const std::string& data) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << data;
+}
+
+TEST(Crc32cTest, KnownVectors) {
+  EXPECT_EQ(Crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(Crc32c("", 0), 0u);
+  std::string zeros(32, '\0');
+  EXPECT_EQ(Crc32c(zeros.data(), zeros.size()), 0x8A9136AAu);  // RFC 3720 B.4
+  std::string ones(32, '\xff');
+  EXPECT_EQ(Crc32c(ones.data(), ones.size()), 0x62A8AB43u);
+  EXPECT_EQ(Crc32cHex(0xE3069283u), "0xe3069283");
+}
+
+TEST(Crc32cTest, SliceBy8MatchesBitwiseAtEveryAlignmentAndChains) {
+  std::mt19937 gen(7);
+  std::string data(1000, '\0');
+  for (char& c : data) c = static_cast<char>(gen());
+  for (size_t off : {0, 1, 3, 7, 8, 13}) {
+    for (size_t len : {0, 1, 7, 8, 9, 63, 64, 65, 500, 987}) {
+      std::string s = data.substr(off, len);
+      EXPECT_EQ(Crc32c(data.data() + off, len), Crc32cBitwise(s)) << off << " " << len;
+      for (size_t split : {size_t{0}, len / 3, len}) {
+        EXPECT_EQ(Crc32c(s.data() + split, len - split, Crc32c(s.data(), split)), Crc32cBitwise(s));
+      }
+    }
+  }
+}
+
+TEST(AtomicFileTest, WriteReadOverwriteLeavesNoTemporaries) {
+  const std::string dir = ScratchDir("atomic");
+  const std::string path = dir + "/f.bin";
+  ASSERT_TRUE(WriteFileAtomic(path, "first").ok());
+  EXPECT_EQ(*ReadFile(path), "first");
+  ASSERT_TRUE(WriteFileAtomic(path, "second, longer").ok());
+  EXPECT_EQ(*ReadFile(path), "second, longer");
+  EXPECT_EQ(ListDir(dir), std::vector<std::string>{"f.bin"});
+  EXPECT_EQ(*FileSize(path), 14u);
+}
+
+TEST(AtomicFileTest, StreamedChunksSmallAndLargeKeepSizeAndCrc) {
+  const std::string dir = ScratchDir("atomic");
+  const std::string path = dir + "/big.bin";
+  std::string expected;
+  auto w = AtomicFileWriter::Open(path);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  std::mt19937 gen(3);
+  for (size_t chunk : {size_t{5}, size_t{3} << 20, size_t{100}, size_t{1} << 20, size_t{1}}) {
+    std::string c(chunk, '\0');
+    for (char& ch : c) ch = static_cast<char>(gen());
+    ASSERT_TRUE(w->Append(c).ok());
+    expected += c;
+  }
+  EXPECT_FALSE(PathExists(path));  // nothing under the final name before Commit
+  EXPECT_TRUE(PathExists(w->temp_path()));
+  EXPECT_THAT(w->temp_path(), HasSubstr("/big.bin.tmp." + std::to_string(getpid()) + "."));
+  ASSERT_TRUE(w->Commit().ok());
+  EXPECT_EQ(w->size(), expected.size());
+  EXPECT_EQ(w->crc(), Crc32c(expected.data(), expected.size()));
+  auto got = ReadFileVerified(path, expected.size(), w->crc());
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_TRUE(*got == expected);
+  EXPECT_EQ(ListDir(dir), std::vector<std::string>{"big.bin"});
+}
+
+TEST(AtomicFileTest, CrashBeforeCommitKeepsPreviousContents) {
+  const std::string dir = ScratchDir("atomic");
+  const std::string path = dir + "/state";
+  ASSERT_TRUE(WriteFileAtomic(path, "old complete contents").ok());
+  {
+    auto w = AtomicFileWriter::Open(path);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(w->Append("new half-writ").ok());
+    w->AbandonForTest();  // the process "dies" here
+  }
+  EXPECT_EQ(*ReadFile(path), "old complete contents");
+  EXPECT_EQ(ListDir(dir).size(), 2u);  // the debris .tmp file stays until someone removes it
+  {
+    auto w = AtomicFileWriter::Open(path);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(w->Append("dropped").ok());
+  }  // destroyed without Commit: the temporary is removed
+  EXPECT_EQ(*ReadFile(path), "old complete contents");
+  EXPECT_EQ(ListDir(dir).size(), 2u);
+}
+
+TEST(AtomicFileTest, VerifiedReadNamesFileAndProblem) {
+  const std::string dir = ScratchDir("verify");
+  const std::string path = dir + "/x.bin";
+  const std::string data = "0123456789abcdef";
+  ASSERT_TRUE(WriteFileAtomic(path, data).ok());
+  const uint32_t crc = Crc32c(data.data(), data.size());
+  ASSERT_TRUE(ReadFileVerified(path, data.size(), crc).ok());
+
+  auto missing = ReadFileVerified(dir + "/nope.bin", 3, 0);
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr(dir + "/nope.bin"));
+
+  WritePlain(path, data.substr(0, 10));
+  auto truncated = ReadFileVerified(path, data.size(), crc);
+  EXPECT_EQ(truncated.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(truncated.status().message(),
+              HasSubstr(path + ": truncated: expected 16 bytes, got 10"));
+
+  std::string flipped = data;
+  flipped[5] ^= 0x01;
+  WritePlain(path, flipped);
+  auto corrupt = ReadFileVerified(path, data.size(), crc);
+  EXPECT_EQ(corrupt.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(corrupt.status().message(),
+              HasSubstr(path + ": checksum mismatch: expected crc32c " + Crc32cHex(crc) + ", got " +
+                        Crc32cHex(Crc32c(flipped.data(), flipped.size()))));
+
+  WritePlain(path, data + "x");
+  EXPECT_THAT(ReadFileVerified(path, data.size(), crc).status().message(),
+              HasSubstr("longer than expected"));
+
+  auto range = ReadFileRange(path, 10, 20);
+  EXPECT_EQ(range.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(range.status().message(), HasSubstr("truncated: expected 30 bytes, got 17"));
+  EXPECT_EQ(*ReadFileRange(path, 2, 3), "234");
+}
+
+TEST(DirectoryTest, CreateNestedIdempotentAndRefusesFiles) {
+  const std::string dir = ScratchDir("dirs");
+  ASSERT_TRUE(CreateDirectories(dir + "/a/b/c/").ok());
+  ASSERT_TRUE(CreateDirectories(dir + "/a/b/c").ok());
+  EXPECT_TRUE(PathExists(dir + "/a/b/c"));
+  ASSERT_TRUE(WriteFileAtomic(dir + "/file", "x").ok());
+  Status st = CreateDirectories(dir + "/file");
+  EXPECT_FALSE(st.ok());
+  EXPECT_THAT(st.message(), HasSubstr("not a directory"));
+  EXPECT_EQ(JoinPath("a/", "b"), "a/b");
+  EXPECT_EQ(JoinPath("a", "b"), "a/b");
+}
+
+TEST(AtomicFileTest, OpenInMissingDirectoryNamesIt) {
+  auto w = AtomicFileWriter::Open("/nonexistent-zero-dir/f");
+  EXPECT_FALSE(w.ok());
+  EXPECT_THAT(w.status().message(), HasSubstr("/nonexistent-zero-dir/f.tmp."));
+}
+
+}  // namespace
+}  // namespace zero

@@ -1,0 +1,101 @@
+// Test helpers for checkpoint tests: scratch directories and synthetic training states saved with
+// the real write protocol (every rank's file, then FinalizeCheckpoint), built with the engine's
+// padding math. Test-only.
+#pragma once
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine/checkpoint_format.h"
+#include "engine/checkpoint_io.h"
+#include "gtest/gtest.h"
+
+namespace zero::testing {
+
+// A fresh directory under $TEST_TMPDIR (or /tmp), unique per call.
+inline std::string ScratchDir(const std::string& name) {
+  static int counter = 0;
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(base ? base : "/tmp") + "/" + name + "." +
+                    std::to_string(::getpid()) + "." + std::to_string(counter++);
+  EXPECT_TRUE(CreateDirectories(dir).ok()) << dir;
+  return dir;
+}
+
+// Odd sizes on purpose: padding at every world size > 1, a scalar and an empty parameter.
+inline std::vector<ParamSignature> SyntheticModel() {
+  return {
+      {"embed.weight", {7, 5}}, {"block0.fc.weight", {11, 13}}, {"block0.fc.bias", {11}},
+      {"block0.scale", {}},     {"block1.empty", {0, 4}},       {"head.weight", {3, 17}},
+  };
+}
+
+inline std::string ModuleOf(const std::string& name) { return name.substr(0, name.find('.')); }
+
+// Distinct values per (parameter, element, state) that survive fp32 exactly.
+inline float SyntheticValue(size_t param, int64_t element, int state) {
+  return static_cast<float>(param + 1) * 1000.0f + static_cast<float>(element) +
+         0.25f * static_cast<float>(state) - 0.5f;
+}
+
+inline FullState SyntheticState(const std::vector<ParamSignature>& model, int world) {
+  FullState full;
+  CheckpointMeta& m = full.meta;
+  m.global_steps = 120;
+  m.skipped_steps = 3;
+  m.micro_steps = 480;
+  m.adam_step = 117;
+  m.loss_scaler = {true, 2048.0, 37, 1, 83};
+  m.scheduler = {"WarmupLR", 117, 3.125e-4};
+  m.model_dtype = DType::kBF16;
+  m.zero_stage = 2;
+  m.dp_world_size = world;
+  m.config_json = R"({"train_batch_size":32,"zero_optimization":{"stage":2}})";
+  m.client_state_json = R"({"epoch":4,"note":"synthetic"})";
+  for (size_t i = 0; i < model.size(); ++i) {
+    m.params.push_back(
+        MakeCheckpointParam(model[i].name, model[i].shape, ModuleOf(model[i].name), world));
+    FullParam p;
+    p.name = model[i].name;
+    p.shape = model[i].shape;
+    p.module = ModuleOf(p.name);
+    p.numel = m.params.back().numel;
+    for (int64_t e = 0; e < p.numel; ++e) {
+      p.master.push_back(SyntheticValue(i, e, 0));
+      p.exp_avg.push_back(SyntheticValue(i, e, 1));
+      p.exp_avg_sq.push_back(SyntheticValue(i, e, 2));
+    }
+    full.params.push_back(std::move(p));
+  }
+  return full;
+}
+
+// Saves `full` at `world` ranks under dir/tag with the write protocol.
+inline void SaveSynthetic(const std::string& dir, const std::string& tag, const FullState& full,
+                          int world) {
+  for (int r = 0; r < world; ++r) {
+    auto info = WriteRankFile(dir, tag, r, world, ShardFor(full, r, world));
+    ASSERT_TRUE(info.ok()) << info.status().ToString();
+  }
+  CheckpointMeta meta = full.meta;
+  meta.dp_world_size = world;
+  meta.params.clear();
+  meta.rank_files.clear();  // FinalizeCheckpoint reads them from the files just written
+  for (const FullParam& p : full.params) {
+    meta.params.push_back(MakeCheckpointParam(p.name, p.shape, p.module, world));
+  }
+  Status st = FinalizeCheckpoint(dir, tag, meta);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+}
+
+inline bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+}  // namespace zero::testing

@@ -1,0 +1,139 @@
+// zero_to_fp32: the consolidation function, and the binary itself (exit codes and messages).
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "engine/checkpoint_format.h"
+#include "engine/checkpoint_io.h"
+#include "engine/checkpoint_test_util.h"
+#include "engine/consolidate.h"
+#include "engine/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace zero {
+namespace {
+
+using ::testing::HasSubstr;
+using zero::testing::SameBits;
+using zero::testing::SaveSynthetic;
+using zero::testing::ScratchDir;
+using zero::testing::SyntheticModel;
+using zero::testing::SyntheticState;
+
+void ExpectMatches(const SafetensorsFile& file, const FullState& full) {
+  ASSERT_EQ(file.tensors.size(), full.params.size());
+  for (const FullParam& p : full.params) {
+    SCOPED_TRACE(p.name);
+    const SafetensorsTensor* t = file.Find(p.name);
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(t->dtype, "F32");
+    EXPECT_EQ(t->shape, p.shape);
+    EXPECT_TRUE(SameBits(t->AsFloats(), p.master));
+  }
+}
+
+class ZeroToFp32Test : public ::testing::TestWithParam<int> {};
+
+TEST_P(ZeroToFp32Test, ConsolidatesEveryTensorExactly) {
+  const int world = GetParam();
+  const std::string dir = ScratchDir("z2f");
+  FullState full = SyntheticState(SyntheticModel(), world);
+  SaveSynthetic(dir, "global_step120", full, world);
+  const std::string out = dir + "/model.safetensors";
+  auto summary = ConsolidateToFp32(dir, "", out);
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  EXPECT_EQ(summary->tag, "global_step120");
+  EXPECT_EQ(summary->tensors, 6);
+  EXPECT_EQ(summary->params, 35 + 143 + 11 + 1 + 0 + 51);
+  EXPECT_EQ(summary->dp_world_size, world);
+  EXPECT_EQ(summary->zero_stage, 2);
+  EXPECT_EQ(summary->bytes, *FileSize(out));
+  EXPECT_THAT(summary->ToString(), HasSubstr("6 tensors, 241 params"));
+
+  auto file = ReadSafetensors(out);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  ExpectMatches(*file, full);
+  EXPECT_EQ(file->metadata.at("global_steps"), "120");
+  EXPECT_EQ(file->metadata.at("zero_stage"), "2");
+  EXPECT_EQ(file->metadata.at("dp_world_size"), std::to_string(world));
+  EXPECT_EQ(file->metadata.at("tag"), "global_step120");
+  EXPECT_EQ(file->metadata.at("model_dtype"), "bf16");
+  EXPECT_EQ(file->metadata.at("format"), "pt");
+}
+
+INSTANTIATE_TEST_SUITE_P(SavedWorlds, ZeroToFp32Test, ::testing::Values(1, 2, 3, 4));
+
+TEST(ZeroToFp32ErrorsTest, CorruptCheckpointWritesNoOutput) {
+  const std::string dir = ScratchDir("z2f");
+  FullState full = SyntheticState(SyntheticModel(), 2);
+  SaveSynthetic(dir, "t", full, 2);
+  ASSERT_EQ(::unlink((dir + "/t/" + RankFileName(1)).c_str()), 0);
+  auto r = ConsolidateToFp32(dir, "t", dir + "/out.safetensors");
+  EXPECT_THAT(r.status().message(), HasSubstr("zero_rank_1_optim_states.bin is missing"));
+  EXPECT_FALSE(PathExists(dir + "/out.safetensors"));
+}
+
+// --- the binary
+// -----------------------------------------------------------------------------------
+
+struct ToolRun {
+  int code;
+  std::string output;
+};
+
+ToolRun RunTool(const std::string& args) {
+  const std::string log = ScratchDir("z2f_log") + "/out.txt";
+  int status = std::system(("tools/zero_to_fp32 " + args + " >" + log + " 2>&1").c_str());
+  std::stringstream ss;
+  ss << std::ifstream(log).rdbuf();
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ss.str()};
+}
+
+TEST(ZeroToFp32BinaryTest, ConvertsWithAndWithoutTag) {
+  const std::string dir = ScratchDir("z2f_bin");
+  FullState full = SyntheticState(SyntheticModel(), 3);
+  SaveSynthetic(dir, "global_step120", full, 3);
+  FullState other = SyntheticState(SyntheticModel(), 2);
+  for (FullParam& p : other.params) {
+    for (float& v : p.master) v = -v;
+  }
+  SaveSynthetic(dir, "older", other, 2);  // now `latest`
+
+  ToolRun run = RunTool(dir + " " + dir + "/a.safetensors --tag global_step120");
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("6 tensors, 241 params"));
+  EXPECT_THAT(run.output, HasSubstr("saved at dp world size 3"));
+  ExpectMatches(*ReadSafetensors(dir + "/a.safetensors"), full);
+
+  run = RunTool(dir + " " + dir + "/b.safetensors");
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("tag older"));
+  ExpectMatches(*ReadSafetensors(dir + "/b.safetensors"), other);
+}
+
+TEST(ZeroToFp32BinaryTest, UsageAndErrors) {
+  ToolRun run = RunTool("");
+  EXPECT_EQ(run.code, 2);
+  EXPECT_THAT(run.output, HasSubstr("usage: zero_to_fp32"));
+  EXPECT_EQ(RunTool("a b --tag").code, 2);
+  EXPECT_EQ(RunTool("a b --frobnicate").code, 2);
+  EXPECT_EQ(RunTool("--help").code, 0);
+
+  const std::string dir = ScratchDir("z2f_err");
+  run = RunTool(dir + "/none " + dir + "/o.safetensors");
+  EXPECT_EQ(run.code, 1);
+  EXPECT_THAT(run.output, HasSubstr("checkpoint directory " + dir + "/none does not exist"));
+
+  FullState full = SyntheticState(SyntheticModel(), 2);
+  SaveSynthetic(dir, "t", full, 2);
+  run = RunTool(dir + " " + dir + "/o.safetensors --tag=missing");
+  EXPECT_EQ(run.code, 1);
+  EXPECT_THAT(run.output, HasSubstr("checkpoint tag 'missing' does not exist"));
+}
+
+}  // namespace
+}  // namespace zero
