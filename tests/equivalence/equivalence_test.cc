@@ -1,0 +1,420 @@
+// The ZeRO equivalence suite: the engine, run as N thread ranks over Gloo on the CPU backend, must
+// reproduce the single-process reference (reference.h) of engine.h's arithmetic contract.
+//
+// Cells and what is compared (docs/equivalence.md has the table and the reasons):
+//   Matrix:     stage {0,1,2,3} x world {1,2,3,4} x dtype {fp32,bf16,fp16} x GAS {1,4} x clipping
+//               {off, 0.05}: 192 cells, 4 optimizer steps, WarmupLR, weight decay 0.1. Every rank's
+//               loss per micro step, lr, loss scale, was_step_applied, counters, and the initial
+//               and final fp32 master weights, model parameters and AdamW moments, and
+//               global_grad_norm: all BITWISE (memcmp-equal bits).
+//   Overflow:   fp16, stages 0-3, world {1,2,3}, GAS {1,4}: a huge target on the last rank in
+//               windows 1 and 2 overflows fp16; both steps skipped on all ranks, the loss scale
+//               keeps (hysteresis 2), then halves, then grows (window 2): bitwise as the reference.
+//   Unmanaged:  managed_gradient_accumulation false, stages 0-3, world {2,3}, all dtypes, windows
+//               [A x2, B x5, A x3] (A uses head A only, B head B only), the user divides the loss
+//               by the count: parameters inactive in a window keep weights and moments (the
+//               reference skips them; weights and moments compared after every window, bitwise).
+//   CrossOrder: engine stage 1 vs engine stage 2 (the two reduction orders): bitwise where the
+//               orders coincide (world 1, or fp32 at GAS 1), otherwise within a dtype-derived
+//               tolerance on the weight change.
+//   Memory:     per rank, stage k's master/optimizer (k>=1), fp32 gradient (k>=2) and parameter
+//               (k=3) bytes are 1/N of stage 0's, within per-parameter padding.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "comm/thread_ranks.h"
+#include "engine/config.h"
+#include "tests/equivalence/harness.h"
+#include "tests/equivalence/reference.h"
+#include "tests/equivalence/test_model.h"
+
+namespace zero::equivalence {
+namespace {
+
+constexpr int kSteps = 4;
+constexpr double kClip = 0.05;
+
+Config ParseCell(const CellSpec& cell) {
+  ParseOptions o;
+  o.world_size = cell.world;
+  o.strict = true;
+  o.source = cell.Name();
+  Result<Config> c = ParseConfig(CellConfigJson(cell), o);
+  if (!c.ok()) {
+    ADD_FAILURE() << "config of " << cell.Name() << ": " << c.status().ToString() << "\n" << CellConfigJson(cell);
+    return Config();
+  }
+  return *c;
+}
+
+// Runs the engine on `world` thread ranks; every rank's trace.
+Status RunEngine(const Config& config, int world, const Schedule& schedule, std::vector<RankTrace>* traces,
+                 const ModelDims& dims = ModelDims()) {
+  traces->assign(world, RankTrace());
+  return RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) -> Status {
+    return RunEngineRank(config, dims, schedule, device, comm, &(*traces)[rank]);
+  });
+}
+
+// On the CPU backend everything is bitwise, the grad norm included: the reference sums the
+// squares in the contract's order with CpuDevice's lane order (reference.h).
+Tolerance ContractTolerance() { return Tolerance(); }
+
+void ExpectMatches(const RefTrace& ref, const std::vector<RankTrace>& traces, const Tolerance& tol) {
+  for (size_t r = 0; r < traces.size(); ++r) {
+    std::vector<std::string> lines;
+    int bad = CompareRankTrace(ref, static_cast<int>(r), traces[r], tol, &lines);
+    std::string all;
+    for (size_t i = 0; i < lines.size() && i < 40; ++i) all += "  " + lines[i] + "\n";
+    EXPECT_EQ(bad, 0) << "rank " << r << " differs from the reference:\n" << all;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The 192-cell matrix.
+
+using MatrixParam = std::tuple<int, int, DType, int, bool>;  // stage, world, dtype, GAS, clip
+
+CellSpec MatrixCell(const MatrixParam& p) {
+  CellSpec c;
+  c.stage = std::get<0>(p);
+  c.world = std::get<1>(p);
+  c.dtype = std::get<2>(p);
+  c.gas = std::get<3>(p);
+  c.clip = std::get<4>(p) ? kClip : 0.0;
+  return c;
+}
+
+class MatrixTest : public ::testing::TestWithParam<MatrixParam> {};
+
+TEST_P(MatrixTest, EngineEqualsReferenceBitwise) {
+  const CellSpec cell = MatrixCell(GetParam());
+  const Config config = ParseCell(cell);
+  ASSERT_FALSE(HasFailure());
+  const Schedule schedule = ManagedSchedule(kSteps, cell.gas);
+  Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), ModelDims(), schedule);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  // The reference must exercise what the cell claims to test.
+  EXPECT_EQ(ref->overflow_steps, 0) << "an unforced fp16 overflow: the cell tests nothing";
+  if (cell.clip > 0) {
+    EXPECT_EQ(ref->clipped_steps, kSteps) << "clipping must clip every step of a clipping cell";
+  } else {
+    EXPECT_EQ(ref->clipped_steps, 0);
+  }
+  std::vector<RankTrace> traces;
+  Status st = RunEngine(config, cell.world, schedule, &traces);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ExpectMatches(*ref, traces, ContractTolerance());
+}
+
+std::string MatrixName(const ::testing::TestParamInfo<MatrixParam>& info) {
+  return MatrixCell(info.param).Name();
+}
+
+INSTANTIATE_TEST_SUITE_P(Cells, MatrixTest,
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                                            ::testing::Values(1, 4), ::testing::Bool()),
+                         MatrixName);
+
+// ---------------------------------------------------------------------------------------------
+// fp16 overflow: skipped on every rank, loss scale hysteresis, halving and growth.
+
+using OverflowParam = std::tuple<int, int, int>;  // stage, world, GAS
+
+class OverflowTest : public ::testing::TestWithParam<OverflowParam> {};
+
+TEST_P(OverflowTest, SkipsAndRescalesLikeReference) {
+  CellSpec cell;
+  cell.stage = std::get<0>(GetParam());
+  cell.world = std::get<1>(GetParam());
+  cell.gas = std::get<2>(GetParam());
+  cell.dtype = DType::kF16;
+  cell.clip = kClip;
+  cell.loss_scale_window = 2;
+  cell.hysteresis = 2;
+  const Config config = ParseCell(cell);
+  ASSERT_FALSE(HasFailure());
+  Schedule schedule = ManagedSchedule(7, cell.gas);
+  // Windows 1 and 2: the last rank's first micro batch overflows.
+  schedule.windows[1].micros[0].overflow_rank = cell.world - 1;
+  schedule.windows[2].micros[0].overflow_rank = cell.world - 1;
+  Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), ModelDims(), schedule);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  ASSERT_EQ(ref->overflow_steps, 2);
+  const float s0 = std::ldexp(1.0f, cell.initial_scale_power);
+  // The schedule the cell is about: hysteresis absorbs the first overflow, the second halves the
+  // scale, and after `window` good steps it doubles again.
+  std::vector<float> used, after;
+  for (const StepRecord& s : ref->steps) {
+    used.push_back(s.loss_scale_used);
+    after.push_back(s.loss_scale_after);
+  }
+  EXPECT_FALSE(ref->steps[1].applied);
+  EXPECT_FALSE(ref->steps[2].applied);
+  EXPECT_EQ(after[1], s0) << "hysteresis 2: the first overflow keeps the scale";
+  EXPECT_EQ(after[2], s0 / 2) << "the second overflow halves it";
+  bool grew = false;
+  for (size_t i = 3; i < after.size(); ++i) grew |= after[i] > after[i - 1];
+  EXPECT_TRUE(grew) << "the scale should grow again within the run (window 2)";
+  std::vector<RankTrace> traces;
+  Status st = RunEngine(config, cell.world, schedule, &traces);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ExpectMatches(*ref, traces, ContractTolerance());
+}
+
+INSTANTIATE_TEST_SUITE_P(Fp16, OverflowTest,
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(1, 2, 3),
+                                            ::testing::Values(1, 4)),
+                         [](const ::testing::TestParamInfo<OverflowParam>& info) {
+                           return "s" + std::to_string(std::get<0>(info.param)) + "_w" +
+                                  std::to_string(std::get<1>(info.param)) + "_gas" +
+                                  std::to_string(std::get<2>(info.param));
+                         });
+
+// ---------------------------------------------------------------------------------------------
+// Unmanaged accumulation with inactive parameters.
+
+using UnmanagedParam = std::tuple<int, int, DType>;  // stage, world, dtype
+
+Schedule UnmanagedSchedule() {
+  Schedule s;
+  s.managed = false;
+  s.snapshots = true;
+  auto window = [](int count, Heads heads) {
+    Window w;
+    for (int i = 0; i < count; ++i) {
+      MicroSpec m;
+      m.heads = heads;
+      m.loss_divisor = static_cast<float>(count);
+      w.micros.push_back(m);
+    }
+    return w;
+  };
+  s.windows = {window(2, {true, false}), window(5, {false, true}), window(3, {true, false})};
+  return s;
+}
+
+class UnmanagedTest : public ::testing::TestWithParam<UnmanagedParam> {};
+
+TEST_P(UnmanagedTest, InactiveParametersUntouched) {
+  CellSpec cell;
+  cell.stage = std::get<0>(GetParam());
+  cell.world = std::get<1>(GetParam());
+  cell.dtype = std::get<2>(GetParam());
+  cell.managed = false;
+  cell.gas = 1;
+  cell.clip = kClip;
+  const Config config = ParseCell(cell);
+  ASSERT_FALSE(HasFailure());
+  const Schedule schedule = UnmanagedSchedule();
+  Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), ModelDims(), schedule);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  EXPECT_EQ(ref->overflow_steps, 0);
+  std::vector<RankTrace> traces;
+  Status st = RunEngine(config, cell.world, schedule, &traces);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  // Untouched in the window where inactive: head B in window 0, head A in window 1, head B in
+  // window 2: weights and moments (GatherOptimizerState), and everything bitwise against the
+  // reference that skips inactive parameters.
+  for (size_t r = 0; r < traces.size(); ++r) {
+    const RankTrace& t = traces[r];
+    ASSERT_EQ(t.master_snapshots.size(), 3u);
+    EXPECT_EQ(t.master_snapshots[0][kHeadBW], t.initial_master[kHeadBW]) << "rank " << r << ": head_b master changed in window A";
+    EXPECT_EQ(t.model_snapshots[0][kHeadBW], t.initial_model[kHeadBW]) << "rank " << r;
+    EXPECT_EQ(t.master_snapshots[1][kHeadAW], t.master_snapshots[0][kHeadAW]) << "rank " << r << ": head_a master changed in window B";
+    EXPECT_EQ(t.master_snapshots[2][kHeadBW], t.master_snapshots[1][kHeadBW]) << "rank " << r << ": head_b master changed in the second window A";
+    EXPECT_NE(t.master_snapshots[1][kHeadBW], t.master_snapshots[0][kHeadBW]) << "head_b must move in window B";
+    // Moments: head_b's are still zero after window 0, head_a's unchanged by window 1, head_b's
+    // unchanged by window 2.
+    const std::vector<float> zeros(t.exp_avg_snapshots[0][kHeadBW].size(), 0.0f);
+    EXPECT_EQ(t.exp_avg_snapshots[0][kHeadBW], zeros) << "rank " << r;
+    EXPECT_EQ(t.exp_avg_sq_snapshots[0][kHeadBW], zeros) << "rank " << r;
+    EXPECT_EQ(t.exp_avg_snapshots[1][kHeadAW], t.exp_avg_snapshots[0][kHeadAW]) << "rank " << r;
+    EXPECT_EQ(t.exp_avg_sq_snapshots[1][kHeadAW], t.exp_avg_sq_snapshots[0][kHeadAW]) << "rank " << r;
+    EXPECT_EQ(t.exp_avg_snapshots[2][kHeadBW], t.exp_avg_snapshots[1][kHeadBW]) << "rank " << r;
+    EXPECT_EQ(t.exp_avg_sq_snapshots[2][kHeadBW], t.exp_avg_sq_snapshots[1][kHeadBW]) << "rank " << r;
+  }
+  ExpectMatches(*ref, traces, ContractTolerance());
+}
+
+INSTANTIATE_TEST_SUITE_P(Windows, UnmanagedTest,
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(2, 3),
+                                            ::testing::Values(DType::kF32, DType::kBF16, DType::kF16)),
+                         [](const ::testing::TestParamInfo<UnmanagedParam>& info) {
+                           return "s" + std::to_string(std::get<0>(info.param)) + "_w" +
+                                  std::to_string(std::get<1>(info.param)) + "_" +
+                                  DTypeName(std::get<2>(info.param));
+                         });
+
+// ---------------------------------------------------------------------------------------------
+// Stage 1 (rank-first order) vs stage 2 (micro-first order), engine against engine.
+
+using CrossParam = std::tuple<int, DType, int>;  // world, dtype, GAS
+
+// Unit roundoff of the dtype the micro-first order rounds each micro step's mean to.
+double UnitRoundoff(DType t) {
+  switch (t) {
+    case DType::kF32: return std::ldexp(1.0, -24);
+    case DType::kBF16: return std::ldexp(1.0, -8);
+    default: return std::ldexp(1.0, -11);
+  }
+}
+
+class CrossOrderTest : public ::testing::TestWithParam<CrossParam> {};
+
+TEST_P(CrossOrderTest, Stage1AndStage2Agree) {
+  CellSpec cell;
+  cell.world = std::get<0>(GetParam());
+  cell.dtype = std::get<1>(GetParam());
+  cell.gas = std::get<2>(GetParam());
+  cell.clip = kClip;
+  const Schedule schedule = ManagedSchedule(kSteps, cell.gas);
+  std::vector<RankTrace> s1, s2;
+  cell.stage = 1;
+  const Config c1 = ParseCell(cell);
+  cell.stage = 2;
+  const Config c2 = ParseCell(cell);
+  ASSERT_FALSE(HasFailure());
+  Status st = RunEngine(c1, cell.world, schedule, &s1);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  st = RunEngine(c2, cell.world, schedule, &s2);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  const RankTrace& a = s1[0];
+  const RankTrace& b = s2[0];
+  // The orders coincide when each micro step's mean needs no rounding and the fp32 sums are the
+  // same sums: one rank (the mean of one value is that value), or fp32 with one micro step.
+  const bool same_arithmetic = cell.world == 1 || (cell.dtype == DType::kF32 && cell.gas == 1);
+  if (same_arithmetic) {
+    EXPECT_EQ(a.master, b.master);
+    EXPECT_EQ(a.model, b.model);
+    EXPECT_EQ(a.losses, b.losses);
+    return;
+  }
+  // Otherwise the micro-first order rounds each micro step's mean to the model dtype (relative
+  // error <= u, the dtype's unit roundoff) where the rank-first order keeps fp32. AdamW's update is
+  // invariant to a common scale of the gradient and moves by O(u) relative for an O(u) relative
+  // perturbation of it, so each tensor's change over the run (final - initial master) agrees
+  // within a small multiple of u in norm: 4u for bf16/fp16 (measured <= 0.5u over these cells).
+  // fp32: u = 2^-24 is below the rounding of the weights themselves, which the change carries
+  // (|p| / |change| is ~30 after 4 small steps), so the bound is 2^-18 (measured <= 11 * 2^-24).
+  const double tol = cell.dtype == DType::kF32 ? std::ldexp(1.0, -18) : 4.0 * UnitRoundoff(cell.dtype);
+  for (int p = 0; p < kNumParams; ++p) {
+    double diff = 0.0, base = 0.0;
+    for (size_t i = 0; i < a.master[p].size(); ++i) {
+      const double da = static_cast<double>(a.master[p][i]) - a.initial_master[p][i];
+      const double db = static_cast<double>(b.master[p][i]) - b.initial_master[p][i];
+      diff += (da - db) * (da - db);
+      base += da * da;
+    }
+    const double rel = std::sqrt(diff) / std::sqrt(base);
+    std::printf("cross-order w%d %s gas%d %-14s relative change difference %.3g (tolerance %.3g)\n",
+                cell.world, DTypeName(cell.dtype), cell.gas, ModelParams(ModelDims())[p].name.c_str(), rel, tol);
+    EXPECT_LE(rel, tol) << ModelParams(ModelDims())[p].name;
+  }
+  for (size_t w = 0; w < a.losses.size(); ++w) {
+    for (size_t j = 0; j < a.losses[w].size(); ++j) {
+      EXPECT_LE(std::fabs(a.losses[w][j] - b.losses[w][j]), tol * std::fabs(a.losses[w][j]))
+          << "loss of window " << w << " micro " << j;
+    }
+  }
+  for (size_t w = 0; w < a.steps.size(); ++w) {
+    const double na = a.steps[w].grad_norm, nb = b.steps[w].grad_norm;
+    EXPECT_LE(std::fabs(na - nb), tol * na) << "grad norm of step " << w;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Orders, CrossOrderTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                                            ::testing::Values(1, 4)),
+                         [](const ::testing::TestParamInfo<CrossParam>& info) {
+                           return "w" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  DTypeName(std::get<1>(info.param)) + "_gas" +
+                                  std::to_string(std::get<2>(info.param));
+                         });
+
+// ---------------------------------------------------------------------------------------------
+// Memory: partitioned state is 1/N of stage 0's, within per-parameter padding.
+
+class MemoryTest : public ::testing::TestWithParam<int> {};  // world
+
+TEST_P(MemoryTest, PartitionedStateIsOneNth) {
+  const int world = GetParam();
+  // Big enough that 1/N is not lost in the engine's per-parameter alignment of its flat buffers.
+  ModelDims dims;
+  dims.d_in = 64;
+  dims.hidden = 255;
+  dims.out = 17;
+  dims.batch = 2;
+  std::map<int, std::vector<EngineMemory>> mem;  // stage -> per rank
+  for (int stage = 0; stage <= 3; ++stage) {
+    CellSpec cell;
+    cell.stage = stage;
+    cell.world = world;
+    cell.dtype = DType::kBF16;
+    cell.gas = 2;
+    cell.persistence_threshold = 0;  // nothing stays gathered: model params are pure shards
+    cell.reduce_bucket_size = 8192;
+    const Config config = ParseCell(cell);
+    ASSERT_FALSE(HasFailure());
+    std::vector<RankTrace> traces;
+    Status st = RunEngine(config, world, ManagedSchedule(1, cell.gas), &traces, dims);
+    ASSERT_TRUE(st.ok()) << "stage " << stage << ": " << st.ToString();
+    for (const RankTrace& t : traces) mem[stage].push_back(t.memory);
+  }
+  const std::vector<ParamSpec> specs = ModelParams(dims);
+  size_t full = 0, shard = 0;  // elements: all parameters, and one rank's padded shares
+  for (const ParamSpec& p : specs) {
+    const size_t n = static_cast<size_t>(Numel(p));
+    full += n;
+    shard += (n + world - 1) / world;
+  }
+  // Alignment: each parameter's piece of a flat buffer may be rounded up to 64 elements (256 bytes
+  // of fp32), about 0.5% of these sizes.
+  const size_t slack = 256 * specs.size();
+  for (int stage = 0; stage <= 3; ++stage) {
+    const EngineMemory& m = mem[stage][0];
+    std::printf("memory w%d stage %d rank 0: model_params %zu master %zu optimizer %zu gradients %zu\n", world,
+                stage, m.model_params, m.master_params, m.optimizer_states, m.gradients);
+  }
+  for (int r = 0; r < world; ++r) {
+    const EngineMemory& m0 = mem[0][r];
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_GE(m0.master_params, full * 4);
+    EXPECT_GE(m0.optimizer_states, full * 8);
+    for (int stage = 1; stage <= 3; ++stage) {
+      const EngineMemory& m = mem[stage][r];
+      SCOPED_TRACE("stage " + std::to_string(stage));
+      EXPECT_GE(m.master_params, shard * 4);
+      EXPECT_LE(m.master_params, m0.master_params / world + shard * 4 - full * 4 / world + slack);
+      EXPECT_GE(m.optimizer_states, shard * 8);
+      EXPECT_LE(m.optimizer_states, m0.optimizer_states / world + (shard * 8 - full * 8 / world) + 2 * slack);
+      if (stage >= 2) {
+        // The fp32 accumulators become shards: at least (full - shard) fp32 elements fewer than
+        // stage 0 (gradient buffers and buckets stay whatever they are).
+        EXPECT_LE(m.gradients + (full - shard) * 4, m0.gradients + slack)
+            << "stage " << stage << " gradients " << m.gradients << ", stage 0 " << m0.gradients;
+      }
+      if (stage == 3) {
+        EXPECT_GE(m.model_params, shard * 2);
+        EXPECT_LE(m.model_params, m0.model_params / world + (shard * 2 - full * 2 / world) + slack);
+      } else {
+        EXPECT_GE(m.model_params, full * 2);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, MemoryTest, ::testing::Values(2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& info) { return "w" + std::to_string(info.param); });
+
+}  // namespace
+}  // namespace zero::equivalence

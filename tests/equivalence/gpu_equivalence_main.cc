@@ -1,0 +1,303 @@
+// gpu_equivalence: the equivalence suite on the CUDA backend (docs/equivalence.md, "GPU").
+//
+// Runs the engine on `--world` GPUs (one thread per rank, device cuda:r, an NCCL communicator per
+// rank from comm/rendezvous.h; world 1 needs no store) through the same cells as the CPU suite at
+// that world size: stages 0-3 x {fp32, bf16, fp16} x GAS {1, 4} x clipping {off, 0.05}, the fp16
+// overflow cells and the unmanaged-accumulation cells. The model math stays on the host: the
+// harness copies parameters device->host and gradients host->device with Device::Copy. Each rank
+// is compared with the host reference (reference.h).
+//
+// World 1: bitwise (weights, moments, losses, counters, loss scale, lr); the grad norm within 2(n-1)2^-53
+// relative (CUDA's SumOfSquares sums in its own order). World > 1: NCCL sums in its own order, so
+// weights and losses are compared with the dtype-derived tolerance of the cross-order check (the
+// change of each tensor over the run within 4u (16-bit) or 2^-18 (fp32) relative in norm, losses
+// and norms within the same relative bound); step decisions and counters stay exact.
+//
+// Prints one line per cell and ends with "N passed, M failed"; exit status 1 on any failure.
+// Flags: --world N (default 1), --device_prefix cuda (cuda:r per rank; "cpu" runs the same
+// driver on the CPU backend for a dry run), --filter SUBSTRING (cells whose name contains it),
+// --sync_device (synchronize the whole device around host reads/writes; for diagnosing an ordering
+// problem), --port P (TCP store port for world > 1, default 29517).
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/rendezvous.h"
+#include "engine/config.h"
+#include "runtime/device.h"
+#include "tests/equivalence/harness.h"
+#include "tests/equivalence/reference.h"
+#include "tests/equivalence/test_model.h"
+
+namespace zero::equivalence {
+namespace {
+
+struct Flags {
+  int world = 1;
+  std::string device_prefix = "cuda";
+  std::string filter;
+  int port = 29517;
+  DriverOptions driver;
+};
+
+struct Cell {
+  CellSpec spec;
+  Schedule schedule;
+  std::string name;
+};
+
+std::vector<Cell> AllCells(int world) {
+  std::vector<Cell> cells;
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+      for (int gas : {1, 4}) {
+        for (bool clip : {false, true}) {
+          Cell c;
+          c.spec.stage = stage;
+          c.spec.world = world;
+          c.spec.dtype = dt;
+          c.spec.gas = gas;
+          c.spec.clip = clip ? 0.05 : 0.0;
+          c.schedule = ManagedSchedule(4, gas);
+          c.name = "matrix/" + c.spec.Name();
+          cells.push_back(c);
+        }
+      }
+    }
+    for (int gas : {1, 4}) {
+      Cell c;
+      c.spec.stage = stage;
+      c.spec.world = world;
+      c.spec.dtype = DType::kF16;
+      c.spec.gas = gas;
+      c.spec.clip = 0.05;
+      c.spec.loss_scale_window = 2;
+      c.schedule = ManagedSchedule(7, gas);
+      c.schedule.windows[1].micros[0].overflow_rank = world - 1;
+      c.schedule.windows[2].micros[0].overflow_rank = world - 1;
+      c.name = "overflow/" + c.spec.Name();
+      cells.push_back(c);
+    }
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+      Cell c;
+      c.spec.stage = stage;
+      c.spec.world = world;
+      c.spec.dtype = dt;
+      c.spec.managed = false;
+      c.spec.clip = 0.05;
+      c.schedule.managed = false;
+      c.schedule.snapshots = true;
+      const int counts[3] = {2, 5, 3};
+      for (int w = 0; w < 3; ++w) {
+        Window win;
+        for (int i = 0; i < counts[w]; ++i) {
+          MicroSpec m;
+          m.heads = w == 1 ? Heads{false, true} : Heads{true, false};
+          m.loss_divisor = static_cast<float>(counts[w]);
+          win.micros.push_back(m);
+        }
+        c.schedule.windows.push_back(win);
+      }
+      c.name = "unmanaged/" + c.spec.Name();
+      cells.push_back(c);
+    }
+  }
+  return cells;
+}
+
+double UnitRoundoff(DType t) {
+  return t == DType::kF32 ? std::ldexp(1.0, -24) : t == DType::kBF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+}
+
+// World > 1 (NCCL's summation order): the cross-order tolerance.
+void CompareLoose(const RefTrace& ref, int rank, const RankTrace& got, DType dtype, std::vector<std::string>* out) {
+  const double tol = dtype == DType::kF32 ? std::ldexp(1.0, -18) : 4.0 * UnitRoundoff(dtype);
+  const std::string r = "rank " + std::to_string(rank) + ": ";
+  for (const std::string& n : got.notes) out->push_back(n);
+  for (size_t w = 0; w < ref.steps.size() && w < got.steps.size(); ++w) {
+    const StepRecord& a = got.steps[w];
+    const StepRecord& b = ref.steps[w];
+    if (a.applied != b.applied || a.loss_scale_used != b.loss_scale_used || a.loss_scale_after != b.loss_scale_after ||
+        a.global_steps != b.global_steps || a.skipped_steps != b.skipped_steps || a.adam_step != b.adam_step ||
+        a.lr_used != b.lr_used) {
+      out->push_back(r + "step " + std::to_string(w) + ": step decision, loss scale, lr or counters differ");
+    }
+    if (b.applied && std::fabs(a.grad_norm - b.grad_norm) > tol * b.grad_norm) {
+      out->push_back(r + "step " + std::to_string(w) + ": grad norm " + std::to_string(a.grad_norm) + " vs " +
+                     std::to_string(b.grad_norm));
+    }
+  }
+  for (size_t w = 0; w < ref.losses.size() && w < got.losses.size(); ++w) {
+    for (size_t j = 0; j < ref.losses[w].size(); ++j) {
+      const float e = got.losses[w][j], f = ref.losses[w][j][rank];
+      if (!(std::fabs(e - f) <= tol * std::fabs(f)) && !(std::isinf(e) && e == f)) {
+        out->push_back(r + "loss window " + std::to_string(w) + " micro " + std::to_string(j) + ": " +
+                       FloatBitsString(e) + " vs " + FloatBitsString(f));
+      }
+    }
+  }
+  const std::vector<ParamSpec> specs = ModelParams(ModelDims());
+  for (int p = 0; p < kNumParams; ++p) {
+    double diff = 0, base = 0;
+    for (size_t i = 0; i < ref.master[p].size(); ++i) {
+      const double da = static_cast<double>(got.master[p][i]) - ref.initial_master[p][i];
+      const double db = static_cast<double>(ref.master[p][i]) - ref.initial_master[p][i];
+      diff += (da - db) * (da - db);
+      base += db * db;
+    }
+    if (!(std::sqrt(diff) <= tol * std::sqrt(base))) {
+      out->push_back(r + specs[p].name + ": relative change difference " + std::to_string(std::sqrt(diff / base)) +
+                     " > " + std::to_string(tol));
+    }
+  }
+}
+
+int Main(const Flags& flags) {
+  const int world = flags.world;
+  // Devices and communicators once, reused by every cell (the engine owns neither).
+  std::vector<std::unique_ptr<Device>> devices(world);
+  std::vector<std::unique_ptr<Communicator>> comms(world);
+  std::vector<Status> init(world);
+  {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back([&, r] {
+        const std::string name = flags.device_prefix == "cpu" ? "cpu" : flags.device_prefix + ":" + std::to_string(r);
+        Result<std::unique_ptr<Device>> d = CreateDevice(name);
+        if (!d.ok()) {
+          init[r] = d.status();
+          return;
+        }
+        devices[r] = std::move(*d);
+        RendezvousOptions o;
+        o.rank = r;
+        o.world_size = world;
+        o.local_rank = r;
+        o.master_port = flags.port;
+        o.prefix = "gpu_equivalence";
+        Result<std::unique_ptr<Communicator>> c =
+            CreateCommunicator(flags.device_prefix == "cpu" ? "gloo" : "nccl", devices[r].get(), o);
+        if (!c.ok()) {
+          init[r] = c.status();
+          return;
+        }
+        comms[r] = std::move(*c);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  for (int r = 0; r < world; ++r) {
+    if (!init[r].ok()) {
+      std::printf("rank %d: set-up failed: %s\n0 passed, 1 failed\n", r, init[r].ToString().c_str());
+      return 1;
+    }
+  }
+  std::printf("gpu_equivalence: world %d, device %s, communicator %s\n", world, devices[0]->name().c_str(),
+              comms[0]->backend().c_str());
+
+  // Rank-order sums (Gloo) or a single rank: bitwise; NCCL's own summation order: tolerance.
+  const bool exact = world == 1 || comms[0]->backend() == "gloo";
+  int passed = 0, failed = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (const Cell& cell : AllCells(world)) {
+    if (!flags.filter.empty() && cell.name.find(flags.filter) == std::string::npos) continue;
+    ParseOptions po;
+    po.world_size = world;
+    po.strict = true;
+    Result<Config> config = ParseConfig(CellConfigJson(cell.spec), po);
+    std::vector<std::string> lines;
+    if (!config.ok()) {
+      lines.push_back("config: " + config.status().ToString());
+    } else {
+      Result<RefTrace> ref = RunReference(*config, world, OrderOfStage(cell.spec.stage), ModelDims(), cell.schedule);
+      if (!ref.ok()) {
+        lines.push_back("reference: " + ref.status().ToString());
+      } else {
+        std::vector<RankTrace> traces(world);
+        std::vector<Status> st(world);
+        std::vector<std::thread> threads;
+        for (int r = 0; r < world; ++r) {
+          threads.emplace_back([&, r] {
+            st[r] = RunEngineRank(*config, ModelDims(), cell.schedule, devices[r].get(), comms[r].get(), &traces[r],
+                                  flags.driver);
+          });
+        }
+        for (std::thread& t : threads) t.join();
+        for (int r = 0; r < world; ++r) {
+          if (!st[r].ok()) lines.push_back("rank " + std::to_string(r) + ": " + st[r].ToString());
+        }
+        if (lines.empty()) {
+          // CPU backend: bitwise, the norm included. CUDA: SumOfSquares sums in its own order.
+          Tolerance tol;
+          if (devices[0]->kind() != DeviceKind::kCpu) {
+            tol.norm_rel = 2.0 * static_cast<double>(TotalNumel(ModelDims()) - 1) * std::ldexp(1.0, -53);
+          }
+          for (int r = 0; r < world; ++r) {
+            if (exact) {
+              CompareRankTrace(*ref, r, traces[r], tol, &lines);
+            } else {
+              CompareLoose(*ref, r, traces[r], cell.spec.dtype, &lines);
+            }
+          }
+        }
+      }
+    }
+    if (lines.empty()) {
+      ++passed;
+      std::printf("PASS %s\n", cell.name.c_str());
+    } else {
+      ++failed;
+      std::printf("FAIL %s\n", cell.name.c_str());
+      for (size_t i = 0; i < lines.size() && i < 20; ++i) std::printf("    %s\n", lines[i].c_str());
+    }
+    std::fflush(stdout);
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("%s comparison, %.1f s\n%d passed, %d failed\n", exact ? "bitwise" : "tolerance", secs, passed,
+              failed);
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace zero::equivalence
+
+int main(int argc, char** argv) {
+  zero::equivalence::Flags flags;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](const char* name) -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", name);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--world") {
+      flags.world = std::atoi(value("--world"));
+    } else if (a == "--device_prefix") {
+      flags.device_prefix = value("--device_prefix");
+    } else if (a == "--filter") {
+      flags.filter = value("--filter");
+    } else if (a == "--sync_device") {
+      flags.driver.sync_device = true;
+    } else if (a == "--port") {
+      flags.port = std::atoi(value("--port"));
+    } else {
+      std::fprintf(stderr, "unknown flag %s (flags: --world N --device_prefix cuda|cpu --filter S --sync_device --port P)\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  if (flags.world < 1) {
+    std::fprintf(stderr, "--world must be >= 1\n");
+    return 2;
+  }
+  return zero::equivalence::Main(flags);
+}
