@@ -1,0 +1,311 @@
+// zero_train end to end on the CPU: the binary started as 2 ranks (--nproc 2: it launches itself),
+// short runs of a small model. Checks exit codes, the per-step JSON log, that the loss falls, the
+// SVG plot, that stages 0-3 train the same model alike, and that mistakes and a dying rank end the
+// job quickly with a message naming what to fix.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+std::string Binary() {
+  std::vector<std::string> candidates = {"examples/zero_train"};
+  if (const char* srcdir = std::getenv("TEST_SRCDIR")) {
+    candidates.insert(candidates.begin(), std::string(srcdir) + "/zero/examples/zero_train");
+  }
+  for (const auto& c : candidates) {
+    if (access(c.c_str(), X_OK) == 0) return c;
+  }
+  return "";
+}
+
+std::string TmpDir() {
+  const char* t = std::getenv("TEST_TMPDIR");
+  return t != nullptr ? t : "/tmp";
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+struct RunResult {
+  int exit_code = -1;  // -1: killed by the timeout or a signal
+  double seconds = 0;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs the binary with `args` and extra "K=V" environment entries (RANK etc. removed first so the
+// binary launches its own ranks), stdout+stderr to a file; kills it after timeout_s.
+RunResult RunZeroTrain(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+                       double timeout_s = 60) {
+  static std::atomic<int> counter{0};
+  const std::string log =
+      TmpDir() + "/zero_train_run_" + std::to_string(getpid()) + "_" + std::to_string(counter++) + ".log";
+  const auto t0 = std::chrono::steady_clock::now();
+  pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "MASTER_PORT"}) {
+      unsetenv(v);
+    }
+    for (const auto& kv : env) putenv(const_cast<char*>(kv.c_str()));
+    std::vector<std::string> all = {Binary()};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  RunResult r;
+  int status = 0;
+  while (true) {
+    const pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done == pid) break;
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r.seconds > timeout_s) {
+      kill(-pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      r.output = ReadFile(log) + "\n[killed after " + std::to_string(timeout_s) + " s]";
+      return r;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.output = ReadFile(log);
+  return r;
+}
+
+// The small model and short run every training test uses.
+std::vector<std::string> Small(std::vector<std::string> extra) {
+  std::vector<std::string> a = {"--nproc", "2", "--layers", "1", "--hidden", "64", "--ffn", "128", "--sample", "40"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+std::vector<nlohmann::json> ReadJsonLines(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    out.push_back(nlohmann::json::parse(line));  // throws (fails the test) on a malformed line
+  }
+  return out;
+}
+
+double MeanLoss(const std::vector<nlohmann::json>& lines, size_t begin, size_t end) {
+  double s = 0;
+  for (size_t i = begin; i < end; ++i) s += lines[i]["loss"].get<double>();
+  return s / static_cast<double>(end - begin);
+}
+
+// A small well-formedness check: the document is one <svg> element whose tags nest and close.
+::testing::AssertionResult WellFormedSvg(const std::string& xml) {
+  std::vector<std::string> stack;
+  bool saw_svg = false;
+  size_t i = 0;
+  while ((i = xml.find('<', i)) != std::string::npos) {
+    const size_t end = xml.find('>', i);
+    if (end == std::string::npos) return ::testing::AssertionFailure() << "unterminated tag at " << i;
+    std::string tag = xml.substr(i + 1, end - i - 1);
+    i = end + 1;
+    if (tag.empty()) return ::testing::AssertionFailure() << "empty tag";
+    if (tag[0] == '?' || tag[0] == '!') continue;  // declaration, comment
+    if (tag[0] == '/') {
+      const std::string name = tag.substr(1, tag.find_first_of(" \t\n") - 1);
+      if (stack.empty() || stack.back() != name) {
+        return ::testing::AssertionFailure()
+               << "</" << name << "> closes " << (stack.empty() ? "nothing" : stack.back());
+      }
+      stack.pop_back();
+      continue;
+    }
+    const std::string name = tag.substr(0, tag.find_first_of(" \t\n/"));
+    if (stack.empty()) {
+      if (name != "svg" || saw_svg) return ::testing::AssertionFailure() << "root element <" << name << ">";
+      saw_svg = true;
+    }
+    if (tag.back() != '/') stack.push_back(name);
+  }
+  if (!saw_svg) return ::testing::AssertionFailure() << "no <svg>";
+  if (!stack.empty()) return ::testing::AssertionFailure() << "<" << stack.back() << "> never closed";
+  return ::testing::AssertionSuccess();
+}
+
+TEST(ZeroTrain, BinaryIsThere) { ASSERT_FALSE(Binary().empty()) << "examples/zero_train not in the runfiles"; }
+
+// The built-in config (stage 3, clipping, WarmupCosineLR, 2 accumulation steps) on 2 ranks.
+TEST(ZeroTrain, DefaultConfigTrainsOnTwoRanks) {
+  const std::string dir = TmpDir();
+  const std::string json = dir + "/default.jsonl", svg = dir + "/default.svg";
+  RunResult r = RunZeroTrain(Small({"--steps", "30", "--log-json", json, "--plot", svg}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // The log: one valid JSON object per step, numbered 1..30, with the global batch of 2 ranks.
+  const auto lines = ReadJsonLines(json);
+  ASSERT_EQ(lines.size(), 30u) << r.output;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_EQ(lines[i]["step"].get<int>(), static_cast<int>(i + 1));
+    EXPECT_EQ(lines[i]["tokens"].get<int>(), 32 * 2 * 2);
+    EXPECT_TRUE(lines[i]["applied"].get<bool>());
+    EXPECT_TRUE(std::isfinite(lines[i]["loss"].get<double>()));
+    EXPECT_GT(lines[i]["grad_norm"].get<double>(), 0);
+    EXPECT_GT(lines[i]["memory"]["optimizer_states"].get<double>(), 0);
+  }
+  EXPECT_FALSE(lines[0].contains("loss_scale"));
+  const double first = MeanLoss(lines, 0, 3), last = MeanLoss(lines, 27, 30);
+  EXPECT_LT(last, first - 0.5) << "loss did not fall: " << first << " -> " << last;
+  EXPECT_NEAR(lines[0]["loss"].get<double>(), std::log(256.0), 0.5);  // an untrained model is near uniform
+  // The plot.
+  const std::string xml = ReadFile(svg);
+  ASSERT_FALSE(xml.empty()) << "no SVG at " << svg;
+  EXPECT_TRUE(WellFormedSvg(xml));
+  // What a person reads.
+  EXPECT_NE(r.output.find("ZeRO stage 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 10/30"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 30/30"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tok/s"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("mem/rank"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("held-out loss"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("The GNU General Public License"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("\r"), std::string::npos) << "progress bar drawn on a pipe";
+}
+
+// Stages 0, 1, 2 and 3 through --config: each trains, and all four follow the same loss curve (the
+// same data, initialization and arithmetic up to reduction rounding).
+TEST(ZeroTrain, StagesThroughConfigFiles) {
+  std::vector<std::vector<nlohmann::json>> logs;
+  for (int stage = 0; stage <= 3; ++stage) {
+    const std::string config = TmpDir() + "/stage" + std::to_string(stage) + ".json";
+    WriteFile(config, R"({
+      "train_batch_size": 96,
+      "gradient_accumulation_steps": 2,
+      "steps_per_print": 5,
+      "gradient_clipping": 1.0,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "betas": [0.9, 0.99], "weight_decay": 0.0}},
+      "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 3, "warmup_type": "linear"}},
+      "zero_optimization": {"stage": )" +
+                          std::to_string(stage) +
+                          R"(, "reduce_bucket_size": 5000, "stage3_param_persistence_threshold": 100}
+    })");
+    const std::string json = TmpDir() + "/stage" + std::to_string(stage) + ".jsonl";
+    RunResult r = RunZeroTrain(Small({"--config", config, "--steps", "20", "--log-json", json, "--plot", "none"}));
+    ASSERT_EQ(r.exit_code, 0) << "stage " << stage << ":\n" << r.output;
+    EXPECT_NE(r.output.find("ZeRO stage " + std::to_string(stage)), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("24 rows/rank x 2 accumulation x 2 = 96"), std::string::npos) << r.output;
+    logs.push_back(ReadJsonLines(json));
+    ASSERT_EQ(logs.back().size(), 20u) << r.output;
+    EXPECT_LT(MeanLoss(logs.back(), 17, 20), MeanLoss(logs.back(), 0, 3) - 0.5) << "stage " << stage;
+    EXPECT_EQ(logs.back()[0]["tokens"].get<int>(), 96);
+  }
+  for (int stage = 1; stage <= 3; ++stage) {
+    for (size_t i = 0; i < 20; ++i) {
+      EXPECT_NEAR(logs[stage][i]["loss"].get<double>(), logs[0][i]["loss"].get<double>(), 0.05)
+          << "stage " << stage << " step " << i + 1;
+    }
+  }
+}
+
+TEST(ZeroTrain, BadConfigNamesTheKey) {
+  const std::string config = TmpDir() + "/bad.json";
+  WriteFile(config, R"({"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 7}})");
+  RunResult r = RunZeroTrain(Small({"--config", config, "--steps", "3"}));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.exit_code, -1) << r.output;
+  EXPECT_NE(r.output.find("zero_optimization.stage"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bad.json"), std::string::npos) << r.output;
+
+  WriteFile(config, R"({"train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "AdamW", "params": {"lr": -1}}})");
+  r = RunZeroTrain(Small({"--config", config, "--steps", "3"}));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("optimizer.params.lr"), std::string::npos) << r.output;
+
+  WriteFile(config, R"({"train_micro_batch_size_per_gpu": 8, )");
+  r = RunZeroTrain(Small({"--config", config, "--steps", "3"}));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("line"), std::string::npos) << r.output;
+}
+
+TEST(ZeroTrain, UserMistakesNameWhatToFix) {
+  RunResult r = RunZeroTrain({"--stpes", "3"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--steps"), std::string::npos) << r.output;
+
+  r = RunZeroTrain({"--data", TmpDir() + "/no_such_corpus.txt"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("no_such_corpus.txt"), std::string::npos) << r.output;
+
+  WriteFile(TmpDir() + "/tiny.txt", "abc");
+  r = RunZeroTrain({"--data", TmpDir() + "/tiny.txt"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("too short"), std::string::npos) << r.output;
+
+  r = RunZeroTrain({"--config", TmpDir() + "/no_such_config.json"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("no_such_config.json"), std::string::npos) << r.output;
+
+  r = RunZeroTrain({"--help"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--log-json"), std::string::npos) << r.output;
+
+  r = RunZeroTrain({"--print-config"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.output)["zero_optimization"]["stage"].get<int>(), 3);
+}
+
+// A rank that dies mid-run ends the job promptly with a message naming it, both when zero_train
+// launched the ranks and when an outside launcher did (the survivor sees the broken connection
+// instead of waiting out the timeout).
+TEST(ZeroTrain, DyingRankEndsTheJob) {
+  RunResult r = RunZeroTrain(Small({"--steps", "30", "--plot", "none"}), {"ZERO_TRAIN_TEST_EXIT=1:5"});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, -1) << r.output;
+  EXPECT_LT(r.seconds, 30);
+  EXPECT_NE(r.output.find("rank 1 of 2"), std::string::npos) << r.output;
+
+  // Two ranks started by hand (RANK set), as torchrun or mpirun would.
+  const int port = 20000 + getpid() % 20000;
+  std::vector<std::string> common = {"WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port),
+                                     "ZERO_TRAIN_TEST_EXIT=1:4"};
+  std::vector<std::string> args = Small({"--steps", "30", "--plot", "none", "--timeout", "20"});
+  RunResult r1;
+  std::thread t([&] {
+    auto env = common;
+    env.push_back("RANK=1");
+    env.push_back("LOCAL_RANK=1");
+    r1 = RunZeroTrain(args, env);
+  });
+  auto env0 = common;
+  env0.push_back("RANK=0");
+  env0.push_back("LOCAL_RANK=0");
+  RunResult r0 = RunZeroTrain(args, env0);
+  t.join();
+  EXPECT_EQ(r1.exit_code, 3) << r1.output;
+  EXPECT_EQ(r0.exit_code, 1) << r0.output;
+  EXPECT_LT(r0.seconds, 20) << r0.output;
+  EXPECT_NE(r0.output.find("rank 0 of 2"), std::string::npos) << r0.output;
+}
+
+}  // namespace
