@@ -73,6 +73,9 @@ Status LocalSaveChecks(const std::string& tag, int world, const CheckpointMeta& 
                                   " is '" + shards[i].name + "'");
     }
   }
+  // Checked before anything is written (rank 0's metadata.json would otherwise fail last).
+  ZERO_RETURN_IF_ERROR(CheckJsonText(meta.config_json, "config_json"));
+  ZERO_RETURN_IF_ERROR(CheckJsonText(meta.client_state_json, "client_state_json"));
   return OkStatus();
 }
 

@@ -460,6 +460,10 @@ std::string DefaultTag(int64_t global_steps) {
   return "global_step" + std::to_string(global_steps);
 }
 
+Status CheckJsonText(const std::string& text, const std::string& what) {
+  return ParseJson(text, what).status();
+}
+
 // --- writing
 // --------------------------------------------------------------------------------------
 

@@ -94,7 +94,9 @@ struct RankFileInfo {
   bool operator==(const RankFileInfo&) const = default;
 };
 
-struct LossScalerState {
+// (Named Checkpoint* so they do not collide with zero/loss_scaler.h's LossScalerState and
+// engine/lr_scheduler.h's LrSchedulerState, the live objects' own state types.)
+struct CheckpointLossScaler {
   bool dynamic = false;
   double scale = 1.0;
   int64_t good_steps = 0;           // steps since the last overflow (growth counter)
@@ -102,7 +104,7 @@ struct LossScalerState {
   int64_t last_overflow_step = -1;  // global step of the last overflow, -1 if none
 };
 
-struct SchedulerState {
+struct CheckpointScheduler {
   std::string type;       // "" (constant), "WarmupLR", ... as in the config
   int64_t last_step = 0;  // steps the scheduler has taken
   double last_lr = 0.0;   // lr of the last applied step (informational)
@@ -116,8 +118,8 @@ struct CheckpointMeta {
   int64_t skipped_steps = 0;
   int64_t micro_steps = 0;
   int64_t adam_step = 0;
-  LossScalerState loss_scaler;
-  SchedulerState scheduler;
+  CheckpointLossScaler loss_scaler;
+  CheckpointScheduler scheduler;
   DType model_dtype = DType::kF32;
   int zero_stage = 0;
   int dp_world_size = 1;
@@ -135,6 +137,8 @@ std::string RankFileName(int rank);  // "zero_rank_<r>_optim_states.bin"
 std::string TagDirectory(const std::string& dir, const std::string& tag);
 // DeepSpeed's default tag: "global_step<N>".
 std::string DefaultTag(int64_t global_steps);
+// OK when `text` parses as JSON; else INVALID_ARGUMENT "<what>: not valid JSON: ...".
+Status CheckJsonText(const std::string& text, const std::string& what);
 
 // --- writing ------------------------------------------------------------------------------------
 // Writes rank `rank`'s file atomically (creating <dir>/<tag>/ if needed). Checks each shard:

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/checkpoint.h"
+#include "engine/checkpoint_format.h"
 #include "engine/lr_scheduler.h"
 #include "zero/buffer_pool.h"
 #include "zero/grad_reducer.h"
@@ -106,6 +108,7 @@ struct Engine::Impl {
   bool pending_step = false;  // managed: the boundary Backward() ran; Step() does the update
   bool reduced = false;       // stage 0/1: accumulators reduced for this window
   bool no_sync = false;
+  int64_t backwards_since_step = 0;  // Backward() calls since the last boundary or ZeroGrad()
 
   EngineCounters counters;
   bool step_applied = false;
@@ -154,6 +157,11 @@ struct Engine::Impl {
   Status BoundaryImpl();
   Status ZeroAccumulators();
   Status GatherFp32(int index, const float* part_src, float* out);
+  Status PublishWeights(const std::vector<uint8_t>& update);
+  Status CheckOutsideWindow(const char* call) const;
+  Status SaveCheckpointImpl(const std::string& dir, const std::string& tag,
+                            const std::string& client_state_json);
+  Result<std::string> LoadCheckpointImpl(const std::string& dir, const std::string& tag);
 };
 
 // --- ModuleHandle ---------------------------------------------------------------------------------
@@ -659,6 +667,7 @@ Status Engine::Impl::BackwardImpl() {
   reported_count = 0;
   ++counters.micro_steps;
   ++window_micro;
+  ++backwards_since_step;
   if (boundary) {
     pending_step = true;
     window_micro = 0;
@@ -709,6 +718,7 @@ Status Engine::Impl::ZeroAccumulators() {
   std::fill(active.begin(), active.end(), 0);
   std::fill(reduce_queued.begin(), reduce_queued.end(), 0);
   reduced = false;
+  backwards_since_step = 0;
   return OkStatus();
 }
 
@@ -812,6 +822,23 @@ Status Engine::Impl::BoundaryImpl() {
   }
 
   // New weights into the model dtype.
+  ZERO_RETURN_IF_ERROR(PublishWeights(update));
+
+  ZERO_RETURN_IF_ERROR(ZeroAccumulators());
+  grad_norm = scaled_norm / s;
+  step_applied = true;
+  ++counters.global_steps;
+  ++counters.adam_step;
+  if (fp16) scaler.Update(false);
+  return OkStatus();
+}
+
+// The fp32 master weights (of the parameters in `update`) rounded to the model dtype: stage 0 casts
+// the full copy, stage 3 casts the shards and lets the coordinator drop what it had gathered
+// (the caller ran QuiesceForUpdate() before the shards changed), stages 1/2 cast their shard into
+// the full parameter and all-gather it.
+Status Engine::Impl::PublishWeights(const std::vector<uint8_t>& update) {
+  const int n_params = static_cast<int>(params.size());
   if (stage == 0) {
     ZERO_RETURN_IF_ERROR(device->Cast(master.data(), DType::kF32, model.data(), mdt,
                                       static_cast<size_t>(full_total), compute));
@@ -837,13 +864,6 @@ Status Engine::Impl::BoundaryImpl() {
       ZERO_RETURN_IF_ERROR(works[k]->StreamWait(compute).WithContext("all-gather of updated parameters"));
     }
   }
-
-  ZERO_RETURN_IF_ERROR(ZeroAccumulators());
-  grad_norm = scaled_norm / s;
-  step_applied = true;
-  ++counters.global_steps;
-  ++counters.adam_step;
-  if (fp16) scaler.Update(false);
   return OkStatus();
 }
 
@@ -960,6 +980,252 @@ Status Engine::GatherModelParam(int index, float* out) {
     return m.device->SynchronizeStream(m.compute);
   }();
   return m.Guard(s.WithContext("GatherModelParam(" + ParamName(p) + ")"));
+}
+
+}  // namespace zero
+
+namespace zero {
+
+Status Engine::GatherOptimizerState(int index, float* exp_avg_out, float* exp_avg_sq_out) {
+  Impl& m = *impl_;
+  ZERO_RETURN_IF_ERROR(m.CheckUsable("GatherOptimizerState"));
+  ZERO_RETURN_IF_ERROR(m.CheckIndex("GatherOptimizerState", index));
+  const ParamInfo& p = m.params[index];
+  if (exp_avg_out == nullptr || exp_avg_sq_out == nullptr) {
+    return InvalidArgumentError("GatherOptimizerState(" + ParamName(p) +
+                                "): exp_avg and exp_avg_sq must not be null");
+  }
+  Status s = [&]() -> Status {
+    ZERO_RETURN_IF_ERROR(m.device->Synchronize());
+    if (m.stage == 0) {
+      if (p.numel == 0) return OkStatus();
+      const size_t bytes = static_cast<size_t>(p.numel) * 4;
+      ZERO_RETURN_IF_ERROR(m.device->Copy(exp_avg_out, m.f32(m.exp_avg, p.full_off), bytes,
+                                          CopyKind::kDeviceToHost, m.compute));
+      ZERO_RETURN_IF_ERROR(m.device->Copy(exp_avg_sq_out, m.f32(m.exp_avg_sq, p.full_off), bytes,
+                                          CopyKind::kDeviceToHost, m.compute));
+      return m.device->SynchronizeStream(m.compute);
+    }
+    ZERO_RETURN_IF_ERROR(m.GatherFp32(index, m.f32(m.exp_avg, p.part_off), exp_avg_out));
+    return m.GatherFp32(index, m.f32(m.exp_avg_sq, p.part_off), exp_avg_sq_out);
+  }();
+  return m.Guard(s.WithContext("GatherOptimizerState(" + ParamName(p) + ")"));
+}
+
+// --- checkpoints ----------------------------------------------------------------------------------
+
+Status Engine::Impl::CheckOutsideWindow(const char* call) const {
+  const std::string why =
+      std::string(call) == "SaveCheckpoint"
+          ? "accumulated gradients are not saved in checkpoints"
+          : "the gradients accumulated so far would be applied to the loaded weights";
+  if (reported_count > 0) {
+    return FailedPreconditionError(std::string(call) +
+                                   " in the middle of a backward (gradients reported since the "
+                                   "last Backward()): " + why);
+  }
+  std::string where;
+  if (managed && pending_step) {
+    where = "the accumulation boundary Backward() ran but Step() has not";
+  } else if (managed && window_micro > 0) {
+    where = std::to_string(window_micro) + " of " + std::to_string(gas) +
+            " micro steps of the window are accumulated";
+  } else if (!managed && backwards_since_step > 0) {
+    where = std::to_string(backwards_since_step) + " Backward() call(s) since the last Step()";
+  }
+  if (where.empty()) return OkStatus();
+  return FailedPreconditionError(
+      std::string(call) + " inside a gradient accumulation window (" + where + ", micro step " +
+      std::to_string(counters.micro_steps) + "): " + why +
+      "; call it at a window boundary, after Step() has run the optimizer step");
+}
+
+Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag,
+                              const std::string& client_state_json) {
+  Impl& m = *impl_;
+  ZERO_RETURN_IF_ERROR(m.CheckUsable("SaveCheckpoint"));
+  ZERO_RETURN_IF_ERROR(m.CheckOutsideWindow("SaveCheckpoint"));
+  return m.SaveCheckpointImpl(dir, tag, client_state_json);
+}
+
+Status Engine::Impl::SaveCheckpointImpl(const std::string& dir, const std::string& tag_in,
+                                        const std::string& client_state_json) {
+  const std::string tag = tag_in.empty() ? DefaultTag(counters.global_steps) : tag_in;
+  const int64_t opt_total = stage == 0 ? full_total : part_total;
+  std::vector<float> h_master(static_cast<size_t>(opt_total));
+  std::vector<float> h_avg(static_cast<size_t>(opt_total));
+  std::vector<float> h_sq(static_cast<size_t>(opt_total));
+  // This rank's fp32 state to the host, after everything queued before.
+  Status copied = [&]() -> Status {
+    ZERO_RETURN_IF_ERROR(device->Synchronize());
+    if (opt_total == 0) return OkStatus();
+    const size_t bytes = static_cast<size_t>(opt_total) * 4;
+    ZERO_RETURN_IF_ERROR(device->Copy(h_master.data(), master.data(), bytes, CopyKind::kDeviceToHost, compute));
+    ZERO_RETURN_IF_ERROR(device->Copy(h_avg.data(), exp_avg.data(), bytes, CopyKind::kDeviceToHost, compute));
+    ZERO_RETURN_IF_ERROR(device->Copy(h_sq.data(), exp_avg_sq.data(), bytes, CopyKind::kDeviceToHost, compute));
+    return device->SynchronizeStream(compute);
+  }();
+  ZERO_RETURN_IF_ERROR(Guard(copied.WithContext("SaveCheckpoint: copying the optimizer state to the host")));
+
+  CheckpointMeta meta;
+  meta.global_steps = counters.global_steps;
+  meta.skipped_steps = counters.skipped_steps;
+  meta.micro_steps = counters.micro_steps;
+  meta.adam_step = counters.adam_step;
+  const LossScalerState ls = scaler.state();
+  meta.loss_scaler.dynamic = config.fp16.enabled && scaler.dynamic();
+  meta.loss_scaler.scale = config.fp16.enabled ? ls.scale : 1.0;
+  meta.loss_scaler.good_steps = ls.cur_iter - ls.last_overflow_iter - 1;
+  meta.loss_scaler.hysteresis = ls.cur_hysteresis;
+  meta.loss_scaler.last_overflow_step = ls.last_overflow_iter;
+  meta.scheduler.type = config.scheduler.type;
+  meta.scheduler.last_step = counters.adam_step;
+  meta.scheduler.last_lr = scheduler->LrAt(std::max<int64_t>(0, counters.adam_step - 1));
+  meta.model_dtype = mdt;
+  meta.zero_stage = stage;
+  meta.dp_world_size = world;
+  meta.config_json = ConfigToJson(config);
+  meta.client_state_json = client_state_json.empty() ? "{}" : client_state_json;
+
+  std::vector<ParamShard> shards;
+  shards.reserve(params.size());
+  for (const ParamInfo& p : params) {
+    meta.params.push_back(MakeCheckpointParam(p.spec.name, p.spec.shape, p.spec.module, world));
+    if (stage == 0) {
+      // The same slice of the full copy that a partitioned stage holds: same files at every stage.
+      shards.push_back(SliceFullParam(p.spec.name, p.spec.shape, p.spec.module, h_master.data() + p.full_off,
+                                      h_avg.data() + p.full_off, h_sq.data() + p.full_off, rank, world));
+      continue;
+    }
+    ParamShard s;
+    s.name = p.spec.name;
+    s.shape = p.spec.shape;
+    s.module = p.spec.module;
+    s.numel = p.numel;
+    s.begin = p.shard.begin;
+    s.end = p.shard.begin + p.shard.shard;
+    const auto from = static_cast<size_t>(p.part_off);
+    const auto to = from + static_cast<size_t>(p.shard.shard);
+    s.master.assign(h_master.begin() + from, h_master.begin() + to);
+    s.exp_avg.assign(h_avg.begin() + from, h_avg.begin() + to);
+    s.exp_avg_sq.assign(h_sq.begin() + from, h_sq.begin() + to);
+    shards.push_back(std::move(s));
+  }
+  // Not Guarded: saving changes no training state, and an I/O error (or a rank that did not join)
+  // leaves the engine as it was.
+  return ::zero::SaveCheckpoint(comm, dir, tag, std::move(meta), shards)
+      .WithContext("SaveCheckpoint");
+}
+
+Result<std::string> Engine::LoadCheckpoint(const std::string& dir, const std::string& tag) {
+  Impl& m = *impl_;
+  ZERO_RETURN_IF_ERROR(m.CheckUsable("LoadCheckpoint"));
+  ZERO_RETURN_IF_ERROR(m.CheckOutsideWindow("LoadCheckpoint"));
+  return m.LoadCheckpointImpl(dir, tag);
+}
+
+Result<std::string> Engine::Impl::LoadCheckpointImpl(const std::string& dir, const std::string& tag) {
+  ZERO_RETURN_IF_ERROR(Guard(device->Synchronize().WithContext("LoadCheckpoint: waiting for the device")));
+  std::vector<ParamSignature> model_sig;
+  model_sig.reserve(params.size());
+  for (const ParamInfo& p : params) model_sig.push_back({p.spec.name, p.spec.shape});
+  // Collective; fails on every rank if it fails on any (the model/checkpoint mismatch, missing or
+  // corrupt files are named there). Shards come in registration order, as this rank's partition
+  // at the current world size (stage 0: full tensors), whatever world size and stage saved them.
+  auto loaded_or = ::zero::LoadCheckpoint(comm, dir, tag, model_sig, stage >= 1);
+  if (!loaded_or.ok()) return loaded_or.status().WithContext("LoadCheckpoint");
+  LoadedCheckpoint loaded = std::move(loaded_or).value();
+  const CheckpointMeta& meta = loaded.meta;
+  const std::string what = "LoadCheckpoint: checkpoint '" + meta.tag + "' in " + dir;
+
+  // Everything is checked before any state changes; every rank sees the same metadata, so they all
+  // decide alike.
+  if (loaded.shards.size() != params.size()) {
+    return InternalError(what + ": got " + std::to_string(loaded.shards.size()) + " shards for " +
+                         std::to_string(params.size()) + " parameters");
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params[i];
+    const ParamShard& sh = loaded.shards[i];
+    const int64_t begin = stage == 0 ? 0 : p.shard.begin;
+    const int64_t end = stage == 0 ? p.numel : p.shard.begin + p.shard.shard;
+    const size_t n = static_cast<size_t>(end - begin);
+    if (sh.name != p.spec.name || sh.begin != begin || sh.end != end || sh.master.size() != n ||
+        sh.exp_avg.size() != n || sh.exp_avg_sq.size() != n) {
+      return InternalError(what + ": parameter " + ParamName(p) + ": loaded slice '" + sh.name + "' [" +
+                           std::to_string(sh.begin) + ", " + std::to_string(sh.end) +
+                           ") does not match this rank's partition [" + std::to_string(begin) + ", " +
+                           std::to_string(end) + ")");
+    }
+  }
+  if (meta.global_steps < 0 || meta.skipped_steps < 0 || meta.micro_steps < 0 || meta.adam_step < 0 ||
+      meta.adam_step > meta.global_steps) {
+    return DataLossError(what + ": inconsistent counters (global_steps " + std::to_string(meta.global_steps) +
+                         ", skipped_steps " + std::to_string(meta.skipped_steps) + ", micro_steps " +
+                         std::to_string(meta.micro_steps) + ", adam_step " + std::to_string(meta.adam_step) +
+                         ")");
+  }
+  // The loss scaler resumes when this run and the checkpoint both use a dynamic fp16 scale; a static
+  // scale comes from the config, and a non-fp16 checkpoint has no scale to resume (the configured
+  // initial scale is kept).
+  LossScaler new_scaler = scaler;
+  if (config.fp16.enabled && scaler.dynamic() && meta.loss_scaler.dynamic) {
+    const CheckpointLossScaler& c = meta.loss_scaler;
+    if (c.good_steps < 0 || c.last_overflow_step < -1 || c.hysteresis < 1 ||
+        c.hysteresis > std::numeric_limits<int>::max()) {
+      return DataLossError(what + ": loss_scaler: good_steps " + std::to_string(c.good_steps) +
+                           ", hysteresis " + std::to_string(c.hysteresis) + ", last_overflow_step " +
+                           std::to_string(c.last_overflow_step) + " are not a valid dynamic loss scaler state");
+    }
+    LossScalerState st;
+    st.scale = c.scale;
+    st.last_overflow_iter = c.last_overflow_step;
+    st.cur_iter = c.last_overflow_step + 1 + c.good_steps;
+    st.cur_hysteresis = static_cast<int>(c.hysteresis);
+    ZERO_RETURN_IF_ERROR(new_scaler.Restore(st).WithContext(what));
+  }
+
+  // Install: host staging in the flat layout (gaps and padding zero), then one copy per buffer.
+  const int64_t opt_total = stage == 0 ? full_total : part_total;
+  std::vector<float> h_master(static_cast<size_t>(opt_total), 0.0f);
+  std::vector<float> h_avg(static_cast<size_t>(opt_total), 0.0f);
+  std::vector<float> h_sq(static_cast<size_t>(opt_total), 0.0f);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params[i];
+    const ParamShard& sh = loaded.shards[i];
+    const int64_t off = stage == 0 ? p.full_off : p.part_off;
+    std::copy(sh.master.begin(), sh.master.end(), h_master.begin() + off);
+    std::copy(sh.exp_avg.begin(), sh.exp_avg.end(), h_avg.begin() + off);
+    std::copy(sh.exp_avg_sq.begin(), sh.exp_avg_sq.end(), h_sq.begin() + off);
+  }
+  Status installed = [&]() -> Status {
+    // Stage 3: the gathers in flight read the old shards; finish them before the shards change.
+    if (coordinator != nullptr) ZERO_RETURN_IF_ERROR(coordinator->QuiesceForUpdate());
+    if (opt_total > 0) {
+      const size_t bytes = static_cast<size_t>(opt_total) * 4;
+      ZERO_RETURN_IF_ERROR(device->Copy(master.data(), h_master.data(), bytes, CopyKind::kHostToDevice, compute));
+      ZERO_RETURN_IF_ERROR(device->Copy(exp_avg.data(), h_avg.data(), bytes, CopyKind::kHostToDevice, compute));
+      ZERO_RETURN_IF_ERROR(device->Copy(exp_avg_sq.data(), h_sq.data(), bytes, CopyKind::kHostToDevice, compute));
+    }
+    // The model parameters from the loaded masters (stage 3: the coordinator drops its gathered
+    // and persistent buffers, so the next GatherModule gathers the new shards).
+    ZERO_RETURN_IF_ERROR(PublishWeights(std::vector<uint8_t>(params.size(), 1)));
+    ZERO_RETURN_IF_ERROR(ZeroAccumulators());
+    // The host staging buffers must outlive the copies.
+    return device->SynchronizeStream(compute);
+  }();
+  ZERO_RETURN_IF_ERROR(Guard(installed.WithContext(what + ": installing the loaded state")));
+
+  counters.global_steps = meta.global_steps;
+  counters.skipped_steps = meta.skipped_steps;
+  counters.micro_steps = meta.micro_steps;
+  counters.adam_step = meta.adam_step;  // also the scheduler position: lr = LrAt(adam_step)
+  scaler = std::move(new_scaler);
+  window_micro = 0;
+  pending_step = false;
+  step_applied = false;
+  grad_norm = -1.0;
+  return meta.client_state_json;
 }
 
 }  // namespace zero

@@ -16,6 +16,8 @@
 //     backward: per parameter, write its gradient into engine->grad_buffer(i), then GradReady(i);
 //               engine->Backward();  // ends this micro step's backward
 //     engine->Step();               // optimizer step at the accumulation boundary
+//   between windows: engine->SaveCheckpoint(dir); after Initialize(): engine->LoadCheckpoint(dir)
+//     (any world size and stage; docs/checkpoints.md)
 //
 // Partitioning: every parameter is sharded on its own: numel n is padded to n_pad = ceil(n/N)*N
 // and rank r owns elements [r*n_pad/N, (r+1)*n_pad/N) (zero/partition.h). Stage 0: nothing is
@@ -104,8 +106,7 @@ struct EngineMemory {
   size_t device_peak = 0;    // Device::memory_stats().peak
 };
 
-// Serializable training state of this rank (checkpoints). Shards are in this rank's partition
-// layout for partitioned stages (full tensors at stage 0).
+// The step counters (saved in checkpoints and restored by LoadCheckpoint).
 struct EngineCounters {
   int64_t global_steps = 0;    // optimizer steps applied or skipped (DeepSpeed's global_steps)
   int64_t skipped_steps = 0;   // fp16 overflow skips
@@ -168,6 +169,36 @@ class Engine {
   Status GatherMasterWeights(int index, float* out);
   // Full model-dtype parameter `index` as float into host `out`, on every rank.
   Status GatherModelParam(int index, float* out);
+  // Full fp32 AdamW moments of parameter `index` into host `exp_avg` and `exp_avg_sq` (numel
+  // floats each, both non-null), on every rank.
+  Status GatherOptimizerState(int index, float* exp_avg, float* exp_avg_sq);
+
+  // --- checkpoints (collective; engine/checkpoint.h, docs/checkpoints.md) ----------------------
+  // Saves <dir>/<tag> (tag "": DefaultTag(global_steps), "global_step<N>") and then <dir>/latest:
+  // this rank's fp32 master weights and AdamW moments (its partition; stage 0 writes the same
+  // slice of its full copy, so every stage writes the same files), the counters, the loss scaler,
+  // the scheduler position, the model dtype, stage, world size, the resolved config and
+  // `client_state_json` (the caller's own JSON, "" for {}; rank 0's copy is the one kept). Every
+  // rank must call it at the same point: called on some ranks only, the callers fail after the
+  // communicator's timeout (DEADLINE_EXCEEDED/UNAVAILABLE, "not every rank joined the save") and
+  // nothing is written. Refused (FAILED_PRECONDITION, nothing written) inside a gradient
+  // accumulation window, i.e. after a Backward() whose window has not been closed by Step(),
+  // since accumulated gradients are not saved. The training state is not changed; an I/O error
+  // does not make the engine unusable.
+  Status SaveCheckpoint(const std::string& dir, const std::string& tag = "",
+                        const std::string& client_state_json = "");
+  // After Initialize(), every rank: loads <dir>/<tag> (tag "": the tag in <dir>/latest) saved at
+  // any stage and data-parallel world size into this engine's partitions, re-derives the model
+  // parameters (cast to the model dtype; gathered at stages 0-2; stage 3 drops every gathered
+  // and persistent buffer, so they are re-gathered from the new shards), and restores the counters,
+  // the loss scaler (when both this config and the checkpoint use a dynamic fp16 scale) and the
+  // scheduler position (the lr follows the applied-step count). Returns the saved client state
+  // (JSON text, re-serialized compactly). The parameters must match by name and shape (errors list
+  // each difference); the model dtype may differ (masters are fp32). Refused like
+  // SaveCheckpoint inside an accumulation window. Errors found before any state changed (missing,
+  // corrupt or mismatched checkpoints) leave the engine as it was; a failure while installing the
+  // state makes it unusable.
+  Result<std::string> LoadCheckpoint(const std::string& dir, const std::string& tag = "");
 
   struct Impl;
 

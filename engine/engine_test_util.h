@@ -1,0 +1,137 @@
+// Test helpers shared by the Engine's tests (engine_test, engine_checkpoint_test): a tiny
+// multi-module model with deterministic initial values and gradients, config JSON builders, and
+// host reads/writes of model parameters and gradient buffers. Test-only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/engine.h"
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+#include "runtime/status.h"
+
+namespace zero::testing {
+
+struct TestModel {
+  std::vector<ParamSpec> specs;
+  std::vector<std::string> modules;  // forward order
+};
+
+inline TestModel SmallModel() {
+  TestModel m;
+  m.specs = {
+      {"m0.w", {7, 5}, "m0"}, {"m0.b", {5}, "m0"},  {"m1.w", {5, 3}, "m1"},
+      {"m1.b", {3}, "m1"},    {"m2.w", {13}, "m2"}, {"m2.s", {}, "m2"},
+  };
+  m.modules = {"m0", "m1", "m2"};
+  return m;
+}
+
+// `blocks` modules of one weight (numel w) and one bias (numel b) each.
+inline TestModel BlockModel(int blocks, int64_t w, int64_t b) {
+  TestModel m;
+  for (int k = 0; k < blocks; ++k) {
+    const std::string mod = "block" + std::to_string(k);
+    m.specs.push_back({mod + ".w", {w}, mod});
+    m.specs.push_back({mod + ".b", {b}, mod});
+    m.modules.push_back(mod);
+  }
+  return m;
+}
+
+inline int64_t Numel(const ParamSpec& s) {
+  int64_t n = 1;
+  for (int64_t d : s.shape) n *= d;
+  return n;
+}
+
+inline float InitValue(int index, int64_t e) {
+  return 0.05f * static_cast<float>((e * 7 + index * 3) % 11) - 0.2f + 0.01f * index;
+}
+
+inline Result<Config> MakeConfig(const std::string& json, int world) {
+  ParseOptions o;
+  o.world_size = world;
+  return ParseConfig(json, o);
+}
+
+inline std::string ConfigJson(int stage, int gas, double clip, const std::string& extra = "",
+                              const std::string& zero_extra = "") {
+  return "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": " +
+         std::to_string(gas) + ", \"gradient_clipping\": " + std::to_string(clip) +
+         ", \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.1}}" +
+         (extra.empty() ? "" : ", " + extra) + ", \"zero_optimization\": {\"stage\": " +
+         std::to_string(stage) + ", \"reduce_bucket_size\": 40" +
+         (zero_extra.empty() ? "" : ", " + zero_extra) + "}}";
+}
+
+// Parameter `index` (model dtype, full; gathered) as floats.
+inline Status ReadParam(Engine* engine, Device* device, int index, std::vector<float>* out) {
+  const int64_t n = Numel(engine->param_spec(index));
+  const DType t = engine->config().model_dtype();
+  ZERO_ASSIGN_OR_RETURN(const void* p, engine->param(index));
+  std::vector<uint8_t> raw(static_cast<size_t>(n) * SizeOf(t));
+  ZERO_RETURN_IF_ERROR(device->Copy(raw.data(), p, raw.size(), CopyKind::kDeviceToHost, nullptr));
+  ZERO_RETURN_IF_ERROR(device->SynchronizeStream(nullptr));
+  out->resize(n);
+  for (int64_t e = 0; e < n; ++e) (*out)[e] = LoadAsFloat(raw.data(), t, e);
+  return OkStatus();
+}
+
+// Writes `g` (rounded to the model dtype) into parameter `index`'s gradient buffer, then GradReady.
+inline Status WriteGrad(Engine* engine, Device* device, int index, const std::vector<float>& g) {
+  const DType t = engine->config().model_dtype();
+  ZERO_ASSIGN_OR_RETURN(void* buf, engine->grad_buffer(index));
+  std::vector<uint8_t> raw(g.size() * SizeOf(t));
+  for (size_t e = 0; e < g.size(); ++e) StoreFromFloat(raw.data(), t, e, g[e]);
+  ZERO_RETURN_IF_ERROR(device->Copy(buf, raw.data(), raw.size(), CopyKind::kHostToDevice, nullptr));
+  ZERO_RETURN_IF_ERROR(device->SynchronizeStream(nullptr));
+  return engine->GradReady(index);
+}
+
+// A gradient that depends on the parameter's current value, the rank and the micro step.
+inline std::vector<float> Gradient(int index, const std::vector<float>& p, int rank, int64_t micro,
+                                   float scale) {
+  std::vector<float> g(p.size());
+  for (size_t e = 0; e < p.size(); ++e) {
+    g[e] = scale * (0.5f * p[e] + 0.03f * static_cast<float>((rank + 1) * ((e + index) % 5)) -
+                    0.004f * static_cast<float>(micro % 7) + 0.02f * index);
+  }
+  return g;
+}
+
+inline bool BitwiseEqual(const std::vector<std::vector<float>>& a,
+                         const std::vector<std::vector<float>>& b, std::string* where) {
+  if (a.size() != b.size()) {
+    *where = "different parameter counts";
+    return false;
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size()) {
+      *where = "param " + std::to_string(i) + " sizes differ";
+      return false;
+    }
+    for (size_t k = 0; k < a[i].size(); ++k) {
+      if (FloatBits(a[i][k]) != FloatBits(b[i][k])) {
+        *where = "param " + std::to_string(i) + " element " + std::to_string(k) + ": " +
+                 std::to_string(a[i][k]) + " vs " + std::to_string(b[i][k]);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// OK when `s` has `code` and contains `needle`; else an error describing what came instead.
+inline Status Expect(const Status& s, StatusCode code, const std::string& needle) {
+  if (s.code() != code || s.message().find(needle) == std::string::npos) {
+    return InternalError("expected " + std::string(StatusCodeName(code)) + " containing '" + needle +
+                         "', got " + s.ToString());
+  }
+  return OkStatus();
+}
+
+}  // namespace zero::testing
