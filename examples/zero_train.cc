@@ -121,32 +121,49 @@ Result<std::unique_ptr<ModelRunner>> CreateModelRunner(const TrainOptions& o, De
 }
 
 // --- checkpoints ------------------------------------------------------------------------------------
-// The lead wires Engine::SaveCheckpoint / LoadCheckpoint here once the engine has them. Until then
-// the flags are refused before any rank starts, so no run silently goes without its checkpoints.
+// --save DIR writes a checkpoint (engine/checkpoint.h format, tag global_step<N>) every --save-every
+// steps and after the last one; --resume DIR loads DIR's `latest` at whatever world size this run has,
+// and the loop continues from the saved step (the data sampler is a function of the step, so the
+// batches continue exactly as if the run had not stopped).
 
 Status CheckCheckpointFlags(const TrainOptions& o) {
-  if (!o.save_dir.empty()) {
-    return UnimplementedError("--save " + o.save_dir + ": checkpointing is not wired into zero_train yet");
-  }
   if (!o.resume_dir.empty()) {
-    return UnimplementedError("--resume " + o.resume_dir + ": checkpointing is not wired into zero_train yet");
+    const std::string latest = o.resume_dir + "/latest";
+    if (access(latest.c_str(), R_OK) != 0) {
+      return ErrnoError("--resume: no checkpoint to resume from (" + latest + " is missing; give the directory passed to --save):",
+                        latest, errno);
+    }
   }
   return OkStatus();
 }
 
-// Restores engine state from --resume and returns the number of optimizer steps already done (the
-// loop continues from there; the data sampler is a function of the step, so the batches continue
-// exactly). Collective.
-Result<int64_t> ResumeFromCheckpoint(Engine* /*engine*/, const TrainOptions& o) {
+// Restores engine state from --resume and returns the number of optimizer steps already done.
+// Collective.
+Result<int64_t> ResumeFromCheckpoint(Engine* engine, const TrainOptions& o, bool lead) {
   if (o.resume_dir.empty()) return int64_t{0};
-  return UnimplementedError("--resume: not wired yet");
+  auto client = engine->LoadCheckpoint(o.resume_dir);
+  if (!client.ok()) return client.status().WithContext("--resume " + o.resume_dir);
+  const int64_t step = engine->counters().global_steps;
+  if (lead) {
+    std::printf("  resumed from %s at step %lld\n", o.resume_dir.c_str(), static_cast<long long>(step));
+  }
+  if (step > o.steps) {
+    return InvalidArgumentError("--resume " + o.resume_dir + ": the checkpoint is at step " + std::to_string(step) +
+                                ", past --steps " + std::to_string(o.steps));
+  }
+  return step;
 }
 
 // Called after every optimizer step (step = steps done) and once after the last. Collective.
-Status MaybeSaveCheckpoint(Engine* /*engine*/, const TrainOptions& o, int64_t step, bool final_step) {
+Status MaybeSaveCheckpoint(Engine* engine, const TrainOptions& o, int64_t step, bool final_step, bool lead) {
   if (o.save_dir.empty()) return OkStatus();
-  if (!final_step && (o.save_every <= 0 || step % o.save_every != 0)) return OkStatus();
-  return UnimplementedError("--save: not wired yet");
+  const bool periodic = o.save_every > 0 && step % o.save_every == 0;
+  if (final_step ? periodic : !periodic) return OkStatus();  // the last step's periodic save is the final one
+  const std::string client = "{\"zero_train_step\": " + std::to_string(step) + ", \"seed\": " + std::to_string(o.seed) + "}";
+  Status st = engine->SaveCheckpoint(o.save_dir, "", client);
+  if (!st.ok()) return st.WithContext("--save " + o.save_dir + " at step " + std::to_string(step));
+  if (lead) std::printf("  checkpoint saved: %s/global_step%lld\n", o.save_dir.c_str(), static_cast<long long>(step));
+  return OkStatus();
 }
 
 // --- checks shared by the launcher process and every rank ---------------------------------------
@@ -335,7 +352,7 @@ Status RunRank(const TrainOptions& o, RankContext* ctx) {
     }
   } closer{log_json};
 
-  ZERO_ASSIGN_OR_RETURN(const int64_t start_step, ResumeFromCheckpoint(engine.get(), o));
+  ZERO_ASSIGN_OR_RETURN(const int64_t start_step, ResumeFromCheckpoint(engine.get(), o, lead));
 
   const int micro = static_cast<int>(config.train_micro_batch_size_per_gpu);
   const int64_t gas = config.gradient_accumulation_steps;
@@ -427,11 +444,11 @@ Status RunRank(const TrainOptions& o, RankContext* ctx) {
       window.total_steps = o.steps;
     }
     if (lead) bar.Update(rec.step, mean_loss, rec.elapsed_seconds);
-    ZERO_RETURN_IF_ERROR(MaybeSaveCheckpoint(engine.get(), o, rec.step, false));
+    ZERO_RETURN_IF_ERROR(MaybeSaveCheckpoint(engine.get(), o, rec.step, false, lead));
   }
   bar.Finish();
   const double train_seconds = Since(t_train);
-  ZERO_RETURN_IF_ERROR(MaybeSaveCheckpoint(engine.get(), o, o.steps, true));
+  ZERO_RETURN_IF_ERROR(MaybeSaveCheckpoint(engine.get(), o, o.steps, true, lead));
 
   // Evaluation and sampling on rank 0 with the CPU model over the full parameters (collective
   // gather on every rank).

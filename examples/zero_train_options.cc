@@ -144,10 +144,10 @@ const std::vector<Flag>& Flags() {
        }},
       {"prompt", "TEXT", std::string("text the sample continues (default \"") + kDefaultPrompt + "\")",
        StringFlag(&TrainOptions::prompt)},
-      {"save", "DIR", "checkpoint directory (not wired yet)", StringFlag(&TrainOptions::save_dir)},
-      {"save-every", "N", "checkpoint every N steps with --save (not wired yet)",
+      {"save", "DIR", "save checkpoints here (after the last step, and every --save-every steps)", StringFlag(&TrainOptions::save_dir)},
+      {"save-every", "N", "checkpoint every N steps with --save (default 0: only at the end)",
        IntFlag("save-every", 0, 100000000, &TrainOptions::save_every)},
-      {"resume", "DIR", "resume from a checkpoint directory (not wired yet)", StringFlag(&TrainOptions::resume_dir)},
+      {"resume", "DIR", "resume from the latest checkpoint in DIR (any --nproc; the run continues to --steps)", StringFlag(&TrainOptions::resume_dir)},
       {"print-config", "", "print the resolved engine config as JSON and exit",
        [](const std::string&, TrainOptions* o) {
          o->print_config = true;

@@ -45,7 +45,7 @@ struct TrainOptions {
   bool print_config = false;  // print the resolved config and exit
   bool help = false;
 
-  // Checkpoints (the flags exist; the engine's Save/LoadCheckpoint are wired by the lead).
+  // Checkpoints (Engine::SaveCheckpoint / LoadCheckpoint).
   std::string save_dir;
   int save_every = 0;  // 0: only at the end (when --save is given)
   std::string resume_dir;

@@ -10,7 +10,7 @@ namespace {
 std::string Num(double v) {
   if (!std::isfinite(v)) return "null";
   char buf[40];
-  std::snprintf(buf, sizeof(buf), "%.9g", v);
+  std::snprintf(buf, sizeof(buf), "%.17g", v);  // round-trip exact
   return buf;
 }
 

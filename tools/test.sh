@@ -7,9 +7,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
 
-bazel build //... "$@"
+bazel build --keep_going //... "$@"
 build_rc=$?
-bazel test //... --test_tag_filters=-gpu --build_tests_only "$@"
+bazel test --keep_going //... --test_tag_filters=-gpu --build_tests_only "$@"
 test_rc=$?
 # Count only the targets of this run (stale reports of removed tests are ignored).
 bazel query 'tests(//...) except attr(tags, "gpu", tests(//...))' 2>/dev/null > /tmp/zero_test_targets.$$
