@@ -187,29 +187,4 @@ Result<LoadedCheckpoint> LoadCheckpoint(Communicator* comm, const std::string& d
   return out;
 }
 
-ParamShard SliceFullParam(const std::string& name, const std::vector<int64_t>& shape,
-                          const std::string& module, const float* master, const float* exp_avg,
-                          const float* exp_avg_sq, int rank, int world) {
-  ParamShard s;
-  s.name = name;
-  s.shape = shape;
-  s.module = module;
-  s.numel = 1;
-  for (int64_t d : shape) s.numel *= d;
-  const ElementRange r = PartitionRange(s.numel, rank, world);
-  s.begin = r.begin;
-  s.end = r.end;
-  const size_t count = static_cast<size_t>(r.end - r.begin);
-  s.master.assign(count, 0.0f);
-  s.exp_avg.assign(count, 0.0f);
-  s.exp_avg_sq.assign(count, 0.0f);
-  const int64_t hi = std::min(r.end, s.numel);
-  for (int64_t e = r.begin; e < hi; ++e) {
-    s.master[e - r.begin] = master[e];
-    s.exp_avg[e - r.begin] = exp_avg[e];
-    s.exp_avg_sq[e - r.begin] = exp_avg_sq[e];
-  }
-  return s;
-}
-
 }  // namespace zero

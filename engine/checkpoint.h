@@ -49,10 +49,4 @@ Result<LoadedCheckpoint> LoadCheckpoint(Communicator* comm, const std::string& d
                                         const std::string& tag,
                                         const std::vector<ParamSignature>& model, bool partitioned);
 
-// Stage 0 helper: rank `rank`'s PartitionRange slice of full host arrays (numel floats each),
-// padding zero, as partitioned stages hold it. REQUIRES: no negative dim, 0 <= rank < world.
-ParamShard SliceFullParam(const std::string& name, const std::vector<int64_t>& shape,
-                          const std::string& module, const float* master, const float* exp_avg,
-                          const float* exp_avg_sq, int rank, int world);
-
 }  // namespace zero

@@ -870,31 +870,38 @@ Result<FullState> LoadFullState(const std::string& dir, const std::string& tag) 
   return full;
 }
 
+ParamShard SliceFullParam(const std::string& name, const std::vector<int64_t>& shape,
+                          const std::string& module, const float* master, const float* exp_avg,
+                          const float* exp_avg_sq, int rank, int world) {
+  ParamShard s;
+  s.name = name;
+  s.shape = shape;
+  s.module = module;
+  s.numel = 1;
+  for (int64_t d : shape) s.numel *= d;
+  const ElementRange r = PartitionRange(s.numel, rank, world);
+  s.begin = r.begin;
+  s.end = r.end;
+  const size_t count = static_cast<size_t>(r.end - r.begin);
+  s.master.assign(count, 0.0f);
+  s.exp_avg.assign(count, 0.0f);
+  s.exp_avg_sq.assign(count, 0.0f);
+  const int64_t hi = std::min(r.end, s.numel);
+  for (int64_t e = r.begin; e < hi; ++e) {
+    s.master[e - r.begin] = master[e];
+    s.exp_avg[e - r.begin] = exp_avg[e];
+    s.exp_avg_sq[e - r.begin] = exp_avg_sq[e];
+  }
+  return s;
+}
+
 std::vector<ParamShard> ShardFor(const FullState& full, int new_rank, int new_world) {
   ZERO_CHECK(new_world >= 1 && new_rank >= 0 && new_rank < new_world);
   std::vector<ParamShard> out;
   out.reserve(full.params.size());
   for (const FullParam& f : full.params) {
-    ParamShard s;
-    s.name = f.name;
-    s.shape = f.shape;
-    s.module = f.module;
-    s.numel = f.numel;
-    ElementRange r = PartitionRange(f.numel, new_rank, new_world);
-    s.begin = r.begin;
-    s.end = r.end;
-    const size_t count = static_cast<size_t>(r.end - r.begin);
-    s.master.assign(count, 0.0f);
-    s.exp_avg.assign(count, 0.0f);
-    s.exp_avg_sq.assign(count, 0.0f);
-    const int64_t hi = std::min(r.end, f.numel);
-    if (hi > r.begin) {
-      const size_t n = static_cast<size_t>(hi - r.begin);
-      std::copy_n(f.master.begin() + r.begin, n, s.master.begin());
-      std::copy_n(f.exp_avg.begin() + r.begin, n, s.exp_avg.begin());
-      std::copy_n(f.exp_avg_sq.begin() + r.begin, n, s.exp_avg_sq.begin());
-    }
-    out.push_back(std::move(s));
+    out.push_back(SliceFullParam(f.name, f.shape, f.module, f.master.data(), f.exp_avg.data(),
+                                 f.exp_avg_sq.data(), new_rank, new_world));
   }
   return out;
 }

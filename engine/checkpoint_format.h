@@ -198,6 +198,12 @@ Result<FullState> LoadFullState(const std::string& dir, const std::string& tag);
 
 // Pure: the shards rank `new_rank` of `new_world` owns (PartitionRange of every parameter, in
 // `full` order), padding elements zero. ShardFor(full, 0, 1) gives the full tensors (stage 0).
+// Rank `rank`'s PartitionRange slice of full host arrays (numel floats each),
+// padding zero, as partitioned stages hold it. REQUIRES: no negative dim, 0 <= rank < world.
+ParamShard SliceFullParam(const std::string& name, const std::vector<int64_t>& shape,
+                          const std::string& module, const float* master, const float* exp_avg,
+                          const float* exp_avg_sq, int rank, int world);
+
 std::vector<ParamShard> ShardFor(const FullState& full, int new_rank, int new_world);
 
 // A parameter as the model being loaded registers it.

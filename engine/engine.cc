@@ -267,24 +267,22 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* dev
   auto scheduler = LrScheduler::Create(config.scheduler, config.optimizer.lr);
   if (!scheduler.ok()) return scheduler.status();
   impl->scheduler.emplace(std::move(scheduler).value());
-  if (config.fp16.enabled) {
-    if (config.fp16.loss_scale > 0) {
-      auto s = LossScaler::Static(config.fp16.loss_scale);
-      if (!s.ok()) return s.status();
-      impl->scaler = std::move(s).value();
-    } else {
-      DynamicLossScaleOptions o;
-      o.initial_scale_power = config.fp16.initial_scale_power;
-      o.scale_window = config.fp16.loss_scale_window;
-      o.hysteresis = config.fp16.hysteresis;
-      o.consecutive_hysteresis = config.fp16.consecutive_hysteresis;
-      o.min_scale = config.fp16.min_loss_scale;
-      auto s = LossScaler::Dynamic(o);
-      if (!s.ok()) return s.status();
-      impl->scaler = std::move(s).value();
-    }
-  }
+  auto scaler = CreateLossScaler(config);
+  if (!scaler.ok()) return scaler.status();
+  impl->scaler = std::move(scaler).value();
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+Result<LossScaler> CreateLossScaler(const Config& config) {
+  if (!config.fp16.enabled) return LossScaler();
+  if (config.fp16.loss_scale > 0) return LossScaler::Static(config.fp16.loss_scale);
+  DynamicLossScaleOptions o;
+  o.initial_scale_power = config.fp16.initial_scale_power;
+  o.scale_window = config.fp16.loss_scale_window;
+  o.hysteresis = config.fp16.hysteresis;
+  o.consecutive_hysteresis = config.fp16.consecutive_hysteresis;
+  o.min_scale = config.fp16.min_loss_scale;
+  return LossScaler::Dynamic(o);
 }
 
 // --- set-up ---------------------------------------------------------------------------------------

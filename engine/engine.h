@@ -68,6 +68,7 @@
 #include "engine/config.h"
 #include "runtime/device.h"
 #include "runtime/status.h"
+#include "zero/loss_scaler.h"
 
 namespace zero {
 
@@ -208,5 +209,9 @@ class Engine {
   Status ReleaseModule(int module_id);
   std::unique_ptr<Impl> impl_;
 };
+
+// The loss scaler a config asks for: static (fp16.loss_scale > 0), dynamic (fp16 with loss_scale 0)
+// or none (scale 1, without fp16). The Engine and the equivalence reference both build theirs here.
+Result<LossScaler> CreateLossScaler(const Config& config);
 
 }  // namespace zero

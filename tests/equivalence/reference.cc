@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "engine/engine.h"
 #include "engine/lr_scheduler.h"
 #include "runtime/device.h"
 #include "zero/loss_scaler.h"
@@ -95,18 +96,7 @@ Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder or
   trace.initial_master = master;
   trace.initial_model = model;
 
-  LossScaler scaler;
-  if (fp16 && config.fp16.loss_scale > 0.0) {
-    ZERO_ASSIGN_OR_RETURN(scaler, LossScaler::Static(config.fp16.loss_scale));
-  } else if (fp16) {
-    DynamicLossScaleOptions o;
-    o.initial_scale_power = config.fp16.initial_scale_power;
-    o.scale_window = config.fp16.loss_scale_window;
-    o.hysteresis = config.fp16.hysteresis;
-    o.consecutive_hysteresis = config.fp16.consecutive_hysteresis;
-    o.min_scale = config.fp16.min_loss_scale;
-    ZERO_ASSIGN_OR_RETURN(scaler, LossScaler::Dynamic(o));
-  }
+  ZERO_ASSIGN_OR_RETURN(LossScaler scaler, CreateLossScaler(config));
   ZERO_ASSIGN_OR_RETURN(LrScheduler sched, LrScheduler::Create(config.scheduler, config.optimizer.lr));
   int64_t adam_step = 0, global_steps = 0, skipped_steps = 0;
 
