@@ -32,6 +32,14 @@ TEST_P(MultiProcessTest, MixOfCollectivesThroughTcpStore) {
               std::chrono::duration<double, std::milli>(Clock::now() - start).count());
 }
 
+// World size 1 as a process: the rendezvous and every collective degenerate correctly.
+TEST(MultiProcessSingleRankTest, MixOfCollectives) {
+  auto results = RunWorld(1, AllRanks(1), {"--backend=gloo", "--scenario=mix"}, 20000, std::chrono::seconds(60));
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].exit_code, 0) << results[0].output;
+  EXPECT_NE(results[0].output.find("PASS"), std::string::npos) << results[0].output;
+}
+
 // (b) A process rank SIGKILLed after the first barrier, before the next collective: the others
 // fail within the timeout (2 s here) naming it, and fail fast afterwards.
 TEST_P(MultiProcessTest, KilledRankBeforeCollective) {
@@ -93,7 +101,7 @@ TEST_P(MultiProcessTest, MissingRankAtRendezvous) {
   EXPECT_LT(secs, 8.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, MultiProcessTest, ::testing::Values(2, 3),
+INSTANTIATE_TEST_SUITE_P(WorldSizes, MultiProcessTest, ::testing::Values(2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "N" + std::to_string(info.param);
                          });
