@@ -325,15 +325,18 @@ std::vector<Key> BuildKeys() {
                   .Doc("0: plain data parallelism; 1: optimizer states partitioned; 2: + gradients; "
                        "3: + parameters."));
   t.push_back(BoolKey("zero_optimization.contiguous_gradients", FIELD(zero.contiguous_gradients), true)
-                  .Doc("Copy reduced gradients into one contiguous buffer as they are produced."));
+                  .Doc("Pack gradients into contiguous bucket buffers, one collective per bucket; false: one "
+                       "collective per parameter straight from its gradient buffer (no copy, no bucket memory)."));
   t.push_back(BoolKey("zero_optimization.reduce_scatter", FIELD(zero.reduce_scatter), true)
-                  .Doc("Reduce gradients with reduce-scatter rather than all-reduce."));
+                  .Doc("Reduce gradients with reduce-scatter (stages 1-3); false: all-reduce and keep the own shard "
+                       "(same values, more traffic)."));
   t.push_back(IntKey("zero_optimization.reduce_bucket_size", FIELD(zero.reduce_bucket_size), 500000000)
                   .AtLeast(1)
                   .Doc("Elements reduced at once (gradient bucket)."));
   t.push_back(IntKey("zero_optimization.allgather_bucket_size", FIELD(zero.allgather_bucket_size), 500000000)
                   .AtLeast(1)
-                  .Doc("Elements all-gathered at once when updated partitions are shared."));
+                  .Doc("Gathered elements per all-gather of updated weights (stages 1/2); a larger parameter is "
+                       "gathered alone."));
   t.push_back(BoolKey("zero_optimization.overlap_comm", FIELD(zero.overlap_comm), false)
                   .DependsOn("true at stage 3, false otherwise")
                   .Doc("Reduce gradient buckets on a communication stream, overlapped with backward."));

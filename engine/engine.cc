@@ -15,6 +15,7 @@
 #include "engine/checkpoint.h"
 #include "engine/checkpoint_format.h"
 #include "engine/lr_scheduler.h"
+#include "zero/allgather_bucket.h"
 #include "zero/buffer_pool.h"
 #include "zero/grad_reducer.h"
 #include "zero/gradient_bucket.h"
@@ -69,6 +70,9 @@ struct Engine::Impl {
   bool managed = true;
   int64_t gas = 1;
   ReduceOp op = ReduceOp::kAvg;
+  // contiguous_gradients false: no buckets; each gradient is reduced on its own, straight from the
+  // buffer grad_buffer() handed out (stages 2/3: padded to n_pad, see GradBufferNumel).
+  bool contiguous = true;
   std::optional<LrScheduler> scheduler;
   LossScaler scaler;
 
@@ -101,6 +105,7 @@ struct Engine::Impl {
   std::vector<uint8_t> reduce_queued;   // stage 0/1: queued for the boundary reduction
   int reported_count = 0;
   std::unique_ptr<GradientReducer> reducer;
+  std::unique_ptr<BucketedAllGather> weight_gather;  // stages 1/2
   std::unique_ptr<ParamCoordinator> coordinator;
 
   // Accumulation state.
@@ -116,6 +121,17 @@ struct Engine::Impl {
   Status broken;
 
   float* f32(const DeviceBuffer& b, int64_t off) const { return b.as<float>() + off; }
+  // Stages 2/3 without contiguous_gradients: the gradient buffer is the padded parameter (its own
+  // shard layout, padding zeroed when handed out) followed, when the reduce-scatter runs in the
+  // model dtype, by the shard-sized area it receives into. Otherwise numel elements.
+  bool PerParamReduction() const { return !contiguous && stage >= 2; }
+  bool GradRecvArea() const {
+    return PerParamReduction() && comm_dt == mdt && config.zero.reduce_scatter && world > 1;
+  }
+  int64_t GradBufferNumel(const ParamInfo& p) const {
+    if (!PerParamReduction() || p.numel == 0) return p.numel;
+    return p.shard.padded + (GradRecvArea() ? p.shard.shard : 0);
+  }
   void* model_ptr(int64_t off) const { return ElementPtr(model.data(), mdt, off); }
 
   Status Guard(Status s) {
@@ -251,6 +267,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* dev
     return InvalidArgumentError("zero_optimization.reduce_bucket_size: expected >= 1, got " +
                                 std::to_string(z.reduce_bucket_size));
   }
+  if (z.allgather_bucket_size < 1) {
+    return InvalidArgumentError("zero_optimization.allgather_bucket_size: expected >= 1, got " +
+                                std::to_string(z.allgather_bucket_size));
+  }
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->device = device;
@@ -263,6 +283,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* dev
   impl->comm_dt = config.has_communication_data_type ? config.communication_data_type : impl->mdt;
   impl->managed = config.managed_gradient_accumulation;
   impl->gas = impl->managed ? config.gradient_accumulation_steps : 1;
+  impl->contiguous = z.contiguous_gradients;
   impl->op = config.gradient_allreduce_op == "sum" ? ReduceOp::kSum : ReduceOp::kAvg;
   auto scheduler = LrScheduler::Create(config.scheduler, config.optimizer.lr);
   if (!scheduler.ok()) return scheduler.status();
@@ -346,14 +367,12 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
   std::vector<int64_t> full_sizes;
   std::vector<int64_t> part_sizes;
   int64_t max_padded = 0;
-  int64_t max_numel = 0;
   for (ParamInfo& p : params) {
     p.shard = MakeShardSpec(p.numel, world, rank);
     p.persistent = p.numel <= config.zero.stage3_param_persistence_threshold;
     full_sizes.push_back(p.shard.padded);
     part_sizes.push_back(p.shard.shard);
     max_padded = std::max(max_padded, p.shard.padded);
-    max_numel = std::max(max_numel, p.numel);
   }
   const FlatLayout full = MakeFlatLayout(full_sizes, kAlign);
   const FlatLayout part = MakeFlatLayout(part_sizes, kAlign);
@@ -436,12 +455,21 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
   // 2/3 (where a bucket holds its gradients until it is packed), one bucket's worth: a model of
   // repeated blocks then reuses the same buffers every micro step and never frees (a free can
   // wait on the host for the compute stream).
-  const size_t max_param_bytes = static_cast<size_t>(max_numel) * SizeOf(mdt);
+  // Without contiguous_gradients (stages 2/3) a buffer is held until its own reduction completes:
+  // up to max_in_flight of them besides the ones the user holds.
+  const int max_in_flight = contiguous ? 2 : 4;
+  size_t max_param_bytes = 0;
   size_t total_grad_bytes = 0;
-  for (const ParamInfo& p : params) total_grad_bytes += static_cast<size_t>(p.numel) * SizeOf(mdt);
+  for (const ParamInfo& p : params) {
+    const size_t bytes = static_cast<size_t>(GradBufferNumel(p)) * SizeOf(mdt);
+    max_param_bytes = std::max(max_param_bytes, bytes);
+    total_grad_bytes += bytes;
+  }
   const size_t bucket_bytes = std::min(
       total_grad_bytes, static_cast<size_t>(config.zero.reduce_bucket_size) * SizeOf(mdt));
-  grad_pool = std::make_unique<BufferPool>(device, 2 * max_param_bytes + (stage >= 2 ? bucket_bytes : 0));
+  const size_t pool_keep = PerParamReduction() ? static_cast<size_t>(max_in_flight + 2) * max_param_bytes
+                                               : 2 * max_param_bytes + (stage >= 2 ? bucket_bytes : 0);
+  grad_pool = std::make_unique<BufferPool>(device, pool_keep);
   grad_out.resize(params.size());
   grad_held.resize(params.size());
   handed_out.assign(params.size(), 0);
@@ -453,6 +481,10 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
   ro.op = op;
   ro.bucket_numel = config.zero.reduce_bucket_size;
   ro.overlap = config.zero.overlap_comm;
+  ro.contiguous = contiguous;
+  ro.max_in_flight = max_in_flight;
+  // Stage 0 all-reduces anyway; stages 1-3 reduce-scatter unless reduce_scatter is false.
+  ro.scatter = config.zero.reduce_scatter;
   GradientReducer::Consumer consumer;
   if (stage == 0) {
     ro.kind = BucketKind::kFull;
@@ -469,9 +501,10 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     ro.comm_dtype = DType::kF32;
     ro.name = "stage-1 gradient";
     consumer = [this](int i, const void* reduced) -> Status {
-      return device->Copy(f32(grad_part, params[i].part_off), reduced,
-                          static_cast<size_t>(params[i].shard.shard) * 4, CopyKind::kDeviceToDevice,
-                          compute);
+      float* dst = f32(grad_part, params[i].part_off);
+      if (reduced == dst) return OkStatus();  // reduce-scattered straight into the partition
+      return device->Copy(dst, reduced, static_cast<size_t>(params[i].shard.shard) * 4,
+                          CopyKind::kDeviceToDevice, compute);
     };
   } else {
     ro.kind = BucketKind::kShards;
@@ -483,6 +516,17 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     };
   }
   reducer = std::make_unique<GradientReducer>(device, comm, compute, ro, std::move(consumer));
+
+  if (stage == 1 || stage == 2) {
+    BucketedAllGatherOptions go;
+    go.dtype = mdt;
+    go.bucket_numel = config.zero.allgather_bucket_size;
+    go.max_in_flight = 2;
+    // CPU: every event is complete when recorded, so bucket buffers go back at once. CUDA: keep
+    // them for stream-ordered reuse without host waits (all of one run have the same size).
+    go.pool_free_bytes = device->kind() == DeviceKind::kCpu ? 0 : ~size_t{0};
+    weight_gather = std::make_unique<BucketedAllGather>(device, comm, compute, go);
+  }
 
   if (stage == 3) {
     std::vector<CoordinatedParam> cps;
@@ -568,10 +612,17 @@ Result<void*> Engine::grad_buffer(int index) {
   }
   if (!m.handed_out[index]) {
     if (p.numel > 0) {
-      auto b = m.grad_pool->Acquire(static_cast<size_t>(p.numel) * SizeOf(m.mdt),
+      auto b = m.grad_pool->Acquire(static_cast<size_t>(m.GradBufferNumel(p)) * SizeOf(m.mdt),
                                     "grad_buffer: allocating a gradient buffer");
       if (!b.ok()) return b.status().WithContext("parameter " + ParamName(p));
       m.grad_out[index] = std::move(b).value();
+      if (m.PerParamReduction() && p.shard.padded > p.numel) {
+        // The padding of the shard layout is zero (a pooled buffer may come from another
+        // parameter of the same size).
+        Status s = m.device->Fill(ElementPtr(m.grad_out[index].data(), m.mdt, p.numel), m.mdt,
+                                  static_cast<size_t>(p.shard.padded - p.numel), 0.0f, m.compute);
+        if (!s.ok()) return m.Guard(s.WithContext("grad_buffer(" + ParamName(p) + ")"));
+      }
     }
     m.handed_out[index] = 1;
   }
@@ -611,9 +662,12 @@ Status Engine::Impl::GradReadyImpl(int index) {
     return OkStatus();
   }
   grad_held[index] = std::move(buf);
-  return reducer->Add(index, grad_held[index].data(), mdt, p.numel, [this, index]() {
+  void* data = grad_held[index].data();
+  // Without contiguous_gradients the buffer is reduced in place; its tail receives the shard.
+  void* recv = GradRecvArea() ? ElementPtr(data, mdt, p.shard.padded) : nullptr;
+  return reducer->Add(index, data, mdt, p.numel, [this, index]() {
     return grad_pool->Release(std::move(grad_held[index]), compute);
-  });
+  }, recv);
 }
 
 Status Engine::Impl::QueueBoundaryReduction(int index) {
@@ -621,7 +675,11 @@ Status Engine::Impl::QueueBoundaryReduction(int index) {
   reduce_queued[index] = 1;
   const ParamInfo& p = params[index];
   if (p.numel == 0) return OkStatus();
-  return reducer->Add(index, f32(acc, p.full_off), DType::kF32, p.numel, nullptr);
+  // Without contiguous_gradients stage 0 all-reduces the accumulator in place and stage 1
+  // reduce-scatters it (its full-layout piece is padded, padding zero) straight into the gradient
+  // partition.
+  return reducer->Add(index, f32(acc, p.full_off), DType::kF32, p.numel, nullptr,
+                      stage == 1 ? f32(grad_part, p.part_off) : nullptr);
 }
 
 Status Engine::Impl::ReduceAccumulators(const std::vector<uint8_t>& which) {
@@ -834,7 +892,7 @@ Status Engine::Impl::BoundaryImpl() {
 // The fp32 master weights (of the parameters in `update`) rounded to the model dtype: stage 0 casts
 // the full copy, stage 3 casts the shards and lets the coordinator drop what it had gathered
 // (the caller ran QuiesceForUpdate() before the shards changed), stages 1/2 cast their shard into
-// the full parameter and all-gather it.
+// place and all-gather the parameters in buckets of allgather_bucket_size elements.
 Status Engine::Impl::PublishWeights(const std::vector<uint8_t>& update) {
   const int n_params = static_cast<int>(params.size());
   if (stage == 0) {
@@ -845,22 +903,20 @@ Status Engine::Impl::PublishWeights(const std::vector<uint8_t>& update) {
                                       static_cast<size_t>(part_total), compute));
     ZERO_RETURN_IF_ERROR(coordinator->AfterUpdate());
   } else {
-    std::vector<std::unique_ptr<Work>> works;
+    // Stages 1/2: each updated parameter's master shard cast into the model dtype and all-gathered,
+    // in buckets of allgather_bucket_size elements (zero/allgather_bucket.h).
+    std::vector<AllGatherItem> items;
     for (int i = 0; i < n_params; ++i) {
       const ParamInfo& p = params[i];
       if (!update[i] || p.numel == 0) continue;
-      void* full = model_ptr(p.full_off);
-      void* mine = ElementPtr(full, mdt, p.shard.begin);
-      ZERO_RETURN_IF_ERROR(device->Cast(f32(master, p.part_off), DType::kF32, mine, mdt,
-                                        static_cast<size_t>(p.shard.shard), compute));
-      if (world == 1) continue;
-      auto w = comm->AllGather(mine, full, static_cast<size_t>(p.shard.shard), mdt, compute);
-      if (!w.ok()) return w.status().WithContext("all-gather of parameter " + ParamName(p));
-      works.push_back(std::move(w).value());
+      items.push_back({i, model_ptr(p.full_off), p.shard.shard});
     }
-    for (size_t k = 0; k < works.size(); ++k) {
-      ZERO_RETURN_IF_ERROR(works[k]->StreamWait(compute).WithContext("all-gather of updated parameters"));
-    }
+    Status s = weight_gather->Run(items, [this](int i, void* dst) {
+      const ParamInfo& p = params[i];
+      return device->Cast(f32(master, p.part_off), DType::kF32, dst, mdt, static_cast<size_t>(p.shard.shard),
+                          compute);
+    });
+    if (!s.ok()) return s.WithContext("publishing the updated parameters");
   }
   return OkStatus();
 }
@@ -892,6 +948,14 @@ Status Engine::ZeroGrad() {
 
 const Config& Engine::config() const { return impl_->config; }
 const EngineCounters& Engine::counters() const { return impl_->counters; }
+
+EngineStats Engine::stats() const {
+  const Impl& m = *impl_;
+  EngineStats out;
+  out.gradient_collectives = m.reducer != nullptr ? m.reducer->collectives_issued() : 0;
+  out.weight_allgathers = m.weight_gather != nullptr ? m.weight_gather->collectives_issued() : 0;
+  return out;
+}
 int Engine::num_params() const { return static_cast<int>(impl_->params.size()); }
 const ParamSpec& Engine::param_spec(int index) const { return impl_->params[index].spec; }
 
@@ -901,9 +965,10 @@ EngineMemory Engine::memory() const {
   out.model_params = m.model.bytes() + (m.coordinator != nullptr ? m.coordinator->resident_bytes() : 0);
   out.master_params = m.master.bytes();
   out.optimizer_states = m.exp_avg.bytes() + m.exp_avg_sq.bytes();
+  out.bucket_staging = m.reducer != nullptr ? m.reducer->staging_bytes() : 0;
   out.gradients = m.acc.bytes() + m.grad_part.bytes() +
-                  (m.grad_pool != nullptr ? m.grad_pool->bytes() : 0) +
-                  (m.reducer != nullptr ? m.reducer->staging_bytes() : 0);
+                  (m.grad_pool != nullptr ? m.grad_pool->bytes() : 0) + out.bucket_staging;
+  out.allgather_staging = m.weight_gather != nullptr ? m.weight_gather->staging_bytes() : 0;
   out.device_peak = m.device->memory_stats().peak;
   return out;
 }

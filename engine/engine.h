@@ -29,9 +29,23 @@
 // prefetching the modules that followed last step, within stage3_prefetch_bucket_size and
 // stage3_max_live_parameters.
 //
+// Collective shapes (docs/zero.md; none changes a value, see Arithmetic):
+//   - contiguous_gradients (default true): gradients are packed into bucket buffers in shard layout
+//     and reduced with one collective per bucket. false: no packing copy and no bucket buffers:
+//     each parameter's gradient is reduced on its own, straight from the buffer grad_buffer()
+//     handed out (stages 2/3: padded to n_pad, which is its own shard layout; stages 0/1: from the
+//     fp32 accumulator), one collective per parameter, still overlapped with backward.
+//   - reduce_scatter (default true): false reduces with all-reduce instead of reduce-scatter
+//     (stages 1-3) and each rank keeps its own shards of the result: N times the traffic.
+//   - allgather_bucket_size (default 5e8): stages 1/2 all-gather the updated parameters in buckets
+//     of up to that many gathered elements (one collective per bucket; a larger parameter alone).
+//
 // Arithmetic (what the equivalence suite checks bitwise):
 //   - Reduction is the mean over ranks ("gradient_allreduce_op": "mean"; "sum" skips the division):
-//     fp32 sum in rank order, divided by N, rounded once to the reduced buffer's dtype.
+//     fp32 sum in rank order, divided by N, rounded once to the reduced buffer's dtype. Element by
+//     element, whatever the collective (reduce-scatter or all-reduce) and whatever the bucket
+//     shapes, so contiguous_gradients, reduce_scatter, reduce_bucket_size and
+//     allgather_bucket_size leave every result bitwise the same.
 //   - Stages 0/1 accumulate each rank's gradients locally in fp32 across micro steps and reduce the
 //     fp32 sums at the boundary backward. Stages 2/3 reduce each micro step's gradients in the model
 //     dtype and add the result to the fp32 partition.
@@ -105,6 +119,24 @@ struct EngineMemory {
   size_t optimizer_states = 0;
   size_t gradients = 0;      // accumulators + reduction buckets + gradient buffers handed out
   size_t device_peak = 0;    // Device::memory_stats().peak
+  // Of `gradients`: the reduction buckets' staging buffers (held for reuse). 0 with
+  // contiguous_gradients false (unless communication_data_type differs from the model dtype,
+  // which needs a conversion buffer per reduction in flight).
+  size_t bucket_staging = 0;
+  // Stages 1/2: all-gather bucket buffers held for reuse (not in the fields above; CUDA keeps up to
+  // two of the largest bucket, the CPU backend frees them after each step).
+  size_t allgather_staging = 0;
+};
+
+// Debug counters of the collectives the engine issued since creation (tests and logs; not saved in
+// checkpoints). With one rank no collective is issued and both stay 0.
+struct EngineStats {
+  // Gradient reductions (reduce-scatter or all-reduce): one per bucket, or one per parameter with
+  // contiguous_gradients false (stages 0/1: at the boundary; stages 2/3: every micro step).
+  int64_t gradient_collectives = 0;
+  // Stages 1/2: all-gathers of updated parameters (one per allgather bucket, at every applied step
+  // and at LoadCheckpoint). Stage 3's gathers are the coordinator's and are not counted.
+  int64_t weight_allgathers = 0;
 };
 
 // The step counters (saved in checkpoints and restored by LoadCheckpoint).
@@ -137,7 +169,10 @@ class Engine {
 
   // --- backward ------------------------------------------------------------------------------
   // Local. Device buffer (model dtype, full shape) for parameter `index`'s gradient of this
-  // micro step. The user overwrites it (not accumulates), then calls GradReady(index).
+  // micro step. The user overwrites it (not accumulates), then calls GradReady(index). With
+  // contiguous_gradients false at stages 2/3 the buffer is longer (n_pad elements, possibly
+  // followed by a receive area): the user writes the first numel elements, the rest is the
+  // engine's (zero padding, reduced in place).
   Result<void*> grad_buffer(int index);
   // The gradient is written: it is queued for accumulation/reduction and the buffer must not be
   // touched again. Reporting a parameter twice in one backward is an error naming it.
@@ -164,6 +199,7 @@ class Engine {
   int num_params() const;
   const ParamSpec& param_spec(int index) const;
   EngineMemory memory() const;
+  EngineStats stats() const;
 
   // --- state access (collective; tests, checkpoints, consolidation) ---------------------------
   // Full fp32 master weights of parameter `index` into host `out` (numel floats), on every rank.

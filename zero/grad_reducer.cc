@@ -30,9 +30,13 @@ Status GradientReducer::Fail(Status s) {
   return s;
 }
 
-Status GradientReducer::Add(int param, const void* src, DType src_t, int64_t numel,
-                            ReleaseFn release) {
+Status GradientReducer::Add(int param, void* src, DType src_t, int64_t numel, ReleaseFn release,
+                            void* recv) {
   if (!failed_.ok()) return failed_;
+  if (!options_.contiguous) {
+    ZERO_RETURN_IF_ERROR(LaunchOne(param, src, src_t, numel, std::move(release), recv));
+    return Poll();
+  }
   open_.push_back(Pending{param, src, src_t, numel, std::move(release)});
   open_numel_ += numel;
   if (open_numel_ >= options_.bucket_numel) ZERO_RETURN_IF_ERROR(Launch());
@@ -77,8 +81,9 @@ Status GradientReducer::Launch() {
   InFlight f;
   f.layout = BucketLayout(options_.kind, world, std::move(layout_items));
   const DType t = options_.comm_dtype;
-  const bool scatter = options_.kind == BucketKind::kShards && world > 1;
-  const int64_t staging_numel = f.layout.send_numel() + (scatter ? f.layout.recv_numel() : 0);
+  const bool recv_area =
+      options_.kind == BucketKind::kShards && options_.scatter && world > 1 && f.layout.segment() > 0;
+  const int64_t staging_numel = f.layout.send_numel() + (recv_area ? f.layout.recv_numel() : 0);
   if (staging_numel > 0) {
     auto staging = staging_.AcquireAtLeast(static_cast<size_t>(staging_numel) * SizeOf(t),
                                     "allocating a gradient bucket's staging buffer");
@@ -96,28 +101,94 @@ Status GradientReducer::Launch() {
       if (!s.ok()) return Fail(s);
     }
   }
-  const size_t segment = static_cast<size_t>(f.layout.segment());
-  if (world == 1 || segment == 0) {
-    f.recv = send;  // the mean (or sum) over one rank is the value itself
-  } else if (options_.kind == BucketKind::kFull) {
-    auto work = comm_->AllReduce(send, segment, t, options_.op, compute_);
-    if (!work.ok()) {
-      return Fail(work.status().WithContext(std::string(options_.name) + " all-reduce bucket"));
-    }
-    f.work = std::move(work).value();
-    f.recv = send;
-  } else {
-    void* recv = ElementPtr(send, t, f.layout.send_numel());
-    auto work = comm_->ReduceScatter(send, recv, segment, t, options_.op, compute_);
-    if (!work.ok()) {
-      return Fail(work.status().WithContext(std::string(options_.name) + " reduce-scatter bucket"));
-    }
-    f.work = std::move(work).value();
-    f.recv = recv;
-  }
+  ZERO_RETURN_IF_ERROR(Issue(&f, send, recv_area ? ElementPtr(send, t, f.layout.send_numel()) : nullptr));
   ++buckets_launched_;
   in_flight_.push_back(std::move(f));
   if (!options_.overlap) return ProcessOldest();
+  return OkStatus();
+}
+
+Status GradientReducer::LaunchOne(int param, void* src, DType src_t, int64_t numel, ReleaseFn release,
+                                  void* recv) {
+  while (static_cast<int>(in_flight_.size()) >= options_.max_in_flight) {
+    ZERO_RETURN_IF_ERROR(ProcessOldest());
+  }
+  const int world = comm_->world_size();
+  InFlight f;
+  f.layout = BucketLayout(options_.kind, world, {BucketItem{param, numel}});
+  const DType t = options_.comm_dtype;
+  const int64_t send_numel = f.layout.send_numel();
+  const bool recv_area =
+      options_.kind == BucketKind::kShards && options_.scatter && world > 1 && f.layout.segment() > 0;
+  void* send = src;
+  if (src_t != t) {
+    // The collective runs in comm_dtype: one conversion copy (padding converts to zero).
+    const int64_t staging_numel = send_numel + (recv_area ? f.layout.recv_numel() : 0);
+    if (staging_numel > 0) {
+      auto staging = staging_.AcquireAtLeast(static_cast<size_t>(staging_numel) * SizeOf(t),
+                                             "allocating a gradient conversion buffer");
+      if (!staging.ok()) return Fail(staging.status());
+      f.staging = std::move(staging).value();
+      send = f.staging.data();
+      Status s = device_->Cast(src, src_t, send, t, static_cast<size_t>(send_numel), compute_);
+      if (!s.ok()) return Fail(s.WithContext("converting the gradient of parameter " + std::to_string(param)));
+    }
+    if (release) {
+      Status s = release();
+      if (!s.ok()) return Fail(s);
+    }
+    recv = recv_area ? ElementPtr(send, t, send_numel) : nullptr;
+  } else {
+    f.release = std::move(release);
+    if (recv_area && recv == nullptr) {
+      auto staging = staging_.AcquireAtLeast(static_cast<size_t>(f.layout.recv_numel()) * SizeOf(t),
+                                             "allocating a gradient receive buffer");
+      if (!staging.ok()) return Fail(staging.status());
+      f.staging = std::move(staging).value();
+      recv = f.staging.data();
+    }
+  }
+  ZERO_RETURN_IF_ERROR(Issue(&f, send, recv_area ? recv : nullptr));
+  ++buckets_launched_;
+  in_flight_.push_back(std::move(f));
+  if (!options_.overlap) return ProcessOldest();
+  return OkStatus();
+}
+
+// Issues f's collective on `send` (f->layout.send_numel() elements of comm_dtype): kFull:
+// all-reduce in place; kShards: reduce-scatter into `recv`, or (scatter = false) all-reduce in
+// place and keep this rank's segment. Sets f->recv and f->work.
+Status GradientReducer::Issue(InFlight* f, void* send, void* recv) {
+  const int world = comm_->world_size();
+  const DType t = options_.comm_dtype;
+  const size_t segment = static_cast<size_t>(f->layout.segment());
+  auto what = [&](const char* collective) {
+    std::string w = std::string(options_.name) + " " + collective;
+    if (options_.contiguous) return w + " bucket";
+    return w + " of parameter " + std::to_string(f->layout.items().front().param);
+  };
+  if (world == 1 || segment == 0) {
+    f->recv = send;  // the mean (or sum) over one rank is the value itself
+    return OkStatus();
+  }
+  if (options_.kind == BucketKind::kFull) {
+    auto work = comm_->AllReduce(send, segment, t, options_.op, compute_);
+    if (!work.ok()) return Fail(work.status().WithContext(what("all-reduce")));
+    f->work = std::move(work).value();
+    f->recv = send;
+  } else if (!options_.scatter) {
+    auto work = comm_->AllReduce(send, static_cast<size_t>(f->layout.send_numel()), t, options_.op, compute_);
+    if (!work.ok()) return Fail(work.status().WithContext(what("all-reduce (reduce_scatter off)")));
+    f->work = std::move(work).value();
+    f->recv = ElementPtr(send, t, static_cast<int64_t>(comm_->rank()) * f->layout.segment());
+  } else {
+    ZERO_CHECK(recv != nullptr);
+    auto work = comm_->ReduceScatter(send, recv, segment, t, options_.op, compute_);
+    if (!work.ok()) return Fail(work.status().WithContext(what("reduce-scatter")));
+    f->work = std::move(work).value();
+    f->recv = recv;
+  }
+  ++collectives_issued_;
   return OkStatus();
 }
 
@@ -128,14 +199,21 @@ Status GradientReducer::ProcessOldest() {
   if (f.work != nullptr) {
     Status s = f.work->StreamWait(compute_);
     if (!s.ok()) {
-      return Fail(s.WithContext(std::string(options_.name) + " reduction of bucket with parameters " +
-                                std::to_string(f.layout.items().front().param) + ".." +
-                                std::to_string(f.layout.items().back().param)));
+      return Fail(s.WithContext(std::string(options_.name) + " reduction of " +
+                                (options_.contiguous ? "bucket with parameters " : "parameter ") +
+                                std::to_string(f.layout.items().front().param) +
+                                (options_.contiguous
+                                     ? ".." + std::to_string(f.layout.items().back().param)
+                                     : std::string())));
     }
   }
   for (int j = 0; j < f.layout.size(); ++j) {
     Status s = consumer_(f.layout.items()[j].param,
                          ElementPtr(f.recv, options_.comm_dtype, f.layout.item_offset(j)));
+    if (!s.ok()) return Fail(s);
+  }
+  if (f.release) {
+    Status s = f.release();
     if (!s.ok()) return Fail(s);
   }
   return staging_.Release(std::move(f.staging), compute_);

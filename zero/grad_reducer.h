@@ -1,22 +1,49 @@
-// GradientReducer: the bucketed, overlapped reduction of gradients (all stages).
+// GradientReducer: the overlapped reduction of gradients (all stages), bucketed or per parameter.
 //
-// Owns the open bucket (the gradients queued but not yet launched), the buckets in flight and
+// Owns the open bucket (the gradients queued but not yet launched), the reductions in flight and
 // their staging buffers. It does not own the gradients it is handed (the caller's buffers, given
-// back through each item's release callback once packed) nor what the reduced values are added to
-// (the consumer callback does that).
+// back through each item's release callback once the reducer is done reading them) nor what the
+// reduced values are added to (the consumer callback does that).
 //
-// Flow: Add(param, src) queues a gradient in the open bucket; once the bucket holds at least
-// `bucket_numel` gradient elements it is launched: its items are sorted by parameter index (every
-// rank builds the same layout), packed into a staging buffer on the compute stream
+// Two modes (GradientReducerOptions::contiguous, DeepSpeed's zero_optimization.contiguous_gradients):
+//
+// Contiguous (default). Add(param, src) queues a gradient in the open bucket; once the bucket holds
+// at least `bucket_numel` gradient elements it is launched: its items are sorted by parameter index
+// (every rank builds the same layout), packed into a staging buffer on the compute stream
 // (gradient_bucket.h: kFull for all-reduce, kShards for reduce-scatter; converted to comm_dtype),
-// and one collective is issued with `after` = the compute stream, so backward continues while it
-// runs. At most `max_in_flight` buckets are in flight; launching another first completes the
-// oldest. Completed buckets are processed strictly in launch order: the compute stream is made to
-// wait for the collective (Work::StreamWait), then consumer(param, reduced) is called per item,
-// where `reduced` (comm_dtype device memory, valid during the call; enqueue reads on the compute
-// stream) holds the item's reduced full gradient (kFull) or this rank's shard of it (kShards).
-// overlap = false completes every bucket right after launching it. With one rank no collective
-// is issued (the mean over one rank is the value itself, bitwise).
+// each item is released right after its packing copy, and ONE collective is issued for the bucket
+// with `after` = the compute stream, so backward continues while it runs.
+//
+// Per parameter (contiguous = false). No bucket and no packing copy: every Add issues its own
+// collective straight from the caller's buffer, which must already be in the collective's layout:
+// kFull: `numel` elements, reduced in place (all-reduce); kShards: PaddedNumel(numel, N) elements
+// with zero padding (a padded parameter is its own shard layout: rank r's shard is elements
+// [r*shard, (r+1)*shard)), reduce-scattered into `recv` (shard elements, not overlapping the
+// source; null: a small staging buffer). The buffer is written by the collective (in-place
+// all-reduce) and released only once the reduction has been consumed. When src_t differs from
+// comm_dtype a conversion copy into a staging buffer is unavoidable (then the source is released
+// right after it).
+//   Trade-off: per parameter saves the packing copy (one read and one write of every gradient
+//   element) and the staging memory of the buckets (up to max_in_flight buckets of bucket_numel
+//   elements, N times that for reduce-scatter's send side); it pays with one collective per
+//   parameter instead of per bucket: many more, smaller collectives, each with its own latency
+//   (and kernel launches on NCCL), which dominates for models of many small parameters. The
+//   gradient buffers stay held until their collective completes (up to max_in_flight of them)
+//   instead of being released right after packing.
+//
+// Reduce-scatter or all-reduce (GradientReducerOptions::scatter, DeepSpeed's reduce_scatter): for
+// kShards, scatter = false reduces the whole shard-layout buffer with an in-place AllReduce and the
+// consumer reads this rank's segment of the result: the same values (every element is summed in rank
+// order either way, Gloo), N times the received traffic and no receive area.
+//
+// In both modes at most `max_in_flight` reductions (buckets, or parameters) are in flight;
+// launching another first completes the oldest. Completed reductions are processed strictly in
+// launch order: the compute stream is made to wait for the collective (Work::StreamWait), then
+// consumer(param, reduced) is called per item, where `reduced` (comm_dtype device memory, valid
+// during the call; enqueue reads on the compute stream) holds the item's reduced full gradient
+// (kFull) or this rank's shard of it (kShards). overlap = false completes every reduction right
+// after launching it. With one rank no collective is issued (the mean over one rank is the value
+// itself, bitwise).
 //
 // Every rank must Add the same parameters in the same order between the same Flush/Drain calls
 // (the collectives are matched by order). After an error the reducer is unusable.
@@ -46,6 +73,8 @@ struct GradientReducerOptions {
   int64_t bucket_numel = 500000000;  // launch once a bucket holds at least this many elements
   bool overlap = true;
   int max_in_flight = 2;
+  bool contiguous = true;  // false: no buckets, one collective per Add straight from its buffer
+  bool scatter = true;     // kShards: false reduces with AllReduce (this rank keeps its segment)
   const char* name = "gradient";  // for error messages: "gradient reduce-scatter ..."
 };
 
@@ -59,9 +88,14 @@ class GradientReducer {
   ~GradientReducer();
 
   // Queues `numel` elements of `src_t` at `src` (device memory, written on the compute stream).
-  // `src` must stay unmodified until `release` has been called (right after packing, in compute
-  // stream order). May launch the open bucket and process completed ones.
-  Status Add(int param, const void* src, DType src_t, int64_t numel, ReleaseFn release);
+  // Contiguous: `src` must stay unmodified until `release` has been called (right after packing,
+  // in compute stream order); `recv` is ignored. May launch the open bucket.
+  // Per parameter: `src` holds the layout described above (kShards: padded, zero padding) and
+  // belongs to the reducer (which may overwrite it) until `release` is called (after the reduced
+  // values were consumed, in compute stream order). `recv` (kShards with scatter, when src_t ==
+  // comm_dtype): where the reduced shard lands, not overlapping `src`; null: a staging buffer.
+  // Launches the collective. Either mode may process completed reductions.
+  Status Add(int param, void* src, DType src_t, int64_t numel, ReleaseFn release, void* recv = nullptr);
   // Launches the open bucket (if it holds anything).
   Status Flush();
   // Flush, then completes and processes every bucket in flight, in order.
@@ -74,7 +108,10 @@ class GradientReducer {
   size_t staging_bytes() const { return staging_.bytes(); }
   // Frees idle staging buffers (all of them when `keep` is 0).
   Status TrimStaging(size_t keep_bytes) { return staging_.Trim(keep_bytes); }
+  // Reductions launched (buckets; parameters in per-parameter mode), with or without a collective.
   int64_t buckets_launched() const { return buckets_launched_; }
+  // Collectives issued (none with one rank or for empty buckets).
+  int64_t collectives_issued() const { return collectives_issued_; }
 
  private:
   struct Pending {
@@ -89,9 +126,12 @@ class GradientReducer {
     DeviceBuffer staging;
     const void* recv = nullptr;
     std::unique_ptr<Work> work;  // null: nothing to wait for (one rank)
+    ReleaseFn release;           // per parameter: gives the source back once consumed
   };
 
   Status Launch();
+  Status LaunchOne(int param, void* src, DType src_t, int64_t numel, ReleaseFn release, void* recv);
+  Status Issue(InFlight* f, void* send, void* recv);
   Status ProcessOldest();
   Status Fail(Status s);
 
@@ -105,6 +145,7 @@ class GradientReducer {
   int64_t open_numel_ = 0;
   std::deque<InFlight> in_flight_;
   int64_t buckets_launched_ = 0;
+  int64_t collectives_issued_ = 0;
   Status failed_;
 };
 

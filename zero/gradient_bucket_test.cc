@@ -161,5 +161,83 @@ TEST(GradientReducerTest, AllReduceFullAndSumOp) {
   EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
+// contiguous_gradients false (one collective per parameter straight from its padded buffer) and
+// reduce_scatter false (all-reduce, keep this rank's segment) give the same values as the packed
+// reduce-scatter, bitwise; per parameter with a receive area given allocates no staging.
+TEST(GradientReducerTest, PerParameterAndAllReduceModesGiveTheSameValues) {
+  const int world = 3;
+  const std::vector<int64_t> sizes = {7, 1, 30, 4, 11};
+  for (BucketKind kind : {BucketKind::kShards, BucketKind::kFull}) {
+    for (DType src_t : {DType::kF32, DType::kBF16}) {
+      std::vector<std::vector<std::vector<float>>> results;  // [mode][param] on rank 1
+      for (int mode = 0; mode < 5; ++mode) {
+        // 0: packed reduce-scatter; 1: packed all-reduce; 2: per parameter with recv; 3: per
+        // parameter, recv null; 4: per parameter, all-reduce.
+        const bool contiguous = mode <= 1;
+        const bool scatter = !(mode == 1 || mode == 4);
+        std::vector<std::vector<float>> mine(sizes.size());
+        Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) -> Status {
+          GradientReducerOptions o;
+          o.kind = kind;
+          o.comm_dtype = DType::kBF16;
+          o.bucket_numel = 12;
+          o.contiguous = contiguous;
+          o.scatter = scatter;
+          std::vector<std::vector<float>> got(sizes.size());
+          GradientReducer reducer(device, comm, device->default_stream(), o,
+                                  [&](int param, const void* reduced) -> Status {
+                                    const int64_t n = kind == BucketKind::kFull ? sizes[param]
+                                                                                : ShardNumel(sizes[param], world);
+                                    got[param].resize(n);
+                                    for (int64_t k = 0; k < n; ++k) got[param][k] = LoadAsFloat(reduced, DType::kBF16, k);
+                                    return OkStatus();
+                                  });
+          // Padded buffers (zero padding) plus a receive area, in src_t.
+          std::vector<std::vector<uint8_t>> bufs(sizes.size());
+          int released = 0;
+          for (int i = static_cast<int>(sizes.size()) - 1; i >= 0; --i) {
+            const int64_t padded = PaddedNumel(sizes[i], world);
+            const int64_t shard = ShardNumel(sizes[i], world);
+            bufs[i].assign(static_cast<size_t>(padded + shard) * SizeOf(src_t), 0);
+            for (int64_t k = 0; k < sizes[i]; ++k) {
+              StoreFromFloat(bufs[i].data(), src_t, k, 0.37f * (rank + 1) + 0.011f * k + 1.3f * i);
+            }
+            void* recv = mode == 2 && src_t == DType::kBF16 ? ElementPtr(bufs[i].data(), src_t, padded) : nullptr;
+            ZERO_RETURN_IF_ERROR(reducer.Add(i, bufs[i].data(), src_t, sizes[i], [&]() {
+              ++released;
+              return OkStatus();
+            }, recv));
+          }
+          ZERO_RETURN_IF_ERROR(reducer.Drain());
+          if (released != static_cast<int>(sizes.size())) return InternalError("not all released");
+          if (!contiguous && reducer.collectives_issued() != static_cast<int64_t>(sizes.size())) {
+            return InternalError("expected one collective per parameter, got " +
+                                 std::to_string(reducer.collectives_issued()));
+          }
+          if (mode == 2 && src_t == DType::kBF16 && reducer.staging_bytes() != 0) {
+            return InternalError("per-parameter mode with a receive area allocated staging");
+          }
+          if (contiguous && reducer.collectives_issued() < 2) return InternalError("expected several buckets");
+          if (rank == 1) mine = got;
+          return OkStatus();
+        });
+        EXPECT_TRUE(s.ok()) << "mode " << mode << ": " << s.ToString();
+        results.push_back(mine);
+      }
+      for (int mode = 1; mode < 5; ++mode) {
+        ASSERT_EQ(results[mode].size(), results[0].size());
+        for (size_t i = 0; i < results[0].size(); ++i) {
+          ASSERT_EQ(results[mode][i].size(), results[0][i].size()) << "mode " << mode << " param " << i;
+          for (size_t k = 0; k < results[0][i].size(); ++k) {
+            EXPECT_EQ(FloatBits(results[mode][i][k]), FloatBits(results[0][i][k]))
+                << "kind " << static_cast<int>(kind) << " " << DTypeName(src_t) << " mode " << mode
+                << " param " << i << " elem " << k;
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zero
