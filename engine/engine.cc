@@ -552,6 +552,9 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     int64_t largest_module = 0;
     for (int64_t b : module_bytes) largest_module = std::max(largest_module, b);
     co.pool_free_bytes = device->kind() == DeviceKind::kCpu ? 0 : static_cast<size_t>(largest_module);
+    // Staging buffers of coalesced gathers: CPU frees each right after its unpack; CUDA keeps them
+    // for stream-ordered reuse (no more than were in flight at once, plus one) to avoid host waits.
+    co.staging_free_bytes = device->kind() == DeviceKind::kCpu ? 0 : ~size_t{0};
     coordinator = std::make_unique<ParamCoordinator>(device, comm, compute, mdt, std::move(cps),
                                                      module_names, co);
   }
@@ -954,6 +957,7 @@ EngineStats Engine::stats() const {
   EngineStats out;
   out.gradient_collectives = m.reducer != nullptr ? m.reducer->collectives_issued() : 0;
   out.weight_allgathers = m.weight_gather != nullptr ? m.weight_gather->collectives_issued() : 0;
+  out.param_allgathers = m.coordinator != nullptr ? m.coordinator->stats().allgathers : 0;
   return out;
 }
 int Engine::num_params() const { return static_cast<int>(impl_->params.size()); }

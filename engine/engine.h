@@ -24,10 +24,10 @@
 // partitioned. Stage 1: fp32 master weights and AdamW moments are partitioned. Stage 2: also the
 // fp32 gradient accumulators (gradients are reduce-scattered as they are produced, in buckets of
 // reduce_bucket_size elements, on the communicator while backward continues). Stage 3: also the
-// model-dtype parameters; GatherModule all-gathers a module's parameters and the handle releases
-// them (parameters of at most stage3_param_persistence_threshold elements stay gathered),
-// prefetching the modules that followed last step, within stage3_prefetch_bucket_size and
-// stage3_max_live_parameters.
+// model-dtype parameters; GatherModule all-gathers a module's parameters (one collective for all
+// of them) and the handle releases them (parameters of at most stage3_param_persistence_threshold
+// elements stay gathered), prefetching the modules that followed last step (one collective per
+// prefetch), within stage3_prefetch_bucket_size and stage3_max_live_parameters.
 //
 // Collective shapes (docs/zero.md; none changes a value, see Arithmetic):
 //   - contiguous_gradients (default true): gradients are packed into bucket buffers in shard layout
@@ -114,7 +114,8 @@ class ModuleHandle {
 
 // Per-rank memory held by the engine, in bytes of device memory (for tests and logs).
 struct EngineMemory {
-  size_t model_params = 0;   // model-dtype parameters resident (full, or shards + gathered at stage 3)
+  size_t model_params = 0;   // model-dtype parameters resident (full, or shards + gathered at stage 3,
+                             // with the stage-3 all-gather staging buffers)
   size_t master_params = 0;  // fp32 master weights
   size_t optimizer_states = 0;
   size_t gradients = 0;      // accumulators + reduction buckets + gradient buffers handed out
@@ -129,14 +130,19 @@ struct EngineMemory {
 };
 
 // Debug counters of the collectives the engine issued since creation (tests and logs; not saved in
-// checkpoints). With one rank no collective is issued and both stay 0.
+// checkpoints). With one rank no collective is issued and all stay 0.
 struct EngineStats {
   // Gradient reductions (reduce-scatter or all-reduce): one per bucket, or one per parameter with
   // contiguous_gradients false (stages 0/1: at the boundary; stages 2/3: every micro step).
   int64_t gradient_collectives = 0;
   // Stages 1/2: all-gathers of updated parameters (one per allgather bucket, at every applied step
-  // and at LoadCheckpoint). Stage 3's gathers are the coordinator's and are not counted.
+  // and at LoadCheckpoint). Stage 3's gathers are counted in param_allgathers.
   int64_t weight_allgathers = 0;
+  // Stage 3: the parameter coordinator's all-gathers. Each gather is coalesced into one collective:
+  // a GatherModule of a module with k parameters to gather, one prefetch step (one or several
+  // modules, at most stage3_prefetch_bucket_size elements), the re-gather of held modules after
+  // Step().
+  int64_t param_allgathers = 0;
 };
 
 // The step counters (saved in checkpoints and restored by LoadCheckpoint).

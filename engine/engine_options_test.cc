@@ -221,9 +221,15 @@ TEST_P(OptionsMatrixTest, EveryVariantTrainsBitwiseLikeTheDefaults) {
   EXPECT_NE(ref[0].master[0][0], InitValue(0, 0));  // the weights moved
   // Defaults: one bucket (5e8 elements) per reduction and one all-gather bucket per step.
   const int64_t reductions_per_step = c.stage <= 1 ? 1 : c.gas;
+  // Stage 3 (every parameter persistent under the default threshold; the default prefetch bucket
+  // holds the model): the first step gathers each of the 4 modules once (one collective each, the
+  // trace being recorded); after every later Step() the demand of m0 and one prefetch of m1..m3
+  // re-gather the stale parameters: 2 collectives, whatever the number of parameters.
+  const int64_t param_allgathers = c.stage == 3 ? 4 + 2 * (steps - 1) : 0;
   for (const Result1& r : ref) {
     EXPECT_EQ(r.stats.gradient_collectives, steps * reductions_per_step);
     EXPECT_EQ(r.stats.weight_allgathers, (c.stage == 1 || c.stage == 2) ? steps : 0);
+    EXPECT_EQ(r.stats.param_allgathers, param_allgathers);
     EXPECT_GT(r.memory.bucket_staging, 0u);
   }
   for (const Variant& v : Variants()) {
@@ -233,6 +239,7 @@ TEST_P(OptionsMatrixTest, EveryVariantTrainsBitwiseLikeTheDefaults) {
     const bool contiguous = v.zero_extra.find("\"contiguous_gradients\": false") == std::string::npos;
     const bool small_allgather = v.zero_extra.find("allgather_bucket_size") != std::string::npos;
     for (const Result1& r : got) {
+      EXPECT_EQ(r.stats.param_allgathers, param_allgathers);  // no variant changes the gathers
       if (!contiguous) {
         // One collective per parameter, no bucket staging buffers.
         EXPECT_EQ(r.stats.gradient_collectives, steps * reductions_per_step * n_params);
@@ -316,6 +323,7 @@ TEST(EngineOptionsTest, WorldOne) {
       ExpectBitwiseEqual(ref, got, v.name);
       EXPECT_EQ(got[0].stats.gradient_collectives, 0);
       EXPECT_EQ(got[0].stats.weight_allgathers, 0);
+      EXPECT_EQ(got[0].stats.param_allgathers, 0);
     }
   }
 }

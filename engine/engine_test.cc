@@ -475,6 +475,135 @@ TEST(EngineMemoryTest, Stage3StepReleasesGatheredParameters) {
   EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
+// --- stage-3 collectives ------------------------------------------------------------------------
+
+// A module of 5 parameters ("wide") and three blocks of 2, all non-persistent.
+TestModel WideAndBlocks() {
+  TestModel m;
+  m.specs = {{"wide.a", {30}, "wide"}, {"wide.b", {7}, "wide"}, {"wide.c", {}, "wide"},
+             {"wide.d", {8, 8}, "wide"}, {"wide.e", {13}, "wide"}};
+  m.modules = {"wide"};
+  for (int k = 0; k < 3; ++k) {
+    const std::string mod = "block" + std::to_string(k);
+    m.specs.push_back({mod + ".w", {100}, mod});
+    m.specs.push_back({mod + ".b", {9}, mod});
+    m.modules.push_back(mod);
+  }
+  return m;
+}
+
+// Runs `micro_steps` micro steps (GAS 2: forward over the modules, backward in reverse) and
+// records param_allgathers after every GatherModule, per micro step. In the first micro step every
+// parameter read must equal its initial value bitwise.
+Status CountStage3Gathers(const Config& config, const TestModel& model, int rank, Communicator* comm,
+                          Device* device, int micro_steps, std::vector<std::vector<int64_t>>* deltas) {
+  ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, device, comm));
+  for (const ParamSpec& s : model.specs) ZERO_RETURN_IF_ERROR(engine->RegisterParameter(s).status());
+  Engine* e = engine.get();
+  ZERO_RETURN_IF_ERROR(engine->Initialize([e](int index, float* v) {
+    const int64_t n = Numel(e->param_spec(index));
+    for (int64_t k = 0; k < n; ++k) v[k] = InitValue(index, k);
+  }));
+  std::vector<std::vector<int>> module_params(model.modules.size());
+  for (int i = 0; i < static_cast<int>(model.specs.size()); ++i) {
+    for (size_t m = 0; m < model.modules.size(); ++m) {
+      if (model.specs[i].module == model.modules[m]) module_params[m].push_back(i);
+    }
+  }
+  std::vector<size_t> order;
+  for (size_t m = 0; m < model.modules.size(); ++m) order.push_back(m);
+  for (size_t m = model.modules.size(); m-- > 0;) order.push_back(m);
+  for (int micro = 0; micro < micro_steps; ++micro) {
+    deltas->emplace_back();
+    for (size_t pos = 0; pos < order.size(); ++pos) {
+      const size_t m = order[pos];
+      const bool backward = pos >= model.modules.size();
+      const int64_t before = e->stats().param_allgathers;
+      ZERO_ASSIGN_OR_RETURN(ModuleHandle h, engine->GatherModule(model.modules[m]));
+      deltas->back().push_back(e->stats().param_allgathers - before);
+      for (int i : module_params[m]) {
+        std::vector<float> v;
+        ZERO_RETURN_IF_ERROR(ReadParam(e, device, i, &v));
+        if (micro == 0) {
+          for (size_t k = 0; k < v.size(); ++k) {
+            if (FloatBits(v[k]) != FloatBits(InitValue(i, static_cast<int64_t>(k)))) {
+              return InternalError("param " + std::to_string(i) + " element " + std::to_string(k));
+            }
+          }
+        }
+        if (backward) ZERO_RETURN_IF_ERROR(WriteGrad(e, device, i, Gradient(i, v, rank, micro, 1.0f)));
+      }
+      ZERO_RETURN_IF_ERROR(h.Release());
+    }
+    ZERO_RETURN_IF_ERROR(engine->Backward());
+    ZERO_RETURN_IF_ERROR(engine->Step());
+  }
+  return OkStatus();
+}
+
+TEST(EngineStatsTest, Stage3GatherIsOneCollectivePerModuleAndPerPrefetch) {
+  const TestModel model = WideAndBlocks();
+  const int world = 2;
+  // (stage3_prefetch_bucket_size, param_allgathers per GatherModule of the second micro step)
+  // Order: wide, block0, block1, block2, block2, block1, block0, wide. At N = 2 a block needs
+  // 100 + 10 padded elements.
+  const std::vector<std::pair<int64_t, std::vector<int64_t>>> cases = {
+      // The whole model fits: the demand of wide (1) and one prefetch of the three blocks (1);
+      // released modules are kept (reused within stage3_max_reuse_distance).
+      {1000000, {2, 0, 0, 0, 0, 0, 0, 0}},
+      // Two blocks fit: the demand and one prefetch of block0 and block1, then block2's prefetch.
+      {220, {2, 1, 0, 0, 0, 0, 0, 0}},
+      // No prefetch: one collective per module demand (and none again: kept).
+      {0, {1, 1, 1, 1, 0, 0, 0, 0}},
+  };
+  for (const auto& [bucket, want] : cases) {
+    SCOPED_TRACE("stage3_prefetch_bucket_size " + std::to_string(bucket));
+    auto config = MakeConfig(ConfigJson(3, 2, 1.0, "",
+                                        "\"stage3_param_persistence_threshold\": 0, \"stage3_prefetch_bucket_size\": " +
+                                            std::to_string(bucket)),
+                             world);
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    std::vector<std::vector<std::vector<int64_t>>> deltas(world);
+    Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) {
+      return CountStage3Gathers(*config, model, rank, comm, device, 2, &deltas[rank]);
+    });
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    for (int r = 0; r < world; ++r) {
+      ASSERT_EQ(deltas[r].size(), 2u);
+      // Recording (first micro step): nothing kept or prefetched: each GatherModule is exactly
+      // one all-gather, the 5-parameter module included.
+      EXPECT_EQ(deltas[r][0], std::vector<int64_t>(8, 1)) << "rank " << r;
+      EXPECT_EQ(deltas[r][1], want) << "rank " << r;
+    }
+  }
+}
+
+// After Step() the persistent parameters are stale: each module's first gather re-gathers its
+// weight and its persistent bias in one collective; the prefetch of several modules is one too.
+TEST(EngineStatsTest, Stage3PersistentAndGatheredParametersShareOneCollective) {
+  const TestModel model = WideAndBlocks();
+  const int world = 3;
+  auto config = MakeConfig(ConfigJson(3, 1, 1.0, "",
+                                      "\"stage3_param_persistence_threshold\": 10, \"stage3_prefetch_bucket_size\": 0"),
+                           world);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  std::vector<std::vector<std::vector<int64_t>>> deltas(world);
+  Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) {
+    return CountStage3Gathers(*config, model, rank, comm, device, 3, &deltas[rank]);
+  });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(deltas[r].size(), 3u);
+    // Recording: nothing is kept, so backward gathers the weights again (one collective each).
+    EXPECT_EQ(deltas[r][0], std::vector<int64_t>(8, 1)) << "rank " << r;
+    for (size_t micro = 1; micro < 3; ++micro) {
+      // GAS 1: every micro step follows a Step(): each module's weights and stale persistent
+      // parameters are gathered together, once; then kept for the backward use.
+      EXPECT_EQ(deltas[r][micro], (std::vector<int64_t>{1, 1, 1, 1, 0, 0, 0, 0})) << "rank " << r << " micro " << micro;
+    }
+  }
+}
+
 // A larger model through every stage on two ranks: exercises many buckets and prefetches and
 // prints the time per step (the CPU path must stay reasonably fast).
 TEST(EngineTrainingTest, LargerModelEveryStage) {

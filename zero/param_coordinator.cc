@@ -19,7 +19,8 @@ ParamCoordinator::ParamCoordinator(Device* device, Communicator* comm, Stream* c
       compute_(compute),
       dtype_(dtype),
       options_(options),
-      pool_(device, options.pool_free_bytes) {
+      pool_(device, options.pool_free_bytes),
+      staging_pool_(device, options.staging_free_bytes) {
   modules_.resize(module_names.size());
   for (size_t m = 0; m < module_names.size(); ++m) modules_[m].name = std::move(module_names[m]);
   params_.resize(params.size());
@@ -31,10 +32,11 @@ ParamCoordinator::ParamCoordinator(Device* device, Communicator* comm, Stream* c
 }
 
 ParamCoordinator::~ParamCoordinator() {
-  for (Param& p : params_) {
-    if (p.work != nullptr) p.work->Wait().IgnoreError();
+  // The collectives in flight write the full and staging buffers; nothing may free them earlier.
+  for (auto& [id, f] : flights_) {
+    if (f.work != nullptr) f.work->Wait().IgnoreError();
   }
-  // The full buffers free themselves; nothing may still read them.
+  // The buffers free themselves; nothing may still read them.
   device_->SynchronizeStream(compute_).IgnoreError();
 }
 
@@ -47,18 +49,35 @@ bool ParamCoordinator::NeedsGather(const Param& p) const {
   return p.state == State::kReleased || (p.state == State::kReady && p.stale);
 }
 
-void ParamCoordinator::NeededNumel(int module, int64_t* all, int64_t* live) const {
-  *all = 0;
-  *live = 0;
+ParamCoordinator::Need ParamCoordinator::NeededBy(int module) const {
+  Need n;
   for (int i : modules_[module].params) {
     const Param& p = params_[i];
-    if (!NeedsGather(p)) continue;
-    *all += p.spec.padded;
-    if (!p.spec.persistent && p.state == State::kReleased) *live += p.spec.padded;
+    if (!NeedsGather(p) || p.spec.padded == 0) continue;
+    n.all += p.spec.padded;
+    ++n.count;
+    if (!p.spec.persistent && p.state == State::kReleased) n.live += p.spec.padded;
   }
+  return n;
 }
 
-Status ParamCoordinator::IssueGathers(int module) {
+int64_t ParamCoordinator::StagingNumel(int64_t all, int64_t count) const {
+  // N*S = the sum of the padded sizes; one parameter (or one rank) needs no staging.
+  return count >= 2 && comm_->world_size() > 1 ? all : 0;
+}
+
+std::string ParamCoordinator::Describe(const Flight& f) const {
+  std::string out = "all-gather of ";
+  const size_t shown = std::min<size_t>(f.params.size(), 4);
+  for (size_t j = 0; j < shown; ++j) {
+    const Param& p = params_[f.params[j]];
+    out += (j ? ", '" : "'") + p.spec.name + "' (module '" + modules_[p.spec.module].name + "')";
+  }
+  if (f.params.size() > shown) out += " and " + std::to_string(f.params.size() - shown) + " more parameters";
+  return out;
+}
+
+Status ParamCoordinator::Claim(int module, Flight* f) {
   for (int i : modules_[module].params) {
     Param& p = params_[i];
     if (!NeedsGather(p)) continue;
@@ -82,29 +101,115 @@ Status ParamCoordinator::IssueGathers(int module) {
       p.state = State::kReady;
       continue;
     }
-    auto work = comm_->AllGather(p.spec.shard_data, p.full.data(), static_cast<size_t>(p.spec.shard),
-                                 dtype_, compute_);
-    if (!work.ok()) {
-      return Fail(work.status().WithContext("all-gather of parameter '" + p.spec.name +
-                                            "' (module '" + modules_[module].name + "')"));
-    }
-    p.work = std::move(work).value();
     p.state = State::kInFlight;
-    ++stats_.gathers;
+    p.flight = -1;
+    f->params.push_back(i);
   }
+  return OkStatus();
+}
+
+Status ParamCoordinator::Launch(Flight f) {
+  if (f.params.empty()) return OkStatus();
+  const int world = comm_->world_size();
+  const int rank = comm_->rank();
+  const size_t esize = SizeOf(dtype_);
+  stats_.gathered_params += static_cast<int64_t>(f.params.size());
+  if (world == 1) {
+    // The one shard is the whole padded parameter: copy it, no collective.
+    for (int i : f.params) {
+      Param& p = params_[i];
+      Status s = device_->Copy(p.full.data(), p.spec.shard_data, static_cast<size_t>(p.spec.padded) * esize,
+                               CopyKind::kDeviceToDevice, compute_);
+      if (!s.ok()) return Fail(s.WithContext("copying parameter '" + p.spec.name + "' (one rank)"));
+      p.state = State::kReady;
+    }
+    return OkStatus();
+  }
+  for (int i : f.params) {
+    f.offset.push_back(f.segment);
+    f.segment += params_[i].spec.shard;
+  }
+  Result<std::unique_ptr<Work>> work = std::unique_ptr<Work>();
+  if (f.params.size() == 1) {
+    // Straight into the full buffer: no staging, no pack, no unpack.
+    Param& p = params_[f.params.front()];
+    work = comm_->AllGather(p.spec.shard_data, p.full.data(), static_cast<size_t>(p.spec.shard), dtype_,
+                            compute_);
+  } else {
+    f.staging_numel = f.segment * world;
+    auto buf = staging_pool_.AcquireAtLeast(static_cast<size_t>(f.staging_numel) * esize,
+                                            "allocating a stage-3 all-gather staging buffer");
+    if (!buf.ok()) return Fail(buf.status().WithContext(Describe(f)));
+    f.staging = std::move(buf).value();
+    live_numel_ += f.staging_numel;
+    stats_.max_live_numel_seen = std::max(stats_.max_live_numel_seen, live_numel_);
+    stats_.max_staging_numel = std::max(stats_.max_staging_numel, f.staging_numel);
+    // Pack this rank's shards into its segment (compute stream; the collective runs after it).
+    void* mine = static_cast<char*>(f.staging.data()) + static_cast<size_t>(rank * f.segment) * esize;
+    for (size_t j = 0; j < f.params.size(); ++j) {
+      const Param& p = params_[f.params[j]];
+      Status s = device_->Copy(static_cast<char*>(mine) + static_cast<size_t>(f.offset[j]) * esize,
+                               p.spec.shard_data, static_cast<size_t>(p.spec.shard) * esize,
+                               CopyKind::kDeviceToDevice, compute_);
+      if (!s.ok()) return Fail(s.WithContext(Describe(f) + ": packing"));
+    }
+    work = comm_->AllGather(mine, f.staging.data(), static_cast<size_t>(f.segment), dtype_, compute_);
+  }
+  if (!work.ok()) return Fail(work.status().WithContext(Describe(f)));
+  f.work = std::move(work).value();
+  ++stats_.allgathers;
+  const int64_t id = next_flight_++;
+  for (int i : f.params) params_[i].flight = id;
+  flights_.emplace(id, std::move(f));
+  return OkStatus();
+}
+
+Status ParamCoordinator::Complete(int64_t id) {
+  auto it = flights_.find(id);
+  ZERO_CHECK(it != flights_.end());
+  Flight& f = it->second;
+  if (f.work != nullptr) {
+    Status s = f.work->StreamWait(compute_);
+    if (!s.ok()) return Fail(s.WithContext(Describe(f)));
+    f.work.reset();
+  }
+  if (!f.staging.empty()) {
+    // Unpack: rank r's shard of params[j], from segment r to its place in the full buffer.
+    const size_t esize = SizeOf(dtype_);
+    const int world = comm_->world_size();
+    const char* base = static_cast<const char*>(f.staging.data());
+    for (int r = 0; r < world; ++r) {
+      for (size_t j = 0; j < f.params.size(); ++j) {
+        Param& p = params_[f.params[j]];
+        const size_t bytes = static_cast<size_t>(p.spec.shard) * esize;
+        Status s = device_->Copy(static_cast<char*>(p.full.data()) + r * bytes,
+                                 base + static_cast<size_t>(r * f.segment + f.offset[j]) * esize, bytes,
+                                 CopyKind::kDeviceToDevice, compute_);
+        if (!s.ok()) return Fail(s.WithContext(Describe(f) + ": unpacking"));
+      }
+    }
+    // Freed (or pooled) right after the unpack, in compute-stream order.
+    Status s = staging_pool_.Release(std::move(f.staging), compute_);
+    if (!s.ok()) return Fail(s);
+    live_numel_ -= f.staging_numel;
+  }
+  for (int i : f.params) {
+    params_[i].state = State::kReady;
+    params_[i].flight = -1;
+  }
+  flights_.erase(it);
+  return OkStatus();
+}
+
+Status ParamCoordinator::CompleteAll() {
+  while (!flights_.empty()) ZERO_RETURN_IF_ERROR(Complete(flights_.begin()->first));
   return OkStatus();
 }
 
 Status ParamCoordinator::WaitParam(Param& p) {
   if (p.state != State::kInFlight) return OkStatus();
-  Status s = p.work->StreamWait(compute_);
-  if (!s.ok()) {
-    return Fail(s.WithContext("all-gather of parameter '" + p.spec.name + "' (module '" +
-                              modules_[p.spec.module].name + "')"));
-  }
-  p.work.reset();
-  p.state = State::kReady;
-  return OkStatus();
+  ZERO_CHECK(p.flight >= 0);
+  return Complete(p.flight);
 }
 
 Status ParamCoordinator::WaitModule(int module) {
@@ -141,6 +246,14 @@ int ParamCoordinator::NextUse(int module, int64_t* distance) const {
 }
 
 Status ParamCoordinator::MakeRoom(int64_t needed_live, int demanded) {
+  // Staging of earlier flights first: completing them frees it without losing any gathered
+  // parameter, and the demand's collective is queued behind theirs anyway.
+  while (live_numel_ + needed_live > options_.max_live_numel) {
+    auto it = std::find_if(flights_.begin(), flights_.end(),
+                           [](const auto& kv) { return kv.second.staging_numel > 0; });
+    if (it == flights_.end()) break;
+    ZERO_RETURN_IF_ERROR(Complete(it->first));
+  }
   while (live_numel_ + needed_live > options_.max_live_numel) {
     // The unheld module holding live parameters whose next use is farthest away (or never).
     int victim = -1;
@@ -171,22 +284,29 @@ Status ParamCoordinator::MakeRoom(int64_t needed_live, int demanded) {
 
 Status ParamCoordinator::Prefetch() {
   if (!trace_valid_ || recording_) return OkStatus();
+  // One flight for every module this call prefetches: at most prefetch_bucket_numel elements,
+  // and the live elements (their staging included) within max_live_numel.
+  Flight f;
   int64_t bucket = 0;
+  int64_t count = 0;
   const size_t end = std::min(trace_.size(), cursor_ + kMaxLookahead);
   for (size_t j = cursor_; j < end; ++j) {
     const int m = trace_[j];
-    int64_t all = 0;
-    int64_t live = 0;
-    NeededNumel(m, &all, &live);
-    if (all == 0) continue;
-    if (bucket + all > options_.prefetch_bucket_numel) break;
-    if (live_numel_ + live > options_.max_live_numel) break;
-    ZERO_RETURN_IF_ERROR(IssueGathers(m));
+    const Need need = NeededBy(m);
+    if (need.all == 0) continue;
+    if (bucket + need.all > options_.prefetch_bucket_numel) break;
+    // live_numel_ already includes what this flight claimed so far; its staging comes at launch.
+    if (live_numel_ + need.live + StagingNumel(bucket + need.all, count + need.count) >
+        options_.max_live_numel) {
+      break;
+    }
+    ZERO_RETURN_IF_ERROR(Claim(m, &f));
     modules_[m].prefetched = true;
     ++stats_.prefetched_modules;
-    bucket += all;
+    bucket += need.all;
+    count += need.count;
   }
-  return OkStatus();
+  return Launch(std::move(f));
 }
 
 Status ParamCoordinator::Acquire(int module) {
@@ -210,11 +330,12 @@ Status ParamCoordinator::Acquire(int module) {
     ++stats_.prefetch_hits;
     mod.prefetched = false;
   }
-  int64_t all = 0;
-  int64_t live = 0;
-  NeededNumel(module, &all, &live);
-  if (live > 0) ZERO_RETURN_IF_ERROR(MakeRoom(live, module));
-  ZERO_RETURN_IF_ERROR(IssueGathers(module));
+  const Need need = NeededBy(module);
+  const int64_t needed_live = need.live + StagingNumel(need.all, need.count);
+  if (needed_live > 0) ZERO_RETURN_IF_ERROR(MakeRoom(needed_live, module));
+  Flight f;
+  ZERO_RETURN_IF_ERROR(Claim(module, &f));
+  ZERO_RETURN_IF_ERROR(Launch(std::move(f)));
   ZERO_RETURN_IF_ERROR(WaitModule(module));
   ++mod.ref;
   if (on_trace) ZERO_RETURN_IF_ERROR(Prefetch());
@@ -259,8 +380,7 @@ Status ParamCoordinator::EndMicroStep() {
 
 Status ParamCoordinator::QuiesceForUpdate() {
   if (!failed_.ok()) return failed_;
-  for (Param& p : params_) ZERO_RETURN_IF_ERROR(WaitParam(p));
-  return OkStatus();
+  return CompleteAll();
 }
 
 Status ParamCoordinator::AfterUpdate() {
@@ -272,12 +392,14 @@ Status ParamCoordinator::AfterUpdate() {
     for (int i : mod.params) {
       if (params_[i].state == State::kReady) params_[i].stale = true;
     }
-    if (mod.ref > 0) {
-      ZERO_RETURN_IF_ERROR(IssueGathers(m));
-      ZERO_RETURN_IF_ERROR(WaitModule(m));
-    }
   }
-  return OkStatus();
+  // The modules the user still holds, re-gathered from the new shards in one flight.
+  Flight f;
+  for (int m = 0; m < static_cast<int>(modules_.size()); ++m) {
+    if (modules_[m].ref > 0) ZERO_RETURN_IF_ERROR(Claim(m, &f));
+  }
+  ZERO_RETURN_IF_ERROR(Launch(std::move(f)));
+  return CompleteAll();
 }
 
 Result<const void*> ParamCoordinator::Full(int param) const {

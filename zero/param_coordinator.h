@@ -5,27 +5,53 @@
 // only between QuiesceForUpdate() and AfterUpdate()), nor the Device/Communicator.
 //
 // Acquire(m) (GatherModule) gathers every parameter of module m that is not resident: a full
-// buffer of n_pad elements (model dtype) from the pool and one AllGather of the ranks' shards into
-// it, issued with `after` = the compute stream; then the compute stream waits for those gathers
-// (never the host on CUDA). Modules are reference counted; Release(m) at count 0 frees the
-// module's non-persistent parameters, unless the module is used again soon (see below).
+// buffer of n_pad elements (model dtype) from the pool for each, and ONE AllGather for all of them
+// (see Coalescing), issued with `after` = the compute stream; then the compute stream waits for
+// that gather (never the host on CUDA). Modules are reference counted; Release(m) at count 0 frees
+// the module's non-persistent parameters, unless the module is used again soon (see below).
 // Persistent parameters (numel <= stage3_param_persistence_threshold) are gathered on first use
 // after each optimizer step and then kept; they are not counted as live.
+//
+// Coalescing: every gather (a demand, a prefetch of one or several modules, the re-gather of held
+// modules after an update) of parameters p1..pk is one "flight" and one collective:
+//   - k >= 2 (and N >= 2): a staging buffer of N*S elements, S = sum of shard_j, from its own pool;
+//     this rank's shards are packed into its segment at offsets sum_{l<j} shard_l, one in-place
+//     AllGather of the segment gives [rank 0: shards of p1..pk | rank 1: ... | ...], and when the
+//     flight completes each rank's shard of each parameter is copied to [r*shard_j, (r+1)*shard_j)
+//     of pj's full buffer (the unpack, N*k copies on the compute stream), after which the staging
+//     buffer goes back to its pool at once. The unpack cannot be avoided: param(i) must be one
+//     contiguous padded buffer, and the all-gather's output interleaves the ranks' segments, so
+//     for k >= 2 no placement of the full buffers inside the gathered buffer makes them
+//     contiguous. The pack is k copies of this rank's shards (a copy per parameter instead of a
+//     collective per parameter).
+//   - k == 1: no staging: the AllGather writes straight into the full buffer (no pack, no unpack).
+//   - N == 1: no collective: each shard (the whole padded parameter) is copied into its full
+//     buffer on the compute stream.
+// Values are only moved, so the gathered parameters are bitwise what per-parameter gathers gave.
+// A flight completes as a whole (the compute stream waits for its collective, then unpacks) when
+// any of its parameters is needed: a demand of one of its modules, an eviction, QuiesceForUpdate.
+// The staging buffer of a flight counts as live elements (N*S) from launch to completion, so
+// max_live_numel bounds gathered parameters plus staging in flight.
 //
 // Trace and prefetch: the sequence of Acquire calls of one micro step (from one EndMicroStep to
 // the next; forward then backward) is recorded during the first micro step. In later micro steps,
 // after serving the demand at trace position i, the coordinator issues the gathers of the modules
 // at positions i+1, i+2, ... while the elements they need stay within prefetch_bucket_numel and
-// the live elements (non-persistent parameters gathered or in flight) within max_live_numel. A
-// demanded module waits only for its own gathers. A module whose count drops to 0 stays gathered
+// the live elements within max_live_numel; all the modules one such step issues are one flight (so
+// one collective, of at most prefetch_bucket_numel elements). A demanded module waits only for its
+// own flights. A module whose count drops to 0 stays gathered
 // if the trace uses it again within max_reuse_distance elements (of the modules in between) and
 // the live limit holds. A call that departs from the trace invalidates it: no prefetching for the
 // rest of that micro step, and the next micro step is recorded as the new trace.
 //
-// Live limit: prefetches and kept modules never make live elements exceed max_live_numel. A
-// demanded gather first evicts unheld gathered modules (the one used farthest ahead first); if the
-// modules held by the user plus the demanded one still exceed the limit, the gather proceeds
-// anyway (the model needs it), so the bound is max(max_live, held + one module).
+// Live limit: live elements are the non-persistent parameters gathered or in flight plus the
+// staging buffers of flights in flight. Prefetches and kept modules never make them exceed
+// max_live_numel. A demanded gather that would first completes earlier flights that hold staging
+// (oldest first; their collectives precede the demand's anyway), then evicts unheld gathered
+// modules (the one used farthest ahead first); if the modules held by the user plus the demanded
+// one (and its staging) still exceed the limit, the gather proceeds anyway (the model needs it), so
+// the bound is max(max_live, held + one module + its staging); the demand's staging is freed
+// right after its unpack, before Acquire returns.
 //
 // Every rank must make the same calls in the same order (gathers are matched by order); the
 // coordinator's decisions depend only on those calls, so they are the same on every rank.
@@ -34,6 +60,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,16 +89,21 @@ struct ParamCoordinatorOptions {
   int64_t max_reuse_distance = 1000000000;
   // Free full buffers kept for reuse (BufferPool cap); 0 returns memory on release.
   size_t pool_free_bytes = 0;
+  // Free staging buffers kept for reuse (their own BufferPool's cap); 0 frees each right after its
+  // unpack. ~0 keeps no more than were in flight at once, plus one (AcquireAtLeast).
+  size_t staging_free_bytes = 0;
 };
 
 struct ParamCoordinatorStats {
-  int64_t gathers = 0;             // all-gathers issued (one per parameter gathered)
+  int64_t allgathers = 0;          // all-gather collectives issued (one per flight; 0 with one rank)
+  int64_t gathered_params = 0;     // parameters gathered (one flight gathers one or more)
   int64_t prefetched_modules = 0;  // modules whose gathers were issued ahead of demand
   int64_t prefetch_hits = 0;       // demands served (partly) by a prefetch
   int64_t kept_modules = 0;        // releases that kept the module for reuse
   int64_t evicted_modules = 0;     // unheld modules freed to make room for a demand
   int64_t trace_invalidations = 0;
-  int64_t max_live_numel_seen = 0;  // high-water mark of live elements
+  int64_t max_live_numel_seen = 0;  // high-water mark of live elements (staging in flight included)
+  int64_t max_staging_numel = 0;    // largest staging buffer (elements) of one flight
 };
 
 class ParamCoordinator {
@@ -100,9 +132,15 @@ class ParamCoordinator {
   Result<const void*> Full(int param) const;
 
   int ref_count(int module) const { return modules_[module].ref; }
+  // Non-persistent parameters gathered or in flight, plus the staging buffers of flights in flight.
   int64_t live_numel() const { return live_numel_; }
-  // Device bytes of full buffers held (gathered or in flight, persistent included, pooled free).
-  size_t resident_bytes() const { return pool_.bytes(); }
+  // Device bytes held: full buffers (gathered or in flight, persistent included, pooled free) and
+  // staging buffers (in flight or pooled free).
+  size_t resident_bytes() const { return pool_.bytes() + staging_pool_.bytes(); }
+  // Of resident_bytes(): the staging buffers.
+  size_t staging_bytes() const { return staging_pool_.bytes(); }
+  // Flights (collectives, or world-1 copies never are) not yet completed.
+  size_t flights_in_flight() const { return flights_.size(); }
   const ParamCoordinatorStats& stats() const { return stats_; }
   const std::vector<int>& trace() const { return trace_; }
   bool trace_valid() const { return trace_valid_; }
@@ -114,7 +152,7 @@ class ParamCoordinator {
     State state = State::kReleased;
     bool stale = false;  // kReady persistent parameter whose shards changed since its gather
     DeviceBuffer full;
-    std::unique_ptr<Work> work;
+    int64_t flight = -1;  // kInFlight: the flight gathering it (-1 while its flight is being built)
   };
   struct Module {
     std::string name;
@@ -122,11 +160,35 @@ class ParamCoordinator {
     int ref = 0;
     bool prefetched = false;  // gathers issued ahead of demand, not yet demanded
   };
+  // One coalesced gather (see Coalescing in the file comment).
+  struct Flight {
+    std::vector<int> params;      // in claim order: their shards' order in a segment
+    std::vector<int64_t> offset;  // of params[j] in a segment
+    int64_t segment = 0;          // S = sum of shards
+    int64_t staging_numel = 0;    // N*S with a staging buffer (counted live until completion), else 0
+    DeviceBuffer staging;         // empty: in place (one parameter)
+    std::unique_ptr<Work> work;   // null: nothing to wait for
+  };
+  // What gathering a module would take: the padded elements of its parameters that need a gather,
+  // the non-persistent (live-counted) part of those, and how many parameters they are.
+  struct Need {
+    int64_t all = 0;
+    int64_t live = 0;
+    int64_t count = 0;
+  };
 
   bool NeedsGather(const Param& p) const;
-  // Elements module m needs gathered: all, and the non-persistent (live-counted) part.
-  void NeededNumel(int module, int64_t* all, int64_t* live) const;
-  Status IssueGathers(int module);
+  Need NeededBy(int module) const;
+  // Staging elements a flight of `count` parameters and `all` padded elements needs.
+  int64_t StagingNumel(int64_t all, int64_t count) const;
+  // Adds the parameters of `module` that need a gather to the flight being built: allocates their
+  // full buffers (live-counted when not persistent) and marks them in flight.
+  Status Claim(int module, Flight* f);
+  // Issues the flight's one collective (or, with one rank, its copies) and records it.
+  Status Launch(Flight f);
+  // Waits for flight `id` on the compute stream, unpacks, frees its staging buffer.
+  Status Complete(int64_t id);
+  Status CompleteAll();
   Status WaitModule(int module);
   Status WaitParam(Param& p);
   Status FreeParam(Param& p);
@@ -136,6 +198,7 @@ class ParamCoordinator {
   // Trace position of m's next use at or after the cursor (-1: none) and the elements of the
   // modules in between.
   int NextUse(int module, int64_t* distance) const;
+  std::string Describe(const Flight& f) const;
   Status Fail(Status s);
 
   Device* device_;
@@ -145,7 +208,10 @@ class ParamCoordinator {
   ParamCoordinatorOptions options_;
   std::vector<Param> params_;
   std::vector<Module> modules_;
-  BufferPool pool_;
+  BufferPool pool_;          // full buffers
+  BufferPool staging_pool_;  // flights' staging buffers
+  std::map<int64_t, Flight> flights_;  // in flight, by launch order
+  int64_t next_flight_ = 0;
   int64_t live_numel_ = 0;
 
   bool recording_ = true;        // this micro step's calls become the trace

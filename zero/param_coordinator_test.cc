@@ -152,12 +152,12 @@ TEST(ParamCoordinatorTest, KeepsModulesReusedSoonAndEvictsForDemand) {
     ZERO_ASSIGN_OR_RETURN(auto pc, Build(m, rank, 2, comm, device, o, 0));
     int64_t peak = 0;
     ZERO_RETURN_IF_ERROR(RunMicroStep(*pc, m, &peak));
-    const int64_t gathers_first = pc->stats().gathers;
+    const int64_t gathers_first = pc->stats().gathered_params;
     ZERO_RETURN_IF_ERROR(RunMicroStep(*pc, m, &peak));
     const ParamCoordinatorStats& st = pc->stats();
     if (st.kept_modules == 0) return InternalError("nothing kept");
     // b3 is used twice in a row: kept, so the second micro step gathers less.
-    if (st.gathers - gathers_first >= gathers_first) return InternalError("keeping saved no gathers");
+    if (st.gathered_params - gathers_first >= gathers_first) return InternalError("keeping saved no gathers");
     if (st.max_live_numel_seen > o.max_live_numel) return InternalError("over the live limit");
     if (st.evicted_modules == 0) return InternalError("no eviction");
     return OkStatus();
@@ -236,6 +236,314 @@ TEST(ParamCoordinatorTest, PersistentParamsStayAndRefreshAfterUpdate) {
     if (static_cast<const float*>(b0)[2] != Value(1, 2) + 0.5f) return InternalError("persistent not refreshed");
     ZERO_RETURN_IF_ERROR(pc->Release(0));
     ZERO_RETURN_IF_ERROR(pc->Release(2));
+    return OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+// --- coalescing ----------------------------------------------------------------------------------
+
+// Bytes of element e of parameter `param` (any dtype: compared bit for bit).
+uint8_t PatternByte(int param, int64_t e, size_t b) {
+  return static_cast<uint8_t>((param * 131 + e * 7 + static_cast<int64_t>(b) * 29 + 1) & 0xff);
+}
+
+// One module "m" of the given parameter sizes (plus nothing else), shards of dtype `t` filled with
+// PatternByte (padding zero), gathered on `world` ranks: the module is one collective, the
+// parameters are exactly the pattern, the staging buffer is gone afterwards and was counted live.
+Status CheckOneModule(int rank, int world, Communicator* comm, Device* device, DType t,
+                      const std::vector<int64_t>& sizes) {
+  const size_t es = SizeOf(t);
+  std::vector<int64_t> off;
+  int64_t total = 0;
+  for (int64_t n : sizes) {
+    off.push_back(total);
+    total += ShardNumel(n, world);
+  }
+  ZERO_ASSIGN_OR_RETURN(DeviceBuffer shards, device->Allocate(std::max<int64_t>(total, 1) * es));
+  uint8_t* s = static_cast<uint8_t*>(shards.data());
+  std::vector<CoordinatedParam> ps;
+  int64_t padded_total = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const ShardSpec sp = MakeShardSpec(sizes[i], world, rank);
+    for (int64_t k = 0; k < sp.shard; ++k) {
+      for (size_t b = 0; b < es; ++b) {
+        s[(off[i] + k) * es + b] = sp.begin + k < sizes[i] ? PatternByte(i, sp.begin + k, b) : 0;
+      }
+    }
+    CoordinatedParam c;
+    c.name = "p" + std::to_string(i);
+    c.numel = sizes[i];
+    c.padded = sp.padded;
+    c.shard = sp.shard;
+    c.shard_data = s + off[i] * es;
+    c.module = 0;
+    ps.push_back(c);
+    padded_total += sp.padded;
+  }
+  ParamCoordinator pc(device, comm, device->default_stream(), t, ps, {"m"}, ParamCoordinatorOptions{});
+  const size_t base = device->memory_stats().in_use;
+  device->ResetPeak();
+  ZERO_RETURN_IF_ERROR(pc.Acquire(0));
+  int64_t nonzero = 0;
+  for (int64_t n : sizes) nonzero += n > 0 ? 1 : 0;
+  const ParamCoordinatorStats& st = pc.stats();
+  const int64_t want_collectives = world > 1 && nonzero > 0 ? 1 : 0;
+  if (st.allgathers != want_collectives) {
+    return InternalError(std::to_string(sizes.size()) + " parameters took " + std::to_string(st.allgathers) +
+                         " collectives");
+  }
+  if (st.gathered_params != nonzero) return InternalError("gathered " + std::to_string(st.gathered_params));
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ZERO_ASSIGN_OR_RETURN(const void* full, pc.Full(static_cast<int>(i)));
+    const uint8_t* f = static_cast<const uint8_t*>(full);
+    for (int64_t e = 0; e < PaddedNumel(sizes[i], world); ++e) {
+      for (size_t b = 0; b < es; ++b) {
+        const uint8_t want = e < sizes[i] ? PatternByte(static_cast<int>(i), e, b) : 0;
+        if (f[e * es + b] != want) {
+          return InternalError("param " + std::to_string(i) + " element " + std::to_string(e) + " byte " +
+                               std::to_string(b));
+        }
+      }
+    }
+  }
+  // The staging buffer (several parameters on several ranks) was counted live and is freed.
+  const int64_t staging = world > 1 && nonzero >= 2 ? padded_total : 0;
+  if (st.max_staging_numel != staging) return InternalError("staging " + std::to_string(st.max_staging_numel));
+  if (st.max_live_numel_seen != padded_total + staging) {
+    return InternalError("live high-water " + std::to_string(st.max_live_numel_seen));
+  }
+  if (pc.live_numel() != padded_total || pc.staging_bytes() != 0 || pc.flights_in_flight() != 0) {
+    return InternalError("staging kept after the gather");
+  }
+  if (device->memory_stats().in_use - base != static_cast<size_t>(padded_total) * es) {
+    return InternalError("resident " + std::to_string(device->memory_stats().in_use - base));
+  }
+  if (device->memory_stats().peak - base > static_cast<size_t>(padded_total + staging) * es + 1024) {
+    return InternalError("peak " + std::to_string(device->memory_stats().peak - base));
+  }
+  ZERO_RETURN_IF_ERROR(pc.Release(0));
+  if (device->memory_stats().in_use != base) return InternalError("release kept memory");
+  return OkStatus();
+}
+
+TEST(ParamCoordinatorTest, ModuleOfKParametersIsOneCollective) {
+  // Odd sizes (padding, tail ranks with only padding), an empty parameter, a scalar.
+  const std::vector<std::vector<int64_t>> cases = {
+      {101, 3, 64, 1, 0, 257, 2}, {5}, {7, 0}, {1, 1, 1, 1}, {1000, 999}};
+  for (int world : {1, 2, 3, 4}) {
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      for (const auto& sizes : cases) {
+        Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) {
+          return CheckOneModule(rank, world, comm, device, t, sizes);
+        });
+        EXPECT_TRUE(s.ok()) << "world " << world << " " << DTypeName(t) << " " << sizes.size()
+                            << " params: " << s.ToString();
+      }
+    }
+  }
+}
+
+// The prefetch after a demand gathers the next modules of the trace in one collective, within the
+// bucket size; their demands then issue none.
+TEST(ParamCoordinatorTest, PrefetchOfSeveralModulesIsOneCollective) {
+  for (int world : {2, 3}) {
+    Status s = RunThreadRanks(world, [world](int rank, Communicator* comm, Device* device) -> Status {
+      Model m = FourBlocks();
+      ParamCoordinatorOptions o;
+      // Module k needs 102..104 + 3 padded elements (world 2): the bucket takes modules 1 and 2.
+      o.prefetch_bucket_numel = 250;
+      o.max_reuse_distance = 0;
+      ZERO_ASSIGN_OR_RETURN(auto pc, Build(m, rank, world, comm, device, o, /*persistence=*/0));
+      int64_t peak = 0;
+      ZERO_RETURN_IF_ERROR(RunMicroStep(*pc, m, &peak));  // records the trace
+      // Recording: one collective per demand (8 demands, nothing kept or prefetched).
+      if (pc->stats().allgathers != 8) return InternalError("recording: " + std::to_string(pc->stats().allgathers));
+      const int64_t before = pc->stats().allgathers;
+      ZERO_RETURN_IF_ERROR(pc->Acquire(0));
+      // The demand of b0 and one prefetch of b1 and b2.
+      if (pc->stats().allgathers - before != 2) {
+        return InternalError("demand + prefetch took " + std::to_string(pc->stats().allgathers - before));
+      }
+      if (pc->stats().prefetched_modules != 2) {
+        return InternalError("prefetched " + std::to_string(pc->stats().prefetched_modules));
+      }
+      const int64_t bucket = 2 * (PaddedNumel(3, world)) + PaddedNumel(102, world) + PaddedNumel(103, world);
+      if (pc->stats().max_staging_numel != bucket) {
+        return InternalError("staging " + std::to_string(pc->stats().max_staging_numel) + " vs " +
+                             std::to_string(bucket));
+      }
+      if (pc->flights_in_flight() != 1) return InternalError("prefetch not in flight");
+      ZERO_RETURN_IF_ERROR(CheckGathered(*pc, m, 0));
+      ZERO_RETURN_IF_ERROR(pc->Release(0));
+      const int64_t after_prefetch = pc->stats().allgathers;
+      ZERO_RETURN_IF_ERROR(pc->Acquire(1));  // served by the prefetch: completes it, then prefetches
+                                             // b3 and b0 (b2 is gathered), one collective
+      ZERO_RETURN_IF_ERROR(CheckGathered(*pc, m, 2));
+      ZERO_RETURN_IF_ERROR(CheckGathered(*pc, m, 3));
+      // b1/b2's staging is freed; only the next prefetch's (b3 and b0, issued by this demand) is held.
+      if (pc->flights_in_flight() != 1 ||
+          pc->staging_bytes() > static_cast<size_t>(o.prefetch_bucket_numel) * sizeof(float)) {
+        return InternalError("staging kept after the unpack: " + std::to_string(pc->staging_bytes()));
+      }
+      ZERO_RETURN_IF_ERROR(pc->Release(1));
+      // None for the demand, one for the next prefetch.
+      if (pc->stats().allgathers - after_prefetch != 1) {
+        return InternalError("after the prefetch hit: " + std::to_string(pc->stats().allgathers - after_prefetch));
+      }
+      ZERO_RETURN_IF_ERROR(pc->Acquire(2));
+      ZERO_RETURN_IF_ERROR(CheckGathered(*pc, m, 4));
+      ZERO_RETURN_IF_ERROR(CheckGathered(*pc, m, 5));
+      ZERO_RETURN_IF_ERROR(pc->Release(2));
+      if (pc->stats().prefetch_hits != 2) return InternalError("hits " + std::to_string(pc->stats().prefetch_hits));
+      // The rest of the micro step, then a whole one: every value right.
+      for (int mod : {3, 3, 2, 1, 0}) {
+        ZERO_RETURN_IF_ERROR(pc->Acquire(mod));
+        ZERO_RETURN_IF_ERROR(CheckGathered(*pc, m, 2 * mod));
+        ZERO_RETURN_IF_ERROR(CheckGathered(*pc, m, 2 * mod + 1));
+        ZERO_RETURN_IF_ERROR(pc->Release(mod));
+      }
+      ZERO_RETURN_IF_ERROR(pc->EndMicroStep());
+      ZERO_RETURN_IF_ERROR(RunMicroStep(*pc, m, &peak));
+      // Fewer collectives than demands once prefetching coalesces.
+      if (pc->stats().allgathers - before >= 16) return InternalError("no coalescing");
+      if (pc->stats().trace_invalidations != 0) return InternalError("unexpected invalidation");
+      return OkStatus();
+    });
+    EXPECT_TRUE(s.ok()) << "world " << world << ": " << s.ToString();
+  }
+}
+
+// The live limit counts the staging buffer of a prefetch in flight: a limit that fits two modules
+// but not two modules plus their staging prefetches one module at a time (one parameter each, no staging).
+TEST(ParamCoordinatorTest, PrefetchStagingCountsAgainstTheLiveLimit) {
+  Status s = RunThreadRanks(2, [](int rank, Communicator* comm, Device* device) -> Status {
+    Model m = FourBlocks();
+    ParamCoordinatorOptions o;
+    o.prefetch_bucket_numel = 1000;
+    o.max_live_numel = 3 * 108;  // three modules; two prefetched plus staging would be 4 * ~107
+    o.max_reuse_distance = 0;
+    ZERO_ASSIGN_OR_RETURN(auto pc, Build(m, rank, 2, comm, device, o, /*persistence=*/3));
+    const size_t base = device->memory_stats().in_use;
+    device->ResetPeak();
+    int64_t peak = 0;
+    for (int step = 0; step < 3; ++step) ZERO_RETURN_IF_ERROR(RunMicroStep(*pc, m, &peak));
+    const ParamCoordinatorStats& st = pc->stats();
+    if (st.max_live_numel_seen > o.max_live_numel) {
+      return InternalError("live " + std::to_string(st.max_live_numel_seen) + " over the limit");
+    }
+    if (st.prefetched_modules == 0) return InternalError("nothing prefetched");
+    // The real memory: gathered weights and staging within the limit (plus the 4 persistent biases).
+    const size_t device_peak = device->memory_stats().peak - base;
+    if (device_peak > static_cast<size_t>(o.max_live_numel + 4 * 4) * sizeof(float)) {
+      return InternalError("device peak " + std::to_string(device_peak) + " bytes over the limit");
+    }
+    return OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+// A demand over the limit evicts a prefetched module whose (one-parameter) gather is still in flight:
+// the eviction completes that flight first; everything stays right afterwards.
+TEST(ParamCoordinatorTest, EvictionOfAModuleInFlight) {
+  Status s = RunThreadRanks(2, [](int rank, Communicator* comm, Device* device) -> Status {
+    Model m = FourBlocks();
+    ParamCoordinatorOptions o;
+    o.prefetch_bucket_numel = 110;  // one weight (biases are persistent)
+    o.max_live_numel = 220;         // two weights
+    o.max_reuse_distance = 0;
+    ZERO_ASSIGN_OR_RETURN(auto pc, Build(m, rank, 2, comm, device, o, /*persistence=*/3));
+    int64_t peak = 0;
+    ZERO_RETURN_IF_ERROR(RunMicroStep(*pc, m, &peak));
+    ZERO_RETURN_IF_ERROR(pc->Acquire(0));  // prefetches b1's weight: one parameter, in place
+    if (pc->flights_in_flight() != 1 || pc->stats().prefetched_modules != 1) {
+      return InternalError("expected one prefetch in flight");
+    }
+    ZERO_RETURN_IF_ERROR(pc->Acquire(3));  // off the trace, b0 held: b1 must go
+    if (pc->stats().evicted_modules != 1 || pc->flights_in_flight() != 0) return InternalError("b1 not evicted");
+    ZERO_RETURN_IF_ERROR(CheckGathered(*pc, m, 0));
+    ZERO_RETURN_IF_ERROR(CheckGathered(*pc, m, 6));
+    ZERO_RETURN_IF_ERROR(CheckGathered(*pc, m, 7));
+    if (pc->live_numel() > o.max_live_numel) return InternalError("over the limit");
+    ZERO_RETURN_IF_ERROR(pc->Release(3));
+    ZERO_RETURN_IF_ERROR(pc->Release(0));
+    ZERO_RETURN_IF_ERROR(pc->Acquire(1));
+    ZERO_RETURN_IF_ERROR(CheckGathered(*pc, m, 2));
+    ZERO_RETURN_IF_ERROR(CheckGathered(*pc, m, 3));
+    ZERO_RETURN_IF_ERROR(pc->Release(1));
+    ZERO_RETURN_IF_ERROR(pc->EndMicroStep());
+    for (int step = 0; step < 2; ++step) ZERO_RETURN_IF_ERROR(RunMicroStep(*pc, m, &peak));
+    if (pc->stats().max_live_numel_seen > o.max_live_numel) return InternalError("live over the limit");
+    return OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+// A demand over the limit while a multi-parameter prefetch is in flight: completing that flight
+// frees its staging, which is room enough: nothing is evicted.
+TEST(ParamCoordinatorTest, DemandCompletesPrefetchStagingBeforeEvicting) {
+  Status s = RunThreadRanks(2, [](int rank, Communicator* comm, Device* device) -> Status {
+    Model m = FourBlocks();
+    ParamCoordinatorOptions o;
+    o.prefetch_bucket_numel = 220;  // up to two modules
+    o.max_live_numel = 4 * 108;     // b0, then b1 and its staging: b2 does not fit with them
+    o.max_reuse_distance = 0;
+    ZERO_ASSIGN_OR_RETURN(auto pc, Build(m, rank, 2, comm, device, o, /*persistence=*/0));
+    int64_t peak = 0;
+    ZERO_RETURN_IF_ERROR(RunMicroStep(*pc, m, &peak));
+    ZERO_RETURN_IF_ERROR(pc->Acquire(0));
+    if (pc->flights_in_flight() != 1 || pc->stats().prefetched_modules != 1) {
+      return InternalError("expected b1 in flight");
+    }
+    if (pc->live_numel() != 106 + 106 + 106) return InternalError("live " + std::to_string(pc->live_numel()));
+    ZERO_RETURN_IF_ERROR(pc->Acquire(3));  // off the trace, b0 held: 108 + 108 staging more
+    if (pc->flights_in_flight() != 0) return InternalError("prefetch staging not completed");
+    if (pc->stats().evicted_modules != 0) return InternalError("evicted although completing sufficed");
+    ZERO_RETURN_IF_ERROR(CheckGathered(*pc, m, 0));
+    ZERO_RETURN_IF_ERROR(CheckGathered(*pc, m, 6));
+    ZERO_RETURN_IF_ERROR(CheckGathered(*pc, m, 7));
+    if (pc->stats().max_live_numel_seen > o.max_live_numel) return InternalError("over the limit");
+    ZERO_RETURN_IF_ERROR(pc->Release(3));
+    ZERO_RETURN_IF_ERROR(pc->Release(0));
+    ZERO_RETURN_IF_ERROR(pc->Acquire(1));  // gathered by the completed prefetch
+    ZERO_RETURN_IF_ERROR(CheckGathered(*pc, m, 2));
+    ZERO_RETURN_IF_ERROR(pc->Release(1));
+    return pc->EndMicroStep();
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+// After an update the held modules are re-gathered in one collective, the stale persistent
+// parameters of unheld modules later with their module's next gather.
+TEST(ParamCoordinatorTest, AfterUpdateRegathersHeldModulesInOneCollective) {
+  Status s = RunThreadRanks(2, [](int rank, Communicator* comm, Device* device) -> Status {
+    Model m = FourBlocks();
+    ParamCoordinatorOptions o;
+    ZERO_ASSIGN_OR_RETURN(auto pc, Build(m, rank, 2, comm, device, o, /*persistence=*/3));
+    ZERO_RETURN_IF_ERROR(pc->Acquire(0));
+    ZERO_RETURN_IF_ERROR(pc->Acquire(2));
+    ZERO_RETURN_IF_ERROR(pc->Acquire(3));
+    ZERO_RETURN_IF_ERROR(pc->Release(3));
+    if (pc->stats().allgathers != 3) return InternalError("one collective per module demand");
+    ZERO_RETURN_IF_ERROR(pc->QuiesceForUpdate());
+    float* sh = m.shards.as<float>();
+    for (size_t i = 0; i < m.sizes.size(); ++i) {
+      for (int64_t k = 0; k < ShardNumel(m.sizes[i], 2); ++k) sh[m.shard_off[i] + k] += 0.25f;
+    }
+    ZERO_RETURN_IF_ERROR(pc->AfterUpdate());
+    if (pc->stats().allgathers != 4) return InternalError("re-gather took " + std::to_string(pc->stats().allgathers - 3));
+    for (int i : {0, 1, 4, 5}) {
+      ZERO_ASSIGN_OR_RETURN(const void* full, pc->Full(i));
+      const float* f = static_cast<const float*>(full);
+      for (int64_t e = 0; e < m.sizes[i]; ++e) {
+        if (f[e] != Value(i, e) + 0.25f) return InternalError("param " + std::to_string(i) + " not refreshed");
+      }
+    }
+    ZERO_RETURN_IF_ERROR(pc->Acquire(3));  // b3's weight and its stale persistent bias: one collective
+    if (pc->stats().allgathers != 5) return InternalError("b3 took " + std::to_string(pc->stats().allgathers - 4));
+    ZERO_ASSIGN_OR_RETURN(const void* b3, pc->Full(7));
+    if (static_cast<const float*>(b3)[1] != Value(7, 1) + 0.25f) return InternalError("b3 bias stale");
+    for (int mod : {3, 2, 0}) ZERO_RETURN_IF_ERROR(pc->Release(mod));
     return OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s.ToString();
