@@ -1,0 +1,452 @@
+// mlp_bench: times training steps of a residual-MLP stack (bench/mlp_cuda.h; by default the
+// 1.07B-parameter job of ../shared/DEVICE.md: 8 blocks of Linear 4096x16384 -> ReLU ->
+// Linear 16384x4096 + residual, 8192 tokens, bf16 parameters, fp32 master weights, AdamW) driven
+// through the Engine exactly as a user would: GatherModule per block, param(i), then
+// grad_buffer(i)/GradReady(i) in reverse order, Backward(), Step(). bench/fsdp2_reference.py is
+// the same job in PyTorch FSDP2; bench/run_fsdp_compare.sh runs both and prints the table
+// (docs/performance.md).
+//
+//   mlp_bench [--impl zero|none] [--stage N] [--tokens N] [--steps N] [--label NAME] ...
+//   mlp_bench --dry-run ...   checks the flags and the engine config on the CPU (no GPU), exits
+//
+// --impl none runs the same forward/backward without the Engine (plain bf16 buffers, no
+// optimizer): the compute floor of our kernels. Output: one line per run,
+//   BENCH impl=.. config=.. tokens=.. params=.. steps=.. init_s=.. fwd_s=.. fwd_bwd_s=.. step_s=..
+//         peak_gib=.. gpu_used_gib=.. loss_first=.. loss_last=..
+// (times: median over steps 2..N of wall time after a device synchronize; fwd_s by CUDA events;
+// peak_gib: the Device's allocation high-water mark over the timed steps, engine state plus
+// activations; gpu_used_gib: cudaMemGetInfo's used memory after the last step, context included),
+// preceded by '#' lines with the per-step times and the engine's memory breakdown.
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/rendezvous.h"
+#include "engine/config.h"
+#include "engine/engine.h"
+#include "runtime/device.h"
+#include "runtime/status.h"
+
+#if defined(ZERO_BENCH_HAS_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "bench/mlp_cuda.h"
+#include "runtime/cuda_device.h"
+#endif
+
+namespace zero::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::string impl = "zero";  // "zero" | "none"
+  int stage = 3;
+  std::string comm_dtype = "fp32";  // "fp32" | "bf16" | "none" (the key left out)
+  int64_t tokens = 8192;
+  int64_t dim = 4096;
+  int64_t ffn = 16384;
+  int blocks = 8;
+  int steps = 5;
+  double lr = 1e-4;
+  double weight_decay = 0.01;
+  std::string label;
+  std::string device = "cuda:0";
+  bool dry_run = false;
+};
+
+const char kUsage[] =
+    "usage: mlp_bench [--impl zero|none] [--stage 0..3] [--comm-dtype fp32|bf16|none]\n"
+    "                 [--tokens N] [--dim N] [--ffn N] [--blocks N] [--steps N>=2]\n"
+    "                 [--lr X] [--weight-decay X] [--label NAME] [--device cuda:N] [--dry-run]\n";
+
+Status ParseInt(const std::string& flag, const char* v, int64_t lo, int64_t* out) {
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(v, &end, 10);
+  if (errno != 0 || end == v || *end != '\0' || x < lo) {
+    return InvalidArgumentError(flag + ": expected an integer >= " + std::to_string(lo) + ", got '" + v + "'");
+  }
+  *out = x;
+  return OkStatus();
+}
+
+Status ParseDouble(const std::string& flag, const char* v, double* out) {
+  char* end = nullptr;
+  errno = 0;
+  const double x = std::strtod(v, &end);
+  if (errno != 0 || end == v || *end != '\0' || !(x >= 0.0) || !std::isfinite(x)) {
+    return InvalidArgumentError(flag + ": expected a number >= 0, got '" + v + "'");
+  }
+  *out = x;
+  return OkStatus();
+}
+
+Result<Options> ParseFlags(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (f == "--help" || f == "-h") return InvalidArgumentError("help");
+    if (f == "--dry-run") {
+      o.dry_run = true;
+      continue;
+    }
+    if (i + 1 >= argc) return InvalidArgumentError(f + ": missing value (or unknown flag)");
+    const char* v = argv[++i];
+    int64_t n = 0;
+    if (f == "--impl") {
+      o.impl = v;
+      if (o.impl != "zero" && o.impl != "none") return InvalidArgumentError("--impl: expected zero or none, got '" + o.impl + "'");
+    } else if (f == "--stage") {
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 0, &n));
+      if (n > 3) return InvalidArgumentError("--stage: expected 0..3, got " + std::to_string(n));
+      o.stage = static_cast<int>(n);
+    } else if (f == "--comm-dtype") {
+      o.comm_dtype = v;
+      if (o.comm_dtype != "fp32" && o.comm_dtype != "bf16" && o.comm_dtype != "none") {
+        return InvalidArgumentError("--comm-dtype: expected fp32, bf16 or none, got '" + o.comm_dtype + "'");
+      }
+    } else if (f == "--tokens") {
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &o.tokens));
+    } else if (f == "--dim") {
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 64, &o.dim));
+    } else if (f == "--ffn") {
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 64, &o.ffn));
+    } else if (f == "--blocks") {
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &n));
+      o.blocks = static_cast<int>(n);
+    } else if (f == "--steps") {
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 2, &n));
+      o.steps = static_cast<int>(n);
+    } else if (f == "--lr") {
+      ZERO_RETURN_IF_ERROR(ParseDouble(f, v, &o.lr));
+    } else if (f == "--weight-decay") {
+      ZERO_RETURN_IF_ERROR(ParseDouble(f, v, &o.weight_decay));
+    } else if (f == "--label") {
+      o.label = v;
+    } else if (f == "--device") {
+      o.device = v;
+    } else {
+      return InvalidArgumentError("unknown flag '" + f + "'");
+    }
+  }
+  if (o.dim % 64 != 0 || o.ffn % 64 != 0) return InvalidArgumentError("--dim and --ffn must be multiples of 64");
+  if (o.label.empty()) o.label = o.impl == "none" ? "compute" : "stage" + std::to_string(o.stage);
+  return o;
+}
+
+// The DeepSpeed-style config of the run: bf16 model, fp32 master weights, AdamW, no clipping
+// (the FSDP2 reference has none), one micro step per optimizer step.
+std::string ConfigJson(const Options& o) {
+  char buf[1024];
+  std::snprintf(buf, sizeof(buf),
+                "{\"train_batch_size\": 1, \"train_micro_batch_size_per_gpu\": 1, "
+                "\"gradient_accumulation_steps\": 1, \"gradient_clipping\": 0, "
+                "\"bf16\": {\"enabled\": true}, %s"
+                "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %.17g, \"betas\": [0.9, 0.999], "
+                "\"eps\": 1e-8, \"weight_decay\": %.17g}}, "
+                "\"zero_optimization\": {\"stage\": %d}}",
+                o.comm_dtype == "none" ? "" : ("\"communication_data_type\": \"" + o.comm_dtype + "\", ").c_str(),
+                o.lr, o.weight_decay, o.stage);
+  return buf;
+}
+
+// Parameters in block order, each block fc1.weight, fc1.bias, fc2.weight, fc2.bias; module
+// "block<l>" (the unit of stage-3 gathering, as fully_shard(block) is FSDP2's).
+std::vector<ParamSpec> Specs(const Options& o) {
+  std::vector<ParamSpec> s;
+  for (int l = 0; l < o.blocks; ++l) {
+    const std::string m = "block" + std::to_string(l);
+    s.push_back({m + ".fc1.weight", {o.ffn, o.dim}, m});
+    s.push_back({m + ".fc1.bias", {o.ffn}, m});
+    s.push_back({m + ".fc2.weight", {o.dim, o.ffn}, m});
+    s.push_back({m + ".fc2.bias", {o.dim}, m});
+  }
+  return s;
+}
+
+int64_t Numel(const ParamSpec& s) {
+  int64_t n = 1;
+  for (int64_t d : s.shape) n *= d;
+  return n;
+}
+
+int64_t TotalParams(const Options& o) {
+  int64_t n = 0;
+  for (const ParamSpec& s : Specs(o)) n += Numel(s);
+  return n;
+}
+
+// nn.Linear's default bound, 1/sqrt(fan_in), for the weight and the bias.
+float Bound(const Options& o, int index) { return 1.0f / std::sqrt(static_cast<float>(index % 4 < 2 ? o.dim : o.ffn)); }
+
+constexpr uint32_t kInputStream = 1000;  // the hash stream of the input (parameters: their index)
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double GiB(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+
+Status DryRun(const Options& o) {
+  ParseOptions po;
+  ZERO_ASSIGN_OR_RETURN(Config config, ParseConfig(ConfigJson(o), po));
+  std::printf("# config: %s\n", ConfigJson(o).c_str());
+  const std::vector<ParamSpec> specs = Specs(o);
+  const int64_t params = TotalParams(o);
+  if (o.impl == "zero") {
+    // The engine accepts this config and these parameters (on the CPU; nothing is allocated).
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Device> cpu, CreateDevice("cpu"));
+    RendezvousOptions ro;
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, CreateCommunicator("gloo", cpu.get(), ro));
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, cpu.get(), comm.get()));
+    for (const ParamSpec& s : specs) ZERO_RETURN_IF_ERROR(engine->RegisterParameter(s).status());
+  }
+  const double acts = 2.0 * ((o.blocks + 1) * o.tokens * o.dim + o.blocks * o.tokens * o.ffn +
+                             o.tokens * o.dim + o.tokens * o.ffn);
+  std::printf("dry run ok: impl=%s config=%s stage=%d params=%lld tokens=%lld activations_gib=%.2f\n",
+              o.impl.c_str(), o.label.c_str(), o.stage, static_cast<long long>(params),
+              static_cast<long long>(o.tokens), GiB(acts));
+  return OkStatus();
+}
+
+#if defined(ZERO_BENCH_HAS_CUDA)
+
+#define BENCH_CUDA_RETURN_IF_ERROR(expr)                                                         \
+  do {                                                                                           \
+    cudaError_t _b_e = (expr);                                                                   \
+    if (_b_e != cudaSuccess) return InternalError(std::string(#expr) + ": " + cudaGetErrorString(_b_e)); \
+  } while (0)
+
+struct StepTimes {
+  std::vector<double> fwd, fwd_bwd, step, loss;
+};
+
+Status CheckAligned(const void* p, const std::string& what) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return InternalError(what + ": not 16-byte aligned");
+  return OkStatus();
+}
+
+// One training step's forward and backward through the Engine.
+class EngineDriver {
+ public:
+  EngineDriver(Engine* engine, MlpCuda* model, int blocks) : engine_(engine), model_(model), blocks_(blocks) {}
+
+  Status Forward() {
+    for (int l = 0; l < blocks_; ++l) {
+      ZERO_ASSIGN_OR_RETURN(ModuleHandle h, engine_->GatherModule("block" + std::to_string(l)));
+      ZERO_ASSIGN_OR_RETURN(MlpBlockParams p, Params(l));
+      ZERO_RETURN_IF_ERROR(model_->ForwardBlock(l, p));
+      ZERO_RETURN_IF_ERROR(h.Release());
+    }
+    return model_->Loss();
+  }
+
+  Status Backward() {
+    for (int l = blocks_ - 1; l >= 0; --l) {
+      ZERO_ASSIGN_OR_RETURN(ModuleHandle h, engine_->GatherModule("block" + std::to_string(l)));
+      ZERO_ASSIGN_OR_RETURN(MlpBlockParams p, Params(l));
+      const int w1 = 4 * l, b1 = w1 + 1, w2 = w1 + 2, b2 = w1 + 3;
+      ZERO_ASSIGN_OR_RETURN(void* gb2, Grad(b2));
+      ZERO_ASSIGN_OR_RETURN(void* gw2, Grad(w2));
+      ZERO_RETURN_IF_ERROR(model_->BackwardFc2(l, p, gb2, gw2));
+      ZERO_RETURN_IF_ERROR(engine_->GradReady(b2));
+      ZERO_RETURN_IF_ERROR(engine_->GradReady(w2));
+      ZERO_ASSIGN_OR_RETURN(void* gb1, Grad(b1));
+      ZERO_ASSIGN_OR_RETURN(void* gw1, Grad(w1));
+      ZERO_RETURN_IF_ERROR(model_->BackwardFc1(l, p, gb1, gw1));
+      ZERO_RETURN_IF_ERROR(engine_->GradReady(b1));
+      ZERO_RETURN_IF_ERROR(engine_->GradReady(w1));
+      if (l > 0) ZERO_RETURN_IF_ERROR(model_->BackwardInput(l, p));
+      ZERO_RETURN_IF_ERROR(h.Release());
+    }
+    return engine_->Backward();
+  }
+
+ private:
+  Result<MlpBlockParams> Params(int l) {
+    MlpBlockParams p;
+    const void** slots[] = {&p.w1, &p.b1, &p.w2, &p.b2};
+    for (int j = 0; j < 4; ++j) {
+      ZERO_ASSIGN_OR_RETURN(*slots[j], engine_->param(4 * l + j));
+      ZERO_RETURN_IF_ERROR(CheckAligned(*slots[j], "param(" + std::to_string(4 * l + j) + ")"));
+    }
+    return p;
+  }
+  Result<void*> Grad(int i) {
+    ZERO_ASSIGN_OR_RETURN(void* g, engine_->grad_buffer(i));
+    ZERO_RETURN_IF_ERROR(CheckAligned(g, "grad_buffer(" + std::to_string(i) + ")"));
+    return g;
+  }
+
+  Engine* engine_;
+  MlpCuda* model_;
+  int blocks_;
+};
+
+// The host side of Engine::Initialize: the hash values of parameter `index`, on all cores.
+void FillParam(const Options& o, int index, float* values, int64_t n) {
+  const uint32_t key = HashKey(static_cast<uint32_t>(index));
+  const float bound = Bound(o, index);
+  const int threads = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([=]() {
+      const int64_t begin = n * t / threads, end = n * (t + 1) / threads;
+      for (int64_t i = begin; i < end; ++i) values[i] = HashUniform(key, static_cast<uint32_t>(i), bound);
+    });
+  }
+  for (std::thread& th : pool) th.join();
+}
+
+Status Run(const Options& o) {
+  const Clock::time_point t_start = Clock::now();
+  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(o.device));
+  auto* cuda = dynamic_cast<CudaDevice*>(device.get());
+  if (cuda == nullptr) return InvalidArgumentError("--device " + o.device + ": not a CUDA device");
+  ZERO_ASSIGN_OR_RETURN(Config config, ParseConfig(ConfigJson(o), ParseOptions()));
+  std::printf("# device: %s\n# config: %s\n", device->name().c_str(), ConfigJson(o).c_str());
+  const cudaStream_t stream = cuda->native_stream(nullptr);  // the engine's compute stream
+
+  const MlpShape shape{o.tokens, o.dim, o.ffn, o.blocks};
+  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<MlpCuda> model, MlpCuda::Create(shape, stream));
+  const std::vector<ParamSpec> specs = Specs(o);
+
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<Engine> engine;
+  std::vector<DeviceBuffer> plain_params, plain_grads;  // --impl none
+  if (o.impl == "zero") {
+    RendezvousOptions ro;  // world 1, as FSDP2's one-rank process group
+    ZERO_ASSIGN_OR_RETURN(comm, CreateCommunicator("nccl", device.get(), ro));
+    ZERO_ASSIGN_OR_RETURN(engine, Engine::Create(config, device.get(), comm.get()));
+    for (const ParamSpec& s : specs) ZERO_RETURN_IF_ERROR(engine->RegisterParameter(s).status());
+    ZERO_RETURN_IF_ERROR(engine->Initialize([&](int index, float* values) {
+      FillParam(o, index, values, Numel(specs[index]));
+    }));
+  } else {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const size_t n = static_cast<size_t>(Numel(specs[i]));
+      ZERO_ASSIGN_OR_RETURN(DeviceBuffer p, device->Allocate(2 * n));
+      ZERO_ASSIGN_OR_RETURN(DeviceBuffer g, device->Allocate(2 * n));
+      ZERO_RETURN_IF_ERROR(model->FillUniform(p.data(), n, static_cast<uint32_t>(i), Bound(o, static_cast<int>(i))));
+      plain_params.push_back(std::move(p));
+      plain_grads.push_back(std::move(g));
+    }
+  }
+  ZERO_ASSIGN_OR_RETURN(DeviceBuffer acts, device->Allocate(MlpCuda::ActivationBytes(shape)));
+  ZERO_RETURN_IF_ERROR(model->Bind(acts.data(), acts.bytes()));
+  ZERO_RETURN_IF_ERROR(model->FillInput(kInputStream));
+  ZERO_RETURN_IF_ERROR(device->Synchronize());
+  const double init_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+  device->ResetPeak();
+
+  cudaEvent_t ev0 = nullptr, ev1 = nullptr;
+  BENCH_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev0));
+  BENCH_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev1));
+  EngineDriver driver(engine.get(), model.get(), o.blocks);
+  auto plain = [&](int l) {
+    return MlpBlockParams{plain_params[4 * l].data(), plain_params[4 * l + 1].data(), plain_params[4 * l + 2].data(),
+                          plain_params[4 * l + 3].data()};
+  };
+  StepTimes t;
+  for (int s = 0; s < o.steps; ++s) {
+    ZERO_RETURN_IF_ERROR(device->Synchronize());
+    const Clock::time_point t0 = Clock::now();
+    BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev0, stream));
+    if (engine) {
+      ZERO_RETURN_IF_ERROR(driver.Forward());
+    } else {
+      for (int l = 0; l < o.blocks; ++l) ZERO_RETURN_IF_ERROR(model->ForwardBlock(l, plain(l)));
+      ZERO_RETURN_IF_ERROR(model->Loss());
+    }
+    BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev1, stream));
+    if (engine) {
+      ZERO_RETURN_IF_ERROR(driver.Backward());
+    } else {
+      for (int l = o.blocks - 1; l >= 0; --l) {
+        const MlpBlockParams p = plain(l);
+        ZERO_RETURN_IF_ERROR(model->BackwardFc2(l, p, plain_grads[4 * l + 3].data(), plain_grads[4 * l + 2].data()));
+        ZERO_RETURN_IF_ERROR(model->BackwardFc1(l, p, plain_grads[4 * l + 1].data(), plain_grads[4 * l].data()));
+        if (l > 0) ZERO_RETURN_IF_ERROR(model->BackwardInput(l, p));
+      }
+    }
+    ZERO_RETURN_IF_ERROR(device->Synchronize());
+    const Clock::time_point t1 = Clock::now();
+    if (engine) {
+      ZERO_RETURN_IF_ERROR(engine->Step());
+      if (!engine->was_step_applied()) return InternalError("step " + std::to_string(s) + " was not applied");
+    }
+    ZERO_RETURN_IF_ERROR(device->Synchronize());
+    const Clock::time_point t2 = Clock::now();
+    float fwd_ms = 0.0f;
+    BENCH_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&fwd_ms, ev0, ev1));
+    ZERO_ASSIGN_OR_RETURN(double loss, model->ReadLoss());
+    t.fwd.push_back(fwd_ms / 1e3);
+    t.fwd_bwd.push_back(std::chrono::duration<double>(t1 - t0).count());
+    t.step.push_back(std::chrono::duration<double>(t2 - t1).count());
+    t.loss.push_back(loss);
+    std::printf("# step %d: fwd %.4f s, fwd+bwd %.4f s, step %.4f s, loss %.6g\n", s + 1, t.fwd.back(),
+                t.fwd_bwd.back(), t.step.back(), loss);
+    if (!std::isfinite(loss)) return InternalError("loss is not finite at step " + std::to_string(s + 1));
+  }
+  size_t free_b = 0, total_b = 0;
+  BENCH_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
+  cudaEventDestroy(ev0);
+  cudaEventDestroy(ev1);
+  const MemoryStats ms = device->memory_stats();
+  if (engine) {
+    const EngineMemory m = engine->memory();
+    std::printf("# engine memory GiB: model_params %.2f, master %.2f, optimizer %.2f, gradients %.2f "
+                "(bucket staging %.2f), activations %.2f; device in use %.2f, peak %.2f\n",
+                GiB(m.model_params), GiB(m.master_params), GiB(m.optimizer_states), GiB(m.gradients),
+                GiB(m.bucket_staging), GiB(acts.bytes()), GiB(ms.in_use), GiB(ms.peak));
+  }
+  auto tail = [](const std::vector<double>& v) { return std::vector<double>(v.begin() + 1, v.end()); };
+  std::printf("BENCH impl=%s config=%s tokens=%lld params=%lld steps=%d init_s=%.2f fwd_s=%.4f fwd_bwd_s=%.4f "
+              "step_s=%.4f peak_gib=%.2f gpu_used_gib=%.2f loss_first=%.6g loss_last=%.6g\n",
+              o.impl == "zero" ? "zero" : "zero-compute", o.label.c_str(), static_cast<long long>(o.tokens),
+              static_cast<long long>(TotalParams(o)), o.steps, init_s, Median(tail(t.fwd)), Median(tail(t.fwd_bwd)),
+              Median(tail(t.step)), GiB(ms.peak), GiB(double(total_b - free_b)), t.loss.front(), t.loss.back());
+  std::fflush(stdout);
+  return OkStatus();
+}
+
+#else  // !ZERO_BENCH_HAS_CUDA
+
+Status Run(const Options& o) {
+  return UnimplementedError("this mlp_bench was built without the CUDA toolkit; only --dry-run works");
+}
+
+#endif
+
+}  // namespace
+}  // namespace zero::bench
+
+int main(int argc, char** argv) {
+  auto o = zero::bench::ParseFlags(argc, argv);
+  if (!o.ok()) {
+    if (o.status().message() == "help") {
+      std::fputs(zero::bench::kUsage, stdout);
+      return 0;
+    }
+    std::fprintf(stderr, "mlp_bench: %s\n%s", o.status().ToString().c_str(), zero::bench::kUsage);
+    return 2;
+  }
+  const zero::Status s = o->dry_run ? zero::bench::DryRun(*o) : zero::bench::Run(*o);
+  if (!s.ok()) {
+    std::fprintf(stderr, "mlp_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
