@@ -41,15 +41,56 @@ struct ParamInfo {
   bool persistent = false;
 };
 
-// 52-bit FNV-1a of the values' bits: exact as a double, so AllReduceHost max/min compare it.
+// 52-bit hash of the values' bits, compared across ranks by Initialize (exact as a double, so
+// AllReduceHost max/min compare it). xxHash64's construction (four independent lanes over 32-byte
+// stripes, one multiply-rotate-multiply round per 64-bit word, then an avalanche): several GB/s on
+// one core, where the byte-wise FNV-1a it replaces ran at about 1 byte/ns. Not a cryptographic
+// hash: it tells honest mismatches apart (a differing init function, seed or rank-dependent
+// value), which is all Initialize needs.
+constexpr uint64_t kP1 = 0x9E3779B185EBCA87ull;
+constexpr uint64_t kP2 = 0xC2B2AE3D27D4EB4Full;
+constexpr uint64_t kP3 = 0x165667B19E3779F9ull;
+constexpr uint64_t kP4 = 0x85EBCA77C2B2AE63ull;
+constexpr uint64_t kP5 = 0x27D4EB2F165667C5ull;
+inline uint64_t Rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+inline uint64_t HashRound(uint64_t acc, uint64_t w) { return Rotl(acc + w * kP2, 31) * kP1; }
+inline uint64_t HashMerge(uint64_t h, uint64_t lane) { return (h ^ HashRound(0, lane)) * kP1 + kP4; }
+
 double Checksum(const float* v, int64_t n) {
-  uint64_t h = 1469598103934665603ull;
   const unsigned char* b = reinterpret_cast<const unsigned char*>(v);
-  for (int64_t i = 0; i < n * 4; ++i) {
-    h ^= b[i];
-    h *= 1099511628211ull;
+  const size_t bytes = static_cast<size_t>(n) * 4;
+  auto word = [b](size_t at) {
+    uint64_t w;
+    std::memcpy(&w, b + at, 8);
+    return w;
+  };
+  size_t i = 0;
+  uint64_t h;
+  if (bytes >= 32) {
+    uint64_t l0 = kP1 + kP2, l1 = kP2, l2 = 0, l3 = 0 - kP1;
+    for (; i + 32 <= bytes; i += 32) {
+      l0 = HashRound(l0, word(i));
+      l1 = HashRound(l1, word(i + 8));
+      l2 = HashRound(l2, word(i + 16));
+      l3 = HashRound(l3, word(i + 24));
+    }
+    h = Rotl(l0, 1) + Rotl(l1, 7) + Rotl(l2, 12) + Rotl(l3, 18);
+    h = HashMerge(HashMerge(HashMerge(HashMerge(h, l0), l1), l2), l3);
+  } else {
+    h = kP5;
   }
-  h ^= static_cast<uint64_t>(n);
+  h += static_cast<uint64_t>(bytes);
+  for (; i + 8 <= bytes; i += 8) h = Rotl(h ^ HashRound(0, word(i)), 27) * kP1 + kP4;
+  if (i + 4 <= bytes) {
+    uint32_t w;
+    std::memcpy(&w, b + i, 4);
+    h = Rotl(h ^ (static_cast<uint64_t>(w) * kP1), 23) * kP2 + kP3;
+  }
+  h ^= h >> 33;
+  h *= kP2;
+  h ^= h >> 29;
+  h *= kP3;
+  h ^= h >> 32;
   return static_cast<double>(h & ((uint64_t{1} << 52) - 1));
 }
 
@@ -92,9 +133,11 @@ struct Engine::Impl {
   DeviceBuffer exp_avg;     // like master
   DeviceBuffer exp_avg_sq;  // like master
   DeviceBuffer acc;         // stages 0/1: fp32 full per-rank accumulators (stage 0: reduced in place)
-  DeviceBuffer grad_part;   // stages 1-3: fp32 gradient partition
+  DeviceBuffer grad_part;   // stages 1-3: fp32 gradient partition (not at stage 1 with one rank:
+                            // there the accumulators are the partition, see AccIsGrad)
   DeviceBuffer norm_slots;  // one device double per parameter
-  std::vector<double> norm_host;
+  PinnedBuffer norm_host;   // their host copy (pinned, so the copy does not block the host)
+  std::unique_ptr<Event> norm_ready;  // recorded after that copy
 
   std::unique_ptr<BufferPool> grad_pool;
   std::vector<DeviceBuffer> grad_out;   // handed out by grad_buffer(), not yet reported
@@ -103,6 +146,10 @@ struct Engine::Impl {
   std::vector<uint8_t> reported;        // in the current backward
   std::vector<uint8_t> active;          // received a gradient in the current window
   std::vector<uint8_t> reduce_queued;   // stage 0/1: queued for the boundary reduction
+  // Which fp32 gradient pieces hold this window's values (the rest hold stale values of an earlier
+  // window: nothing zero-fills the accumulators at a window start; see AddGradient).
+  std::vector<uint8_t> acc_written;     // stages 0/1: acc piece (this rank's local sum)
+  std::vector<uint8_t> part_written;    // stages 1-3: grad_part shard (the reduced sum)
   int reported_count = 0;
   std::unique_ptr<GradientReducer> reducer;
   std::unique_ptr<BucketedAllGather> weight_gather;  // stages 1/2
@@ -133,6 +180,19 @@ struct Engine::Impl {
     return p.shard.padded + (GradRecvArea() ? p.shard.shard : 0);
   }
   void* model_ptr(int64_t off) const { return ElementPtr(model.data(), mdt, off); }
+  // The fp32 gradients the boundary reads (norm, AdamW) are the accumulators at stage 0, and at
+  // stage 1 with one rank, where the reduce-scatter would be the identity and the partition layout
+  // is the full layout (shard = n_pad = numel, part_off = full_off); otherwise grad_part.
+  bool AccIsGrad() const { return stage == 0 || (stage == 1 && world == 1); }
+  // Stages 2/3 with one rank: no reduction is needed (the mean over one rank is the value itself),
+  // so GradReady adds the model-dtype gradient straight into the fp32 partition, with no bucket
+  // and no conversion buffer. Bitwise the same as the reducer path whenever its conversion to
+  // communication_data_type is exact: fp32 (Accumulate reads 16-bit sources exactly as Cast
+  // widens them) or the model dtype itself; a narrowing communication dtype still goes through
+  // the reducer, whose Cast rounds.
+  bool DirectToPartition() const {
+    return stage >= 2 && world == 1 && (comm_dt == mdt || comm_dt == DType::kF32);
+  }
 
   Status Guard(Status s) {
     if (!s.ok() && broken.ok()) broken = s;
@@ -172,8 +232,10 @@ struct Engine::Impl {
   Status UnionActive();
   Status BoundaryImpl();
   Status ZeroAccumulators();
+  Status AddGradient(float* dst, const void* src, DType src_t, int64_t n, uint8_t* written);
+  Status ReadNorm(double* total);
   Status GatherFp32(int index, const float* part_src, float* out);
-  Status PublishWeights(const std::vector<uint8_t>& update);
+  Status PublishWeights(const std::vector<uint8_t>& update, bool cast);
   Status CheckOutsideWindow(const char* call) const;
   Status SaveCheckpointImpl(const std::string& dir, const std::string& tag,
                             const std::string& client_state_json);
@@ -389,50 +451,69 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
   ZERO_RETURN_IF_ERROR(Allocate(&master, opt_total, DType::kF32, "fp32 master weights"));
   ZERO_RETURN_IF_ERROR(Allocate(&exp_avg, opt_total, DType::kF32, "AdamW exp_avg"));
   ZERO_RETURN_IF_ERROR(Allocate(&exp_avg_sq, opt_total, DType::kF32, "AdamW exp_avg_sq"));
+  // Zero-filled once here: padding and the gaps between pieces stay zero for good; the pieces
+  // themselves are overwritten by each window's first contribution (AddGradient).
   if (stage <= 1) {
     ZERO_RETURN_IF_ERROR(Allocate(&acc, full_total, DType::kF32, "fp32 gradient accumulators"));
   }
-  if (stage >= 1) {
+  if (stage >= 1 && !AccIsGrad()) {
     ZERO_RETURN_IF_ERROR(Allocate(&grad_part, part_total, DType::kF32, "fp32 gradient partition"));
   }
   {
-    auto b = device->Allocate(std::max<size_t>(1, params.size()) * sizeof(double));
+    const size_t bytes = std::max<size_t>(1, params.size()) * sizeof(double);
+    auto b = device->Allocate(bytes);
     if (!b.ok()) return b.status().WithContext("Initialize: allocating norm partials");
     norm_slots = std::move(b).value();
-    norm_host.assign(params.size(), 0.0);
+    auto h = device->AllocatePinned(bytes);
+    if (!h.ok()) return h.status().WithContext("Initialize: allocating norm partials (host)");
+    norm_host = std::move(h).value();
+    auto e = device->CreateEvent();
+    if (!e.ok()) return e.status().WithContext("Initialize: creating the norm event");
+    norm_ready = std::move(e).value();
   }
 
-  // Initial values: full fp32 on the host, uploaded through one device staging buffer.
+  // Initial values: full fp32 on the host. Where this rank's master holds the whole parameter
+  // (stage 0, or one rank: the partition layout is then the full layout) they are uploaded
+  // straight into it (its padding is zero from the allocation) and the model copy is cast from it;
+  // otherwise through one device staging buffer, from which this rank's shard is taken.
+  const bool direct_upload = stage == 0 || world == 1;
   DeviceBuffer staging;
-  ZERO_RETURN_IF_ERROR(Allocate(&staging, std::max<int64_t>(max_padded, 1), DType::kF32, "initial values"));
+  if (!direct_upload) {
+    ZERO_RETURN_IF_ERROR(Allocate(&staging, std::max<int64_t>(max_padded, 1), DType::kF32, "initial values"));
+  }
   std::vector<float> values;
-  std::vector<double> sums(2 * params.size(), 0.0);
+  std::vector<double> sums(world > 1 ? 2 * params.size() : 0, 0.0);
   for (int i = 0; i < n_params; ++i) {
     const ParamInfo& p = params[i];
     values.assign(static_cast<size_t>(p.numel), 0.0f);
     init(i, values.data());
-    sums[i] = Checksum(values.data(), p.numel);
-    sums[params.size() + i] = -sums[i];
-    if (p.numel == 0) continue;
-    float* st = staging.as<float>();
-    ZERO_RETURN_IF_ERROR(device->Copy(st, values.data(), static_cast<size_t>(p.numel) * 4,
-                                      CopyKind::kHostToDevice, compute));
-    ZERO_RETURN_IF_ERROR(device->Fill(st + p.numel, DType::kF32,
-                                      static_cast<size_t>(p.shard.padded - p.numel), 0.0f, compute));
-    const size_t shard = static_cast<size_t>(p.shard.shard);
-    if (stage == 0) {
-      ZERO_RETURN_IF_ERROR(device->Copy(f32(master, p.full_off), st, static_cast<size_t>(p.shard.padded) * 4,
-                                        CopyKind::kDeviceToDevice, compute));
-    } else {
-      ZERO_RETURN_IF_ERROR(device->Copy(f32(master, p.part_off), st + p.shard.begin, shard * 4,
-                                        CopyKind::kDeviceToDevice, compute));
+    if (world > 1) {  // one rank has nothing to compare with
+      sums[i] = Checksum(values.data(), p.numel);
+      sums[params.size() + i] = -sums[i];
     }
-    if (stage <= 2) {
-      ZERO_RETURN_IF_ERROR(device->Cast(st, DType::kF32, model_ptr(p.full_off), mdt,
+    if (p.numel == 0) continue;
+    const size_t shard = static_cast<size_t>(p.shard.shard);
+    if (direct_upload) {
+      float* dst = f32(master, stage == 0 ? p.full_off : p.part_off);
+      ZERO_RETURN_IF_ERROR(device->Copy(dst, values.data(), static_cast<size_t>(p.numel) * 4,
+                                        CopyKind::kHostToDevice, compute));
+      ZERO_RETURN_IF_ERROR(device->Cast(dst, DType::kF32, model_ptr(stage == 3 ? p.part_off : p.full_off), mdt,
                                         static_cast<size_t>(p.shard.padded), compute));
     } else {
-      ZERO_RETURN_IF_ERROR(device->Cast(st + p.shard.begin, DType::kF32, model_ptr(p.part_off), mdt,
-                                        shard, compute));
+      float* st = staging.as<float>();
+      ZERO_RETURN_IF_ERROR(device->Copy(st, values.data(), static_cast<size_t>(p.numel) * 4,
+                                        CopyKind::kHostToDevice, compute));
+      ZERO_RETURN_IF_ERROR(device->Fill(st + p.numel, DType::kF32,
+                                        static_cast<size_t>(p.shard.padded - p.numel), 0.0f, compute));
+      ZERO_RETURN_IF_ERROR(device->Copy(f32(master, p.part_off), st + p.shard.begin, shard * 4,
+                                        CopyKind::kDeviceToDevice, compute));
+      if (stage <= 2) {
+        ZERO_RETURN_IF_ERROR(device->Cast(st, DType::kF32, model_ptr(p.full_off), mdt,
+                                          static_cast<size_t>(p.shard.padded), compute));
+      } else {
+        ZERO_RETURN_IF_ERROR(device->Cast(st + p.shard.begin, DType::kF32, model_ptr(p.part_off), mdt,
+                                          shard, compute));
+      }
     }
     // The host vector is refilled for the next parameter.
     ZERO_RETURN_IF_ERROR(device->SynchronizeStream(compute));
@@ -467,8 +548,9 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
   }
   const size_t bucket_bytes = std::min(
       total_grad_bytes, static_cast<size_t>(config.zero.reduce_bucket_size) * SizeOf(mdt));
-  const size_t pool_keep = PerParamReduction() ? static_cast<size_t>(max_in_flight + 2) * max_param_bytes
-                                               : 2 * max_param_bytes + (stage >= 2 ? bucket_bytes : 0);
+  const size_t pool_keep = PerParamReduction() && !DirectToPartition()
+                               ? static_cast<size_t>(max_in_flight + 2) * max_param_bytes
+                               : 2 * max_param_bytes + (stage >= 2 && !DirectToPartition() ? bucket_bytes : 0);
   grad_pool = std::make_unique<BufferPool>(device, pool_keep);
   grad_out.resize(params.size());
   grad_held.resize(params.size());
@@ -476,6 +558,8 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
   reported.assign(params.size(), 0);
   active.assign(params.size(), 0);
   reduce_queued.assign(params.size(), 0);
+  acc_written.assign(params.size(), 0);
+  part_written.assign(params.size(), 0);
 
   GradientReducerOptions ro;
   ro.op = op;
@@ -511,8 +595,8 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     ro.comm_dtype = comm_dt;
     ro.name = stage == 2 ? "stage-2 gradient" : "stage-3 gradient";
     consumer = [this](int i, const void* reduced) -> Status {
-      return device->Accumulate(f32(grad_part, params[i].part_off), reduced, comm_dt,
-                                static_cast<size_t>(params[i].shard.shard), 1.0f, compute);
+      return AddGradient(f32(grad_part, params[i].part_off), reduced, comm_dt, params[i].shard.shard,
+                         &part_written[i]);
     };
   }
   reducer = std::make_unique<GradientReducer>(device, comm, compute, ro, std::move(consumer));
@@ -657,12 +741,17 @@ Status Engine::Impl::GradReadyImpl(int index) {
   DeviceBuffer buf = std::move(grad_out[index]);
   if (p.numel == 0) return OkStatus();
   if (stage <= 1) {
-    ZERO_RETURN_IF_ERROR(device->Accumulate(f32(acc, p.full_off), buf.data(), mdt,
-                                            static_cast<size_t>(p.numel), 1.0f, compute));
+    ZERO_RETURN_IF_ERROR(AddGradient(f32(acc, p.full_off), buf.data(), mdt, p.numel, &acc_written[index]));
     ZERO_RETURN_IF_ERROR(grad_pool->Release(std::move(buf), compute));
     // The boundary micro step: this accumulator is final, so its reduction can start now.
     if (managed && window_micro + 1 == gas && !no_sync) ZERO_RETURN_IF_ERROR(QueueBoundaryReduction(index));
     return OkStatus();
+  }
+  if (DirectToPartition()) {
+    // One rank: straight into the fp32 partition (shard = numel), no bucket, no conversion.
+    ZERO_RETURN_IF_ERROR(AddGradient(f32(grad_part, p.part_off), buf.data(), mdt, p.numel,
+                                     &part_written[index]));
+    return grad_pool->Release(std::move(buf), compute);
   }
   grad_held[index] = std::move(buf);
   void* data = grad_held[index].data();
@@ -673,11 +762,39 @@ Status Engine::Impl::GradReadyImpl(int index) {
   }, recv);
 }
 
+// The first contribution of a window to an fp32 gradient piece overwrites it (Device::
+// AccumulateFirst: 0.0f + g, one pass, the accumulator not read), later ones add (Accumulate). This
+// replaces zero-filling every accumulator at the window start, bitwise: AccumulateFirst is defined
+// as Accumulate into +0, so a -0 gradient still becomes +0 and a NaN the canonical NaN. (A plain
+// Cast or copy would not be exact: it keeps -0, and a -0 accumulator can change later bits -
+// classic Adam's g + wd*p, an exp_avg of -0 with beta1 = 0 and through it a -0 weight - as well as
+// NaN payloads in the norm's double sum on the CPU backend.) Pieces that get no contribution in a
+// window are zero-filled only where they are read: before a stage-0/1 reduction (this rank adds
+// zeros) and at the boundary when AdamW updates them (managed mode updates every parameter).
+Status Engine::Impl::AddGradient(float* dst, const void* src, DType src_t, int64_t n, uint8_t* written) {
+  const bool first = *written == 0;
+  *written = 1;
+  if (n == 0) return OkStatus();
+  if (first) return device->AccumulateFirst(dst, src, src_t, static_cast<size_t>(n), 1.0f, compute);
+  return device->Accumulate(dst, src, src_t, static_cast<size_t>(n), 1.0f, compute);
+}
+
 Status Engine::Impl::QueueBoundaryReduction(int index) {
   if (reduce_queued[index]) return OkStatus();
   reduce_queued[index] = 1;
   const ParamInfo& p = params[index];
   if (p.numel == 0) return OkStatus();
+  // One rank: the mean over one rank is the sum itself (bitwise; the reducer issued no collective
+  // there either), and stage 1 reads the accumulators as its partition (AccIsGrad): no reduction,
+  // no bucket copies.
+  if (world == 1) return OkStatus();
+  if (!acc_written[index]) {
+    // No local gradient in this window: this rank contributes zeros.
+    ZERO_RETURN_IF_ERROR(device->Fill(f32(acc, p.full_off), DType::kF32, static_cast<size_t>(p.numel), 0.0f,
+                                      compute));
+    acc_written[index] = 1;
+  }
+  if (stage == 1) part_written[index] = 1;  // the reduction writes the whole shard
   // Without contiguous_gradients stage 0 all-reduces the accumulator in place and stage 1
   // reduce-scatters it (its full-layout piece is padded, padding zero) straight into the gradient
   // partition.
@@ -771,13 +888,29 @@ Status Engine::Impl::UnionActive() {
   return OkStatus();
 }
 
+// Starts a new window. No fill: the pieces are marked unwritten, and the window's first
+// contribution overwrites each (AddGradient).
 Status Engine::Impl::ZeroAccumulators() {
-  if (stage <= 1) ZERO_RETURN_IF_ERROR(device->Fill(acc.data(), DType::kF32, full_total, 0.0f, compute));
-  if (stage >= 1) ZERO_RETURN_IF_ERROR(device->Fill(grad_part.data(), DType::kF32, part_total, 0.0f, compute));
+  std::fill(acc_written.begin(), acc_written.end(), 0);
+  std::fill(part_written.begin(), part_written.end(), 0);
   std::fill(active.begin(), active.end(), 0);
   std::fill(reduce_queued.begin(), reduce_queued.end(), 0);
   reduced = false;
   backwards_since_step = 0;
+  return OkStatus();
+}
+
+// Sums the per-parameter norm partials copied to the host (after waiting for that copy) in
+// parameter order; stages 1-3 with several ranks add the ranks' sums (AllReduceHost, rank order).
+Status Engine::Impl::ReadNorm(double* total) {
+  ZERO_RETURN_IF_ERROR(device->SynchronizeEvent(norm_ready.get()));
+  const double* host = norm_host.as<double>();
+  double sum = 0.0;
+  for (size_t i = 0; i < params.size(); ++i) sum += host[i];
+  if (stage >= 1 && world > 1) {
+    ZERO_RETURN_IF_ERROR(comm->AllReduceHost(&sum, 1, ReduceOp::kSum).WithContext("gradient norm"));
+  }
+  *total = sum;
   return OkStatus();
 }
 
@@ -791,17 +924,32 @@ Status Engine::Impl::BoundaryImpl() {
   }
   if (stage <= 1 && !reduced) ZERO_RETURN_IF_ERROR(ReduceAccumulators(update));
 
-  // Global norm: per parameter, the sum of squares of its fp32 gradient (stage 0: full; stages
-  // 1-3: this rank's shard, padding zero) in double; summed on the host in parameter order;
-  // partitioned stages all-reduce the partial sums (rank order).
-  const DeviceBuffer& grads = stage == 0 ? acc : grad_part;
-  double* slots = norm_slots.as<double>();
-  for (int i = 0; i < n_params; ++i) {
+  // The fp32 gradients: stage 0 (and stage 1 with one rank) the accumulators, full layout;
+  // otherwise this rank's shards in the gradient partition (padding zero).
+  const DeviceBuffer& grads = AccIsGrad() ? acc : grad_part;
+  const std::vector<uint8_t>& written = AccIsGrad() ? acc_written : part_written;
+  auto piece = [this](int i, int64_t* off, int64_t* n) {
     const ParamInfo& p = params[i];
-    const int64_t off = stage == 0 ? p.full_off : p.part_off;
-    const int64_t n = stage == 0 ? p.numel : p.shard.shard;
-    if (n == 0) {
-      ZERO_RETURN_IF_ERROR(device->Fill(slots + i, DType::kF32, 2, 0.0f, compute));  // 8 zero bytes
+    *off = stage == 0 ? p.full_off : p.part_off;
+    *n = stage == 0 ? p.numel : p.shard.shard;
+  };
+
+  // Global norm: per parameter, the sum of squares of its fp32 gradient in double; summed on the
+  // host in parameter order; partitioned stages all-reduce the partial sums (rank order). A
+  // gradient that got no contribution in the window is zero: its partial is 0.0 (what
+  // SumOfSquares of zeros gives), and it is zero-filled only if AdamW is to read it.
+  double* slots = norm_slots.as<double>();
+  if (n_params > 0) {
+    ZERO_RETURN_IF_ERROR(device->Fill(slots, DType::kF32, 2 * static_cast<size_t>(n_params), 0.0f, compute));
+  }
+  for (int i = 0; i < n_params; ++i) {
+    int64_t off = 0, n = 0;
+    piece(i, &off, &n);
+    if (n == 0) continue;
+    if (!written[i]) {
+      if (update[i]) {
+        ZERO_RETURN_IF_ERROR(device->Fill(f32(grads, off), DType::kF32, static_cast<size_t>(n), 0.0f, compute));
+      }
       continue;
     }
     ZERO_RETURN_IF_ERROR(device->SumOfSquares(f32(grads, off), DType::kF32, static_cast<size_t>(n),
@@ -811,41 +959,44 @@ Status Engine::Impl::BoundaryImpl() {
     ZERO_RETURN_IF_ERROR(device->Copy(norm_host.data(), slots, sizeof(double) * n_params,
                                       CopyKind::kDeviceToHost, compute));
   }
-  ZERO_RETURN_IF_ERROR(device->SynchronizeStream(compute));
-  double total = 0.0;
-  for (int i = 0; i < n_params; ++i) total += norm_host[i];
-  if (stage >= 1 && world > 1) {
-    ZERO_RETURN_IF_ERROR(comm->AllReduceHost(&total, 1, ReduceOp::kSum).WithContext("gradient norm"));
-  }
-  // A sum of squares (in double) of fp32 values is finite exactly when every value is finite, so
-  // this is the overflow check of every rank's gradients.
-  const bool overflow = !std::isfinite(total);
+  ZERO_RETURN_IF_ERROR(device->RecordEvent(norm_ready.get(), compute));
+
   const bool fp16 = config.fp16.enabled;
+  const double clip = config.gradient_clipping;
   const double s = fp16 ? static_cast<double>(scaler.scale()) : 1.0;
   const double gas_d = static_cast<double>(gas);
-  const double scaled_norm = std::sqrt(total) / gas_d;
-
-  if (fp16 && overflow) {
-    grad_norm = std::numeric_limits<double>::infinity();
-    step_applied = false;
-    ++counters.global_steps;
-    ++counters.skipped_steps;
-    scaler.Update(true);
-    ZERO_RETURN_IF_ERROR(ZeroAccumulators());
-    if (scaler.overflow_at_min_scale()) {
-      return FailedPreconditionError(
-          "fp16 gradients overflowed with the loss scale already at fp16.min_loss_scale (" +
-          std::to_string(config.fp16.min_loss_scale) + "); cannot decrease it further");
-    }
-    return OkStatus();
-  }
-
-  const double clip = config.gradient_clipping;
+  // fp16 (the overflow check) and clipping (the coefficient) need the norm before AdamW: the host
+  // waits for it here. Otherwise AdamW does not depend on it: it is read once, at the end of the
+  // step, after AdamW and the weight publication are enqueued (on CUDA the device runs on
+  // meanwhile; the value is the same either way).
+  const bool norm_first = fp16 || clip > 0.0;
+  double total = 0.0;
   double clip_coef = 1.0;
-  if (clip > 0.0) {
-    const double c = (scaled_norm / s + 1e-6) / clip;
-    if (c > 1.0) clip_coef = c;
+  if (norm_first) {
+    ZERO_RETURN_IF_ERROR(ReadNorm(&total));
+    // A sum of squares (in double) of fp32 values is finite exactly when every value is finite, so
+    // this is the overflow check of every rank's gradients.
+    const bool overflow = !std::isfinite(total);
+    if (fp16 && overflow) {
+      grad_norm = std::numeric_limits<double>::infinity();
+      step_applied = false;
+      ++counters.global_steps;
+      ++counters.skipped_steps;
+      scaler.Update(true);
+      ZERO_RETURN_IF_ERROR(ZeroAccumulators());
+      if (scaler.overflow_at_min_scale()) {
+        return FailedPreconditionError(
+            "fp16 gradients overflowed with the loss scale already at fp16.min_loss_scale (" +
+            std::to_string(config.fp16.min_loss_scale) + "); cannot decrease it further");
+      }
+      return OkStatus();
+    }
+    if (clip > 0.0) {
+      const double c = (std::sqrt(total) / gas_d / s + 1e-6) / clip;
+      if (c > 1.0) clip_coef = c;
+    }
   }
+
   AdamWParams h;
   const OptimizerConfig& oc = config.optimizer;
   const int64_t t = counters.adam_step + 1;
@@ -859,32 +1010,41 @@ Status Engine::Impl::BoundaryImpl() {
   h.adam_w_mode = oc.adam_w_mode;
   h.grad_scale = static_cast<float>(1.0 / (gas_d * s * clip_coef));
 
-  // AdamW over runs of consecutive updated parameters (all of them in managed mode). The gaps
-  // between pieces of a flat buffer are zero everywhere and stay zero under AdamW.
+  // AdamW, fused with the rounding of the new weights to the model dtype (Device::AdamWCast, the
+  // same bits as a separate Cast), over runs of consecutive updated parameters (all of them in
+  // managed mode). The model copy is written in place: stage 0 the full layout, stage 3 the
+  // partition layout (both the master's own layout); stages 1/2 this rank's shard inside the
+  // padded full parameter, ready for the all-gather - one call per parameter, since those shards
+  // are not consecutive in the full layout, except with one rank where the two layouts coincide.
+  // The gaps between pieces of a flat buffer are zero everywhere and stay zero under AdamW.
   if (coordinator != nullptr) ZERO_RETURN_IF_ERROR(coordinator->QuiesceForUpdate());
+  const bool runs = !(stage == 1 || stage == 2) || world == 1;
   for (int i = 0; i < n_params;) {
     if (!update[i]) {
       ++i;
       continue;
     }
     int j = i;
-    while (j + 1 < n_params && update[j + 1]) ++j;
+    while (runs && j + 1 < n_params && update[j + 1]) ++j;
     const int64_t begin = stage == 0 ? params[i].full_off : params[i].part_off;
     const int64_t end = stage == 0 ? params[j].full_off + params[j].shard.padded
                                    : params[j].part_off + params[j].shard.shard;
+    const int64_t model_off = (stage == 1 || stage == 2) ? params[i].full_off + params[i].shard.begin : begin;
     if (end > begin) {
-      ZERO_RETURN_IF_ERROR(device->AdamW(f32(master, begin), f32(grads, begin), f32(exp_avg, begin),
-                                         f32(exp_avg_sq, begin), static_cast<size_t>(end - begin), h,
-                                         compute));
+      ZERO_RETURN_IF_ERROR(device->AdamWCast(f32(master, begin), f32(grads, begin), f32(exp_avg, begin),
+                                             f32(exp_avg_sq, begin), static_cast<size_t>(end - begin), h,
+                                             model_ptr(model_off), mdt, compute));
     }
     i = j + 1;
   }
 
-  // New weights into the model dtype.
-  ZERO_RETURN_IF_ERROR(PublishWeights(update));
+  // The new weights where the forward reads them (stage 3: the coordinator re-gathers; stages
+  // 1/2: the all-gather).
+  ZERO_RETURN_IF_ERROR(PublishWeights(update, /*cast=*/false));
 
+  if (!norm_first) ZERO_RETURN_IF_ERROR(ReadNorm(&total));
   ZERO_RETURN_IF_ERROR(ZeroAccumulators());
-  grad_norm = scaled_norm / s;
+  grad_norm = std::sqrt(total) / gas_d / s;
   step_applied = true;
   ++counters.global_steps;
   ++counters.adam_step;
@@ -892,32 +1052,44 @@ Status Engine::Impl::BoundaryImpl() {
   return OkStatus();
 }
 
-// The fp32 master weights (of the parameters in `update`) rounded to the model dtype: stage 0 casts
-// the full copy, stage 3 casts the shards and lets the coordinator drop what it had gathered
-// (the caller ran QuiesceForUpdate() before the shards changed), stages 1/2 cast their shard into
-// place and all-gather the parameters in buckets of allgather_bucket_size elements.
-Status Engine::Impl::PublishWeights(const std::vector<uint8_t>& update) {
+// The fp32 master weights (of the parameters in `update`) in the model dtype, where the forward
+// reads them. With `cast` (LoadCheckpoint) they are rounded from the masters here: stage 0 casts
+// the full copy, stage 3 the shards, stages 1/2 each rank's shard into its place; without it
+// (Step) AdamWCast already wrote the model copy (stages 1/2: this rank's shard in the padded full
+// parameter). Then stage 3 lets the coordinator drop what it had gathered (the caller ran
+// QuiesceForUpdate() before the shards changed) and stages 1/2 all-gather the parameters in
+// buckets of allgather_bucket_size elements.
+Status Engine::Impl::PublishWeights(const std::vector<uint8_t>& update, bool cast) {
   const int n_params = static_cast<int>(params.size());
   if (stage == 0) {
-    ZERO_RETURN_IF_ERROR(device->Cast(master.data(), DType::kF32, model.data(), mdt,
-                                      static_cast<size_t>(full_total), compute));
+    if (cast) {
+      ZERO_RETURN_IF_ERROR(device->Cast(master.data(), DType::kF32, model.data(), mdt,
+                                        static_cast<size_t>(full_total), compute));
+    }
   } else if (stage == 3) {
-    ZERO_RETURN_IF_ERROR(device->Cast(master.data(), DType::kF32, model.data(), mdt,
-                                      static_cast<size_t>(part_total), compute));
+    if (cast) {
+      ZERO_RETURN_IF_ERROR(device->Cast(master.data(), DType::kF32, model.data(), mdt,
+                                        static_cast<size_t>(part_total), compute));
+    }
     ZERO_RETURN_IF_ERROR(coordinator->AfterUpdate());
   } else {
-    // Stages 1/2: each updated parameter's master shard cast into the model dtype and all-gathered,
-    // in buckets of allgather_bucket_size elements (zero/allgather_bucket.h).
+    // Stages 1/2: each updated parameter's shard all-gathered, in buckets of allgather_bucket_size
+    // elements (zero/allgather_bucket.h). The bucket asks for this rank's shard at `dst`: either
+    // its place in the full parameter (a bucket of one parameter, or one rank), where AdamWCast
+    // already wrote it, or a segment of a bucket buffer, which gets a copy of it.
     std::vector<AllGatherItem> items;
     for (int i = 0; i < n_params; ++i) {
       const ParamInfo& p = params[i];
       if (!update[i] || p.numel == 0) continue;
       items.push_back({i, model_ptr(p.full_off), p.shard.shard});
     }
-    Status s = weight_gather->Run(items, [this](int i, void* dst) {
+    Status s = weight_gather->Run(items, [this, cast](int i, void* dst) -> Status {
       const ParamInfo& p = params[i];
-      return device->Cast(f32(master, p.part_off), DType::kF32, dst, mdt, static_cast<size_t>(p.shard.shard),
-                          compute);
+      const size_t shard = static_cast<size_t>(p.shard.shard);
+      void* mine = model_ptr(p.full_off + p.shard.begin);
+      if (cast) return device->Cast(f32(master, p.part_off), DType::kF32, dst, mdt, shard, compute);
+      if (dst == mine) return OkStatus();
+      return device->Copy(dst, mine, shard * SizeOf(mdt), CopyKind::kDeviceToDevice, compute);
     });
     if (!s.ok()) return s.WithContext("publishing the updated parameters");
   }
@@ -1276,7 +1448,7 @@ Result<std::string> Engine::Impl::LoadCheckpointImpl(const std::string& dir, con
     }
     // The model parameters from the loaded masters (stage 3: the coordinator drops its gathered
     // and persistent buffers, so the next GatherModule gathers the new shards).
-    ZERO_RETURN_IF_ERROR(PublishWeights(std::vector<uint8_t>(params.size(), 1)));
+    ZERO_RETURN_IF_ERROR(PublishWeights(std::vector<uint8_t>(params.size(), 1), /*cast=*/true));
     ZERO_RETURN_IF_ERROR(ZeroAccumulators());
     // The host staging buffers must outlive the copies.
     return device->SynchronizeStream(compute);

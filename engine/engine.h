@@ -48,12 +48,18 @@
 //     allgather_bucket_size leave every result bitwise the same.
 //   - Stages 0/1 accumulate each rank's gradients locally in fp32 across micro steps and reduce the
 //     fp32 sums at the boundary backward. Stages 2/3 reduce each micro step's gradients in the model
-//     dtype and add the result to the fp32 partition.
+//     dtype and add the result to the fp32 partition. Every fp32 sum starts from +0: the window's
+//     first contribution is 0.0f + g (Device::AccumulateFirst; -0 becomes +0, NaN canonical), the
+//     later ones are added, and a parameter without any contribution reads as zeros. With one
+//     rank no reduction happens (the mean over one rank is the value itself) and stages 2/3 add
+//     the model-dtype gradient straight into the fp32 partition (communication_data_type fp32 or
+//     the model dtype: the same bits as converting first).
 //   - At the boundary: sum of squares of the fp32 accumulators in double (partials all-reduced),
 //     overflow check (fp16: skip the step, update the loss scale), clip coefficient
 //     max(1, (norm/loss_scale + 1e-6)/clip), and one AdamW pass with grad_scale =
 //     1 / (GAS * loss_scale * clip_coef) (GAS = 1 in unmanaged mode: the user scales), then the new
-//     fp32 weights are rounded to the model dtype and all-gathered (stages 1/2).
+//     fp32 weights are rounded to the model dtype (in the AdamW pass itself, Device::AdamWCast:
+//     the same bits as a separate cast) and all-gathered (stages 1/2).
 //   - Spelled out (as the equivalence suite models it): the sum of squares is taken per parameter
 //     over this rank's partition (stage 0: the whole parameter) with Device::SumOfSquares, added
 //     in parameter order, and the ranks' sums are added in rank order (AllReduceHost; stages 1-3);
@@ -122,7 +128,9 @@ struct EngineMemory {
   size_t device_peak = 0;    // Device::memory_stats().peak
   // Of `gradients`: the reduction buckets' staging buffers (held for reuse). 0 with
   // contiguous_gradients false (unless communication_data_type differs from the model dtype,
-  // which needs a conversion buffer per reduction in flight).
+  // which needs a conversion buffer per reduction in flight). 0 with one rank (nothing is
+  // reduced), unless communication_data_type is 16-bit and differs from the model dtype (a
+  // rounding conversion, still made).
   size_t bucket_staging = 0;
   // Stages 1/2: all-gather bucket buffers held for reuse (not in the fields above; CUDA keeps up to
   // two of the largest bucket, the CPU backend frees them after each step).
@@ -163,14 +171,18 @@ class Engine {
   // Local. Returns the parameter's index (0, 1, ... in registration order). Names must be unique.
   Result<int> RegisterParameter(const ParamSpec& spec);
   // Allocates and partitions everything; init(index, values) writes the parameter's full fp32
-  // initial values into `values` (host memory, numel floats) and must give the same values on every
-  // rank (checked: a checksum is compared across ranks, and a mismatch names the parameter).
+  // initial values into `values` (host memory, numel floats, zeroed before the call) and must give
+  // the same values on every rank (checked with several ranks: a 52-bit hash of each parameter's
+  // values, taken over 64-bit words, is compared across ranks, and an error names the first
+  // parameter that differs; with one rank nothing is hashed or compared).
   Status Initialize(const std::function<void(int index, float* values)>& init);
 
   // --- forward -------------------------------------------------------------------------------
   Result<ModuleHandle> GatherModule(const std::string& module);
   // Device pointer to parameter `index` in the model dtype, full shape. Local. Valid while the
-  // parameter is gathered (stages 0-2: always, until the next Step() rewrites it in place).
+  // parameter is gathered (stages 0-2: always, until the next Step() rewrites it in place; stage 3
+  // with one rank: it points at the rank's own shard, which is the whole parameter, and Step()
+  // rewrites it in place too).
   Result<const void*> param(int index) const;
 
   // --- backward ------------------------------------------------------------------------------
@@ -193,7 +205,11 @@ class Engine {
   bool is_gradient_accumulation_boundary() const;
   Status Step();
   bool was_step_applied() const;       // false off-boundary or on fp16 overflow
-  double global_grad_norm() const;     // unscaled global norm of the last boundary (-1 if none)
+  // Unscaled global norm of the last boundary (-1 if none); a plain read, valid when Step()
+  // returns. When neither fp16 (overflow check) nor gradient_clipping needs the norm before AdamW,
+  // Step() enqueues its sums of squares, then AdamW and the weight publication, and only then waits
+  // (once) for the norm at its end; otherwise it waits for it before AdamW. Same value either way.
+  double global_grad_norm() const;
   float loss_scale() const;            // current loss scale (1 without fp16)
   double lr() const;                   // lr the next applied step will use
   // Stage 0/1 only: while on, Step() at a boundary is refused (no_sync must end before the boundary).

@@ -208,6 +208,28 @@ TEST(EngineApiTest, InitialValuesMustAgreeAcrossRanks) {
   EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
+// The cross-rank hash of the initial values (64-bit words, 32-byte stripes, then a tail) tells a
+// one-bit difference apart wherever it is: in a stripe, in the 8-byte tail words, in the last
+// 4 bytes, in a parameter of one element.
+TEST(EngineApiTest, InitialValuesDifferingInOneBitAnywhereAreCaught) {
+  const std::vector<std::pair<int64_t, int64_t>> cases = {{1, 0}, {3, 2}, {8, 0}, {8, 7}, {9, 8},
+                                                          {1001, 500}, {1001, 1000}, {1024, 1023}};
+  for (const auto& [numel, at] : cases) {
+    Status s = RunThreadRanks(2, [&, numel = numel, at = at](int rank, Communicator* comm, Device* device) -> Status {
+      ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(1, 1, 0.0), 2));
+      ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, device, comm));
+      ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"same", {numel}, "m"}).status());
+      ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"differs", {numel}, "m"}).status());
+      Status init = engine->Initialize([&](int index, float* v) {
+        for (int64_t k = 0; k < numel; ++k) v[k] = 0.001f * static_cast<float>(k) - 0.3f;
+        if (index == 1 && rank == 1) v[at] = BitsToFloat(FloatBits(v[at]) ^ 1u);
+      });
+      return Expect(init, StatusCode::kInvalidArgument, "'differs'");
+    });
+    EXPECT_TRUE(s.ok()) << "numel " << numel << " at " << at << ": " << s.ToString();
+  }
+}
+
 TEST(EngineApiTest, UnsupportedConfigIsRefused) {
   Status s = RunThreadRanks(1, [](int rank, Communicator* comm, Device* device) -> Status {
     ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(2, 1, 0.0), 1));
@@ -377,6 +399,111 @@ TEST(EngineTrainingTest, WorldOneAllStages) {
     for (size_t i = 0; i < ref[0].master.size(); ++i) {
       for (size_t k = 0; k < ref[0].master[i].size(); ++k) {
         EXPECT_NEAR(ref[0].master[i][k], got[0].master[i][k], 1e-6f) << "stage " << stage;
+      }
+    }
+  }
+}
+
+// With one rank no reduction is needed: stages 0/1 skip the reducer (and stage 1 its separate
+// gradient partition), stages 2/3 add each gradient straight into the fp32 partition (no bucket, no
+// conversion buffer, also with communication_data_type fp32). Every stage then trains bitwise like
+// stage 0 (which the equivalence suite checks against the host reference at world 1), norms
+// included, for every dtype, GAS 1 and 3, with and without clipping and contiguous_gradients.
+TEST(EngineTrainingTest, WorldOneEveryStageBitwiseLikeStageZeroWithoutBuckets) {
+  const TestModel model = SmallModel();
+  const std::string bf16 = "\"bf16\": {\"enabled\": true}";
+  const std::string fp16 = "\"fp16\": {\"enabled\": true}";
+  const std::string comm_fp32 = "\"communication_data_type\": \"fp32\"";
+  const std::vector<std::string> dtypes = {"", bf16, bf16 + ", " + comm_fp32, fp16, fp16 + ", " + comm_fp32};
+  for (const std::string& dtype : dtypes) {
+    for (int gas : {1, 3}) {
+      for (double clip : {0.0, 1.0}) {
+        const std::string where = "[" + dtype + "] gas " + std::to_string(gas) + " clip " + std::to_string(clip);
+        // communication_data_type is refused at stages 0/1; the reference is stage 0 without it.
+        const std::string base = dtype.find("communication") == std::string::npos ? dtype
+                                 : dtype.substr(0, dtype.find(", "));
+        const auto ref = TrainAll(ConfigJson(0, gas, clip, base), 1, model);
+        for (int stage = 0; stage <= 3; ++stage) {
+          for (const std::string zero_extra : {"", "\"contiguous_gradients\": false"}) {
+            const auto got = TrainAll(ConfigJson(stage, gas, clip, stage <= 1 ? base : dtype, zero_extra), 1, model);
+            std::string diff;
+            EXPECT_TRUE(BitwiseEqual(ref[0].master, got[0].master, &diff))
+                << where << " stage " << stage << " " << zero_extra << " master: " << diff;
+            EXPECT_TRUE(BitwiseEqual(ref[0].model, got[0].model, &diff))
+                << where << " stage " << stage << " " << zero_extra << " model: " << diff;
+            ASSERT_EQ(ref[0].norms.size(), got[0].norms.size());
+            for (size_t k = 0; k < ref[0].norms.size(); ++k) {
+              EXPECT_EQ(ref[0].norms[k], got[0].norms[k]) << where << " stage " << stage << " step " << k;
+            }
+            // No bucket staging (no reduction, no conversion buffer) at any stage.
+            EXPECT_EQ(got[0].memory.bucket_staging, 0u) << where << " stage " << stage << " " << zero_extra;
+            // Stage 1 holds no gradient partition besides its accumulators: the same as stage 0.
+            if (stage == 1) {
+              EXPECT_EQ(got[0].memory.gradients, ref[0].memory.gradients) << where;
+            }
+          }
+        }
+      }
+    }
+  }
+  // A communication dtype narrower than the model dtype rounds each gradient: that still goes
+  // through the reducer's conversion, at one rank too (stages 2 and 3 agree; stage 0 differs).
+  const std::string fp32_comm_bf16 = "\"communication_data_type\": \"bf16\"";
+  const auto ref = TrainAll(ConfigJson(0, 2, 0.0), 1, model);
+  const auto s2 = TrainAll(ConfigJson(2, 2, 0.0, fp32_comm_bf16), 1, model);
+  const auto s3 = TrainAll(ConfigJson(3, 2, 0.0, fp32_comm_bf16), 1, model);
+  std::string diff;
+  EXPECT_TRUE(BitwiseEqual(s2[0].master, s3[0].master, &diff)) << diff;
+  EXPECT_FALSE(BitwiseEqual(ref[0].master, s2[0].master, &diff));
+  EXPECT_GT(s3[0].memory.bucket_staging, 0u);
+}
+
+// The first contribution of a window overwrites the fp32 accumulator instead of adding to a
+// zero-filled one (AccumulateFirst): still exactly 0.0f + g, so a -0 gradient accumulates to +0.
+// Made observable with beta1 = 0 (exp_avg = g): step 1 gives exp_avg = -1, step 2's all -0 gradient
+// must give exp_avg = 0 * -1 + (+0) = +0 (a copy of the -0 would leave -0: -0 + -0). Every stage,
+// one and two ranks, GAS 1 and 2.
+TEST(EngineTrainingTest, NegativeZeroGradientAccumulatesToPositiveZero) {
+  for (int world : {1, 2}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (int gas : {1, 2}) {
+        const std::string json = ConfigJson(stage, gas, 0.0) ;
+        // beta1 = 0 (valid: [0, 1)); weight decay 0.
+        std::string j = json;
+        const std::string from = "\"params\": {\"lr\": 0.01, \"weight_decay\": 0.1}";
+        j.replace(j.find(from), from.size(),
+                  "\"params\": {\"lr\": 0.01, \"weight_decay\": 0.0, \"betas\": [0.0, 0.999]}");
+        Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) -> Status {
+          ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(j, world));
+          ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, device, comm));
+          ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"w", {9}, "m"}).status());
+          ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"b", {3}, "m"}).status());
+          ZERO_RETURN_IF_ERROR(engine->Initialize([](int index, float* v) {
+            for (int k = 0; k < (index == 0 ? 9 : 3); ++k) v[k] = 0.5f + 0.125f * k;
+          }));
+          for (int step = 0; step < 2; ++step) {
+            for (int micro = 0; micro < gas; ++micro) {
+              ZERO_ASSIGN_OR_RETURN(ModuleHandle h, engine->GatherModule("m"));
+              ZERO_RETURN_IF_ERROR(WriteGrad(engine.get(), device, 0, std::vector<float>(9, step == 0 ? -1.0f : -0.0f)));
+              ZERO_RETURN_IF_ERROR(WriteGrad(engine.get(), device, 1, std::vector<float>(3, -0.5f)));
+              ZERO_RETURN_IF_ERROR(h.Release());
+              ZERO_RETURN_IF_ERROR(engine->Backward());
+              ZERO_RETURN_IF_ERROR(engine->Step());
+            }
+            std::vector<float> m(9), v(9);
+            ZERO_RETURN_IF_ERROR(engine->GatherOptimizerState(0, m.data(), v.data()));
+            for (int k = 0; k < 9; ++k) {
+              const uint32_t want = step == 0 ? FloatBits(-1.0f) : 0u;
+              if (FloatBits(m[k]) != want) {
+                return InternalError("rank " + std::to_string(rank) + " step " + std::to_string(step) +
+                                     ": exp_avg[" + std::to_string(k) + "] bits " + std::to_string(FloatBits(m[k])) +
+                                     ", expected " + std::to_string(want));
+              }
+            }
+          }
+          return OkStatus();
+        });
+        EXPECT_TRUE(s.ok()) << "world " << world << " stage " << stage << " gas " << gas << ": " << s.ToString();
       }
     }
   }

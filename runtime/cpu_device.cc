@@ -122,6 +122,15 @@ void AccumulateRange(float* __restrict acc, const typename S::T* __restrict in, 
   for (size_t i = b; i < e; ++i) acc[i] = CanonicalNaN(acc[i] + scale * S::Load(in[i]));
 }
 
+// 0.0f + x is x except for x = -0.0f (+0.0f): kept as an addition on purpose, so the result is
+// bitwise the Accumulate into a zero-filled accumulator (the compiler may not drop it: without
+// -ffast-math / -fno-signed-zeros, x + 0.0f is not x).
+template <typename S>
+void AccumulateFirstRange(float* __restrict acc, const typename S::T* __restrict in, float scale,
+                          size_t b, size_t e) {
+  for (size_t i = b; i < e; ++i) acc[i] = CanonicalNaN(0.0f + scale * S::Load(in[i]));
+}
+
 template <typename D>
 void ScaleRange(typename D::T* __restrict x, float s, size_t b, size_t e) {
   for (size_t i = b; i < e; ++i) x[i] = D::Store(CanonicalNaN(D::Load(x[i]) * s));
@@ -138,6 +147,25 @@ void AdamWRange(float* __restrict p, const float* __restrict g, float* __restric
     p[i] = CanonicalNaN(pi);
     m[i] = CanonicalNaN(mi);
     v[i] = CanonicalNaN(vi);
+  }
+}
+
+// AdamW writing also the new weight rounded to the model dtype D (the canonicalized value, so the
+// bits equal a later Cast of the stored weight).
+template <bool kAdamWMode, typename D>
+void AdamWCastRange(float* __restrict p, const float* __restrict g, float* __restrict m,
+                    float* __restrict v, typename D::T* __restrict out, const AdamWParams& params,
+                    size_t b, size_t e) {
+  AdamWParams h = params;
+  h.adam_w_mode = kAdamWMode;
+  for (size_t i = b; i < e; ++i) {
+    float pi = p[i], mi = m[i], vi = v[i];
+    AdamWReference(&pi, g[i], &mi, &vi, h);
+    pi = CanonicalNaN(pi);
+    p[i] = pi;
+    m[i] = CanonicalNaN(mi);
+    v[i] = CanonicalNaN(vi);
+    out[i] = D::Store(pi);
   }
 }
 
@@ -312,6 +340,22 @@ Status CpuDevice::Accumulate(float* acc, const void* src, DType src_t, size_t n,
   return OkStatus();
 }
 
+Status CpuDevice::AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale,
+                                  Stream* stream) {
+  ZERO_RETURN_IF_ERROR(CheckStream(stream));
+  if (!ValidDType(src_t)) return InvalidArgumentError("cpu: AccumulateFirst: bad dtype");
+  if (n == 0) return OkStatus();
+  Dispatch(src_t, [&](auto s) {
+    using S = decltype(s);
+    const auto* in = static_cast<const typename S::T*>(src);
+    ParallelFor(n, num_threads_, [acc, in, scale](size_t b, size_t e) {
+      AccumulateFirstRange<S>(acc, in, scale, b, e);
+    });
+    return 0;
+  });
+  return OkStatus();
+}
+
 Status CpuDevice::Scale(void* x, DType t, size_t n, float s, Stream* stream) {
   ZERO_RETURN_IF_ERROR(CheckStream(stream));
   if (!ValidDType(t)) return InvalidArgumentError("cpu: Scale: bad dtype");
@@ -406,6 +450,29 @@ Status CpuDevice::AdamW(float* param, const float* grad, float* exp_avg, float* 
     } else {
       AdamWRange<false>(param, grad, exp_avg, exp_avg_sq, hp, b, e);
     }
+  });
+  return OkStatus();
+}
+
+Status CpuDevice::AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                            size_t n, const AdamWParams& h, void* model_out, DType model_t,
+                            Stream* stream) {
+  ZERO_RETURN_IF_ERROR(CheckStream(stream));
+  if (model_out == nullptr) return AdamW(param, grad, exp_avg, exp_avg_sq, n, h, stream);
+  if (!ValidDType(model_t)) return InvalidArgumentError("cpu: AdamWCast: bad dtype");
+  if (n == 0) return OkStatus();
+  const AdamWParams hp = h;
+  Dispatch(model_t, [&](auto d) {
+    using D = decltype(d);
+    auto* out = static_cast<typename D::T*>(model_out);
+    ParallelFor(n, num_threads_, [=, &hp](size_t b, size_t e) {
+      if (hp.adam_w_mode) {
+        AdamWCastRange<true, D>(param, grad, exp_avg, exp_avg_sq, out, hp, b, e);
+      } else {
+        AdamWCastRange<false, D>(param, grad, exp_avg, exp_avg_sq, out, hp, b, e);
+      }
+    });
+    return 0;
   });
   return OkStatus();
 }

@@ -133,6 +133,41 @@ TEST_P(CpuKernelTest, Accumulate) {
   }
 }
 
+// AccumulateFirst ignores what the accumulator held and gives the bits of Fill(0) + Accumulate
+// (-0 -> +0, NaN canonical: not a Cast), for every source dtype and scale.
+TEST_P(CpuKernelTest, AccumulateFirstEqualsFillAndAccumulate) {
+  for (DType st : kAllTypes) {
+    for (size_t n : kSizes) {
+      for (float scale : {1.0f, 0.37f, -3.0f}) {
+        std::vector<uint8_t> src = RandomBytes(st, n, 14 + n, true);
+        if (n > 2) {
+          StoreFromFloat(src.data(), st, 0, -0.0f);
+          StoreFromFloat(src.data(), st, 1, NAN);
+        }
+        std::vector<float> expect(n, 0.0f);
+        testing::RefAccumulate(expect.data(), src.data(), st, n, scale);
+        // Stale contents (random, with NaN and Inf) must not matter.
+        DeviceBuffer a = Upload(dev_, RandomBytes(DType::kF32, n, 15 + n, true));
+        DeviceBuffer s = Upload(dev_, src);
+        ASSERT_TRUE(dev_.AccumulateFirst(a.as<float>(), s.data(), st, n, scale, nullptr).ok());
+        std::vector<uint8_t> got = Download(dev_, a);
+        ASSERT_EQ(std::memcmp(got.data(), expect.data(), n * 4), 0)
+            << Where(st, n) << " scale " << scale;
+        // The same through the device's own Fill + Accumulate.
+        DeviceBuffer b = Upload(dev_, std::vector<uint8_t>(n * 4, 0x5a));
+        ASSERT_TRUE(dev_.Fill(b.data(), DType::kF32, n, 0.0f, nullptr).ok());
+        ASSERT_TRUE(dev_.Accumulate(b.as<float>(), s.data(), st, n, scale, nullptr).ok());
+        ASSERT_EQ(Download(dev_, b), got) << Where(st, n) << " scale " << scale;
+        if (n > 2 && scale == 1.0f) {
+          float first;
+          std::memcpy(&first, got.data(), 4);
+          EXPECT_FALSE(std::signbit(first)) << "-0 must become +0";
+        }
+      }
+    }
+  }
+}
+
 TEST_P(CpuKernelTest, Scale) {
   for (DType t : kAllTypes) {
     for (size_t n : kSizes) {
@@ -270,6 +305,53 @@ TEST_P(CpuKernelTest, AdamWSeveralSteps) {
       EXPECT_EQ(std::memcmp(dv->data(), rv.data(), n * 4), 0) << "exp_avg_sq n=" << n;
     }
   }
+}
+
+// AdamWCast: the same param / exp_avg / exp_avg_sq bits as AdamW, and model_out equal to a Cast
+// of the new weights, for every model dtype and both modes, over several steps (gradients with
+// Inf, NaN and -0 salted in, so NaN results are checked too).
+TEST_P(CpuKernelTest, AdamWCastEqualsAdamWThenCast) {
+  for (DType mt : kAllTypes) {
+    for (size_t n : kSizes) {
+      for (bool w_mode : {true, false}) {
+        std::vector<uint8_t> p0 = RandomBytes(DType::kF32, n, 19 + n, false, 1.0f);
+        DeviceBuffer fp = Upload(dev_, p0), fm = Upload(dev_, std::vector<uint8_t>(n * 4, 0)),
+                     fv = Upload(dev_, std::vector<uint8_t>(n * 4, 0));
+        DeviceBuffer rp = Upload(dev_, p0), rm = Upload(dev_, std::vector<uint8_t>(n * 4, 0)),
+                     rv = Upload(dev_, std::vector<uint8_t>(n * 4, 0));
+        DeviceBuffer out = Upload(dev_, std::vector<uint8_t>(n * SizeOf(mt), 0x5a));
+        DeviceBuffer ref_out = Upload(dev_, std::vector<uint8_t>(n * SizeOf(mt), 0));
+        for (int step = 1; step <= 3; ++step) {
+          DeviceBuffer g = Upload(dev_, RandomBytes(DType::kF32, n, 200 * step + n, step == 3, 3.0f));
+          AdamWParams h = testing::AdamWStep(step, w_mode, step == 2 ? 0.25f : 1.0f);
+          ASSERT_TRUE(dev_.AdamWCast(fp.as<float>(), g.as<float>(), fm.as<float>(), fv.as<float>(), n,
+                                     h, out.data(), mt, nullptr)
+                          .ok());
+          ASSERT_TRUE(dev_.AdamW(rp.as<float>(), g.as<float>(), rm.as<float>(), rv.as<float>(), n, h,
+                                 nullptr)
+                          .ok());
+          ASSERT_TRUE(dev_.Cast(rp.data(), DType::kF32, ref_out.data(), mt, n, nullptr).ok());
+          const std::string where = Where(mt, n) + " w " + std::to_string(w_mode) + " step " +
+                                    std::to_string(step);
+          ASSERT_EQ(Diff(Download(dev_, fp), Download(dev_, rp), 4), "") << "param " << where;
+          ASSERT_EQ(Diff(Download(dev_, fm), Download(dev_, rm), 4), "") << "exp_avg " << where;
+          ASSERT_EQ(Diff(Download(dev_, fv), Download(dev_, rv), 4), "") << "exp_avg_sq " << where;
+          ASSERT_EQ(Diff(Download(dev_, out), Download(dev_, ref_out), SizeOf(mt)), "")
+              << "model " << where;
+        }
+      }
+    }
+  }
+  // A null model_out is AdamW alone.
+  std::vector<float> p = {1.0f, -2.0f}, g = {0.5f, 0.25f}, m(2, 0.0f), v(2, 0.0f);
+  std::vector<float> p2 = p, m2 = m, v2 = v;
+  AdamWParams h = testing::AdamWStep(1, true, 1.0f);
+  ASSERT_TRUE(dev_.AdamWCast(p.data(), g.data(), m.data(), v.data(), 2, h, nullptr, DType::kBF16,
+                             nullptr)
+                  .ok());
+  ASSERT_TRUE(dev_.AdamW(p2.data(), g.data(), m2.data(), v2.data(), 2, h, nullptr).ok());
+  EXPECT_EQ(std::memcmp(p.data(), p2.data(), 8), 0);
+  EXPECT_EQ(std::memcmp(m.data(), m2.data(), 8), 0);
 }
 
 TEST_P(CpuKernelTest, CopyLargeAndOverlapping) {
@@ -455,6 +537,16 @@ TEST(FaultyDeviceTest, NthCallOfNamedOp) {
     EXPECT_EQ(s.code(), StatusCode::kUnavailable);
     EXPECT_EQ(s.message(), "device lost");
   }
+
+  // The fused kernels are ops of their own.
+  dev.FailNthCall("AdamWCast", 1);
+  uint16_t out[8] = {};
+  EXPECT_EQ(dev.AdamWCast(x, g, m, v, 8, h, out, DType::kBF16, nullptr).code(), StatusCode::kInternal);
+  EXPECT_TRUE(dev.AdamWCast(x, g, m, v, 8, h, out, DType::kBF16, nullptr).ok());
+  dev.FailNthCall("AccumulateFirst", 2);
+  EXPECT_TRUE(dev.AccumulateFirst(m, g, DType::kF32, 8, 1.0f, nullptr).ok());
+  EXPECT_FALSE(dev.AccumulateFirst(m, g, DType::kF32, 8, 1.0f, nullptr).ok());
+  EXPECT_EQ(dev.call_count("AccumulateFirst"), 2);
 
   // Allocate's injected failure is ResourceExhausted.
   dev.FailNthCall("Allocate", 1);

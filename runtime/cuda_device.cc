@@ -270,6 +270,15 @@ Status CudaDevice::Accumulate(float* acc, const void* src, DType src_t, size_t n
   return OkStatus();
 }
 
+Status CudaDevice::AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale,
+                                   Stream* stream) {
+  ZERO_ASSIGN_OR_RETURN(CudaStream * s, Resolve(stream));
+  if (!ValidDType(src_t)) return InvalidArgumentError(name_ + ": AccumulateFirst: bad dtype");
+  const cuda_kernels::Launch launch{s->get(), max_blocks()};
+  ZERO_CUDA_RETURN_IF_ERROR(cuda_kernels::AccumulateFirst(acc, src, src_t, n, scale, launch));
+  return OkStatus();
+}
+
 Status CudaDevice::Scale(void* x, DType t, size_t n, float scale, Stream* stream) {
   ZERO_ASSIGN_OR_RETURN(CudaStream * s, Resolve(stream));
   if (!ValidDType(t)) return InvalidArgumentError(name_ + ": Scale: bad dtype");
@@ -298,6 +307,18 @@ Status CudaDevice::AdamW(float* param, const float* grad, float* exp_avg, float*
   ZERO_ASSIGN_OR_RETURN(CudaStream * s, Resolve(stream));
   const cuda_kernels::Launch launch{s->get(), max_blocks()};
   ZERO_CUDA_RETURN_IF_ERROR(cuda_kernels::AdamW(param, grad, exp_avg, exp_avg_sq, n, h, launch));
+  return OkStatus();
+}
+
+Status CudaDevice::AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                             size_t n, const AdamWParams& h, void* model_out, DType model_t,
+                             Stream* stream) {
+  if (model_out == nullptr) return AdamW(param, grad, exp_avg, exp_avg_sq, n, h, stream);
+  ZERO_ASSIGN_OR_RETURN(CudaStream * s, Resolve(stream));
+  if (!ValidDType(model_t)) return InvalidArgumentError(name_ + ": AdamWCast: bad dtype");
+  const cuda_kernels::Launch launch{s->get(), max_blocks()};
+  ZERO_CUDA_RETURN_IF_ERROR(cuda_kernels::AdamWCast(param, grad, exp_avg, exp_avg_sq, n, h,
+                                                    model_out, model_t, launch));
   return OkStatus();
 }
 

@@ -1,6 +1,7 @@
 // CudaDevice against CpuDevice on the same random inputs: elementwise kernels bitwise equal,
 // SumOfSquares within 1e-12 relative; copies, pinned memory, streams and events; one test past
-// 2^31 elements; bandwidth lines for Accumulate and AdamW (informative). Skips without a GPU.
+// 2^31 elements; bandwidth lines for Accumulate, AccumulateFirst, AdamW and AdamWCast
+// (informative). Skips without a GPU.
 // Run on the GPU machine: bazel-bin/runtime/cuda_device_test
 #include "runtime/cuda_device.h"
 
@@ -158,6 +159,31 @@ TEST_F(CudaDeviceTest, Accumulate) {
   }
 }
 
+// AccumulateFirst: bitwise the CPU backend's (which equals Fill(0) + Accumulate: -0 -> +0, NaN
+// canonical), whatever the accumulator held before, aligned and misaligned.
+TEST_F(CudaDeviceTest, AccumulateFirst) {
+  for (DType st : kAllTypes) {
+    for (size_t n : kSizes) {
+      for (size_t off : kOffsets) {
+        for (float scale : {1.0f, 0.37f}) {
+          std::vector<uint8_t> src = RandomBytes(st, n, 35 + n, true);
+          StoreFromFloat(src.data(), st, 0, -0.0f);
+          std::vector<uint8_t> expect(n * 4, 0);
+          ASSERT_OK(cpu_.AccumulateFirst(reinterpret_cast<float*>(expect.data()), src.data(), st,
+                                         n, scale, nullptr));
+          DeviceBuffer a = ToGpu(RandomBytes(DType::kF32, n, 36 + n, true), off * 4);
+          DeviceBuffer s = ToGpu(src, off * SizeOf(st));
+          float* ap = a.as<float>() + off;
+          const void* sp = s.as<uint8_t>() + off * SizeOf(st);
+          ASSERT_OK(gpu_->AccumulateFirst(ap, sp, st, n, scale, nullptr));
+          ASSERT_EQ(Diff(FromGpu(ap, n * 4), expect, 4), "")
+              << Where(st, n, off) << " scale " << scale;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaDeviceTest, Scale) {
   for (DType t : kAllTypes) {
     for (size_t n : kSizes) {
@@ -273,6 +299,48 @@ TEST_F(CudaDeviceTest, AdamWSeveralSteps) {
           ASSERT_EQ(Diff(FromGpu(gp, n * 4), bytes(p), 4), "") << "param " << where;
           ASSERT_EQ(Diff(FromGpu(gm, n * 4), bytes(m), 4), "") << "exp_avg " << where;
           ASSERT_EQ(Diff(FromGpu(gv, n * 4), bytes(v), 4), "") << "exp_avg_sq " << where;
+        }
+      }
+    }
+  }
+}
+
+// AdamWCast (AdamW + the new weights rounded to the model dtype, one kernel): param, moments and
+// model bitwise the CPU backend's AdamWCast (itself checked against AdamW + Cast), every model
+// dtype, both modes, aligned and misaligned; the last step's gradients carry Inf/NaN/-0.
+TEST_F(CudaDeviceTest, AdamWCastSeveralSteps) {
+  for (DType mt : kAllTypes) {
+    for (size_t n : {size_t{1}, size_t{1001}, (size_t{3} << 20) + 5}) {
+      for (size_t off : kOffsets) {
+        for (bool w_mode : {true, false}) {
+          std::vector<uint8_t> p = RandomBytes(DType::kF32, n, 80 + n, false, 1.0f);
+          std::vector<uint8_t> m(n * 4, 0), v(n * 4, 0), model(n * SizeOf(mt), 0);
+          DeviceBuffer dp = ToGpu(p, off * 4), dm = ToGpu(m, off * 4), dv = ToGpu(v, off * 4),
+                       dg = ToGpu(m, off * 4),
+                       dmodel = ToGpu(std::vector<uint8_t>(n * SizeOf(mt), 0x5a), off * SizeOf(mt));
+          float* gp = dp.as<float>() + off;
+          float* gm = dm.as<float>() + off;
+          float* gv = dv.as<float>() + off;
+          float* gg = dg.as<float>() + off;
+          void* gmodel = dmodel.as<uint8_t>() + off * SizeOf(mt);
+          for (int step = 1; step <= 3; ++step) {
+            std::vector<uint8_t> g = RandomBytes(DType::kF32, n, 2000 * step + n, step == 3, 3.0f);
+            AdamWParams h = testing::AdamWStep(step, w_mode, step == 2 ? 0.125f : 1.0f);
+            ASSERT_OK(cpu_.AdamWCast(reinterpret_cast<float*>(p.data()),
+                                     reinterpret_cast<const float*>(g.data()),
+                                     reinterpret_cast<float*>(m.data()),
+                                     reinterpret_cast<float*>(v.data()), n, h, model.data(), mt,
+                                     nullptr));
+            ASSERT_OK(gpu_->Copy(gg, g.data(), n * 4, CopyKind::kHostToDevice, nullptr));
+            ASSERT_OK(gpu_->AdamWCast(gp, gg, gm, gv, n, h, gmodel, mt, nullptr));
+            std::string where = Where(mt, n, off) + " adam_w_mode=" + std::to_string(w_mode) +
+                                " step " + std::to_string(step);
+            ASSERT_EQ(Diff(FromGpu(gp, n * 4), p, 4), "") << "param " << where;
+            ASSERT_EQ(Diff(FromGpu(gm, n * 4), m, 4), "") << "exp_avg " << where;
+            ASSERT_EQ(Diff(FromGpu(gv, n * 4), v, 4), "") << "exp_avg_sq " << where;
+            ASSERT_EQ(Diff(FromGpu(gmodel, n * SizeOf(mt)), model, SizeOf(mt)), "")
+                << "model " << where;
+          }
         }
       }
     }
@@ -426,6 +494,13 @@ TEST_F(CudaDeviceTest, BandwidthReport) {
   time("AdamW fp32", 28, [&] {
     return gpu_->AdamW(p->as<float>(), g->as<float>(), m->as<float>(), v->as<float>(), n, hp,
                        nullptr);
+  });
+  time("AdamWCast fp32 -> bf16", 30, [&] {
+    return gpu_->AdamWCast(p->as<float>(), g->as<float>(), m->as<float>(), v->as<float>(), n, hp,
+                           h->data(), DType::kBF16, nullptr);
+  });
+  time("AccumulateFirst fp32 = bf16", 6, [&] {
+    return gpu_->AccumulateFirst(p->as<float>(), h->data(), DType::kBF16, n, 1.0f, nullptr);
   });
   Result<DeviceBuffer> out = gpu_->Allocate(8);
   ASSERT_TRUE(out.ok());

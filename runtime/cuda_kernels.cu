@@ -140,6 +140,23 @@ struct AccumulateOp {
   }
 };
 
+// 0.0f + x: +0 for x = -0, x otherwise; an IEEE addition nvcc does not drop (no fast math), so
+// the result is bitwise Accumulate into a zero-filled accumulator (as on the CPU backend).
+template <typename S>
+struct AccumulateFirstOp {
+  float* acc;
+  const typename S::T* src;
+  float scale;
+  template <int N>
+  __device__ __forceinline__ void Apply(size_t g) const {
+    Pack<typename S::T, N> in = LoadPack<N>(src, g);
+    Pack<float, N> a;
+#pragma unroll
+    for (int j = 0; j < N; ++j) a.v[j] = 0.0f + scale * S::Load(in.v[j]);
+    StorePack<N>(acc, g, a);
+  }
+};
+
 template <typename D>
 struct ScaleOp {
   typename D::T* x;
@@ -170,6 +187,34 @@ struct AdamWOp {
     StorePack<N>(param, g, p);
     StorePack<N>(exp_avg, g, m);
     StorePack<N>(exp_avg_sq, g, v);
+  }
+};
+
+// AdamW that also stores the new weight rounded to the model dtype D (what Cast would write).
+template <typename D>
+struct AdamWCastOp {
+  float* param;
+  const float* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  typename D::T* model;
+  AdamWParams h;
+  template <int N>
+  __device__ __forceinline__ void Apply(size_t g) const {
+    Pack<float, N> p = LoadPack<N>(param, g);
+    Pack<float, N> gr = LoadPack<N>(grad, g);
+    Pack<float, N> m = LoadPack<N>(exp_avg, g);
+    Pack<float, N> v = LoadPack<N>(exp_avg_sq, g);
+    Pack<typename D::T, N> out;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      AdamWReference(&p.v[j], gr.v[j], &m.v[j], &v.v[j], h);
+      out.v[j] = D::Store(p.v[j]);
+    }
+    StorePack<N>(param, g, p);
+    StorePack<N>(exp_avg, g, m);
+    StorePack<N>(exp_avg_sq, g, v);
+    StorePack<N>(model, g, out);
   }
 };
 
@@ -293,6 +338,16 @@ cudaError_t Accumulate(float* acc, const void* src, DType src_t, size_t n, float
   });
 }
 
+cudaError_t AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale,
+                            const Launch& l) {
+  return Dispatch(src_t, [&](auto s) {
+    using S = decltype(s);
+    AccumulateFirstOp<S> op{acc, static_cast<const typename S::T*>(src), scale};
+    bool vector = Aligned(acc, 16) && Aligned(src, 4 * sizeof(typename S::T));
+    return LaunchForEach(n, vector, op, l);
+  });
+}
+
 cudaError_t Scale(void* x, DType t, size_t n, float s, const Launch& l) {
   return Dispatch(t, [&](auto d) {
     using D = decltype(d);
@@ -326,6 +381,18 @@ cudaError_t AdamW(float* param, const float* grad, float* exp_avg, float* exp_av
   bool vector =
       Aligned(param, 16) && Aligned(grad, 16) && Aligned(exp_avg, 16) && Aligned(exp_avg_sq, 16);
   return LaunchForEach(n, vector, op, l);
+}
+
+cudaError_t AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
+                      const AdamWParams& h, void* model_out, DType model_t, const Launch& l) {
+  return Dispatch(model_t, [&](auto d) {
+    using D = decltype(d);
+    using T = typename D::T;
+    AdamWCastOp<D> op{param, grad, exp_avg, exp_avg_sq, static_cast<T*>(model_out), h};
+    bool vector = Aligned(param, 16) && Aligned(grad, 16) && Aligned(exp_avg, 16) &&
+                  Aligned(exp_avg_sq, 16) && Aligned(model_out, 4 * sizeof(T));
+    return LaunchForEach(n, vector, op, l);
+  });
 }
 
 cudaError_t SumOfSquares(const void* x, DType t, size_t n, double* out, double* scratch,

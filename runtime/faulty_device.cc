@@ -168,6 +168,12 @@ Status FaultyDevice::Accumulate(float* acc, const void* src, DType src_t, size_t
   return inner_->Accumulate(acc, src, src_t, n, scale, stream);
 }
 
+Status FaultyDevice::AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale,
+                                     Stream* stream) {
+  ZERO_RETURN_IF_ERROR(Enter("AccumulateFirst"));
+  return inner_->AccumulateFirst(acc, src, src_t, n, scale, stream);
+}
+
 Status FaultyDevice::Scale(void* x, DType t, size_t n, float s, Stream* stream) {
   ZERO_RETURN_IF_ERROR(Enter("Scale"));
   return inner_->Scale(x, t, n, s, stream);
@@ -187,6 +193,13 @@ Status FaultyDevice::AdamW(float* param, const float* grad, float* exp_avg, floa
                            size_t n, const AdamWParams& h, Stream* stream) {
   ZERO_RETURN_IF_ERROR(Enter("AdamW"));
   return inner_->AdamW(param, grad, exp_avg, exp_avg_sq, n, h, stream);
+}
+
+Status FaultyDevice::AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                               size_t n, const AdamWParams& h, void* model_out, DType model_t,
+                               Stream* stream) {
+  ZERO_RETURN_IF_ERROR(Enter("AdamWCast"));
+  return inner_->AdamWCast(param, grad, exp_avg, exp_avg_sq, n, h, model_out, model_t, stream);
 }
 
 }  // namespace zero

@@ -7,10 +7,10 @@
 // every later one when `persistent`). Operation names are the Device method names: "Allocate",
 // "AllocatePinned", "CreateStream", "CreateEvent", "RecordEvent", "StreamWaitEvent",
 // "SynchronizeEvent", "SynchronizeStream", "Synchronize", "Copy", "Fill", "Cast", "Accumulate",
-// "Scale", "SumOfSquares", "FiniteCheck", "AdamW". A failed call does nothing on the wrapped
-// device. Buffers allocated through the wrapper are owned by it (its memory_stats() count them)
-// and freed through the wrapped device; the wrapped device must outlive the wrapper and every
-// buffer it handed out. Thread-safe.
+// "AccumulateFirst", "Scale", "SumOfSquares", "FiniteCheck", "AdamW", "AdamWCast". A failed
+// call does nothing on the wrapped device. Buffers allocated through the wrapper are owned by it
+// (its memory_stats() count them) and freed through the wrapped device; the wrapped device must
+// outlive the wrapper and every buffer it handed out. Thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -73,11 +73,15 @@ class FaultyDevice final : public Device {
               Stream* stream) override;
   Status Accumulate(float* acc, const void* src, DType src_t, size_t n, float scale,
                     Stream* stream) override;
+  Status AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale,
+                         Stream* stream) override;
   Status Scale(void* x, DType t, size_t n, float s, Stream* stream) override;
   Status SumOfSquares(const void* x, DType t, size_t n, double* out, Stream* stream) override;
   Status FiniteCheck(const void* x, DType t, size_t n, int32_t* flag, Stream* stream) override;
   Status AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
                const AdamWParams& h, Stream* stream) override;
+  Status AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
+                   const AdamWParams& h, void* model_out, DType model_t, Stream* stream) override;
 
  protected:
   void FreeDevice(void* ptr, size_t bytes) override;

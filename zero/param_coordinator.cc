@@ -82,7 +82,8 @@ Status ParamCoordinator::Claim(int module, Flight* f) {
     Param& p = params_[i];
     if (!NeedsGather(p)) continue;
     if (p.state == State::kReleased) {
-      if (p.spec.padded > 0) {
+      // One rank: the shard is the whole padded parameter and serves as the full buffer (Data()).
+      if (p.spec.padded > 0 && comm_->world_size() > 1) {
         auto buf = pool_.Acquire(static_cast<size_t>(p.spec.padded) * SizeOf(dtype_),
                                  "allocating a gathered stage-3 parameter");
         if (!buf.ok()) {
@@ -115,14 +116,9 @@ Status ParamCoordinator::Launch(Flight f) {
   const size_t esize = SizeOf(dtype_);
   stats_.gathered_params += static_cast<int64_t>(f.params.size());
   if (world == 1) {
-    // The one shard is the whole padded parameter: copy it, no collective.
-    for (int i : f.params) {
-      Param& p = params_[i];
-      Status s = device_->Copy(p.full.data(), p.spec.shard_data, static_cast<size_t>(p.spec.padded) * esize,
-                               CopyKind::kDeviceToDevice, compute_);
-      if (!s.ok()) return Fail(s.WithContext("copying parameter '" + p.spec.name + "' (one rank)"));
-      p.state = State::kReady;
-    }
+    // The one shard is the whole padded parameter and is read in place (Data()): no collective,
+    // no copy.
+    for (int i : f.params) params_[i].state = State::kReady;
     return OkStatus();
   }
   for (int i : f.params) {
@@ -406,7 +402,7 @@ Result<const void*> ParamCoordinator::Full(int param) const {
   const Param& p = params_[param];
   const Module& mod = modules_[p.spec.module];
   if (p.state == State::kReady && !p.stale && (p.spec.persistent || mod.ref > 0)) {
-    return static_cast<const void*>(p.full.data());
+    return Data(p);
   }
   return FailedPreconditionError("parameter '" + p.spec.name + "' is not gathered: hold GatherModule(\"" +
                                  mod.name + "\") while using it (stage 3)");

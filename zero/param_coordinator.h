@@ -6,7 +6,7 @@
 //
 // Acquire(m) (GatherModule) gathers every parameter of module m that is not resident: a full
 // buffer of n_pad elements (model dtype) from the pool for each, and ONE AllGather for all of them
-// (see Coalescing), issued with `after` = the compute stream; then the compute stream waits for
+// (see Coalescing; with one rank neither: the shard is the full parameter), issued with `after` = the compute stream; then the compute stream waits for
 // that gather (never the host on CUDA). Modules are reference counted; Release(m) at count 0 frees
 // the module's non-persistent parameters, unless the module is used again soon (see below).
 // Persistent parameters (numel <= stage3_param_persistence_threshold) are gathered on first use
@@ -25,8 +25,10 @@
 //     contiguous. The pack is k copies of this rank's shards (a copy per parameter instead of a
 //     collective per parameter).
 //   - k == 1: no staging: the AllGather writes straight into the full buffer (no pack, no unpack).
-//   - N == 1: no collective: each shard (the whole padded parameter) is copied into its full
-//     buffer on the compute stream.
+//   - N == 1: no collective, no copy and no buffer: the one shard is the whole padded parameter,
+//     and Full() points at it (the caller's shard storage; it changes in place between
+//     QuiesceForUpdate() and AfterUpdate()). Such parameters still count as live elements, so
+//     the limits, the trace and the statistics behave as with more ranks; they hold no memory.
 // Values are only moved, so the gathered parameters are bitwise what per-parameter gathers gave.
 // A flight completes as a whole (the compute stream waits for its collective, then unpacks) when
 // any of its parameters is needed: a demand of one of its modules, an eviction, QuiesceForUpdate.
@@ -135,7 +137,7 @@ class ParamCoordinator {
   // Non-persistent parameters gathered or in flight, plus the staging buffers of flights in flight.
   int64_t live_numel() const { return live_numel_; }
   // Device bytes held: full buffers (gathered or in flight, persistent included, pooled free) and
-  // staging buffers (in flight or pooled free).
+  // staging buffers (in flight or pooled free). None with one rank.
   size_t resident_bytes() const { return pool_.bytes() + staging_pool_.bytes(); }
   // Of resident_bytes(): the staging buffers.
   size_t staging_bytes() const { return staging_pool_.bytes(); }
@@ -178,6 +180,10 @@ class ParamCoordinator {
   };
 
   bool NeedsGather(const Param& p) const;
+  // Where a gathered parameter's full values are: its buffer, or with one rank its shard.
+  const void* Data(const Param& p) const {
+    return comm_->world_size() == 1 ? p.spec.shard_data : static_cast<const void*>(p.full.data());
+  }
   Need NeededBy(int module) const;
   // Staging elements a flight of `count` parameters and `all` padded elements needs.
   int64_t StagingNumel(int64_t all, int64_t count) const;
