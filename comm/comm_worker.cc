@@ -184,7 +184,7 @@ Status RunMix(Communicator* comm, Device* dev, bool exact_inputs) {
     want1 = r == 0 ? 0.25 : want1 + (r % 2 ? 1e16 : 0.25);
   }
   CHECK_TRUE(v[0] == want0 && v[1] == want1, "AllReduceHost");
-  char msg[16] = {};
+  char msg[32] = {};
   if (rank == n_ranks - 1) std::snprintf(msg, sizeof(msg), "from %d", rank);
   CHECK_OK(comm->BroadcastHost(msg, sizeof(msg), n_ranks - 1));
   CHECK_TRUE(std::string(msg) == "from " + std::to_string(n_ranks - 1), msg);

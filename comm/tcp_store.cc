@@ -41,8 +41,6 @@ int RemainingMs(Clock::time_point deadline) {
   return left > 1000000000 ? 1000000000 : static_cast<int>(left);
 }
 
-void SetNonBlocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
-
 void SetNoDelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
