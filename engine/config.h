@@ -164,4 +164,8 @@ std::string ConfigReferenceMarkdown();
 // The resolved config as JSON (for checkpoints and logs).
 std::string ConfigToJson(const Config& config);
 
+// Levenshtein distance between `a` and `b`: the "did you mean" of an unknown config key (and of
+// zero_train's unknown flags).
+size_t EditDistance(const std::string& a, const std::string& b);
+
 }  // namespace zero

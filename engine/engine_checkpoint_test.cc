@@ -38,42 +38,21 @@ using ::zero::testing::Expect;
 using ::zero::testing::Gradient;
 using ::zero::testing::InitValue;
 using ::zero::testing::MakeConfig;
-using ::zero::testing::Numel;
+using ::zero::testing::MakeEngine;
 using ::zero::testing::ReadParam;
 using ::zero::testing::ScratchDir;
 using ::zero::testing::SmallModel;
+using ::zero::testing::Snapshot;
 using ::zero::testing::TestModel;
 using ::zero::testing::WriteGrad;
 
 // --- training helpers ----------------------------------------------------------------------------
 
-// What a run produced; compared bitwise between an uninterrupted run and a resumed one.
-struct Record {
-  std::vector<double> losses;  // per micro step (a function of the gathered model parameters)
-  std::vector<double> norms;   // global_grad_norm() per step
-  std::vector<double> lrs;     // lr() before each step
-  std::vector<float> scales;   // loss_scale() before each step
-  std::vector<int> applied;    // was_step_applied() per step
-  // Full tensors at the end (GatherMasterWeights, GatherModelParam, GatherOptimizerState).
-  std::vector<std::vector<float>> master, model, exp_avg, exp_avg_sq;
-  EngineCounters counters;
-};
+// What a run produced; compared bitwise between an uninterrupted run and a resumed one. Snapshot
+// fills the full tensors (master, model, exp_avg, exp_avg_sq) and the counters.
+using Record = ::zero::testing::TrainResult;
 
-// `init_shift` moves every initial value: a fresh engine that loads a checkpoint must not depend on
-// its own initial values.
-Result<std::unique_ptr<Engine>> MakeEngine(const Config& config, const TestModel& model, Device* device,
-                                           Communicator* comm, float init_shift = 0.0f) {
-  ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, device, comm));
-  for (const ParamSpec& s : model.specs) ZERO_RETURN_IF_ERROR(engine->RegisterParameter(s).status());
-  Engine* e = engine.get();
-  ZERO_RETURN_IF_ERROR(engine->Initialize([e, init_shift](int index, float* v) {
-    const int64_t n = Numel(e->param_spec(index));
-    for (int64_t k = 0; k < n; ++k) v[k] = InitValue(index, k) + init_shift;
-  }));
-  return engine;
-}
-
-struct TrainOptions {
+struct Fp16Faults {
   // Rank 1 writes +Inf into parameter 0's gradient at these global micro steps (fp16 overflow).
   std::vector<int64_t> inf_micro;
   // Rank 0 writes 200 * loss_scale into parameter 0's gradient at these micro steps: finite in
@@ -81,76 +60,30 @@ struct TrainOptions {
   std::vector<int64_t> spike_micro;
 };
 
-// One window per step: forward (gather every module, read its parameters, the loss), backward in
-// reverse module order with gradients that depend on the values, the rank and the micro step
-// (scaled by the loss scale, as an fp16 user does), Backward(), Step().
+// `steps` windows of engine_test_util.h's TrainSteps, with the loss 0.5 v^2 + 0.1 v summed in
+// double, the gradients scaled by the loss scale (as an fp16 user does) and the faults of `to`.
 Status TrainSteps(Engine* e, Device* device, const TestModel& model, int rank, int steps,
-                  Record* rec, const TrainOptions& to = {}) {
-  const int n_params = static_cast<int>(model.specs.size());
-  const int64_t gas = e->config().gradient_accumulation_steps;
-  for (int step = 0; step < steps; ++step) {
-    rec->lrs.push_back(e->lr());
-    rec->scales.push_back(e->loss_scale());
-    for (int64_t j = 0; j < gas; ++j) {
-      const int64_t micro = e->counters().micro_steps;
-      std::vector<std::vector<float>> values(n_params);
-      double loss = 0.0;
-      for (const std::string& mod : model.modules) {
-        ZERO_ASSIGN_OR_RETURN(ModuleHandle h, e->GatherModule(mod));
-        for (int i = 0; i < n_params; ++i) {
-          if (model.specs[i].module != mod) continue;
-          ZERO_RETURN_IF_ERROR(ReadParam(e, device, i, &values[i]));
-          for (float v : values[i]) loss += 0.5 * v * v + 0.1 * v;
-        }
-        ZERO_RETURN_IF_ERROR(h.Release());
+                  Record* rec, const Fp16Faults& to = {}) {
+  ::zero::testing::TrainOptions opt;
+  opt.steps = steps;
+  opt.times_loss_scale = true;
+  opt.add_loss = [](double loss, const std::vector<float>& values) {
+    for (float v : values) loss += 0.5 * v * v + 0.1 * v;
+    return loss;
+  };
+  opt.edit_grad = [&to, rank](Engine* e, int i, int64_t micro, std::vector<float>* g) {
+    if (i == 0 && rank == 1) {
+      for (int64_t bad : to.inf_micro) {
+        if (bad == micro) (*g)[3] = std::numeric_limits<float>::infinity();
       }
-      rec->losses.push_back(loss);
-      for (size_t m = model.modules.size(); m-- > 0;) {
-        ZERO_ASSIGN_OR_RETURN(ModuleHandle h, e->GatherModule(model.modules[m]));
-        for (int i = n_params; i-- > 0;) {
-          if (model.specs[i].module != model.modules[m]) continue;
-          std::vector<float> g = Gradient(i, values[i], rank, micro, e->loss_scale());
-          if (i == 0 && rank == 1) {
-            for (int64_t bad : to.inf_micro) {
-              if (bad == micro) g[3] = std::numeric_limits<float>::infinity();
-            }
-          }
-          if (i == 0 && rank == 0) {
-            for (int64_t big : to.spike_micro) {
-              if (big == micro) g[0] = 200.0f * e->loss_scale();
-            }
-          }
-          ZERO_RETURN_IF_ERROR(WriteGrad(e, device, i, g));
-        }
-      }
-      ZERO_RETURN_IF_ERROR(e->Backward());
-      ZERO_RETURN_IF_ERROR(e->Step());
     }
-    rec->norms.push_back(e->global_grad_norm());
-    rec->applied.push_back(e->was_step_applied() ? 1 : 0);
-  }
-  return OkStatus();
-}
-
-// The full state at this point (collective).
-Status Snapshot(Engine* e, Record* rec) {
-  const int n = e->num_params();
-  rec->master.assign(n, {});
-  rec->model.assign(n, {});
-  rec->exp_avg.assign(n, {});
-  rec->exp_avg_sq.assign(n, {});
-  for (int i = 0; i < n; ++i) {
-    const size_t numel = static_cast<size_t>(Numel(e->param_spec(i)));
-    rec->master[i].resize(numel);
-    rec->model[i].resize(numel);
-    rec->exp_avg[i].resize(numel);
-    rec->exp_avg_sq[i].resize(numel);
-    ZERO_RETURN_IF_ERROR(e->GatherMasterWeights(i, rec->master[i].data()));
-    ZERO_RETURN_IF_ERROR(e->GatherModelParam(i, rec->model[i].data()));
-    ZERO_RETURN_IF_ERROR(e->GatherOptimizerState(i, rec->exp_avg[i].data(), rec->exp_avg_sq[i].data()));
-  }
-  rec->counters = e->counters();
-  return OkStatus();
+    if (i == 0 && rank == 0) {
+      for (int64_t big : to.spike_micro) {
+        if (big == micro) (*g)[0] = 200.0f * e->loss_scale();
+      }
+    }
+  };
+  return ::zero::testing::TrainSteps(e, device, model, rank, opt, rec);
 }
 
 bool SameDoubles(const std::vector<double>& a, const std::vector<double>& b) {
@@ -232,7 +165,7 @@ void CheckResumeIsBitwise(int stage, const std::string& dtype, int world) {
   const TestModel model = SmallModel();
   const std::string dir = ScratchDir("resume");
   const std::string client = R"({"epoch":2,"sampler":[1,2,3]})";
-  TrainOptions to;
+  Fp16Faults to;
   if (dtype == "fp16") {
     // Overflows at steps 0 and 5 whatever the scale, and at step 4 only because the scale doubled
     // at step 3 (from good steps counted before the save); step 5's overflow then finds the
@@ -311,7 +244,7 @@ TEST(EngineCheckpointTest, Fp16ScalerStateIsWhatMakesTheDifference) {
   ASSERT_TRUE(config.ok());
   const TestModel model = SmallModel();
   const std::string dir = ScratchDir("fp16edit");
-  TrainOptions to;
+  Fp16Faults to;
   to.inf_micro = {1, 10};
   to.spike_micro = {8};
   std::vector<Record> uninterrupted(world), edited(world);

@@ -5,7 +5,6 @@
 // (EngineStats, EngineMemory::bucket_staging) show the collectives really changed shape.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -35,83 +34,6 @@ TestModel OptionsModel() {
   return m;
 }
 
-struct Result1 {
-  std::vector<std::vector<float>> master;
-  std::vector<std::vector<float>> model;
-  std::vector<float> losses;   // per micro step, from the parameters read in forward
-  std::vector<double> norms;   // per window
-  EngineCounters counters;
-  EngineMemory memory;
-  EngineStats stats;
-};
-
-struct Options {
-  int steps = 3;
-  std::vector<int> skip_params;  // never reported
-};
-
-Status Train(const Config& config, const TestModel& model, int rank, Communicator* comm, Device* device,
-             const Options& opt, Result1* out) {
-  ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, device, comm));
-  for (const ParamSpec& s : model.specs) ZERO_RETURN_IF_ERROR(engine->RegisterParameter(s).status());
-  Engine* e = engine.get();
-  ZERO_RETURN_IF_ERROR(engine->Initialize([e](int index, float* v) {
-    const int64_t n = Numel(e->param_spec(index));
-    for (int64_t k = 0; k < n; ++k) v[k] = InitValue(index, k);
-  }));
-  const int n_params = static_cast<int>(model.specs.size());
-  std::vector<std::vector<int>> module_params(model.modules.size());
-  for (int i = 0; i < n_params; ++i) {
-    for (size_t m = 0; m < model.modules.size(); ++m) {
-      if (model.specs[i].module == model.modules[m]) module_params[m].push_back(i);
-    }
-  }
-  const bool managed = config.managed_gradient_accumulation;
-  const int gas = static_cast<int>(config.gradient_accumulation_steps);
-  int64_t micro = 0;
-  for (int step = 0; step < opt.steps; ++step) {
-    const int micros = managed ? gas : 2;
-    for (int j = 0; j < micros; ++j, ++micro) {
-      std::vector<std::vector<float>> values(n_params);
-      float loss = 0.0f;
-      for (size_t m = 0; m < model.modules.size(); ++m) {
-        ZERO_ASSIGN_OR_RETURN(ModuleHandle h, engine->GatherModule(model.modules[m]));
-        for (int i : module_params[m]) {
-          ZERO_RETURN_IF_ERROR(ReadParam(e, device, i, &values[i]));
-          for (float v : values[i]) loss += 0.5f * v * v;
-        }
-        ZERO_RETURN_IF_ERROR(h.Release());
-      }
-      out->losses.push_back(loss);
-      for (size_t m = model.modules.size(); m-- > 0;) {
-        ZERO_ASSIGN_OR_RETURN(ModuleHandle h, engine->GatherModule(model.modules[m]));
-        for (auto it = module_params[m].rbegin(); it != module_params[m].rend(); ++it) {
-          const int i = *it;
-          if (std::find(opt.skip_params.begin(), opt.skip_params.end(), i) != opt.skip_params.end()) continue;
-          ZERO_RETURN_IF_ERROR(WriteGrad(e, device, i, Gradient(i, values[i], rank, micro, 1.0f)));
-        }
-      }
-      ZERO_RETURN_IF_ERROR(engine->Backward());
-      if (managed) ZERO_RETURN_IF_ERROR(engine->Step());
-    }
-    if (!managed) ZERO_RETURN_IF_ERROR(engine->Step());
-    out->norms.push_back(engine->global_grad_norm());
-  }
-  out->master.resize(n_params);
-  out->model.resize(n_params);
-  for (int i = 0; i < n_params; ++i) {
-    const int64_t n = Numel(model.specs[i]);
-    out->master[i].resize(n);
-    out->model[i].resize(n);
-    ZERO_RETURN_IF_ERROR(engine->GatherMasterWeights(i, out->master[i].data()));
-    ZERO_RETURN_IF_ERROR(engine->GatherModelParam(i, out->model[i].data()));
-  }
-  out->counters = engine->counters();
-  out->memory = engine->memory();
-  out->stats = engine->stats();
-  return OkStatus();
-}
-
 // The config of one cell: `zero_extra` adds zero_optimization keys to the defaults (no
 // reduce_bucket_size or allgather_bucket_size unless given: DeepSpeed's 5e8).
 std::string CellJson(int stage, DType dtype, int gas, const std::string& zero_extra, const std::string& extra = "") {
@@ -125,25 +47,14 @@ std::string CellJson(int stage, DType dtype, int gas, const std::string& zero_ex
   return j + "}}";
 }
 
-std::vector<Result1> TrainAll(const std::string& json, int world, const TestModel& model, const Options& opt = {}) {
-  std::vector<Result1> results(world);
-  auto config = MakeConfig(json, world);
-  EXPECT_TRUE(config.ok()) << config.status().ToString() << "\n" << json;
-  if (!config.ok()) return results;
-  Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) {
-    return Train(*config, model, rank, comm, device, opt, &results[rank]);
-  });
-  EXPECT_TRUE(s.ok()) << s.ToString() << "\n" << json;
-  return results;
-}
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b, std::string* where) {
+// Losses are float sums (AddHalfSquares) held as doubles: compared as the floats they are.
+bool SameLossBits(const std::vector<double>& a, const std::vector<double>& b, std::string* where) {
   if (a.size() != b.size()) {
     *where = "sizes differ";
     return false;
   }
   for (size_t k = 0; k < a.size(); ++k) {
-    if (FloatBits(a[k]) != FloatBits(b[k])) {
+    if (FloatBits(static_cast<float>(a[k])) != FloatBits(static_cast<float>(b[k]))) {
       *where = "element " + std::to_string(k) + ": " + std::to_string(a[k]) + " vs " + std::to_string(b[k]);
       return false;
     }
@@ -167,13 +78,13 @@ bool SameBits(const std::vector<double>& a, const std::vector<double>& b, std::s
 
 // Every rank of `got` against the same rank of `ref`: master weights, model parameters, losses
 // and norms, bitwise.
-void ExpectBitwiseEqual(const std::vector<Result1>& ref, const std::vector<Result1>& got, const std::string& what) {
+void ExpectBitwiseEqual(const std::vector<TrainResult>& ref, const std::vector<TrainResult>& got, const std::string& what) {
   ASSERT_EQ(ref.size(), got.size());
   for (size_t r = 0; r < ref.size(); ++r) {
     std::string where;
     EXPECT_TRUE(BitwiseEqual(ref[r].master, got[r].master, &where)) << what << " rank " << r << " master: " << where;
     EXPECT_TRUE(BitwiseEqual(ref[r].model, got[r].model, &where)) << what << " rank " << r << " model: " << where;
-    EXPECT_TRUE(SameBits(ref[r].losses, got[r].losses, &where)) << what << " rank " << r << " losses: " << where;
+    EXPECT_TRUE(SameLossBits(ref[r].losses, got[r].losses, &where)) << what << " rank " << r << " losses: " << where;
     EXPECT_TRUE(SameBits(ref[r].norms, got[r].norms, &where)) << what << " rank " << r << " norms: " << where;
     EXPECT_EQ(ref[r].counters.global_steps, got[r].counters.global_steps) << what;
     EXPECT_EQ(ref[r].counters.adam_step, got[r].counters.adam_step) << what;
@@ -226,7 +137,7 @@ TEST_P(OptionsMatrixTest, EveryVariantTrainsBitwiseLikeTheDefaults) {
   // trace being recorded); after every later Step() the demand of m0 and one prefetch of m1..m3
   // re-gather the stale parameters: 2 collectives, whatever the number of parameters.
   const int64_t param_allgathers = c.stage == 3 ? 4 + 2 * (steps - 1) : 0;
-  for (const Result1& r : ref) {
+  for (const TrainResult& r : ref) {
     EXPECT_EQ(r.stats.gradient_collectives, steps * reductions_per_step);
     EXPECT_EQ(r.stats.weight_allgathers, (c.stage == 1 || c.stage == 2) ? steps : 0);
     EXPECT_EQ(r.stats.param_allgathers, param_allgathers);
@@ -238,7 +149,7 @@ TEST_P(OptionsMatrixTest, EveryVariantTrainsBitwiseLikeTheDefaults) {
     ExpectBitwiseEqual(ref, got, v.name);
     const bool contiguous = v.zero_extra.find("\"contiguous_gradients\": false") == std::string::npos;
     const bool small_allgather = v.zero_extra.find("allgather_bucket_size") != std::string::npos;
-    for (const Result1& r : got) {
+    for (const TrainResult& r : got) {
       EXPECT_EQ(r.stats.param_allgathers, param_allgathers);  // no variant changes the gathers
       if (!contiguous) {
         // One collective per parameter, no bucket staging buffers.
@@ -277,7 +188,7 @@ INSTANTIATE_TEST_SUITE_P(Cells, OptionsMatrixTest, ::testing::ValuesIn(AllCells(
 // that never get a gradient: the per-parameter reduction matches the buckets.
 TEST(EngineOptionsTest, UnmanagedWithInactiveParameters) {
   const TestModel model = OptionsModel();
-  Options opt;
+  TrainOptions opt;
   opt.skip_params = {1, 4, 6};
   const std::string unmanaged = "\"managed_gradient_accumulation\": false";
   for (int stage = 0; stage <= 3; ++stage) {

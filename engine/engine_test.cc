@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <functional>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -23,96 +22,6 @@ namespace zero {
 namespace {
 
 using namespace ::zero::testing;  // NOLINT: engine_test_util.h's helpers
-
-struct RunOptions {
-  int steps = 3;                 // optimizer steps (windows)
-  float grad_scale = 1.0f;       // multiplies every gradient (large values: clipping kicks in)
-  std::vector<int> skip_params;  // never reported
-  // Called after every Backward() with the engine (stage-3 memory probes).
-  std::function<Status(Engine*, Device*)> after_backward;
-  std::function<Status(Engine*, Device*)> before_micro;
-};
-
-struct RankResult {
-  std::vector<std::vector<float>> master;
-  std::vector<std::vector<float>> model;
-  std::vector<double> norms;
-  EngineCounters counters;
-  EngineMemory memory;
-};
-
-// Trains `ro.steps` windows on this rank and fills `result`.
-Status Train(const Config& config, const TestModel& model, int rank, Communicator* comm, Device* device,
-             const RunOptions& ro, RankResult* result) {
-  ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, device, comm));
-  for (const ParamSpec& s : model.specs) ZERO_RETURN_IF_ERROR(engine->RegisterParameter(s).status());
-  Engine* e = engine.get();
-  ZERO_RETURN_IF_ERROR(engine->Initialize([e](int index, float* v) {
-    const int64_t n = Numel(e->param_spec(index));
-    for (int64_t k = 0; k < n; ++k) v[k] = InitValue(index, k);
-  }));
-  const int n_params = static_cast<int>(model.specs.size());
-  std::vector<std::vector<int>> module_params(model.modules.size());
-  for (int i = 0; i < n_params; ++i) {
-    for (size_t m = 0; m < model.modules.size(); ++m) {
-      if (model.specs[i].module == model.modules[m]) module_params[m].push_back(i);
-    }
-  }
-  const bool managed = config.managed_gradient_accumulation;
-  const int gas = static_cast<int>(config.gradient_accumulation_steps);
-  int64_t micro = 0;
-  for (int step = 0; step < ro.steps; ++step) {
-    const int micros = managed ? gas : 2;
-    for (int j = 0; j < micros; ++j, ++micro) {
-      if (ro.before_micro) ZERO_RETURN_IF_ERROR(ro.before_micro(e, device));
-      std::vector<std::vector<float>> values(n_params);
-      for (size_t m = 0; m < model.modules.size(); ++m) {
-        ZERO_ASSIGN_OR_RETURN(ModuleHandle h, engine->GatherModule(model.modules[m]));
-        for (int i : module_params[m]) ZERO_RETURN_IF_ERROR(ReadParam(e, device, i, &values[i]));
-        ZERO_RETURN_IF_ERROR(h.Release());
-      }
-      for (size_t m = model.modules.size(); m-- > 0;) {
-        ZERO_ASSIGN_OR_RETURN(ModuleHandle h, engine->GatherModule(model.modules[m]));
-        for (auto it = module_params[m].rbegin(); it != module_params[m].rend(); ++it) {
-          const int i = *it;
-          if (std::find(ro.skip_params.begin(), ro.skip_params.end(), i) != ro.skip_params.end()) continue;
-          ZERO_RETURN_IF_ERROR(WriteGrad(e, device, i, Gradient(i, values[i], rank, micro, ro.grad_scale)));
-        }
-      }
-      ZERO_RETURN_IF_ERROR(engine->Backward());
-      if (ro.after_backward) ZERO_RETURN_IF_ERROR(ro.after_backward(e, device));
-      if (managed) ZERO_RETURN_IF_ERROR(engine->Step());
-    }
-    if (!managed) ZERO_RETURN_IF_ERROR(engine->Step());
-    result->norms.push_back(engine->global_grad_norm());
-  }
-  result->master.resize(n_params);
-  result->model.resize(n_params);
-  for (int i = 0; i < n_params; ++i) {
-    const int64_t n = Numel(model.specs[i]);
-    result->master[i].resize(n);
-    result->model[i].resize(n);
-    ZERO_RETURN_IF_ERROR(engine->GatherMasterWeights(i, result->master[i].data()));
-    ZERO_RETURN_IF_ERROR(engine->GatherModelParam(i, result->model[i].data()));
-  }
-  result->counters = engine->counters();
-  result->memory = engine->memory();
-  return OkStatus();
-}
-
-// Runs Train on `world` thread ranks; every rank's result.
-std::vector<RankResult> TrainAll(const std::string& json, int world, const TestModel& model,
-                                 const RunOptions& ro = {}) {
-  std::vector<RankResult> results(world);
-  auto config = MakeConfig(json, world);
-  EXPECT_TRUE(config.ok()) << config.status().ToString();
-  if (!config.ok()) return results;
-  Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) {
-    return Train(*config, model, rank, comm, device, ro, &results[rank]);
-  });
-  EXPECT_TRUE(s.ok()) << s.ToString();
-  return results;
-}
 
 // --- API misuse ------------------------------------------------------------------------------
 
@@ -241,7 +150,7 @@ TEST(EngineApiTest, UnsupportedConfigIsRefused) {
 
 // --- training: stages agree -------------------------------------------------------------------
 
-void ExpectSameAcrossRanks(const std::vector<RankResult>& r) {
+void ExpectSameAcrossRanks(const std::vector<TrainResult>& r) {
   std::string where;
   for (size_t k = 1; k < r.size(); ++k) {
     EXPECT_TRUE(BitwiseEqual(r[0].master, r[k].master, &where)) << "rank " << k << " master: " << where;
@@ -310,7 +219,7 @@ TEST(EngineTrainingTest, Bf16Stage2EqualsStage3AndSumOpDiffers) {
 
 TEST(EngineTrainingTest, ClippingScalesTheUpdateAndNormsAgree) {
   const TestModel model = SmallModel();
-  RunOptions ro;
+  TrainOptions ro;
   ro.grad_scale = 50.0f;  // norms well above the clip value
   const auto s0 = TrainAll(ConfigJson(0, 1, 1.0), 2, model, ro);
   const auto s2 = TrainAll(ConfigJson(2, 1, 1.0), 2, model, ro);
@@ -330,7 +239,7 @@ TEST(EngineTrainingTest, ClippingScalesTheUpdateAndNormsAgree) {
 
 TEST(EngineTrainingTest, UnmanagedLeavesParametersWithoutGradientsUntouched) {
   const TestModel model = SmallModel();
-  RunOptions ro;
+  TrainOptions ro;
   ro.skip_params = {1, 4};
   for (int stage = 0; stage <= 3; ++stage) {
     const std::string unmanaged = "\"managed_gradient_accumulation\": false";
@@ -515,7 +424,7 @@ TEST(EngineMemoryTest, PartitionedStateIsAboutOneNth) {
   const TestModel model = BlockModel(4, 1000, 10);
   for (int stage = 0; stage <= 3; ++stage) {
     const std::string no_persistence = "\"stage3_param_persistence_threshold\": 0";
-    RunOptions ro;
+    TrainOptions ro;
     ro.steps = 1;
     const auto one = TrainAll(ConfigJson(stage, 1, 1.0, "", no_persistence), 1, model, ro);
     const auto four = TrainAll(ConfigJson(stage, 1, 1.0, "", no_persistence), 4, model, ro);
@@ -549,10 +458,10 @@ TEST(EngineMemoryTest, Stage3PeakRespectsTheLiveLimitAndReleasingReturnsMemory) 
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   std::vector<size_t> peak_extra(world, 0), leftover(world, 0);
   std::vector<size_t> base(world, 0);
-  RunOptions ro;
+  TrainOptions ro;
   ro.steps = 3;
   Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) -> Status {
-    RunOptions mine = ro;
+    TrainOptions mine = ro;
     mine.before_micro = [&, rank](Engine* e, Device* d) -> Status {
       base[rank] = d->memory_stats().in_use;
       d->ResetPeak();
@@ -562,7 +471,7 @@ TEST(EngineMemoryTest, Stage3PeakRespectsTheLiveLimitAndReleasingReturnsMemory) 
       peak_extra[rank] = std::max(peak_extra[rank], d->memory_stats().peak - base[rank]);
       return OkStatus();
     };
-    RankResult r;
+    TrainResult r;
     ZERO_RETURN_IF_ERROR(Train(*config, model, rank, comm, device, mine, &r));
     return OkStatus();
   });
@@ -584,7 +493,7 @@ TEST(EngineMemoryTest, Stage3StepReleasesGatheredParameters) {
   auto config = MakeConfig(ConfigJson(3, 1, 1.0, "", "\"stage3_param_persistence_threshold\": 8"), 2);
   ASSERT_TRUE(config.ok());
   Status s = RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
-    RunOptions ro;
+    TrainOptions ro;
     ro.steps = 2;
     size_t after_init = 0;
     ro.before_micro = [&](Engine* e, Device* d) -> Status {
@@ -596,7 +505,7 @@ TEST(EngineMemoryTest, Stage3StepReleasesGatheredParameters) {
       }
       return OkStatus();
     };
-    RankResult r;
+    TrainResult r;
     return Train(*config, model, rank, comm, device, ro, &r);
   });
   EXPECT_TRUE(s.ok()) << s.ToString();
@@ -624,19 +533,9 @@ TestModel WideAndBlocks() {
 // parameter read must equal its initial value bitwise.
 Status CountStage3Gathers(const Config& config, const TestModel& model, int rank, Communicator* comm,
                           Device* device, int micro_steps, std::vector<std::vector<int64_t>>* deltas) {
-  ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, device, comm));
-  for (const ParamSpec& s : model.specs) ZERO_RETURN_IF_ERROR(engine->RegisterParameter(s).status());
+  ZERO_ASSIGN_OR_RETURN(auto engine, MakeEngine(config, model, device, comm));
   Engine* e = engine.get();
-  ZERO_RETURN_IF_ERROR(engine->Initialize([e](int index, float* v) {
-    const int64_t n = Numel(e->param_spec(index));
-    for (int64_t k = 0; k < n; ++k) v[k] = InitValue(index, k);
-  }));
-  std::vector<std::vector<int>> module_params(model.modules.size());
-  for (int i = 0; i < static_cast<int>(model.specs.size()); ++i) {
-    for (size_t m = 0; m < model.modules.size(); ++m) {
-      if (model.specs[i].module == model.modules[m]) module_params[m].push_back(i);
-    }
-  }
+  const std::vector<std::vector<int>> module_params = ModuleParams(model);
   std::vector<size_t> order;
   for (size_t m = 0; m < model.modules.size(); ++m) order.push_back(m);
   for (size_t m = model.modules.size(); m-- > 0;) order.push_back(m);
@@ -735,7 +634,7 @@ TEST(EngineStatsTest, Stage3PersistentAndGatheredParametersShareOneCollective) {
 // prints the time per step (the CPU path must stay reasonably fast).
 TEST(EngineTrainingTest, LargerModelEveryStage) {
   const TestModel model = BlockModel(8, 200000, 1000);
-  RunOptions ro;
+  TrainOptions ro;
   ro.steps = 2;
   for (int stage = 0; stage <= 3; ++stage) {
     const std::string zero_extra = "\"reduce_bucket_size\": 300000, \"stage3_prefetch_bucket_size\": 400000, "

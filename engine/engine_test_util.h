@@ -1,12 +1,16 @@
-// Test helpers shared by the Engine's tests (engine_test, engine_checkpoint_test): a tiny
-// multi-module model with deterministic initial values and gradients, config JSON builders, and
-// host reads/writes of model parameters and gradient buffers. Test-only.
+// Test helpers shared by the Engine's tests (engine_test, engine_options_test,
+// engine_checkpoint_test): a tiny multi-module model with deterministic initial values and
+// gradients, config JSON builders, host reads/writes of model parameters and gradient buffers, and
+// the one training loop they all run (engine_test_util.cc). Test-only.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "runtime/device.h"
@@ -133,5 +137,70 @@ inline Status Expect(const Status& s, StatusCode code, const std::string& needle
   }
   return OkStatus();
 }
+
+// --- the training loop (engine_test_util.cc) ---------------------------------------------------
+
+// The default TrainOptions::add_loss: a float running sum of 0.5 v^2 (`loss` holds a float).
+inline double AddHalfSquares(double loss, const std::vector<float>& values) {
+  float l = static_cast<float>(loss);
+  for (float v : values) l += 0.5f * v * v;
+  return l;
+}
+
+struct TrainOptions {
+  int steps = 3;                  // optimizer steps (windows)
+  float grad_scale = 1.0f;        // multiplies every gradient (large values: clipping kicks in)
+  bool times_loss_scale = false;  // and so does loss_scale() (as an fp16 user scales the loss)
+  std::vector<int> skip_params;   // never reported
+  // Called before every micro step's forward and after every Backward() (stage-3 memory probes).
+  std::function<Status(Engine*, Device*)> before_micro;
+  std::function<Status(Engine*, Device*)> after_backward;
+  // Edits parameter `index`'s gradient of micro step `micro` (counters().micro_steps) before it
+  // is written (fp16 overflows).
+  std::function<void(Engine*, int index, int64_t micro, std::vector<float>* g)> edit_grad;
+  // Adds one parameter's values, read in forward, to the micro step's loss (0 at the start).
+  std::function<double(double loss, const std::vector<float>& values)> add_loss = AddHalfSquares;
+};
+
+struct TrainResult {
+  std::vector<double> losses;  // per micro step (a function of the parameters read in forward)
+  std::vector<double> norms;   // global_grad_norm() per window
+  std::vector<double> lrs;     // lr() before each window
+  std::vector<float> scales;   // loss_scale() before each window
+  std::vector<int> applied;    // was_step_applied() per window
+  // Snapshot: full tensors (GatherMasterWeights, GatherModelParam, GatherOptimizerState) and the
+  // engine's counters, memory and stats.
+  std::vector<std::vector<float>> master, model, exp_avg, exp_avg_sq;
+  EngineCounters counters;
+  EngineMemory memory;
+  EngineStats stats;
+};
+
+// The parameter indices of each module of `model`, in registration order.
+std::vector<std::vector<int>> ModuleParams(const TestModel& model);
+
+// Creates an engine, registers `model` and initializes it with InitValue + `init_shift` (a fresh
+// engine that loads a checkpoint must not depend on its own initial values).
+Result<std::unique_ptr<Engine>> MakeEngine(const Config& config, const TestModel& model, Device* device,
+                                           Communicator* comm, float init_shift = 0.0f);
+
+// `opt.steps` windows on an initialized engine, appended to `out` (losses, norms, lrs, scales,
+// applied). A micro step: forward (gather every module, read its parameters, the loss), backward
+// in reverse module order with Gradient(index, values, rank, counters().micro_steps, scale),
+// Backward(), Step() (managed); unmanaged: two micro steps and one Step() per window.
+Status TrainSteps(Engine* e, Device* device, const TestModel& model, int rank, const TrainOptions& opt,
+                  TrainResult* out);
+
+// The full state at this point into `out` (collective); the AdamW moments only with
+// `optimizer_state`.
+Status Snapshot(Engine* e, TrainResult* out, bool optimizer_state = true);
+
+// MakeEngine, TrainSteps and a Snapshot without the moments.
+Status Train(const Config& config, const TestModel& model, int rank, Communicator* comm, Device* device,
+             const TrainOptions& opt, TrainResult* out);
+
+// Train on `world` thread ranks; every rank's result (failures are gtest failures).
+std::vector<TrainResult> TrainAll(const std::string& json, int world, const TestModel& model,
+                                  const TrainOptions& opt = {});
 
 }  // namespace zero::testing

@@ -8,6 +8,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "examples/hash.h"
+
 namespace zero::examples {
 namespace {
 
@@ -157,13 +159,6 @@ T GeluGrad(T u) {
   const T cdf = T(0.5) * (T(1) + std::erf(u * T(0.70710678118654752440)));
   const T pdf = std::exp(T(-0.5) * u * u) * T(0.39894228040143267794);
   return cdf + u * pdf;
-}
-
-uint64_t SplitMix64(uint64_t* state) {
-  uint64_t x = (*state += 0x9e3779b97f4a7c15ull);
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
 }
 
 }  // namespace
@@ -599,7 +594,7 @@ Result<std::string> ByteLmCpu::Sample(ParamProvider& params, std::string_view pr
       double total = 0.0;
       std::vector<double> w(kByteVocab);
       for (int v = 0; v < kByteVocab; ++v) total += w[v] = std::exp(double(z[v] - mx) / temperature);
-      double u = double(SplitMix64(&rng) >> 11) * (1.0 / 9007199254740992.0) * total;
+      double u = double(SplitMix64Next(&rng) >> 11) * (1.0 / 9007199254740992.0) * total;
       for (int v = 0; v < kByteVocab; ++v) {
         u -= w[v];
         if (u < 0.0) {

@@ -5,15 +5,10 @@
 #include <map>
 #include <utility>
 
+#include "examples/hash.h"
+
 namespace zero::examples {
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 uint64_t Fnv1a(const std::string& s) {
   uint64_t h = 0xcbf29ce484222325ull;
