@@ -964,7 +964,6 @@ Status Engine::Impl::BoundaryImpl() {
   const bool fp16 = config.fp16.enabled;
   const double clip = config.gradient_clipping;
   const double s = fp16 ? static_cast<double>(scaler.scale()) : 1.0;
-  const double gas_d = static_cast<double>(gas);
   // fp16 (the overflow check) and clipping (the coefficient) need the norm before AdamW: the host
   // waits for it here. Otherwise AdamW does not depend on it: it is read once, at the end of the
   // step, after AdamW and the weight publication are enqueued (on CUDA the device runs on
@@ -992,7 +991,7 @@ Status Engine::Impl::BoundaryImpl() {
       return OkStatus();
     }
     if (clip > 0.0) {
-      const double c = (std::sqrt(total) / gas_d / s + 1e-6) / clip;
+      const double c = (std::sqrt(total) / s + 1e-6) / clip;
       if (c > 1.0) clip_coef = c;
     }
   }
@@ -1008,7 +1007,7 @@ Status Engine::Impl::BoundaryImpl() {
   h.bias_correction1 = static_cast<float>(1.0 - std::pow(oc.beta1, static_cast<double>(t)));
   h.bias_correction2 = static_cast<float>(1.0 - std::pow(oc.beta2, static_cast<double>(t)));
   h.adam_w_mode = oc.adam_w_mode;
-  h.grad_scale = static_cast<float>(1.0 / (gas_d * s * clip_coef));
+  h.grad_scale = static_cast<float>(1.0 / (s * clip_coef));
 
   // AdamW, fused with the rounding of the new weights to the model dtype (Device::AdamWCast, the
   // same bits as a separate Cast), over runs of consecutive updated parameters (all of them in
@@ -1044,7 +1043,7 @@ Status Engine::Impl::BoundaryImpl() {
 
   if (!norm_first) ZERO_RETURN_IF_ERROR(ReadNorm(&total));
   ZERO_RETURN_IF_ERROR(ZeroAccumulators());
-  grad_norm = std::sqrt(total) / gas_d / s;
+  grad_norm = std::sqrt(total) / s;
   step_applied = true;
   ++counters.global_steps;
   ++counters.adam_step;
@@ -1099,6 +1098,7 @@ Status Engine::Impl::PublishWeights(const std::vector<uint8_t>& update, bool cas
 bool Engine::was_step_applied() const { return impl_->step_applied; }
 double Engine::global_grad_norm() const { return impl_->grad_norm; }
 float Engine::loss_scale() const { return impl_->config.fp16.enabled ? impl_->scaler.scale() : 1.0f; }
+float Engine::gradient_scale() const { return loss_scale() / static_cast<float>(impl_->gas); }
 double Engine::lr() const { return impl_->scheduler->LrAt(impl_->counters.adam_step); }
 
 Status Engine::SetNoSync(bool on) {

@@ -57,13 +57,13 @@
 //   - At the boundary: sum of squares of the fp32 accumulators in double (partials all-reduced),
 //     overflow check (fp16: skip the step, update the loss scale), clip coefficient
 //     max(1, (norm/loss_scale + 1e-6)/clip), and one AdamW pass with grad_scale =
-//     1 / (GAS * loss_scale * clip_coef) (GAS = 1 in unmanaged mode: the user scales), then the new
+//     1 / (loss_scale * clip_coef) (the 1/GAS of managed mode is in gradient_scale()), then the new
 //     fp32 weights are rounded to the model dtype (in the AdamW pass itself, Device::AdamWCast:
 //     the same bits as a separate cast) and all-gathered (stages 1/2).
 //   - Spelled out (as the equivalence suite models it): the sum of squares is taken per parameter
 //     over this rank's partition (stage 0: the whole parameter) with Device::SumOfSquares, added
 //     in parameter order, and the ranks' sums are added in rank order (AllReduceHost; stages 1-3);
-//     norm = sqrt(sum) / GAS in double; global_grad_norm() = norm / loss_scale (+Inf after an fp16
+//     norm = sqrt(sum) in double; global_grad_norm() = norm / loss_scale (+Inf after an fp16
 //     overflow). AdamW gets lr = (float) the scheduler's lr, bias corrections (float)(1 - beta^t)
 //     computed in double (std::pow), t = applied steps; the master weights start as the init
 //     values exactly, the model parameters as those rounded to the model dtype.
@@ -211,6 +211,13 @@ class Engine {
   // (once) for the norm at its end; otherwise it waits for it before AdamW. Same value either way.
   double global_grad_norm() const;
   float loss_scale() const;            // current loss scale (1 without fp16)
+  // The factor the user multiplies into every gradient written to grad_buffer() (as a PyTorch
+  // user multiplies it into the loss before backward): loss_scale() / gradient_accumulation_steps
+  // in managed mode (DeepSpeed's engine.backward divides the loss by GAS before scaling it, so the
+  // fp16 gradients checked for overflow are GAS times smaller and the dynamic scale follows
+  // DeepSpeed's trajectory), loss_scale() in unmanaged mode (the user divides by what they like).
+  // The engine itself then divides by the loss scale only; gradients still accumulate in fp32.
+  float gradient_scale() const;
   double lr() const;                   // lr the next applied step will use
   // Stage 0/1 only: while on, Step() at a boundary is refused (no_sync must end before the boundary).
   Status SetNoSync(bool on);

@@ -258,6 +258,45 @@ TEST(EngineTrainingTest, UnmanagedLeavesParametersWithoutGradientsUntouched) {
   EXPECT_NE(m[0].master[1][0], InitValue(1, 0));
 }
 
+// DeepSpeed divides the loss by GAS before scaling it, so the fp16 gradients of a micro step are
+// GAS times smaller than the window's mean times the scale: a gradient that overflows fp16 at
+// scale 2^16 (2 * 65536 > 65504) does not once divided by GAS = 4, and the step applies with the
+// unscaled norm of the window's mean gradient. Unmanaged mode leaves the division to the user.
+TEST(EngineTrainingTest, GradientScaleIncludesOneOverGasInManagedMode) {
+  for (bool managed : {true, false}) {
+    std::string extra = "\"fp16\": {\"enabled\": true}";
+    if (!managed) extra += ", \"managed_gradient_accumulation\": false";
+    Status s = RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
+      ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(2, 4, 0.0, extra), 1));
+      ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, device, comm));
+      ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"w", {5}, "m"}).status());
+      ZERO_RETURN_IF_ERROR(engine->Initialize([](int, float* v) {
+        for (int k = 0; k < 5; ++k) v[k] = 0.25f * k;
+      }));
+      const float want_scale = managed ? 65536.0f / 4 : 65536.0f;
+      if (engine->gradient_scale() != want_scale) {
+        return InternalError("gradient_scale " + std::to_string(engine->gradient_scale()));
+      }
+      // The user's side: each micro step's gradient 2.0, times gradient_scale(); unmanaged, the
+      // user divides by the 4 backwards of the window.
+      const float g = 2.0f * engine->gradient_scale() / (managed ? 1.0f : 4.0f);
+      for (int micro = 0; micro < 4; ++micro) {
+        ZERO_RETURN_IF_ERROR(WriteGrad(engine.get(), device, 0, std::vector<float>(5, g)));
+        ZERO_RETURN_IF_ERROR(engine->Backward());
+        if (managed) ZERO_RETURN_IF_ERROR(engine->Step());
+      }
+      if (!managed) ZERO_RETURN_IF_ERROR(engine->Step());
+      if (!engine->was_step_applied()) return InternalError("step skipped: the fp16 gradient overflowed");
+      const double want = std::sqrt(5.0) * 2.0;
+      if (std::fabs(engine->global_grad_norm() - want) > 1e-12 * want) {
+        return InternalError("norm " + std::to_string(engine->global_grad_norm()));
+      }
+      return OkStatus();
+    });
+    EXPECT_TRUE(s.ok()) << (managed ? "managed: " : "unmanaged: ") << s.ToString();
+  }
+}
+
 TEST(EngineTrainingTest, Fp16OverflowSkipsTheStep) {
   Status s = RunThreadRanks(2, [](int rank, Communicator* comm, Device* device) -> Status {
     ZERO_ASSIGN_OR_RETURN(Config config,
@@ -393,7 +432,9 @@ TEST(EngineTrainingTest, NegativeZeroGradientAccumulatesToPositiveZero) {
           for (int step = 0; step < 2; ++step) {
             for (int micro = 0; micro < gas; ++micro) {
               ZERO_ASSIGN_OR_RETURN(ModuleHandle h, engine->GatherModule("m"));
-              ZERO_RETURN_IF_ERROR(WriteGrad(engine.get(), device, 0, std::vector<float>(9, step == 0 ? -1.0f : -0.0f)));
+              // gradient_scale() is 1/GAS here: the window's mean gradient is -1 (step 0) or -0.
+              const float gs = engine->gradient_scale();
+              ZERO_RETURN_IF_ERROR(WriteGrad(engine.get(), device, 0, std::vector<float>(9, step == 0 ? -gs : -0.0f)));
               ZERO_RETURN_IF_ERROR(WriteGrad(engine.get(), device, 1, std::vector<float>(3, -0.5f)));
               ZERO_RETURN_IF_ERROR(h.Release());
               ZERO_RETURN_IF_ERROR(engine->Backward());

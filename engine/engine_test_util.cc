@@ -60,7 +60,7 @@ Status TrainSteps(Engine* e, Device* device, const TestModel& model, int rank, c
         for (auto it = module_params[m].rbegin(); it != module_params[m].rend(); ++it) {
           const int i = *it;
           if (std::find(opt.skip_params.begin(), opt.skip_params.end(), i) != opt.skip_params.end()) continue;
-          const float scale = opt.times_loss_scale ? opt.grad_scale * e->loss_scale() : opt.grad_scale;
+          const float scale = opt.times_loss_scale ? opt.grad_scale * e->gradient_scale() : opt.grad_scale;
           std::vector<float> g = Gradient(i, values[i], rank, micro, scale);
           if (opt.edit_grad) opt.edit_grad(e, i, micro, &g);
           ZERO_RETURN_IF_ERROR(WriteGrad(e, device, i, g));

@@ -378,6 +378,7 @@ Status RunRank(const TrainOptions& o, RankContext* ctx) {
     }
     const Clock::time_point t0 = Clock::now();
     const float loss_scale = engine->loss_scale();
+    const float grad_scale = engine->gradient_scale();  // loss scale / GAS (managed)
     double loss_sum = 0;
     for (int64_t m = 0; m < gas; ++m) {
       const BatchSpec bs{.seed = o.seed,
@@ -387,7 +388,7 @@ Status RunRank(const TrainOptions& o, RankContext* ctx) {
                          .batch = micro,
                          .context = o.model.context};
       ZERO_RETURN_IF_ERROR(train.FillBatch(bs, tokens.data()));
-      auto loss = model->ForwardBackward(params, tokens.data(), micro, loss_scale, grads);
+      auto loss = model->ForwardBackward(params, tokens.data(), micro, grad_scale, grads);
       if (!loss.ok())
         return loss.status().WithContext("step " + std::to_string(step + 1) + " micro step " + std::to_string(m));
       ZERO_RETURN_IF_ERROR(engine->Backward());

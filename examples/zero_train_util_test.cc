@@ -230,7 +230,7 @@ TEST(ZeroTrainAdapters, TrainsThroughTheEngineAtStage3) {
           rows.insert(rows.end(), text.begin() + start, text.begin() + start + 4);
         }
         ZERO_ASSIGN_OR_RETURN(double loss, model.Forward(params, rows.data(), 6, &acts));
-        ZERO_RETURN_IF_ERROR(model.Backward(params, &acts, engine->loss_scale(), grads));
+        ZERO_RETURN_IF_ERROR(model.Backward(params, &acts, engine->gradient_scale(), grads));
         ZERO_RETURN_IF_ERROR(engine->Backward());
         sum += loss;
       }

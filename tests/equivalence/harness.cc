@@ -140,7 +140,7 @@ Status RunEngineRank(const Config& config, const ModelDims& dims, const Schedule
       }
       const float target_scale = micro.overflow_rank == rank ? kOverflowTargetScale : 1.0f;
       const Batch batch = MakeBatch(dims, rank, static_cast<int>(w), static_cast<int>(j), target_scale);
-      const float seed = rec.loss_scale_used / micro.loss_divisor;
+      const float seed = engine->gradient_scale() / micro.loss_divisor;
       std::vector<std::vector<float>> grads;
       out->losses.back().push_back(ForwardBackward(dims, params, batch, micro.heads, seed, &grads));
       // Backward: modules in reverse order, gathered again (stage 3 re-gathers what it released),

@@ -123,7 +123,8 @@ Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder or
     trace.losses.emplace_back();
     for (size_t j = 0; j < win.micros.size(); ++j) {
       const MicroSpec& micro = win.micros[j];
-      const float seed = rec.loss_scale_used / micro.loss_divisor;
+      // The engine's gradient_scale(): the loss scale, divided by GAS in managed mode.
+      const float seed = rec.loss_scale_used / static_cast<float>(gas) / micro.loss_divisor;
       std::vector<Tensors> g(world);  // [rank][param], rounded to the model dtype
       std::vector<float> losses(world);
       for (int r = 0; r < world; ++r) {
@@ -175,7 +176,7 @@ Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder or
       rec.applied = false;
       rec.grad_norm = std::numeric_limits<double>::infinity();
     } else {
-      const double norm = std::sqrt(sumsq) / gas;
+      const double norm = std::sqrt(sumsq);
       double clip_coef = 1.0;
       if (config.gradient_clipping > 0.0) {
         clip_coef = std::max(1.0, (norm / loss_scale + 1e-6) / config.gradient_clipping);
@@ -191,7 +192,7 @@ Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder or
       h.adam_w_mode = config.optimizer.adam_w_mode;
       h.bias_correction1 = static_cast<float>(1.0 - std::pow(config.optimizer.beta1, static_cast<double>(adam_step)));
       h.bias_correction2 = static_cast<float>(1.0 - std::pow(config.optimizer.beta2, static_cast<double>(adam_step)));
-      h.grad_scale = static_cast<float>(1.0 / (gas * loss_scale * clip_coef));
+      h.grad_scale = static_cast<float>(1.0 / (loss_scale * clip_coef));
       for (int p = 0; p < n; ++p) {
         if (!managed && !active[p]) continue;
         for (size_t i = 0; i < numel[p]; ++i) {
