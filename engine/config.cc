@@ -223,6 +223,11 @@ std::vector<Key> BuildKeys() {
   t.push_back(BoolKey("managed_gradient_accumulation", FIELD(managed_gradient_accumulation), true)
                   .Doc("true: the engine counts micro steps and steps every gradient_accumulation_steps; "
                        "false: the user calls backward any number of times and steps when they choose."));
+  t.push_back(BoolKey("freeze_inactive_parameters", FIELD(freeze_inactive_parameters), false)
+                  .Doc("A parameter that received no gradient on any rank in an accumulation window: false "
+                       "(DeepSpeed's behaviour) steps it with a zero gradient (its moments decay; weight decay and "
+                       "momentum move it); true keeps its weights and AdamW moments unchanged (PyTorch's "
+                       "set_to_none behaviour). The same in managed and unmanaged mode."));
   t.push_back(DTypeKey("data_types.grad_accum_dtype", FIELD(grad_accum_dtype), FIELD(has_grad_accum_dtype))
                   .DefaultDoc("null (fp32)")
                   .Doc("Element type gradients are accumulated in across micro steps; null: fp32."));
@@ -268,10 +273,11 @@ std::vector<Key> BuildKeys() {
   t.push_back(NumberKey("optimizer.params.eps", FIELD(optimizer.eps), 1e-8)
                   .Above(0)
                   .Doc("Added to the denominator for numerical stability."));
-  t.push_back(NumberKey("optimizer.params.weight_decay", FIELD(optimizer.weight_decay), 0.01)
+  t.push_back(NumberKey("optimizer.params.weight_decay", FIELD(optimizer.weight_decay), 0.0)
                   .AtLeast(0)
-                  .DependsOn("0.01 for AdamW, 0 for Adam (torch's defaults)")
-                  .Doc("Weight decay: decoupled (AdamW) or added to the gradient as L2 (classic Adam)."));
+                  .Doc("Weight decay: decoupled (AdamW) or added to the gradient as L2 (classic Adam). 0 for "
+                       "both types, as DeepSpeed's FusedAdam (torch.optim.AdamW's 0.01 applies in DeepSpeed only "
+                       "with torch_adam: true)."));
   t.push_back(BoolKey("optimizer.params.adam_w_mode", FIELD(optimizer.adam_w_mode), true)
                   .Doc("With type \"Adam\": false selects classic Adam (L2 weight decay in the "
                        "gradient)."));
@@ -384,7 +390,7 @@ std::vector<Key> BuildKeys() {
                   .AtLeast(1)
                   .Doc("Pinned buffers for NVMe swapping of optimizer states."));
   t.push_back(BoolKey("zero_optimization.offload_optimizer.pin_memory",
-                      FIELD(zero.offload_optimizer.pin_memory), true)
+                      FIELD(zero.offload_optimizer.pin_memory), false)
                   .Doc("Keep offloaded states in pinned (page-locked) host memory."));
   t.push_back(BoolKey("zero_optimization.offload_optimizer.pipeline_read",
                       FIELD(zero.offload_optimizer.pipeline_read), false)
@@ -415,7 +421,7 @@ std::vector<Key> BuildKeys() {
                      1000000000)
                   .AtLeast(0)
                   .Doc("Elements of parameters kept in host memory when device is \"nvme\"."));
-  t.push_back(BoolKey("zero_optimization.offload_param.pin_memory", FIELD(zero.offload_param.pin_memory), true)
+  t.push_back(BoolKey("zero_optimization.offload_param.pin_memory", FIELD(zero.offload_param.pin_memory), false)
                   .Doc("Keep offloaded parameters in pinned host memory."));
 
   // Asynchronous I/O for NVMe.
@@ -503,6 +509,41 @@ const Ignored kIgnored[] = {
     {"csv_monitor", "zero has no monitor backends"},
     {"comms_logger", "zero has no communication logger"},
 };
+
+// Where zero's defaults or readings are not DeepSpeed 0.19.8's (checked against its sources:
+// runtime/constants.py, runtime/zero/config.py, runtime/zero/offload_config.py, precision_config.py,
+// swap_tensor/aio config, lr_schedules.py, ops/adam/fused_adam.py). config_test asserts every key's
+// default against DeepSpeed's and that each difference in a default is listed here.
+const std::vector<ConfigDifference>& Differences() {
+  static const std::vector<ConfigDifference>* d = new std::vector<ConfigDifference>{
+      {"steps_per_print", "`null` (no periodic progress line)", "`10`",
+       "The engine prints nothing itself; the key only sets how often examples/zero_train prints progress, "
+       "and an integer keeps it simple. `null` is refused."},
+      {"optimizer.type", "none: without an optimizer block the client passes its own optimizer",
+       "`\"AdamW\"`",
+       "zero runs only its own Adam/AdamW, so a config without an optimizer block gets AdamW with FusedAdam's "
+       "defaults (lr 0.001, betas [0.9, 0.999], eps 1e-8, weight_decay 0)."},
+      {"data_types.grad_accum_dtype",
+       "`null`: at ZeRO stages 1-3 micro-step gradients accumulate in the model dtype (bf16/fp16)",
+       "`null`: they accumulate in fp32",
+       "More precise at gradient_accumulation_steps > 1 (measured: DeepSpeed's 16-bit accumulation moves "
+       "weights by 2e-3 (bf16) and 3e-4 (fp16) relative to fp32 accumulation)."},
+      {"zero_optimization.cpu_offload_use_pin_memory", "read and ignored (the deprecated key sets nothing)",
+       "sets pin_memory of the blocks that cpu_offload / cpu_offload_param turn on",
+       "The file asks for it; a warning names the new spelling either way."},
+      {"zero_optimization.offload_grad_accumulation", "no such key (host accumulation)", "`\"cpu\"`",
+       "zero's own key; its default is DeepSpeed's behaviour."},
+      {"freeze_inactive_parameters", "no such key (inactive parameters are stepped with a zero gradient)",
+       "`false`", "zero's own key; its default is DeepSpeed's behaviour."},
+      {"`zero_optimization.reduce_bucket_size`, `allgather_bucket_size`, `sub_group_size`, the offload blocks' "
+       "`buffer_count` and `offload_param.buffer_size` (accepted values)",
+       "0 accepted", "at least 1", "A bucket or buffer of 0 elements cannot hold anything; zero refuses it "
+       "when the file is read rather than failing later."},
+      {"`fp16.min_loss_scale` (accepted values)", "an integer", "any number > 0",
+       "A fraction (0.25) is accepted: it only bounds the dynamic scale from below."},
+  };
+  return *d;
+}
 
 const char* const kAutoNote =
     " (\"auto\" is a Hugging Face Trainer placeholder: the Trainer replaces it with a number before "
@@ -734,12 +775,39 @@ std::string Suggestion(const std::string& parent, const std::string& name) {
 // ---------------------------------------------------------------------------------------------
 // Parsing.
 
+// Parsing goes on past a problem so that one error lists them all: a key whose value is refused is
+// left at its default and recorded in `bad`, and every later check that reads a bad key (the batch
+// arithmetic, the scheduler's parameters, the rules between keys) is skipped rather than reporting a
+// consequence of the first problem.
 struct ParseState {
   const ParseOptions& options;
   Config config;
   std::map<std::string, std::string> given;  // canonical path -> path as written
   std::map<std::string, bool> deprecated;    // deprecated boolean keys as given
+  std::vector<std::string> errors;           // every problem, in file order, then the cross-key checks
+  std::set<std::string> bad;                 // canonical paths of keys and blocks with a problem
 };
+
+// Records the problem `s` (an error Status) about the key or block `path` ("" for none).
+void Problem(ParseState* st, const std::string& path, const Status& s) {
+  st->errors.push_back(std::string(s.message()));
+  if (!path.empty()) st->bad.insert(path);
+}
+
+// Whether `path`, or a block above it, had a problem.
+bool IsBad(const ParseState& st, const std::string& path) {
+  for (std::string p = path;; p = p.substr(0, p.rfind('.'))) {
+    if (st.bad.count(p)) return true;
+    if (p.find('.') == std::string::npos) return false;
+  }
+}
+
+bool AnyBad(const ParseState& st, const std::vector<std::string>& paths) {
+  for (const std::string& p : paths) {
+    if (IsBad(st, p)) return true;
+  }
+  return false;
+}
 
 const Alias* FindAlias(const std::string& path) {
   for (const Alias& a : kAliases) {
@@ -748,8 +816,8 @@ const Alias* FindAlias(const std::string& path) {
   return nullptr;
 }
 
-Status Walk(const Json& obj, const std::string& canonical_prefix, const std::string& user_prefix,
-            ParseState* st) {
+void Walk(const Json& obj, const std::string& canonical_prefix, const std::string& user_prefix,
+          ParseState* st) {
   const std::string& source = st->options.source;
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     const std::string& name = it.key();
@@ -761,40 +829,56 @@ Status Walk(const Json& obj, const std::string& canonical_prefix, const std::str
       path = a->canonical;
     }
     if (path == "optimizer.params.max_grad_norm") {
-      return KeyError(source, user_path,
-                      "no value (zero clips by the top-level \"gradient_clipping\"; move the value there)",
-                      ShowValue(value));
+      Problem(st, "",
+              KeyError(source, user_path,
+                       "no value (zero clips by the top-level \"gradient_clipping\"; move the value there)",
+                       ShowValue(value)));
+      continue;
     }
     if (const Key* k = FindKey(path)) {
       auto prior = st->given.find(path);
       if (prior != st->given.end()) {
-        return KeyError(source, user_path, "one spelling of the key", "it also as '" + prior->second + "'");
+        Problem(st, path,
+                KeyError(source, user_path, "one spelling of the key", "it also as '" + prior->second + "'"));
+        continue;
       }
-      Json canonical;
-      ZERO_RETURN_IF_ERROR(ReadValue(*k, value, user_path, source, &canonical));
-      k->set(st->config, canonical);
       st->given[path] = user_path;
+      Json canonical;
+      const Status read = ReadValue(*k, value, user_path, source, &canonical);
+      if (!read.ok()) {
+        Problem(st, path, read);
+        continue;
+      }
+      k->set(st->config, canonical);
       continue;
     }
     if (IsBlock(path)) {
       if (value.is_string() && value.get<std::string>() == "auto") {
-        return KeyError(source, user_path, "an object", ShowValue(value) + kAutoNote);
+        Problem(st, path, KeyError(source, user_path, "an object", ShowValue(value) + kAutoNote));
+        continue;
       }
-      if (!value.is_object()) return KeyError(source, user_path, "an object", ShowValue(value));
+      if (!value.is_object()) {
+        Problem(st, path, KeyError(source, user_path, "an object", ShowValue(value)));
+        continue;
+      }
       if (st->given.count(path)) {
-        return KeyError(source, user_path, "one spelling of the block",
-                        "it also as '" + st->given[path] + "'");
+        Problem(st, path,
+                KeyError(source, user_path, "one spelling of the block", "it also as '" + st->given[path] + "'"));
+        continue;
       }
       st->given[path] = user_path;
-      ZERO_RETURN_IF_ERROR(Walk(value, path, user_path, st));
+      Walk(value, path, user_path, st);
       continue;
     }
     bool handled = false;
     for (const Deprecated& d : kDeprecated) {
       if (path != d.path) continue;
-      if (!value.is_boolean()) return KeyError(source, user_path, "true or false", ShowValue(value));
-      st->deprecated[path] = value.get<bool>();
       handled = true;
+      if (!value.is_boolean()) {
+        Problem(st, path, KeyError(source, user_path, "true or false", ShowValue(value)));
+        continue;
+      }
+      st->deprecated[path] = value.get<bool>();
     }
     for (const Ignored& i : kIgnored) {
       if (path != i.path) continue;
@@ -803,10 +887,12 @@ Status Walk(const Json& obj, const std::string& canonical_prefix, const std::str
     }
     if (handled) continue;
     const std::string message = source + ": unknown key '" + user_path + "'" + Suggestion(canonical_prefix, name);
-    if (st->options.strict) return InvalidArgumentError(message);
-    st->config.warnings.push_back(message);
+    if (st->options.strict) {
+      st->errors.push_back(message);
+    } else {
+      st->config.warnings.push_back(message);
+    }
   }
-  return OkStatus();
 }
 
 bool Given(const ParseState& st, const std::string& path) { return st.given.count(path) > 0; }
@@ -819,7 +905,7 @@ bool AnyGivenUnder(const ParseState& st, const std::string& block) {
   return false;
 }
 
-Status ApplyDeprecatedOffload(ParseState* st) {
+void ApplyDeprecatedOffload(ParseState* st) {
   const std::string& source = st->options.source;
   Config& c = st->config;
   struct Mapping {
@@ -839,10 +925,12 @@ Status ApplyDeprecatedOffload(ParseState* st) {
     const auto it = st->deprecated.find(m.old_key);
     if (it == st->deprecated.end()) continue;
     if (AnyGivenUnder(*st, m.block)) {
-      return KeyError(source, m.old_key,
-                      std::string("no value when '") + m.block + "' is given (it is the deprecated spelling of " +
-                          m.block + ".device)",
-                      it->second ? "true" : "false");
+      Problem(st, m.old_key,
+              KeyError(source, m.old_key,
+                       std::string("no value when '") + m.block + "' is given (it is the deprecated spelling of " +
+                           m.block + ".device)",
+                       it->second ? "true" : "false"));
+      continue;
     }
     c.warnings.push_back(source + ": '" + m.old_key + "' is deprecated; use '" + m.block + "'" +
                          (it->second ? std::string(" (mapped to ") + m.block + ".device = \"cpu\")" : ""));
@@ -858,31 +946,32 @@ Status ApplyDeprecatedOffload(ParseState* st) {
     c.warnings.push_back(source + ": '" + pin->first +
                          "' is deprecated; use pin_memory in zero_optimization.offload_optimizer / offload_param");
   }
-  return OkStatus();
 }
 
 // Defaults that depend on other keys, and the scheduler's per-type parameters.
-Status ResolveDependentDefaults(ParseState* st) {
+void ResolveDependentDefaults(ParseState* st) {
   const std::string& source = st->options.source;
   Config& c = st->config;
   c.zero.overlap_comm_set = Given(*st, "zero_optimization.overlap_comm");
   if (!c.zero.overlap_comm_set) c.zero.overlap_comm = c.zero.stage == 3;
 
-  if (!Given(*st, "optimizer.params.weight_decay") && c.optimizer.type == "Adam") c.optimizer.weight_decay = 0.0;
-
+  // The scheduler's parameters depend on its type: nothing to check against when the type is bad.
+  if (IsBad(*st, "scheduler.type")) return;
   const std::string& type = c.scheduler.type;
   for (const Key& k : Keys()) {
-    if (k.only_for.empty() || !Given(*st, k.path)) continue;
+    if (k.only_for.empty() || !Given(*st, k.path) || IsBad(*st, k.path)) continue;
     if (std::find(k.only_for.begin(), k.only_for.end(), type) == k.only_for.end()) {
-      return KeyError(source, st->given[k.path],
-                      "no value with scheduler.type " + Quote(type) + " (it is a parameter of " +
-                          Join(k.only_for, ", ") + ")",
-                      ShowValue(k.get(c)));
+      Problem(st, k.path,
+              KeyError(source, st->given[k.path],
+                       "no value with scheduler.type " + Quote(type) + " (it is a parameter of " +
+                           Join(k.only_for, ", ") + ")",
+                       ShowValue(k.get(c))));
     }
   }
   if ((type == kWarmupDecayLR || type == kWarmupCosineLR) && !Given(*st, "scheduler.params.total_num_steps")) {
-    return KeyError(source, "scheduler.params.total_num_steps",
-                    "an integer >= 1 (" + type + " requires it)", "nothing");
+    Problem(st, "scheduler.params.total_num_steps",
+            KeyError(source, "scheduler.params.total_num_steps", "an integer >= 1 (" + type + " requires it)",
+                     "nothing"));
   }
   if (type == kWarmupDecayLR && !Given(*st, "scheduler.params.warmup_max_lr")) {
     // DeepSpeed's WarmupDecayLR constructor defaults warmup_max_lr to 0.001 (WarmupLR's to the lr).
@@ -896,7 +985,6 @@ Status ResolveDependentDefaults(ParseState* st) {
   if ((type == kWarmupLR || type == kWarmupDecayLR) && c.scheduler.warmup_max_lr == -1.0) {
     c.scheduler.warmup_max_lr = c.optimizer.lr;
   }
-  return OkStatus();
 }
 
 std::string Product(int64_t a, int64_t b, int64_t w) {
@@ -904,7 +992,7 @@ std::string Product(int64_t a, int64_t b, int64_t w) {
 }
 
 // DeepSpeed's batch arithmetic: any two of the three derive the third, then the identity must hold.
-Status ResolveBatch(ParseState* st) {
+Status ResolveBatchSizes(ParseState* st) {
   const std::string& source = st->options.source;
   Config& c = st->config;
   const int64_t world = st->options.world_size;
@@ -974,15 +1062,25 @@ Status ResolveBatch(ParseState* st) {
                   has_gas ? "only gradient_accumulation_steps" : "none of them");
 }
 
-// Cross-key rules: each documented once and checked after all keys are read.
+void ResolveBatch(ParseState* st) {
+  // A refused batch key is reported already; the arithmetic on the others would only repeat it.
+  if (AnyBad(*st, {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"})) return;
+  const Status s = ResolveBatchSizes(st);
+  if (!s.ok()) Problem(st, "train_batch_size", s);
+}
+
+// Cross-key rules: each documented once and checked after all keys are read, unless one of the keys
+// it reads had a problem of its own.
 struct Rule {
   const char* doc;
+  std::vector<std::string> reads;  // canonical paths the check reads
   std::function<Status(const Config&, const std::string& source)> check;
 };
 
 const std::vector<Rule>& Rules() {
   static const std::vector<Rule>* rules = new std::vector<Rule>{
       {"`fp16.enabled` and `bf16.enabled` are not both true.",
+       {"fp16.enabled", "bf16.enabled"},
        [](const Config& c, const std::string& s) {
          if (c.fp16.enabled && c.bf16_enabled) {
            return KeyError(s, "bf16.enabled", "false when fp16.enabled is true (pick one 16-bit type)", "true");
@@ -990,6 +1088,7 @@ const std::vector<Rule>& Rules() {
          return OkStatus();
        }},
       {"`zero_optimization.offload_param.device` other than \"none\" needs stage 3.",
+       {"zero_optimization.offload_param.device", "zero_optimization.stage"},
        [](const Config& c, const std::string& s) {
          if (c.zero.offload_param.device != OffloadDevice::kNone && c.zero.stage < 3) {
            return KeyError(s, "zero_optimization.offload_param.device",
@@ -1000,6 +1099,7 @@ const std::vector<Rule>& Rules() {
          return OkStatus();
        }},
       {"`zero_optimization.offload_optimizer.device` other than \"none\" needs stage 1, 2 or 3.",
+       {"zero_optimization.offload_optimizer.device", "zero_optimization.stage"},
        [](const Config& c, const std::string& s) {
          if (c.zero.offload_optimizer.device != OffloadDevice::kNone && c.zero.stage == 0) {
            return KeyError(s, "zero_optimization.offload_optimizer.device",
@@ -1008,12 +1108,18 @@ const std::vector<Rule>& Rules() {
          }
          return OkStatus();
        }},
-      {"An offload block with device \"nvme\" has a non-empty `nvme_path`.",
+      {"`zero_optimization.offload_optimizer.device` \"nvme\" needs a non-empty `nvme_path` in that block.",
+       {"zero_optimization.offload_optimizer.device", "zero_optimization.offload_optimizer.nvme_path"},
        [](const Config& c, const std::string& s) {
          if (c.zero.offload_optimizer.device == OffloadDevice::kNvme && c.zero.offload_optimizer.nvme_path.empty()) {
            return KeyError(s, "zero_optimization.offload_optimizer.nvme_path",
                            "a directory when offload_optimizer.device is \"nvme\"", "nothing");
          }
+         return OkStatus();
+       }},
+      {"`zero_optimization.offload_param.device` \"nvme\" needs a non-empty `nvme_path` in that block.",
+       {"zero_optimization.offload_param.device", "zero_optimization.offload_param.nvme_path"},
+       [](const Config& c, const std::string& s) {
          if (c.zero.offload_param.device == OffloadDevice::kNvme && c.zero.offload_param.nvme_path.empty()) {
            return KeyError(s, "zero_optimization.offload_param.nvme_path",
                            "a directory when offload_param.device is \"nvme\"", "nothing");
@@ -1021,6 +1127,7 @@ const std::vector<Rule>& Rules() {
          return OkStatus();
        }},
       {"`zero_optimization.offload_optimizer.ratio` below 1 needs stage 3.",
+       {"zero_optimization.offload_optimizer.ratio", "zero_optimization.stage"},
        [](const Config& c, const std::string& s) {
          if (c.zero.offload_optimizer.ratio < 1.0 && c.zero.stage < 3) {
            return KeyError(s, "zero_optimization.offload_optimizer.ratio",
@@ -1032,6 +1139,7 @@ const std::vector<Rule>& Rules() {
        }},
       {"`managed_gradient_accumulation: false` refuses `zero_optimization.overlap_comm: true` at stages 0 "
        "and 1 (as DeepSpeed does).",
+       {"managed_gradient_accumulation", "zero_optimization.overlap_comm", "zero_optimization.stage"},
        [](const Config& c, const std::string& s) {
          if (!c.managed_gradient_accumulation && c.zero.overlap_comm && c.zero.stage <= 1) {
            return KeyError(s, "zero_optimization.overlap_comm",
@@ -1044,6 +1152,7 @@ const std::vector<Rule>& Rules() {
        }},
       {"`zero_optimization.offload_grad_accumulation: \"gpu\"` needs an optimizer offload device (\"cpu\" "
        "or \"nvme\").",
+       {"zero_optimization.offload_grad_accumulation", "zero_optimization.offload_optimizer.device"},
        [](const Config& c, const std::string& s) {
          if (c.zero.offload_grad_accumulation == "gpu" &&
              c.zero.offload_optimizer.device == OffloadDevice::kNone) {
@@ -1056,6 +1165,7 @@ const std::vector<Rule>& Rules() {
        }},
       {"`optimizer.params.adam_w_mode: false` needs `optimizer.type` \"Adam\" (\"AdamW\" always decouples "
        "weight decay).",
+       {"optimizer.params.adam_w_mode", "optimizer.type"},
        [](const Config& c, const std::string& s) {
          if (!c.optimizer.adam_w_mode && c.optimizer.type == "AdamW") {
            return KeyError(s, "optimizer.params.adam_w_mode",
@@ -1092,6 +1202,24 @@ Status PositionedParseError(const std::string& text, const std::string& source, 
   }
   return InvalidArgumentError(source + ": malformed JSON at line " + std::to_string(line) + ", column " +
                               std::to_string(column) + ": " + detail);
+}
+
+// One problem: its message alone. Several: a count, then one problem per line. Unknown keys that were
+// only warnings follow as notes, since a misspelt key is often why a value is missing.
+std::string ProblemsMessage(const ParseState& st) {
+  const std::string& source = st.options.source;
+  std::string out;
+  if (st.errors.size() == 1) {
+    out = st.errors[0];
+  } else {
+    out = source + ": " + std::to_string(st.errors.size()) + " problems in the config:";
+    for (const std::string& e : st.errors) out += "\n  " + e;
+  }
+  const std::string unknown = source + ": unknown key ";
+  for (const std::string& w : st.config.warnings) {
+    if (w.compare(0, unknown.size(), unknown) == 0) out += "\n  note: " + w;
+  }
+  return out;
 }
 
 std::string ListOnlyFor(const Key& k) { return Join(k.only_for, ", "); }
@@ -1133,20 +1261,25 @@ Result<Config> ParseConfig(const std::string& json_text, const ParseOptions& opt
     return InvalidArgumentError(source + ": expected a JSON object at the top level, got " + ShowValue(root));
   }
 
-  ParseState st{options, Config(), {}, {}};
+  ParseState st{options, Config(), {}, {}, {}, {}};
   for (const Key& k : Keys()) {
     if (!k.default_value.is_null() || k.nullable) k.set(st.config, k.default_value);
   }
   try {
-    ZERO_RETURN_IF_ERROR(Walk(root, "", "", &st));
-    ZERO_RETURN_IF_ERROR(ApplyDeprecatedOffload(&st));
-    ZERO_RETURN_IF_ERROR(ResolveDependentDefaults(&st));
-    ZERO_RETURN_IF_ERROR(ResolveBatch(&st));
+    Walk(root, "", "", &st);
+    ApplyDeprecatedOffload(&st);
+    ResolveDependentDefaults(&st);
+    ResolveBatch(&st);
   } catch (const Json::exception& e) {
     // Values are type-checked before use, so this is a bug in the table.
     return InternalError(source + ": config table: " + e.what());
   }
-  for (const Rule& r : Rules()) ZERO_RETURN_IF_ERROR(r.check(st.config, source));
+  for (const Rule& r : Rules()) {
+    if (AnyBad(st, r.reads)) continue;
+    const Status s = r.check(st.config, source);
+    if (!s.ok()) Problem(&st, "", s);
+  }
+  if (!st.errors.empty()) return InvalidArgumentError(ProblemsMessage(st));
   return std::move(st.config);
 }
 
@@ -1197,7 +1330,14 @@ std::string ConfigReferenceMarkdown() {
      << "- `\"auto\"` (a Hugging Face Trainer placeholder the Trainer fills in) is an error for every key:\n"
      << "  replace it with a value.\n"
      << "- Unknown keys are warnings with a suggestion (`unknown key 'zero_optimization.stge' (did you mean\n"
-     << "  'stage'?)`), or errors with `ParseOptions::strict`.\n\n"
+     << "  'stage'?)`), or errors with `ParseOptions::strict`.\n"
+     << "- Every problem in a file is reported at once, in file order and then the rules between keys: one\n"
+     << "  error whose first line counts them (`ds_config.json: 3 problems in the config:`) and then one line\n"
+     << "  per problem, each as above. A key whose value is refused keeps its default and the checks that\n"
+     << "  read it are skipped, so no problem is reported only as a consequence of another; a missing batch\n"
+     << "  size does not hide a contradiction elsewhere. Unknown keys that are only warnings follow as\n"
+     << "  `note:` lines (a misspelt key is often why a value is missing). Malformed JSON is one error:\n"
+     << "  parsing cannot continue.\n\n"
      << "## Batch size\n\n"
      << "`train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x world_size`.\n"
      << "Any two of the three derive the third; all three given must satisfy the identity. With only\n"
@@ -1246,6 +1386,19 @@ std::string ConfigReferenceMarkdown() {
      << "| Spelling | Means |\n| --- | --- |\n";
   for (const Alias& a : kAliases) md << "| `" << a.path << "` | `" << a.canonical << "` |\n";
   for (const Deprecated& d : kDeprecated) md << "| `" << d.path << "` (boolean) | " << d.doc << " |\n";
+  md << "\n## Differences from DeepSpeed 0.19.8\n\n"
+     << "Every default above is DeepSpeed 0.19.8's (its `runtime/constants.py`, `runtime/zero/config.py`,\n"
+     << "`runtime/zero/offload_config.py`, `runtime/precision_config.py`, the aio config, `lr_schedules.py`\n"
+     << "and FusedAdam), except the rows below; `//engine:config_test` checks every key's default against\n"
+     << "DeepSpeed's. Matched in this version: `optimizer.params.weight_decay` is 0 for AdamW too (was\n"
+     << "0.01, torch's), and `pin_memory` of both offload blocks is false (was true). Behaviour beyond the\n"
+     << "config (numerics, inactive parameters, fp16 loss scale with accumulation) is in\n"
+     << "`docs/deepspeed_parity.md`.\n\n"
+     << "| Key | DeepSpeed 0.19.8 | zero | Why |\n| --- | --- | --- | --- |\n";
+  for (const ConfigDifference& d : Differences()) {
+    const std::string key = d.key.find('`') == std::string::npos ? "`" + d.key + "`" : d.key;
+    md << "| " << key << " | " << d.theirs << " | " << d.ours << " | " << d.why << " |\n";
+  }
   md << "\n## Keys read and ignored\n\n"
      << "DeepSpeed keys zero knows and does not act on. Each gives a warning (also with `strict`).\n\n"
      << "| Key | Why |\n| --- | --- |\n";
@@ -1300,6 +1453,8 @@ const std::vector<ConfigKeyInfo>& ConfigKeyTable() {
   }();
   return *table;
 }
+
+const std::vector<ConfigDifference>& DeepSpeedDifferences() { return Differences(); }
 
 std::string ConfigValueAt(const std::string& config_json, const std::string& path) {
   Json root = Json::parse(config_json, nullptr, /*allow_exceptions=*/false);

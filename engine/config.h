@@ -6,7 +6,10 @@
 // device"), the value seen and what was expected; malformed JSON reports line and column. Unknown
 // keys are collected as warnings, or errors when `strict` is set. Cross-key checks (batch identity,
 // param offload below stage 3, nvme without nvme_path, fp16 and bf16 both on, ...) run after the
-// keys are read. A Config is a plain value: copyable, no resources, safe to share read-only.
+// keys are read. Parsing does not stop at the first problem: every bad value, unknown key (strict),
+// contradiction and missing batch size is listed in one error; only malformed JSON stops at once.
+// Defaults are DeepSpeed 0.19.8's; docs/config.md lists where they differ. A Config is a plain
+// value: copyable, no resources, safe to share read-only.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +28,7 @@ struct OffloadOptimizerConfig {
   OffloadDevice device = OffloadDevice::kNone;
   std::string nvme_path;
   int64_t buffer_count = 4;
-  bool pin_memory = true;
+  bool pin_memory = false;
   bool pipeline_read = false;
   bool pipeline_write = false;
   bool fast_init = false;
@@ -40,7 +43,7 @@ struct OffloadParamConfig {
   int64_t buffer_count = 5;
   int64_t buffer_size = 100000000;
   int64_t max_in_cpu = 1000000000;
-  bool pin_memory = true;
+  bool pin_memory = false;
 
   friend bool operator==(const OffloadParamConfig&, const OffloadParamConfig&) = default;
 };
@@ -97,7 +100,7 @@ struct OptimizerConfig {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  double weight_decay = 0.01;  // AdamW default; Adam: 0
+  double weight_decay = 0.0;   // DeepSpeed's FusedAdam default, for Adam and AdamW
   bool adam_w_mode = true;     // "Adam" with adam_w_mode false is classic Adam (L2)
 
   friend bool operator==(const OptimizerConfig&, const OptimizerConfig&) = default;
@@ -129,6 +132,9 @@ struct Config {
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
   bool managed_gradient_accumulation = true;
+  // A parameter no rank reported a gradient for in an accumulation window: false (DeepSpeed) steps it
+  // with a zero gradient; true leaves its weights and optimizer moments unchanged.
+  bool freeze_inactive_parameters = false;
   bool has_communication_data_type = false;
   DType communication_data_type = DType::kF32;
   bool has_grad_accum_dtype = false;
@@ -156,6 +162,10 @@ struct ParseOptions {
   std::string source = "<config>";  // file name used in messages
 };
 
+// Parses and validates `json_text`. On failure the InvalidArgument error lists every problem: one
+// problem is "<source>: <key path>: expected <what>, got <value>"; several are a first line
+// "<source>: N problems in the config:" followed by one such line each (indented), then unknown keys
+// that were only warnings as "note:" lines. Malformed JSON is one error with line and column.
 Result<Config> ParseConfig(const std::string& json_text, const ParseOptions& options);
 Result<Config> LoadConfigFile(const std::string& path, const ParseOptions& options);
 

@@ -25,6 +25,16 @@ struct ConfigKeyInfo {
 // The key table in declaration order (aliases and deprecated spellings are not keys).
 const std::vector<ConfigKeyInfo>& ConfigKeyTable();
 
+// A default (or a key) of zero's that is not DeepSpeed 0.19.8's, with the reason; listed in
+// docs/config.md under "Differences from DeepSpeed 0.19.8".
+struct ConfigDifference {
+  std::string key;     // a canonical path (a default), or markdown naming keys read differently
+  std::string theirs;  // DeepSpeed 0.19.8's default or behaviour
+  std::string ours;    // zero's
+  std::string why;
+};
+const std::vector<ConfigDifference>& DeepSpeedDifferences();
+
 // The value the key holds in `config_json` (a ConfigToJson text) as compact JSON, or "" when absent.
 std::string ConfigValueAt(const std::string& config_json, const std::string& path);
 

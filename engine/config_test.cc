@@ -177,6 +177,7 @@ TEST(ConfigDefaultsTest, DefaultsEqualDeepSpeeds) {
   EXPECT_FALSE(c.prescale_gradients);
   EXPECT_EQ(c.gradient_predivide_factor, 1.0);
   EXPECT_TRUE(c.managed_gradient_accumulation);
+  EXPECT_FALSE(c.freeze_inactive_parameters);
   EXPECT_FALSE(c.has_communication_data_type);
   EXPECT_FALSE(c.has_grad_accum_dtype);
 
@@ -193,8 +194,9 @@ TEST(ConfigDefaultsTest, DefaultsEqualDeepSpeeds) {
   EXPECT_EQ(c.optimizer.type, "AdamW");
   EXPECT_EQ(c.optimizer.beta1, 0.9);
   EXPECT_EQ(c.optimizer.beta2, 0.999);
+  EXPECT_EQ(c.optimizer.lr, 1e-3);
   EXPECT_EQ(c.optimizer.eps, 1e-8);
-  EXPECT_EQ(c.optimizer.weight_decay, 0.01);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.0);  // DeepSpeed's FusedAdam, not torch.optim.AdamW's 0.01
   EXPECT_TRUE(c.optimizer.adam_w_mode);
 
   EXPECT_EQ(c.scheduler.type, "");
@@ -223,17 +225,17 @@ TEST(ConfigDefaultsTest, DefaultsEqualDeepSpeeds) {
   const OffloadOptimizerConfig& oo = c.zero.offload_optimizer;
   EXPECT_EQ(oo.device, OffloadDevice::kNone);
   EXPECT_EQ(oo.buffer_count, 4);
-  EXPECT_TRUE(oo.pin_memory);
   EXPECT_FALSE(oo.pipeline_read);
   EXPECT_FALSE(oo.pipeline_write);
   EXPECT_FALSE(oo.fast_init);
   EXPECT_EQ(oo.ratio, 1.0);
+  EXPECT_FALSE(oo.pin_memory);
   const OffloadParamConfig& op = c.zero.offload_param;
   EXPECT_EQ(op.device, OffloadDevice::kNone);
   EXPECT_EQ(op.buffer_count, 5);
   EXPECT_EQ(op.buffer_size, 100000000);
   EXPECT_EQ(op.max_in_cpu, 1000000000);
-  EXPECT_TRUE(op.pin_memory);
+  EXPECT_FALSE(op.pin_memory);
 
   EXPECT_EQ(c.aio.block_size, 1048576);
   EXPECT_EQ(c.aio.queue_depth, 8);
@@ -242,6 +244,136 @@ TEST(ConfigDefaultsTest, DefaultsEqualDeepSpeeds) {
   EXPECT_TRUE(c.aio.overlap_events);
   EXPECT_FALSE(c.aio.use_gds);
   EXPECT_TRUE(c.warnings.empty());
+}
+
+// DeepSpeed 0.19.8's default of every key, as the JSON text zero's table would write for it, read from
+// its sources (runtime/constants.py, zero/config.py, zero/offload_config.py, precision_config.py, the
+// aio constants, lr_schedules.py, FusedAdam). "" marks a key DeepSpeed does not have or gives no
+// default. A key added to the table fails here until its DeepSpeed default is recorded.
+const std::map<std::string, std::string>& DeepSpeedDefaults() {
+  static const auto* d = new std::map<std::string, std::string>{
+      {"train_batch_size", "null"},
+      {"train_micro_batch_size_per_gpu", "null"},
+      {"gradient_accumulation_steps", "null"},
+      {"gradient_clipping", "1.0"},
+      {"steps_per_print", "null"},
+      {"wall_clock_breakdown", "false"},
+      {"gradient_allreduce_op", "\"mean\""},
+      {"prescale_gradients", "false"},
+      {"gradient_predivide_factor", "1.0"},
+      {"communication_data_type", "null"},
+      {"managed_gradient_accumulation", "true"},
+      {"freeze_inactive_parameters", ""},
+      {"data_types.grad_accum_dtype", "null (the model dtype)"},  // same spelling, other meaning: ours is fp32
+      {"fp16.enabled", "false"},
+      {"fp16.loss_scale", "0.0"},
+      {"fp16.initial_scale_power", "16"},
+      {"fp16.loss_scale_window", "1000"},
+      {"fp16.hysteresis", "2"},
+      {"fp16.consecutive_hysteresis", "false"},
+      {"fp16.min_loss_scale", "1.0"},
+      {"bf16.enabled", "false"},
+      {"optimizer.type", ""},
+      {"optimizer.params.lr", "0.001"},
+      {"optimizer.params.betas", "[0.9,0.999]"},
+      {"optimizer.params.eps", "1e-08"},
+      {"optimizer.params.weight_decay", "0.0"},
+      {"optimizer.params.adam_w_mode", "true"},
+      {"scheduler.type", "\"\""},  // no scheduler: constant lr
+      {"scheduler.params.warmup_min_lr", "0.0"},
+      {"scheduler.params.warmup_max_lr", "-1.0"},  // WarmupLR: the optimizer's lr; WarmupDecayLR: 0.001
+      {"scheduler.params.warmup_num_steps", "1000"},
+      {"scheduler.params.warmup_type", "\"log\""},
+      {"scheduler.params.total_num_steps", "null"},
+      {"scheduler.params.warmup_min_ratio", "0.0"},
+      {"scheduler.params.cos_min_ratio", "0.0001"},
+      {"zero_optimization.stage", "0"},
+      {"zero_optimization.contiguous_gradients", "true"},
+      {"zero_optimization.reduce_scatter", "true"},
+      {"zero_optimization.reduce_bucket_size", "500000000"},
+      {"zero_optimization.allgather_bucket_size", "500000000"},
+      {"zero_optimization.overlap_comm", "false"},  // true at stage 3 (checked below)
+      {"zero_optimization.sub_group_size", "1000000000"},
+      {"zero_optimization.stage3_prefetch_bucket_size", "50000000"},
+      {"zero_optimization.stage3_param_persistence_threshold", "100000"},
+      {"zero_optimization.stage3_max_live_parameters", "1000000000"},
+      {"zero_optimization.stage3_max_reuse_distance", "1000000000"},
+      {"zero_optimization.stage3_gather_16bit_weights_on_model_save", "false"},
+      {"zero_optimization.round_robin_gradients", "false"},
+      {"zero_optimization.ignore_unused_parameters", "true"},
+      {"zero_optimization.offload_grad_accumulation", ""},
+      {"zero_optimization.offload_optimizer.device", "\"none\""},
+      {"zero_optimization.offload_optimizer.nvme_path", "\"\""},  // theirs None: unset
+      {"zero_optimization.offload_optimizer.buffer_count", "4"},
+      {"zero_optimization.offload_optimizer.pin_memory", "false"},
+      {"zero_optimization.offload_optimizer.pipeline_read", "false"},
+      {"zero_optimization.offload_optimizer.pipeline_write", "false"},
+      {"zero_optimization.offload_optimizer.fast_init", "false"},
+      {"zero_optimization.offload_optimizer.ratio", "1.0"},
+      {"zero_optimization.offload_param.device", "\"none\""},
+      {"zero_optimization.offload_param.nvme_path", "\"\""},
+      {"zero_optimization.offload_param.buffer_count", "5"},
+      {"zero_optimization.offload_param.buffer_size", "100000000"},
+      {"zero_optimization.offload_param.max_in_cpu", "1000000000"},
+      {"zero_optimization.offload_param.pin_memory", "false"},
+      {"aio.block_size", "1048576"},
+      {"aio.queue_depth", "8"},
+      {"aio.intra_op_parallelism", "1"},
+      {"aio.single_submit", "false"},
+      {"aio.overlap_events", "true"},
+      {"aio.use_gds", "false"},
+  };
+  return *d;
+}
+
+bool ListedAsDifference(const std::string& path) {
+  for (const ConfigDifference& d : DeepSpeedDifferences()) {
+    if (d.key == path) return true;
+  }
+  return false;
+}
+
+TEST(ConfigDefaultsTest, EveryDefaultIsDeepSpeedsOrAListedDifference) {
+  int same = 0;
+  for (const ConfigKeyInfo& key : ConfigKeyTable()) {
+    const auto it = DeepSpeedDefaults().find(key.path);
+    ASSERT_NE(it, DeepSpeedDefaults().end()) << key.path << ": record DeepSpeed 0.19.8's default in this test";
+    const std::string ours = key.has_default ? key.default_json : "null";
+    if (it->second == ours) {
+      ++same;
+      EXPECT_FALSE(ListedAsDifference(key.path)) << key.path << " equals DeepSpeed's default " << ours
+                                                  << " but docs/config.md lists it as a difference";
+    } else {
+      EXPECT_TRUE(ListedAsDifference(key.path))
+          << key.path << ": zero's default " << ours << " is not DeepSpeed 0.19.8's "
+          << (it->second.empty() ? "(no such key)" : it->second) << " and is not listed in DeepSpeedDifferences()";
+    }
+  }
+  EXPECT_EQ(DeepSpeedDefaults().size(), ConfigKeyTable().size()) << "a key in DeepSpeedDefaults() left the table";
+  EXPECT_GT(same, 60);
+  // The two defaults changed to DeepSpeed's, and the ones DeepSpeed resolves from other keys.
+  EXPECT_FALSE(ListedAsDifference("optimizer.params.weight_decay"));
+  EXPECT_FALSE(ListedAsDifference("zero_optimization.offload_optimizer.pin_memory"));
+  for (const char* type : {"Adam", "AdamW"}) {
+    auto r = Parse(std::string(R"({"train_batch_size": 8, "optimizer": {"type": ")") + type + R"("},
+                   "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                   "offload_param": {"device": "cpu"}}})");
+    ASSERT_TRUE(r.ok()) << Message(r);
+    EXPECT_EQ(r->optimizer.weight_decay, 0.0) << type;
+    EXPECT_TRUE(r->zero.overlap_comm);
+    EXPECT_FALSE(r->zero.offload_optimizer.pin_memory);
+    EXPECT_FALSE(r->zero.offload_param.pin_memory);
+  }
+}
+
+TEST(ConfigDefaultsTest, DifferencesAreDocumented) {
+  const std::string md = ConfigReferenceMarkdown();
+  ASSERT_TRUE(Contains(md, "\n## Differences from DeepSpeed 0.19.8\n"));
+  ASSERT_GE(DeepSpeedDifferences().size(), 5u);
+  for (const ConfigDifference& d : DeepSpeedDifferences()) {
+    EXPECT_FALSE(d.theirs.empty() || d.ours.empty() || d.why.empty()) << d.key;
+    EXPECT_TRUE(Contains(md, d.why)) << d.key;
+  }
 }
 
 TEST(ConfigDefaultsTest, OverlapCommDefaultsToTrueAtStage3Only) {
@@ -258,6 +390,23 @@ TEST(ConfigDefaultsTest, OverlapCommDefaultsToTrueAtStage3Only) {
   r = Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "overlap_comm": true}})");
   ASSERT_TRUE(r.ok()) << Message(r);
   EXPECT_TRUE(r->zero.overlap_comm);
+}
+
+TEST(ConfigDefaultsTest, FreezeInactiveParameters) {
+  auto r = Parse(R"({"train_batch_size": 8})");
+  ASSERT_TRUE(r.ok()) << Message(r);
+  EXPECT_FALSE(r->freeze_inactive_parameters);
+  EXPECT_EQ(ConfigValueAt(ConfigToJson(*r), "freeze_inactive_parameters"), "false");
+  for (const char* managed : {"true", "false"}) {
+    r = Parse(std::string(R"({"train_batch_size": 8, "freeze_inactive_parameters": true,
+                            "managed_gradient_accumulation": )") + managed + "}");
+    ASSERT_TRUE(r.ok()) << Message(r);
+    EXPECT_TRUE(r->freeze_inactive_parameters) << managed;
+    EXPECT_EQ(ConfigValueAt(ConfigToJson(*r), "freeze_inactive_parameters"), "true");
+  }
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "freeze_inactive_parameters": "yes"})")),
+            "<config>: freeze_inactive_parameters: expected true or false, got \"yes\"");
+  EXPECT_TRUE(Contains(ConfigReferenceMarkdown(), "| `freeze_inactive_parameters` | boolean | `false` |"));
 }
 
 TEST(ConfigDefaultsTest, ModelDtypeFollowsFp16AndBf16) {
@@ -431,9 +580,16 @@ TEST(ConfigUnknownKeysTest, TyposInARealisticFile) {
   EXPECT_EQ(r->gradient_accumulation_steps, 1);
   EXPECT_EQ(r->train_batch_size, 8);
   EXPECT_FALSE(r->zero.overlap_comm);
+  // Strict: all five in one error.
   auto strict = LoadConfigFile("engine/testdata/typos.json", ParseOptions{2, true, "typos.json"});
   EXPECT_EQ(Message(strict),
-            "typos.json: unknown key 'zero_optimization.reduce_bucket_sze' (did you mean 'reduce_bucket_size'?)");
+            "typos.json: 5 problems in the config:\n"
+            "  typos.json: unknown key 'zero_optimization.reduce_bucket_sze' (did you mean 'reduce_bucket_size'?)\n"
+            "  typos.json: unknown key 'zero_optimization.overlap_com' (did you mean 'overlap_comm'?)\n"
+            "  typos.json: unknown key 'optimizer.params.weight_decy' (did you mean 'weight_decay'?)\n"
+            "  typos.json: unknown key 'stage3_prefetch_bucket_size' (did you mean "
+            "'zero_optimization.stage3_prefetch_bucket_size'?)\n"
+            "  typos.json: unknown key 'gradient_accumulation_step' (did you mean 'gradient_accumulation_steps'?)");
 }
 
 TEST(ConfigUnknownKeysTest, IgnoredDeepSpeedKeysWarnEvenWhenStrict) {
@@ -526,7 +682,7 @@ TEST(ConfigSpellingsTest, CpuOffloadMapsToOffloadOptimizer) {
   auto r = Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "cpu_offload": true}})");
   ASSERT_TRUE(r.ok()) << Message(r);
   EXPECT_EQ(r->zero.offload_optimizer.device, OffloadDevice::kCpu);
-  EXPECT_TRUE(r->zero.offload_optimizer.pin_memory);
+  EXPECT_FALSE(r->zero.offload_optimizer.pin_memory);  // DeepSpeed's default
   EXPECT_TRUE(HasWarning(*r, "'zero_optimization.cpu_offload' is deprecated")) << r->warnings.size();
   r = Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "cpu_offload": false}})");
   ASSERT_TRUE(r.ok()) << Message(r);
@@ -588,14 +744,15 @@ TEST(ConfigSpellingsTest, MaxGradNormPointsToGradientClipping) {
 // ---------------------------------------------------------------------------------------------
 // Optimizer and scheduler.
 
-TEST(ConfigOptimizerTest, TypesAreCaseInsensitiveAndWeightDecayFollowsTorch) {
+TEST(ConfigOptimizerTest, TypesAreCaseInsensitiveAndWeightDecayIsZeroForBoth) {
   struct Case {
     const char* type;
     const char* normalized;
     double weight_decay;
   };
+  // DeepSpeed's FusedAdam defaults weight_decay to 0 for both (torch.optim.AdamW's 0.01 only with torch_adam).
   for (const Case& c : {Case{"Adam", "Adam", 0.0}, Case{"adam", "Adam", 0.0}, Case{"ADAM", "Adam", 0.0},
-                        Case{"AdamW", "AdamW", 0.01}, Case{"adamw", "AdamW", 0.01}, Case{"ADAMW", "AdamW", 0.01}}) {
+                        Case{"AdamW", "AdamW", 0.0}, Case{"adamw", "AdamW", 0.0}, Case{"ADAMW", "AdamW", 0.0}}) {
     auto r = Parse(std::string(R"({"train_batch_size": 8, "optimizer": {"type": ")") + c.type + "\"}}");
     ASSERT_TRUE(r.ok()) << Message(r);
     EXPECT_EQ(r->optimizer.type, c.normalized);
@@ -677,6 +834,98 @@ TEST(ConfigSchedulerTest, UnsupportedSchedules) {
   EXPECT_TRUE(Contains(Message(Parse(R"({"train_batch_size": 8, "scheduler": {"type": "WarmupLR",
                                          "params": {"warmup_type": "exp"}}})")),
                        "scheduler.params.warmup_type: expected one of \"log\", \"linear\", got \"exp\""));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Several problems in one file.
+
+TEST(ConfigProblemsTest, EveryProblemIsListedInOneError) {
+  // A bad type, an out-of-range value, an unknown key, a contradiction, a parameter of another schedule
+  // and no batch size: each independent, each reported with its key path.
+  const std::string text = R"({
+    "gradient_clipping": "1.0",
+    "zero_optimization": {"stage": 2, "stge": 3, "offload_param": {"device": "cpu"}},
+    "fp16": {"hysteresis": 0},
+    "scheduler": {"params": {"warmup_num_steps": 5}}
+  })";
+  ParseOptions options;
+  options.strict = true;
+  options.source = "ds_config.json";
+  auto r = ParseConfig(text, options);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Message(r),
+            "ds_config.json: 6 problems in the config:\n"
+            "  ds_config.json: gradient_clipping: expected a number >= 0, got \"1.0\"\n"
+            "  ds_config.json: unknown key 'zero_optimization.stge' (did you mean 'stage'?)\n"
+            "  ds_config.json: fp16.hysteresis: expected an integer >= 1, got 0\n"
+            "  ds_config.json: scheduler.params.warmup_num_steps: expected no value with scheduler.type \"\" (it is "
+            "a parameter of WarmupLR, WarmupDecayLR, WarmupCosineLR), got 5\n"
+            "  ds_config.json: train_batch_size: expected train_batch_size or train_micro_batch_size_per_gpu to be "
+            "given (any two of train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps derive "
+            "the third), got none of them\n"
+            "  ds_config.json: zero_optimization.offload_param.device: expected \"none\" below stage 3 (parameter "
+            "offload needs zero_optimization.stage 3; stage is 2), got \"cpu\"");
+}
+
+TEST(ConfigProblemsTest, UnknownKeysThatAreWarningsFollowAsNotes) {
+  // Not strict: the misspelt batch key is a warning, and the error it causes says so.
+  auto r = Parse(R"({"train_bacth_size": 8, "fp16": {"enabled": true}, "bf16": {"enabled": true}})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(Message(r),
+            "<config>: 2 problems in the config:\n"
+            "  <config>: train_batch_size: expected train_batch_size or train_micro_batch_size_per_gpu to be given "
+            "(any two of train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps derive the "
+            "third), got none of them\n"
+            "  <config>: bf16.enabled: expected false when fp16.enabled is true (pick one 16-bit type), got true\n"
+            "  note: <config>: unknown key 'train_bacth_size' (did you mean 'train_batch_size'?)");
+  // One problem keeps its one-line form, notes after it.
+  r = Parse(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimizaton": {"stage": 2}, "fp16": {"enabled": 3}})");
+  EXPECT_EQ(Message(r),
+            "<config>: fp16.enabled: expected true or false, got 3\n"
+            "  note: <config>: unknown key 'zero_optimizaton' (did you mean 'zero_optimization'?)");
+}
+
+TEST(ConfigProblemsTest, ARefusedValueIsNotReportedAgainAsAConsequence) {
+  // A bad stage keeps the default 0, which would contradict the offload block: that rule is skipped.
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 4,
+                              "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}})")),
+            "<config>: zero_optimization.stage: expected an integer in 0..3, got 4");
+  // A bad batch key is not reported again by the batch arithmetic.
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 0, "gradient_accumulation_steps": 3})", 2)),
+            "<config>: train_batch_size: expected an integer >= 1, got 0");
+  // A bad total_num_steps is not also "required"; a bad scheduler type does not judge its parameters.
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "scheduler": {"type": "WarmupDecayLR",
+                              "params": {"total_num_steps": -1}}})")),
+            "<config>: scheduler.params.total_num_steps: expected an integer >= 1, got -1");
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "scheduler": {"type": "Cosine",
+                              "params": {"total_num_steps": 10, "warmup_min_ratio": 0.1}}})")),
+            "<config>: scheduler.type: expected one of \"\", \"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\", "
+            "got \"Cosine\"");
+  // A block that is not an object: one problem, nothing under it judged.
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": [3], "fp16": {"enabled": true},
+                              "bf16": {"enabled": 1}})")),
+            "<config>: 2 problems in the config:\n"
+            "  <config>: zero_optimization: expected an object, got [3]\n"
+            "  <config>: bf16.enabled: expected true or false, got 1");
+}
+
+TEST(ConfigProblemsTest, BothNvmePathsMissingAreTwoProblems) {
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+                              "offload_optimizer": {"device": "nvme"}, "offload_param": {"device": "nvme"}}})")),
+            "<config>: 2 problems in the config:\n"
+            "  <config>: zero_optimization.offload_optimizer.nvme_path: expected a directory when "
+            "offload_optimizer.device is \"nvme\", got nothing\n"
+            "  <config>: zero_optimization.offload_param.nvme_path: expected a directory when offload_param.device "
+            "is \"nvme\", got nothing");
+}
+
+TEST(ConfigProblemsTest, MalformedJsonIsStillOneError) {
+  auto r = Parse("{\"train_batch_size\": 0,\n \"fp16\": {\"enabled\": 1},\n}");
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(Contains(Message(r), "<config>: malformed JSON at line 3, column 1: ")) << Message(r);
+  EXPECT_FALSE(Contains(Message(r), "problems")) << Message(r);
+  EXPECT_FALSE(Contains(Message(r), "\n")) << Message(r);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -766,7 +1015,8 @@ TEST(ConfigToJsonTest, RoundTripOfASynthesizedConfig) {
     "train_batch_size": 24, "gradient_accumulation_steps": 3, "gradient_clipping": 0.25,
     "steps_per_print": 7, "wall_clock_breakdown": true, "gradient_allreduce_op": "sum",
     "prescale_gradients": true, "gradient_predivide_factor": 4, "communication_data_type": "fp16",
-    "managed_gradient_accumulation": false, "data_types": {"grad_accum_dtype": "bf16"},
+    "managed_gradient_accumulation": false, "freeze_inactive_parameters": true,
+    "data_types": {"grad_accum_dtype": "bf16"},
     "fp16": {"enabled": true, "loss_scale": 128, "initial_scale_power": 9, "loss_scale_window": 50,
              "hysteresis": 3, "consecutive_hysteresis": true, "min_loss_scale": 0.5},
     "optimizer": {"type": "adam", "params": {"lr": 0.125, "betas": [0.5, 0.75], "eps": 1e-5,
@@ -928,10 +1178,33 @@ TEST(ConfigFilesTest, Zero1Minimal) {
 TEST(ConfigFilesTest, HuggingFaceAutoValuesAreRejected) {
   auto r = LoadTestdata("hf_trainer_auto.json", 1);
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(Message(r),
-            "engine/testdata/hf_trainer_auto.json: fp16.enabled: expected true or false, got \"auto\" (\"auto\" is "
-            "a Hugging Face Trainer placeholder: the Trainer replaces it with a number before DeepSpeed reads the "
-            "config; replace it with the value you want)");
+  // Every "auto" in the file, in file order, each with the explanation; no batch-size error on top of the
+  // three refused batch keys.
+  const std::string src = "engine/testdata/hf_trainer_auto.json: ";
+  const std::string note =
+      ", got \"auto\" (\"auto\" is a Hugging Face Trainer placeholder: the Trainer replaces it with a number "
+      "before DeepSpeed reads the config; replace it with the value you want)";
+  const std::vector<std::string> keys = {
+      "fp16.enabled: expected true or false",
+      "bf16.enabled: expected true or false",
+      "optimizer.params.lr: expected a number >= 0",
+      "optimizer.params.betas: expected [beta1, beta2] with each in [0, 1)",
+      "optimizer.params.eps: expected a number > 0",
+      "optimizer.params.weight_decay: expected a number >= 0",
+      "scheduler.params.warmup_min_lr: expected a number >= 0",
+      "scheduler.params.warmup_max_lr: expected a number >= 0, or -1 for optimizer.params.lr",
+      "scheduler.params.warmup_num_steps: expected an integer >= 1",
+      "zero_optimization.reduce_bucket_size: expected an integer >= 1",
+      "zero_optimization.stage3_prefetch_bucket_size: expected an integer >= 0",
+      "zero_optimization.stage3_param_persistence_threshold: expected an integer >= 0",
+      "gradient_accumulation_steps: expected an integer >= 1",
+      "gradient_clipping: expected a number >= 0",
+      "train_batch_size: expected an integer >= 1",
+      "train_micro_batch_size_per_gpu: expected an integer >= 1",
+  };
+  std::string want = src + std::to_string(keys.size()) + " problems in the config:";
+  for (const std::string& k : keys) want += "\n  " + src + k + note;
+  EXPECT_EQ(Message(r), want);
 }
 
 TEST(ConfigFilesTest, LegacyCpuOffload) {
@@ -944,7 +1217,7 @@ TEST(ConfigFilesTest, LegacyCpuOffload) {
   EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kCpu);
   EXPECT_FALSE(c.zero.offload_optimizer.pin_memory);
   EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kNone);
-  EXPECT_TRUE(c.zero.offload_param.pin_memory);
+  EXPECT_FALSE(c.zero.offload_param.pin_memory);
   EXPECT_TRUE(HasWarning(c, "'bfloat16' is the older name"));
   EXPECT_TRUE(HasWarning(c, "'zero_optimization.cpu_offload' is deprecated"));
   EXPECT_TRUE(HasWarning(c, "'zero_optimization.cpu_offload_use_pin_memory' is deprecated"));
