@@ -109,6 +109,9 @@ struct Engine::Impl {
   DType mdt = DType::kF32;      // model dtype
   DType comm_dt = DType::kF32;  // stage 2/3 gradient reduction dtype
   bool managed = true;
+  // freeze_inactive_parameters: a parameter no rank reported in the window keeps its weights and
+  // moments; otherwise (default, DeepSpeed) it is stepped with a zero gradient. Both modes.
+  bool freeze_inactive = false;
   int64_t gas = 1;
   ReduceOp op = ReduceOp::kAvg;
   // contiguous_gradients false: no buckets; each gradient is reduced on its own, straight from the
@@ -344,6 +347,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* dev
   impl->mdt = config.model_dtype();
   impl->comm_dt = config.has_communication_data_type ? config.communication_data_type : impl->mdt;
   impl->managed = config.managed_gradient_accumulation;
+  impl->freeze_inactive = config.freeze_inactive_parameters;
   impl->gas = impl->managed ? config.gradient_accumulation_steps : 1;
   impl->contiguous = z.contiguous_gradients;
   impl->op = config.gradient_allreduce_op == "sum" ? ReduceOp::kSum : ReduceOp::kAvg;
@@ -600,6 +604,21 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     };
   }
   reducer = std::make_unique<GradientReducer>(device, comm, compute, ro, std::move(consumer));
+  if (world > 1) {
+    // Every rank reduces the same buckets whatever it reports, in whatever order: the layout is
+    // fixed by parameter index, last registered first (the order a backward usually produces), and
+    // a parameter a rank did not report contributes zeros (grad_reducer.h). Stage 3 launches them
+    // at the end of the backward only: its gathers share the communicator, and a bucket completes
+    // at a different point among them on a rank that reports other parameters or another order,
+    // which would make the ranks' collective sequences differ. (So stage 3 with several ranks does
+    // not overlap gradient reduction with backward; a second communicator for the gathers would
+    // restore it.)
+    std::vector<BucketItem> order;
+    for (int i = n_params - 1; i >= 0; --i) {
+      if (params[i].numel > 0) order.push_back(BucketItem{i, params[i].numel});
+    }
+    reducer->SetPlan(order, /*launch_early=*/stage != 3);
+  }
 
   if (stage == 1 || stage == 2) {
     BucketedAllGatherOptions go;
@@ -916,9 +935,11 @@ Status Engine::Impl::ReadNorm(double* total) {
 
 Status Engine::Impl::BoundaryImpl() {
   const int n_params = static_cast<int>(params.size());
-  // Unmanaged: only parameters that received a gradient (on any rank) in the window are updated.
+  // Every parameter is updated (one without a gradient in the window with a zero gradient, as
+  // DeepSpeed does), in managed and unmanaged mode alike; with freeze_inactive_parameters only those
+  // that received a gradient on some rank in the window.
   std::vector<uint8_t> update(params.size(), 1);
-  if (!managed) {
+  if (freeze_inactive) {
     ZERO_RETURN_IF_ERROR(UnionActive());
     update = active;
   }

@@ -71,8 +71,19 @@
 // Accumulation modes: managed (default): the boundary is every gradient_accumulation_steps-th
 // Backward(); Step() off the boundary only advances. Unmanaged (managed_gradient_accumulation
 // false): Backward() may be called any number of times; Step() is the boundary: it reduces what
-// stages 0/1 accumulated, and updates only the parameters that received a gradient in the window
-// (others keep weights and moments untouched); active sets reset at every Step().
+// stages 0/1 accumulated. Either way every parameter is updated at the boundary, one that no rank
+// reported in the window with a zero gradient (DeepSpeed's behaviour: its moments decay, weight
+// decay and momentum move it), so unmanaged equals managed for the same boundaries, bitwise;
+// freeze_inactive_parameters: true keeps such a parameter's weights and moments instead (PyTorch's
+// set_to_none behaviour). Active sets reset at every Step().
+//
+// Ranks may report different parameters, in different orders: with several ranks the gradient
+// buckets are fixed by parameter index (last registered first, the usual backward order; overlap
+// is best when gradients come in that order), and a parameter a rank did not report in a micro
+// step contributes zeros to the mean. Stage 3 launches its reductions at the end of Backward()
+// (its gathers share the communicator, and the ranks' sequences of collectives must match), so at
+// stage 3 with several ranks gradient reduction does not overlap backward and the gradient
+// buffers of a micro step stay held until Backward().
 //
 // Threading: an Engine is used from one thread. Errors: every call returns a Status naming the
 // parameter, module, key or rank at fault; after a communication error the engine is unusable.

@@ -190,7 +190,7 @@ TEST(EngineOptionsTest, UnmanagedWithInactiveParameters) {
   const TestModel model = OptionsModel();
   TrainOptions opt;
   opt.skip_params = {1, 4, 6};
-  const std::string unmanaged = "\"managed_gradient_accumulation\": false";
+  const std::string unmanaged = "\"managed_gradient_accumulation\": false, \"freeze_inactive_parameters\": true";
   for (int stage = 0; stage <= 3; ++stage) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     const auto ref = TrainAll(CellJson(stage, DType::kBF16, 1, "", unmanaged), 3, model, opt);

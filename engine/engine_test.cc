@@ -237,12 +237,14 @@ TEST(EngineTrainingTest, ClippingScalesTheUpdateAndNormsAgree) {
   }
 }
 
-TEST(EngineTrainingTest, UnmanagedLeavesParametersWithoutGradientsUntouched) {
+// With the opt-in freeze (PyTorch's set_to_none behaviour); the default steps them (equivalence
+// suite, UnmanagedTest and UnmanagedEqualsManagedTest).
+TEST(EngineTrainingTest, UnmanagedWithFreezeLeavesParametersWithoutGradientsUntouched) {
   const TestModel model = SmallModel();
   TrainOptions ro;
   ro.skip_params = {1, 4};
   for (int stage = 0; stage <= 3; ++stage) {
-    const std::string unmanaged = "\"managed_gradient_accumulation\": false";
+    const std::string unmanaged = "\"managed_gradient_accumulation\": false, \"freeze_inactive_parameters\": true";
     const auto r = TrainAll(ConfigJson(stage, 1, 1.0, unmanaged, stage <= 1 ? "\"overlap_comm\": false" : ""),
                             2, model, ro);
     ExpectSameAcrossRanks(r);

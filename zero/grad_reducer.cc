@@ -30,9 +30,72 @@ Status GradientReducer::Fail(Status s) {
   return s;
 }
 
+void GradientReducer::SetPlan(const std::vector<BucketItem>& order, bool launch_early) {
+  ZERO_CHECK(idle() && plan_.empty());
+  launch_early_ = launch_early;
+  int max_param = -1;
+  for (const BucketItem& it : order) max_param = std::max(max_param, it.param);
+  bucket_of_.assign(static_cast<size_t>(max_param + 1), -1);
+  slot_.assign(static_cast<size_t>(max_param + 1), std::nullopt);
+  int64_t numel = 0;
+  for (const BucketItem& it : order) {
+    ZERO_CHECK(it.param >= 0 && it.numel > 0 && bucket_of_[it.param] == -1);
+    if (plan_.empty() || !options_.contiguous || numel >= options_.bucket_numel) {
+      plan_.emplace_back();
+      numel = 0;
+    }
+    plan_.back().push_back(it);
+    numel += it.numel;
+    bucket_of_[it.param] = static_cast<int>(plan_.size()) - 1;
+  }
+  added_.assign(plan_.size(), 0);
+}
+
+Status GradientReducer::AddPlanned(Pending p) {
+  const int b = p.param < static_cast<int>(bucket_of_.size()) ? bucket_of_[p.param] : -1;
+  if (b < 0) {
+    return Fail(InternalError(std::string(options_.name) + " reduction: parameter " + std::to_string(p.param) +
+                              " is not in the reduction plan"));
+  }
+  if (b < next_bucket_ || slot_[p.param].has_value()) {
+    return Fail(InternalError(std::string(options_.name) + " reduction: parameter " + std::to_string(p.param) +
+                              " added twice before its bucket was reduced"));
+  }
+  slot_[p.param] = std::move(p);
+  ++added_[b];
+  while (launch_early_ && next_bucket_ < static_cast<int>(plan_.size()) &&
+         added_[next_bucket_] == static_cast<int>(plan_[next_bucket_].size())) {
+    ZERO_RETURN_IF_ERROR(LaunchPlanned(next_bucket_++));
+  }
+  return OkStatus();
+}
+
+Status GradientReducer::LaunchPlanned(int bucket) {
+  std::vector<Pending> items;
+  for (const BucketItem& it : plan_[bucket]) {
+    std::optional<Pending>& slot = slot_[it.param];
+    if (slot.has_value()) {
+      items.push_back(std::move(*slot));
+      slot.reset();
+    } else {
+      items.push_back(Pending{it.param, nullptr, options_.comm_dtype, it.numel, nullptr});
+    }
+  }
+  added_[bucket] = 0;
+  if (!options_.contiguous) {
+    Pending& p = items.front();
+    return LaunchOne(p.param, const_cast<void*>(p.src), p.src_t, p.numel, std::move(p.release), p.recv);
+  }
+  return LaunchItems(std::move(items));
+}
+
 Status GradientReducer::Add(int param, void* src, DType src_t, int64_t numel, ReleaseFn release,
                             void* recv) {
   if (!failed_.ok()) return failed_;
+  if (!plan_.empty()) {
+    ZERO_RETURN_IF_ERROR(AddPlanned(Pending{param, src, src_t, numel, std::move(release), recv}));
+    return Poll();
+  }
   if (!options_.contiguous) {
     ZERO_RETURN_IF_ERROR(LaunchOne(param, src, src_t, numel, std::move(release), recv));
     return Poll();
@@ -45,6 +108,11 @@ Status GradientReducer::Add(int param, void* src, DType src_t, int64_t numel, Re
 
 Status GradientReducer::Flush() {
   if (!failed_.ok()) return failed_;
+  if (!plan_.empty()) {
+    while (next_bucket_ < static_cast<int>(plan_.size())) ZERO_RETURN_IF_ERROR(LaunchPlanned(next_bucket_++));
+    next_bucket_ = 0;
+    return OkStatus();
+  }
   if (open_.empty()) return OkStatus();
   return Launch();
 }
@@ -65,12 +133,16 @@ Status GradientReducer::Poll() {
 }
 
 Status GradientReducer::Launch() {
-  while (static_cast<int>(in_flight_.size()) >= options_.max_in_flight) {
-    ZERO_RETURN_IF_ERROR(ProcessOldest());
-  }
   std::vector<Pending> items = std::move(open_);
   open_.clear();
   open_numel_ = 0;
+  return LaunchItems(std::move(items));
+}
+
+Status GradientReducer::LaunchItems(std::vector<Pending> items) {
+  while (static_cast<int>(in_flight_.size()) >= options_.max_in_flight) {
+    ZERO_RETURN_IF_ERROR(ProcessOldest());
+  }
   std::stable_sort(items.begin(), items.end(),
                    [](const Pending& a, const Pending& b) { return a.param < b.param; });
   std::vector<BucketItem> layout_items;
@@ -91,7 +163,14 @@ Status GradientReducer::Launch() {
     f.staging = std::move(staging).value();
   }
   void* send = f.staging.data();
+  const bool missing = std::any_of(items.begin(), items.end(), [](const Pending& p) { return p.src == nullptr; });
+  if (missing && f.layout.send_numel() > 0) {
+    // Planned parameters this rank has no gradient for contribute zeros.
+    Status s = device_->Fill(send, t, static_cast<size_t>(f.layout.send_numel()), 0.0f, compute_);
+    if (!s.ok()) return Fail(s.WithContext("zero-filling a gradient bucket"));
+  }
   for (int j = 0; j < f.layout.size(); ++j) {
+    if (items[j].src == nullptr) continue;
     Status s = PackBucketItem(device_, compute_, f.layout, j, items[j].src, items[j].src_t, send, t);
     if (!s.ok()) return Fail(s.WithContext("packing gradient bucket"));
   }
@@ -121,8 +200,9 @@ Status GradientReducer::LaunchOne(int param, void* src, DType src_t, int64_t num
   const bool recv_area =
       options_.kind == BucketKind::kShards && options_.scatter && world > 1 && f.layout.segment() > 0;
   void* send = src;
-  if (src_t != t) {
-    // The collective runs in comm_dtype: one conversion copy (padding converts to zero).
+  if (src == nullptr || src_t != t) {
+    // The collective runs in comm_dtype: one conversion copy (padding converts to zero); a planned
+    // parameter this rank has no gradient for (src null) contributes zeros.
     const int64_t staging_numel = send_numel + (recv_area ? f.layout.recv_numel() : 0);
     if (staging_numel > 0) {
       auto staging = staging_.AcquireAtLeast(static_cast<size_t>(staging_numel) * SizeOf(t),
@@ -130,7 +210,9 @@ Status GradientReducer::LaunchOne(int param, void* src, DType src_t, int64_t num
       if (!staging.ok()) return Fail(staging.status());
       f.staging = std::move(staging).value();
       send = f.staging.data();
-      Status s = device_->Cast(src, src_t, send, t, static_cast<size_t>(send_numel), compute_);
+      Status s = src == nullptr
+                     ? device_->Fill(send, t, static_cast<size_t>(send_numel), 0.0f, compute_)
+                     : device_->Cast(src, src_t, send, t, static_cast<size_t>(send_numel), compute_);
       if (!s.ok()) return Fail(s.WithContext("converting the gradient of parameter " + std::to_string(param)));
     }
     if (release) {

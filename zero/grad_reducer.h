@@ -45,8 +45,15 @@
 // after launching it. With one rank no collective is issued (the mean over one rank is the value
 // itself, bitwise).
 //
-// Every rank must Add the same parameters in the same order between the same Flush/Drain calls
-// (the collectives are matched by order). After an error the reducer is unusable.
+// Without a plan, every rank must Add the same parameters in the same order between the same
+// Flush/Drain calls (the collectives are matched by order). With a plan (SetPlan: the parameters in
+// launch order, the same on every rank) the buckets are fixed: bucket k holds the plan's k-th run
+// of parameters of at least bucket_numel elements (per parameter: the k-th parameter), bucket k is
+// launched once all its parameters were added and buckets 0..k-1 were launched, and Flush launches
+// the rest, a parameter that was not added contributing zeros (its consumer is still called, with
+// the reduced values of the ranks that did add it). So ranks may add any subset of the plan in any
+// order and still reduce the same layout: overlap with backward is best when gradients arrive in
+// plan order. After an error the reducer is unusable.
 //
 // Thread safety: none.
 #pragma once
@@ -55,6 +62,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -96,14 +104,20 @@ class GradientReducer {
   // comm_dtype): where the reduced shard lands, not overlapping `src`; null: a staging buffer.
   // Launches the collective. Either mode may process completed reductions.
   Status Add(int param, void* src, DType src_t, int64_t numel, ReleaseFn release, void* recv = nullptr);
-  // Launches the open bucket (if it holds anything).
+  // Fixes the bucket layout (see above). `order`: every parameter that will be added, each once,
+  // in launch order, with its numel (> 0). Call before the first Add.
+  // `launch_early` false: nothing is launched before Flush (for callers that issue other
+  // collectives on the same communicator while gradients arrive, e.g. stage-3 gathers, so that the
+  // ranks' collective sequences stay identical whatever each rank reports when).
+  void SetPlan(const std::vector<BucketItem>& order, bool launch_early = true);
+  // Launches the open bucket (if it holds anything); with a plan, every bucket not yet launched.
   Status Flush();
   // Flush, then completes and processes every bucket in flight, in order.
   Status Drain();
   // Processes the buckets that have already completed (never blocks).
   Status Poll();
 
-  bool idle() const { return open_.empty() && in_flight_.empty(); }
+  bool idle() const { return open_.empty() && in_flight_.empty() && next_bucket_ == 0; }
   // Device bytes of staging buffers held (in flight and free).
   size_t staging_bytes() const { return staging_.bytes(); }
   // Frees idle staging buffers (all of them when `keep` is 0).
@@ -116,10 +130,11 @@ class GradientReducer {
  private:
   struct Pending {
     int param;
-    const void* src;
+    const void* src;  // null: not added (a planned parameter this rank has no gradient for): zeros
     DType src_t;
     int64_t numel;
     ReleaseFn release;
+    void* recv = nullptr;  // per parameter
   };
   struct InFlight {
     BucketLayout layout;
@@ -130,7 +145,10 @@ class GradientReducer {
   };
 
   Status Launch();
+  Status LaunchItems(std::vector<Pending> items);
   Status LaunchOne(int param, void* src, DType src_t, int64_t numel, ReleaseFn release, void* recv);
+  Status AddPlanned(Pending p);
+  Status LaunchPlanned(int bucket);
   Status Issue(InFlight* f, void* send, void* recv);
   Status ProcessOldest();
   Status Fail(Status s);
@@ -143,6 +161,13 @@ class GradientReducer {
   BufferPool staging_;
   std::vector<Pending> open_;
   int64_t open_numel_ = 0;
+  // The plan (empty: none): buckets of parameters, each parameter's bucket, what was added.
+  std::vector<std::vector<BucketItem>> plan_;
+  std::vector<int> bucket_of_;             // by parameter index; -1: not in the plan
+  std::vector<std::optional<Pending>> slot_;  // by parameter index: added since the last launch
+  std::vector<int> added_;                 // per bucket
+  int next_bucket_ = 0;
+  bool launch_early_ = true;
   std::deque<InFlight> in_flight_;
   int64_t buckets_launched_ = 0;
   int64_t collectives_issued_ = 0;

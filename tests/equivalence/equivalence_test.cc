@@ -12,11 +12,22 @@
 //               keeps (hysteresis 2), then halves, then grows (window 2): bitwise as the reference.
 //   Unmanaged:  managed_gradient_accumulation false, stages 0-3, world {2,3}, all dtypes, windows
 //               [A x2, B x5, A x3] (A uses head A only, B head B only), the user divides the loss
-//               by the count: parameters inactive in a window keep weights and moments (the
-//               reference skips them; weights and moments compared after every window, bitwise).
+//               by the count, x freeze_inactive_parameters {false, true}: by default a parameter
+//               inactive in a window is stepped with a zero gradient (DeepSpeed; it moves), with
+//               the freeze it keeps weights and moments (weights and moments compared with the
+//               reference after every window, bitwise).
+//   UnmanagedEqualsManaged: stages 0-3, world 2, all dtypes, GAS 2, freeze {false, true}: the
+//               unmanaged engine (the user divides by 2, Step() after every 2 backwards) against
+//               the managed engine on the same micro-batches (head B only in every other micro
+//               step): engine against engine, every rank's losses, norms, counters, weights and
+//               moments bitwise.
 //   CrossOrder: engine stage 1 vs engine stage 2 (the two reduction orders): bitwise where the
 //               orders coincide (world 1, or fp32 at GAS 1), otherwise within a dtype-derived
 //               tolerance on the weight change.
+//   DifferentHeads: stages 0-3, world {2,3}, fp32/bf16, managed (GAS 2) and unmanaged: ranks
+//               use different heads in one micro step (rank 0 head A, rank 1 head B, rank 2 both,
+//               swapped between micro steps) and odd ranks report in forward order: bitwise as
+//               the reference, where a rank's unreported gradient is zero.
 //   Memory:     per rank, stage k's master/optimizer (k>=1), fp32 gradient (k>=2) and parameter
 //               (k=3) bytes are 1/N of stage 0's, within per-parameter padding.
 #include <gtest/gtest.h>
@@ -182,7 +193,7 @@ INSTANTIATE_TEST_SUITE_P(Fp16, OverflowTest,
 // ---------------------------------------------------------------------------------------------
 // Unmanaged accumulation with inactive parameters.
 
-using UnmanagedParam = std::tuple<int, int, DType>;  // stage, world, dtype
+using UnmanagedParam = std::tuple<int, int, DType, bool>;  // stage, world, dtype, freeze
 
 Schedule UnmanagedSchedule() {
   Schedule s;
@@ -204,11 +215,12 @@ Schedule UnmanagedSchedule() {
 
 class UnmanagedTest : public ::testing::TestWithParam<UnmanagedParam> {};
 
-TEST_P(UnmanagedTest, InactiveParametersUntouched) {
+TEST_P(UnmanagedTest, InactiveParameters) {
   CellSpec cell;
   cell.stage = std::get<0>(GetParam());
   cell.world = std::get<1>(GetParam());
   cell.dtype = std::get<2>(GetParam());
+  cell.freeze_inactive = std::get<3>(GetParam());
   cell.managed = false;
   cell.gas = 1;
   cell.clip = kClip;
@@ -221,12 +233,19 @@ TEST_P(UnmanagedTest, InactiveParametersUntouched) {
   std::vector<RankTrace> traces;
   Status st = RunEngine(config, cell.world, schedule, &traces);
   ASSERT_TRUE(st.ok()) << st.ToString();
-  // Untouched in the window where inactive: head B in window 0, head A in window 1, head B in
-  // window 2: weights and moments (GatherOptimizerState), and everything bitwise against the
-  // reference that skips inactive parameters.
+  // Inactive: head B in window 0, head A in window 1, head B in window 2. Everything bitwise
+  // against the reference (which steps inactive parameters with a zero gradient, or skips them
+  // with the freeze); besides, checked directly: without the freeze they move (weight decay in
+  // window 0, weight decay and momentum in window 1), with it weights and moments stay put.
   for (size_t r = 0; r < traces.size(); ++r) {
     const RankTrace& t = traces[r];
     ASSERT_EQ(t.master_snapshots.size(), 3u);
+    if (!cell.freeze_inactive) {
+      EXPECT_NE(t.master_snapshots[0][kHeadBW], t.initial_master[kHeadBW]) << "rank " << r << ": head_b not stepped in window A";
+      EXPECT_NE(t.master_snapshots[1][kHeadAW], t.master_snapshots[0][kHeadAW]) << "rank " << r << ": head_a not stepped in window B";
+      EXPECT_NE(t.exp_avg_snapshots[1][kHeadAW], t.exp_avg_snapshots[0][kHeadAW]) << "rank " << r << ": head_a's moments did not decay";
+      continue;
+    }
     EXPECT_EQ(t.master_snapshots[0][kHeadBW], t.initial_master[kHeadBW]) << "rank " << r << ": head_b master changed in window A";
     EXPECT_EQ(t.model_snapshots[0][kHeadBW], t.initial_model[kHeadBW]) << "rank " << r;
     EXPECT_EQ(t.master_snapshots[1][kHeadAW], t.master_snapshots[0][kHeadAW]) << "rank " << r << ": head_a master changed in window B";
@@ -247,11 +266,148 @@ TEST_P(UnmanagedTest, InactiveParametersUntouched) {
 
 INSTANTIATE_TEST_SUITE_P(Windows, UnmanagedTest,
                          ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(2, 3),
-                                            ::testing::Values(DType::kF32, DType::kBF16, DType::kF16)),
+                                            ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                                            ::testing::Bool()),
                          [](const ::testing::TestParamInfo<UnmanagedParam>& info) {
                            return "s" + std::to_string(std::get<0>(info.param)) + "_w" +
                                   std::to_string(std::get<1>(info.param)) + "_" +
-                                  DTypeName(std::get<2>(info.param));
+                                  DTypeName(std::get<2>(info.param)) +
+                                  (std::get<3>(info.param) ? "_freeze" : "_step");
+                         });
+
+// Ranks that use different parameters in the same micro step, reporting in different orders:
+// rank 0 uses head A only, rank 1 head B only (and reports in forward order), rank 2 both; some
+// micro steps swap them. Every rank reduces the same layout (the reducer's plan), a parameter a
+// rank did not report contributing zeros: bitwise as the reference, managed and unmanaged.
+using DifferentHeadsParam = std::tuple<int, int, DType, bool>;  // stage, world, dtype, managed
+class DifferentHeadsTest : public ::testing::TestWithParam<DifferentHeadsParam> {};
+
+TEST_P(DifferentHeadsTest, SameLayoutOnEveryRank) {
+  CellSpec cell;
+  cell.stage = std::get<0>(GetParam());
+  cell.world = std::get<1>(GetParam());
+  cell.dtype = std::get<2>(GetParam());
+  cell.managed = std::get<3>(GetParam());
+  cell.gas = cell.managed ? 2 : 1;
+  cell.clip = kClip;
+  const Config config = ParseCell(cell);
+  ASSERT_FALSE(HasFailure());
+  Schedule schedule;
+  schedule.managed = cell.managed;
+  schedule.odd_ranks_report_forward = true;
+  const Heads a{true, false}, b{false, true}, both{true, true};
+  const std::vector<std::vector<std::vector<Heads>>> windows = {
+      {{a, b, both}, {b, a, a}}, {{a, b, b}, {a, b, both}}, {{b, a, both}, {both, b, a}}};
+  for (const auto& win : windows) {
+    Window w;
+    for (const auto& per_rank : win) {
+      MicroSpec m;
+      m.rank_heads = per_rank;
+      if (!cell.managed) m.loss_divisor = static_cast<float>(win.size());
+      w.micros.push_back(m);
+    }
+    schedule.windows.push_back(w);
+  }
+  Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), ModelDims(), schedule);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  std::vector<RankTrace> traces;
+  Status st = RunEngine(config, cell.world, schedule, &traces);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ExpectMatches(*ref, traces, ContractTolerance());
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DifferentHeadsTest,
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(2, 3),
+                                            ::testing::Values(DType::kF32, DType::kBF16), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<DifferentHeadsParam>& info) {
+                           return "s" + std::to_string(std::get<0>(info.param)) + "_w" +
+                                  std::to_string(std::get<1>(info.param)) + "_" +
+                                  DTypeName(std::get<2>(info.param)) +
+                                  (std::get<3>(info.param) ? "_managed" : "_unmanaged");
+                         });
+
+// Unmanaged accumulation equals managed accumulation for the same boundaries, bitwise.
+using ManagedPairParam = std::tuple<int, DType, bool>;  // stage, dtype, freeze
+class UnmanagedEqualsManagedTest : public ::testing::TestWithParam<ManagedPairParam> {};
+
+void ExpectSameTensors(const Tensors& a, const Tensors& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t p = 0; p < a.size(); ++p) {
+    ASSERT_EQ(a[p].size(), b[p].size()) << what << " param " << p;
+    for (size_t i = 0; i < a[p].size(); ++i) {
+      ASSERT_EQ(FloatBits(a[p][i]), FloatBits(b[p][i])) << what << " param " << p << " element " << i;
+    }
+  }
+}
+
+TEST_P(UnmanagedEqualsManagedTest, SameBoundariesSameBits) {
+  constexpr int kGas = 2, kSteps = 4, kWorld = 2;
+  CellSpec cell;
+  cell.stage = std::get<0>(GetParam());
+  cell.world = kWorld;
+  cell.dtype = std::get<1>(GetParam());
+  cell.freeze_inactive = std::get<2>(GetParam());
+  cell.gas = kGas;
+  cell.clip = kClip;
+  const Config managed_config = ParseCell(cell);
+  CellSpec u = cell;
+  u.managed = false;
+  u.gas = 1;
+  const Config unmanaged_config = ParseCell(u);
+  ASSERT_FALSE(HasFailure());
+  // Head B inactive in window 1, head A in window 2: the default steps them with zero gradients
+  // in both modes, the freeze keeps them in both.
+  Schedule managed;
+  const std::vector<std::vector<Heads>> heads = {{{true, true}, {true, false}},
+                                                 {{true, false}, {true, false}},
+                                                 {{false, true}, {false, true}},
+                                                 {{true, true}, {false, true}}};
+  static_assert(kSteps == 4 && kGas == 2);
+  for (const auto& window : heads) {
+    Window w;
+    for (const Heads& h : window) {
+      MicroSpec m;
+      m.heads = h;
+      w.micros.push_back(m);
+    }
+    managed.windows.push_back(w);
+  }
+  Schedule unmanaged = managed;
+  unmanaged.managed = false;
+  for (Window& w : unmanaged.windows) {
+    for (MicroSpec& m : w.micros) m.loss_divisor = static_cast<float>(kGas);
+  }
+  std::vector<RankTrace> a, b;
+  Status st = RunEngine(managed_config, kWorld, managed, &a);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  st = RunEngine(unmanaged_config, kWorld, unmanaged, &b);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  for (int r = 0; r < kWorld; ++r) {
+    const std::string rank = "rank " + std::to_string(r) + ": ";
+    ASSERT_EQ(a[r].steps.size(), b[r].steps.size());
+    for (size_t k = 0; k < a[r].steps.size(); ++k) {
+      const StepRecord &x = a[r].steps[k], &y = b[r].steps[k];
+      EXPECT_EQ(x.applied, y.applied) << rank << "step " << k;
+      EXPECT_EQ(x.grad_norm, y.grad_norm) << rank << "step " << k;
+      EXPECT_EQ(x.adam_step, y.adam_step) << rank << "step " << k;
+      EXPECT_EQ(FloatBits(x.loss_scale_after), FloatBits(y.loss_scale_after)) << rank << "step " << k;
+    }
+    EXPECT_EQ(a[r].losses, b[r].losses) << rank;
+    ExpectSameTensors(a[r].master, b[r].master, rank + "master");
+    ExpectSameTensors(a[r].model, b[r].model, rank + "model");
+    ExpectSameTensors(a[r].exp_avg, b[r].exp_avg, rank + "exp_avg");
+    ExpectSameTensors(a[r].exp_avg_sq, b[r].exp_avg_sq, rank + "exp_avg_sq");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Pairs, UnmanagedEqualsManagedTest,
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3),
+                                            ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                                            ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<ManagedPairParam>& info) {
+                           return "s" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  DTypeName(std::get<1>(info.param)) +
+                                  (std::get<2>(info.param) ? "_freeze" : "_step");
                          });
 
 // ---------------------------------------------------------------------------------------------
@@ -366,7 +522,14 @@ TEST_P(MemoryTest, PartitionedStateIsOneNth) {
     const Config config = ParseCell(cell);
     ASSERT_FALSE(HasFailure());
     std::vector<RankTrace> traces;
-    Status st = RunEngine(config, world, ManagedSchedule(1, cell.gas), &traces, dims);
+    // Both heads in every micro step: a parameter some micro step does not report holds back the
+    // buckets after it in the reduction plan (grad_reducer.h), which would add held gradient
+    // buffers to the byte counts this test compares.
+    Schedule schedule = ManagedSchedule(1, cell.gas);
+    for (Window& w : schedule.windows) {
+      for (MicroSpec& m : w.micros) m.heads = Heads{true, true};
+    }
+    Status st = RunEngine(config, world, schedule, &traces, dims);
     ASSERT_TRUE(st.ok()) << "stage " << stage << ": " << st.ToString();
     for (const RankTrace& t : traces) mem[stage].push_back(t.memory);
   }

@@ -126,9 +126,11 @@ Status RunEngineRank(const Config& config, const ModelDims& dims, const Schedule
         note("loss scale changed inside window " + std::to_string(w));
       }
       // Forward: gather each used module, read its parameters, release it.
+      const Heads own = HeadsOf(micro, rank);
+      const Heads any = UnionHeads(micro);
       std::vector<std::vector<float>> params(n);
       for (const ModuleInfo& m : modules) {
-        if (!ModuleUsed(m, micro.heads)) continue;
+        if (!ModuleUsed(m, any)) continue;
         ZERO_ASSIGN_OR_RETURN(ModuleHandle h, engine->GatherModule(m.name));
         for (int p : m.params) {
           ZERO_RETURN_IF_ERROR(ReadParam(engine.get(), device, dtype, p, numel[p], &params[p], options.sync_device));
@@ -142,11 +144,23 @@ Status RunEngineRank(const Config& config, const ModelDims& dims, const Schedule
       const Batch batch = MakeBatch(dims, rank, static_cast<int>(w), static_cast<int>(j), target_scale);
       const float seed = engine->gradient_scale() / micro.loss_divisor;
       std::vector<std::vector<float>> grads;
-      out->losses.back().push_back(ForwardBackward(dims, params, batch, micro.heads, seed, &grads));
-      // Backward: modules in reverse order, gathered again (stage 3 re-gathers what it released),
-      // each module's gradients written and reported in reverse registration order.
+      out->losses.back().push_back(ForwardBackward(dims, params, batch, own, seed, &grads));
+      // Backward: modules in reverse order, gathered again (stage 3 re-gathers what it released;
+      // gathers are collective, so every rank gathers in the same order), each module's
+      // gradients written and reported in reverse registration order. With
+      // odd_ranks_report_forward, odd ranks report after the loop instead, in forward order.
+      const bool forward_order = schedule.odd_ranks_report_forward && rank % 2 == 1;
+      auto report = [&](const ModuleInfo& m) -> Status {
+        if (!ModuleUsed(m, own)) return OkStatus();
+        std::vector<int> ps(m.params.rbegin(), m.params.rend());
+        if (forward_order) ps.assign(m.params.begin(), m.params.end());
+        for (int p : ps) {
+          ZERO_RETURN_IF_ERROR(WriteGrad(engine.get(), device, dtype, p, grads[p], options.sync_device));
+        }
+        return OkStatus();
+      };
       for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
-        if (!ModuleUsed(*it, micro.heads)) continue;
+        if (!ModuleUsed(*it, any)) continue;
         ZERO_ASSIGN_OR_RETURN(ModuleHandle h, engine->GatherModule(it->name));
         for (int p : it->params) {
           std::vector<float> again;
@@ -156,10 +170,11 @@ Status RunEngineRank(const Config& config, const ModelDims& dims, const Schedule
                  std::to_string(w) + " micro " + std::to_string(j));
           }
         }
-        for (auto p = it->params.rbegin(); p != it->params.rend(); ++p) {
-          ZERO_RETURN_IF_ERROR(WriteGrad(engine.get(), device, dtype, *p, grads[*p], options.sync_device));
-        }
+        if (!forward_order) ZERO_RETURN_IF_ERROR(report(*it));
         ZERO_RETURN_IF_ERROR(h.Release());
+      }
+      if (forward_order) {
+        for (const ModuleInfo& m : modules) ZERO_RETURN_IF_ERROR(report(m));
       }
       const bool boundary_expected = j + 1 == win.micros.size();
       if (schedule.managed && engine->is_gradient_accumulation_boundary() != boundary_expected) {
@@ -351,10 +366,25 @@ int CompareRankTrace(const RefTrace& ref, int rank, const RankTrace& got, const 
   return bad;
 }
 
+Heads HeadsOf(const MicroSpec& m, int rank) {
+  return m.rank_heads.empty() ? m.heads : m.rank_heads[static_cast<size_t>(rank) % m.rank_heads.size()];
+}
+
+Heads UnionHeads(const MicroSpec& m) {
+  if (m.rank_heads.empty()) return m.heads;
+  Heads u{false, false};
+  for (const Heads& h : m.rank_heads) {
+    u.a = u.a || h.a;
+    u.b = u.b || h.b;
+  }
+  return u;
+}
+
 std::string CellSpec::Name() const {
   std::string s = "s" + std::to_string(stage) + "_w" + std::to_string(world) + "_" + DTypeName(dtype) +
                   "_gas" + std::to_string(gas) + (clip > 0 ? "_clip" : "_noclip");
   if (!managed) s += "_unmanaged";
+  if (freeze_inactive) s += "_freeze";
   return s;
 }
 
@@ -366,6 +396,7 @@ std::string CellConfigJson(const CellSpec& c) {
     << "  \"gradient_accumulation_steps\": " << c.gas << ",\n"
     << "  \"gradient_clipping\": " << c.clip << ",\n"
     << "  \"managed_gradient_accumulation\": " << (c.managed ? "true" : "false") << ",\n"
+    << (c.freeze_inactive ? "  \"freeze_inactive_parameters\": true,\n" : "")
     << "  \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"betas\": [0.9, 0.999], "
        "\"eps\": 1e-08, \"weight_decay\": 0.1}},\n"
     << "  \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_min_lr\": 0.001, "

@@ -27,6 +27,10 @@ inline constexpr float kOverflowTargetScale = 1e20f;
 
 struct MicroSpec {
   Heads heads;
+  // Non-empty: rank r uses rank_heads[r] instead of `heads` (ranks using different parameters in
+  // one micro step); every rank gathers the modules any rank uses (gathers are collective) and
+  // reports only its own heads' gradients.
+  std::vector<Heads> rank_heads;
   float loss_divisor = 1.0f;  // the user divides the loss (seeds the gradient) by this
   int overflow_rank = -1;     // this rank's batch forces an fp16 overflow
 };
@@ -35,9 +39,15 @@ struct Window {
   std::vector<MicroSpec> micros;
 };
 
+// The heads rank `rank` uses in micro step `m`, and those some rank uses.
+Heads HeadsOf(const MicroSpec& m, int rank);
+Heads UnionHeads(const MicroSpec& m);
+
 struct Schedule {
   std::vector<Window> windows;
   bool managed = true;
+  // Odd ranks report gradients in forward order (modules and parameters), even ranks in reverse.
+  bool odd_ranks_report_forward = false;
   bool snapshots = false;  // record weights and AdamW moments after every window
 };
 
@@ -128,6 +138,7 @@ struct CellSpec {
   int gas = 1;
   double clip = 0.0;
   bool managed = true;
+  bool freeze_inactive = false;  // freeze_inactive_parameters
   int loss_scale_window = 1000;
   int hysteresis = 2;
   int initial_scale_power = 12;

@@ -130,14 +130,17 @@ Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder or
       for (int r = 0; r < world; ++r) {
         const float target_scale = micro.overflow_rank == r ? kOverflowTargetScale : 1.0f;
         const Batch batch = MakeBatch(dims, r, static_cast<int>(w), static_cast<int>(j), target_scale);
-        losses[r] = ForwardBackward(dims, model, batch, micro.heads, seed, &g[r]);
+        const Heads own = HeadsOf(micro, r);
+        losses[r] = ForwardBackward(dims, model, batch, own, seed, &g[r]);
         for (int p = 0; p < n; ++p) {
+          // A parameter this rank does not use: not reported, it contributes zeros.
+          if (!ParamUsed(p, own)) g[r][p].assign(numel[p], 0.0f);
           for (float& x : g[r][p]) x = RoundTo(dtype, x);
         }
       }
       trace.losses.back().push_back(losses);
       for (int p = 0; p < n; ++p) {
-        if (!ParamUsed(p, micro.heads)) continue;  // not reported: zero (managed) / inactive
+        if (!ParamUsed(p, UnionHeads(micro))) continue;  // no rank reported it: zero / inactive
         active[p] = true;
         if (order == ReductionOrder::kRankFirst) {
           for (int r = 0; r < world; ++r) {
@@ -194,7 +197,7 @@ Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder or
       h.bias_correction2 = static_cast<float>(1.0 - std::pow(config.optimizer.beta2, static_cast<double>(adam_step)));
       h.grad_scale = static_cast<float>(1.0 / (loss_scale * clip_coef));
       for (int p = 0; p < n; ++p) {
-        if (!managed && !active[p]) continue;
+        if (config.freeze_inactive_parameters && !active[p]) continue;
         for (size_t i = 0; i < numel[p]; ++i) {
           AdamWReference(&master[p][i], acc[p][i], &exp_avg[p][i], &exp_avg_sq[p][i], h);
           model[p][i] = RoundTo(dtype, master[p][i]);
