@@ -16,6 +16,7 @@
 #include "comm/comm_test_util.h"
 #include "comm/worker_launcher.h"
 #include "runtime/cuda_device.h"
+#include "runtime/gpu_test_util.h"
 
 namespace zero {
 namespace {
@@ -29,7 +30,7 @@ int GpuCount() {
 class NcclSingleGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (GpuCount() < 1) GTEST_SKIP() << "no GPU";
+    ZERO_SKIP_WITHOUT_CUDA_DEVICES(1);
     auto dev = CudaDevice::Create(0);
     ASSERT_TRUE(dev.ok()) << dev.status().ToString();
     dev_ = std::move(dev).value();
@@ -146,7 +147,7 @@ TEST_F(NcclSingleGpuTest, StreamOrdering) {
 // One process per GPU (up to 4), as a launcher would start them.
 TEST(NcclMultiProcessTest, MixOfCollectivesOnePerGpu) {
   const int gpus = GpuCount();
-  if (gpus < 2) GTEST_SKIP() << "needs >= 2 GPUs, have " << gpus;
+  ZERO_SKIP_WITHOUT_CUDA_DEVICES(2);
   const int n = std::min(gpus, 4);
   auto results = testing::RunWorld(n, testing::AllRanks(n), {"--backend=nccl", "--scenario=mix"},
                                    60000, std::chrono::seconds(240));
@@ -157,7 +158,7 @@ TEST(NcclMultiProcessTest, MixOfCollectivesOnePerGpu) {
 
 TEST(NcclMultiProcessTest, KilledRankTimesOut) {
   const int gpus = GpuCount();
-  if (gpus < 2) GTEST_SKIP() << "needs >= 2 GPUs, have " << gpus;
+  ZERO_SKIP_WITHOUT_CUDA_DEVICES(2);
   const int n = std::min(gpus, 3);
   auto results = testing::RunWorld(n, testing::AllRanks(n),
                                    {"--backend=nccl", "--scenario=die=" + std::to_string(n - 1)},

@@ -27,17 +27,10 @@
 #include "examples/byte_lm.h"
 #include "examples/model_api.h"
 #include "gtest/gtest.h"
+#include "runtime/gpu_test_util.h"
 
 namespace zero::examples {
 namespace {
-
-bool HaveGpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device"
 
 // Device copies of host tensors, one cudaMalloc per tensor.
 class DeviceTensors {
@@ -190,7 +183,7 @@ std::vector<Case> Cases() {
 }
 
 TEST(ByteLmCudaTest, Fp32MatchesCpu) {
-  SKIP_WITHOUT_GPU();
+  ZERO_SKIP_WITHOUT_CUDA_DEVICES(1);
   for (const Case& t : Cases()) {
     const std::string label = "fp32 " + t.config.ToString() + " B=" + std::to_string(t.batch);
     SCOPED_TRACE(label);
@@ -203,7 +196,7 @@ TEST(ByteLmCudaTest, Fp32MatchesCpu) {
 }
 
 TEST(ByteLmCudaTest, SixteenBitMatchesCpu) {
-  SKIP_WITHOUT_GPU();
+  ZERO_SKIP_WITHOUT_CUDA_DEVICES(1);
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (const Case& t : Cases()) {
       const std::string label =
@@ -220,7 +213,7 @@ TEST(ByteLmCudaTest, SixteenBitMatchesCpu) {
 }
 
 TEST(ByteLmCudaTest, LossScaleExactAndRunsReproducible) {
-  SKIP_WITHOUT_GPU();
+  ZERO_SKIP_WITHOUT_CUDA_DEVICES(1);
   const ByteLmConfig c;
   const auto specs = ByteLmParamSpecs(c);
   HostTensors params = RandomParams(specs, DType::kF32, 7);
@@ -238,7 +231,7 @@ TEST(ByteLmCudaTest, LossScaleExactAndRunsReproducible) {
 }
 
 TEST(ByteLmCudaTest, SgdOnDeviceReducesTheLoss) {
-  SKIP_WITHOUT_GPU();
+  ZERO_SKIP_WITHOUT_CUDA_DEVICES(1);
   ByteLmConfig c;
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);

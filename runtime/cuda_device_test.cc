@@ -19,6 +19,7 @@
 #include "runtime/cpu_device.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "runtime/gpu_test_util.h"
 #include "runtime/kernel_test_util.h"
 #include "runtime/status.h"
 
@@ -48,8 +49,9 @@ std::string Where(DType t, size_t n, size_t off) {
 class CudaDeviceTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    ZERO_SKIP_WITHOUT_CUDA_DEVICES(1);
     Result<std::unique_ptr<CudaDevice>> d = CudaDevice::Create(0);
-    if (!d.ok()) GTEST_SKIP() << "no GPU here: " << d.status().ToString();
+    ASSERT_TRUE(d.ok()) << "a CUDA device is visible but CudaDevice::Create(0) failed: " << d.status().ToString();
     gpu_ = std::move(d).value();
   }
 

@@ -13,13 +13,20 @@
 // change of each tensor over the run within 4u (16-bit) or 2^-18 (fp32) relative in norm, losses
 // and norms within the same relative bound); step decisions and counters stay exact.
 //
-// Prints one line per cell and ends with "N passed, M failed"; exit status 1 on any failure.
+// Prints one line per cell and ends with "N passed, M failed"; exit status 1 on any failure, 2 on
+// a usage error (a bad flag, or a --filter that matches no cell). Under `bazel test`
+// (XML_OUTPUT_FILE set) it also writes one JUnit test case per cell there, so tools/count_tests.py
+// counts cells, not one pass for the whole binary.
 // Flags: --world N (default 1), --device_prefix cuda (cuda:r per rank; "cpu" runs the same
 // driver on the CPU backend for a dry run), --filter SUBSTRING (cells whose name contains it),
-// --sync_device (synchronize the whole device around host reads/writes; for diagnosing an ordering
-// problem), --port P (TCP store port for world > 1, default 29517).
+// --list (print the selected cells' names and exit; touches no device), --sync_device
+// (synchronize the whole device around host reads/writes; for diagnosing an ordering problem),
+// --port P (TCP store port for world > 1, default 29517), --skip_without_gpu (with fewer than
+// --world CUDA devices, report every cell skipped and exit 0 instead of failing at set-up; the
+// `bazel test` target passes it; ZERO_REQUIRE_GPU=1 overrides it, as in runtime/gpu_test_util.h).
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +39,7 @@
 #include "comm/rendezvous.h"
 #include "engine/config.h"
 #include "runtime/device.h"
+#include "runtime/gpu_test_util.h"
 #include "tests/equivalence/harness.h"
 #include "tests/equivalence/reference.h"
 #include "tests/equivalence/test_model.h"
@@ -43,6 +51,8 @@ struct Flags {
   int world = 1;
   std::string device_prefix = "cuda";
   std::string filter;
+  bool list = false;
+  bool skip_without_gpu = false;
   int port = 29517;
   DriverOptions driver;
 };
@@ -112,6 +122,76 @@ std::vector<Cell> AllCells(int world) {
   return cells;
 }
 
+// The cells whose name contains `filter` (all of them for an empty filter).
+std::vector<Cell> SelectCells(int world, const std::string& filter) {
+  std::vector<Cell> out;
+  for (Cell& c : AllCells(world)) {
+    if (filter.empty() || c.name.find(filter) != std::string::npos) out.push_back(std::move(c));
+  }
+  return out;
+}
+
+std::string XmlEscape(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    switch (ch) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default:
+        if (static_cast<unsigned char>(ch) < 0x20 && ch != '\n' && ch != '\t') {
+          out += '?';
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out;
+}
+
+// One cell's outcome for the JUnit report.
+struct CellResult {
+  std::string name;
+  std::string failure;  // empty: passed (or skipped, with `skip`)
+  std::string skip;
+};
+
+// Writes the JUnit XML report Bazel reads from $XML_OUTPUT_FILE (nothing when it is unset: not
+// under `bazel test`). Returns false, with a message on stderr, when the file cannot be written.
+bool WriteJUnitReport(const std::vector<CellResult>& results) {
+  const char* path = std::getenv("XML_OUTPUT_FILE");
+  if (path == nullptr || path[0] == '\0') return true;
+  std::FILE* f = std::fopen(path, "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "gpu_equivalence: cannot write the test report %s: %s\n", path, std::strerror(errno));
+    return false;
+  }
+  int failures = 0, skipped = 0;
+  for (const CellResult& r : results) {
+    failures += !r.failure.empty();
+    skipped += !r.skip.empty();
+  }
+  std::fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites tests=\"%zu\" failures=\"%d\">\n",
+               results.size(), failures);
+  std::fprintf(f, "  <testsuite name=\"GpuEquivalence\" tests=\"%zu\" failures=\"%d\" skipped=\"%d\">\n",
+               results.size(), failures, skipped);
+  for (const CellResult& r : results) {
+    std::fprintf(f, "    <testcase name=\"%s\" classname=\"GpuEquivalence\"", XmlEscape(r.name).c_str());
+    if (!r.failure.empty()) {
+      std::fprintf(f, "><failure message=\"%s\"/></testcase>\n", XmlEscape(r.failure).c_str());
+    } else if (!r.skip.empty()) {
+      std::fprintf(f, " result=\"skipped\"><skipped message=\"%s\"/></testcase>\n", XmlEscape(r.skip).c_str());
+    } else {
+      std::fprintf(f, "/>\n");
+    }
+  }
+  std::fprintf(f, "  </testsuite>\n</testsuites>\n");
+  const bool ok = std::fclose(f) == 0;
+  if (!ok) std::fprintf(stderr, "gpu_equivalence: writing the test report %s failed\n", path);
+  return ok;
+}
+
 double UnitRoundoff(DType t) {
   return t == DType::kF32 ? std::ldexp(1.0, -24) : t == DType::kBF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
 }
@@ -161,6 +241,28 @@ void CompareLoose(const RefTrace& ref, int rank, const RankTrace& got, DType dty
 
 int Main(const Flags& flags) {
   const int world = flags.world;
+  const std::vector<Cell> cells = SelectCells(world, flags.filter);
+  if (cells.empty()) {
+    std::fprintf(stderr,
+                 "gpu_equivalence: --filter \"%s\" matches none of the %zu cells at world %d (names look like "
+                 "\"%s\"; --list prints them all)\n",
+                 flags.filter.c_str(), AllCells(world).size(), world, AllCells(world)[0].name.c_str());
+    return 2;
+  }
+  if (flags.list) {
+    for (const Cell& c : cells) std::printf("%s\n", c.name.c_str());
+    return 0;
+  }
+  if (flags.skip_without_gpu && flags.device_prefix == "cuda" && !zero::testing::GpuRequired()) {
+    const std::string missing = zero::testing::MissingCudaDevices(world);
+    if (!missing.empty()) {
+      std::vector<CellResult> results;
+      for (const Cell& c : cells) results.push_back({c.name, "", missing});
+      std::printf("gpu_equivalence: SKIPPED %zu cells: %s\n0 passed, 0 failed, %zu skipped\n", cells.size(),
+                  missing.c_str(), cells.size());
+      return WriteJUnitReport(results) ? 0 : 1;
+    }
+  }
   // Devices and communicators once, reused by every cell (the engine owns neither).
   std::vector<std::unique_ptr<Device>> devices(world);
   std::vector<std::unique_ptr<Communicator>> comms(world);
@@ -196,6 +298,7 @@ int Main(const Flags& flags) {
   for (int r = 0; r < world; ++r) {
     if (!init[r].ok()) {
       std::printf("rank %d: set-up failed: %s\n0 passed, 1 failed\n", r, init[r].ToString().c_str());
+      WriteJUnitReport({{"set-up", "rank " + std::to_string(r) + ": " + init[r].ToString(), ""}});
       return 1;
     }
   }
@@ -205,9 +308,9 @@ int Main(const Flags& flags) {
   // Rank-order sums (Gloo) or a single rank: bitwise; NCCL's own summation order: tolerance.
   const bool exact = world == 1 || comms[0]->backend() == "gloo";
   int passed = 0, failed = 0;
+  std::vector<CellResult> results;
   const auto start = std::chrono::steady_clock::now();
-  for (const Cell& cell : AllCells(world)) {
-    if (!flags.filter.empty() && cell.name.find(flags.filter) == std::string::npos) continue;
+  for (const Cell& cell : cells) {
     ParseOptions po;
     po.world_size = world;
     po.strict = true;
@@ -249,11 +352,13 @@ int Main(const Flags& flags) {
         }
       }
     }
+    results.push_back({cell.name, "", ""});
     if (lines.empty()) {
       ++passed;
       std::printf("PASS %s\n", cell.name.c_str());
     } else {
       ++failed;
+      for (size_t i = 0; i < lines.size() && i < 20; ++i) results.back().failure += lines[i] + "\n";
       std::printf("FAIL %s\n", cell.name.c_str());
       for (size_t i = 0; i < lines.size() && i < 20; ++i) std::printf("    %s\n", lines[i].c_str());
     }
@@ -262,7 +367,8 @@ int Main(const Flags& flags) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("%s comparison, %.1f s\n%d passed, %d failed\n", exact ? "bitwise" : "tolerance", secs, passed,
               failed);
-  return failed == 0 ? 0 : 1;
+  const bool reported = WriteJUnitReport(results);
+  return failed == 0 && reported ? 0 : 1;
 }
 
 }  // namespace
@@ -285,12 +391,17 @@ int main(int argc, char** argv) {
       flags.device_prefix = value("--device_prefix");
     } else if (a == "--filter") {
       flags.filter = value("--filter");
+    } else if (a == "--list") {
+      flags.list = true;
+    } else if (a == "--skip_without_gpu") {
+      flags.skip_without_gpu = true;
     } else if (a == "--sync_device") {
       flags.driver.sync_device = true;
     } else if (a == "--port") {
       flags.port = std::atoi(value("--port"));
     } else {
-      std::fprintf(stderr, "unknown flag %s (flags: --world N --device_prefix cuda|cpu --filter S --sync_device --port P)\n",
+      std::fprintf(stderr, "unknown flag %s (flags: --world N --device_prefix cuda|cpu --filter S --list --sync_device --port P "
+                   "--skip_without_gpu)\n",
                    a.c_str());
       return 2;
     }
