@@ -1,14 +1,12 @@
 #include "comm/rendezvous.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -62,37 +60,6 @@ Status ReadInt(const std::vector<const char*>& names, long lo, long hi, long* ou
   if (!*was_set) return OkStatus();
   *used_name = name;
   return ParseInt(name, value, lo, hi, out);
-}
-
-bool IsLoopback(const std::string& addr) {
-  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
-}
-
-// The local IPv4/IPv6 address the kernel would use to reach `host` (no packet is sent).
-std::string LocalAddressToward(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return {};
-  std::string result;
-  for (addrinfo* ai = res; ai != nullptr && result.empty(); ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
-      sockaddr_storage local{};
-      socklen_t len = sizeof(local);
-      if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
-        char buf[INET6_ADDRSTRLEN] = {};
-        const void* a = local.ss_family == AF_INET
-                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
-                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
-        if (inet_ntop(local.ss_family, a, buf, sizeof(buf)) != nullptr) result = buf;
-      }
-    }
-    close(fd);
-  }
-  freeaddrinfo(res);
-  return result;
 }
 
 Status MakeDirs(const std::string& path) {
@@ -149,6 +116,19 @@ Result<RendezvousOptions> RendezvousFromEnv() {
   }
   if (FirstSet({"ZERO_GLOO_IFACE", "GLOO_SOCKET_IFNAME"}, &name, &value)) opts.gloo_iface = value;
   if (FirstSet({"ZERO_GLOO_HOSTNAME"}, &name, &value)) opts.gloo_hostname = value;
+  if (FirstSet({"ZERO_JOB_SECRET"}, &name, &value)) {
+    if (value.size() < 16) {
+      return InvalidArgumentError("ZERO_JOB_SECRET is " + std::to_string(value.size()) +
+                                  " characters long; use at least 16 random characters (tools/launch "
+                                  "generates 64 hex digits)");
+    }
+    opts.job_secret = value;
+  }
+  if (FirstSet({"ZERO_STORE_BIND_ADDR"}, &name, &value)) opts.store_bind_addr = value;
+  if (FirstSet({"ZERO_STORE_MAX_VALUE_BYTES"}, &name, &value)) {
+    ZERO_RETURN_IF_ERROR(ParseInt(name, value, 1024, 1L << 30, &v));
+    opts.store_max_value_bytes = static_cast<size_t>(v);
+  }
   return opts;
 }
 
@@ -168,6 +148,21 @@ Result<std::shared_ptr<gloo::rendezvous::Store>> CreateStore(const RendezvousOpt
   t.is_server = opts.rank == 0;
   t.rank = opts.rank;
   t.timeout = opts.comm.timeout;
+  t.secret = opts.job_secret;
+  t.bind_addr = opts.store_bind_addr;
+  t.world_size = opts.world_size;
+  t.max_value_bytes = opts.store_max_value_bytes;
+  if (t.is_server && t.secret.empty() && !IsLoopbackHost(opts.master_addr)) {
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      std::fprintf(stderr,
+                   "warning: ZERO_JOB_SECRET is not set and MASTER_ADDR=%s is not a loopback address: any "
+                   "host that can reach %s:%d can read and write this job's rendezvous store. Set "
+                   "ZERO_JOB_SECRET to the same random value on every rank (e.g. "
+                   "`export ZERO_JOB_SECRET=$(head -c 32 /dev/urandom | xxd -p -c 64)`); tools/launch sets one.\n",
+                   opts.master_addr.c_str(), opts.master_addr.c_str(), opts.master_port);
+    });
+  }
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store, TcpStore::Create(t));
   return std::shared_ptr<gloo::rendezvous::Store>(std::move(store));
 }
@@ -204,10 +199,10 @@ Result<std::unique_ptr<Communicator>> CreateCommunicator(const std::string& back
     g.iface = opts.gloo_iface;
     g.hostname = opts.gloo_hostname;
     if (g.iface.empty() && g.hostname.empty()) {
-      if (IsLoopback(opts.master_addr) || opts.world_size == 1) {
+      if (IsLoopbackHost(opts.master_addr) || opts.world_size == 1) {
         g.hostname = "127.0.0.1";
       } else {
-        g.hostname = LocalAddressToward(opts.master_addr, opts.master_port);  // "" -> gethostname
+        g.hostname = RouteSourceAddress(opts.master_addr, opts.master_port);  // "" -> gethostname
       }
     }
     ZERO_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,

@@ -13,8 +13,11 @@
 //   MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default 29500),
 //   ZERO_STORE_PATH (a FileStore directory instead of TCP), ZERO_COMM_TIMEOUT_MS (default 300000),
 //   ZERO_GLOO_IFACE or GLOO_SOCKET_IFNAME (interface for gloo's sockets), ZERO_GLOO_HOSTNAME
-//   (address for gloo's sockets). A malformed or inconsistent value is an InvalidArgument naming
-//   the variable and its value.
+//   (address for gloo's sockets), ZERO_JOB_SECRET (the secret every store connection proves; at
+//   least 16 characters; tools/launch and zero_train --nproc set one), ZERO_STORE_BIND_ADDR (where
+//   rank 0's store listens; default from MASTER_ADDR, tcp_store.h), ZERO_STORE_MAX_VALUE_BYTES
+//   (default 1048576). A malformed or inconsistent value is an InvalidArgument naming the variable
+//   and its value (never the secret's value).
 #pragma once
 
 #include <memory>
@@ -48,13 +51,18 @@ struct RendezvousOptions {
   // master_addr is a loopback address, else the local address that routes to master_addr.
   std::string gloo_iface;
   std::string gloo_hostname;
+  // The TcpStore's job secret, bind address override and value limit (tcp_store.h).
+  std::string job_secret;
+  std::string store_bind_addr;
+  size_t store_max_value_bytes = size_t{1} << 20;
 };
 
 // Reads the variables listed above. Errors name the variable and the value.
 Result<RendezvousOptions> RendezvousFromEnv();
 
 // The store the ranks meet through: a FileStore when store_path is set, else a TcpStore (rank 0
-// hosts the server; others connect with retry until opts.comm.timeout).
+// hosts the server; others connect with retry until opts.comm.timeout). Rank 0 warns once per
+// process on stderr when MASTER_ADDR is not a loopback address and no job secret is set.
 Result<std::shared_ptr<gloo::rendezvous::Store>> CreateStore(const RendezvousOptions& opts);
 
 // Creates the communicator of `backend` ("gloo": `device` is a cpu Device; "nccl": `device` is

@@ -1,12 +1,19 @@
 #include "comm/rendezvous.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <initializer_list>
 #include <string>
 #include <utility>
 
+#include "comm/tcp_store.h"
 #include "runtime/cpu_device.h"
 
 namespace zero {
@@ -16,7 +23,8 @@ const char* kVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK
                        "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID",
                        "SLURM_NTASKS", "SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT",
                        "ZERO_STORE_PATH", "ZERO_COMM_TIMEOUT_MS", "ZERO_GLOO_IFACE",
-                       "GLOO_SOCKET_IFNAME", "ZERO_GLOO_HOSTNAME"};
+                       "GLOO_SOCKET_IFNAME", "ZERO_GLOO_HOSTNAME", "ZERO_JOB_SECRET",
+                       "ZERO_STORE_BIND_ADDR", "ZERO_STORE_MAX_VALUE_BYTES"};
 
 class RendezvousEnvTest : public ::testing::Test {
  protected:
@@ -108,6 +116,126 @@ TEST_F(RendezvousEnvTest, MalformedValuesNameVariableAndValue) {
   SetUp();
   Set({{"WORLD_SIZE", "0"}});
   ExpectError("WORLD_SIZE", "0");
+}
+
+TEST_F(RendezvousEnvTest, StoreSecurityVariables) {
+  const char* secret = "0123456789abcdef0123456789abcdef";
+  Set({{"ZERO_JOB_SECRET", secret}, {"ZERO_STORE_BIND_ADDR", "10.1.2.3"},
+       {"ZERO_STORE_MAX_VALUE_BYTES", "65536"}});
+  auto o = RendezvousFromEnv();
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->job_secret, secret);
+  EXPECT_EQ(o->store_bind_addr, "10.1.2.3");
+  EXPECT_EQ(o->store_max_value_bytes, 65536u);
+  SetUp();
+  EXPECT_EQ(RendezvousFromEnv()->store_max_value_bytes, size_t{1} << 20);
+  EXPECT_TRUE(RendezvousFromEnv()->job_secret.empty());
+  // A short secret is refused without echoing it.
+  Set({{"ZERO_JOB_SECRET", "hunter2"}});
+  auto bad = RendezvousFromEnv();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("ZERO_JOB_SECRET is 7 characters"), std::string::npos)
+      << bad.status().ToString();
+  EXPECT_EQ(bad.status().message().find("hunter2"), std::string::npos) << bad.status().ToString();
+  SetUp();
+  Set({{"ZERO_STORE_MAX_VALUE_BYTES", "12"}});
+  ExpectError("ZERO_STORE_MAX_VALUE_BYTES", "12");
+}
+
+int FreeLoopbackPort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Two gloo ranks rendezvous over TCP with a job secret while an intruder with another secret
+// tries to join: the intruder is refused, the ranks get a working communicator.
+TEST(CreateCommunicatorTest, TcpRendezvousWithSecretRefusesAnIntruder) {
+  CpuDevice d0, d1;
+  RendezvousOptions o;
+  o.world_size = 2;
+  o.master_port = FreeLoopbackPort();
+  o.job_secret = "5e1f0c3a9b8d7e6f5a4b3c2d1e0f9a8b";
+  o.comm.timeout = std::chrono::milliseconds(10000);
+  Result<std::unique_ptr<Communicator>> c1 = UnavailableError("not run");
+  Result<std::unique_ptr<Communicator>> intruder = UnavailableError("not run");
+  ::testing::internal::CaptureStderr();
+  std::thread t([&] {
+    RendezvousOptions o1 = o;
+    o1.rank = 1;
+    c1 = CreateCommunicator("gloo", &d1, o1);
+  });
+  std::thread bad([&] {
+    CpuDevice d;
+    RendezvousOptions ob = o;
+    ob.rank = 1;
+    ob.job_secret = "an-attacker-guess-of-the-secret";
+    intruder = CreateCommunicator("gloo", &d, ob);
+  });
+  auto c0 = CreateCommunicator("gloo", &d0, o);
+  t.join();
+  bad.join();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(c0.ok()) << c0.status().ToString();
+  ASSERT_TRUE(c1.ok()) << c1.status().ToString();
+  ASSERT_FALSE(intruder.ok());
+  EXPECT_EQ(intruder.status().code(), StatusCode::kFailedPrecondition) << intruder.status().ToString();
+  EXPECT_NE(log.find("did not prove the job secret"), std::string::npos) << log;
+  double v0 = 1, v1 = 2;
+  std::thread t2([&] { EXPECT_TRUE((*c1)->AllReduceHost(&v1, 1, ReduceOp::kSum).ok()); });
+  EXPECT_TRUE((*c0)->AllReduceHost(&v0, 1, ReduceOp::kSum).ok());
+  t2.join();
+  EXPECT_EQ(v0, 3);
+  EXPECT_EQ(v1, 3);
+}
+
+std::string NonLoopbackAddress() {
+  ifaddrs* ifs = nullptr;
+  if (getifaddrs(&ifs) != 0) return {};
+  std::string found;
+  for (ifaddrs* i = ifs; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    char buf[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof(buf));
+    found = buf;
+  }
+  freeifaddrs(ifs);
+  return found;
+}
+
+// A non-loopback MASTER_ADDR: rank 0's store listens on that address (not on loopback) and, with
+// no secret set, warns once that anyone who can reach it can join.
+TEST(CreateCommunicatorTest, NonLoopbackMasterWithoutSecretWarnsOnce) {
+  const std::string addr = NonLoopbackAddress();
+  if (addr.empty()) GTEST_SKIP() << "this machine has no non-loopback IPv4 interface that is up";
+  RendezvousOptions o;
+  o.world_size = 2;
+  o.master_addr = addr;
+  o.master_port = FreeLoopbackPort();
+  o.comm.timeout = std::chrono::milliseconds(5000);
+  ::testing::internal::CaptureStderr();
+  auto store = CreateStore(o);
+  RendezvousOptions again = o;
+  again.master_port = FreeLoopbackPort();
+  auto store2 = CreateStore(again);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  ASSERT_TRUE(store2.ok()) << store2.status().ToString();
+  auto* tcp = dynamic_cast<TcpStore*>(store->get());
+  ASSERT_NE(tcp, nullptr);
+  EXPECT_EQ(tcp->bind_address(), addr);
+  size_t first = log.find("ZERO_JOB_SECRET is not set");
+  ASSERT_NE(first, std::string::npos) << log;
+  EXPECT_EQ(log.find("ZERO_JOB_SECRET is not set", first + 1), std::string::npos) << "warned twice: " << log;
+  EXPECT_NE(log.find(addr), std::string::npos) << log;
 }
 
 TEST(CreateCommunicatorTest, UnknownBackendAndSingleRank) {

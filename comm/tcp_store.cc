@@ -6,27 +6,42 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <set>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 
 #include <gloo/common/error.h>
 
+#include "comm/hmac_sha256.h"
+
 namespace zero {
 namespace {
 
-// Wire format. Request: u8 command, u32 field count, then per field u64 length + bytes.
-// Response: u8 code (0 ok), u64 length + bytes (GET's value; empty otherwise).
+// Wire format: see tcp_store.h.
 constexpr uint8_t kSet = 1;
 constexpr uint8_t kGet = 2;
 constexpr uint8_t kWait = 3;
-constexpr uint64_t kMaxFieldBytes = uint64_t{1} << 30;
+constexpr uint8_t kReplyOk = 0;
+constexpr uint8_t kReplyMalformed = 1;
+constexpr uint8_t kReplyOverLimit = 2;
+constexpr uint32_t kMaxFields = 64;
+constexpr size_t kNonceBytes = 32;
+constexpr size_t kMacBytes = 32;
+constexpr char kHello[8] = {'Z', 'S', 'T', 'O', 'R', 'E', '1', '\0'};
+constexpr char kBusy[8] = {'Z', 'S', 'T', 'B', 'U', 'S', 'Y', '\0'};
+constexpr char kClientContext[] = "zero-tcpstore-v1 client";
+constexpr char kServerContext[] = "zero-tcpstore-v1 server";
+// Peers whose problems are logged, at most (then the server stops logging new ones).
+constexpr size_t kMaxLoggedPeers = 1024;
 
 using Clock = std::chrono::steady_clock;
 
@@ -58,33 +73,188 @@ uint64_t ReadU64(const char* p) {
   return v;
 }
 
+// `n` bytes from the kernel's CSPRNG; false if it cannot be read.
+bool RandomBytes(size_t n, std::string* out) {
+  out->resize(n);
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = getrandom(out->data() + got, n - got, 0);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+    } else if (r < 0 && errno != EINTR) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string Mac(const std::string& secret, const char* context, const std::string& server_nonce,
+                const std::string& client_nonce) {
+  Sha256Digest d = HmacSha256(secret, context + server_nonce + client_nonce);
+  return std::string(reinterpret_cast<const char*>(d.data()), d.size());
+}
+
+std::string SockaddrHost(const sockaddr_storage& a) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  const void* p = a.ss_family == AF_INET
+                      ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(&a)->sin_addr)
+                      : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr);
+  if (inet_ntop(a.ss_family, p, buf, sizeof(buf)) == nullptr) return "?";
+  return buf;
+}
+
+int SockaddrPort(const sockaddr_storage& a) {
+  return a.ss_family == AF_INET ? ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port)
+                                : ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port);
+}
+
+std::string HostPort(const std::string& host, int port) {
+  return host.find(':') != std::string::npos ? "[" + host + "]:" + std::to_string(port)
+                                             : host + ":" + std::to_string(port);
+}
+
+// Blocking-with-deadline I/O on a non-blocking client socket.
+enum class Io { kOk, kTimeout, kClosed, kError };
+
+Io SendAll(int fd, const char* p, size_t n, Clock::time_point deadline, int* err) {
+  size_t sent = 0;
+  while (sent < n) {
+    ssize_t w = send(fd, p + sent, n - sent, MSG_NOSIGNAL);
+    if (w > 0) {
+      sent += static_cast<size_t>(w);
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd pf{fd, POLLOUT, 0};
+      if (poll(&pf, 1, RemainingMs(deadline)) == 0) return Io::kTimeout;
+      continue;
+    }
+    *err = errno;
+    return Io::kError;
+  }
+  return Io::kOk;
+}
+
+Io RecvExact(int fd, char* p, size_t n, Clock::time_point deadline, int* err) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = recv(fd, p + got, n - got, 0);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0) return Io::kClosed;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      pollfd pf{fd, POLLIN, 0};
+      if (poll(&pf, 1, RemainingMs(deadline)) == 0) return Io::kTimeout;
+      continue;
+    }
+    *err = errno;
+    return Io::kError;
+  }
+  return Io::kOk;
+}
+
 }  // namespace
 
+bool IsLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+std::string RouteSourceAddress(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return {};
+  std::string result;
+  for (addrinfo* ai = res; ai != nullptr && result.empty(); ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+      sockaddr_storage local{};
+      socklen_t len = sizeof(local);
+      if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) result = SockaddrHost(local);
+    }
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return result;
+}
+
+Result<std::string> StoreBindAddress(const std::string& host) {
+  if (host == "localhost") return std::string("127.0.0.1");
+  if (IsLoopbackHost(host)) return host;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int gai = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (gai != 0) {
+    return InvalidArgumentError("TcpStore: cannot resolve MASTER_ADDR '" + host + "' to choose the address to serve on: " +
+                                gai_strerror(gai) + " (set ZERO_STORE_BIND_ADDR to override)");
+  }
+  // An address of this machine binds; the port stays 0 so nothing else is disturbed.
+  std::string local;
+  for (addrinfo* ai = res; ai != nullptr && local.empty(); ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage a{};
+    std::memcpy(&a, ai->ai_addr, ai->ai_addrlen);
+    if (a.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&a)->sin_port = 0;
+    if (a.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&a)->sin6_port = 0;
+    if (bind(fd, reinterpret_cast<sockaddr*>(&a), ai->ai_addrlen) == 0) local = SockaddrHost(a);
+    close(fd);
+  }
+  freeaddrinfo(res);
+  if (!local.empty()) return local;
+  std::string route = RouteSourceAddress(host, 29500);
+  if (!route.empty()) return route;
+  return InvalidArgumentError("TcpStore: MASTER_ADDR '" + host +
+                              "' is not an address of this machine and no route leads to it, so the store "
+                              "does not know where to serve; set ZERO_STORE_BIND_ADDR to this machine's address");
+}
+
 // ---------------------------------------------------------------------------------------------
-// Server: one thread polling the listening socket and every client. GET/WAIT requests whose keys
-// are missing are parked and answered by the SET that completes them.
+// Server: one thread polling the listening socket and every client; no call blocks on a client.
+// GET/WAIT requests whose keys are missing are parked and answered by the SET that completes them.
 class TcpStore::Server {
  public:
-  static Result<std::unique_ptr<Server>> Start(int port) {
-    auto server = std::unique_ptr<Server>(new Server());
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) return ErrnoError("socket", "TcpStore server", errno);
+  static Result<std::unique_ptr<Server>> Start(const TcpStoreOptions& o, const std::string& bind_addr) {
+    auto server = std::unique_ptr<Server>(new Server(o));
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    addrinfo* res = nullptr;
+    int gai = getaddrinfo(bind_addr.c_str(), std::to_string(o.port).c_str(), &hints, &res);
+    if (gai != 0) {
+      return InvalidArgumentError("TcpStore: cannot resolve the address to serve on '" + bind_addr +
+                                  "': " + gai_strerror(gai));
+    }
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+      int e = errno;
+      freeaddrinfo(res);
+      return ErrnoError("socket", "TcpStore server", e);
+    }
     server->listen_fd_ = fd;
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_ANY);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      int err = errno;
-      return UnavailableError("TcpStore: cannot listen on port " + std::to_string(port) + ": " +
-                              ErrnoText(err) + " (is another job using MASTER_PORT?)");
+    if (res->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+    int rc = bind(fd, res->ai_addr, res->ai_addrlen);
+    int err = errno;
+    freeaddrinfo(res);
+    if (rc != 0) {
+      return UnavailableError("TcpStore: cannot listen on " + HostPort(bind_addr, o.port) + ": " +
+                              ErrnoText(err) + " (is another job using MASTER_PORT? is " + bind_addr +
+                              " an address of this machine? ZERO_STORE_BIND_ADDR overrides it)");
     }
     if (listen(fd, 1024) != 0) return ErrnoError("listen", "TcpStore server", errno);
+    sockaddr_storage addr{};
     socklen_t len = sizeof(addr);
     getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    server->port_ = ntohs(addr.sin_port);
+    server->port_ = SockaddrPort(addr);
+    server->bind_addr_ = SockaddrHost(addr);
     if (pipe2(server->wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
       return ErrnoError("pipe2", "TcpStore server", errno);
     }
@@ -106,20 +276,42 @@ class TcpStore::Server {
   }
 
   int port() const { return port_; }
+  const std::string& bind_address() const { return bind_addr_; }
 
  private:
   struct Client {
     int fd = -1;
+    std::string peer_host;  // for the log: one line per host
+    std::string peer;       // host:port
+    bool authenticated = false;
+    std::string server_nonce;
     std::string in;
     std::string out;
     bool dead = false;
+    bool close_after_flush = false;  // an error reply is queued; the stream is not trusted after it
+    Clock::time_point deadline = Clock::time_point::max();  // of the handshake or current request
     // A GET or WAIT waiting for keys (requests on one connection are sequential).
     bool parked = false;
     uint8_t parked_cmd = 0;
     std::vector<std::string> parked_keys;
   };
 
-  Server() = default;
+  explicit Server(const TcpStoreOptions& o) : options_(o) {
+    const size_t w = static_cast<size_t>(std::max(o.world_size, 0));
+    max_connections_ = o.max_connections > 0 ? o.max_connections : (w > 0 ? 4 * w + 16 : 1024);
+    max_keys_ = o.max_keys > 0 ? o.max_keys : (w > 0 ? 1024 + 64 * w : 65536);
+  }
+
+  std::string Describe() const { return "TcpStore server on " + HostPort(bind_addr_, port_); }
+
+  // Replies waiting to be read hold back further requests from the same client.
+  size_t OutCap() const { return options_.max_value_bytes + 64; }
+
+  bool WantsInput(const Client& c) const {
+    if (c.close_after_flush) return false;
+    if (!c.authenticated) return c.in.size() < kNonceBytes + kMacBytes;
+    return !c.parked && c.out.size() < OutCap();
+  }
 
   void Loop() {
     std::vector<pollfd> fds;
@@ -127,23 +319,48 @@ class TcpStore::Server {
       fds.clear();
       fds.push_back({wake_[0], POLLIN, 0});
       fds.push_back({listen_fd_, POLLIN, 0});
+      Clock::time_point next = Clock::time_point::max();
       for (auto& c : clients_) {
-        short ev = POLLIN;
+        short ev = POLLRDHUP;
+        if (WantsInput(*c)) ev |= POLLIN;
         if (!c->out.empty()) ev |= POLLOUT;
         fds.push_back({c->fd, ev, 0});
+        next = std::min(next, c->deadline);
       }
-      int n = poll(fds.data(), fds.size(), -1);
+      int timeout_ms = next == Clock::time_point::max() ? -1 : std::max(1, RemainingMs(next) + 1);
+      int n = poll(fds.data(), fds.size(), timeout_ms);
       if (n < 0) {
         if (errno == EINTR) continue;
         return;
       }
       if (fds[0].revents) return;
+      // clients_ may grow in Accept(); only the ones polled have entries in fds.
+      const size_t polled = fds.size() - 2;
+      for (size_t i = 0; i < polled; ++i) {
+        Client* c = clients_[i].get();
+        const short re = fds[i + 2].revents;
+        if (c->dead) continue;
+        if (re & POLLIN) {
+          ReadFrom(c);
+        } else if (re & (POLLRDHUP | POLLHUP | POLLERR)) {
+          c->dead = true;  // gone while we were not reading (parked, or backpressured)
+        }
+        if (!c->dead && (re & POLLOUT)) Flush(c);
+      }
       if (fds[1].revents & POLLIN) Accept();
-      // clients_ may have grown in Accept(); only the ones polled have entries in fds.
-      for (size_t i = 2; i < fds.size(); ++i) {
-        Client* c = clients_[i - 2].get();
-        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) ReadFrom(c);
-        if (!c->dead && (fds[i].revents & POLLOUT)) Flush(c);
+      const auto now = Clock::now();
+      for (auto& c : clients_) {
+        if (c->dead) continue;
+        if (c->close_after_flush && c->out.empty()) c->dead = true;
+        const bool busy = !c->authenticated || (!c->parked && !c->in.empty()) || !c->out.empty();
+        if (!busy) {
+          c->deadline = Clock::time_point::max();
+        } else if (c->deadline == Clock::time_point::max()) {
+          c->deadline = now + options_.request_timeout;
+        } else if (now >= c->deadline) {
+          Refuse(c.get(), (c->authenticated ? "a request did not complete" : "the handshake did not complete") +
+                              std::string(" within ") + std::to_string(options_.request_timeout.count()) + " ms");
+        }
       }
       clients_.erase(std::remove_if(clients_.begin(), clients_.end(),
                                     [](const std::unique_ptr<Client>& c) {
@@ -154,65 +371,166 @@ class TcpStore::Server {
     }
   }
 
+  // Logs `why` once per peer host and closes the connection.
+  void Refuse(Client* c, const std::string& why) {
+    Log(c->peer_host, c->peer, why);
+    c->dead = true;
+  }
+
+  void Log(const std::string& host, const std::string& peer, const std::string& why) {
+    if (logged_hosts_.size() >= kMaxLoggedPeers || !logged_hosts_.insert(host).second) return;
+    std::fprintf(stderr, "%s: closed the connection from %s: %s (further problems from %s are not logged)\n",
+                 Describe().c_str(), peer.c_str(), why.c_str(), host.c_str());
+  }
+
   void Accept() {
     while (true) {
-      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      sockaddr_storage addr{};
+      socklen_t len = sizeof(addr);
+      int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;
-      SetNoDelay(fd);
       auto c = std::make_unique<Client>();
       c->fd = fd;
+      c->peer_host = SockaddrHost(addr);
+      c->peer = HostPort(c->peer_host, SockaddrPort(addr));
+      size_t live = 0;
+      Client* oldest_unauthenticated = nullptr;
+      for (auto& other : clients_) {
+        if (other->dead) continue;
+        ++live;
+        if (!other->authenticated && oldest_unauthenticated == nullptr) oldest_unauthenticated = other.get();
+      }
+      const std::string limit = "too many connections (limit " + std::to_string(max_connections_) + ")";
+      if (live >= max_connections_) {
+        if (oldest_unauthenticated != nullptr) {
+          Refuse(oldest_unauthenticated, limit + "; the oldest unauthenticated connection goes first");
+        } else {
+          ssize_t ignored = send(fd, kBusy, sizeof(kBusy), MSG_NOSIGNAL | MSG_DONTWAIT);
+          (void)ignored;
+          Log(c->peer_host, c->peer, limit);
+          close(fd);
+          continue;
+        }
+      }
+      SetNoDelay(fd);
+      if (!RandomBytes(kNonceBytes, &c->server_nonce)) {
+        Log(c->peer_host, c->peer, "cannot read random bytes for the challenge: " + ErrnoText(errno));
+        close(fd);
+        continue;
+      }
+      c->out.assign(kHello, sizeof(kHello));
+      c->out += c->server_nonce;
+      Flush(c.get());
       clients_.push_back(std::move(c));
     }
   }
 
   void ReadFrom(Client* c) {
     char buf[65536];
-    while (true) {
-      ssize_t r = recv(c->fd, buf, sizeof(buf), 0);
+    while (WantsInput(*c)) {
+      // Before authentication, read no more than the proof.
+      size_t want = c->authenticated ? sizeof(buf) : kNonceBytes + kMacBytes - c->in.size();
+      ssize_t r = recv(c->fd, buf, std::min(want, sizeof(buf)), 0);
       if (r > 0) {
         c->in.append(buf, static_cast<size_t>(r));
+        if (!c->authenticated) Authenticate(c);
         continue;
       }
-      if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      if (r < 0 && errno == EINTR) continue;
+      if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
         c->dead = true;
         return;
       }
-      if (errno == EINTR) continue;
       break;
     }
     Process(c);
   }
 
+  void Authenticate(Client* c) {
+    if (c->in.size() < kNonceBytes + kMacBytes) return;
+    const std::string client_nonce = c->in.substr(0, kNonceBytes);
+    const std::string proof = c->in.substr(kNonceBytes, kMacBytes);
+    c->in.erase(0, kNonceBytes + kMacBytes);
+    if (!ConstantTimeEqual(proof, Mac(options_.secret, kClientContext, c->server_nonce, client_nonce))) {
+      c->out.push_back(static_cast<char>(1));
+      c->close_after_flush = true;
+      Log(c->peer_host, c->peer,
+          "it did not prove the job secret (wrong or missing ZERO_JOB_SECRET, or not a rank of this job)");
+      Flush(c);
+      return;
+    }
+    c->authenticated = true;
+    c->deadline = Clock::time_point::max();
+    c->out.push_back(static_cast<char>(0));
+    c->out += Mac(options_.secret, kServerContext, c->server_nonce, client_nonce);
+    Flush(c);
+  }
+
+  // Rejects the current request with `code` and closes the connection once the reply is sent
+  // (the rest of the stream cannot be trusted to be aligned on a request).
+  void RejectAndClose(Client* c, uint8_t code, const std::string& why) {
+    Log(c->peer_host, c->peer, why);
+    c->in.clear();
+    Reply(c, code, Describe() + ": " + why);
+    c->close_after_flush = true;
+  }
+
   // Handles every complete request buffered for `c` unless one is parked.
   void Process(Client* c) {
-    while (!c->dead && !c->parked) {
+    while (c->authenticated && !c->dead && !c->close_after_flush && !c->parked) {
       const std::string& in = c->in;
       if (in.size() < 5) return;
       uint8_t cmd = static_cast<uint8_t>(in[0]);
       uint32_t nfields;
       std::memcpy(&nfields, in.data() + 1, 4);
+      if (nfields > kMaxFields) {
+        return RejectAndClose(c, kReplyMalformed, "a request with " + std::to_string(nfields) +
+                                                      " fields (at most " + std::to_string(kMaxFields) + ")");
+      }
       size_t pos = 5;
       std::vector<std::string> fields;
       for (uint32_t f = 0; f < nfields; ++f) {
         if (in.size() < pos + 8) return;
         uint64_t len = ReadU64(in.data() + pos);
-        if (len > kMaxFieldBytes) {
-          c->dead = true;  // not our protocol
-          return;
+        const bool is_value = (cmd == kSet && f == 1) || (cmd != kSet && cmd != kGet && cmd != kWait);
+        const uint64_t limit = is_value ? options_.max_value_bytes : options_.max_key_bytes;
+        if (len > limit) {
+          return RejectAndClose(c, kReplyOverLimit,
+                                std::string(is_value ? "a value" : "a key") + " of " + std::to_string(len) +
+                                    " bytes (at most " + std::to_string(limit) + "; " +
+                                    (is_value ? "ZERO_STORE_MAX_VALUE_BYTES" : "keys are at most 4 KiB") + ")");
         }
         if (in.size() < pos + 8 + len) return;
         fields.emplace_back(in.data() + pos + 8, len);
         pos += 8 + len;
       }
       c->in.erase(0, pos);
+      c->deadline = Clock::time_point::max();  // the next request gets its own deadline
       Handle(c, cmd, std::move(fields));
     }
   }
 
   void Handle(Client* c, uint8_t cmd, std::vector<std::string> fields) {
     if (cmd == kSet && fields.size() == 2) {
+      auto it = map_.find(fields[0]);
+      const size_t old_bytes = it == map_.end() ? 0 : it->first.size() + it->second.size();
+      const size_t new_bytes = fields[0].size() + fields[1].size();
+      if (it == map_.end() && map_.size() >= max_keys_) {
+        Log(c->peer_host, c->peer, "the store is full (" + std::to_string(max_keys_) + " keys)");
+        Reply(c, kReplyOverLimit, Describe() + ": the store holds " + std::to_string(map_.size()) +
+                                      " keys, its limit; key '" + fields[0] + "' was not set");
+        return;
+      }
+      if (total_bytes_ - old_bytes + new_bytes > options_.max_total_bytes) {
+        Log(c->peer_host, c->peer, "the store is full (" + std::to_string(options_.max_total_bytes) + " bytes)");
+        Reply(c, kReplyOverLimit, Describe() + ": the store would hold more than " +
+                                      std::to_string(options_.max_total_bytes) + " bytes; key '" + fields[0] +
+                                      "' was not set");
+        return;
+      }
+      total_bytes_ = total_bytes_ - old_bytes + new_bytes;
       map_[fields[0]] = std::vector<char>(fields[1].begin(), fields[1].end());
-      Reply(c, 0, {});
+      Reply(c, kReplyOk, {});
       WakeParked();
       return;
     }
@@ -223,7 +541,8 @@ class TcpStore::Server {
       TryAnswer(c);
       return;
     }
-    Reply(c, 1, "TcpStore: malformed request");
+    Reply(c, kReplyMalformed, Describe() + ": malformed request (command " + std::to_string(cmd) + " with " +
+                                  std::to_string(fields.size()) + " fields)");
   }
 
   // Answers a parked request whose keys all exist.
@@ -234,9 +553,9 @@ class TcpStore::Server {
     c->parked = false;
     if (c->parked_cmd == kGet) {
       const auto& v = map_[c->parked_keys[0]];
-      Reply(c, 0, std::string(v.begin(), v.end()));
+      Reply(c, kReplyOk, std::string(v.begin(), v.end()));
     } else {
-      Reply(c, 0, {});
+      Reply(c, kReplyOk, {});
     }
     c->parked_keys.clear();
   }
@@ -270,13 +589,19 @@ class TcpStore::Server {
     }
   }
 
+  const TcpStoreOptions options_;
+  size_t max_connections_ = 0;
+  size_t max_keys_ = 0;
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};
   int port_ = 0;
+  std::string bind_addr_;
   std::thread thread_;
   // Touched only by the server thread.
   std::unordered_map<std::string, std::vector<char>> map_;
+  size_t total_bytes_ = 0;
   std::vector<std::unique_ptr<Client>> clients_;
+  std::set<std::string> logged_hosts_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -298,7 +623,11 @@ Result<std::unique_ptr<TcpStore>> TcpStore::Create(const TcpStoreOptions& option
   }
   auto store = std::unique_ptr<TcpStore>(new TcpStore(options));
   if (options.is_server) {
-    ZERO_ASSIGN_OR_RETURN(store->server_, Server::Start(options.port));
+    std::string bind_addr = options.bind_addr;
+    if (bind_addr.empty()) {
+      ZERO_ASSIGN_OR_RETURN(bind_addr, StoreBindAddress(options.host));
+    }
+    ZERO_ASSIGN_OR_RETURN(store->server_, Server::Start(options, bind_addr));
     store->port_ = store->server_->port();
   }
   std::lock_guard<std::mutex> lock(store->mu_);
@@ -306,7 +635,9 @@ Result<std::unique_ptr<TcpStore>> TcpStore::Create(const TcpStoreOptions& option
   return store;
 }
 
-std::string TcpStore::address() const { return options_.host + ":" + std::to_string(port_); }
+std::string TcpStore::address() const { return HostPort(options_.host, port_); }
+
+std::string TcpStore::bind_address() const { return server_ ? server_->bind_address() : std::string(); }
 
 std::string TcpStore::Describe() const {
   std::string s = "TcpStore " + address();
@@ -317,6 +648,54 @@ std::string TcpStore::Describe() const {
 void TcpStore::CloseLocked() {
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
+}
+
+Status TcpStore::HandshakeLocked(int fd, Clock::time_point deadline) {
+  int err = 0;
+  auto broken = [&](Io io, const char* when) -> Status {
+    std::string m = std::string("the store ") +
+                    (io == Io::kTimeout ? "did not answer" : io == Io::kClosed ? "closed the connection" : "failed") +
+                    " " + when;
+    if (io == Io::kError) m += " (" + ErrnoText(err) + ")";
+    return UnavailableError(m);
+  };
+  char hello[sizeof(kHello)];
+  if (Io io = RecvExact(fd, hello, sizeof(hello), deadline, &err); io != Io::kOk) {
+    return broken(io, "before its greeting");
+  }
+  if (std::memcmp(hello, kBusy, sizeof(kBusy)) == 0) {
+    return UnavailableError("the store refused the connection: it has too many connections");
+  }
+  if (std::memcmp(hello, kHello, sizeof(kHello)) != 0) {
+    return FailedPreconditionError(Describe() + ": what answers there is not a zero TcpStore (unexpected greeting)");
+  }
+  std::string server_nonce(kNonceBytes, '\0');
+  if (Io io = RecvExact(fd, server_nonce.data(), kNonceBytes, deadline, &err); io != Io::kOk) {
+    return broken(io, "during the handshake");
+  }
+  std::string client_nonce;
+  if (!RandomBytes(kNonceBytes, &client_nonce)) return ErrnoError("getrandom", Describe(), errno);
+  const std::string proof = client_nonce + Mac(options_.secret, kClientContext, server_nonce, client_nonce);
+  if (Io io = SendAll(fd, proof.data(), proof.size(), deadline, &err); io != Io::kOk) {
+    return broken(io, "during the handshake");
+  }
+  char verdict = 1;
+  if (Io io = RecvExact(fd, &verdict, 1, deadline, &err); io != Io::kOk) return broken(io, "during the handshake");
+  if (verdict != 0) {
+    return FailedPreconditionError(
+        Describe() + ": the store refused this rank's proof of the job secret: ZERO_JOB_SECRET differs from "
+                     "rank 0's (or is set on one and not the other)");
+  }
+  std::string server_proof(kMacBytes, '\0');
+  if (Io io = RecvExact(fd, server_proof.data(), kMacBytes, deadline, &err); io != Io::kOk) {
+    return broken(io, "during the handshake");
+  }
+  if (!ConstantTimeEqual(server_proof, Mac(options_.secret, kServerContext, server_nonce, client_nonce))) {
+    return FailedPreconditionError(Describe() +
+                                   ": the server could not prove the job secret (is this rank 0 of the same "
+                                   "job? ZERO_JOB_SECRET must be the same on every rank)");
+  }
+  return OkStatus();
 }
 
 Status TcpStore::ConnectLocked(Clock::time_point deadline) {
@@ -353,9 +732,19 @@ Status TcpStore::ConnectLocked(Clock::time_point deadline) {
       }
       if (rc == 0) {
         SetNoDelay(fd);
-        fd_ = fd;
-        freeaddrinfo(res);
-        return OkStatus();
+        Status hs = HandshakeLocked(fd, deadline);
+        if (hs.ok()) {
+          fd_ = fd;
+          freeaddrinfo(res);
+          return OkStatus();
+        }
+        close(fd);
+        if (hs.code() != StatusCode::kUnavailable) {
+          freeaddrinfo(res);
+          return hs;
+        }
+        last_error = hs.message();
+        continue;
       }
       last_error = ErrnoText(errno);
       close(fd);
@@ -385,75 +774,65 @@ Result<std::vector<char>> TcpStore::Request(uint8_t cmd, const std::vector<std::
     frame.append(f);
   }
 
-  auto lost = [&](const std::string& what, int err) -> Status {
-    CloseLocked();
+  auto fail = [&](Io io, const std::string& what, int err) -> Status {
+    CloseLocked();  // after a timeout a late reply would desynchronize the connection
+    if (io == Io::kTimeout) {
+      return DeadlineExceededError(Describe() + ": timed out after " + std::to_string(timeout.count()) + " ms");
+    }
     std::string m = Describe() + ": connection to the store lost while " + what;
-    if (err != 0) m += " (" + ErrnoText(err) + ")";
+    if (io == Io::kError) m += " (" + ErrnoText(err) + ")";
     return UnavailableError(m + "; the host (rank 0) may have exited");
   };
-  auto timed_out = [&]() -> Status {
-    CloseLocked();  // a late reply would desynchronize the connection
-    return DeadlineExceededError(Describe() + ": timed out after " +
-                                 std::to_string(timeout.count()) + " ms");
-  };
 
-  size_t sent = 0;
-  while (sent < frame.size()) {
-    ssize_t w = send(fd_, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
-    if (w > 0) {
-      sent += static_cast<size_t>(w);
-      continue;
-    }
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd_, POLLOUT, 0};
-      int rc = poll(&p, 1, RemainingMs(deadline));
-      if (rc == 0) return timed_out();
-      continue;
-    }
-    return lost("sending", errno);
+  int err = 0;
+  if (Io io = SendAll(fd_, frame.data(), frame.size(), deadline, &err); io != Io::kOk) {
+    return fail(io, "sending", err);
   }
-
-  auto read_exact = [&](char* dst, size_t bytes) -> Status {
-    size_t got = 0;
-    while (got < bytes) {
-      ssize_t r = recv(fd_, dst + got, bytes - got, 0);
-      if (r > 0) {
-        got += static_cast<size_t>(r);
-        continue;
-      }
-      if (r == 0) return lost("waiting for a reply", 0);
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        pollfd p{fd_, POLLIN, 0};
-        int rc = poll(&p, 1, RemainingMs(deadline));
-        if (rc == 0) return timed_out();
-        continue;
-      }
-      return lost("waiting for a reply", errno);
-    }
-    return OkStatus();
-  };
-
   char header[9];
-  ZERO_RETURN_IF_ERROR(read_exact(header, 9));
+  if (Io io = RecvExact(fd_, header, 9, deadline, &err); io != Io::kOk) {
+    return fail(io, "waiting for a reply", err);
+  }
   uint64_t len = ReadU64(header + 1);
-  if (len > kMaxFieldBytes) return lost("reading a reply: malformed length", 0);
+  if (len > options_.max_value_bytes + 65536) return fail(Io::kClosed, "reading a reply: malformed length", 0);
   std::vector<char> payload(len);
-  if (len > 0) ZERO_RETURN_IF_ERROR(read_exact(payload.data(), len));
-  if (header[0] != 0) {
-    return InternalError(Describe() + ": " + std::string(payload.begin(), payload.end()));
+  if (len > 0) {
+    if (Io io = RecvExact(fd_, payload.data(), len, deadline, &err); io != Io::kOk) {
+      return fail(io, "waiting for a reply", err);
+    }
+  }
+  if (header[0] != kReplyOk) {
+    CloseLocked();  // the server closes after some errors; start afresh either way
+    std::string m(payload.begin(), payload.end());
+    if (header[0] == kReplyOverLimit) return ResourceExhaustedError(m);
+    if (header[0] == kReplyMalformed) return InvalidArgumentError(m);
+    return InternalError(Describe() + ": unknown reply code " + std::to_string(header[0]) + ": " + m);
   }
   return payload;
 }
 
+Status TcpStore::CheckSizes(const std::string& key, const std::vector<char>* value) const {
+  if (key.size() > options_.max_key_bytes) {
+    return ResourceExhaustedError(Describe() + ": key of " + std::to_string(key.size()) +
+                                  " bytes is longer than the store's limit of " +
+                                  std::to_string(options_.max_key_bytes) + " bytes");
+  }
+  if (value != nullptr && value->size() > options_.max_value_bytes) {
+    return ResourceExhaustedError(Describe() + ": value of " + std::to_string(value->size()) +
+                                  " bytes for key '" + key + "' is larger than the store's limit of " +
+                                  std::to_string(options_.max_value_bytes) + " bytes (ZERO_STORE_MAX_VALUE_BYTES)");
+  }
+  return OkStatus();
+}
+
 Status TcpStore::Set(const std::string& key, const std::vector<char>& value) {
+  ZERO_RETURN_IF_ERROR(CheckSizes(key, &value));
   auto r = Request(kSet, {key, std::string(value.begin(), value.end())}, options_.timeout);
   if (!r.ok()) return r.status().WithContext("set '" + key + "'");
   return OkStatus();
 }
 
 Result<std::vector<char>> TcpStore::Get(const std::string& key, std::chrono::milliseconds timeout) {
+  ZERO_RETURN_IF_ERROR(CheckSizes(key, nullptr));
   auto r = Request(kGet, {key}, timeout);
   if (!r.ok()) return r.status().WithContext("waiting for key '" + key + "'");
   return r;
@@ -463,6 +842,7 @@ Status TcpStore::Wait(const std::vector<std::string>& keys, std::chrono::millise
   // One key at a time, so a timeout names the key that is missing.
   const auto deadline = Clock::now() + timeout;
   for (const auto& key : keys) {
+    ZERO_RETURN_IF_ERROR(CheckSizes(key, nullptr));
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     auto r = Request(kWait, {key}, std::max(left, std::chrono::milliseconds(1)));
     if (!r.ok()) return r.status().WithContext("waiting for key '" + key + "'");

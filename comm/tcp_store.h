@@ -1,15 +1,32 @@
 // TcpStore: a small key-value store over TCP through which the ranks of one job rendezvous.
 //
 // The rank that hosts it (rank 0 by convention: is_server) runs a server thread listening on
-// `port` on every IPv4 interface; every rank, the host included, is a client that connects to
-// `host:port`, retrying until `timeout` while the server is not up yet. Keys are strings, values
-// are bytes; set overwrites, get and wait block until the keys exist or the deadline passes. It
-// implements gloo::rendezvous::Store (so gloo contexts can connectFullMesh through it; those
-// methods throw gloo::IoException as gloo expects) and offers Status-returning equivalents for
-// everything else (the NCCL unique id, rendezvous checks). Errors name the store's address, this
-// rank and the keys still missing. The server keeps its keys for the lifetime of the hosting
-// TcpStore, so the hosting process must keep it alive until every rank has finished reading
-// (communicators created through rendezvous.h own their store for their whole lifetime).
+// `port` at one address (StoreBindAddress: loopback for a loopback host, else this machine's
+// address toward `host`; never every interface unless bind_addr says "0.0.0.0"); every rank, the
+// host included, is a client that connects to `host:port`, retrying until `timeout` while the
+// server is not up yet. Keys are strings, values are bytes; set overwrites, get and wait block
+// until the keys exist or the deadline passes. It implements gloo::rendezvous::Store (so gloo
+// contexts can connectFullMesh through it; those methods throw gloo::IoException as gloo expects)
+// and offers Status-returning equivalents for everything else (the NCCL unique id, rendezvous
+// checks). Errors name the store's address, this rank and the keys still missing. The server
+// keeps its keys for the lifetime of the hosting TcpStore, so the hosting process must keep it
+// alive until every rank has finished reading (communicators created through rendezvous.h own
+// their store for their whole lifetime).
+//
+// Authentication (docs/comm.md, "The store's security model"): every connection proves the job
+// secret before its first command, and the server proves it back:
+//   server -> client  "ZSTORE1\0" + 32-byte server nonce   ("ZSTBUSY\0": too many connections)
+//   client -> server  32-byte client nonce + HMAC-SHA256(secret, "zero-tcpstore-v1 client" || sn || cn)
+//   server -> client  0x00 + HMAC-SHA256(secret, "zero-tcpstore-v1 server" || sn || cn), or 0x01
+//                     (refused) and close
+// An empty secret is the empty HMAC key: it keeps out nothing (loopback jobs without a secret).
+// Requests: u8 command (1 set, 2 get, 3 wait), u32 field count, per field u64 length + bytes
+// (little-endian). Replies: u8 code (0 ok, 1 malformed, 2 over a limit), u64 length + bytes.
+//
+// The server never blocks on one client (one poll loop, non-blocking sockets) and bounds what
+// each may cost: key and value sizes, keys stored, connections (the oldest unauthenticated one is
+// dropped first), and a deadline for the handshake and for each request once its first byte
+// arrived. A connection that breaks a rule is closed and logged on stderr once per peer address.
 //
 // Thread safety: all methods may be called from several threads; requests on one TcpStore are
 // serialized over its single connection. Owns one socket (plus, on the host, the listening socket,
@@ -35,12 +52,42 @@ struct TcpStoreOptions {
   int rank = -1;                   // for error messages only
   // Connect retry window, and the deadline of gloo's get()/wait() without an explicit timeout.
   std::chrono::milliseconds timeout{300000};
+  // The job secret every connection proves (ZERO_JOB_SECRET); empty: no protection.
+  std::string secret;
+  // --- server only ------------------------------------------------------------------------------
+  // Where to listen (ZERO_STORE_BIND_ADDR); empty: StoreBindAddress(host).
+  std::string bind_addr;
+  // Ranks expected; bounds connections (4 x world_size + 16) and keys (1024 + 64 x world_size).
+  // 0: unknown (1024 connections, 65536 keys).
+  int world_size = 0;
+  size_t max_key_bytes = 4096;
+  size_t max_value_bytes = size_t{1} << 20;  // ZERO_STORE_MAX_VALUE_BYTES
+  size_t max_keys = 0;                       // 0: from world_size as above
+  size_t max_total_bytes = size_t{256} << 20;
+  size_t max_connections = 0;                // 0: from world_size as above
+  // The handshake, and each request from its first byte, must complete within this.
+  std::chrono::milliseconds request_timeout{10000};
 };
+
+// True for "localhost", "::1" and 127.0.0.0/8 literals.
+bool IsLoopbackHost(const std::string& host);
+
+// The local address the kernel would use to reach `host` (no packet is sent); "" when `host` does
+// not resolve or no route leads to it.
+std::string RouteSourceAddress(const std::string& host, int port);
+
+// The address the store's server binds for clients that connect to `host`: `host` itself for a
+// loopback literal ("127.0.0.1" for "localhost"); else the first address `host` resolves to that
+// is an address of this machine; else RouteSourceAddress(host). kInvalidArgument naming `host`
+// (and ZERO_STORE_BIND_ADDR) when none applies.
+Result<std::string> StoreBindAddress(const std::string& host);
 
 class TcpStore final : public gloo::rendezvous::Store {
  public:
   // Starts the server (is_server) and connects to it. Fails with kUnavailable if the port cannot
-  // be bound (host) or nothing accepts on host:port within the timeout (others).
+  // be bound (host) or nothing accepts on host:port within the timeout (others), and with
+  // kFailedPrecondition if the server refuses this client's proof of the secret or cannot prove
+  // it back (the ranks were given different ZERO_JOB_SECRET values).
   static Result<std::unique_ptr<TcpStore>> Create(const TcpStoreOptions& options);
   ~TcpStore() override;
   TcpStore(const TcpStore&) = delete;
@@ -48,10 +95,14 @@ class TcpStore final : public gloo::rendezvous::Store {
 
   // The port the server listens on (resolved when options.port was 0).
   int port() const { return port_; }
+  // The address the server listens on (host only; "" on other ranks).
+  std::string bind_address() const;
   // "host:port", as used in messages.
   std::string address() const;
 
   // --- Status API ---------------------------------------------------------------------------
+  // kResourceExhausted naming the key when the key or value is over the server's limits or the
+  // store holds as many keys (or bytes) as it may.
   Status Set(const std::string& key, const std::vector<char>& value);
   // Blocks until `key` exists; kDeadlineExceeded after `timeout` naming the key.
   Result<std::vector<char>> Get(const std::string& key, std::chrono::milliseconds timeout);
@@ -72,7 +123,12 @@ class TcpStore final : public gloo::rendezvous::Store {
   Result<std::vector<char>> Request(uint8_t cmd, const std::vector<std::string>& fields,
                                     std::chrono::milliseconds timeout);
   Status ConnectLocked(std::chrono::steady_clock::time_point deadline);
+  // The client half of the handshake on a fresh connection; kUnavailable to retry (server busy or
+  // gone), kFailedPrecondition for a secret mismatch.
+  Status HandshakeLocked(int fd, std::chrono::steady_clock::time_point deadline);
   void CloseLocked();
+  // kResourceExhausted when the key or value is over this rank's limits (checked before sending).
+  Status CheckSizes(const std::string& key, const std::vector<char>* value) const;
   std::string Describe() const;  // "TcpStore 127.0.0.1:29500 (rank 2)"
 
   TcpStoreOptions options_;

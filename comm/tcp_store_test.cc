@@ -1,13 +1,23 @@
 #include "comm/tcp_store.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstring>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <gloo/common/error.h>
+
+#include "comm/hmac_sha256.h"
 
 namespace zero {
 namespace {
@@ -17,22 +27,26 @@ using std::chrono::milliseconds;
 
 std::vector<char> Bytes(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
 
-std::unique_ptr<TcpStore> Host(int ms = 5000) {
-  TcpStoreOptions o;
+constexpr uint8_t kSetForTest = 1;  // the wire format's SET command
+
+std::unique_ptr<TcpStore> Host(int ms = 5000, TcpStoreOptions o = {}) {
   o.port = 0;
   o.is_server = true;
   o.rank = 0;
   o.timeout = milliseconds(ms);
   auto s = TcpStore::Create(o);
   EXPECT_TRUE(s.ok()) << s.status().ToString();
-  return std::move(s).value();
+  return s.ok() ? std::move(s).value() : nullptr;
 }
 
-std::unique_ptr<TcpStore> Client(int port, int rank, int ms = 5000) {
+std::unique_ptr<TcpStore> Client(int port, int rank, int ms = 5000, const std::string& secret = "",
+                                 const std::string& host = "127.0.0.1") {
   TcpStoreOptions o;
+  o.host = host;
   o.port = port;
   o.rank = rank;
   o.timeout = milliseconds(ms);
+  o.secret = secret;
   auto s = TcpStore::Create(o);
   EXPECT_TRUE(s.ok()) << s.status().ToString();
   return s.ok() ? std::move(s).value() : nullptr;
@@ -139,6 +153,441 @@ TEST(TcpStoreTest, PortInUseIsReported) {
   ASSERT_FALSE(second.ok());
   EXPECT_NE(second.status().message().find(std::to_string(host->port())), std::string::npos)
       << second.status().ToString();
+}
+
+// --- security and limits (docs/comm.md, "The store's security model") ----------------------------
+
+const std::string kSecret = "3f1c0b9e8d7a6f5e4d3c2b1a09f8e7d6c5b4a39281706f5e4d3c2b1a0f9e8d7c";
+
+// A raw TCP connection to the store, speaking the wire format by hand (tcp_store.h).
+class RawConn {
+ public:
+  RawConn(int port, const std::string& host = "127.0.0.1") {
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    inet_pton(AF_INET, host.c_str(), &a.sin_addr);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    // A safety net for a broken server, not a timing assertion: reads give up after 20 s.
+    timeval tv{20, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
+  ~RawConn() { close(fd_); }
+  bool connected() const { return connected_; }
+
+  void Send(const std::string& bytes) {
+    size_t at = 0;
+    while (at < bytes.size()) {
+      ssize_t w = send(fd_, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
+      if (w <= 0) return;  // the server may close on us mid-send: that is what is being tested
+      at += static_cast<size_t>(w);
+    }
+  }
+  // Up to n bytes (fewer at EOF or error).
+  std::string Recv(size_t n) {
+    std::string out(n, '\0');
+    size_t got = 0;
+    while (got < n) {
+      ssize_t r = recv(fd_, out.data() + got, n - got, 0);
+      if (r <= 0) break;
+      got += static_cast<size_t>(r);
+    }
+    out.resize(got);
+    return out;
+  }
+  // Reads and drops whatever the server still sends; true when it then closed the connection
+  // (EOF or reset), false when the read gave up.
+  bool ClosedByServer() {
+    char b[512];
+    while (true) {
+      ssize_t r = recv(fd_, b, sizeof(b), 0);
+      if (r > 0) continue;
+      return r == 0 || (r < 0 && errno == ECONNRESET);
+    }
+  }
+  // Runs the client half of the handshake with `secret`; true when the server accepted and proved
+  // the secret back.
+  bool Authenticate(const std::string& secret) {
+    std::string hello = Recv(40);
+    if (hello.size() != 40 || hello.compare(0, 8, std::string("ZSTORE1\0", 8)) != 0) return false;
+    const std::string sn = hello.substr(8), cn(32, 'c');
+    Send(cn + Mac(secret, "zero-tcpstore-v1 client", sn, cn));
+    std::string verdict = Recv(1);
+    if (verdict != std::string(1, '\0')) return false;
+    return Recv(32) == Mac(secret, "zero-tcpstore-v1 server", sn, cn);
+  }
+
+  static std::string Mac(const std::string& secret, const std::string& ctx, const std::string& sn,
+                         const std::string& cn) {
+    Sha256Digest d = HmacSha256(secret, ctx + sn + cn);
+    return std::string(reinterpret_cast<const char*>(d.data()), d.size());
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+std::string Frame(uint8_t cmd, const std::vector<std::string>& fields) {
+  std::string f(1, static_cast<char>(cmd));
+  uint32_t n = static_cast<uint32_t>(fields.size());
+  f.append(reinterpret_cast<const char*>(&n), 4);
+  for (const auto& x : fields) {
+    uint64_t len = x.size();
+    f.append(reinterpret_cast<const char*>(&len), 8);
+    f += x;
+  }
+  return f;
+}
+
+std::string FieldHeader(uint8_t cmd, uint32_t nfields, uint64_t first_len) {
+  std::string f(1, static_cast<char>(cmd));
+  f.append(reinterpret_cast<const char*>(&nfields), 4);
+  f.append(reinterpret_cast<const char*>(&first_len), 8);
+  return f;
+}
+
+// `world` ranks meet through the store on threads, as gloo's rendezvous does: each sets its key,
+// waits for everyone's and reads them back. Returns the first error.
+Status Rendezvous(int port, int world, const std::string& secret, const std::string& tag) {
+  std::vector<Status> st(world, OkStatus());
+  std::vector<std::thread> threads;
+  for (int r = 1; r < world + 1; ++r) {
+    threads.emplace_back([&, r] {
+      TcpStoreOptions o;
+      o.port = port;
+      o.rank = r;
+      o.timeout = milliseconds(10000);
+      o.secret = secret;
+      auto c = TcpStore::Create(o);
+      if (!c.ok()) {
+        st[r - 1] = c.status();
+        return;
+      }
+      std::vector<std::string> keys;
+      for (int k = 1; k < world + 1; ++k) keys.push_back(tag + "/" + std::to_string(k));
+      Status s = (*c)->Set(tag + "/" + std::to_string(r), Bytes("rank" + std::to_string(r)));
+      if (s.ok()) s = (*c)->Wait(keys, milliseconds(10000));
+      for (int k = 1; s.ok() && k < world + 1; ++k) {
+        auto v = (*c)->Get(keys[k - 1], milliseconds(10000));
+        if (!v.ok()) {
+          s = v.status();
+        } else if (*v != Bytes("rank" + std::to_string(k))) {
+          s = InternalError("rank " + std::to_string(r) + " read a wrong value for " + keys[k - 1]);
+        }
+      }
+      st[r - 1] = s;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& s : st) {
+    if (!s.ok()) return s;
+  }
+  return OkStatus();
+}
+
+size_t Count(const std::string& haystack, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = haystack.find(needle); at != std::string::npos; at = haystack.find(needle, at + 1)) ++n;
+  return n;
+}
+
+TEST(TcpStoreSecurityTest, WrongSecretIsRefusedWhileTheRanksComplete) {
+  TcpStoreOptions ho;
+  ho.secret = kSecret;
+  ho.world_size = 4;
+  auto host = Host(5000, ho);
+  ASSERT_TRUE(host);
+  ::testing::internal::CaptureStderr();
+  for (const std::string& wrong : {std::string("not-the-secret-of-this-job"), std::string()}) {
+    TcpStoreOptions o;
+    o.port = host->port();
+    o.rank = 9;
+    o.timeout = milliseconds(5000);
+    o.secret = wrong;
+    auto c = TcpStore::Create(o);
+    ASSERT_FALSE(c.ok()) << "a client with secret '" << wrong << "' got in";
+    EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition) << c.status().ToString();
+    EXPECT_NE(c.status().message().find("ZERO_JOB_SECRET"), std::string::npos) << c.status().ToString();
+  }
+  // A raw client that answers the challenge with garbage is closed too.
+  RawConn raw(host->port());
+  ASSERT_TRUE(raw.connected());
+  EXPECT_EQ(raw.Recv(40).size(), 40u);
+  raw.Send(std::string(64, 'x'));
+  EXPECT_EQ(raw.Recv(1), std::string(1, '\1'));
+  EXPECT_TRUE(raw.ClosedByServer());
+  EXPECT_TRUE(Rendezvous(host->port(), 3, kSecret, "ok").ok());
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  // Three refusals from one peer address, logged once, naming it.
+  EXPECT_EQ(Count(log, "did not prove the job secret"), 1u) << log;
+  EXPECT_NE(log.find("127.0.0.1:"), std::string::npos) << log;
+  EXPECT_EQ(log.find(kSecret), std::string::npos) << "the secret leaked into the log: " << log;
+}
+
+TEST(TcpStoreSecurityTest, ClientRefusesAServerThatCannotProveTheSecret) {
+  // A fake server: greets, accepts any proof and answers with a MAC under another secret.
+  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(lfd, 4), 0);
+  socklen_t len = sizeof(a);
+  getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  std::thread fake([&] {
+    int fd = accept(lfd, nullptr, nullptr);
+    const std::string sn(32, 's');
+    std::string hello = std::string("ZSTORE1\0", 8) + sn;
+    ASSERT_EQ(send(fd, hello.data(), hello.size(), 0), 40);
+    char proof[64];
+    ASSERT_EQ(recv(fd, proof, 64, MSG_WAITALL), 64);
+    std::string answer = std::string(1, '\0') + RawConn::Mac("impostor", "zero-tcpstore-v1 server", sn,
+                                                             std::string(proof, 32));
+    ASSERT_EQ(send(fd, answer.data(), answer.size(), 0), 33);
+    char b;
+    recv(fd, &b, 1, 0);  // until the client closes
+    close(fd);
+  });
+  TcpStoreOptions o;
+  o.port = ntohs(a.sin_port);
+  o.rank = 1;
+  o.timeout = milliseconds(5000);
+  o.secret = kSecret;
+  auto c = TcpStore::Create(o);
+  fake.join();
+  close(lfd);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("server could not prove the job secret"), std::string::npos)
+      << c.status().ToString();
+}
+
+// Random bytes, truncated requests and huge lengths, before and after authentication, from a
+// fixed seed; the right ranks then still rendezvous and the server answers correctly.
+TEST(TcpStoreSecurityTest, FuzzedWireFormatLeavesTheStoreServing) {
+  TcpStoreOptions ho;
+  ho.secret = kSecret;
+  ho.max_value_bytes = 4096;
+  ho.request_timeout = milliseconds(200);
+  auto host = Host(5000, ho);
+  ASSERT_TRUE(host);
+  ASSERT_TRUE(host->Set("fixed", Bytes("value")).ok());
+  std::mt19937_64 rng(14);
+  auto random_bytes = [&](size_t n) {
+    std::string s(n, '\0');
+    for (auto& ch : s) ch = static_cast<char>(rng());
+    return s;
+  };
+  const uint64_t huge[] = {uint64_t{1} << 63, uint64_t{1} << 40, 4097, ~uint64_t{0}, uint64_t{1} << 30};
+  ::testing::internal::CaptureStderr();
+  int authenticated = 0, replies = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    RawConn c(host->port());
+    ASSERT_TRUE(c.connected()) << "iteration " << iter << ": the store stopped accepting";
+    const int mode = static_cast<int>(rng() % 6);
+    if (mode == 0) {  // garbage instead of the proof, of any length
+      c.Send(random_bytes(rng() % 100));
+      continue;
+    }
+    ASSERT_TRUE(c.Authenticate(kSecret)) << "iteration " << iter;
+    ++authenticated;
+    const uint8_t cmd = static_cast<uint8_t>(rng() % 5);
+    switch (mode) {
+      case 1:  // random bytes as requests
+        c.Send(random_bytes(rng() % 300));
+        break;
+      case 2:  // a huge length in the first field, or a huge field count
+        c.Send(rng() % 2 ? FieldHeader(cmd, 1 + rng() % 3, huge[rng() % 5])
+                         : FieldHeader(cmd, static_cast<uint32_t>(rng() | 65), 1));
+        break;
+      case 3: {  // a valid request cut short
+        std::string f = Frame(kSetForTest, {"fuzz/" + std::to_string(rng() % 50), random_bytes(rng() % 200)});
+        c.Send(f.substr(0, rng() % f.size()));
+        break;
+      }
+      default: {  // a complete request with random command and fields: it gets a well-formed reply
+        std::vector<std::string> fields(rng() % 4);
+        for (auto& x : fields) x = "fuzz/" + random_bytes(rng() % 8);
+        if (cmd == 2 || cmd == 3) fields = {"fixed"};  // a key that exists, so it does not park
+        c.Send(Frame(cmd, fields));
+        std::string header = c.Recv(9);
+        ASSERT_EQ(header.size(), 9u) << "iteration " << iter << ": no reply to command " << int(cmd);
+        EXPECT_LE(static_cast<uint8_t>(header[0]), 2) << "iteration " << iter;
+        uint64_t n;
+        std::memcpy(&n, header.data() + 1, 8);
+        ASSERT_LE(n, 4096u) << "iteration " << iter;
+        EXPECT_EQ(c.Recv(n).size(), n);
+        ++replies;
+        break;
+      }
+    }
+  }
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_GT(authenticated, 2000);
+  EXPECT_GT(replies, 500);
+  EXPECT_TRUE(Rendezvous(host->port(), 4, kSecret, "after-fuzz").ok());
+  auto v = host->Get("fixed", milliseconds(1000));
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(*v, Bytes("value"));
+}
+
+// A client that never answers the challenge, or stops in the middle of a request, does not hold
+// up the others, and the server closes it after the request deadline.
+TEST(TcpStoreSecurityTest, StalledClientsAreTimedOutWithoutStallingTheRanks) {
+  TcpStoreOptions ho;
+  ho.secret = kSecret;
+  ho.request_timeout = milliseconds(300);
+  auto host = Host(5000, ho);
+  ASSERT_TRUE(host);
+  ::testing::internal::CaptureStderr();
+  RawConn silent(host->port());
+  RawConn half_proof(host->port());
+  RawConn half_request(host->port());
+  ASSERT_TRUE(half_request.Authenticate(kSecret));
+  half_proof.Send(std::string(10, 'p'));
+  std::string f = Frame(kSetForTest, {"k", std::string(1000, 'v')});
+  half_request.Send(f.substr(0, 500));
+  // The ranks rendezvous while all three hang on (the server would otherwise wait on them).
+  EXPECT_TRUE(Rendezvous(host->port(), 3, kSecret, "stall").ok());
+  EXPECT_TRUE(silent.ClosedByServer());
+  EXPECT_TRUE(half_proof.ClosedByServer());
+  EXPECT_TRUE(half_request.ClosedByServer());
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("did not complete within 300 ms"), std::string::npos) << log;
+  // An authenticated client waiting for a key (a parked GET) is not timed out.
+  std::thread late([&] {
+    std::this_thread::sleep_for(milliseconds(800));
+    EXPECT_TRUE(host->Set("late", Bytes("x")).ok());
+  });
+  auto c = Client(host->port(), 1, 5000, kSecret);
+  ASSERT_TRUE(c);
+  auto got = c->Get("late", milliseconds(5000));
+  late.join();
+  EXPECT_TRUE(got.ok()) << got.status().ToString();
+}
+
+TEST(TcpStoreSecurityTest, SizeAndKeyLimitsAreRefusedNamingTheLimit) {
+  TcpStoreOptions ho;
+  ho.max_value_bytes = 1000;
+  ho.max_keys = 5;
+  auto host = Host(5000, ho);
+  ASSERT_TRUE(host);
+  // This client has the default limits, so the server is the one that refuses.
+  auto c = Client(host->port(), 1);
+  ASSERT_TRUE(c);
+  ::testing::internal::CaptureStderr();
+  Status big = c->Set("big", std::vector<char>(5000, 'x'));
+  EXPECT_EQ(big.code(), StatusCode::kResourceExhausted) << big.ToString();
+  EXPECT_NE(big.message().find("5000 bytes (at most 1000"), std::string::npos) << big.ToString();
+  // The host's own client checks before sending.
+  Status big_local = host->Set("big", std::vector<char>(5000, 'x'));
+  EXPECT_EQ(big_local.code(), StatusCode::kResourceExhausted) << big_local.ToString();
+  Status long_key = c->Set(std::string(5000, 'k'), Bytes("v"));
+  EXPECT_EQ(long_key.code(), StatusCode::kResourceExhausted) << long_key.ToString();
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(c->Set("k" + std::to_string(i), Bytes("v")).ok()) << i;
+  Status full = c->Set("k5", Bytes("v"));
+  EXPECT_EQ(full.code(), StatusCode::kResourceExhausted) << full.ToString();
+  EXPECT_NE(full.message().find("'k5'"), std::string::npos) << full.ToString();
+  ::testing::internal::GetCapturedStderr();
+  // Overwriting an existing key is fine, and the connection recovered from the refusals.
+  EXPECT_TRUE(c->Set("k4", Bytes("again")).ok());
+  EXPECT_EQ(*c->Get("k4", milliseconds(1000)), Bytes("again"));
+}
+
+TEST(TcpStoreSecurityTest, ConnectionLimitDropsUnauthenticatedFirst) {
+  TcpStoreOptions ho;
+  ho.secret = kSecret;
+  ho.max_connections = 4;  // the host's own client is one of them
+  auto host = Host(5000, ho);
+  ASSERT_TRUE(host);
+  ::testing::internal::CaptureStderr();
+  // A flood of unauthenticated connections does not keep a rank out.
+  std::vector<std::unique_ptr<RawConn>> flood;
+  for (int i = 0; i < 12; ++i) flood.push_back(std::make_unique<RawConn>(host->port()));
+  auto c1 = Client(host->port(), 1, 5000, kSecret);
+  ASSERT_TRUE(c1);
+  ASSERT_TRUE(c1->Set("a", Bytes("1")).ok());
+  // Authenticated connections up to the limit: the next one is refused as busy...
+  RawConn a2(host->port()), a3(host->port());
+  ASSERT_TRUE(a2.Authenticate(kSecret));
+  ASSERT_TRUE(a3.Authenticate(kSecret));
+  TcpStoreOptions o;
+  o.port = host->port();
+  o.rank = 5;
+  o.timeout = milliseconds(300);
+  o.secret = kSecret;
+  auto refused = TcpStore::Create(o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("too many connections"), std::string::npos)
+      << refused.status().ToString();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("too many connections (limit 4)"), std::string::npos) << log;
+  EXPECT_TRUE(c1->Wait({"a"}, milliseconds(1000)).ok());
+}
+
+// The first IPv4 address of an interface that is up and not loopback, or "".
+std::string NonLoopbackAddress() {
+  ifaddrs* ifs = nullptr;
+  if (getifaddrs(&ifs) != 0) return {};
+  std::string found;
+  for (ifaddrs* i = ifs; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    char buf[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof(buf));
+    found = buf;
+  }
+  freeifaddrs(ifs);
+  return found;
+}
+
+TEST(TcpStoreBindTest, LoopbackMasterBindsLoopbackOnly) {
+  EXPECT_EQ(*StoreBindAddress("127.0.0.1"), "127.0.0.1");
+  EXPECT_EQ(*StoreBindAddress("localhost"), "127.0.0.1");
+  EXPECT_EQ(*StoreBindAddress("127.0.0.5"), "127.0.0.5");
+  EXPECT_EQ(*StoreBindAddress("::1"), "::1");
+  auto host = Host();
+  ASSERT_TRUE(host);
+  EXPECT_EQ(host->bind_address(), "127.0.0.1");
+  const std::string other = NonLoopbackAddress();
+  if (other.empty()) GTEST_SKIP() << "no non-loopback IPv4 interface here to check it is not served";
+  RawConn outside(host->port(), other);
+  EXPECT_FALSE(outside.connected()) << "the store answers on " << other << " though MASTER_ADDR is loopback";
+}
+
+TEST(TcpStoreBindTest, InterfaceMasterBindsThatAddressOnly) {
+  const std::string addr = NonLoopbackAddress();
+  if (addr.empty()) GTEST_SKIP() << "this machine has no non-loopback IPv4 interface that is up";
+  EXPECT_EQ(*StoreBindAddress(addr), addr);
+  TcpStoreOptions ho;
+  ho.host = addr;
+  auto host = Host(5000, ho);
+  ASSERT_TRUE(host);
+  EXPECT_EQ(host->bind_address(), addr);
+  RawConn loop(host->port(), "127.0.0.1");
+  EXPECT_FALSE(loop.connected()) << "the store answers on 127.0.0.1 though it was told to serve on " << addr;
+  auto c = Client(host->port(), 1, 5000, "", addr);
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->Set("k", Bytes("v")).ok());
+  EXPECT_TRUE(host->Wait({"k"}, milliseconds(1000)).ok());
+}
+
+TEST(TcpStoreBindTest, OverrideAndUnresolvableMaster) {
+  TcpStoreOptions ho;
+  ho.bind_addr = "0.0.0.0";  // what ZERO_STORE_BIND_ADDR=0.0.0.0 asks for
+  auto host = Host(5000, ho);
+  ASSERT_TRUE(host);
+  EXPECT_EQ(host->bind_address(), "0.0.0.0");
+  RawConn loop(host->port(), "127.0.0.1");
+  EXPECT_TRUE(loop.connected());
+  auto bad = StoreBindAddress("no-such-host.invalid");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("no-such-host.invalid"), std::string::npos) << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find("ZERO_STORE_BIND_ADDR"), std::string::npos) << bad.status().ToString();
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Test helper: runs comm_worker once per rank as separate processes on loopback (RANK,
-// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT, ZERO_COMM_TIMEOUT_MS set),
+// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT, ZERO_COMM_TIMEOUT_MS and a
+// per-world ZERO_JOB_SECRET set, so the store's authentication is exercised),
 // waits for them with a limit (killing stragglers) and returns each rank's exit code and output.
 // Header-only, for tests; owns the child processes until they are reaped.
 #pragma once
@@ -17,6 +18,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -78,6 +80,8 @@ inline std::vector<RankResult> RunWorld(int world_size, const std::vector<int>& 
   const std::string worker = WorkerPath();
   EXPECT_FALSE(worker.empty()) << "comm_worker not found";
   const int port = FreePort();
+  // Not a real secret (tests need no unpredictability), only distinct per world.
+  const std::string secret = "test-secret-" + std::to_string(getpid()) + "-" + std::to_string(port);
   std::vector<RankResult> results;
   std::vector<pid_t> pids;
   for (int rank : ranks) {
@@ -85,7 +89,10 @@ inline std::vector<RankResult> RunWorld(int world_size, const std::vector<int>& 
     r.rank = rank;
     std::string log = TmpDir() + "/comm_worker_" + std::to_string(port) + "_" + std::to_string(rank) + ".log";
     std::vector<std::string> env_strings;
-    for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::strncmp(*e, "ZERO_JOB_SECRET=", 16) != 0) env_strings.push_back(*e);
+    }
+    env_strings.push_back("ZERO_JOB_SECRET=" + secret);
     env_strings.push_back("RANK=" + std::to_string(rank));
     env_strings.push_back("WORLD_SIZE=" + std::to_string(world_size));
     env_strings.push_back("LOCAL_RANK=" + std::to_string(rank));

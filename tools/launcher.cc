@@ -1,6 +1,7 @@
 #include "tools/launcher.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -9,6 +10,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -33,6 +35,31 @@ Result<int> PickFreePort() {
   int port = ntohs(addr.sin_port);
   close(fd);
   return port;
+}
+
+Result<std::string> GenerateJobSecret() {
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("open", "/dev/urandom", errno);
+  unsigned char bytes[32];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    ssize_t r = read(fd, bytes + got, sizeof(bytes) - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      int e = r < 0 ? errno : EIO;
+      close(fd);
+      return ErrnoError("read", "/dev/urandom", e);
+    }
+    got += static_cast<size_t>(r);
+  }
+  close(fd);
+  static const char kDigits[] = "0123456789abcdef";
+  std::string hex;
+  for (unsigned char b : bytes) {
+    hex.push_back(kDigits[b >> 4]);
+    hex.push_back(kDigits[b & 15]);
+  }
+  return hex;
 }
 
 namespace {
@@ -83,6 +110,15 @@ Status LaunchLocal(const std::vector<std::string>& argv, const LaunchOptions& op
   if (port == 0) {
     ZERO_ASSIGN_OR_RETURN(port, PickFreePort());
   }
+  std::string secret = options.job_secret;
+  if (secret.empty()) {
+    const char* inherited = std::getenv("ZERO_JOB_SECRET");
+    if (inherited != nullptr && *inherited != '\0') {
+      secret = inherited;
+    } else {
+      ZERO_ASSIGN_OR_RETURN(secret, GenerateJobSecret());
+    }
+  }
   std::vector<pid_t> pids;
   std::vector<bool> done;
   for (int r = 0; r < options.nproc; ++r) {
@@ -91,7 +127,7 @@ Status LaunchLocal(const std::vector<std::string>& argv, const LaunchOptions& op
       std::string kv(*e);
       std::string key = kv.substr(0, kv.find('='));
       if (key == "RANK" || key == "WORLD_SIZE" || key == "LOCAL_RANK" || key == "LOCAL_WORLD_SIZE" ||
-          key == "MASTER_ADDR" || key == "MASTER_PORT") {
+          key == "MASTER_ADDR" || key == "MASTER_PORT" || key == "ZERO_JOB_SECRET") {
         continue;
       }
       env.push_back(kv);
@@ -102,6 +138,7 @@ Status LaunchLocal(const std::vector<std::string>& argv, const LaunchOptions& op
     env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(options.nproc));
     env.push_back("MASTER_ADDR=" + options.master_addr);
     env.push_back("MASTER_PORT=" + std::to_string(port));
+    env.push_back("ZERO_JOB_SECRET=" + secret);
     for (const auto& kv : options.extra_env) env.push_back(kv);
     pid_t pid = fork();
     if (pid < 0) {

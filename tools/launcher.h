@@ -1,7 +1,9 @@
 // Launcher: starts N ranks of a program on this machine as child processes with the rendezvous
 // variables set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), waits for
 // them, and stops the others as soon as one fails (so a crashed rank never leaves the job hanging).
-// Used by `tools/launch` and `zero_train --nproc N`. Owns the child processes it starts: they are
+// Each job gets a secret for its rendezvous store (ZERO_JOB_SECRET, docs/comm.md): the launcher's own
+// ZERO_JOB_SECRET if set, else 32 fresh bytes from /dev/urandom as hex. Used by `tools/launch` and
+// `zero_train --nproc N`. Owns the child processes it starts: they are
 // killed (SIGTERM, then SIGKILL after a grace period) if the launcher returns early.
 #pragma once
 
@@ -18,7 +20,12 @@ struct LaunchOptions {
   int master_port = 0;       // 0: pick a free port
   int grace_seconds = 5;     // after one rank fails, how long the others get before SIGKILL
   std::vector<std::string> extra_env;  // "KEY=VALUE" added to every child
+  // The ranks' ZERO_JOB_SECRET; empty: the launcher's ZERO_JOB_SECRET, else GenerateJobSecret().
+  std::string job_secret;
 };
+
+// 32 bytes from /dev/urandom as 64 lower-case hex digits.
+Result<std::string> GenerateJobSecret();
 
 // Runs argv (argv[0] is the program path) as nproc ranks. OK when every rank exits 0; otherwise an
 // error naming the first rank that failed and its exit status or signal.
