@@ -12,20 +12,20 @@
 // their partition, so every stage saves the same bytes and loads at any stage and world size.
 //
 // Write protocol (collective; engine/checkpoint.h's SaveCheckpoint runs it over a Communicator):
-//   1. every rank r:  WriteRankFile(dir, tag, r, world, shards)            (atomic, fsynced)
-//   2. all ranks:     agree that step 1 succeeded everywhere: an all-reduce(max) of per-rank
-//                     failure flags, with a timeout, which is also the barrier. A failure anywhere fails the save
-//                     on every rank, and `latest` is not touched.
-//   3. rank 0 only:   FinalizeCheckpoint(dir, tag, meta): checks that all `world` rank files exist
-//                     with this world size in their headers (reading their 48-byte headers and
-//                     trailers, not their contents), records their sizes and checksums in
-//                     metadata.json (atomic), then writes `latest` (atomic), last.
-//   4. all ranks:     broadcast rank 0's result (so all return the same Status), barrier.
-// Each file appears under its final name only complete (checkpoint_io.h), and `latest` switches
-// only once the tag's metadata exists, so a crash at any point leaves the previous checkpoint
-// loadable through `latest`. A rank file that is missing at step 3 means save was not called on
-// every rank; FinalizeCheckpoint names the missing ranks. The checkpoint directory must be shared
-// by all ranks (one filesystem) for step 3 and for loading at another world size.
+//   1. rank 0:        CleanStaleSaves(dir), root = CreateStagingRoot(dir, tag), broadcast root
+//   2. every rank r:  WriteRankFile(root, tag, r, world, shards)            (atomic, fsynced)
+//   3. all ranks:     agree that step 2 succeeded everywhere: an all-reduce(max) of per-rank
+//                     failure flags, with a timeout, which is also the barrier. A failure
+//                     anywhere fails the save on every rank; <dir>/<tag> and `latest` are untouched.
+//   4. rank 0 only:   WriteCheckpointMetadata(root, tag, meta): checks that all `world` rank files
+//                     exist with this world size in their headers (reading their 48-byte headers
+//                     and trailers), records their sizes and checksums in metadata.json (atomic,
+//                     sealed with its own CRC32C); InstallStagedTag(root, dir, tag) (an atomic
+//                     exchange when the tag exists); WriteLatest(dir, tag); RemoveTree(root).
+//   5. all ranks:     broadcast rank 0's result (so all return the same Status).
+// <dir>/<tag> always holds a complete checkpoint (the old or the new one) and `latest` names one,
+// whatever point a crash hits (docs/checkpoints.md, "Atomicity"). The checkpoint directory must be
+// shared by all ranks (one filesystem) for step 4 and for loading at another world size.
 //
 // Load: LoadShardsForRank(dir, tag, model, rank, world) reads every old rank's file (one at a
 // time), verifies it against metadata.json, and returns this rank's new partition of each model
