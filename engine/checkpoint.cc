@@ -79,6 +79,31 @@ Status LocalSaveChecks(const std::string& tag, int world, const CheckpointMeta& 
   return OkStatus();
 }
 
+// Rank 0's part of the save once every rank file is in <root>/<tag>/.
+Status FinishSave(const std::string& root, const std::string& dir, const std::string& tag,
+                  CheckpointMeta meta) {
+  CrashPoint("rank_files_written", 0);
+  Status st = WriteCheckpointMetadata(root, tag, std::move(meta));
+  if (!st.ok()) {
+    RemoveTree(root).IgnoreError();
+    return st.WithContext("`latest` is unchanged");
+  }
+  CrashPoint("metadata_written", 0);
+  // On failure the staging root may hold the previous copy (fallback swap): kept for
+  // CleanStaleSaves.
+  ZERO_RETURN_IF_ERROR(InstallStagedTag(root, dir, tag).WithContext("`latest` is unchanged"));
+  CrashPoint("swapped", 0);
+  st = WriteLatest(dir, tag);
+  if (!st.ok()) {
+    RemoveTree(root).IgnoreError();
+    return st.WithContext(TagDirectory(dir, tag) + " is complete, but `latest` was not updated");
+  }
+  CrashPoint("latest_written", 0);
+  // The save is complete; a staging root that cannot be removed now is removed by the next save.
+  RemoveTree(root).IgnoreError();
+  return OkStatus();
+}
+
 }  // namespace
 
 Status SaveCheckpoint(Communicator* comm, const std::string& dir, const std::string& tag,
@@ -114,21 +139,42 @@ Status SaveCheckpoint(Communicator* comm, const std::string& dir, const std::str
                                 "nothing was written");
   }
 
-  // (2) Every rank's file; (3) agreement that all succeeded (the barrier before rank 0 finalizes).
-  auto info = WriteRankFile(dir, tag, rank, world, shards);
+  // (2) Rank 0 removes what earlier interrupted saves left and makes this save's staging
+  // directory; everyone learns its name.
+  WireStatus staging;
+  if (rank == 0) {
+    Status cleaned = CleanStaleSaves(dir).status();
+    auto root = cleaned.ok() ? CreateStagingRoot(dir, tag) : Result<std::string>(cleaned);
+    if (root.ok() && root->size() > sizeof(staging.message)) {
+      RemoveTree(*root).IgnoreError();
+      root = InvalidArgumentError("checkpoint directory path is too long (" +
+                                  std::to_string(root->size()) + " bytes)");
+    }
+    staging = root.ok() ? Encode(OkStatus(), *root) : Encode(root.status());
+  }
+  st = comm->BroadcastHost(&staging, sizeof(staging), 0);
+  if (!st.ok()) return st.WithContext(what + ": receiving rank 0's staging directory");
+  ZERO_RETURN_IF_ERROR(Decode(staging).WithContext(
+      what + (rank == 0 ? "" : ": rank 0") + ": nothing was written; `latest` is unchanged"));
+  const std::string root = Payload(staging);
+
+  // (3) Every rank's file, into the staging directory; (4) agreement that all succeeded (the
+  // barrier before rank 0 finalizes).
+  auto info = WriteRankFile(root, tag, rank, world, shards);
   std::vector<double> failed(world, 0.0);
   failed[rank] = info.ok() ? 0.0 : 1.0;
   st = comm->AllReduceHost(failed.data(), failed.size(), ReduceOp::kMax);
   if (!st.ok()) return st.WithContext(what + ": waiting for the other ranks' files");
-  if (!info.ok()) return info.status().WithContext(what + ": `latest` is unchanged");
-  if (!RankList(failed).empty()) {
+  if (!info.ok() || !RankList(failed).empty()) {
+    if (rank == 0) RemoveTree(root).IgnoreError();  // every rank is past its write
+    if (!info.ok()) return info.status().WithContext(what + ": `latest` is unchanged");
     return DataLossError(what + ": writing failed on rank(s) " + RankList(failed) +
                          " (see their errors); `latest` is unchanged");
   }
 
-  // (4) Rank 0: metadata.json, then latest; (5) its result to everyone.
+  // (5) Rank 0: metadata.json, the swap into place, then latest; (6) its result to everyone.
   WireStatus result;
-  if (rank == 0) result = Encode(FinalizeCheckpoint(dir, tag, std::move(meta)));
+  if (rank == 0) result = Encode(FinishSave(root, dir, tag, std::move(meta)));
   st = comm->BroadcastHost(&result, sizeof(result), 0);
   if (!st.ok()) return st.WithContext(what + ": receiving rank 0's result");
   Status final_status = Decode(result);

@@ -26,12 +26,17 @@
 namespace zero {
 
 // Collective. Saves <dir>/<tag>: (1) all ranks agree on the tag, world size and parameter table
-// (an all-reduce, which also detects ranks that did not call save); (2) every rank writes its file;
-// (3) all ranks agree that every write succeeded; (4) rank 0 writes metadata.json then `latest`;
-// (5) rank 0's result is broadcast, so every rank returns the same Status. An error at any step
-// leaves `latest` naming the previous checkpoint. meta.params must list the parameters in the order
-// of `shards` (MakeCheckpointParam), meta.dp_world_size must be comm->world_size(); meta.tag and
-// meta.rank_files are filled here.
+// (an all-reduce, which also detects ranks that did not call save); (2) rank 0 removes staging
+// directories that interrupted saves left in <dir> (CleanStaleSaves) and creates this save's,
+// <dir>/.zero_save.<pid>.<random>/, and broadcasts its name; (3) every rank writes its file into
+// <staging>/<tag>/; (4) all ranks agree that every write succeeded; (5) rank 0 writes
+// metadata.json there, swaps <staging>/<tag> into <dir>/<tag> atomically (an existing tag is
+// exchanged, never deleted first), writes `latest`, removes the staging directory (holding the old
+// copy); (6) rank 0's result is broadcast, so every rank returns the same Status. A crash or error
+// at any step leaves <dir>/<tag> and `latest` as they were, or both at the complete new copy
+// (once the swap is done); never a half-written checkpoint (docs/checkpoints.md, "Atomicity").
+// meta.params must list the parameters in the order of `shards` (MakeCheckpointParam),
+// meta.dp_world_size must be comm->world_size(); meta.tag and meta.rank_files are filled here.
 Status SaveCheckpoint(Communicator* comm, const std::string& dir, const std::string& tag,
                       CheckpointMeta meta, const std::vector<ParamShard>& shards);
 

@@ -1,10 +1,17 @@
 #include "engine/checkpoint_format.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cctype>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <string_view>
 #include <unordered_map>
@@ -37,6 +44,38 @@ constexpr size_t kHeaderBytes = 48;
 constexpr size_t kHeaderCrcOffset = 40;
 constexpr size_t kTrailerBytes = 8;
 constexpr const char* kMetadataFormat = "zero-checkpoint";
+
+// metadata.json's checksum (format version 2): the file is JSON whose last entry is
+// "metadata_crc32c", the CRC32C of every byte before the `,` that starts that entry. Byte-exact:
+// the seal is the file's last 37 bytes, `,\n "metadata_crc32c": "0x1a2b3c4d"\n}\n`.
+constexpr std::string_view kSealPrefix = ",\n \"metadata_crc32c\": \"";
+constexpr std::string_view kSealEnd = "\"\n}\n";
+constexpr size_t kSealBytes = kSealPrefix.size() + 10 + kSealEnd.size();
+static_assert(kSealBytes == 37);
+
+struct Seal {
+  size_t covered = 0;  // bytes before the seal (the ones the CRC covers)
+  uint32_t crc = 0;    // the value the file states
+};
+
+// The seal at the end of `text`, if it has one (well-formed: 0x + 8 hex digits).
+bool FindSeal(std::string_view text, Seal* seal) {
+  if (text.size() < kSealBytes) return false;
+  const size_t at = text.size() - kSealBytes;
+  if (text.substr(at, kSealPrefix.size()) != kSealPrefix) return false;
+  if (text.substr(text.size() - kSealEnd.size()) != kSealEnd) return false;
+  std::string_view hex = text.substr(at + kSealPrefix.size(), 10);
+  if (hex.substr(0, 2) != "0x") return false;
+  uint32_t v = 0;
+  for (char c : hex.substr(2)) {
+    int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
+    if (d < 0) return false;
+    v = (v << 4) | static_cast<uint32_t>(d);
+  }
+  seal->covered = at;
+  seal->crc = v;
+  return true;
+}
 
 template <typename T>
 void Put(std::string* out, T v) {
@@ -439,6 +478,10 @@ Status ValidateTag(const std::string& tag) {
   if (tag.size() > 255) return InvalidArgumentError("checkpoint tag is longer than 255 bytes");
   if (tag == "." || tag == "..")
     return InvalidArgumentError("checkpoint tag '" + tag + "' is not a directory name");
+  if (tag.rfind(kStagingPrefix, 0) == 0) {
+    return InvalidArgumentError("checkpoint tag '" + tag + "' starts with '" + kStagingPrefix +
+                                "', which names the save's staging directories");
+  }
   for (unsigned char c : tag) {
     if (c == '/' || std::isspace(c) || std::iscntrl(c)) {
       return InvalidArgumentError("checkpoint tag '" + tag +
@@ -446,6 +489,25 @@ Status ValidateTag(const std::string& tag) {
     }
   }
   return OkStatus();
+}
+
+std::string SealMetadataText(std::string_view json_text) {
+  Seal old;
+  std::string body;
+  if (FindSeal(json_text, &old)) {
+    body = std::string(json_text.substr(0, old.covered));  // already without its closing brace
+  } else {
+    body = std::string(json_text);
+    while (!body.empty() && std::isspace(static_cast<unsigned char>(body.back()))) body.pop_back();
+    ZERO_CHECK_MSG(!body.empty() && body.back() == '}', "SealMetadataText: not a JSON object");
+    body.pop_back();
+    while (!body.empty() && std::isspace(static_cast<unsigned char>(body.back()))) body.pop_back();
+  }
+  const uint32_t crc = Crc32c(body.data(), body.size());
+  body.append(kSealPrefix);
+  body += Crc32cHex(crc);
+  body.append(kSealEnd);
+  return body;
 }
 
 std::string RankFileName(int rank) {
@@ -515,6 +577,7 @@ Result<RankFileInfo> WriteRankFile(const std::string& dir, const std::string& ta
     ZERO_RETURN_IF_ERROR(w.Append(s.master.data(), s.master.size() * sizeof(float)));
     ZERO_RETURN_IF_ERROR(w.Append(s.exp_avg.data(), s.exp_avg.size() * sizeof(float)));
     ZERO_RETURN_IF_ERROR(w.Append(s.exp_avg_sq.data(), s.exp_avg_sq.size() * sizeof(float)));
+    if (i == shards.size() / 2) CrashPoint("writing_rank_file", rank);  // tests: a partial file
   }
   std::string trailer;
   Put<uint32_t>(&trailer, w.crc());
@@ -581,8 +644,7 @@ Status WriteMetadata(const std::string& dir, const std::string& tag, const Check
         {{"rank", r}, {"file", f.file}, {"bytes", f.bytes}, {"crc32c", Crc32cHex(f.crc32c)}});
   }
   j["rank_files"] = std::move(files);
-  std::string text = j.dump(1) + "\n";
-  return WriteFileAtomic(path, text);
+  return WriteFileAtomic(path, SealMetadataText(j.dump(1)));
 }
 
 Status WriteLatest(const std::string& dir, const std::string& tag) {
@@ -612,7 +674,8 @@ Result<RankFileInfo> ReadRankFileInfo(const std::string& dir, const std::string&
   return RankFileInfo{RankFileName(rank), size, Get<uint32_t>(trailer.data())};
 }
 
-Status FinalizeCheckpoint(const std::string& dir, const std::string& tag, CheckpointMeta meta) {
+Status WriteCheckpointMetadata(const std::string& dir, const std::string& tag,
+                               CheckpointMeta meta) {
   ZERO_RETURN_IF_ERROR(ValidateTag(tag));
   const std::string tag_dir = TagDirectory(dir, tag);
   const int world = meta.dp_world_size;
@@ -661,9 +724,125 @@ Status FinalizeCheckpoint(const std::string& dir, const std::string& tag, Checkp
     }
   }
   meta.rank_files = std::move(infos);
-  ZERO_RETURN_IF_ERROR(WriteMetadata(dir, tag, meta));
+  return WriteMetadata(dir, tag, meta);
+}
+
+Status FinalizeCheckpoint(const std::string& dir, const std::string& tag, CheckpointMeta meta) {
+  ZERO_RETURN_IF_ERROR(WriteCheckpointMetadata(dir, tag, std::move(meta)));
   return WriteLatest(dir, tag);
 }
+
+// --- staging and the swap
+// ------------------------------------------------------------------------
+
+namespace {
+constexpr const char* kStagingTagFile = "saving_tag";
+constexpr const char* kStagingPrevious = "previous";
+std::atomic<bool> g_force_rename_fallback{false};
+
+bool IsStagingRoot(const std::string& name) { return name.rfind(kStagingPrefix, 0) == 0; }
+}  // namespace
+
+void ForceRenameFallbackForTest(bool force) { g_force_rename_fallback.store(force); }
+
+Result<std::string> CreateStagingRoot(const std::string& dir, const std::string& tag) {
+  ZERO_RETURN_IF_ERROR(ValidateTag(tag));
+  ZERO_RETURN_IF_ERROR(CreateDirectories(dir));
+  std::random_device rd;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "%s%d.%08x%08x", kStagingPrefix, static_cast<int>(::getpid()),
+                  rd(), rd());
+    const std::string root = JoinPath(dir, name);
+    if (::mkdir(root.c_str(), 0755) != 0) {
+      if (errno == EEXIST) continue;
+      return ErrnoError("mkdir", root, errno);
+    }
+    ZERO_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(root, kStagingTagFile), tag));
+    ZERO_RETURN_IF_ERROR(SyncDirectory(dir));
+    return root;
+  }
+  return InternalError("create a staging directory in " + dir + ": no free name after 8 attempts");
+}
+
+Status InstallStagedTag(const std::string& staging_root, const std::string& dir,
+                        const std::string& tag) {
+  ZERO_RETURN_IF_ERROR(ValidateTag(tag));
+  const std::string staged = TagDirectory(staging_root, tag);
+  const std::string target = TagDirectory(dir, tag);
+  const std::string what = "install checkpoint " + staged + " as " + target;
+  if (!PathExists(target)) {
+    ZERO_RETURN_IF_ERROR(RenamePath(staged, target).WithContext(what));
+  } else {
+    Status st = g_force_rename_fallback.load()
+                    ? UnimplementedError("exchange forced off for a test")
+                    : ExchangePaths(staged, target);
+    if (st.code() == StatusCode::kUnimplemented) {
+      // Two renames: the old copy moves into the staging root first, so it is never destroyed;
+      // a crash between them leaves `target` missing and CleanStaleSaves (or a person) moves the
+      // old copy back.
+      const std::string previous = JoinPath(staging_root, kStagingPrevious);
+      ZERO_RETURN_IF_ERROR(RenamePath(target, previous).WithContext(what));
+      ZERO_RETURN_IF_ERROR(SyncDirectory(dir));
+      ZERO_RETURN_IF_ERROR(SyncDirectory(staging_root));
+      CrashPoint("fallback_old_moved_away", 0);
+      st = RenamePath(staged, target);
+      if (!st.ok()) {
+        Status back = RenamePath(previous, target);
+        return st.WithContext(what + (back.ok() ? " (the previous copy was put back)"
+                                                : " (putting the previous copy back failed: " +
+                                                      back.message() + ")"));
+      }
+    } else if (!st.ok()) {
+      return st.WithContext(what);
+    }
+  }
+  ZERO_RETURN_IF_ERROR(SyncDirectory(dir));
+  return SyncDirectory(staging_root);
+}
+
+Result<std::vector<std::string>> CleanStaleSaves(const std::string& dir) {
+  std::vector<std::string> done;
+  if (!PathExists(dir)) return done;
+  ZERO_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir));
+  for (const std::string& name : names) {
+    if (!IsStagingRoot(name)) continue;
+    const std::string root = JoinPath(dir, name);
+    const std::string previous = JoinPath(root, kStagingPrevious);
+    auto tag = ReadFile(JoinPath(root, kStagingTagFile));
+    if (tag.ok() && ValidateTag(*tag).ok() && PathExists(previous) &&
+        !PathExists(TagDirectory(dir, *tag))) {
+      // A save died between the two renames of the fallback swap: put the old copy back.
+      ZERO_RETURN_IF_ERROR(
+          RenamePath(previous, TagDirectory(dir, *tag))
+              .WithContext("restore the previous copy of tag '" + *tag + "' left by an "
+                           "interrupted save"));
+      ZERO_RETURN_IF_ERROR(SyncDirectory(dir));
+      done.push_back("restored " + TagDirectory(dir, *tag) + " from " + previous);
+    }
+    ZERO_RETURN_IF_ERROR(RemoveTree(root).WithContext(
+        "remove the staging directory " + root + " left by an interrupted save"));
+    done.push_back("removed " + root);
+  }
+  if (!done.empty()) ZERO_RETURN_IF_ERROR(SyncDirectory(dir));
+  return done;
+}
+
+namespace {
+// Where an interrupted fallback swap left the previous copy of `tag`, or "".
+std::string FindPreviousCopy(const std::string& dir, const std::string& tag) {
+  auto names = ListDirectory(dir);
+  if (!names.ok()) return "";
+  for (const std::string& name : *names) {
+    if (!IsStagingRoot(name)) continue;
+    const std::string root = JoinPath(dir, name);
+    auto t = ReadFile(JoinPath(root, kStagingTagFile));
+    const std::string previous = JoinPath(root, kStagingPrevious);
+    if (t.ok() && *t == tag && PathExists(JoinPath(previous, kMetadataFileName))) return previous;
+  }
+  return "";
+}
+}  // namespace
 
 // --- reading
 // --------------------------------------------------------------------------------------
@@ -684,6 +863,13 @@ Result<std::string> ReadLatest(const std::string& dir) {
   if (!valid.ok()) return DataLossError(path + ": " + valid.message());
   const std::string meta_path = JoinPath(TagDirectory(dir, tag), kMetadataFileName);
   if (!PathExists(meta_path)) {
+    const std::string previous = FindPreviousCopy(dir, tag);
+    if (!previous.empty()) {
+      return NotFoundError(path + " names tag '" + tag + "', but " + meta_path +
+                           " does not exist: a save of that tag was interrupted while swapping "
+                           "it in; the previous copy is intact at " + previous +
+                           " (the next SaveCheckpoint in " + dir + " moves it back)");
+    }
     return NotFoundError(path + " names tag '" + tag + "', but " + meta_path +
                          " does not exist (the tag directory was deleted or moved)");
   }
@@ -709,10 +895,26 @@ Result<CheckpointMeta> ReadMetadata(const std::string& dir, const std::string& t
     return NotFoundError("checkpoint tag '" + tag + "' does not exist: " + tag_dir + " is missing");
   }
   ZERO_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  Seal seal;
+  const bool sealed = FindSeal(text, &seal);
+  if (sealed) {
+    const uint32_t crc = Crc32c(text.data(), seal.covered);
+    if (crc != seal.crc) {
+      return DataLossError(path + ": checksum mismatch: its metadata_crc32c entry says " +
+                           Crc32cHex(seal.crc) + ", the " + std::to_string(seal.covered) +
+                           " bytes before it have crc32c " + Crc32cHex(crc) +
+                           " (the file is corrupt or was edited)");
+    }
+  }
   json j;
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
+    if (!sealed) {
+      return DataLossError(path + ": truncated or corrupt: it does not end with its " +
+                           "\"metadata_crc32c\" entry and is not valid JSON (" +
+                           std::to_string(text.size()) + " bytes): " + e.what());
+    }
     return DataLossError(path + ": not valid JSON (the file is corrupt): " + e.what());
   }
   if (!j.is_object()) return DataLossError(path + ": not a JSON object");
@@ -725,11 +927,20 @@ Result<CheckpointMeta> ReadMetadata(const std::string& dir, const std::string& t
   }
   ZERO_RETURN_IF_ERROR(GetInt(j, "format_version", &m.format_version, path));
   ZERO_RETURN_IF_ERROR(GetString(j, "zero_version", &m.zero_version, path));
-  if (m.format_version != kCheckpointFormatVersion) {
+  if (m.format_version < kOldestReadableFormatVersion ||
+      m.format_version > kCheckpointFormatVersion) {
     return FailedPreconditionError(
         path + ": checkpoint format version " + std::to_string(m.format_version) + " (written by " +
-        m.zero_version + "); this build of zero (" + kZeroVersion + ") reads format version " +
+        m.zero_version + "); this build of zero (" + kZeroVersion + ") reads format versions " +
+        std::to_string(kOldestReadableFormatVersion) + " to " +
         std::to_string(kCheckpointFormatVersion));
+  }
+  // Version 1 had no metadata checksum: it loads unverified (its rank files are still verified
+  // against it). From version 2 on the checksum is required.
+  if (!sealed && m.format_version >= 2) {
+    return DataLossError(path + ": format version " + std::to_string(m.format_version) +
+                         " ends with a \"metadata_crc32c\" entry, this file has none at its "
+                         "end (it was truncated or edited)");
   }
   ZERO_RETURN_IF_ERROR(GetString(j, "tag", &m.tag, path));
   m.tag = tag;  // the directory name wins: a renamed tag directory loads under its new name

@@ -12,20 +12,20 @@
 // their partition, so every stage saves the same bytes and loads at any stage and world size.
 //
 // Write protocol (collective; engine/checkpoint.h's SaveCheckpoint runs it over a Communicator):
-//   1. every rank r:  WriteRankFile(dir, tag, r, world, shards)            (atomic, fsynced)
-//   2. all ranks:     agree that step 1 succeeded everywhere: an all-reduce(max) of per-rank
-//                     failure flags, with a timeout, which is also the barrier. A failure anywhere fails the save
-//                     on every rank, and `latest` is not touched.
-//   3. rank 0 only:   FinalizeCheckpoint(dir, tag, meta): checks that all `world` rank files exist
-//                     with this world size in their headers (reading their 48-byte headers and
-//                     trailers, not their contents), records their sizes and checksums in
-//                     metadata.json (atomic), then writes `latest` (atomic), last.
-//   4. all ranks:     broadcast rank 0's result (so all return the same Status), barrier.
-// Each file appears under its final name only complete (checkpoint_io.h), and `latest` switches
-// only once the tag's metadata exists, so a crash at any point leaves the previous checkpoint
-// loadable through `latest`. A rank file that is missing at step 3 means save was not called on
-// every rank; FinalizeCheckpoint names the missing ranks. The checkpoint directory must be shared
-// by all ranks (one filesystem) for step 3 and for loading at another world size.
+//   1. rank 0:        CleanStaleSaves(dir), root = CreateStagingRoot(dir, tag), broadcast root
+//   2. every rank r:  WriteRankFile(root, tag, r, world, shards)            (atomic, fsynced)
+//   3. all ranks:     agree that step 2 succeeded everywhere: an all-reduce(max) of per-rank
+//                     failure flags, with a timeout, which is also the barrier. A failure
+//                     anywhere fails the save on every rank; <dir>/<tag> and `latest` are untouched.
+//   4. rank 0 only:   WriteCheckpointMetadata(root, tag, meta): checks that all `world` rank files
+//                     exist with this world size in their headers (reading their 48-byte headers
+//                     and trailers), records their sizes and checksums in metadata.json (atomic,
+//                     sealed with its own CRC32C); InstallStagedTag(root, dir, tag) (an atomic
+//                     exchange when the tag exists); WriteLatest(dir, tag); RemoveTree(root).
+//   5. all ranks:     broadcast rank 0's result (so all return the same Status).
+// <dir>/<tag> always holds a complete checkpoint (the old or the new one) and `latest` names one,
+// whatever point a crash hits (docs/checkpoints.md, "Atomicity"). The checkpoint directory must be
+// shared by all ranks (one filesystem) for step 4 and for loading at another world size.
 //
 // Load: LoadShardsForRank(dir, tag, model, rank, world) reads every old rank's file (one at a
 // time), verifies it against metadata.json, and returns this rank's new partition of each model
@@ -39,6 +39,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/dtype.h"
@@ -47,10 +48,15 @@
 
 namespace zero {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+// Version 2 added metadata.json's checksum; version 1 checkpoints still load (unverified metadata).
+inline constexpr int kCheckpointFormatVersion = 2;
+inline constexpr int kOldestReadableFormatVersion = 1;
 inline constexpr const char* kZeroVersion = "zero 0.1.0";
 inline constexpr const char* kLatestFileName = "latest";
 inline constexpr const char* kMetadataFileName = "metadata.json";
+// <dir>/.zero_save.<pid>.<random>/: one save's staging directory (see "Staging" below). Tags may
+// not start with this prefix.
+inline constexpr const char* kStagingPrefix = ".zero_save.";
 
 // --- partition arithmetic (zero/partition.h's PaddedNumel is the single definition) ----------
 struct ElementRange {
@@ -131,7 +137,7 @@ struct CheckpointMeta {
 
 // --- names --------------------------------------------------------------------------------------
 // Tags name a directory: non-empty, at most 255 bytes, no '/', no whitespace or control
-// characters, not "." or "..".
+// characters, not "." or "..", not starting with kStagingPrefix.
 Status ValidateTag(const std::string& tag);
 std::string RankFileName(int rank);  // "zero_rank_<r>_optim_states.bin"
 std::string TagDirectory(const std::string& dir, const std::string& tag);
@@ -151,6 +157,10 @@ Result<RankFileInfo> WriteRankFile(const std::string& dir, const std::string& ta
 Status WriteMetadata(const std::string& dir, const std::string& tag, const CheckpointMeta& meta);
 // Writes <dir>/latest = tag, atomically. Call only after the tag's metadata.json exists.
 Status WriteLatest(const std::string& dir, const std::string& tag);
+// The metadata.json text for a JSON object `json_text` (with or without a seal already): the
+// text with a last entry "metadata_crc32c" holding the CRC32C of every byte before that entry
+// (docs/checkpoints.md). For tools and tests that edit metadata.json; WriteMetadata seals.
+std::string SealMetadataText(std::string_view json_text);
 
 // Size and checksum of a rank file, from its header and trailer (the contents are not read), and
 // checks that its header names `rank` and `world`. Missing: NOT_FOUND naming the file.
@@ -163,6 +173,37 @@ Result<RankFileInfo> ReadRankFileInfo(const std::string& dir, const std::string&
 // WriteLatest. Missing rank files: FAILED_PRECONDITION naming them and the world size, saying save
 // must be called on every rank; `latest` is left as it was.
 Status FinalizeCheckpoint(const std::string& dir, const std::string& tag, CheckpointMeta meta);
+// FinalizeCheckpoint without `latest`: checks the rank files, writes metadata.json.
+Status WriteCheckpointMetadata(const std::string& dir, const std::string& tag,
+                               CheckpointMeta meta);
+
+// --- staging and the swap (what SaveCheckpoint in checkpoint.h runs) ---------------------------
+// A save writes the whole tag into a staging directory and swaps it in only when complete:
+//   root = CreateStagingRoot(dir, tag)        <dir>/.zero_save.<pid>.<random>/ (+ saving_tag file)
+//   WriteRankFile(root, tag, r, ...)          every rank, into <root>/<tag>/
+//   WriteCheckpointMetadata(root, tag, meta)  rank 0: <root>/<tag>/metadata.json
+//   InstallStagedTag(root, dir, tag)          rank 0: <root>/<tag> becomes <dir>/<tag>
+//   WriteLatest(dir, tag); RemoveTree(root)   rank 0 (the root then holds the old copy, if any)
+// Crash points (checkpoint_io.h CrashPoint): "writing_rank_file" (rank r, its file half written),
+// "rank_files_written", "metadata_written", "swapped", "latest_written" (rank 0), and
+// "fallback_old_moved_away" (inside the rename fallback below).
+//
+// Makes the staging directory (and `dir`). The tag must be valid.
+Result<std::string> CreateStagingRoot(const std::string& dir, const std::string& tag);
+// Moves <root>/<tag> to <dir>/<tag>. When <dir>/<tag> exists, the two are exchanged atomically
+// (renameat2 RENAME_EXCHANGE), so the tag's name always holds a complete checkpoint and the old
+// copy ends in the staging root. Where the filesystem cannot exchange, two renames: the old copy
+// to <root>/previous, then the new one in (a crash between them leaves <dir>/<tag> missing, the
+// old copy intact; CleanStaleSaves moves it back). fsyncs both directories.
+Status InstallStagedTag(const std::string& staging_root, const std::string& dir,
+                        const std::string& tag);
+// Removes every staging directory in `dir` (left by saves that crashed or failed), first moving
+// back a previous copy that an interrupted fallback swap left there when its tag is missing.
+// Returns what it did ("removed <path>", "restored <tag dir> from <path>"). Call only when no
+// other save into `dir` runs (one job per checkpoint directory).
+Result<std::vector<std::string>> CleanStaleSaves(const std::string& dir);
+// Tests only: InstallStagedTag uses the two-rename fallback even where exchange works.
+void ForceRenameFallbackForTest(bool force);
 
 // --- reading ------------------------------------------------------------------------------------
 // The tag in <dir>/latest (whitespace trimmed), checked to name a tag whose metadata.json exists.

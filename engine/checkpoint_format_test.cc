@@ -109,6 +109,8 @@ TEST(TagTest, Validation) {
   EXPECT_FALSE(ValidateTag("a b").ok());
   EXPECT_FALSE(ValidateTag("a\n").ok());
   EXPECT_FALSE(ValidateTag(std::string(256, 'x')).ok());
+  EXPECT_THAT(ValidateTag(".zero_save.1.ab").message(), HasSubstr("staging directories"));
+  EXPECT_TRUE(ValidateTag(".zero_other").ok());
   EXPECT_EQ(DefaultTag(100), "global_step100");
   EXPECT_EQ(RankFileName(3), "zero_rank_3_optim_states.bin");
 }
@@ -526,35 +528,115 @@ TEST_F(CorruptionTest, LatestNamingAMissingTag) {
 TEST_F(CorruptionTest, MetadataOfAnotherFormatVersion) {
   const std::string path = dir_ + "/t/metadata.json";
   std::string text = Slurp(path);
-  const std::string key = "\"format_version\": 1";
+  const std::string key = "\"format_version\": 2";
   ASSERT_NE(text.find(key), std::string::npos) << text.substr(0, 200);
-  text.replace(text.find(key), key.size(), "\"format_version\": 2");
-  Spit(path, text);
+  text.replace(text.find(key), key.size(), "\"format_version\": 3");
+  Spit(path, SealMetadataText(text));
   auto r = ReadMetadata(dir_, "t");
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_THAT(r.status().message(), HasSubstr("checkpoint format version 2"));
-  EXPECT_THAT(r.status().message(), HasSubstr("reads format version 1"));
+  EXPECT_THAT(r.status().message(), HasSubstr("checkpoint format version 3"));
+  EXPECT_THAT(r.status().message(), HasSubstr("reads format versions 1 to 2"));
 }
 
 TEST_F(CorruptionTest, MalformedMetadataNamesTheKey) {
   const std::string path = dir_ + "/t/metadata.json";
   std::string text = Slurp(path);
-  Spit(path, text.substr(0, text.size() / 2));
-  EXPECT_THAT(ReadMetadata(dir_, "t").status().message(), HasSubstr("not valid JSON"));
   const std::string key = "\"adam_step\": 117";
   ASSERT_NE(text.find(key), std::string::npos);
   std::string bad = text;
   bad.replace(bad.find(key), key.size(), "\"adam_step\": \"x\"");
-  Spit(path, bad);
+  Spit(path, SealMetadataText(bad));
   EXPECT_THAT(ReadMetadata(dir_, "t").status().message(),
               HasSubstr("key 'adam_step' is missing or not an integer"));
   bad = text;
   const std::string numel = "\"numel\": 143";
   ASSERT_NE(bad.find(numel), std::string::npos);
   bad.replace(bad.find(numel), numel.size(), "\"numel\": 144");
-  Spit(path, bad);
+  Spit(path, SealMetadataText(bad));
   EXPECT_THAT(ReadMetadata(dir_, "t").status().message(),
               HasSubstr("parameter 'block0.fc.weight': shape [11, 13], numel 144"));
+}
+
+// --- metadata.json's checksum
+// --------------------------------------------------------------------
+
+TEST_F(CorruptionTest, MetadataIsSealedWithItsChecksum) {
+  const std::string text = Slurp(dir_ + "/t/metadata.json");
+  const std::string entry = ",\n \"metadata_crc32c\": \"";
+  const size_t at = text.rfind(entry);
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_EQ(text.substr(at + entry.size()), Crc32cHex(Crc32c(text.data(), at)) + "\"\n}\n");
+  EXPECT_EQ(SealMetadataText(text), text);  // resealing a sealed text changes nothing
+  EXPECT_EQ(meta_.format_version, 2);
+}
+
+TEST_F(CorruptionTest, FlippedMetadataByteIsAChecksumMismatchNamingTheFile) {
+  const std::string path = dir_ + "/t/metadata.json";
+  std::string text = Slurp(path);
+  // "adam_step": 117 -> 107 is still valid JSON with the right types: only the checksum sees it.
+  const std::string key = "\"adam_step\": 117";
+  const size_t at = text.find(key);
+  ASSERT_NE(at, std::string::npos);
+  const size_t covered = text.size() - 37;  // the seal is the last 37 bytes
+  const uint32_t stored = Crc32c(text.data(), covered);
+  text[at + key.size() - 2] = '0';
+  Spit(path, text);
+  auto r = ReadMetadata(dir_, "t");
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr(path + ": checksum mismatch: its metadata_crc32c entry says " +
+                        Crc32cHex(stored) + ", "));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("the " + std::to_string(covered) + " bytes before it have crc32c " +
+                        Crc32cHex(Crc32c(text.data(), covered))));
+  EXPECT_FALSE(LoadFullState(dir_, "t").ok());
+  EXPECT_FALSE(LoadShardsForRank(dir_, "t", SyntheticModel(), 0, 1).ok());
+}
+
+TEST_F(CorruptionTest, TruncatedMetadataSaysSo) {
+  const std::string path = dir_ + "/t/metadata.json";
+  const std::string text = Slurp(path);
+  for (size_t keep : {text.size() / 2, text.size() - 1, text.size() - 20}) {
+    Spit(path, text.substr(0, keep));
+    auto r = ReadMetadata(dir_, "t");
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << keep;
+    EXPECT_THAT(r.status().message(), HasSubstr(path + ": ")) << keep;
+    // Cut inside the JSON: not parseable; cut after the last '}': parseable but unsealed.
+    EXPECT_THAT(r.status().message(),
+                ::testing::AnyOf(HasSubstr("truncated or corrupt: it does not end with its "
+                                           "\"metadata_crc32c\" entry and is not valid JSON"),
+                                 HasSubstr("this file has none at its end (it was truncated or "
+                                           "edited)")))
+        << keep << ": " << r.status().message();
+  }
+}
+
+TEST_F(CorruptionTest, FormatVersion1WithoutChecksumStillLoads) {
+  // A checkpoint as format version 1 wrote it: the same JSON, no metadata_crc32c entry.
+  const std::string path = dir_ + "/t/metadata.json";
+  std::string text = Slurp(path);
+  text = text.substr(0, text.rfind(",\n \"metadata_crc32c\"")) + "\n}\n";
+  const std::string key = "\"format_version\": 2";
+  ASSERT_NE(text.find(key), std::string::npos);
+  std::string v2_unsealed = text;
+  text.replace(text.find(key), key.size(), "\"format_version\": 1");
+  Spit(path, text);
+  auto loaded = LoadFullState(dir_, "t");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(loaded->meta.format_version, 1);
+  ExpectFullEqual(*loaded, full_);
+  // Version 1's rank files are still verified against it.
+  std::string bytes = Slurp(path1_);
+  bytes[bytes.size() / 2] ^= 0x10;
+  Spit(path1_, bytes);
+  EXPECT_THAT(LoadFullState(dir_, "t").status().message(), HasSubstr("checksum mismatch"));
+  // Version 2 without its checksum is refused.
+  Spit(path, v2_unsealed);
+  auto r = ReadMetadata(dir_, "t");
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr(path + ": format version 2 ends with a \"metadata_crc32c\" entry, this "
+                               "file has none at its end"));
 }
 
 }  // namespace

@@ -1,8 +1,13 @@
 #include "engine/checkpoint_io.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
 
 #include <array>
 #include <cerrno>
@@ -330,6 +335,75 @@ std::string JoinPath(const std::string& a, const std::string& b) {
   if (a.empty()) return b;
   if (a.back() == '/') return a + b;
   return a + "/" + b;
+}
+
+// --- directories ---------------------------------------------------------------------------------
+
+Result<std::vector<std::string>> ListDirectory(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return ErrnoError("open directory", dir, errno);
+  std::vector<std::string> names;
+  while (struct dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(std::move(name));
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Status RemoveTree(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return OkStatus();
+    return ErrnoError("stat", path, errno);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ZERO_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(path));
+    for (const std::string& n : names) ZERO_RETURN_IF_ERROR(RemoveTree(JoinPath(path, n)));
+    if (::rmdir(path.c_str()) != 0 && errno != ENOENT) return ErrnoError("rmdir", path, errno);
+    return OkStatus();
+  }
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoError("unlink", path, errno);
+  return OkStatus();
+}
+
+Status RenamePath(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    return ErrnoError("rename " + from + " to", to, errno);
+  }
+  return OkStatus();
+}
+
+Status ExchangePaths(const std::string& a, const std::string& b) {
+#if defined(SYS_renameat2)
+  constexpr unsigned kRenameExchange = 1u << 1;  // RENAME_EXCHANGE (linux/fs.h)
+  if (::syscall(SYS_renameat2, AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), kRenameExchange) == 0) {
+    return OkStatus();
+  }
+  const int err = errno;
+  if (err == EINVAL || err == ENOSYS || err == ENOTSUP || err == EOPNOTSUPP) {
+    return UnimplementedError("exchange " + a + " and " + b +
+                              ": renameat2(RENAME_EXCHANGE) is not supported here (" +
+                              std::strerror(err) + ")");
+  }
+  return ErrnoError("exchange " + a + " and", b, err);
+#else
+  return UnimplementedError("exchange " + a + " and " + b + ": no renameat2 on this system");
+#endif
+}
+
+// --- crash points ---------------------------------------------------------------------------------
+
+namespace {
+std::atomic<CrashPointHook> g_crash_hook{nullptr};
+}  // namespace
+
+void SetCrashPointHookForTest(CrashPointHook hook) { g_crash_hook.store(hook); }
+
+void CrashPoint(const char* point, int rank) {
+  CrashPointHook hook = g_crash_hook.load();
+  if (hook != nullptr) hook(point, rank);
 }
 
 }  // namespace zero

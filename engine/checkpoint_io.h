@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "runtime/status.h"
 
@@ -97,5 +98,27 @@ Status SyncDirectory(const std::string& dir);
 
 // "a/b" + "c" -> "a/b/c" (no doubled slash).
 std::string JoinPath(const std::string& a, const std::string& b);
+
+// --- directories (the checkpoint save's staging and swap, checkpoint.h) -------------------------
+// The names in `dir`, without "." and "..", sorted. Missing: NOT_FOUND naming it.
+Result<std::vector<std::string>> ListDirectory(const std::string& dir);
+// rm -rf of `path` (a file or a directory tree; symlinks are removed, not followed). A missing
+// path is OK. Errors name the entry that could not be removed.
+Status RemoveTree(const std::string& path);
+// rename(2): `from` to `to` (same filesystem). Errors name both.
+Status RenamePath(const std::string& from, const std::string& to);
+// Atomically swaps two existing paths (renameat2 RENAME_EXCHANGE): after it, each name holds
+// what the other held, and no moment exists where either name is missing. UNIMPLEMENTED when the
+// kernel or filesystem cannot do it (the caller then falls back, see checkpoint_format.h).
+Status ExchangePaths(const std::string& a, const std::string& b);
+
+// --- crash points (tests only) --------------------------------------------------------------------
+// The checkpoint save calls CrashPoint(name, rank) at named points of its protocol
+// (checkpoint_format.h lists them). A test installs a hook that ends the process there (_exit in a
+// fork()ed child) to leave the files exactly as a crash at that point would. No hook: nothing
+// happens. The hook is process-wide; set it before starting ranks, not while a save runs.
+using CrashPointHook = void (*)(const char* point, int rank);
+void SetCrashPointHookForTest(CrashPointHook hook);
+void CrashPoint(const char* point, int rank);
 
 }  // namespace zero

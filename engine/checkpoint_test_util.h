@@ -17,10 +17,11 @@
 
 namespace zero::testing {
 
-// A fresh directory under $TEST_TMPDIR (or /tmp), unique per call.
+// A fresh directory under $ZERO_TEST_TMPDIR, else $TEST_TMPDIR, else /tmp; unique per call.
 inline std::string ScratchDir(const std::string& name) {
   static int counter = 0;
-  const char* base = std::getenv("TEST_TMPDIR");
+  const char* base = std::getenv("ZERO_TEST_TMPDIR");
+  if (base == nullptr || *base == '\0') base = std::getenv("TEST_TMPDIR");
   std::string dir = std::string(base ? base : "/tmp") + "/" + name + "." +
                     std::to_string(::getpid()) + "." + std::to_string(counter++);
   EXPECT_TRUE(CreateDirectories(dir).ok()) << dir;
