@@ -313,7 +313,7 @@ Status NcclCommunicator::Init(std::shared_ptr<gloo::rendezvous::Store> store) {
   wo.check = [shared] { return shared->Check(); };
   wo.abort = [shared](const Status& error) {
     std::lock_guard<std::mutex> lock(shared->mu);
-    shared->AbortLocked(error);
+    shared->AbortLocked(error).IgnoreError();
   };
   watchdog_ = std::make_unique<CollectiveWatchdog>(std::move(wo));
   std::lock_guard<std::mutex> host_lock(host_mu_);
@@ -327,7 +327,8 @@ Status NcclCommunicator::CheckHealth() {
 
 void NcclCommunicator::Abort(const std::string& reason) {
   std::lock_guard<std::mutex> lock(shared_->mu);
-  shared_->AbortLocked(UnavailableError(shared_->Who("communicator") + " aborted: " + reason));
+  shared_->AbortLocked(UnavailableError(shared_->Who("communicator") + " aborted: " + reason))
+      .IgnoreError();
 }
 
 NcclCommunicator::~NcclCommunicator() {
