@@ -96,6 +96,12 @@ int64_t FaultyCommunicator::issued() const {
   return issued_;
 }
 
+int64_t FaultyCommunicator::calls(const std::string& op) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = op_calls_.find(op);
+  return it == op_calls_.end() ? 0 : it->second;
+}
+
 Result<std::unique_ptr<Work>> FaultyCommunicator::Issue(
     const std::string& op, const std::string& detail,
     const std::function<Result<std::unique_ptr<Work>>()>& issue) {

@@ -57,6 +57,8 @@ class FaultyCommunicator final : public Communicator {
   void InjectAtOp(const std::string& op, int64_t nth, Fault fault, Status error = OkStatus());
   // Collectives issued through the wrapper so far (the last sequence number handed out).
   int64_t issued() const;
+  // Calls of operation `op` made through the wrapper so far.
+  int64_t calls(const std::string& op) const;
 
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
