@@ -28,6 +28,14 @@
 // Errors and timeouts: a rank that dies or never arrives makes every other rank's pending or next
 // collective fail with kDeadlineExceeded/kUnavailable within `timeout` (CommOptions), naming the
 // rank and the operation; after such an error the communicator is unusable.
+//
+// Watchdog (NCCL, and FaultyCommunicator; see docs/comm.md): every collective in flight is watched
+// by a thread; one that does not complete within `timeout` of becoming the oldest in flight, or an
+// asynchronous communicator error, aborts the communicator. Every pending and later Wait,
+// StreamWait and collective then returns that error, which names the collective ("collective #N
+// Op (count x dtype, ...)") and the rank; a host synchronization of a stream made to wait with
+// StreamWait returns (the abort makes the collective's kernels exit), after which CheckHealth()
+// returns the error: the buffers of the aborted collectives hold no defined values.
 #pragma once
 
 #include <chrono>
@@ -88,6 +96,18 @@ class Communicator {
   virtual Status AllReduceHost(double* values, size_t n, ReduceOp op) = 0;
   // Synchronous broadcast of host bytes from root (config checks, checkpoint tags).
   virtual Status BroadcastHost(void* data, size_t bytes, int root) = 0;
+
+  // Non-blocking: OK while the communicator is usable; once a collective failed or timed out (or
+  // after Abort), the sticky error naming the collective and the rank. Call it after every host
+  // synchronization (Device::SynchronizeStream/SynchronizeEvent/Synchronize) that follows a
+  // Work::StreamWait before trusting the buffers: a collective aborted by the watchdog lets the
+  // synchronization return without an error of its own.
+  virtual Status CheckHealth() = 0;
+
+  // Makes the communicator unusable with kUnavailable carrying `reason`: the collective in
+  // progress and every later call fail, and the peers' pending collectives fail promptly (their
+  // connections close / NCCL kernels exit). Idempotent; the first error stays the sticky one.
+  virtual void Abort(const std::string& reason) = 0;
 };
 
 }  // namespace zero

@@ -439,6 +439,11 @@ void GlooCommunicator::Abort(const std::string& reason) {
   cv_.notify_all();
 }
 
+Status GlooCommunicator::CheckHealth() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failed_;
+}
+
 uint64_t GlooCommunicator::NextSlot() { return kSlotBase | (next_seq_++ << 8); }
 
 Result<std::unique_ptr<Work>> GlooCommunicator::Enqueue(std::string name, std::function<void()> run,

@@ -108,11 +108,12 @@ class GlooCommunicator final : public Communicator {
   Status Barrier() override;
   Status AllReduceHost(double* values, size_t n, ReduceOp op) override;
   Status BroadcastHost(void* data, size_t bytes, int root) override;
+  Status CheckHealth() override;
 
   // Fails the collective in progress and every later one with kUnavailable carrying `reason`, and
   // closes this rank's connections so that the peers' collectives fail promptly too. Used when
   // this rank gives up (RunThreadRanks calls it when a rank's body fails). Idempotent.
-  void Abort(const std::string& reason);
+  void Abort(const std::string& reason) override;
 
  private:
   struct WorkState;

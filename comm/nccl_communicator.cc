@@ -60,6 +60,7 @@ struct NcclCommunicator::Shared {
   std::mutex mu;
   ncclComm_t comm = nullptr;  // guarded by mu
   Status failed;              // guarded by mu
+  uint64_t issued = 0;        // guarded by mu; collectives launched (their sequence numbers)
   int rank = 0;
   int world_size = 1;
   int ordinal = 0;
@@ -69,14 +70,30 @@ struct NcclCommunicator::Shared {
     return "nccl " + what + " on rank " + std::to_string(rank) + " of " + std::to_string(world_size);
   }
 
-  // Aborts the communicator and records `s` as the sticky error. REQUIRES: mu held.
+  // Records `s` as the sticky error (unless there is one) and aborts the NCCL communicator, which
+  // makes its kernels in flight exit. REQUIRES: mu held.
   Status AbortLocked(Status s) {
+    if (failed.ok()) failed = s;
     if (comm != nullptr) {
       ncclCommAbort(comm);
       comm = nullptr;
     }
-    if (failed.ok()) failed = s;
     return s;
+  }
+
+  // The watchdog's communicator check: the sticky error, else NCCL's asynchronous error (which
+  // then aborts). Non-blocking.
+  Status Check() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!failed.ok()) return failed;
+    if (comm == nullptr) return FailedPreconditionError(Who("communicator") + ": not initialized");
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm, &async);
+    if (async == ncclSuccess || async == ncclInProgress) return OkStatus();
+    std::string msg = Who("communicator") + ": asynchronous error: " + ncclGetErrorString(async);
+    const char* last = ncclGetLastError(comm);
+    if (last != nullptr && *last != '\0') msg += std::string(" (") + last + ")";
+    return AbortLocked(UnavailableError(msg + "; the NCCL communicator was aborted"));
   }
 
   // Turns the result of an NCCL call into a Status, polling a non-blocking communicator until
@@ -114,46 +131,35 @@ static Status CudaCheck(cudaError_t e, const std::string& what) {
   return InternalError(what + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
 
-// A collective queued on the comm stream: an event recorded after it.
+// A collective queued on the comm stream: an event recorded after it (shared with the watchdog,
+// which may poll it after the Work is gone). Deadlines and asynchronous errors are the watchdog's:
+// Wait polls the event and the sticky error, which the watchdog sets (and aborts, which makes the
+// kernels exit) when the collective does not complete in time.
 class NcclCommunicator::NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<Shared> shared, cudaEvent_t event, CudaDevice* device, std::string name)
-      : shared_(std::move(shared)), event_(event), device_(device), name_(std::move(name)) {}
-  ~NcclWork() override {
-    if (event_ != nullptr) cudaEventDestroy(event_);
-  }
+  NcclWork(std::shared_ptr<Shared> shared, std::shared_ptr<CUevent_st> event, CudaDevice* device,
+           std::string name)
+      : shared_(std::move(shared)), event_(std::move(event)), device_(device), name_(std::move(name)) {}
 
   Status Wait() override {
     if (done_) return status_;
     cudaSetDevice(shared_->ordinal);
-    const auto deadline = Clock::now() + shared_->timeout;
     Backoff backoff;
     while (true) {
-      cudaError_t q = cudaEventQuery(event_);
-      if (q == cudaSuccess) return Finish(OkStatus());
+      {
+        std::lock_guard<std::mutex> lock(shared_->mu);
+        if (!shared_->failed.ok()) return Finish(shared_->failed);
+      }
+      cudaError_t q = cudaEventQuery(event_.get());
+      if (q == cudaSuccess) {
+        // Complete; but an abort also lets the kernels exit: OK only if none happened before.
+        std::lock_guard<std::mutex> lock(shared_->mu);
+        return Finish(shared_->failed);
+      }
       if (q != cudaErrorNotReady) {
         std::lock_guard<std::mutex> lock(shared_->mu);
         return Finish(shared_->AbortLocked(
             CudaCheck(q, shared_->Who(name_) + ": cudaEventQuery")));
-      }
-      {
-        std::lock_guard<std::mutex> lock(shared_->mu);
-        if (shared_->comm == nullptr) return Finish(shared_->failed);
-        ncclResult_t async = ncclSuccess;
-        ncclCommGetAsyncError(shared_->comm, &async);
-        if (async != ncclSuccess && async != ncclInProgress) {
-          std::string msg = shared_->Who(name_) + ": " + ncclGetErrorString(async);
-          const char* last = ncclGetLastError(shared_->comm);
-          if (last != nullptr && *last != '\0') msg += std::string(" (") + last + ")";
-          return Finish(shared_->AbortLocked(
-              UnavailableError(msg + "; the NCCL communicator was aborted")));
-        }
-        if (Clock::now() > deadline) {
-          return Finish(shared_->AbortLocked(DeadlineExceededError(
-              shared_->Who(name_) + ": not complete after " + TimeoutText(shared_->timeout) +
-              " (a peer rank may have died or stopped taking part); the NCCL communicator was "
-              "aborted")));
-        }
       }
       backoff.Sleep();
     }
@@ -161,7 +167,7 @@ class NcclCommunicator::NcclWork final : public Work {
 
   bool IsCompleted() override {
     if (done_) return true;
-    cudaError_t q = cudaEventQuery(event_);
+    cudaError_t q = cudaEventQuery(event_.get());
     if (q == cudaErrorNotReady) {
       std::lock_guard<std::mutex> lock(shared_->mu);
       return !shared_->failed.ok();
@@ -176,7 +182,8 @@ class NcclCommunicator::NcclWork final : public Work {
     }
     if (done_) return status_;
     cudaStream_t s = device_->native_stream(stream);
-    return CudaCheck(cudaStreamWaitEvent(s, event_, 0), shared_->Who(name_) + ": cudaStreamWaitEvent");
+    return CudaCheck(cudaStreamWaitEvent(s, event_.get(), 0),
+                     shared_->Who(name_) + ": cudaStreamWaitEvent");
   }
 
  private:
@@ -187,7 +194,7 @@ class NcclCommunicator::NcclWork final : public Work {
   }
 
   std::shared_ptr<Shared> shared_;
-  cudaEvent_t event_;
+  std::shared_ptr<CUevent_st> event_;
   CudaDevice* device_;
   std::string name_;
   bool done_ = false;
@@ -298,11 +305,35 @@ Status NcclCommunicator::Init(std::shared_ptr<gloo::rendezvous::Store> store) {
       CudaCheck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), who + ": cudaStreamCreate"));
   ZERO_RETURN_IF_ERROR(CudaCheck(cudaEventCreateWithFlags(&after_event_, cudaEventDisableTiming),
                                  who + ": cudaEventCreate"));
+  CollectiveWatchdog::Options wo;
+  wo.who = "nccl rank " + std::to_string(rank_) + " of " + std::to_string(world_size_);
+  wo.timeout = options_.comm.timeout;
+  Shared* shared = shared_.get();  // outlives the watchdog (the destructor stops it first)
+  wo.thread_init = [shared] { cudaSetDevice(shared->ordinal); };
+  wo.check = [shared] { return shared->Check(); };
+  wo.abort = [shared](const Status& error) {
+    std::lock_guard<std::mutex> lock(shared->mu);
+    shared->AbortLocked(error).IgnoreError();
+  };
+  watchdog_ = std::make_unique<CollectiveWatchdog>(std::move(wo));
   std::lock_guard<std::mutex> host_lock(host_mu_);
   return EnsureScratch(1);
 }
 
+Status NcclCommunicator::CheckHealth() {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  return shared_->failed;
+}
+
+void NcclCommunicator::Abort(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  shared_->AbortLocked(UnavailableError(shared_->Who("communicator") + " aborted: " + reason))
+      .IgnoreError();
+}
+
 NcclCommunicator::~NcclCommunicator() {
+  // From here the finalize below keeps the deadline (and aborts on it).
+  if (watchdog_ != nullptr) watchdog_->Stop();
   cudaSetDevice(shared_->ordinal);
   {
     std::lock_guard<std::mutex> lock(shared_->mu);
@@ -355,14 +386,15 @@ Status NcclCommunicator::EnsureScratch(size_t bytes) {
 }
 
 template <typename LaunchFn>
-Result<std::unique_ptr<Work>> NcclCommunicator::Launch(const std::string& name, Stream* after,
+Result<std::unique_ptr<Work>> NcclCommunicator::Launch(const std::string& op, Stream* after,
                                                        LaunchFn&& launch) {
   std::lock_guard<std::mutex> lock(shared_->mu);
   if (!shared_->failed.ok()) {
-    return Status(shared_->failed.code(), shared_->Who(name) +
+    return Status(shared_->failed.code(), shared_->Who(op) +
                                               " not started: the communicator failed earlier: " +
                                               shared_->failed.message());
   }
+  const std::string name = "collective #" + std::to_string(++shared_->issued) + " " + op;
   ZERO_RETURN_IF_ERROR(CudaCheck(cudaSetDevice(shared_->ordinal), shared_->Who(name) + ": cudaSetDevice"));
   if (after != nullptr) {
     cudaStream_t s = device_->native_stream(after);
@@ -373,15 +405,20 @@ Result<std::unique_ptr<Work>> NcclCommunicator::Launch(const std::string& name, 
   const auto deadline = Clock::now() + options_.comm.timeout;
   Status s = launch(deadline);
   if (!s.ok()) return s;
-  cudaEvent_t done = nullptr;
-  ZERO_RETURN_IF_ERROR(CudaCheck(cudaEventCreateWithFlags(&done, cudaEventDisableTiming),
+  cudaEvent_t raw = nullptr;
+  ZERO_RETURN_IF_ERROR(CudaCheck(cudaEventCreateWithFlags(&raw, cudaEventDisableTiming),
                                  shared_->Who(name) + ": cudaEventCreate"));
-  Status rec = CudaCheck(cudaEventRecord(done, stream_), shared_->Who(name) + ": cudaEventRecord");
-  if (!rec.ok()) {
-    cudaEventDestroy(done);
-    return rec;
-  }
-  return std::unique_ptr<Work>(new NcclWork(shared_, done, device_, name));
+  std::shared_ptr<CUevent_st> done(raw, [](cudaEvent_t e) { cudaEventDestroy(e); });
+  ZERO_RETURN_IF_ERROR(
+      CudaCheck(cudaEventRecord(done.get(), stream_), shared_->Who(name) + ": cudaEventRecord"));
+  // The kernels are queued: from here a collective that never completes is the watchdog's.
+  watchdog_->Track(name, [done]() -> Result<bool> {
+    cudaError_t q = cudaEventQuery(done.get());
+    if (q == cudaSuccess) return true;
+    if (q == cudaErrorNotReady) return false;
+    return CudaCheck(q, "cudaEventQuery");
+  });
+  return std::unique_ptr<Work>(new NcclWork(shared_, std::move(done), device_, name));
 }
 
 Result<std::unique_ptr<Work>> NcclCommunicator::AllReduce(void* buf, size_t count, DType t,

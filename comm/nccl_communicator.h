@@ -11,11 +11,14 @@
 // Semantics: as communicator.h, with NCCL's own summation order for AllReduce/ReduceScatter
 // (results may differ from Gloo's rank-order sums in the last bit). kAvg is ncclAvg, kMax
 // ncclMax; dtypes fp32, bf16, fp16. `after` makes the comm stream wait on an event recorded on
-// that stream (no host sync). Work is an event recorded on the comm stream after the collective:
-// Wait() polls it and the communicator's asynchronous error until done or the deadline
-// (CommOptions::timeout), and on timeout or error aborts the NCCL communicator (ncclCommAbort)
-// and returns kDeadlineExceeded/kUnavailable; every later call then fails fast. StreamWait makes
-// another stream wait for the event. AllReduceHost all-gathers the values and sums them on the
+// that stream (no host sync). Work is an event recorded on the comm stream after the collective;
+// StreamWait makes another stream wait for it. A watchdog thread (comm/watchdog.h) polls the
+// event of the oldest collective in flight and ncclCommGetAsyncError; a collective that does not
+// complete within CommOptions::timeout of becoming the oldest, or an asynchronous error, aborts
+// the NCCL communicator (ncclCommAbort, which makes the kernels exit, so a Device synchronization
+// of a stream that StreamWait-ed returns) and records kDeadlineExceeded/kUnavailable naming the
+// collective (sequence number, op, count, dtype) and the rank; Wait, StreamWait, every later call
+// and CheckHealth() then return it. AllReduceHost all-gathers the values and sums them on the
 // host in rank order (bitwise identical on every rank, as the contract requires); BroadcastHost
 // and Barrier go through the scratch buffer. Only built when CUDA and NCCL are present.
 //
@@ -32,6 +35,7 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/watchdog.h"
 #include "runtime/cuda_device.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
@@ -81,6 +85,8 @@ class NcclCommunicator final : public Communicator {
   Status Barrier() override;
   Status AllReduceHost(double* values, size_t n, ReduceOp op) override;
   Status BroadcastHost(void* data, size_t bytes, int root) override;
+  Status CheckHealth() override;
+  void Abort(const std::string& reason) override;
 
  private:
   class NcclWork;
@@ -90,9 +96,10 @@ class NcclCommunicator final : public Communicator {
   Status Init(std::shared_ptr<gloo::rendezvous::Store> store);
 
   // Runs `launch` (NCCL calls on stream_) after ordering stream_ behind `after`, then records a
-  // completion event. Holds the mutex; checks the sticky error first.
+  // completion event and hands it to the watchdog as "collective #N <op>". Holds the mutex;
+  // checks the sticky error first.
   template <typename Launch>
-  Result<std::unique_ptr<Work>> Launch(const std::string& name, Stream* after, Launch&& launch);
+  Result<std::unique_ptr<Work>> Launch(const std::string& op, Stream* after, Launch&& launch);
   Status EnsureScratch(size_t bytes);
 
   const int rank_;
@@ -101,6 +108,7 @@ class NcclCommunicator final : public Communicator {
   const NcclOptions options_;
   std::shared_ptr<gloo::rendezvous::Store> store_;
   std::shared_ptr<Shared> shared_;
+  std::unique_ptr<CollectiveWatchdog> watchdog_;  // created by Init; stopped first by the destructor
   cudaStream_t stream_ = nullptr;
   cudaEvent_t after_event_ = nullptr;  // recorded on `after` streams; guarded by shared_->mu
   // Host-value ops (Barrier, AllReduceHost, BroadcastHost) hold host_mu_ from start to finish:

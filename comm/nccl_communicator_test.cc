@@ -2,6 +2,10 @@
 // expected values, stream ordering through `after` and StreamWait. With two or more GPUs, the
 // multi-process variant (one comm_worker process per GPU, LOCAL_RANK picks it) runs the same mix
 // of collectives as the Gloo multi-process test and the killed-rank case; otherwise it skips.
+// The watchdog as far as one GPU allows: a collective held back on the GPU (its comm stream waits
+// behind a blocked host callback) becomes an error naming it within the timeout, with every
+// later call failing alike; and a world-2 communicator whose second rank never arrives fails its
+// initialization with a deadline instead of hanging.
 // Tagged "gpu": it builds everywhere CUDA and NCCL are installed, runs only where a GPU is.
 #include "comm/nccl_communicator.h"
 
@@ -9,9 +13,17 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <gloo/rendezvous/hash_store.h>
+#include <gloo/rendezvous/prefix_store.h>
 
 #include "comm/comm_test_util.h"
 #include "comm/worker_launcher.h"
@@ -170,6 +182,108 @@ TEST(NcclMultiProcessTest, KilledRankTimesOut) {
       EXPECT_EQ(r.exit_code, 0) << "rank " << r.rank << ":\n" << r.output;
     }
   }
+}
+
+// A latch a CUDA host callback blocks on: work queued behind it on that stream cannot run.
+struct HostLatch {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+
+  static void CUDART_CB Block(void* self) {
+    auto* latch = static_cast<HostLatch*>(self);
+    std::unique_lock<std::mutex> lock(latch->mu);
+    latch->cv.wait(lock, [latch] { return latch->open; });
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu);
+    open = true;
+    cv.notify_all();
+  }
+};
+
+// The collective cannot complete (the comm stream waits, through `after`, behind a host callback
+// that blocks): the watchdog turns it into kDeadlineExceeded naming the collective and the rank
+// and aborts the NCCL communicator; Wait, StreamWait, CheckHealth and later calls return that
+// error; once the stream is released a consumer that StreamWait-ed synchronizes (no hang) and
+// CheckHealth still says the buffer is not to be trusted. In-place AllReduce on one rank queues
+// no NCCL kernel, so nothing runs on the aborted communicator's resources afterwards.
+TEST(NcclWatchdogTest, CollectiveHeldBackOnTheGpuBecomesAnError) {
+  if (GpuCount() < 1) GTEST_SKIP() << "no GPU";
+  auto dev = CudaDevice::Create(0);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  NcclOptions o;
+  o.comm.timeout = std::chrono::milliseconds(300);
+  auto comm = NcclCommunicator::Create(0, 1, nullptr, dev->get(), o);
+  ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+  auto blocked = (*dev)->CreateStream();
+  auto consumer = (*dev)->CreateStream();
+  ASSERT_TRUE(blocked.ok() && consumer.ok());
+  auto buf = (*dev)->Allocate(1024 * sizeof(float));
+  ASSERT_TRUE(buf.ok());
+
+  auto healthy = (*comm)->AllReduce(buf->data(), 1024, DType::kF32, ReduceOp::kSum);  // #1
+  ASSERT_TRUE(healthy.ok()) << healthy.status().ToString();
+  ASSERT_TRUE((*healthy)->Wait().ok());
+  ASSERT_TRUE((*comm)->CheckHealth().ok());
+
+  HostLatch latch;
+  // Should the abort itself ever wait for the blocked stream, this releases it so the test ends
+  // (the assertions below still hold); it is not a timing assertion.
+  std::thread safety([&] {
+    std::unique_lock<std::mutex> lock(latch.mu);
+    latch.cv.wait_for(lock, std::chrono::seconds(60), [&] { return latch.open; });
+    latch.open = true;
+    latch.cv.notify_all();
+  });
+  ASSERT_EQ(cudaLaunchHostFunc((*dev)->native_stream(blocked->get()), &HostLatch::Block, &latch),
+            cudaSuccess);
+  auto stuck = (*comm)->AllReduce(buf->data(), 1024, DType::kF32, ReduceOp::kSum, blocked->get());  // #2
+  ASSERT_TRUE(stuck.ok()) << stuck.status().ToString();
+  ASSERT_TRUE((*stuck)->StreamWait(consumer->get()).ok());
+
+  Status s = (*stuck)->Wait();
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
+  for (const char* needle : {"nccl rank 0 of 1", "collective #2 AllReduce (1024 x fp32, sum)",
+                             "did not complete within 300 ms", "aborted"}) {
+    EXPECT_NE(s.message().find(needle), std::string::npos) << needle << " not in " << s.ToString();
+  }
+  EXPECT_TRUE((*stuck)->IsCompleted());
+  EXPECT_EQ((*stuck)->Wait().message(), s.message());
+  EXPECT_EQ((*comm)->CheckHealth().message(), s.message());
+  EXPECT_EQ((*stuck)->StreamWait(consumer->get()).message(), s.message());
+  auto later = (*comm)->Broadcast(buf->data(), 1024, DType::kF32, 0);
+  EXPECT_EQ(later.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(later.status().message().find("not started"), std::string::npos) << later.status().ToString();
+  EXPECT_NE(later.status().message().find("collective #2 AllReduce"), std::string::npos);
+  double v = 1.0;
+  EXPECT_EQ((*comm)->AllReduceHost(&v, 1, ReduceOp::kSum).code(), StatusCode::kDeadlineExceeded);
+
+  latch.Open();
+  EXPECT_TRUE((*dev)->SynchronizeStream(consumer->get()).ok());
+  EXPECT_EQ((*comm)->CheckHealth().code(), StatusCode::kDeadlineExceeded);
+  safety.join();
+  comm->reset();  // destroying an aborted communicator must not block either
+}
+
+// World 2 with only rank 0 in this process: the store says rank 1 joined, but it never calls
+// NCCL. Non-blocking init then never completes; the deadline aborts it and names the rank.
+TEST(NcclWatchdogTest, PeerThatNeverInitializesFailsInitWithinTheTimeout) {
+  if (GpuCount() < 1) GTEST_SKIP() << "no GPU";
+  auto dev = CudaDevice::Create(0);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  NcclOptions o;
+  o.comm.timeout = std::chrono::milliseconds(2000);
+  {
+    gloo::rendezvous::PrefixStore pstore(o.prefix, *store);
+    pstore.set("join/1", std::vector<char>{1});  // rank 1 "joined" the rendezvous
+  }
+  auto comm = NcclCommunicator::Create(0, 2, store, dev->get(), o);
+  ASSERT_FALSE(comm.ok());
+  EXPECT_EQ(comm.status().code(), StatusCode::kDeadlineExceeded) << comm.status().ToString();
+  EXPECT_NE(comm.status().message().find("rank 0 of 2"), std::string::npos) << comm.status().ToString();
+  EXPECT_NE(comm.status().message().find("init"), std::string::npos) << comm.status().ToString();
 }
 
 }  // namespace
