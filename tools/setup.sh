@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(bazel-bootstrap bazel-platforms g++ libaio-dev nlohmann-json3-dev libgtest-dev libgmock-dev
-          libgloo-dev libnuma-dev python3)
+          libgloo-dev libnuma-dev python3 cmake pkg-config)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
