@@ -115,6 +115,10 @@ def ds_config(stage, dtype, gas, clip, managed, loss_scale_window=1000):
         },
         "zero_optimization": {"stage": stage},
     }
+    if stage == 3:
+        # Every parameter is below the default persistence threshold (1e5): 0 makes stage 3
+        # release and re-gather them around each module's use, on both sides.
+        c["zero_optimization"]["stage3_param_persistence_threshold"] = 0
     if not managed:
         c["managed_gradient_accumulation"] = False
     if dtype == "bf16":
