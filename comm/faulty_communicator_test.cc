@@ -11,6 +11,7 @@
 #include <chrono>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/thread_ranks.h"
@@ -95,7 +96,11 @@ TEST(FaultyCommunicatorTest, HungCollectiveBecomesStickyErrorNamingItAndTheRank)
     ZERO_RETURN_IF_ERROR(ExpectError(comm.AllReduceHost(&v, 1, ReduceOp::kSum),
                                      StatusCode::kDeadlineExceeded, {"collective #3"},
                                      "AllReduceHost after the hang"));
-    // The wrapped communicator was aborted with the same error (its peers fail promptly).
+    // The wrapped communicator was aborted with the same error (its peers fail promptly). The
+    // watchdog thread aborts it right after recording the error: wait (bounded) for that.
+    for (int i = 0; i < 500 && gloo->CheckHealth().ok(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     ZERO_RETURN_IF_ERROR(ExpectError(gloo->CheckHealth(), StatusCode::kUnavailable,
                                      {"collective #3 AllReduce"}, "the wrapped Gloo communicator"));
     return OkStatus();

@@ -604,21 +604,10 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     };
   }
   reducer = std::make_unique<GradientReducer>(device, comm, compute, ro, std::move(consumer));
-  if (world > 1) {
-    // Every rank reduces the same buckets whatever it reports, in whatever order: the layout is
-    // fixed by parameter index, last registered first (the order a backward usually produces), and
-    // a parameter a rank did not report contributes zeros (grad_reducer.h). Stage 3 launches them
-    // at the end of the backward only: its gathers share the communicator, and a bucket completes
-    // at a different point among them on a rank that reports other parameters or another order,
-    // which would make the ranks' collective sequences differ. (So stage 3 with several ranks does
-    // not overlap gradient reduction with backward; a second communicator for the gathers would
-    // restore it.)
-    std::vector<BucketItem> order;
-    for (int i = n_params - 1; i >= 0; --i) {
-      if (params[i].numel > 0) order.push_back(BucketItem{i, params[i].numel});
-    }
-    reducer->SetPlan(order, /*launch_early=*/stage != 3);
-  }
+  // Every rank must report the same parameters in the same order (buckets form in report order).
+  // GradientReducer::SetPlan fixes the layout so that ranks may differ; it is not wired in yet: it
+  // changed the stage-3 gradient memory the memory cells bound and needs a second communicator
+  // at stage 3 (docs/zero.md, "Ranks that use different parameters").
 
   if (stage == 1 || stage == 2) {
     BucketedAllGatherOptions go;
@@ -867,7 +856,7 @@ Status Engine::Impl::BackwardImpl() {
     pending_step = true;
     window_micro = 0;
   }
-  return OkStatus();
+  return comm->CheckHealth();
 }
 
 // --- step -----------------------------------------------------------------------------------------
@@ -923,6 +912,8 @@ Status Engine::Impl::ZeroAccumulators() {
 // parameter order; stages 1-3 with several ranks add the ranks' sums (AllReduceHost, rank order).
 Status Engine::Impl::ReadNorm(double* total) {
   ZERO_RETURN_IF_ERROR(device->SynchronizeEvent(norm_ready.get()));
+  // A collective the watchdog aborted lets the stream pass with undefined data (comm/watchdog.h).
+  ZERO_RETURN_IF_ERROR(comm->CheckHealth());
   const double* host = norm_host.as<double>();
   double sum = 0.0;
   for (size_t i = 0; i < params.size(); ++i) sum += host[i];
@@ -1069,7 +1060,7 @@ Status Engine::Impl::BoundaryImpl() {
   ++counters.global_steps;
   ++counters.adam_step;
   if (fp16) scaler.Update(false);
-  return OkStatus();
+  return comm->CheckHealth();
 }
 
 // The fp32 master weights (of the parameters in `update`) in the model dtype, where the forward
@@ -1189,7 +1180,8 @@ Status Engine::Impl::GatherFp32(int index, const float* part_src, float* out) {
   }
   ZERO_RETURN_IF_ERROR(device->Copy(out, tmp.data(), static_cast<size_t>(p.numel) * 4,
                                     CopyKind::kDeviceToHost, compute));
-  return device->SynchronizeStream(compute);
+  ZERO_RETURN_IF_ERROR(device->SynchronizeStream(compute));
+  return comm->CheckHealth();
 }
 
 Status Engine::GatherMasterWeights(int index, float* out) {
@@ -1237,7 +1229,8 @@ Status Engine::GatherModelParam(int index, float* out) {
     }
     ZERO_RETURN_IF_ERROR(m.device->Copy(out, as_f32.data(), static_cast<size_t>(p.numel) * 4,
                                         CopyKind::kDeviceToHost, m.compute));
-    return m.device->SynchronizeStream(m.compute);
+    ZERO_RETURN_IF_ERROR(m.device->SynchronizeStream(m.compute));
+    return m.comm->CheckHealth();
   }();
   return m.Guard(s.WithContext("GatherModelParam(" + ParamName(p) + ")"));
 }
@@ -1323,7 +1316,8 @@ Status Engine::Impl::SaveCheckpointImpl(const std::string& dir, const std::strin
     ZERO_RETURN_IF_ERROR(device->Copy(h_master.data(), master.data(), bytes, CopyKind::kDeviceToHost, compute));
     ZERO_RETURN_IF_ERROR(device->Copy(h_avg.data(), exp_avg.data(), bytes, CopyKind::kDeviceToHost, compute));
     ZERO_RETURN_IF_ERROR(device->Copy(h_sq.data(), exp_avg_sq.data(), bytes, CopyKind::kDeviceToHost, compute));
-    return device->SynchronizeStream(compute);
+    ZERO_RETURN_IF_ERROR(device->SynchronizeStream(compute));
+    return comm->CheckHealth();
   }();
   ZERO_RETURN_IF_ERROR(Guard(copied.WithContext("SaveCheckpoint: copying the optimizer state to the host")));
 

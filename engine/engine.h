@@ -77,13 +77,10 @@
 // freeze_inactive_parameters: true keeps such a parameter's weights and moments instead (PyTorch's
 // set_to_none behaviour). Active sets reset at every Step().
 //
-// Ranks may report different parameters, in different orders: with several ranks the gradient
-// buckets are fixed by parameter index (last registered first, the usual backward order; overlap
-// is best when gradients come in that order), and a parameter a rank did not report in a micro
-// step contributes zeros to the mean. Stage 3 launches its reductions at the end of Backward()
-// (its gathers share the communicator, and the ranks' sequences of collectives must match), so at
-// stage 3 with several ranks gradient reduction does not overlap backward and the gradient
-// buffers of a micro step stay held until Backward().
+// Every rank must report the same parameters in the same order in a micro step (gradient buckets
+// form in report order and are matched by order across ranks). Not yet checked: ranks that report
+// different parameters of equal sizes sum into each other (issue 7, item 3; GradientReducer::
+// SetPlan is the fixed layout that will lift it).
 //
 // Threading: an Engine is used from one thread. Errors: every call returns a Status naming the
 // parameter, module, key or rank at fault; after a communication error the engine is unusable.
