@@ -604,10 +604,19 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     };
   }
   reducer = std::make_unique<GradientReducer>(device, comm, compute, ro, std::move(consumer));
-  // Every rank must report the same parameters in the same order (buckets form in report order).
-  // GradientReducer::SetPlan fixes the layout so that ranks may differ; it is not wired in yet: it
-  // changed the stage-3 gradient memory the memory cells bound and needs a second communicator
-  // at stage 3 (docs/zero.md, "Ranks that use different parameters").
+  if (world > 1 && stage != 3) {
+    // Every rank reduces the same buckets whatever it reports, in whatever order: the layout is
+    // fixed by parameter index, last registered first (the order a backward usually produces), and
+    // a parameter a rank did not report contributes zeros (grad_reducer.h). Not at stage 3: its
+    // gathers share the communicator, and a bucket that completes at a different point among them
+    // on one rank would make the ranks' sequences of collectives differ (engine.h); there the
+    // buckets form in report order, which every rank must share.
+    std::vector<BucketItem> order;
+    for (int i = n_params - 1; i >= 0; --i) {
+      if (params[i].numel > 0) order.push_back(BucketItem{i, params[i].numel});
+    }
+    reducer->SetPlan(order);
+  }
 
   if (stage == 1 || stage == 2) {
     BucketedAllGatherOptions go;
@@ -1154,6 +1163,7 @@ EngineMemory Engine::memory() const {
   out.master_params = m.master.bytes();
   out.optimizer_states = m.exp_avg.bytes() + m.exp_avg_sq.bytes();
   out.bucket_staging = m.reducer != nullptr ? m.reducer->staging_bytes() : 0;
+  out.gradient_accumulators = m.acc.bytes() + m.grad_part.bytes();
   out.gradients = m.acc.bytes() + m.grad_part.bytes() +
                   (m.grad_pool != nullptr ? m.grad_pool->bytes() : 0) + out.bucket_staging;
   out.allgather_staging = m.weight_gather != nullptr ? m.weight_gather->staging_bytes() : 0;

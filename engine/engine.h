@@ -77,10 +77,14 @@
 // freeze_inactive_parameters: true keeps such a parameter's weights and moments instead (PyTorch's
 // set_to_none behaviour). Active sets reset at every Step().
 //
-// Every rank must report the same parameters in the same order in a micro step (gradient buckets
-// form in report order and are matched by order across ranks). Not yet checked: ranks that report
-// different parameters of equal sizes sum into each other (issue 7, item 3; GradientReducer::
-// SetPlan is the fixed layout that will lift it).
+// Ranks may report different parameters, in different orders, at stages 0-2: with several ranks
+// the gradient buckets are fixed by parameter index (last registered first, the usual backward
+// order; overlap is best when gradients come in that order), and a parameter a rank did not report
+// in a micro step contributes zeros to the mean. Stage 3 with several ranks: every rank must
+// report the same parameters in the same order (buckets form in report order there), since its
+// gathers and gradient reductions share one communicator and the ranks' sequences of collectives
+// must match; a fixed layout would not help there without deterministic launch points among the
+// gathers (not built).
 //
 // Threading: an Engine is used from one thread. Errors: every call returns a Status naming the
 // parameter, module, key or rank at fault; after a communication error the engine is unusable.
@@ -133,6 +137,7 @@ struct EngineMemory {
   size_t master_params = 0;  // fp32 master weights
   size_t optimizer_states = 0;
   size_t gradients = 0;      // accumulators + reduction buckets + gradient buffers handed out
+  size_t gradient_accumulators = 0;  // of `gradients`: the fp32 accumulators / gradient partition
   size_t device_peak = 0;    // Device::memory_stats().peak
   // Of `gradients`: the reduction buckets' staging buffers (held for reuse). 0 with
   // contiguous_gradients false (unless communication_data_type differs from the model dtype,
