@@ -231,6 +231,7 @@ struct Engine::Impl {
   Status GradReadyImpl(int index);
   Status BackwardImpl();
   Status QueueBoundaryReduction(int index);
+  Status CheckSameReports();
   Status ReduceAccumulators(const std::vector<uint8_t>& which);
   Status UnionActive();
   Status BoundaryImpl();
@@ -796,6 +797,43 @@ Status Engine::Impl::AddGradient(float* dst, const void* src, DType src_t, int64
   return device->Accumulate(dst, src, src_t, static_cast<size_t>(n), 1.0f, compute);
 }
 
+// Stage 3 buckets form in report order, so ranks that reported different parameters (or the same
+// ones in orders that group them differently) reduced mismatched layouts: the reducer's hash of
+// this micro step's bucket layouts differs between ranks. Found here, before anything is applied, and
+// the engine becomes unusable (Guard) rather than step on mixed gradients. (Mismatched bucket sizes
+// may already have failed the collective itself.)
+Status Engine::Impl::CheckSameReports() {
+  const double h = static_cast<double>(reducer->TakeLayoutHash() & ((uint64_t{1} << 52) - 1));
+  double v[2] = {h, -h};
+  ZERO_RETURN_IF_ERROR(comm->AllReduceHost(v, 2, ReduceOp::kMax).WithContext("comparing the ranks' gradient reports"));
+  if (v[0] == -v[1]) return OkStatus();
+  const size_t n = params.size();
+  std::vector<double> flags(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    flags[i] = reported[i];
+    flags[n + i] = -static_cast<double>(reported[i]);
+  }
+  ZERO_RETURN_IF_ERROR(comm->AllReduceHost(flags.data(), flags.size(), ReduceOp::kMax)
+                           .WithContext("comparing the ranks' gradient reports"));
+  std::string some;
+  int listed = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (flags[i] == 1.0 && flags[n + i] == 0.0) {  // reported by some rank, not by every rank
+      if (listed < 8) some += (listed ? ", " : "") + ParamName(params[i]);
+      ++listed;
+    }
+  }
+  if (listed > 8) some += " and " + std::to_string(listed - 8) + " more";
+  return FailedPreconditionError(
+      "micro step " + std::to_string(counters.micro_steps) +
+      ": the ranks reported different gradients at ZeRO stage 3 (" +
+      (listed > 0 ? "reported on some ranks only: " + some
+                   : std::string("the same parameters, in orders that grouped them into different buckets")) +
+      "); at stage 3 every rank must report the same parameters in the same order in each backward (its "
+      "gradient buckets form in report order and share the communicator with the gathers). Stages 0-2 allow "
+      "different reports. The gradients of this micro step were mixed across ranks: the engine is unusable");
+}
+
 Status Engine::Impl::QueueBoundaryReduction(int index) {
   if (reduce_queued[index]) return OkStatus();
   reduce_queued[index] = 1;
@@ -854,6 +892,7 @@ Status Engine::Impl::BackwardImpl() {
     }
   } else {
     ZERO_RETURN_IF_ERROR(reducer->Drain());
+    if (stage == 3 && world > 1) ZERO_RETURN_IF_ERROR(CheckSameReports());
   }
   if (coordinator != nullptr) ZERO_RETURN_IF_ERROR(coordinator->EndMicroStep());
   std::fill(reported.begin(), reported.end(), 0);

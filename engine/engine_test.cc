@@ -237,6 +237,38 @@ TEST(EngineTrainingTest, ClippingScalesTheUpdateAndNormsAgree) {
   }
 }
 
+// Stage 3 with several ranks needs the same reports on every rank: ranks that report different
+// parameters of the same size (so no collective fails on a size mismatch) are caught at Backward(),
+// before anything is applied, naming them; and the engine is unusable. Ranks that report the
+// same parameters in another order within one bucket reduce the same layout and are accepted.
+TEST(EngineTrainingTest, Stage3RanksReportingDifferentParametersIsAClearError) {
+  Status s = RunThreadRanks(2, [](int rank, Communicator* comm, Device* device) -> Status {
+    ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(3, 1, 0.0), 2));
+    ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, device, comm));
+    ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"head_a", {8}, "a"}).status());
+    ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"head_b", {8}, "b"}).status());
+    ZERO_RETURN_IF_ERROR(engine->Initialize([](int, float* v) {
+      for (int k = 0; k < 8; ++k) v[k] = 0.5f;
+    }));
+    const std::vector<float> g(8, 1.0f);
+    // Both, in opposite orders: one bucket (reduce_bucket_size 40), the same layout.
+    ZERO_RETURN_IF_ERROR(WriteGrad(engine.get(), device, rank == 0 ? 0 : 1, g));
+    ZERO_RETURN_IF_ERROR(WriteGrad(engine.get(), device, rank == 0 ? 1 : 0, g));
+    ZERO_RETURN_IF_ERROR(engine->Backward());
+    ZERO_RETURN_IF_ERROR(engine->Step());
+    // Rank 0 head_a only, rank 1 head_b only.
+    ZERO_RETURN_IF_ERROR(WriteGrad(engine.get(), device, rank, g));
+    Status b = engine->Backward();
+    if (b.ok()) return InternalError("Backward accepted different reports at stage 3");
+    for (const char* want : {"different gradients at ZeRO stage 3", "'head_a'", "'head_b'"}) {
+      if (b.message().find(want) == std::string::npos) return InternalError("error lacks '" + std::string(want) + "': " + b.ToString());
+    }
+    if (engine->Step().ok()) return InternalError("Step after the error succeeded");
+    return OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
 // With the opt-in freeze (PyTorch's set_to_none behaviour); the default steps them (equivalence
 // suite, UnmanagedTest and UnmanagedEqualsManagedTest).
 TEST(EngineTrainingTest, UnmanagedWithFreezeLeavesParametersWithoutGradientsUntouched) {
