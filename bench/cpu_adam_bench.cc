@@ -3,12 +3,13 @@
 // the AdamW's ratio to the memory bandwidth roof comes from one machine state.
 //
 //   cpu_adam_bench [--n 268435456] [--threads 1,8,16] [--paths avx512,avx2,scalar]
-//                  [--outputs none,bf16] [--iters 5] [--tile 65536]
+//                  [--outputs none,bf16,bf16nt] [--iters 5] [--tile 65536]
 //
 // Bytes per parameter, counted as STREAM counts (bytes the kernel reads plus bytes it writes; the
 // read-for-ownership of a written line is not counted, for AdamW as for triad): AdamW reads
 // p, g, m, v and writes p, m, v: 28 B; the 16-bit copy adds 2 B (fp32 copy: 4 B). Copy counts
-// 8 B per float, triad (a = b + s*c) 12 B. Each figure is the best of --iters timed repetitions
+// 8 B per float, triad (a = b + s*c) 12 B. bf16nt/fp16nt write the copy with non-temporal stores
+// (CpuAdamWOptions::stream_model_out), which saves its read-for-ownership; the count stays 30 B. Each figure is the best of --iters timed repetitions
 // after one warm-up. The last line is one summary: the best AdamW path with the bf16 copy at the
 // largest thread count, its params/s and its fraction of the triad bandwidth.
 #include <immintrin.h>
@@ -36,7 +37,7 @@ struct Flags {
   size_t n = size_t{1} << 28;
   std::vector<int> threads;
   std::vector<CpuAdamPath> paths;
-  std::vector<std::string> outputs = {"none", "bf16"};
+  std::vector<std::string> outputs = {"none", "bf16", "bf16nt"};
   int iters = 5;
   size_t tile = kCpuAdamTileElements;
 };
@@ -56,7 +57,7 @@ std::vector<std::string> Split(const std::string& s) {
 [[noreturn]] void Usage(const std::string& why) {
   std::fprintf(stderr,
                "cpu_adam_bench: %s\nusage: cpu_adam_bench [--n N] [--threads a,b,..] "
-               "[--paths avx512,avx2,scalar] [--outputs none,bf16,fp16,fp32] [--iters K] "
+               "[--paths avx512,avx2,scalar] [--outputs none,bf16,fp16,fp32,bf16nt,fp16nt] [--iters K] "
                "[--tile T]\n",
                why.c_str());
   std::exit(2);
@@ -90,8 +91,9 @@ Flags ParseFlags(int argc, char** argv) {
     } else if (a == "--outputs") {
       f.outputs = Split(v);
       for (const auto& o : f.outputs) {
-        if (o != "none" && o != "bf16" && o != "fp16" && o != "fp32") {
-          Usage("--outputs: unknown '" + o + "' (expected none, bf16, fp16, fp32)");
+        if (o != "none" && o != "bf16" && o != "fp16" && o != "fp32" && o != "bf16nt" &&
+            o != "fp16nt") {
+          Usage("--outputs: unknown '" + o + "' (expected none, bf16, fp16, fp32, bf16nt, fp16nt)");
         }
       }
     } else if (a == "--iters") {
@@ -271,11 +273,15 @@ int Main(int argc, char** argv) {
     for (CpuAdamPath path : f.paths) {
       for (const std::string& o : f.outputs) {
         void* out = o == "none" ? nullptr : o == "fp32" ? static_cast<void*>(out32) : out16;
-        DType t = o == "bf16" ? DType::kBF16 : o == "fp16" ? DType::kF16 : DType::kF32;
+        const bool nt = o.size() > 4;  // bf16nt, fp16nt: non-temporal stores of the copy
+        DType t = o.rfind("bf16", 0) == 0   ? DType::kBF16
+                  : o.rfind("fp16", 0) == 0 ? DType::kF16
+                                            : DType::kF32;
         const double bytes = 28.0 + (o == "none" ? 0.0 : o == "fp32" ? 4.0 : 2.0);
         CpuAdamWOptions options;
         options.path = path;
         options.tile_elements = tile;
+        options.stream_model_out = nt;
         Status st = OkStatus();
         const double t_adam = BestSeconds(f.iters, [&] {
           Status s = CpuAdamW(p, g, m, v, n, h, out, t, pool, options);
@@ -288,21 +294,21 @@ int Main(int argc, char** argv) {
         const double params = n / t_adam;
         const double gbs = bytes * params / 1e9;
         std::printf(
-            "threads=%-3d path=%-6s out=%-4s %7.3f ms  %9.3f Mparams/s  %7.2f GB/s (%2.0f B/param)"
+            "threads=%-3d path=%-6s out=%-6s %7.3f ms  %9.3f Mparams/s  %7.2f GB/s (%2.0f B/param)"
             "  %5.1f%% of triad  %5.1f%% of copy\n",
             threads, CpuAdamPathName(path), o.c_str(), t_adam * 1e3, params / 1e6, gbs, bytes,
             100.0 * gbs / triad_gbs, 100.0 * gbs / copy_gbs);
-        if (o == "bf16" && threads == max_threads && params > summary_params) {
+        if (o.rfind("bf16", 0) == 0 && threads == max_threads && params > summary_params) {
           summary_params = params;
           summary_frac = gbs / triad_gbs;
-          summary_path = CpuAdamPathName(path);
+          summary_path = std::string(CpuAdamPathName(path)) + (nt ? " out=bf16nt" : " out=bf16");
           summary_threads = threads;
         }
       }
     }
   }
   std::printf(
-      "SUMMARY cpu_adam_bench n=%zu threads=%d path=%s out=bf16 params_per_s=%.4g "
+      "SUMMARY cpu_adam_bench n=%zu threads=%d path=%s params_per_s=%.4g "
       "frac_of_triad=%.3f\n",
       n, summary_threads, summary_path.c_str(), summary_params, summary_frac);
   for (void* q : {static_cast<void*>(p), static_cast<void*>(g), static_cast<void*>(m),

@@ -72,9 +72,28 @@ void ScalarRange(float* __restrict p, const float* __restrict g, float* __restri
   }
 }
 
+template <bool kStream>
+__attribute__((target("avx2"))) inline void Store256(uint16_t* dst, __m256i x) {
+  if constexpr (kStream) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), x);
+  } else {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), x);
+  }
+}
+
+template <bool kStream>
+inline void Store128(uint16_t* dst, __m128i x) {
+  if constexpr (kStream) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst), x);
+  } else {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), x);
+  }
+}
+
 // --- AVX-512F: 16 lanes --------------------------------------------------------------------------
 
-template <bool kAdamW, Out kOut>
+// kStream: model_out is written with non-temporal stores (REQUIRES: out + b 64-byte aligned).
+template <bool kAdamW, Out kOut, bool kStream>
 __attribute__((target("avx512f"))) void Avx512Range(float* p, const float* g, float* m, float* v,
                                                     void* out, const AdamWParams& h,
                                                     const Consts& c, size_t b, size_t e) {
@@ -113,29 +132,36 @@ __attribute__((target("avx512f"))) void Avx512Range(float* p, const float* g, fl
     _mm512_storeu_ps(p + i, pi);
     _mm512_storeu_ps(m + i, mi);
     _mm512_storeu_ps(v + i, vi);
-    if constexpr (kOut == Out::kF32) _mm512_storeu_ps(static_cast<float*>(out) + i, pi);
+    if constexpr (kOut == Out::kF32) {
+      if constexpr (kStream) {
+        _mm512_stream_ps(static_cast<float*>(out) + i, pi);
+      } else {
+        _mm512_storeu_ps(static_cast<float*>(out) + i, pi);
+      }
+    }
     if constexpr (kOut == Out::kBF16) {
       // FloatToBf16: (u + 0x7fff + ((u >> 16) & 1)) >> 16; the canonical NaN becomes 0x7fff.
       const __m512i u = _mm512_castps_si512(pi);
       const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
       __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, bf16_bias)), 16);
       r = _mm512_mask_blend_epi32(p_nan, r, bf16_bias);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i),
-                          _mm512_cvtepi32_epi16(r));
+      Store256<kStream>(static_cast<uint16_t*>(out) + i, _mm512_cvtepi32_epi16(r));
     }
     if constexpr (kOut == Out::kF16) {
       // vcvtps2ph rounds to nearest even with subnormals and overflow to Inf as FloatToHalf does;
       // the canonical NaN becomes 0x7fff in both.
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i),
-                          _mm512_cvtps_ph(pi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      Store256<kStream>(static_cast<uint16_t*>(out) + i,
+                        _mm512_cvtps_ph(pi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
   }
+  // Non-temporal stores are weakly ordered: make them visible before the tile counts as done.
+  if constexpr (kStream) _mm_sfence();
   ScalarRange<kAdamW, kOut>(p, g, m, v, out, h, c, i, e);
 }
 
 // --- AVX2 (+F16C): 8 lanes -----------------------------------------------------------------------
 
-template <bool kAdamW, Out kOut>
+template <bool kAdamW, Out kOut, bool kStream>
 __attribute__((target("avx2,f16c"))) void Avx2Range(float* p, const float* g, float* m, float* v,
                                                    void* out, const AdamWParams& h,
                                                    const Consts& c, size_t b, size_t e) {
@@ -173,7 +199,13 @@ __attribute__((target("avx2,f16c"))) void Avx2Range(float* p, const float* g, fl
     _mm256_storeu_ps(p + i, pi);
     _mm256_storeu_ps(m + i, mi);
     _mm256_storeu_ps(v + i, vi);
-    if constexpr (kOut == Out::kF32) _mm256_storeu_ps(static_cast<float*>(out) + i, pi);
+    if constexpr (kOut == Out::kF32) {
+      if constexpr (kStream) {
+        _mm256_stream_ps(static_cast<float*>(out) + i, pi);
+      } else {
+        _mm256_storeu_ps(static_cast<float*>(out) + i, pi);
+      }
+    }
     if constexpr (kOut == Out::kBF16) {
       const __m256i u = _mm256_castps_si256(pi);
       const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
@@ -181,41 +213,43 @@ __attribute__((target("avx2,f16c"))) void Avx2Range(float* p, const float* g, fl
       r = _mm256_blendv_epi8(r, bf16_bias, _mm256_castps_si256(p_nan));
       // packus works per 128-bit lane: [r0..r3 r0..r3 | r4..r7 r4..r7]; qwords 0 and 2 hold r0..r7.
       const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(out) + i),
-                       _mm256_castsi256_si128(packed));
+      Store128<kStream>(static_cast<uint16_t*>(out) + i, _mm256_castsi256_si128(packed));
     }
     if constexpr (kOut == Out::kF16) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(out) + i),
-                       _mm256_cvtps_ph(pi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      Store128<kStream>(static_cast<uint16_t*>(out) + i,
+                        _mm256_cvtps_ph(pi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
   }
+  // Non-temporal stores are weakly ordered: make them visible before the tile counts as done.
+  if constexpr (kStream) _mm_sfence();
   ScalarRange<kAdamW, kOut>(p, g, m, v, out, h, c, i, e);
 }
 
 template <bool kAdamW, Out kOut>
-RangeFn SelectFor(CpuAdamPath path) {
+RangeFn SelectFor(CpuAdamPath path, bool stream) {
+  stream = stream && kOut != Out::kNone;
   switch (path) {
     case CpuAdamPath::kAvx512:
-      return &Avx512Range<kAdamW, kOut>;
+      return stream ? &Avx512Range<kAdamW, kOut, true> : &Avx512Range<kAdamW, kOut, false>;
     case CpuAdamPath::kAvx2:
-      return &Avx2Range<kAdamW, kOut>;
+      return stream ? &Avx2Range<kAdamW, kOut, true> : &Avx2Range<kAdamW, kOut, false>;
     default:
       return &ScalarRange<kAdamW, kOut>;
   }
 }
 
 template <bool kAdamW>
-RangeFn SelectOut(CpuAdamPath path, void* model_out, DType model_t) {
-  if (model_out == nullptr) return SelectFor<kAdamW, Out::kNone>(path);
+RangeFn SelectOut(CpuAdamPath path, void* model_out, DType model_t, bool stream) {
+  if (model_out == nullptr) return SelectFor<kAdamW, Out::kNone>(path, false);
   switch (model_t) {
     case DType::kF32:
-      return SelectFor<kAdamW, Out::kF32>(path);
+      return SelectFor<kAdamW, Out::kF32>(path, stream);
     case DType::kBF16:
-      return SelectFor<kAdamW, Out::kBF16>(path);
+      return SelectFor<kAdamW, Out::kBF16>(path, stream);
     case DType::kF16:
       break;
   }
-  return SelectFor<kAdamW, Out::kF16>(path);
+  return SelectFor<kAdamW, Out::kF16>(path, stream);
 }
 
 struct CpuFeatures {
@@ -316,8 +350,12 @@ Status CpuAdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_
                                                                  : "exp_avg_sq") +
                                 " with n = " + std::to_string(n) + " elements");
   }
-  const RangeFn fn = h.adam_w_mode ? SelectOut<true>(path, model_out, model_t)
-                                   : SelectOut<false>(path, model_out, model_t);
+  // Tiles start at multiples of 64 elements, so an aligned buffer keeps every tile's SIMD stores
+  // aligned, as the non-temporal stores require.
+  const bool stream = options.stream_model_out && model_out != nullptr &&
+                      reinterpret_cast<uintptr_t>(model_out) % 64 == 0;
+  const RangeFn fn = h.adam_w_mode ? SelectOut<true>(path, model_out, model_t, stream)
+                                   : SelectOut<false>(path, model_out, model_t, stream);
   const Consts c = MakeConsts(h);
   const size_t tile = std::max<size_t>(64, (options.tile_elements + 63) & ~size_t{63});
   const size_t num_tiles = (n + tile - 1) / tile;

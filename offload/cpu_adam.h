@@ -54,6 +54,11 @@ struct CpuAdamWOptions {
   CpuAdamPath path = CpuAdamPath::kAuto;
   // Rounded up to a multiple of 64 (whole cache lines of every array). Results do not depend on it.
   size_t tile_elements = kCpuAdamTileElements;
+  // SIMD paths: write model_out with non-temporal stores (it is read by a DMA to the GPU, not by
+  // this CPU, so its lines need not be read for ownership nor kept in cache). Used only when
+  // model_out is 64-byte aligned (pinned buffers are). Results do not depend on it. Off until the
+  // GPU machine's cpu_adam_bench (out=bf16 vs bf16nt) shows it pays.
+  bool stream_model_out = false;
 };
 
 // The AdamW update of n elements, in place on param/exp_avg/exp_avg_sq, reading grad; if

@@ -5,6 +5,8 @@
 #include "offload/cpu_adam.h"
 
 #include <cfloat>
+#include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -139,17 +141,24 @@ Result4 DeviceReference(const State& in, const AdamWParams& h, const Output& o) 
   return r;
 }
 
+// stream: non-temporal stores of model_out, into a 64-byte aligned buffer (they are used only
+// for one).
 Result4 RunCpuAdamW(const State& in, const AdamWParams& h, const Output& o, CpuAdamPath path,
-                    ThreadPool* pool, size_t tile = kCpuAdamTileElements) {
+                    ThreadPool* pool, size_t tile = kCpuAdamTileElements, bool stream = false) {
   Result4 r{in, {}};
   const size_t n = in.p.size();
-  if (o.present) r.out.assign(n * SizeOf(o.t), 0xee);
+  const size_t bytes = o.present ? n * SizeOf(o.t) : 0;
+  std::unique_ptr<uint8_t, decltype(&std::free)> aligned(
+      static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64)), &std::free);
+  std::memset(aligned.get(), 0xee, bytes);
   CpuAdamWOptions options;
   options.path = path;
   options.tile_elements = tile;
+  options.stream_model_out = stream;
   Status st = CpuAdamW(r.s.p.data(), r.s.g.data(), r.s.m.data(), r.s.v.data(), n, h,
-                       o.present ? r.out.data() : nullptr, o.t, pool, options);
+                       o.present ? aligned.get() : nullptr, o.t, pool, options);
   EXPECT_TRUE(st.ok()) << st.ToString();
+  r.out.assign(aligned.get(), aligned.get() + bytes);
   return r;
 }
 
@@ -286,19 +295,22 @@ TEST(CpuAdamTest, EveryPathIsBitwiseTheReference) {
           ASSERT_EQ(Diff(in, dev, loop, o), "") << "CpuDevice vs the loop reference";
           for (CpuAdamPath path : AvailablePaths()) {
             for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), pool3.get()}) {
-              // A small tile on the pool, so 1000 and 1000003 elements are many tiles.
-              const size_t tile = pool == nullptr ? kCpuAdamTileElements : 192;
-              const Result4 got = RunCpuAdamW(in, h, o, path, pool, tile);
-              ASSERT_EQ(Diff(in, got, dev, o), "")
-                  << "path " << CpuAdamPathName(path) << (pool ? ", 3 threads" : ", 1 thread");
-              ++cases;
+              for (bool stream : {false, true}) {
+                // A small tile on the pool, so 1000 and 1000003 elements are many tiles.
+                const size_t tile = pool == nullptr ? kCpuAdamTileElements : 192;
+                const Result4 got = RunCpuAdamW(in, h, o, path, pool, tile, stream);
+                ASSERT_EQ(Diff(in, got, dev, o), "")
+                    << "path " << CpuAdamPathName(path) << (pool ? ", 3 threads" : ", 1 thread")
+                    << (stream ? ", non-temporal stores" : "");
+                ++cases;
+              }
             }
           }
         }
       }
     }
   }
-  EXPECT_EQ(cases, 10 * 2 * 2 * 4 * 2 * static_cast<int>(AvailablePaths().size()));
+  EXPECT_EQ(cases, 10 * 2 * 2 * 4 * 2 * 2 * static_cast<int>(AvailablePaths().size()));
 }
 
 // Results do not depend on the thread count or the tile size.
@@ -312,7 +324,7 @@ TEST(CpuAdamTest, IndependentOfThreadsAndTiles) {
     auto pool = Pool(threads);
     for (size_t tile : {size_t{1}, size_t{1000}, kCpuAdamTileElements, size_t{1} << 22}) {
       for (CpuAdamPath path : AvailablePaths()) {
-        const Result4 got = RunCpuAdamW(in, h, bf16, path, pool.get(), tile);
+        const Result4 got = RunCpuAdamW(in, h, bf16, path, pool.get(), tile, tile > 1000);
         ASSERT_EQ(Diff(in, got, want, bf16), "")
             << "path " << CpuAdamPathName(path) << ", " << threads << " threads, tile " << tile;
       }
@@ -355,8 +367,11 @@ TEST(CpuAdamTest, SixteenBitCopyRoundsLikeDtype) {
     }
     EXPECT_GT(checked, n / 2);
     for (CpuAdamPath path : AvailablePaths()) {
-      const Result4 got = RunCpuAdamW(in, h, o, path, pool.get());
-      ASSERT_EQ(Diff(in, got, want, o), "") << "path " << CpuAdamPathName(path);
+      for (bool stream : {false, true}) {
+        const Result4 got = RunCpuAdamW(in, h, o, path, pool.get(), kCpuAdamTileElements, stream);
+        ASSERT_EQ(Diff(in, got, want, o), "") << "path " << CpuAdamPathName(path)
+                                              << (stream ? ", non-temporal stores" : "");
+      }
     }
   }
 }
