@@ -1,0 +1,71 @@
+#include "nvme/nvme_test_util.h"
+
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "nvme/aio_engine.h"
+
+namespace zero {
+
+Result<ScratchDir> ScratchDir::Create(const std::string& name) {
+  std::string tried;
+  for (const char* env : {"ZERO_TEST_TMPDIR", "TEST_TMPDIR", "", "."}) {
+    std::string base;
+    if (std::strcmp(env, "") == 0) {
+      base = "/var/tmp";
+    } else if (std::strcmp(env, ".") == 0) {
+      base = std::filesystem::current_path().string();
+    } else if (const char* v = std::getenv(env); v != nullptr && *v != '\0') {
+      base = v;
+    } else {
+      continue;
+    }
+    std::string dir = base + "/nvme_" + name + "." + std::to_string(::getpid());
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    if (!std::filesystem::create_directories(dir, ec)) {
+      tried += " " + dir + " (" + ec.message() + ")";
+      continue;
+    }
+    Status st = ProbeDirectIo(dir);
+    if (st.ok()) return ScratchDir(dir);
+    tried += " " + dir + " (" + st.message() + ")";
+    std::filesystem::remove_all(dir, ec);
+  }
+  return FailedPreconditionError("no scratch directory with O_DIRECT; tried:" + tried);
+}
+
+ScratchDir::~ScratchDir() {
+  if (path_.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+Result<ScopedMount> ScopedMount::Create(const std::string& dir, const std::string& fstype,
+                                        const std::string& options, bool read_only) {
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return ErrnoError("mkdir", dir, errno);
+  }
+  unsigned long flags = read_only ? MS_RDONLY : 0;
+  if (::mount("zero_test", dir.c_str(), fstype.c_str(), flags, options.c_str()) != 0) {
+    const int err = errno;
+    ::rmdir(dir.c_str());
+    return FailedPreconditionError("mount -t " + fstype + " -o " + options + " at " + dir +
+                                   " not permitted here: " + std::strerror(err));
+  }
+  return ScopedMount(dir);
+}
+
+ScopedMount::~ScopedMount() {
+  if (dir_.empty()) return;
+  ::umount2(dir_.c_str(), MNT_DETACH);
+  ::rmdir(dir_.c_str());
+}
+
+}  // namespace zero

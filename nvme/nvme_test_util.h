@@ -1,0 +1,45 @@
+// Test helpers for nvme/: a scratch directory on a filesystem that supports O_DIRECT, and small
+// mounted filesystems (tmpfs of a fixed size, ramfs, read-only) made inside it when the test may
+// mount (root in the container); each is unmounted and removed by its owner.
+#pragma once
+
+#include <string>
+
+#include "runtime/status.h"
+
+namespace zero {
+
+// A fresh directory for one test under ZERO_TEST_TMPDIR, TEST_TMPDIR, /var/tmp or the working
+// directory: the first whose filesystem accepts O_DIRECT. Removed (recursively) by the owner.
+class ScratchDir {
+ public:
+  static Result<ScratchDir> Create(const std::string& name);
+  ScratchDir(ScratchDir&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
+  ScratchDir(const ScratchDir&) = delete;
+  ~ScratchDir();
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  explicit ScratchDir(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
+
+// A filesystem mounted at a new directory `dir` (mount(2)); unmounted and the directory removed by
+// the owner. Create fails (the caller skips with the message) when mounting is not permitted.
+class ScopedMount {
+ public:
+  // fstype "tmpfs" or "ramfs"; options as for mount -o ("size=1m", "ro", ...).
+  static Result<ScopedMount> Create(const std::string& dir, const std::string& fstype,
+                                    const std::string& options, bool read_only = false);
+  ScopedMount(ScopedMount&& o) noexcept : dir_(std::move(o.dir_)) { o.dir_.clear(); }
+  ScopedMount(const ScopedMount&) = delete;
+  ~ScopedMount();
+  const std::string& dir() const { return dir_; }
+
+ private:
+  explicit ScopedMount(std::string dir) : dir_(std::move(dir)) {}
+  std::string dir_;
+};
+
+}  // namespace zero

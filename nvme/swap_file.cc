@@ -1,0 +1,181 @@
+#include "nvme/swap_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "nvme/aligned_buffer.h"
+#include "nvme/crc32c.h"
+
+namespace zero {
+namespace {
+
+std::string Hex(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "0x%08x", v);
+  return buf;
+}
+
+std::string DirOf(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash + 1);
+}
+
+}  // namespace
+
+SwapFile::SwapFile(AioEngine* engine, std::string path, std::unique_ptr<AioFile> file,
+                   std::vector<RegionState> regions, uint64_t file_size)
+    : engine_(engine),
+      path_(std::move(path)),
+      file_(std::move(file)),
+      regions_(std::move(regions)),
+      file_size_(file_size) {}
+
+SwapFile::~SwapFile() {
+  file_.reset();
+  ::unlink(path_.c_str());
+}
+
+bool SwapFile::direct() const { return file_->direct(); }
+
+Result<std::unique_ptr<SwapFile>> SwapFile::Create(AioEngine* engine, const std::string& path,
+                                                   const std::vector<SwapRegionSpec>& specs) {
+  std::vector<RegionState> regions;
+  uint64_t size = 0;
+  for (const SwapRegionSpec& s : specs) {
+    RegionState r;
+    r.layout.name = s.name;
+    r.layout.offset = size;
+    r.layout.bytes = s.bytes;
+    r.layout.padded_bytes = AlignUp(s.bytes, kAioAlignment);
+    size += r.layout.padded_bytes;
+    regions.push_back(std::move(r));
+  }
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == EEXIST) {
+      return FailedPreconditionError("create swap file " + path +
+                                     ": it exists already (a stale swap file of an earlier run? "
+                                     "remove it if no run is using it)");
+    }
+    Status st = ErrnoError("create swap file", path, err);
+    if (err == EACCES || err == EROFS || err == EPERM) {
+      return FailedPreconditionError(st.message() + " (the directory is not writable)");
+    }
+    return st;
+  }
+  if (size > 0) {
+    const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(size));
+    if (err != 0) {
+      ::close(fd);
+      ::unlink(path.c_str());
+      Status st = ErrnoError("create swap file", path, err);
+      const std::string what = "create swap file " + path + ": cannot preallocate " +
+                               std::to_string(size) + " bytes (" +
+                               std::to_string(size >> 20) + " MiB) on " + FilesystemType(DirOf(path));
+      if (err == ENOSPC || err == EDQUOT) {
+        return ResourceExhaustedError(what + ": " + std::strerror(err) +
+                                      "; free disk space or point the swap path at a larger disk");
+      }
+      return Status(st.code(), what + ": " + std::strerror(err));
+    }
+  }
+  ::close(fd);
+  auto file = engine->Open(path, AioOpenMode::kReadWrite);
+  if (!file.ok()) {
+    ::unlink(path.c_str());
+    return file.status();
+  }
+  return std::unique_ptr<SwapFile>(
+      new SwapFile(engine, path, std::move(file).value(), std::move(regions), size));
+}
+
+std::string SwapFile::Describe(size_t i) const {
+  const SwapRegion& r = regions_[i].layout;
+  return "swap file " + path_ + " region " + std::to_string(i) + " '" + r.name + "' (offset " +
+         std::to_string(r.offset) + ", " + std::to_string(r.bytes) + " bytes)";
+}
+
+Status SwapFile::CheckRegion(size_t i) const {
+  if (i >= regions_.size()) {
+    return OutOfRangeError("swap file " + path_ + ": region " + std::to_string(i) +
+                           " does not exist (" + std::to_string(regions_.size()) + " regions)");
+  }
+  if (regions_[i].busy) {
+    return FailedPreconditionError(Describe(i) + ": a read or write is already in flight");
+  }
+  return OkStatus();
+}
+
+Result<SwapFile::Io> SwapFile::StartWrite(size_t i, const void* buffer) {
+  ZERO_RETURN_IF_ERROR(CheckRegion(i));
+  RegionState& r = regions_[i];
+  Io io;
+  io.region = i;
+  io.buffer = buffer;
+  io.crc = Crc32cFast(buffer, r.layout.bytes);
+  auto t = engine_->SubmitWrite(*file_, r.layout.offset, buffer, r.layout.padded_bytes);
+  if (!t.ok()) return t.status().WithContext(Describe(i));
+  io.ticket = *t;
+  r.written = false;  // unreadable until this write succeeds
+  r.busy = true;
+  return io;
+}
+
+Result<SwapFile::Io> SwapFile::StartRead(size_t i, void* buffer) {
+  ZERO_RETURN_IF_ERROR(CheckRegion(i));
+  RegionState& r = regions_[i];
+  if (!r.written) {
+    return FailedPreconditionError(Describe(i) +
+                                   ": read before any successful write (or after a failed one)");
+  }
+  Io io;
+  io.region = i;
+  io.read = true;
+  io.buffer = buffer;
+  auto t = engine_->SubmitRead(*file_, r.layout.offset, buffer, r.layout.padded_bytes);
+  if (!t.ok()) return t.status().WithContext(Describe(i));
+  io.ticket = *t;
+  r.busy = true;
+  return io;
+}
+
+Status SwapFile::Finish(const Io& io) {
+  if (io.region >= regions_.size() || !regions_[io.region].busy) {
+    return FailedPreconditionError("swap file " + path_ + ": Finish of region " +
+                                   std::to_string(io.region) + " with nothing in flight");
+  }
+  RegionState& r = regions_[io.region];
+  Status st = engine_->Wait(io.ticket);
+  if (st.code() == StatusCode::kDeadlineExceeded) return st;  // cannot happen without a timeout
+  r.busy = false;
+  if (!st.ok()) return st.WithContext(Describe(io.region));
+  if (!io.read) {
+    r.crc = io.crc;
+    r.written = true;
+    return OkStatus();
+  }
+  const uint32_t got = Crc32cFast(io.buffer, r.layout.bytes);
+  if (got != r.crc) {
+    return DataLossError(Describe(io.region) + ": checksum mismatch: expected crc32c " +
+                         Hex(r.crc) + ", got " + Hex(got) +
+                         " (the file was changed or corrupted after it was written)");
+  }
+  return OkStatus();
+}
+
+Status SwapFile::Write(size_t i, const void* buffer) {
+  ZERO_ASSIGN_OR_RETURN(Io io, StartWrite(i, buffer));
+  return Finish(io);
+}
+
+Status SwapFile::Read(size_t i, void* buffer) {
+  ZERO_ASSIGN_OR_RETURN(Io io, StartRead(i, buffer));
+  return Finish(io);
+}
+
+}  // namespace zero
