@@ -153,6 +153,8 @@ struct Engine::Impl {
   // window: nothing zero-fills the accumulators at a window start; see AddGradient).
   std::vector<uint8_t> acc_written;     // stages 0/1: acc piece (this rank's local sum)
   std::vector<uint8_t> part_written;    // stages 1-3: grad_part shard (the reduced sum)
+  std::vector<uint8_t> updated;         // UpdateInBackward: AdamW already ran in this window
+  std::unique_ptr<BufferPool> scratch_pool;  // UpdateInBackward: the fp32 gradient chunk
   int reported_count = 0;
   std::unique_ptr<GradientReducer> reducer;
   std::unique_ptr<BucketedAllGather> weight_gather;  // stages 1/2
@@ -196,6 +198,18 @@ struct Engine::Impl {
   bool DirectToPartition() const {
     return stage >= 2 && world == 1 && (comm_dt == mdt || comm_dt == DType::kF32);
   }
+  // Update in backward: when a parameter's gradient is final as soon as it is reported (managed,
+  // GAS 1, one rank at stages 2/3: DirectToPartition) and nothing needs the global norm before the
+  // update (no fp16 overflow check, no clipping), GradReady runs its AdamW at once, through a
+  // chunk-sized fp32 scratch, and no fp32 gradient partition exists. The model copy is cast from
+  // the new masters at Step() (param() does not change before Step(), as in the other modes).
+  // Bitwise the same as the boundary path: the scratch holds what the partition would (0.0f + g),
+  // AdamW is elementwise, and AdamW followed by Cast equals AdamWCast.
+  bool UpdateInBackward() const {
+    return managed && gas == 1 && DirectToPartition() && !config.fp16.enabled &&
+           config.gradient_clipping <= 0.0;
+  }
+  static constexpr int64_t kUpdateChunk = int64_t{1} << 24;  // scratch elements (64 MiB of fp32)
 
   Status Guard(Status s) {
     if (!s.ok() && broken.ok()) broken = s;
@@ -237,6 +251,8 @@ struct Engine::Impl {
   Status BoundaryImpl();
   Status ZeroAccumulators();
   Status AddGradient(float* dst, const void* src, DType src_t, int64_t n, uint8_t* written);
+  AdamWParams StepParams(double loss_scale, double clip_coef) const;
+  Status UpdateFromGradient(int index, const void* src);
   Status ReadNorm(double* total);
   Status GatherFp32(int index, const float* part_src, float* out);
   Status PublishWeights(const std::vector<uint8_t>& update, bool cast);
@@ -461,14 +477,20 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
   if (stage <= 1) {
     ZERO_RETURN_IF_ERROR(Allocate(&acc, full_total, DType::kF32, "fp32 gradient accumulators"));
   }
-  if (stage >= 1 && !AccIsGrad()) {
+  if (stage >= 1 && !AccIsGrad() && !UpdateInBackward()) {
     ZERO_RETURN_IF_ERROR(Allocate(&grad_part, part_total, DType::kF32, "fp32 gradient partition"));
+  }
+  if (UpdateInBackward()) {
+    // One chunk, reused in compute-stream order (a single stream: no host wait).
+    scratch_pool = std::make_unique<BufferPool>(device, static_cast<size_t>(kUpdateChunk) * 4);
   }
   {
     const size_t bytes = std::max<size_t>(1, params.size()) * sizeof(double);
     auto b = device->Allocate(bytes);
     if (!b.ok()) return b.status().WithContext("Initialize: allocating norm partials");
     norm_slots = std::move(b).value();
+    // UpdateInBackward writes a parameter's partial when it is reported; the others read 0.
+    ZERO_RETURN_IF_ERROR(device->Fill(norm_slots.data(), DType::kF32, bytes / 4, 0.0f, compute));
     auto h = device->AllocatePinned(bytes);
     if (!h.ok()) return h.status().WithContext("Initialize: allocating norm partials (host)");
     norm_host = std::move(h).value();
@@ -565,6 +587,7 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
   reduce_queued.assign(params.size(), 0);
   acc_written.assign(params.size(), 0);
   part_written.assign(params.size(), 0);
+  updated.assign(params.size(), 0);
 
   GradientReducerOptions ro;
   ro.op = op;
@@ -765,6 +788,10 @@ Status Engine::Impl::GradReadyImpl(int index) {
     if (managed && window_micro + 1 == gas && !no_sync) ZERO_RETURN_IF_ERROR(QueueBoundaryReduction(index));
     return OkStatus();
   }
+  if (UpdateInBackward()) {
+    ZERO_RETURN_IF_ERROR(UpdateFromGradient(index, buf.data()));
+    return grad_pool->Release(std::move(buf), compute);
+  }
   if (DirectToPartition()) {
     // One rank: straight into the fp32 partition (shard = numel), no bucket, no conversion.
     ZERO_RETURN_IF_ERROR(AddGradient(f32(grad_part, p.part_off), buf.data(), mdt, p.numel,
@@ -795,6 +822,54 @@ Status Engine::Impl::AddGradient(float* dst, const void* src, DType src_t, int64
   if (n == 0) return OkStatus();
   if (first) return device->AccumulateFirst(dst, src, src_t, static_cast<size_t>(n), 1.0f, compute);
   return device->Accumulate(dst, src, src_t, static_cast<size_t>(n), 1.0f, compute);
+}
+
+// The AdamW hyperparameters of the next applied step (t = adam_step + 1).
+AdamWParams Engine::Impl::StepParams(double loss_scale, double clip_coef) const {
+  AdamWParams h;
+  const OptimizerConfig& oc = config.optimizer;
+  const int64_t t = counters.adam_step + 1;
+  h.lr = static_cast<float>(scheduler->LrAt(counters.adam_step));
+  h.beta1 = static_cast<float>(oc.beta1);
+  h.beta2 = static_cast<float>(oc.beta2);
+  h.eps = static_cast<float>(oc.eps);
+  h.weight_decay = static_cast<float>(oc.weight_decay);
+  h.bias_correction1 = static_cast<float>(1.0 - std::pow(oc.beta1, static_cast<double>(t)));
+  h.bias_correction2 = static_cast<float>(1.0 - std::pow(oc.beta2, static_cast<double>(t)));
+  h.adam_w_mode = oc.adam_w_mode;
+  h.grad_scale = static_cast<float>(1.0 / (loss_scale * clip_coef));
+  return h;
+}
+
+// UpdateInBackward: parameter `index`'s norm partial (from the model-dtype gradient at `src`, the
+// same squares as of its fp32 widening) and its AdamW over the masters and moments (no model
+// copy: Step() casts), chunk by chunk through the fp32 scratch (0.0f + g, as the partition would
+// hold; zeros when `src` is null: a parameter without a gradient in the window). Compute stream.
+Status Engine::Impl::UpdateFromGradient(int index, const void* src) {
+  const ParamInfo& p = params[index];
+  updated[index] = 1;
+  if (p.numel == 0) return OkStatus();
+  if (src != nullptr) {
+    ZERO_RETURN_IF_ERROR(device->SumOfSquares(src, mdt, static_cast<size_t>(p.numel),
+                                              norm_slots.as<double>() + index, compute));
+  }
+  const AdamWParams h = StepParams(1.0, 1.0);
+  const int64_t n = p.shard.shard;  // one rank: the whole (unpadded) parameter
+  ZERO_ASSIGN_OR_RETURN(DeviceBuffer scratch,
+                        scratch_pool->Acquire(static_cast<size_t>(std::min(n, kUpdateChunk)) * 4,
+                                              "allocating the gradient chunk of the update in backward"));
+  for (int64_t at = 0; at < n; at += kUpdateChunk) {
+    const size_t len = static_cast<size_t>(std::min(kUpdateChunk, n - at));
+    float* g = scratch.as<float>();
+    if (src != nullptr) {
+      ZERO_RETURN_IF_ERROR(device->AccumulateFirst(g, ElementPtr(src, mdt, at), mdt, len, 1.0f, compute));
+    } else {
+      ZERO_RETURN_IF_ERROR(device->Fill(g, DType::kF32, len, 0.0f, compute));
+    }
+    const int64_t off = p.part_off + at;
+    ZERO_RETURN_IF_ERROR(device->AdamW(f32(master, off), g, f32(exp_avg, off), f32(exp_avg_sq, off), len, h, compute));
+  }
+  return scratch_pool->Release(std::move(scratch), compute);
 }
 
 // Stage 3 buckets form in report order, so ranks that reported different parameters (or the same
@@ -947,6 +1022,11 @@ Status Engine::Impl::UnionActive() {
 // Starts a new window. No fill: the pieces are marked unwritten, and the window's first
 // contribution overwrites each (AddGradient).
 Status Engine::Impl::ZeroAccumulators() {
+  if (UpdateInBackward() && !params.empty()) {
+    // Stream-ordered after the boundary's copy of the partials to the host.
+    ZERO_RETURN_IF_ERROR(device->Fill(norm_slots.data(), DType::kF32, 2 * params.size(), 0.0f, compute));
+  }
+  std::fill(updated.begin(), updated.end(), 0);
   std::fill(acc_written.begin(), acc_written.end(), 0);
   std::fill(part_written.begin(), part_written.end(), 0);
   std::fill(active.begin(), active.end(), 0);
@@ -999,10 +1079,12 @@ Status Engine::Impl::BoundaryImpl() {
   // gradient that got no contribution in the window is zero: its partial is 0.0 (what
   // SumOfSquares of zeros gives), and it is zero-filled only if AdamW is to read it.
   double* slots = norm_slots.as<double>();
-  if (n_params > 0) {
+  const bool in_backward = UpdateInBackward();
+  if (n_params > 0 && !in_backward) {
     ZERO_RETURN_IF_ERROR(device->Fill(slots, DType::kF32, 2 * static_cast<size_t>(n_params), 0.0f, compute));
   }
-  for (int i = 0; i < n_params; ++i) {
+  // Update in backward: the partials were written at GradReady (0 for the others).
+  for (int i = 0; i < n_params && !in_backward; ++i) {
     int64_t off = 0, n = 0;
     piece(i, &off, &n);
     if (n == 0) continue;
@@ -1056,18 +1138,7 @@ Status Engine::Impl::BoundaryImpl() {
     }
   }
 
-  AdamWParams h;
-  const OptimizerConfig& oc = config.optimizer;
-  const int64_t t = counters.adam_step + 1;
-  h.lr = static_cast<float>(scheduler->LrAt(counters.adam_step));
-  h.beta1 = static_cast<float>(oc.beta1);
-  h.beta2 = static_cast<float>(oc.beta2);
-  h.eps = static_cast<float>(oc.eps);
-  h.weight_decay = static_cast<float>(oc.weight_decay);
-  h.bias_correction1 = static_cast<float>(1.0 - std::pow(oc.beta1, static_cast<double>(t)));
-  h.bias_correction2 = static_cast<float>(1.0 - std::pow(oc.beta2, static_cast<double>(t)));
-  h.adam_w_mode = oc.adam_w_mode;
-  h.grad_scale = static_cast<float>(1.0 / (s * clip_coef));
+  const AdamWParams h = StepParams(s, clip_coef);
 
   // AdamW, fused with the rounding of the new weights to the model dtype (Device::AdamWCast, the
   // same bits as a separate Cast), over runs of consecutive updated parameters (all of them in
@@ -1077,8 +1148,32 @@ Status Engine::Impl::BoundaryImpl() {
   // are not consecutive in the full layout, except with one rank where the two layouts coincide.
   // The gaps between pieces of a flat buffer are zero everywhere and stay zero under AdamW.
   if (coordinator != nullptr) ZERO_RETURN_IF_ERROR(coordinator->QuiesceForUpdate());
+  if (in_backward) {
+    // The masters of the reported parameters were updated in backward; the others (no gradient in
+    // the window) get their zero-gradient update now. Then the model copy, cast from the masters
+    // (one rank: the full and the partition layouts coincide), in runs of consecutive parameters.
+    for (int i = 0; i < n_params; ++i) {
+      if (update[i] && !updated[i]) ZERO_RETURN_IF_ERROR(UpdateFromGradient(i, nullptr));
+    }
+    for (int i = 0; i < n_params;) {
+      if (!update[i]) {
+        ++i;
+        continue;
+      }
+      int j = i;
+      while (j + 1 < n_params && update[j + 1]) ++j;
+      const int64_t begin = params[i].part_off;
+      const int64_t end = params[j].part_off + params[j].shard.shard;
+      const int64_t model_off = stage == 3 ? begin : params[i].full_off;
+      if (end > begin) {
+        ZERO_RETURN_IF_ERROR(device->Cast(f32(master, begin), DType::kF32, model_ptr(model_off), mdt,
+                                          static_cast<size_t>(end - begin), compute));
+      }
+      i = j + 1;
+    }
+  }
   const bool runs = !(stage == 1 || stage == 2) || world == 1;
-  for (int i = 0; i < n_params;) {
+  for (int i = 0; i < n_params && !in_backward;) {
     if (!update[i]) {
       ++i;
       continue;
@@ -1177,6 +1272,12 @@ Status Engine::ZeroGrad() {
   ZERO_RETURN_IF_ERROR(m.CheckUsable("ZeroGrad"));
   if (m.reported_count > 0) {
     return FailedPreconditionError("ZeroGrad() in the middle of a backward (gradients reported since the last Backward())");
+  }
+  if (std::find(m.updated.begin(), m.updated.end(), 1) != m.updated.end()) {
+    return FailedPreconditionError(
+        "ZeroGrad() after a Backward() whose parameters were already updated in backward (managed, "
+        "gradient_accumulation_steps 1, one rank, no fp16 or clipping: engine.h, 'Update in "
+        "backward'); call Step() to finish the step");
   }
   return m.Guard(m.ZeroAccumulators().WithContext("ZeroGrad"));
 }

@@ -237,6 +237,55 @@ TEST(EngineTrainingTest, ClippingScalesTheUpdateAndNormsAgree) {
   }
 }
 
+// Update in backward (managed, GAS 1, one rank, stages 2/3, no fp16 or clipping): no fp32
+// gradient partition is allocated, param() keeps its value until Step(), the step equals the
+// same run with clipping enabled but never active (which updates at Step()), and ZeroGrad() after
+// such a Backward() is refused.
+TEST(EngineTrainingTest, UpdateInBackwardKeepsParamUntilStepAndNeedsNoGradientPartition) {
+  for (int stage : {2, 3}) {
+    std::vector<float> got, want;
+    for (double clip : {0.0, 1e30}) {  // 1e30: clipping on (the boundary path), never active
+      Status s = RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
+        ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(stage, 1, clip, "\"bf16\": {\"enabled\": true}"), 1));
+        ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, device, comm));
+        ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"w", {37}, "m"}).status());
+        ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"unused", {5}, "m"}).status());
+        ZERO_RETURN_IF_ERROR(engine->Initialize([](int index, float* v) {
+          for (int k = 0; k < (index == 0 ? 37 : 5); ++k) v[k] = 0.25f + 0.01f * k;
+        }));
+        if (clip == 0.0 && engine->memory().gradient_accumulators != 0) {
+          return InternalError("a gradient partition was allocated: " + std::to_string(engine->memory().gradient_accumulators));
+        }
+        std::vector<float> before, after_ready, w(37);
+        for (int step = 0; step < 3; ++step) {
+          ZERO_ASSIGN_OR_RETURN(ModuleHandle h, engine->GatherModule("m"));
+          ZERO_RETURN_IF_ERROR(ReadParam(engine.get(), device, 0, &before));
+          std::vector<float> g(37);
+          for (int k = 0; k < 37; ++k) g[k] = 0.5f - 0.03f * k + 0.1f * step;
+          ZERO_RETURN_IF_ERROR(WriteGrad(engine.get(), device, 0, g));
+          ZERO_RETURN_IF_ERROR(ReadParam(engine.get(), device, 0, &after_ready));
+          if (after_ready != before) return InternalError("param() changed before Step()");
+          ZERO_RETURN_IF_ERROR(h.Release());
+          ZERO_RETURN_IF_ERROR(engine->Backward());
+          if (clip == 0.0 && engine->ZeroGrad().ok()) return InternalError("ZeroGrad accepted after an update in backward");
+          ZERO_RETURN_IF_ERROR(engine->Step());
+        }
+        for (int i = 0; i < 2; ++i) {
+          std::vector<float> m(Numel(engine->param_spec(i))), v(m.size()), p(m.size()), q(m.size());
+          ZERO_RETURN_IF_ERROR(engine->GatherMasterWeights(i, p.data()));
+          ZERO_RETURN_IF_ERROR(engine->GatherOptimizerState(i, m.data(), v.data()));
+          ZERO_RETURN_IF_ERROR(engine->GatherModelParam(i, q.data()));
+          for (auto* t : {&p, &m, &v, &q}) (clip == 0.0 ? got : want).insert((clip == 0.0 ? got : want).end(), t->begin(), t->end());
+        }
+        return OkStatus();
+      });
+      ASSERT_TRUE(s.ok()) << "stage " << stage << " clip " << clip << ": " << s.ToString();
+    }
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t k = 0; k < got.size(); ++k) ASSERT_EQ(FloatBits(got[k]), FloatBits(want[k])) << "stage " << stage << " element " << k;
+  }
+}
+
 // Stage 3 with several ranks needs the same reports on every rank: ranks that report different
 // parameters of the same size (so no collective fails on a size mismatch) are caught at Backward(),
 // before anything is applied, naming them; and the engine is unusable. Ranks that report the
