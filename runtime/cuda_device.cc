@@ -1,5 +1,6 @@
 #include "runtime/cuda_device.h"
 
+#include <cctype>
 #include <cstdio>
 #include <utility>
 
@@ -157,6 +158,37 @@ Result<PinnedBuffer> CudaDevice::AllocatePinned(size_t bytes) {
   }
   if (err != cudaSuccess) return CudaStatus(err, "cudaHostAlloc", __FILE__, __LINE__);
   return PinnedBuffer(this, p, bytes);
+}
+
+Status CudaDevice::RegisterHostMemory(void* ptr, size_t bytes) {
+  if (bytes == 0) return OkStatus();
+  ZERO_RETURN_IF_ERROR(Bind());
+  cudaError_t err = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return CudaStatus(err, "cudaHostRegister", __FILE__, __LINE__)
+        .WithContext(name_ + ": page-locking " + FormatBytes(bytes) + " of host memory");
+  }
+  return OkStatus();
+}
+
+Status CudaDevice::UnregisterHostMemory(void* ptr) {
+  if (ptr == nullptr) return OkStatus();
+  ZERO_RETURN_IF_ERROR(Bind());
+  cudaError_t err = cudaHostUnregister(ptr);
+  if (err != cudaSuccess) cudaGetLastError();
+  return CudaStatus(err, "cudaHostUnregister", __FILE__, __LINE__);
+}
+
+std::string CudaDevice::pci_bus_id() const {
+  char buf[32] = {0};
+  if (cudaDeviceGetPCIBusId(buf, sizeof(buf), ordinal_) != cudaSuccess) {
+    cudaGetLastError();
+    return std::string();
+  }
+  std::string id(buf);
+  for (char& c : id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return id;
 }
 
 void CudaDevice::FreeDevice(void* ptr, size_t bytes) {

@@ -80,6 +80,9 @@ class CudaDevice final : public Device {
 
   Result<DeviceBuffer> Allocate(size_t bytes) override;
   Result<PinnedBuffer> AllocatePinned(size_t bytes) override;
+  Status RegisterHostMemory(void* ptr, size_t bytes) override;
+  Status UnregisterHostMemory(void* ptr) override;
+  std::string pci_bus_id() const override;
 
   Stream* default_stream() override { return default_stream_.get(); }
   Result<std::unique_ptr<Stream>> CreateStream() override;

@@ -158,6 +158,17 @@ class Device {
   MemoryStats memory_stats() const;
   void ResetPeak();
 
+  // Page-locks host memory this process allocated (page-aligned [ptr, ptr + bytes)) so copies
+  // from/to it are truly async: CUDA: cudaHostRegister(portable); on failure the Status carries
+  // CUDA's text. The default (CPU backend: no DMA engine to serve) does nothing and returns OK;
+  // offload/host_slab.h page-locks with mlock there itself. Unregister undoes a successful
+  // Register on the same ptr (the default: OK). Used by HostSlab (offload/host_slab.h).
+  virtual Status RegisterHostMemory(void* ptr, size_t bytes) { return OkStatus(); }
+  virtual Status UnregisterHostMemory(void* ptr) { return OkStatus(); }
+  // The PCI address ("0000:3b:00.0", lower-case hex) of the device, to find its NUMA node in
+  // /sys; empty when it has none (the default, CPU).
+  virtual std::string pci_bus_id() const { return std::string(); }
+
   // --- streams and events -------------------------------------------------------------------
   virtual Stream* default_stream() = 0;
   virtual Result<std::unique_ptr<Stream>> CreateStream() = 0;
