@@ -40,6 +40,8 @@
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
+#include "runtime/step_timers.h"
+#include "runtime/timeline.h"
 #include "tools/launcher.h"
 
 #if defined(ZERO_EXAMPLES_HAS_CUDA)
@@ -58,28 +60,33 @@ double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 
 // --- the model on the rank's device ---------------------------------------------------------------
 
-// One micro step of the model: forward and backward of one batch against the engine's parameters
-// and gradient buffers. Returns this rank's mean loss of the batch.
+// One micro step of the model: forward, then backward of the same batch against the engine's
+// parameters and gradient buffers, then Loss (this rank's mean loss of the batch; may wait for the
+// device). Separate calls so the loop can time and trace each.
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
-  virtual Result<double> ForwardBackward(ParamProvider& params, const uint8_t* tokens, int batch, float loss_scale,
-                                         GradSink& grads) = 0;
+  virtual Status Forward(ParamProvider& params, const uint8_t* tokens, int batch) = 0;
+  virtual Status Backward(ParamProvider& params, float loss_scale, GradSink& grads) = 0;
+  virtual Result<double> Loss() = 0;
 };
 
 class CpuModelRunner final : public ModelRunner {
  public:
   explicit CpuModelRunner(const ByteLmConfig& c) : model_(c) {}
-  Result<double> ForwardBackward(ParamProvider& params, const uint8_t* tokens, int batch, float loss_scale,
-                                 GradSink& grads) override {
-    ZERO_ASSIGN_OR_RETURN(double loss, model_.Forward(params, tokens, batch, &acts_));
-    ZERO_RETURN_IF_ERROR(model_.Backward(params, &acts_, loss_scale, grads));
-    return loss;
+  Status Forward(ParamProvider& params, const uint8_t* tokens, int batch) override {
+    ZERO_ASSIGN_OR_RETURN(loss_, model_.Forward(params, tokens, batch, &acts_));
+    return OkStatus();
   }
+  Status Backward(ParamProvider& params, float loss_scale, GradSink& grads) override {
+    return model_.Backward(params, &acts_, loss_scale, grads);
+  }
+  Result<double> Loss() override { return loss_; }
 
  private:
   ByteLmCpu model_;
   ByteLmActivations acts_;
+  double loss_ = 0;
 };
 
 #if defined(ZERO_EXAMPLES_HAS_CUDA)
@@ -97,12 +104,13 @@ class CudaModelRunner final : public ModelRunner {
     ZERO_ASSIGN_OR_RETURN(r->model_, ByteLmCuda::Create(c, cuda->native_stream(nullptr)));
     return std::unique_ptr<ModelRunner>(std::move(r));
   }
-  Result<double> ForwardBackward(ParamProvider& params, const uint8_t* tokens, int batch, float loss_scale,
-                                 GradSink& grads) override {
-    ZERO_RETURN_IF_ERROR(model_->Forward(params, tokens, batch, &acts_, nullptr));
-    ZERO_RETURN_IF_ERROR(model_->Backward(params, &acts_, loss_scale, grads));
-    return model_->ReadLoss(acts_);
+  Status Forward(ParamProvider& params, const uint8_t* tokens, int batch) override {
+    return model_->Forward(params, tokens, batch, &acts_, nullptr);
   }
+  Status Backward(ParamProvider& params, float loss_scale, GradSink& grads) override {
+    return model_->Backward(params, &acts_, loss_scale, grads);
+  }
+  Result<double> Loss() override { return model_->ReadLoss(acts_); }
 
  private:
   CudaModelRunner() = default;
@@ -166,6 +174,119 @@ Status MaybeSaveCheckpoint(Engine* engine, const TrainOptions& o, int64_t step, 
   return OkStatus();
 }
 
+// --- timing: wall_clock_breakdown and --trace (docs/timeline.md) ------------------------------------
+// The user side of the step timeline: what the loop can see without the engine's help. The
+// breakdown times forward, backward (the model's and Engine::Backward's reduction) and step on the
+// host, synchronizing the device before each stop as DeepSpeed's synchronized timers do; the trace
+// records steps 2-4 (the first warms up) as host spans on a "train loop" track and the model's
+// forward and backward as device spans on the compute track.
+
+std::string TracePathForRank(const std::string& path, int rank) {
+  return rank == 0 ? path : path + ".rank" + std::to_string(rank);
+}
+
+class LoopTiming {
+ public:
+  static Result<std::unique_ptr<LoopTiming>> Create(const TrainOptions& o, const Config& c, Device* device, int rank,
+                                                    int64_t start_step) {
+    auto t = std::unique_ptr<LoopTiming>(new LoopTiming());
+    t->device_ = device;
+    if (c.wall_clock_breakdown) t->timers_ = std::make_unique<StepTimers>();
+    if (!o.trace.empty()) {
+      t->path_ = TracePathForRank(o.trace, rank);
+      TimelineOptions to;
+      to.pid = rank;
+      to.process_name = "rank " + std::to_string(rank);
+      to.enabled = false;
+      t->timeline_ = std::make_unique<Timeline>(std::move(to));
+      ZERO_RETURN_IF_ERROR(t->timeline_->AttachDevice(device).WithContext("--trace"));
+      t->loop_track_ = t->timeline_->AddTrack("train loop");
+      const int64_t run = o.steps - start_step;
+      t->first_ = start_step + (run >= 2 ? 2 : 1);
+      t->last_ = std::min<int64_t>(start_step + 4, o.steps);
+    }
+    return t;
+  }
+
+  // Steps are numbered from 1 (the step about to run).
+  void BeginStep(int64_t step) {
+    if (timeline_ == nullptr) return;
+    timeline_->set_enabled(step >= first_ && step <= last_);
+    step_begin_ns_ = timeline_->Now();
+  }
+
+  // A phase of the step: timer `name` (if the breakdown is on) and a host span on the loop track
+  // (micro >= 0: the micro step, as an arg). End it with EndPhase.
+  struct Phase {
+    std::string name;
+    int64_t begin_ns = 0;
+  };
+  Result<Phase> BeginPhase(const std::string& name) {
+    Phase p;
+    p.name = name;
+    if (timers_ != nullptr) ZERO_RETURN_IF_ERROR(timers_->Start(name));
+    if (timeline_ != nullptr) p.begin_ns = timeline_->Now();
+    return p;
+  }
+  // The model's own work on the compute stream (the device's default stream), as a device span.
+  Result<Timeline::DeviceSpan> BeginCompute(const std::string& name, int64_t micro) {
+    if (timeline_ == nullptr) return Timeline::DeviceSpan();
+    return timeline_->BeginDeviceSpan(kTrackCompute, name, nullptr, {{"micro", micro}});
+  }
+  Status EndCompute(Timeline::DeviceSpan span) {
+    if (timeline_ == nullptr) return OkStatus();
+    return timeline_->EndDeviceSpan(std::move(span), nullptr);
+  }
+  Status EndPhase(Phase p, int64_t micro) {
+    if (timers_ != nullptr) {
+      ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(nullptr));
+      ZERO_RETURN_IF_ERROR(timers_->Stop(p.name));
+    }
+    if (timeline_ != nullptr) {
+      SpanArgs args;
+      if (micro >= 0) args.push_back({"micro", micro});
+      timeline_->AddSpan(loop_track_, p.name, p.begin_ns, timeline_->Now(), std::move(args));
+    }
+    return OkStatus();
+  }
+
+  // After the step: closes its span; prints the breakdown (lead) every print_every steps; writes
+  // the trace after its last step.
+  Status EndStep(int64_t step, bool print_now, bool lead) {
+    if (timeline_ != nullptr) {
+      timeline_->AddSpan(loop_track_, "step " + std::to_string(step), step_begin_ns_, timeline_->Now(),
+                         {{"step", step}});
+      ZERO_RETURN_IF_ERROR(timeline_->ResolveDeviceSpans().status().WithContext("--trace"));
+      if (step == last_) {
+        timeline_->set_enabled(false);
+        ZERO_RETURN_IF_ERROR(timeline_->WriteChromeTrace(path_).WithContext("--trace"));
+        if (lead) {
+          std::printf("  trace of steps %lld-%lld: %s\n", static_cast<long long>(first_),
+                      static_cast<long long>(last_), path_.c_str());
+        }
+      }
+    }
+    if (timers_ != nullptr) {
+      timers_->EndStep();
+      if (print_now) {
+        if (lead) std::printf("%s\n", timers_->Format(BreakdownTimerNames()).c_str());
+        timers_->Reset();
+      }
+    }
+    return OkStatus();
+  }
+
+ private:
+  LoopTiming() = default;
+  Device* device_ = nullptr;
+  std::unique_ptr<StepTimers> timers_;
+  std::unique_ptr<Timeline> timeline_;
+  std::string path_;
+  TrackId loop_track_ = 0;
+  int64_t first_ = 0, last_ = -1;
+  int64_t step_begin_ns_ = 0;
+};
+
 // --- checks shared by the launcher process and every rank ---------------------------------------
 
 bool UnderLauncher() {
@@ -211,6 +332,7 @@ Status ValidateInputs(const TrainOptions& o) {
   ZERO_RETURN_IF_ERROR(LoadData(o).status());
   ZERO_RETURN_IF_ERROR(CheckWritable("--log-json", o.log_json));
   ZERO_RETURN_IF_ERROR(CheckWritable("--plot", o.plot));
+  ZERO_RETURN_IF_ERROR(CheckWritable("--trace", o.trace));
   return OkStatus();
 }
 
@@ -365,6 +487,8 @@ Status RunRank(const TrainOptions& o, RankContext* ctx) {
   WindowSummary window;
   window.total_steps = o.steps;
   double first_loss = NAN;
+  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<LoopTiming> timing,
+                        LoopTiming::Create(o, config, device.get(), ro.rank, start_step));
   const Clock::time_point t_train = Clock::now();
   if (lead) std::printf("  set-up %.2f s; training\n", Since(t_start));
 
@@ -377,6 +501,7 @@ Status RunRank(const TrainOptions& o, RankContext* ctx) {
       _exit(3);
     }
     const Clock::time_point t0 = Clock::now();
+    timing->BeginStep(step + 1);
     const float loss_scale = engine->loss_scale();
     const float grad_scale = engine->gradient_scale();  // loss scale / GAS (managed)
     double loss_sum = 0;
@@ -388,14 +513,30 @@ Status RunRank(const TrainOptions& o, RankContext* ctx) {
                          .batch = micro,
                          .context = o.model.context};
       ZERO_RETURN_IF_ERROR(train.FillBatch(bs, tokens.data()));
-      auto loss = model->ForwardBackward(params, tokens.data(), micro, grad_scale, grads);
-      if (!loss.ok())
-        return loss.status().WithContext("step " + std::to_string(step + 1) + " micro step " + std::to_string(m));
+      const std::string where = "step " + std::to_string(step + 1) + " micro step " + std::to_string(m);
+      // forward: the model's; backward: the model's and Engine::Backward (gradient reduction), as
+      // DeepSpeed's "backward" includes its all-reduce.
+      ZERO_ASSIGN_OR_RETURN(LoopTiming::Phase fwd, timing->BeginPhase("forward"));
+      ZERO_ASSIGN_OR_RETURN(Timeline::DeviceSpan fwd_dev, timing->BeginCompute("forward", m));
+      ZERO_RETURN_IF_ERROR(model->Forward(params, tokens.data(), micro).WithContext(where + " forward"));
+      ZERO_RETURN_IF_ERROR(timing->EndCompute(std::move(fwd_dev)));
+      ZERO_RETURN_IF_ERROR(timing->EndPhase(std::move(fwd), m));
+      ZERO_ASSIGN_OR_RETURN(LoopTiming::Phase bwd, timing->BeginPhase("backward"));
+      ZERO_ASSIGN_OR_RETURN(Timeline::DeviceSpan bwd_dev, timing->BeginCompute("backward", m));
+      ZERO_RETURN_IF_ERROR(model->Backward(params, grad_scale, grads).WithContext(where + " backward"));
+      ZERO_RETURN_IF_ERROR(timing->EndCompute(std::move(bwd_dev)));
+      ZERO_ASSIGN_OR_RETURN(LoopTiming::Phase reduce, timing->BeginPhase("Engine::Backward"));
       ZERO_RETURN_IF_ERROR(engine->Backward());
+      ZERO_RETURN_IF_ERROR(timing->EndPhase(std::move(reduce), m));
+      ZERO_RETURN_IF_ERROR(timing->EndPhase(std::move(bwd), m));
+      auto loss = model->Loss();
+      if (!loss.ok()) return loss.status().WithContext(where);
       loss_sum += *loss;
     }
     const double lr = engine->lr();
+    ZERO_ASSIGN_OR_RETURN(LoopTiming::Phase step_phase, timing->BeginPhase("step"));
     ZERO_RETURN_IF_ERROR(engine->Step());
+    ZERO_RETURN_IF_ERROR(timing->EndPhase(std::move(step_phase), -1));
     double mean_loss = loss_sum / static_cast<double>(gas);
     ZERO_RETURN_IF_ERROR(comm->AllReduceHost(&mean_loss, 1, ReduceOp::kSum).WithContext("averaging the loss"));
     mean_loss /= ro.world_size;
@@ -444,6 +585,7 @@ Status RunRank(const TrainOptions& o, RankContext* ctx) {
       window = WindowSummary{};
       window.total_steps = o.steps;
     }
+    ZERO_RETURN_IF_ERROR(timing->EndStep(rec.step, rec.step % print_every == 0 || rec.step == o.steps, lead));
     if (lead) bar.Update(rec.step, mean_loss, rec.elapsed_seconds);
     ZERO_RETURN_IF_ERROR(MaybeSaveCheckpoint(engine.get(), o, rec.step, false, lead));
   }
@@ -566,7 +708,7 @@ int Launch(const TrainOptions& o, int argc, char** argv) {
 void ResolveUserPaths(TrainOptions* o) {
   const char* wd = std::getenv("BUILD_WORKING_DIRECTORY");
   if (wd == nullptr || *wd == '\0') return;
-  for (std::string* p : {&o->data, &o->config_path, &o->log_json, &o->plot, &o->save_dir, &o->resume_dir}) {
+  for (std::string* p : {&o->data, &o->config_path, &o->log_json, &o->plot, &o->save_dir, &o->resume_dir, &o->trace}) {
     if (!p->empty() && (*p)[0] != '/') *p = std::string(wd) + "/" + *p;
   }
 }

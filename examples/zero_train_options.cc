@@ -123,6 +123,10 @@ const std::vector<Flag>& Flags() {
        "communication timeout per collective and for the rendezvous (default ZERO_COMM_TIMEOUT_MS, else 120)",
        [](const std::string& v, TrainOptions* o) { return ParseDouble("timeout", v, 0.1, 86400, &o->timeout_s); }},
       {"log-json", "FILE", "one JSON object per optimizer step (rank 0)", StringFlag(&TrainOptions::log_json)},
+      {"trace", "FILE",
+       "Chrome trace (chrome://tracing, Perfetto) of steps 2-4 of the run: rank 0 writes FILE, rank r "
+       "FILE.rank<r> (docs/timeline.md)",
+       StringFlag(&TrainOptions::trace)},
       {"plot", "FILE", std::string("loss curve as SVG (default ") + kDefaultPlot + "; 'none': no plot)",
        [](const std::string& v, TrainOptions* o) {
          o->plot = (v == "none") ? "" : v;

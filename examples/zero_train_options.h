@@ -37,6 +37,7 @@ struct TrainOptions {
 
   // Output.
   std::string log_json;             // empty: none
+  std::string trace;                // empty: none; Chrome trace of steps 2-4 (docs/timeline.md)
   std::string plot = kDefaultPlot;  // empty: none ("--plot none")
   bool progress = true;             // the terminal progress bar (only drawn on a TTY)
   int sample = 200;                 // bytes sampled at the end (0: none)

@@ -12,8 +12,10 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -191,6 +193,7 @@ TEST(ZeroTrain, DefaultConfigTrainsOnTwoRanks) {
   EXPECT_NE(r.output.find("held-out loss"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("The GNU General Public License"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("\r"), std::string::npos) << "progress bar drawn on a pipe";
+  EXPECT_EQ(r.output.find("time (ms)"), std::string::npos) << "breakdown printed without wall_clock_breakdown";
 }
 
 // Stages 0, 1, 2 and 3 through --config: each trains, and all four follow the same loss curve (the
@@ -357,6 +360,104 @@ TEST(ZeroTrain, SaveAndResumeContinueExactly) {
   RunResult d = RunZeroTrain(Small({"--steps", "20", "--resume", dir + "/nothing"}));
   EXPECT_EQ(d.exit_code, 2) << d.output;
   EXPECT_NE(d.output.find("nothing/latest"), std::string::npos) << d.output;
+}
+
+}  // namespace
+
+namespace {
+
+// wall_clock_breakdown prints DeepSpeed's "time (ms) | forward: ... | backward: ... | step: ..."
+// line at every steps_per_print boundary (and the last step); --trace writes a Chrome trace of
+// steps 2-4 per rank whose spans sit on the right tracks, nested in their step.
+TEST(ZeroTrain, WallClockBreakdownAndTrace) {
+  const std::string dir = TmpDir() + "/timeline";
+  mkdir(dir.c_str(), 0755);
+  const std::string config = dir + "/wcb.json", trace = dir + "/trace.json";
+  WriteFile(config, R"({
+    "train_micro_batch_size_per_gpu": 8,
+    "gradient_accumulation_steps": 2,
+    "steps_per_print": 3,
+    "wall_clock_breakdown": true,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.003}},
+    "zero_optimization": {"stage": 2}
+  })");
+  RunResult r = RunZeroTrain(Small({"--config", config, "--steps", "7", "--trace", trace, "--plot", "none"}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  // The breakdown: after steps 3, 6 and 7, from rank 0 only.
+  std::vector<std::string> lines;
+  std::istringstream out(r.output);
+  for (std::string line; std::getline(out, line);) {
+    if (line.rfind("time (ms)", 0) == 0) lines.push_back(line);
+  }
+  ASSERT_EQ(lines.size(), 3u) << r.output;
+  for (const std::string& line : lines) {
+    double f = -1, b = -1, s = -1;
+    ASSERT_EQ(std::sscanf(line.c_str(), "time (ms) | forward: %lf | backward: %lf | step: %lf", &f, &b, &s), 3)
+        << line;
+    EXPECT_GT(f, 0) << line;
+    EXPECT_GT(b, 0) << line;
+    EXPECT_GT(s, 0) << line;
+  }
+  EXPECT_NE(r.output.find("trace of steps 2-4: " + trace), std::string::npos) << r.output;
+
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string path = rank == 0 ? trace : trace + ".rank1";
+    const std::string text = ReadFile(path);
+    ASSERT_FALSE(text.empty()) << "no trace at " << path;
+    const nlohmann::json doc = nlohmann::json::parse(text);  // throws (fails) on malformed JSON
+    std::map<int, std::string> track;                         // tid -> name
+    std::vector<nlohmann::json> spans;
+    for (const auto& e : doc.at("traceEvents")) {
+      EXPECT_EQ(e.at("pid").get<int>(), rank) << path;
+      if (e.at("ph") == "M" && e.at("name") == "thread_name") track[e.at("tid").get<int>()] = e["args"]["name"];
+      if (e.at("ph") == "X") spans.push_back(e);
+    }
+    for (const char* name : {"compute", "communication", "host->device", "device->host", "CPU optimizer", "I/O",
+                             "train loop"}) {
+      bool found = false;
+      for (const auto& [tid, n] : track) found = found || n == name;
+      EXPECT_TRUE(found) << "no track '" << name << "' in " << path;
+    }
+    // Steps 2, 3, 4 and nothing else; in each, 2 forward and 2 backward spans on the compute track
+    // (the device-timed model work) and on the train loop track, and one optimizer step.
+    std::map<std::string, nlohmann::json> steps;
+    for (const auto& s : spans) {
+      const std::string n = s["name"];
+      if (n.rfind("step ", 0) == 0) steps[n] = s;
+    }
+    ASSERT_EQ(steps.size(), 3u) << path;
+    for (const char* n : {"step 2", "step 3", "step 4"}) ASSERT_TRUE(steps.count(n)) << n << " missing in " << path;
+    for (const auto& [name, step] : steps) {
+      EXPECT_EQ(track[step["tid"].get<int>()], "train loop");
+      const double begin = step["ts"].get<double>(), end = begin + step["dur"].get<double>();
+      std::map<std::string, int> counts;
+      for (const auto& s : spans) {
+        const double b = s["ts"].get<double>(), e = b + s["dur"].get<double>();
+        if (b < begin || e > end || s["name"] == name) continue;
+        counts[track[s["tid"].get<int>()] + ":" + s["name"].get<std::string>()]++;
+      }
+      EXPECT_EQ(counts["compute:forward"], 2) << name << " in " << path;
+      EXPECT_EQ(counts["compute:backward"], 2) << name << " in " << path;
+      EXPECT_EQ(counts["train loop:forward"], 2) << name << " in " << path;
+      EXPECT_EQ(counts["train loop:backward"], 2) << name << " in " << path;
+      EXPECT_EQ(counts["train loop:Engine::Backward"], 2) << name << " in " << path;
+      EXPECT_EQ(counts["train loop:step"], 1) << name << " in " << path;
+    }
+    // Everything recorded lies inside one of the three steps.
+    size_t inside = 0;
+    for (const auto& s : spans) {
+      const double b = s["ts"].get<double>(), e = b + s["dur"].get<double>();
+      for (const auto& [name, step] : steps) {
+        const double sb = step["ts"].get<double>();
+        if (b >= sb && e <= sb + step["dur"].get<double>()) {
+          ++inside;
+          break;
+        }
+      }
+    }
+    EXPECT_EQ(inside, spans.size()) << path;
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -20,7 +21,21 @@ constexpr size_t kPinnedAlignment = 4096;
 constexpr size_t kMinChunk = size_t{1} << 18;
 
 class CpuStream final : public Stream {};
-class CpuEvent final : public Event {};
+// Work is complete when RecordEvent returns, so an event's time is the host clock at that call
+// (kept only for timing events; 0 means never recorded).
+class CpuEvent final : public Event {
+ public:
+  explicit CpuEvent(bool timing) : timing_(timing) {}
+  bool timing() const { return timing_; }
+  void Record() {
+    if (timing_) recorded_ns_.store(std::chrono::steady_clock::now().time_since_epoch().count() | 1);
+  }
+  int64_t recorded_ns() const { return recorded_ns_.load(); }
+
+ private:
+  const bool timing_;
+  std::atomic<int64_t> recorded_ns_{0};
+};
 
 std::string FormatBytes(size_t bytes) {
   char buf[64];
@@ -249,12 +264,38 @@ Result<std::unique_ptr<Stream>> CpuDevice::CreateStream() {
 }
 
 Result<std::unique_ptr<Event>> CpuDevice::CreateEvent() {
-  return std::unique_ptr<Event>(std::make_unique<CpuEvent>());
+  return std::unique_ptr<Event>(std::make_unique<CpuEvent>(false));
+}
+
+Result<std::unique_ptr<Event>> CpuDevice::CreateTimingEvent() {
+  return std::unique_ptr<Event>(std::make_unique<CpuEvent>(true));
 }
 
 Status CpuDevice::RecordEvent(Event* event, Stream* stream) {
   ZERO_RETURN_IF_ERROR(CheckEvent(event));
-  return CheckStream(stream);
+  ZERO_RETURN_IF_ERROR(CheckStream(stream));
+  static_cast<CpuEvent*>(event)->Record();
+  return OkStatus();
+}
+
+Result<std::optional<double>> CpuDevice::ElapsedMilliseconds(Event* start, Event* end) {
+  ZERO_RETURN_IF_ERROR(CheckEvent(start));
+  ZERO_RETURN_IF_ERROR(CheckEvent(end));
+  int64_t ns[2];
+  for (int i = 0; i < 2; ++i) {
+    auto* e = static_cast<CpuEvent*>(i == 0 ? start : end);
+    const char* which = i == 0 ? "start" : "end";
+    if (!e->timing()) {
+      return InvalidArgumentError(std::string("cpu: ElapsedMilliseconds: the ") + which +
+                                  " event is not a timing event (create it with CreateTimingEvent)");
+    }
+    ns[i] = e->recorded_ns();
+    if (ns[i] == 0) {
+      return FailedPreconditionError(std::string("cpu: ElapsedMilliseconds: the ") + which +
+                                     " event was never recorded");
+    }
+  }
+  return std::optional<double>(static_cast<double>(ns[1] - ns[0]) / 1e6);
 }
 
 Status CpuDevice::StreamWaitEvent(Stream* stream, Event* event) {

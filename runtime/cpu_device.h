@@ -64,6 +64,8 @@ class CpuDevice final : public Device {
   Status RecordEvent(Event* event, Stream* stream) override;
   Status StreamWaitEvent(Stream* stream, Event* event) override;
   Status SynchronizeEvent(Event* event) override;
+  Result<std::unique_ptr<Event>> CreateTimingEvent() override;
+  Result<std::optional<double>> ElapsedMilliseconds(Event* start, Event* end) override;
   Status SynchronizeStream(Stream* stream) override;
   Status Synchronize() override;
 

@@ -244,6 +244,40 @@ Status CudaDevice::SynchronizeEvent(Event* event) {
   return OkStatus();
 }
 
+Result<std::unique_ptr<Event>> CudaDevice::CreateTimingEvent() {
+  ZERO_RETURN_IF_ERROR(Bind());
+  cudaEvent_t e = nullptr;
+  ZERO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDefault));
+  return std::unique_ptr<Event>(new CudaEvent(ordinal_, e, /*timing=*/true));
+}
+
+Result<std::optional<double>> CudaDevice::ElapsedMilliseconds(Event* start, Event* end) {
+  ZERO_ASSIGN_OR_RETURN(CudaEvent * s, ResolveEvent(start, name_));
+  ZERO_ASSIGN_OR_RETURN(CudaEvent * e, ResolveEvent(end, name_));
+  if (!s->timing() || !e->timing()) {
+    return InvalidArgumentError(name_ + ": ElapsedMilliseconds: the " + std::string(s->timing() ? "end" : "start") +
+                                " event is not a timing event (create it with CreateTimingEvent)");
+  }
+  ZERO_RETURN_IF_ERROR(Bind());
+  // cudaEventQuery, not cudaEventSynchronize: a span still running is left for a later call.
+  for (CudaEvent* ev : {s, e}) {
+    const cudaError_t q = cudaEventQuery(ev->get());
+    if (q == cudaErrorNotReady) {
+      cudaGetLastError();  // not an error; keep it out of the next call's check
+      return std::optional<double>();
+    }
+    ZERO_CUDA_RETURN_IF_ERROR(q);
+  }
+  float ms = 0;
+  const cudaError_t err = cudaEventElapsedTime(&ms, s->get(), e->get());
+  if (err == cudaErrorInvalidResourceHandle) {
+    cudaGetLastError();
+    return FailedPreconditionError(name_ + ": ElapsedMilliseconds: an event was never recorded");
+  }
+  ZERO_CUDA_RETURN_IF_ERROR(err);
+  return std::optional<double>(static_cast<double>(ms));
+}
+
 Status CudaDevice::SynchronizeStream(Stream* stream) {
   ZERO_ASSIGN_OR_RETURN(CudaStream * s, Resolve(stream));
   ZERO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s->get()));

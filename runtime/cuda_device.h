@@ -53,12 +53,15 @@ class CudaEvent final : public Event {
   ~CudaEvent() override;
   cudaEvent_t get() const { return event_; }
   int ordinal() const { return ordinal_; }
+  bool timing() const { return timing_; }  // created by CreateTimingEvent
 
  private:
   friend class CudaDevice;
-  CudaEvent(int ordinal, cudaEvent_t event) : ordinal_(ordinal), event_(event) {}
+  CudaEvent(int ordinal, cudaEvent_t event, bool timing = false)
+      : ordinal_(ordinal), event_(event), timing_(timing) {}
   int ordinal_;
   cudaEvent_t event_;
+  bool timing_;
 };
 
 class CudaDevice final : public Device {
@@ -90,6 +93,8 @@ class CudaDevice final : public Device {
   Status RecordEvent(Event* event, Stream* stream) override;
   Status StreamWaitEvent(Stream* stream, Event* event) override;
   Status SynchronizeEvent(Event* event) override;
+  Result<std::unique_ptr<Event>> CreateTimingEvent() override;
+  Result<std::optional<double>> ElapsedMilliseconds(Event* start, Event* end) override;
   Status SynchronizeStream(Stream* stream) override;
   Status Synchronize() override;
 

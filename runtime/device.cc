@@ -32,6 +32,14 @@ MemoryStats Device::memory_stats() const {
   return MemoryStats{counters_->in_use, counters_->peak};
 }
 
+Result<std::unique_ptr<Event>> Device::CreateTimingEvent() {
+  return UnimplementedError(name() + ": this device backend has no timing events (CreateTimingEvent)");
+}
+
+Result<std::optional<double>> Device::ElapsedMilliseconds(Event* start, Event* end) {
+  return UnimplementedError(name() + ": this device backend cannot time events (ElapsedMilliseconds)");
+}
+
 void Device::ResetPeak() {
   std::lock_guard<std::mutex> l(counters_->mu);
   counters_->peak = counters_->in_use;

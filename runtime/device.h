@@ -34,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "runtime/dtype.h"
@@ -179,6 +180,17 @@ class Device {
   virtual Status SynchronizeEvent(Event* event) = 0;
   virtual Status SynchronizeStream(Stream* stream) = 0;
   virtual Status Synchronize() = 0;  // all streams of this device
+
+  // --- timing (runtime/timeline.h measures device spans with these) -----------------------------
+  // An event that ElapsedMilliseconds can time. CreateEvent's events may not be timeable (CUDA
+  // creates them with cudaEventDisableTiming, which makes recording and waiting cheaper); these
+  // are used like them otherwise. Default: Unimplemented (a backend without device timing).
+  virtual Result<std::unique_ptr<Event>> CreateTimingEvent();
+  // Milliseconds of device time from `start` to `end`, two recorded timing events of this device
+  // (on any streams). Never blocks: nullopt while either has not completed on the device yet.
+  // CPU: the host clock at the two RecordEvent calls. FailedPrecondition if either was never
+  // recorded; InvalidArgument for an event that is not a timing event of this device.
+  virtual Result<std::optional<double>> ElapsedMilliseconds(Event* start, Event* end);
 
   // --- copies -------------------------------------------------------------------------------
   // Host pointers must be pinned for the copy to be truly async on CUDA (pageable works, slower).
