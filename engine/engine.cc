@@ -155,10 +155,6 @@ struct Engine::Impl {
   std::vector<uint8_t> part_written;    // stages 1-3: grad_part shard (the reduced sum)
   std::vector<uint8_t> updated;         // UpdateInBackward: AdamW already ran in this window
   std::unique_ptr<BufferPool> scratch_pool;  // UpdateInBackward: the fp32 gradient chunk
-  // UpdateInBackward: the updates run on their own stream, overlapped with the rest of backward;
-  // it waits for each gradient (grad_written) and the boundary waits for it (update_done).
-  std::unique_ptr<Stream> update_stream;
-  std::unique_ptr<Event> grad_written, update_done;
   int reported_count = 0;
   std::unique_ptr<GradientReducer> reducer;
   std::unique_ptr<BucketedAllGather> weight_gather;  // stages 1/2
@@ -204,8 +200,8 @@ struct Engine::Impl {
   }
   // Update in backward: when a parameter's gradient is final as soon as it is reported (managed,
   // GAS 1, one rank at stages 2/3: DirectToPartition) and nothing needs the global norm before the
-  // update (no fp16 overflow check, no clipping), GradReady runs its AdamW at once, on the update
-  // stream through a chunk-sized fp32 scratch, and no fp32 gradient partition exists. The model copy is cast from
+  // update (no fp16 overflow check, no clipping), GradReady runs its AdamW at once, through a
+  // chunk-sized fp32 scratch, and no fp32 gradient partition exists. The model copy is cast from
   // the new masters at Step() (param() does not change before Step(), as in the other modes).
   // Bitwise the same as the boundary path: the scratch holds what the partition would (0.0f + g),
   // AdamW is elementwise, and AdamW followed by Cast equals AdamWCast.
@@ -256,14 +252,7 @@ struct Engine::Impl {
   Status ZeroAccumulators();
   Status AddGradient(float* dst, const void* src, DType src_t, int64_t n, uint8_t* written);
   AdamWParams StepParams(double loss_scale, double clip_coef) const;
-  // Orders the compute stream after the updates enqueued on the update stream (a device-side
-  // wait; nothing without UpdateInBackward).
-  Status WaitForUpdates() {
-    if (update_stream == nullptr) return OkStatus();
-    ZERO_RETURN_IF_ERROR(device->RecordEvent(update_done.get(), update_stream.get()));
-    return device->StreamWaitEvent(compute, update_done.get());
-  }
-  Status UpdateFromGradient(int index, const void* src, Stream* stream);
+  Status UpdateFromGradient(int index, const void* src);
   Status ReadNorm(double* total);
   Status GatherFp32(int index, const float* part_src, float* out);
   Status PublishWeights(const std::vector<uint8_t>& update, bool cast);
@@ -494,15 +483,6 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
   if (UpdateInBackward()) {
     // One chunk, reused in compute-stream order (a single stream: no host wait).
     scratch_pool = std::make_unique<BufferPool>(device, static_cast<size_t>(kUpdateChunk) * 4);
-    auto st = device->CreateStream();
-    if (!st.ok()) return st.status().WithContext("Initialize: creating the update stream");
-    update_stream = std::move(st).value();
-    auto e1 = device->CreateEvent();
-    if (!e1.ok()) return e1.status().WithContext("Initialize: creating an update event");
-    grad_written = std::move(e1).value();
-    auto e2 = device->CreateEvent();
-    if (!e2.ok()) return e2.status().WithContext("Initialize: creating an update event");
-    update_done = std::move(e2).value();
   }
   {
     const size_t bytes = std::max<size_t>(1, params.size()) * sizeof(double);
@@ -761,8 +741,7 @@ Result<void*> Engine::grad_buffer(int index) {
   if (!m.handed_out[index]) {
     if (p.numel > 0) {
       auto b = m.grad_pool->Acquire(static_cast<size_t>(m.GradBufferNumel(p)) * SizeOf(m.mdt),
-                                    "grad_buffer: allocating a gradient buffer",
-                                    m.update_stream != nullptr ? m.compute : nullptr);
+                                    "grad_buffer: allocating a gradient buffer");
       if (!b.ok()) return b.status().WithContext("parameter " + ParamName(p));
       m.grad_out[index] = std::move(b).value();
       if (m.PerParamReduction() && p.shard.padded > p.numel) {
@@ -810,12 +789,8 @@ Status Engine::Impl::GradReadyImpl(int index) {
     return OkStatus();
   }
   if (UpdateInBackward()) {
-    // The update stream takes the gradient once written; the buffer goes back to the pool from
-    // there (grad_buffer() makes the compute stream wait before it reuses one).
-    ZERO_RETURN_IF_ERROR(device->RecordEvent(grad_written.get(), compute));
-    ZERO_RETURN_IF_ERROR(device->StreamWaitEvent(update_stream.get(), grad_written.get()));
-    ZERO_RETURN_IF_ERROR(UpdateFromGradient(index, buf.data(), update_stream.get()));
-    return grad_pool->Release(std::move(buf), update_stream.get());
+    ZERO_RETURN_IF_ERROR(UpdateFromGradient(index, buf.data()));
+    return grad_pool->Release(std::move(buf), compute);
   }
   if (DirectToPartition()) {
     // One rank: straight into the fp32 partition (shard = numel), no bucket, no conversion.
@@ -870,13 +845,13 @@ AdamWParams Engine::Impl::StepParams(double loss_scale, double clip_coef) const 
 // same squares as of its fp32 widening) and its AdamW over the masters and moments (no model
 // copy: Step() casts), chunk by chunk through the fp32 scratch (0.0f + g, as the partition would
 // hold; zeros when `src` is null: a parameter without a gradient in the window). Compute stream.
-Status Engine::Impl::UpdateFromGradient(int index, const void* src, Stream* stream) {
+Status Engine::Impl::UpdateFromGradient(int index, const void* src) {
   const ParamInfo& p = params[index];
   updated[index] = 1;
   if (p.numel == 0) return OkStatus();
   if (src != nullptr) {
     ZERO_RETURN_IF_ERROR(device->SumOfSquares(src, mdt, static_cast<size_t>(p.numel),
-                                              norm_slots.as<double>() + index, stream));
+                                              norm_slots.as<double>() + index, compute));
   }
   const AdamWParams h = StepParams(1.0, 1.0);
   const int64_t n = p.shard.shard;  // one rank: the whole (unpadded) parameter
@@ -887,14 +862,14 @@ Status Engine::Impl::UpdateFromGradient(int index, const void* src, Stream* stre
     const size_t len = static_cast<size_t>(std::min(kUpdateChunk, n - at));
     float* g = scratch.as<float>();
     if (src != nullptr) {
-      ZERO_RETURN_IF_ERROR(device->AccumulateFirst(g, ElementPtr(src, mdt, at), mdt, len, 1.0f, stream));
+      ZERO_RETURN_IF_ERROR(device->AccumulateFirst(g, ElementPtr(src, mdt, at), mdt, len, 1.0f, compute));
     } else {
-      ZERO_RETURN_IF_ERROR(device->Fill(g, DType::kF32, len, 0.0f, stream));
+      ZERO_RETURN_IF_ERROR(device->Fill(g, DType::kF32, len, 0.0f, compute));
     }
     const int64_t off = p.part_off + at;
-    ZERO_RETURN_IF_ERROR(device->AdamW(f32(master, off), g, f32(exp_avg, off), f32(exp_avg_sq, off), len, h, stream));
+    ZERO_RETURN_IF_ERROR(device->AdamW(f32(master, off), g, f32(exp_avg, off), f32(exp_avg_sq, off), len, h, compute));
   }
-  return scratch_pool->Release(std::move(scratch), stream);
+  return scratch_pool->Release(std::move(scratch), compute);
 }
 
 // Stage 3 buckets form in report order, so ranks that reported different parameters (or the same
@@ -1105,8 +1080,6 @@ Status Engine::Impl::BoundaryImpl() {
   // SumOfSquares of zeros gives), and it is zero-filled only if AdamW is to read it.
   double* slots = norm_slots.as<double>();
   const bool in_backward = UpdateInBackward();
-  // The updates (and their norm partials) of this window, from the update stream.
-  if (in_backward) ZERO_RETURN_IF_ERROR(WaitForUpdates());
   if (n_params > 0 && !in_backward) {
     ZERO_RETURN_IF_ERROR(device->Fill(slots, DType::kF32, 2 * static_cast<size_t>(n_params), 0.0f, compute));
   }
@@ -1180,7 +1153,7 @@ Status Engine::Impl::BoundaryImpl() {
     // the window) get their zero-gradient update now. Then the model copy, cast from the masters
     // (one rank: the full and the partition layouts coincide), in runs of consecutive parameters.
     for (int i = 0; i < n_params; ++i) {
-      if (update[i] && !updated[i]) ZERO_RETURN_IF_ERROR(UpdateFromGradient(i, nullptr, compute));
+      if (update[i] && !updated[i]) ZERO_RETURN_IF_ERROR(UpdateFromGradient(i, nullptr));
     }
     for (int i = 0; i < n_params;) {
       if (!update[i]) {
@@ -1365,7 +1338,6 @@ Status Engine::GatherMasterWeights(int index, float* out) {
   Impl& m = *impl_;
   ZERO_RETURN_IF_ERROR(m.CheckUsable("GatherMasterWeights"));
   ZERO_RETURN_IF_ERROR(m.CheckIndex("GatherMasterWeights", index));
-  ZERO_RETURN_IF_ERROR(m.Guard(m.WaitForUpdates()));
   const ParamInfo& p = m.params[index];
   if (m.stage == 0) {
     if (p.numel == 0) return OkStatus();
@@ -1421,7 +1393,6 @@ Status Engine::GatherOptimizerState(int index, float* exp_avg_out, float* exp_av
   Impl& m = *impl_;
   ZERO_RETURN_IF_ERROR(m.CheckUsable("GatherOptimizerState"));
   ZERO_RETURN_IF_ERROR(m.CheckIndex("GatherOptimizerState", index));
-  ZERO_RETURN_IF_ERROR(m.Guard(m.WaitForUpdates()));
   const ParamInfo& p = m.params[index];
   if (exp_avg_out == nullptr || exp_avg_sq_out == nullptr) {
     return InvalidArgumentError("GatherOptimizerState(" + ParamName(p) +

@@ -12,12 +12,9 @@ BufferPool::~BufferPool() {
   }
 }
 
-Result<DeviceBuffer> BufferPool::Acquire(size_t bytes, const char* what) { return Acquire(bytes, what, nullptr); }
-
-Result<DeviceBuffer> BufferPool::Acquire(size_t bytes, const char* what, Stream* use_stream) {
+Result<DeviceBuffer> BufferPool::Acquire(size_t bytes, const char* what) {
   for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
     if (it->buffer.bytes() == bytes) {
-      if (use_stream != nullptr) ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(use_stream, it->released.get()));
       DeviceBuffer out = std::move(it->buffer);
       free_.erase(std::next(it).base());
       free_bytes_ -= bytes;

@@ -32,10 +32,6 @@ class BufferPool {
   // A buffer of exactly `bytes` bytes: a free one of that size (most recently released first), or
   // a new allocation. Errors: the device's ResourceExhausted, with `what` in front.
   Result<DeviceBuffer> Acquire(size_t bytes, const char* what);
-  // The same, for a buffer that may have been released on another stream than the one the new
-  // owner uses first: a reused buffer makes `use_stream` wait (on the device, no host wait) for its
-  // release event before it is handed out.
-  Result<DeviceBuffer> Acquire(size_t bytes, const char* what, Stream* use_stream);
   // A buffer of at least `bytes` bytes: the smallest free one that fits; otherwise the free ones
   // (all too small) are freed and a new one is allocated. So the pool never holds more buffers
   // than were out at once, plus one.
