@@ -20,6 +20,7 @@
 #include "zero/grad_reducer.h"
 #include "zero/gradient_bucket.h"
 #include "zero/loss_scaler.h"
+#include "zero/optimizer_states.h"
 #include "zero/param_coordinator.h"
 #include "zero/partition.h"
 
@@ -132,9 +133,9 @@ struct Engine::Impl {
   int64_t full_total = 0;
   int64_t part_total = 0;
   DeviceBuffer model;       // stages 0-2: full params (mdt); stage 3: this rank's shards (mdt)
-  DeviceBuffer master;      // fp32: stage 0 full, stages 1-3 partition
-  DeviceBuffer exp_avg;     // like master
-  DeviceBuffer exp_avg_sq;  // like master
+  // fp32 master weights and AdamW moments (zero/optimizer_states.h): stage 0 in the full layout,
+  // stages 1-3 in the partition layout.
+  std::unique_ptr<OptimizerStates> states;
   DeviceBuffer acc;         // stages 0/1: fp32 full per-rank accumulators (stage 0: reduced in place)
   DeviceBuffer grad_part;   // stages 1-3: fp32 gradient partition (not at stage 1 with one rank:
                             // there the accumulators are the partition, see AccIsGrad)
@@ -254,7 +255,7 @@ struct Engine::Impl {
   AdamWParams StepParams(double loss_scale, double clip_coef) const;
   Status UpdateFromGradient(int index, const void* src);
   Status ReadNorm(double* total);
-  Status GatherFp32(int index, const float* part_src, float* out);
+  Status GatherFp32(int index, OptState which, float* out);
   Status PublishWeights(const std::vector<uint8_t>& update, bool cast);
   Status CheckOutsideWindow(const char* call) const;
   Status SaveCheckpointImpl(const std::string& dir, const std::string& tag,
@@ -469,9 +470,11 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
   // Storage per stage (docs/zero.md).
   const int64_t opt_total = stage == 0 ? full_total : part_total;
   ZERO_RETURN_IF_ERROR(Allocate(&model, stage == 3 ? part_total : full_total, mdt, "model parameters"));
-  ZERO_RETURN_IF_ERROR(Allocate(&master, opt_total, DType::kF32, "fp32 master weights"));
-  ZERO_RETURN_IF_ERROR(Allocate(&exp_avg, opt_total, DType::kF32, "AdamW exp_avg"));
-  ZERO_RETURN_IF_ERROR(Allocate(&exp_avg_sq, opt_total, DType::kF32, "AdamW exp_avg_sq"));
+  {
+    auto st = CreateDeviceOptimizerStates(device, opt_total, compute);
+    if (!st.ok()) return st.status().WithContext("Initialize");
+    states = std::move(st).value();
+  }
   // Zero-filled once here: padding and the gaps between pieces stay zero for good; the pieces
   // themselves are overwritten by each window's first contribution (AddGradient).
   if (stage <= 1) {
@@ -521,19 +524,18 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     if (p.numel == 0) continue;
     const size_t shard = static_cast<size_t>(p.shard.shard);
     if (direct_upload) {
-      float* dst = f32(master, stage == 0 ? p.full_off : p.part_off);
-      ZERO_RETURN_IF_ERROR(device->Copy(dst, values.data(), static_cast<size_t>(p.numel) * 4,
-                                        CopyKind::kHostToDevice, compute));
-      ZERO_RETURN_IF_ERROR(device->Cast(dst, DType::kF32, model_ptr(stage == 3 ? p.part_off : p.full_off), mdt,
-                                        static_cast<size_t>(p.shard.padded), compute));
+      const int64_t off = stage == 0 ? p.full_off : p.part_off;
+      ZERO_RETURN_IF_ERROR(states->Write(OptState::kMaster, off, p.numel, values.data()));
+      ZERO_RETURN_IF_ERROR(
+          states->CastMaster(off, p.shard.padded, model_ptr(stage == 3 ? p.part_off : p.full_off), mdt, compute));
     } else {
       float* st = staging.as<float>();
       ZERO_RETURN_IF_ERROR(device->Copy(st, values.data(), static_cast<size_t>(p.numel) * 4,
                                         CopyKind::kHostToDevice, compute));
       ZERO_RETURN_IF_ERROR(device->Fill(st + p.numel, DType::kF32,
                                         static_cast<size_t>(p.shard.padded - p.numel), 0.0f, compute));
-      ZERO_RETURN_IF_ERROR(device->Copy(f32(master, p.part_off), st + p.shard.begin, shard * 4,
-                                        CopyKind::kDeviceToDevice, compute));
+      ZERO_RETURN_IF_ERROR(states->CopyFromDevice(OptState::kMaster, p.part_off, p.shard.shard, st + p.shard.begin,
+                                                  compute));
       if (stage <= 2) {
         ZERO_RETURN_IF_ERROR(device->Cast(st, DType::kF32, model_ptr(p.full_off), mdt,
                                           static_cast<size_t>(p.shard.padded), compute));
@@ -867,7 +869,7 @@ Status Engine::Impl::UpdateFromGradient(int index, const void* src) {
       ZERO_RETURN_IF_ERROR(device->Fill(g, DType::kF32, len, 0.0f, compute));
     }
     const int64_t off = p.part_off + at;
-    ZERO_RETURN_IF_ERROR(device->AdamW(f32(master, off), g, f32(exp_avg, off), f32(exp_avg_sq, off), len, h, compute));
+    ZERO_RETURN_IF_ERROR(states->Update(off, static_cast<int64_t>(len), g, h, nullptr, mdt, compute));
   }
   return scratch_pool->Release(std::move(scratch), compute);
 }
@@ -1166,8 +1168,7 @@ Status Engine::Impl::BoundaryImpl() {
       const int64_t end = params[j].part_off + params[j].shard.shard;
       const int64_t model_off = stage == 3 ? begin : params[i].full_off;
       if (end > begin) {
-        ZERO_RETURN_IF_ERROR(device->Cast(f32(master, begin), DType::kF32, model_ptr(model_off), mdt,
-                                          static_cast<size_t>(end - begin), compute));
+        ZERO_RETURN_IF_ERROR(states->CastMaster(begin, end - begin, model_ptr(model_off), mdt, compute));
       }
       i = j + 1;
     }
@@ -1185,9 +1186,7 @@ Status Engine::Impl::BoundaryImpl() {
                                    : params[j].part_off + params[j].shard.shard;
     const int64_t model_off = (stage == 1 || stage == 2) ? params[i].full_off + params[i].shard.begin : begin;
     if (end > begin) {
-      ZERO_RETURN_IF_ERROR(device->AdamWCast(f32(master, begin), f32(grads, begin), f32(exp_avg, begin),
-                                             f32(exp_avg_sq, begin), static_cast<size_t>(end - begin), h,
-                                             model_ptr(model_off), mdt, compute));
+      ZERO_RETURN_IF_ERROR(states->Update(begin, end - begin, f32(grads, begin), h, model_ptr(model_off), mdt, compute));
     }
     i = j + 1;
   }
@@ -1217,13 +1216,11 @@ Status Engine::Impl::PublishWeights(const std::vector<uint8_t>& update, bool cas
   const int n_params = static_cast<int>(params.size());
   if (stage == 0) {
     if (cast) {
-      ZERO_RETURN_IF_ERROR(device->Cast(master.data(), DType::kF32, model.data(), mdt,
-                                        static_cast<size_t>(full_total), compute));
+      ZERO_RETURN_IF_ERROR(states->CastMaster(0, full_total, model.data(), mdt, compute));
     }
   } else if (stage == 3) {
     if (cast) {
-      ZERO_RETURN_IF_ERROR(device->Cast(master.data(), DType::kF32, model.data(), mdt,
-                                        static_cast<size_t>(part_total), compute));
+      ZERO_RETURN_IF_ERROR(states->CastMaster(0, part_total, model.data(), mdt, compute));
     }
     ZERO_RETURN_IF_ERROR(coordinator->AfterUpdate());
   } else {
@@ -1241,7 +1238,7 @@ Status Engine::Impl::PublishWeights(const std::vector<uint8_t>& update, bool cas
       const ParamInfo& p = params[i];
       const size_t shard = static_cast<size_t>(p.shard.shard);
       void* mine = model_ptr(p.full_off + p.shard.begin);
-      if (cast) return device->Cast(f32(master, p.part_off), DType::kF32, dst, mdt, shard, compute);
+      if (cast) return states->CastMaster(p.part_off, p.shard.shard, dst, mdt, compute);
       if (dst == mine) return OkStatus();
       return device->Copy(dst, mine, shard * SizeOf(mdt), CopyKind::kDeviceToDevice, compute);
     });
@@ -1300,8 +1297,11 @@ EngineMemory Engine::memory() const {
   const Impl& m = *impl_;
   EngineMemory out;
   out.model_params = m.model.bytes() + (m.coordinator != nullptr ? m.coordinator->resident_bytes() : 0);
-  out.master_params = m.master.bytes();
-  out.optimizer_states = m.exp_avg.bytes() + m.exp_avg_sq.bytes();
+  // The three states are the same size: one third is the masters.
+  const OptimizerStateBytes sb = m.states != nullptr ? m.states->bytes() : OptimizerStateBytes();
+  const size_t state_bytes = sb.device;  // EngineMemory counts device memory
+  out.master_params = state_bytes / 3;
+  out.optimizer_states = state_bytes - state_bytes / 3;
   out.bucket_staging = m.reducer != nullptr ? m.reducer->staging_bytes() : 0;
   out.gradient_accumulators = m.acc.bytes() + m.grad_part.bytes();
   out.gradients = m.acc.bytes() + m.grad_part.bytes() +
@@ -1313,18 +1313,19 @@ EngineMemory Engine::memory() const {
 
 // --- state access ---------------------------------------------------------------------------------
 
-// Full fp32 values of parameter `index` into host `out`: from `full_src` (stage 0) or gathered
-// from the ranks' fp32 shards at `part_src`.
-Status Engine::Impl::GatherFp32(int index, const float* part_src, float* out) {
+// Full fp32 values of state `which` of parameter `index` into host `out`: read from this rank's
+// states (stage 0: the full parameter) or gathered from the ranks' shards (stages 1-3: each rank
+// copies its shard into its place of a device buffer, then one in-place all-gather).
+Status Engine::Impl::GatherFp32(int index, OptState which, float* out) {
   const ParamInfo& p = params[index];
   if (p.numel == 0) return OkStatus();
+  if (stage == 0) return states->Read(which, p.full_off, p.numel, out);
   DeviceBuffer tmp;
   ZERO_RETURN_IF_ERROR(Allocate(&tmp, p.shard.padded, DType::kF32, "a gathered parameter"));
-  if (world == 1) {
-    ZERO_RETURN_IF_ERROR(device->Copy(tmp.data(), part_src, static_cast<size_t>(p.shard.padded) * 4,
-                                      CopyKind::kDeviceToDevice, compute));
-  } else {
-    ZERO_ASSIGN_OR_RETURN(auto w, comm->AllGather(part_src, tmp.data(), static_cast<size_t>(p.shard.shard),
+  float* mine = tmp.as<float>() + static_cast<int64_t>(rank) * p.shard.shard;
+  ZERO_RETURN_IF_ERROR(states->CopyToDevice(which, p.part_off, p.shard.shard, mine, compute));
+  if (world > 1) {
+    ZERO_ASSIGN_OR_RETURN(auto w, comm->AllGather(mine, tmp.data(), static_cast<size_t>(p.shard.shard),
                                                   DType::kF32, compute));
     ZERO_RETURN_IF_ERROR(w->StreamWait(compute));
   }
@@ -1339,13 +1340,7 @@ Status Engine::GatherMasterWeights(int index, float* out) {
   ZERO_RETURN_IF_ERROR(m.CheckUsable("GatherMasterWeights"));
   ZERO_RETURN_IF_ERROR(m.CheckIndex("GatherMasterWeights", index));
   const ParamInfo& p = m.params[index];
-  if (m.stage == 0) {
-    if (p.numel == 0) return OkStatus();
-    ZERO_RETURN_IF_ERROR(m.device->Copy(out, m.f32(m.master, p.full_off), static_cast<size_t>(p.numel) * 4,
-                                        CopyKind::kDeviceToHost, m.compute));
-    return m.device->SynchronizeStream(m.compute);
-  }
-  return m.Guard(m.GatherFp32(index, m.f32(m.master, p.part_off), out)
+  return m.Guard(m.GatherFp32(index, OptState::kMaster, out)
                      .WithContext("GatherMasterWeights(" + ParamName(p) + ")"));
 }
 
@@ -1400,17 +1395,8 @@ Status Engine::GatherOptimizerState(int index, float* exp_avg_out, float* exp_av
   }
   Status s = [&]() -> Status {
     ZERO_RETURN_IF_ERROR(m.device->Synchronize());
-    if (m.stage == 0) {
-      if (p.numel == 0) return OkStatus();
-      const size_t bytes = static_cast<size_t>(p.numel) * 4;
-      ZERO_RETURN_IF_ERROR(m.device->Copy(exp_avg_out, m.f32(m.exp_avg, p.full_off), bytes,
-                                          CopyKind::kDeviceToHost, m.compute));
-      ZERO_RETURN_IF_ERROR(m.device->Copy(exp_avg_sq_out, m.f32(m.exp_avg_sq, p.full_off), bytes,
-                                          CopyKind::kDeviceToHost, m.compute));
-      return m.device->SynchronizeStream(m.compute);
-    }
-    ZERO_RETURN_IF_ERROR(m.GatherFp32(index, m.f32(m.exp_avg, p.part_off), exp_avg_out));
-    return m.GatherFp32(index, m.f32(m.exp_avg_sq, p.part_off), exp_avg_sq_out);
+    ZERO_RETURN_IF_ERROR(m.GatherFp32(index, OptState::kExpAvg, exp_avg_out));
+    return m.GatherFp32(index, OptState::kExpAvgSq, exp_avg_sq_out);
   }();
   return m.Guard(s.WithContext("GatherOptimizerState(" + ParamName(p) + ")"));
 }
@@ -1454,22 +1440,8 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag,
 Status Engine::Impl::SaveCheckpointImpl(const std::string& dir, const std::string& tag_in,
                                         const std::string& client_state_json) {
   const std::string tag = tag_in.empty() ? DefaultTag(counters.global_steps) : tag_in;
-  const int64_t opt_total = stage == 0 ? full_total : part_total;
-  std::vector<float> h_master(static_cast<size_t>(opt_total));
-  std::vector<float> h_avg(static_cast<size_t>(opt_total));
-  std::vector<float> h_sq(static_cast<size_t>(opt_total));
-  // This rank's fp32 state to the host, after everything queued before.
-  Status copied = [&]() -> Status {
-    ZERO_RETURN_IF_ERROR(device->Synchronize());
-    if (opt_total == 0) return OkStatus();
-    const size_t bytes = static_cast<size_t>(opt_total) * 4;
-    ZERO_RETURN_IF_ERROR(device->Copy(h_master.data(), master.data(), bytes, CopyKind::kDeviceToHost, compute));
-    ZERO_RETURN_IF_ERROR(device->Copy(h_avg.data(), exp_avg.data(), bytes, CopyKind::kDeviceToHost, compute));
-    ZERO_RETURN_IF_ERROR(device->Copy(h_sq.data(), exp_avg_sq.data(), bytes, CopyKind::kDeviceToHost, compute));
-    ZERO_RETURN_IF_ERROR(device->SynchronizeStream(compute));
-    return comm->CheckHealth();
-  }();
-  ZERO_RETURN_IF_ERROR(Guard(copied.WithContext("SaveCheckpoint: copying the optimizer state to the host")));
+  ZERO_RETURN_IF_ERROR(Guard(device->Synchronize().WithContext("SaveCheckpoint: waiting for the device")));
+  ZERO_RETURN_IF_ERROR(Guard(comm->CheckHealth().WithContext("SaveCheckpoint")));
 
   CheckpointMeta meta;
   meta.global_steps = counters.global_steps;
@@ -1491,29 +1463,44 @@ Status Engine::Impl::SaveCheckpointImpl(const std::string& dir, const std::strin
   meta.config_json = ConfigToJson(config);
   meta.client_state_json = client_state_json.empty() ? "{}" : client_state_json;
 
+  // This rank's fp32 state, parameter by parameter through OptimizerStates::Read (stage 0: the
+  // same slice of its full copy that a partitioned stage holds, so every stage writes the same
+  // files).
   std::vector<ParamShard> shards;
   shards.reserve(params.size());
+  std::vector<float> full_master, full_avg, full_sq;
   for (const ParamInfo& p : params) {
     meta.params.push_back(MakeCheckpointParam(p.spec.name, p.spec.shape, p.spec.module, world));
-    if (stage == 0) {
-      // The same slice of the full copy that a partitioned stage holds: same files at every stage.
-      shards.push_back(SliceFullParam(p.spec.name, p.spec.shape, p.spec.module, h_master.data() + p.full_off,
-                                      h_avg.data() + p.full_off, h_sq.data() + p.full_off, rank, world));
-      continue;
-    }
-    ParamShard s;
-    s.name = p.spec.name;
-    s.shape = p.spec.shape;
-    s.module = p.spec.module;
-    s.numel = p.numel;
-    s.begin = p.shard.begin;
-    s.end = p.shard.begin + p.shard.shard;
-    const auto from = static_cast<size_t>(p.part_off);
-    const auto to = from + static_cast<size_t>(p.shard.shard);
-    s.master.assign(h_master.begin() + from, h_master.begin() + to);
-    s.exp_avg.assign(h_avg.begin() + from, h_avg.begin() + to);
-    s.exp_avg_sq.assign(h_sq.begin() + from, h_sq.begin() + to);
-    shards.push_back(std::move(s));
+    Status read = [&]() -> Status {
+      if (stage == 0) {
+        full_master.resize(static_cast<size_t>(p.numel));
+        full_avg.resize(static_cast<size_t>(p.numel));
+        full_sq.resize(static_cast<size_t>(p.numel));
+        ZERO_RETURN_IF_ERROR(states->Read(OptState::kMaster, p.full_off, p.numel, full_master.data()));
+        ZERO_RETURN_IF_ERROR(states->Read(OptState::kExpAvg, p.full_off, p.numel, full_avg.data()));
+        ZERO_RETURN_IF_ERROR(states->Read(OptState::kExpAvgSq, p.full_off, p.numel, full_sq.data()));
+        shards.push_back(SliceFullParam(p.spec.name, p.spec.shape, p.spec.module, full_master.data(),
+                                        full_avg.data(), full_sq.data(), rank, world));
+        return OkStatus();
+      }
+      ParamShard sh;
+      sh.name = p.spec.name;
+      sh.shape = p.spec.shape;
+      sh.module = p.spec.module;
+      sh.numel = p.numel;
+      sh.begin = p.shard.begin;
+      sh.end = p.shard.begin + p.shard.shard;
+      const size_t n = static_cast<size_t>(p.shard.shard);
+      sh.master.resize(n);
+      sh.exp_avg.resize(n);
+      sh.exp_avg_sq.resize(n);
+      ZERO_RETURN_IF_ERROR(states->Read(OptState::kMaster, p.part_off, p.shard.shard, sh.master.data()));
+      ZERO_RETURN_IF_ERROR(states->Read(OptState::kExpAvg, p.part_off, p.shard.shard, sh.exp_avg.data()));
+      ZERO_RETURN_IF_ERROR(states->Read(OptState::kExpAvgSq, p.part_off, p.shard.shard, sh.exp_avg_sq.data()));
+      shards.push_back(std::move(sh));
+      return OkStatus();
+    }();
+    ZERO_RETURN_IF_ERROR(Guard(read.WithContext("SaveCheckpoint: reading the optimizer state of " + ParamName(p))));
   }
   // Not Guarded: saving changes no training state, and an I/O error (or a rank that did not join)
   // leaves the engine as it was.
@@ -1589,33 +1576,26 @@ Result<std::string> Engine::Impl::LoadCheckpointImpl(const std::string& dir, con
     ZERO_RETURN_IF_ERROR(new_scaler.Restore(st).WithContext(what));
   }
 
-  // Install: host staging in the flat layout (gaps and padding zero), then one copy per buffer.
-  const int64_t opt_total = stage == 0 ? full_total : part_total;
-  std::vector<float> h_master(static_cast<size_t>(opt_total), 0.0f);
-  std::vector<float> h_avg(static_cast<size_t>(opt_total), 0.0f);
-  std::vector<float> h_sq(static_cast<size_t>(opt_total), 0.0f);
-  for (size_t i = 0; i < params.size(); ++i) {
-    const ParamInfo& p = params[i];
-    const ParamShard& sh = loaded.shards[i];
-    const int64_t off = stage == 0 ? p.full_off : p.part_off;
-    std::copy(sh.master.begin(), sh.master.end(), h_master.begin() + off);
-    std::copy(sh.exp_avg.begin(), sh.exp_avg.end(), h_avg.begin() + off);
-    std::copy(sh.exp_avg_sq.begin(), sh.exp_avg_sq.end(), h_sq.begin() + off);
-  }
+  // Install, parameter by parameter through OptimizerStates::Write (the gaps between pieces are
+  // zero already and stay so).
   Status installed = [&]() -> Status {
     // Stage 3: the gathers in flight read the old shards; finish them before the shards change.
     if (coordinator != nullptr) ZERO_RETURN_IF_ERROR(coordinator->QuiesceForUpdate());
-    if (opt_total > 0) {
-      const size_t bytes = static_cast<size_t>(opt_total) * 4;
-      ZERO_RETURN_IF_ERROR(device->Copy(master.data(), h_master.data(), bytes, CopyKind::kHostToDevice, compute));
-      ZERO_RETURN_IF_ERROR(device->Copy(exp_avg.data(), h_avg.data(), bytes, CopyKind::kHostToDevice, compute));
-      ZERO_RETURN_IF_ERROR(device->Copy(exp_avg_sq.data(), h_sq.data(), bytes, CopyKind::kHostToDevice, compute));
+    ZERO_RETURN_IF_ERROR(device->Synchronize());
+    for (size_t i = 0; i < params.size(); ++i) {
+      const ParamInfo& p = params[i];
+      const ParamShard& sh = loaded.shards[i];
+      const int64_t off = stage == 0 ? p.full_off : p.part_off;
+      const int64_t n = static_cast<int64_t>(sh.master.size());
+      ZERO_RETURN_IF_ERROR(states->Write(OptState::kMaster, off, n, sh.master.data()));
+      ZERO_RETURN_IF_ERROR(states->Write(OptState::kExpAvg, off, n, sh.exp_avg.data()));
+      ZERO_RETURN_IF_ERROR(states->Write(OptState::kExpAvgSq, off, n, sh.exp_avg_sq.data()));
     }
     // The model parameters from the loaded masters (stage 3: the coordinator drops its gathered
     // and persistent buffers, so the next GatherModule gathers the new shards).
     ZERO_RETURN_IF_ERROR(PublishWeights(std::vector<uint8_t>(params.size(), 1), /*cast=*/true));
     ZERO_RETURN_IF_ERROR(ZeroAccumulators());
-    // The host staging buffers must outlive the copies.
+    // Everything enqueued above is done before the counters change.
     return device->SynchronizeStream(compute);
   }();
   ZERO_RETURN_IF_ERROR(Guard(installed.WithContext(what + ": installing the loaded state")));

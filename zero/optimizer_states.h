@@ -1,0 +1,61 @@
+// OptimizerStates: where one rank's fp32 master weights and AdamW moments live and where their
+// update runs. The engine addresses the states by element offsets in its flat layout (stage 0: the
+// full layout, stages 1-3: the partition layout) and never touches their memory directly: offload
+// implementations (pinned host memory with the CPU AdamW, NVMe swap) plug in behind this interface.
+//
+// Implementations: DeviceOptimizerStates (CreateDeviceOptimizerStates below: three device buffers,
+// AdamW on the device). Every method may be called from the engine's thread only.
+//
+// Ordering: calls that take a `stream` are enqueued on it (device memory they read or write must
+// stay valid until the stream passes them); Read/Write are blocking: when they return, `host` has
+// been filled / may be reused, and they are ordered after everything enqueued earlier on the
+// stream the states were created with.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+#include "runtime/status.h"
+
+namespace zero {
+
+enum class OptState { kMaster, kExpAvg, kExpAvgSq };
+const char* OptStateName(OptState s);  // "fp32 master weights", "AdamW exp_avg", "AdamW exp_avg_sq"
+
+// Bytes held, by where they live.
+struct OptimizerStateBytes {
+  size_t device = 0;
+  size_t host = 0;
+  size_t nvme = 0;
+};
+
+class OptimizerStates {
+ public:
+  virtual ~OptimizerStates() = default;
+
+  // Elements of each state (all three have the same layout; the elements start zeroed).
+  virtual int64_t numel() const = 0;
+  // AdamW (runtime/device.h, AdamWReference) over elements [offset, offset + n): grads[i] (device
+  // memory, fp32) is the gradient of element offset + i. With `model_out` (device memory) the new
+  // weights rounded to `model_t` are written there in the same pass (AdamWCast). On `stream`.
+  virtual Status Update(int64_t offset, int64_t n, const float* grads, const AdamWParams& h, void* model_out,
+                        DType model_t, Stream* stream) = 0;
+  // model_out[i] = master[offset + i] rounded to `model_t` (device memory), on `stream`.
+  virtual Status CastMaster(int64_t offset, int64_t n, void* model_out, DType model_t, Stream* stream) = 0;
+  // n elements of `which` at `offset` to device memory `dst` / from device memory `src`, on `stream`.
+  virtual Status CopyToDevice(OptState which, int64_t offset, int64_t n, float* dst, Stream* stream) = 0;
+  virtual Status CopyFromDevice(OptState which, int64_t offset, int64_t n, const float* src, Stream* stream) = 0;
+  // n elements of `which` at `offset` to / from host memory; blocking.
+  virtual Status Read(OptState which, int64_t offset, int64_t n, float* host) = 0;
+  virtual Status Write(OptState which, int64_t offset, int64_t n, const float* host) = 0;
+  virtual OptimizerStateBytes bytes() const = 0;
+};
+
+// The states in device memory (three buffers of `numel` fp32 elements, zero-filled on `stream`,
+// which Read/Write order against). Errors name the state that could not be allocated.
+Result<std::unique_ptr<OptimizerStates>> CreateDeviceOptimizerStates(Device* device, int64_t numel, Stream* stream);
+
+}  // namespace zero
