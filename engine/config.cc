@@ -376,8 +376,8 @@ std::vector<Key> BuildKeys() {
   t.push_back(StringKey("zero_optimization.offload_grad_accumulation", FIELD(zero.offload_grad_accumulation),
                         "cpu")
                   .Choices({"cpu", "gpu"})
-                  .Doc("With optimizer offload: sum micro-step gradients on the host (\"cpu\") or in "
-                       "FP32 on the GPU, crossing PCIe once per step (\"gpu\")."));
+                  .Doc("With both offloads (optimizer and parameters, so stage 3): sum micro-step gradients on "
+                       "the host (\"cpu\") or in FP32 on the GPU, crossing PCIe once per step (\"gpu\")."));
 
   t.push_back(DeviceKey("zero_optimization.offload_optimizer.device", FIELD(zero.offload_optimizer.device))
                   .Doc("Where FP32 master weights and optimizer states live: GPU (\"none\"), host "
@@ -405,6 +405,27 @@ std::vector<Key> BuildKeys() {
                   .Range(0, 1)
                   .Above(0)
                   .Doc("Stage 3: fraction of the optimizer step offloaded to the CPU."));
+  t.push_back(IntKey("zero_optimization.offload_optimizer.cpu_threads",
+                     FIELD(zero.offload_optimizer.cpu_threads), 0)
+                  .AtLeast(0)
+                  .DefaultDoc("`0` (the hardware threads)")
+                  .Doc("Threads of the CPU AdamW that updates offloaded states (device \"cpu\" or \"nvme\"), the "
+                       "calling thread included; 0: std::thread::hardware_concurrency(). Per rank: with several "
+                       "ranks on a host, give each its share of the cores. The result does not depend on it."));
+  t.push_back(BoolKey("zero_optimization.offload_optimizer.pin_memory_fallback",
+                      FIELD(zero.offload_optimizer.pin_memory_fallback), false)
+                  .Doc("With pin_memory true: when pinning the offloaded states fails (RLIMIT_MEMLOCK, the CUDA "
+                       "host allocator), keep them in pageable memory and print one warning instead of failing "
+                       "create. Pageable copies are slower and do not overlap."));
+  t.push_back(IntKey("zero_optimization.offload_optimizer.host_memory_budget",
+                     FIELD(zero.offload_optimizer.host_memory_budget), 0)
+                  .AtLeast(0)
+                  .DefaultDoc("`0` (all states on NVMe)")
+                  .Doc("Tiered state, device \"nvme\" only: bytes of this rank's optimizer state (FP32 master "
+                       "weights and both moments, 12 bytes per element) kept in pinned host memory; the rest is "
+                       "swapped to nvme_path. The swap buffers are not part of it. 0: every state on NVMe "
+                       "(DeepSpeed's behaviour); a budget that holds the whole state keeps all of it in host memory. "
+                       "Per rank: ranks on one host each pin this much."));
 
   t.push_back(DeviceKey("zero_optimization.offload_param.device", FIELD(zero.offload_param.device))
                   .Doc("Stage 3: where partitioned 16-bit parameters live between uses."));
@@ -423,6 +444,10 @@ std::vector<Key> BuildKeys() {
                   .Doc("Elements of parameters kept in host memory when device is \"nvme\"."));
   t.push_back(BoolKey("zero_optimization.offload_param.pin_memory", FIELD(zero.offload_param.pin_memory), false)
                   .Doc("Keep offloaded parameters in pinned host memory."));
+  t.push_back(BoolKey("zero_optimization.offload_param.pin_memory_fallback",
+                      FIELD(zero.offload_param.pin_memory_fallback), false)
+                  .Doc("With pin_memory true: when pinning the offloaded parameters fails, keep them in pageable "
+                       "memory and print one warning instead of failing create."));
 
   // Asynchronous I/O for NVMe.
   t.push_back(IntKey("aio.block_size", FIELD(aio.block_size), 1048576)
@@ -440,6 +465,10 @@ std::vector<Key> BuildKeys() {
                   .Doc("Submit new requests while waiting for completions."));
   t.push_back(BoolKey("aio.use_gds", FIELD(aio.use_gds), false)
                   .Doc("Use GPUDirect Storage."));
+  t.push_back(BoolKey("aio.allow_buffered_fallback", FIELD(aio.allow_buffered_fallback), false)
+                  .Doc("When nvme_path's filesystem refuses O_DIRECT (tmpfs, some FUSE and network filesystems): "
+                       "false fails create naming the filesystem; true swaps through the page cache instead "
+                       "(costs host memory, no overlap: for tests and small runs)."));
   return t;
 }
 
@@ -535,6 +564,20 @@ const std::vector<ConfigDifference>& Differences() {
        "zero's own key; its default is DeepSpeed's behaviour."},
       {"freeze_inactive_parameters", "no such key (inactive parameters are stepped with a zero gradient)",
        "`false`", "zero's own key; its default is DeepSpeed's behaviour."},
+      {"zero_optimization.offload_optimizer.cpu_threads",
+       "no such key (DeepSpeedCPUAdam runs on torch's OpenMP threads, OMP_NUM_THREADS)", "`0` (the hardware threads)",
+       "zero's own key: the CPU AdamW runs on a thread pool of the engine's, sized here."},
+      {"zero_optimization.offload_optimizer.pin_memory_fallback", "no such key (a failed pin is an error)", "`false`",
+       "zero's own key; its default is DeepSpeed's behaviour (a failed pin is an error naming the size and the "
+       "settings to change)."},
+      {"zero_optimization.offload_param.pin_memory_fallback", "no such key (a failed pin is an error)", "`false`",
+       "zero's own key for the parameter block; its default is DeepSpeed's behaviour."},
+      {"zero_optimization.offload_optimizer.host_memory_budget",
+       "no such key (all of a state on one device: host memory or NVMe)", "`0` (all states on NVMe)",
+       "zero's own key (tiered state): with device \"nvme\", as much state as the budget allows stays in pinned "
+       "host memory and the rest goes to disk; 0 is DeepSpeed's behaviour."},
+      {"aio.allow_buffered_fallback", "no such key (O_DIRECT is required)", "`false`",
+       "zero's own key; its default is DeepSpeed's behaviour (a filesystem without O_DIRECT is an error)."},
       {"`zero_optimization.reduce_bucket_size`, `allgather_bucket_size`, `sub_group_size`, the offload blocks' "
        "`buffer_count` and `offload_param.buffer_size` (accepted values)",
        "0 accepted", "at least 1", "A bucket or buffer of 0 elements cannot hold anything; zero refuses it "
@@ -1150,16 +1193,38 @@ const std::vector<Rule>& Rules() {
          }
          return OkStatus();
        }},
-      {"`zero_optimization.offload_grad_accumulation: \"gpu\"` needs an optimizer offload device (\"cpu\" "
-       "or \"nvme\").",
-       {"zero_optimization.offload_grad_accumulation", "zero_optimization.offload_optimizer.device"},
+      {"`zero_optimization.offload_grad_accumulation: \"gpu\"` needs both offloads: "
+       "`zero_optimization.offload_optimizer.device` and `zero_optimization.offload_param.device` each \"cpu\" or "
+       "\"nvme\" (so stage 3).",
+       {"zero_optimization.offload_grad_accumulation", "zero_optimization.offload_optimizer.device",
+        "zero_optimization.offload_param.device"},
        [](const Config& c, const std::string& s) {
-         if (c.zero.offload_grad_accumulation == "gpu" &&
-             c.zero.offload_optimizer.device == OffloadDevice::kNone) {
-           return KeyError(s, "zero_optimization.offload_grad_accumulation",
-                           "\"cpu\" unless zero_optimization.offload_optimizer.device is \"cpu\" or \"nvme\" (GPU "
-                           "accumulation feeds the offloaded optimizer)",
-                           "\"gpu\"");
+         if (c.zero.offload_grad_accumulation != "gpu") return OkStatus();
+         std::vector<std::string> missing;
+         for (const auto& [name, device] :
+              {std::pair<std::string, OffloadDevice>{"offload_optimizer", c.zero.offload_optimizer.device},
+               {"offload_param", c.zero.offload_param.device}}) {
+           if (device == OffloadDevice::kNone) missing.push_back("zero_optimization." + name + ".device is \"none\"");
+         }
+         if (missing.empty()) return OkStatus();
+         return KeyError(s, "zero_optimization.offload_grad_accumulation",
+                         "\"cpu\" unless both zero_optimization.offload_optimizer.device and "
+                         "zero_optimization.offload_param.device are \"cpu\" or \"nvme\" (GPU accumulation is for "
+                         "full offload; " + Join(missing, " and ") + ")",
+                         "\"gpu\"");
+       }},
+      {"`zero_optimization.offload_optimizer.host_memory_budget` above 0 needs `offload_optimizer.device` "
+       "\"nvme\" (it splits the state between host memory and NVMe).",
+       {"zero_optimization.offload_optimizer.host_memory_budget", "zero_optimization.offload_optimizer.device"},
+       [](const Config& c, const std::string& s) {
+         const OffloadOptimizerConfig& o = c.zero.offload_optimizer;
+         if (o.host_memory_budget > 0 && o.device != OffloadDevice::kNvme) {
+           return KeyError(s, "zero_optimization.offload_optimizer.host_memory_budget",
+                           std::string("0 unless zero_optimization.offload_optimizer.device is \"nvme\" (the budget "
+                                       "splits optimizer state between pinned host memory and NVMe; device is ") +
+                               Quote(OffloadDeviceName(o.device)) +
+                               (o.device == OffloadDevice::kCpu ? ", which keeps all of it in host memory)" : ")"),
+                           std::to_string(o.host_memory_budget));
          }
          return OkStatus();
        }},

@@ -5,7 +5,8 @@
 // //engine:config_doc). Errors name the key's full path ("zero_optimization.offload_optimizer.
 // device"), the value seen and what was expected; malformed JSON reports line and column. Unknown
 // keys are collected as warnings, or errors when `strict` is set. Cross-key checks (batch identity,
-// param offload below stage 3, nvme without nvme_path, fp16 and bf16 both on, ...) run after the
+// param offload below stage 3, nvme without nvme_path, fp16 and bf16 both on, offload_grad_accumulation
+// "gpu" without both offloads, a host_memory_budget without device "nvme", ...) run after the
 // keys are read. Parsing does not stop at the first problem: every bad value, unknown key (strict),
 // contradiction and missing batch size is listed in one error; only malformed JSON stops at once.
 // Defaults are DeepSpeed 0.19.8's; docs/config.md lists where they differ. A Config is a plain
@@ -33,6 +34,10 @@ struct OffloadOptimizerConfig {
   bool pipeline_write = false;
   bool fast_init = false;
   double ratio = 1.0;
+  // zero's own keys (not DeepSpeed's): see docs/config.md.
+  int cpu_threads = 0;                // threads of the CPU AdamW; 0: std::thread::hardware_concurrency()
+  bool pin_memory_fallback = false;   // a failed pin falls back to pageable memory with one warning
+  int64_t host_memory_budget = 0;     // device "nvme": bytes of state per rank kept in pinned host memory
 
   friend bool operator==(const OffloadOptimizerConfig&, const OffloadOptimizerConfig&) = default;
 };
@@ -44,6 +49,7 @@ struct OffloadParamConfig {
   int64_t buffer_size = 100000000;
   int64_t max_in_cpu = 1000000000;
   bool pin_memory = false;
+  bool pin_memory_fallback = false;  // zero's own key: a failed pin falls back to pageable memory
 
   friend bool operator==(const OffloadParamConfig&, const OffloadParamConfig&) = default;
 };
@@ -55,6 +61,7 @@ struct AioConfig {
   bool single_submit = false;
   bool overlap_events = true;
   bool use_gds = false;
+  bool allow_buffered_fallback = false;  // zero's own key: no O_DIRECT on nvme_path's filesystem -> page cache
 
   friend bool operator==(const AioConfig&, const AioConfig&) = default;
 };

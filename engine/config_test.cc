@@ -310,18 +310,23 @@ const std::map<std::string, std::string>& DeepSpeedDefaults() {
       {"zero_optimization.offload_optimizer.pipeline_write", "false"},
       {"zero_optimization.offload_optimizer.fast_init", "false"},
       {"zero_optimization.offload_optimizer.ratio", "1.0"},
+      {"zero_optimization.offload_optimizer.cpu_threads", ""},
+      {"zero_optimization.offload_optimizer.pin_memory_fallback", ""},
+      {"zero_optimization.offload_optimizer.host_memory_budget", ""},
       {"zero_optimization.offload_param.device", "\"none\""},
       {"zero_optimization.offload_param.nvme_path", "\"\""},
       {"zero_optimization.offload_param.buffer_count", "5"},
       {"zero_optimization.offload_param.buffer_size", "100000000"},
       {"zero_optimization.offload_param.max_in_cpu", "1000000000"},
       {"zero_optimization.offload_param.pin_memory", "false"},
+      {"zero_optimization.offload_param.pin_memory_fallback", ""},
       {"aio.block_size", "1048576"},
       {"aio.queue_depth", "8"},
       {"aio.intra_op_parallelism", "1"},
       {"aio.single_submit", "false"},
       {"aio.overlap_events", "true"},
       {"aio.use_gds", "false"},
+      {"aio.allow_buffered_fallback", ""},
   };
   return *d;
 }
@@ -390,6 +395,52 @@ TEST(ConfigDefaultsTest, OverlapCommDefaultsToTrueAtStage3Only) {
   r = Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "overlap_comm": true}})");
   ASSERT_TRUE(r.ok()) << Message(r);
   EXPECT_TRUE(r->zero.overlap_comm);
+}
+
+TEST(ConfigDefaultsTest, OffloadKeysOfZeros) {
+  // Defaults: threads from the hardware, no fallback from a failed pin, no host tier, O_DIRECT required.
+  auto d = Parse(R"({"train_batch_size": 8})");
+  ASSERT_TRUE(d.ok()) << Message(d);
+  EXPECT_EQ(d->zero.offload_optimizer.cpu_threads, 0);
+  EXPECT_FALSE(d->zero.offload_optimizer.pin_memory_fallback);
+  EXPECT_EQ(d->zero.offload_optimizer.host_memory_budget, 0);
+  EXPECT_FALSE(d->zero.offload_param.pin_memory_fallback);
+  EXPECT_FALSE(d->aio.allow_buffered_fallback);
+  EXPECT_EQ(d->zero.offload_grad_accumulation, "cpu");
+  // Each parsed into its own field (the two fallbacks independently of each other).
+  auto r = Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+                   "offload_optimizer": {"device": "nvme", "nvme_path": "/n", "cpu_threads": 7,
+                                         "pin_memory": true, "pin_memory_fallback": true,
+                                         "host_memory_budget": 8e9},
+                   "offload_param": {"device": "cpu", "pin_memory": true}},
+                   "aio": {"allow_buffered_fallback": true}})");
+  ASSERT_TRUE(r.ok()) << Message(r);
+  EXPECT_EQ(r->zero.offload_optimizer.cpu_threads, 7);
+  EXPECT_TRUE(r->zero.offload_optimizer.pin_memory_fallback);
+  EXPECT_FALSE(r->zero.offload_param.pin_memory_fallback);
+  EXPECT_EQ(r->zero.offload_optimizer.host_memory_budget, 8000000000);
+  EXPECT_TRUE(r->aio.allow_buffered_fallback);
+  auto p = Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+                   "offload_param": {"device": "cpu", "pin_memory_fallback": true}}})");
+  ASSERT_TRUE(p.ok()) << Message(p);
+  EXPECT_TRUE(p->zero.offload_param.pin_memory_fallback);
+  EXPECT_FALSE(p->zero.offload_optimizer.pin_memory_fallback);
+  // A budget beyond 32 bits is kept exactly (bytes of a large host).
+  auto big = Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 1,
+                     "offload_optimizer": {"device": "nvme", "nvme_path": "/n",
+                                           "host_memory_budget": 549755813888}}})");
+  ASSERT_TRUE(big.ok()) << Message(big);
+  EXPECT_EQ(big->zero.offload_optimizer.host_memory_budget, int64_t{1} << 39);
+  // Bad types and values name the full path.
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"offload_optimizer":
+                              {"cpu_threads": 2.5}}})")),
+            "<config>: zero_optimization.offload_optimizer.cpu_threads: expected an integer >= 0, got 2.5");
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"offload_optimizer":
+                              {"host_memory_budget": "64GB"}}})")),
+            "<config>: zero_optimization.offload_optimizer.host_memory_budget: expected an integer >= 0, got "
+            "\"64GB\"");
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "aio": {"allow_buffered_fallback": 1}})")),
+            "<config>: aio.allow_buffered_fallback: expected true or false, got 1");
 }
 
 TEST(ConfigDefaultsTest, FreezeInactiveParameters) {
@@ -920,6 +971,29 @@ TEST(ConfigProblemsTest, BothNvmePathsMissingAreTwoProblems) {
             "is \"nvme\", got nothing");
 }
 
+TEST(ConfigProblemsTest, OffloadContradictionsAreListedTogether) {
+  // Bad values in file order, then the rules between keys; each names its key. GPU accumulation with both
+  // offloads given is no problem of its own, although parameter offload is refused at stage 2.
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
+                              "offload_optimizer": {"device": "cpu", "cpu_threads": -1, "host_memory_budget": 10},
+                              "offload_param": {"device": "cpu", "buffer_size": 0},
+                              "offload_grad_accumulation": "gpu"}})")),
+            "<config>: 4 problems in the config:\n"
+            "  <config>: zero_optimization.offload_optimizer.cpu_threads: expected an integer >= 0, got -1\n"
+            "  <config>: zero_optimization.offload_param.buffer_size: expected an integer >= 1, got 0\n"
+            "  <config>: zero_optimization.offload_param.device: expected \"none\" below stage 3 (parameter offload "
+            "needs zero_optimization.stage 3; stage is 2), got \"cpu\"\n"
+            "  <config>: zero_optimization.offload_optimizer.host_memory_budget: expected 0 unless "
+            "zero_optimization.offload_optimizer.device is \"nvme\" (the budget splits optimizer state between "
+            "pinned host memory and NVMe; device is \"cpu\", which keeps all of it in host memory), got 10");
+  // A refused device is not judged again by the rules that read it.
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+                              "offload_optimizer": {"device": "disk", "host_memory_budget": 10},
+                              "offload_param": {"device": "cpu"}, "offload_grad_accumulation": "gpu"}})")),
+            "<config>: zero_optimization.offload_optimizer.device: expected one of \"none\", \"cpu\", \"nvme\", "
+            "got \"disk\"");
+}
+
 TEST(ConfigProblemsTest, MalformedJsonIsStillOneError) {
   auto r = Parse("{\"train_batch_size\": 0,\n \"fp16\": {\"enabled\": 1},\n}");
   ASSERT_FALSE(r.ok());
@@ -961,8 +1035,55 @@ TEST(ConfigRulesTest, Contradictions) {
        "<config>: zero_optimization.overlap_comm: expected false when managed_gradient_accumulation is false at "
        "stage 0"},
       {R"({"zero_optimization": {"stage": 2, "offload_grad_accumulation": "gpu"}})",
-       "<config>: zero_optimization.offload_grad_accumulation: expected \"cpu\" unless "
-       "zero_optimization.offload_optimizer.device is \"cpu\" or \"nvme\""},
+       "<config>: zero_optimization.offload_grad_accumulation: expected \"cpu\" unless both "
+       "zero_optimization.offload_optimizer.device and zero_optimization.offload_param.device are \"cpu\" or "
+       "\"nvme\" (GPU accumulation is for full offload; zero_optimization.offload_optimizer.device is \"none\" and "
+       "zero_optimization.offload_param.device is \"none\"), got \"gpu\""},
+      // Optimizer offload alone is not enough (stage 1 and stage 3), nor parameter offload alone.
+      {R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"},
+           "offload_grad_accumulation": "gpu"}})",
+       "<config>: zero_optimization.offload_grad_accumulation: expected \"cpu\" unless both "
+       "zero_optimization.offload_optimizer.device and zero_optimization.offload_param.device are \"cpu\" or "
+       "\"nvme\" (GPU accumulation is for full offload; zero_optimization.offload_param.device is \"none\"), got "
+       "\"gpu\""},
+      {R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/n"},
+           "offload_grad_accumulation": "gpu"}})",
+       "<config>: zero_optimization.offload_grad_accumulation: expected \"cpu\" unless both "
+       "zero_optimization.offload_optimizer.device and zero_optimization.offload_param.device are \"cpu\" or "
+       "\"nvme\" (GPU accumulation is for full offload; zero_optimization.offload_param.device is \"none\"), got "
+       "\"gpu\""},
+      {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
+           "offload_grad_accumulation": "gpu"}})",
+       "<config>: zero_optimization.offload_grad_accumulation: expected \"cpu\" unless both "
+       "zero_optimization.offload_optimizer.device and zero_optimization.offload_param.device are \"cpu\" or "
+       "\"nvme\" (GPU accumulation is for full offload; zero_optimization.offload_optimizer.device is \"none\"), "
+       "got \"gpu\""},
+      // The tiered budget splits state between host and NVMe: only with device "nvme".
+      {R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu",
+           "host_memory_budget": 1000000}}})",
+       "<config>: zero_optimization.offload_optimizer.host_memory_budget: expected 0 unless "
+       "zero_optimization.offload_optimizer.device is \"nvme\" (the budget splits optimizer state between pinned "
+       "host memory and NVMe; device is \"cpu\", which keeps all of it in host memory), got 1000000"},
+      {R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"host_memory_budget": 4096}}})",
+       "<config>: zero_optimization.offload_optimizer.host_memory_budget: expected 0 unless "
+       "zero_optimization.offload_optimizer.device is \"nvme\" (the budget splits optimizer state between pinned "
+       "host memory and NVMe; device is \"none\"), got 4096"},
+      // Single-key checks of the offload blocks, named with their full path.
+      {R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "cpu_threads": -2}}})",
+       "<config>: zero_optimization.offload_optimizer.cpu_threads: expected an integer >= 0, got -2"},
+      {R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "buffer_count": 0}}})",
+       "<config>: zero_optimization.offload_optimizer.buffer_count: expected an integer >= 1, got 0"},
+      {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "buffer_count": 0}}})",
+       "<config>: zero_optimization.offload_param.buffer_count: expected an integer >= 1, got 0"},
+      {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "buffer_size": 0}}})",
+       "<config>: zero_optimization.offload_param.buffer_size: expected an integer >= 1, got 0"},
+      {R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0}}})",
+       "<config>: zero_optimization.offload_optimizer.ratio: expected a number in (0, 1], got 0"},
+      {R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/n",
+           "host_memory_budget": -1}}})",
+       "<config>: zero_optimization.offload_optimizer.host_memory_budget: expected an integer >= 0, got -1"},
+      {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memory_fallback": "yes"}}})",
+       "<config>: zero_optimization.offload_param.pin_memory_fallback: expected true or false, got \"yes\""},
   };
   for (const Case& c : cases) {
     std::string text = c.json;
@@ -979,8 +1100,19 @@ TEST(ConfigRulesTest, AllowedCombinations) {
            R"({"managed_gradient_accumulation": false, "zero_optimization": {"stage": 3}})",
            R"({"managed_gradient_accumulation": false, "zero_optimization": {"stage": 1}})",
            R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})",
-           R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"},
-               "offload_grad_accumulation": "gpu"}})",
+           R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+               "offload_param": {"device": "cpu"}, "offload_grad_accumulation": "gpu"}})",
+           R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/n"},
+               "offload_param": {"device": "nvme", "nvme_path": "/n"}, "offload_grad_accumulation": "gpu"}})",
+           // Tiered state at every stage with optimizer offload; a budget of 0 (all on NVMe) anywhere.
+           R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme", "nvme_path": "/n",
+               "host_memory_budget": 1}}})",
+           R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/n",
+               "host_memory_budget": 1e12}}})",
+           R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "host_memory_budget": 0}}})",
+           // Threads and the fallback are read with any device (they act only where a pool or a pin exists).
+           R"({"zero_optimization": {"stage": 0, "offload_optimizer": {"cpu_threads": 3, "pin_memory_fallback": true},
+               "offload_param": {"pin_memory_fallback": true}}})",
            R"({"fp16": {"enabled": true}, "bf16": {"enabled": false}})",
            R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/nvme"}}})",
        }) {
@@ -1030,16 +1162,18 @@ TEST(ConfigToJsonTest, RoundTripOfASynthesizedConfig) {
       "stage3_gather_16bit_weights_on_model_save": true, "round_robin_gradients": true,
       "ignore_unused_parameters": false, "offload_grad_accumulation": "gpu",
       "offload_optimizer": {"device": "nvme", "nvme_path": "/a", "buffer_count": 2, "pin_memory": false,
-        "pipeline_read": true, "pipeline_write": true, "fast_init": true, "ratio": 0.5},
+        "pipeline_read": true, "pipeline_write": true, "fast_init": true, "ratio": 0.5, "cpu_threads": 5,
+        "pin_memory_fallback": true, "host_memory_budget": 123456789012},
       "offload_param": {"device": "nvme", "nvme_path": "/b", "buffer_count": 3, "buffer_size": 10,
-        "max_in_cpu": 0, "pin_memory": false}},
+        "max_in_cpu": 0, "pin_memory": false, "pin_memory_fallback": true}},
     "aio": {"block_size": 4096, "queue_depth": 2, "intra_op_parallelism": 3, "single_submit": true,
-            "overlap_events": false, "use_gds": true}
+            "overlap_events": false, "use_gds": true, "allow_buffered_fallback": true}
   })",
                  4);
   ASSERT_TRUE(r.ok()) << Message(r);
   EXPECT_EQ(r->train_micro_batch_size_per_gpu, 2);
   EXPECT_EQ(r->zero.overlap_comm, true);
+  EXPECT_EQ(r->zero.offload_optimizer.host_memory_budget, 123456789012);
   ExpectRoundTrip(*r, 4);
 }
 
@@ -1114,6 +1248,27 @@ TEST(ConfigFilesTest, Zero3NvmeInfinity) {
   ASSERT_EQ(c.warnings.size(), 1u);
   EXPECT_TRUE(Contains(c.warnings[0], "'aio.thread_count' is the older name"));
   ExpectRoundTrip(c, 8);
+}
+
+TEST(ConfigFilesTest, Zero2NvmeTieredOffload) {
+  auto r = LoadTestdata("zero2_nvme_tiered_offload.json", 2);
+  ASSERT_TRUE(r.ok()) << Message(r);
+  const Config& c = *r;
+  EXPECT_EQ(c.train_batch_size, 16);
+  EXPECT_EQ(c.zero.stage, 2);
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kNvme);
+  EXPECT_EQ(c.zero.offload_optimizer.nvme_path, "/local_nvme/zero");
+  EXPECT_TRUE(c.zero.offload_optimizer.pin_memory);
+  EXPECT_TRUE(c.zero.offload_optimizer.pin_memory_fallback);
+  EXPECT_EQ(c.zero.offload_optimizer.cpu_threads, 14);
+  EXPECT_EQ(c.zero.offload_optimizer.host_memory_budget, 64000000000);
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kNone);
+  EXPECT_FALSE(c.zero.offload_param.pin_memory_fallback);
+  EXPECT_EQ(c.zero.sub_group_size, 100000000);
+  EXPECT_EQ(c.aio.queue_depth, 32);
+  EXPECT_FALSE(c.aio.allow_buffered_fallback);
+  EXPECT_TRUE(c.warnings.empty());
+  ExpectRoundTrip(c, 2);
 }
 
 TEST(ConfigFilesTest, Zero3Bf16WarmupCosine) {
