@@ -89,6 +89,7 @@ struct AioStats {
   uint64_t io_submit_calls = 0;   // successful io_submit system calls
   uint64_t short_resubmits = 0;   // pieces resubmitted after a short transfer
   uint64_t retries = 0;           // EINTR/EAGAIN retried (io_submit, io_getevents, completions)
+  uint64_t extend_preallocations = 0;  // writes past the end of file preallocated first (fallocate)
 };
 
 class AioEngine {
@@ -106,6 +107,9 @@ class AioEngine {
   // REQUIRES: `file` and `buffer` stay valid and `buffer` is not touched until Wait for the ticket
   // returns something other than DeadlineExceeded. Alignment errors are returned here and nothing
   // is submitted; I/O errors come from Wait. length 0 is allowed (completes at once).
+  // A direct write that ends past the end of the file fallocates that part first (extending
+  // direct writes are synchronous on ext4 and xfs: io_submit would block for each piece); its
+  // ENOSPC is reported by Wait like any I/O error. See docs/nvme.md "Benchmark".
   virtual Result<AioTicket> SubmitRead(AioFile& file, uint64_t offset, void* buffer,
                                        size_t length) = 0;
   virtual Result<AioTicket> SubmitWrite(AioFile& file, uint64_t offset, const void* buffer,

@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -184,6 +185,30 @@ TEST_F(AioEngineTest, SingleSubmitMakesOneCallPerPieceAndBatchingFewer) {
       EXPECT_LE(s.io_submit_calls, 64u / 8 + s.retries) << "batches of queue_depth 8";
     }
   }
+}
+
+// Writes past the end of the file are preallocated first (extending direct writes are synchronous
+// on ext4); writes inside the file are not; the bytes and the file size are what was written.
+TEST_F(AioEngineTest, WritesPastTheEndArePreallocatedFirst) {
+  ASSERT_OK_AND_ASSIGN(auto engine, LibaioEngine::Create(Opts(16384, 4)));
+  ASSERT_OK_AND_ASSIGN(auto file, engine->Open(File("f"), AioOpenMode::kCreate));
+  AlignedBuffer a = Pattern(10 * 4096, 5);
+  AlignedBuffer b = Pattern(6 * 4096, 6);
+  ASSERT_OK(engine->Write(*file, 0, a.data(), a.size()));
+  EXPECT_EQ(engine->stats().extend_preallocations, 1u);
+  ASSERT_OK(engine->Write(*file, 4096, b.data(), b.size()));  // inside the file
+  EXPECT_EQ(engine->stats().extend_preallocations, 1u);
+  ASSERT_OK(engine->Write(*file, 8 * 4096, b.data(), b.size()));  // straddles the end
+  EXPECT_EQ(engine->stats().extend_preallocations, 2u);
+  struct stat st;
+  ASSERT_EQ(::stat(File("f").c_str(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), 14u * 4096) << "offset + length of the last write";
+  const std::string bs(reinterpret_cast<const char*>(b.data()), b.size());
+  const std::string as(reinterpret_cast<const char*>(a.data()), a.size());
+  EXPECT_EQ(FileBytes(File("f"), 0, 4096), as.substr(0, 4096));
+  EXPECT_EQ(FileBytes(File("f"), 4096, b.size()), bs);
+  EXPECT_EQ(FileBytes(File("f"), 7 * 4096, 4096), as.substr(7 * 4096, 4096));
+  EXPECT_EQ(FileBytes(File("f"), 8 * 4096, b.size()), bs);
 }
 
 TEST_F(AioEngineTest, ManyRequestsInFlightWaitedInAnyOrder) {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -24,6 +25,30 @@ std::string DirOf(const std::string& path) {
   return slash == std::string::npos ? "." : path.substr(0, slash + 1);
 }
 
+// Zeros over [0, size) of `file`, in chunks of up to 64 MiB, two in flight.
+Status Prewrite(AioEngine* engine, AioFile& file, uint64_t size) {
+  constexpr uint64_t kChunk = 64 << 20;
+  ZERO_ASSIGN_OR_RETURN(AlignedBuffer zeros, AlignedBuffer::Allocate(std::min(size, kChunk)));
+  AioTicket pending = 0;
+  for (uint64_t off = 0; off < size; off += kChunk) {
+    const size_t len = static_cast<size_t>(std::min(kChunk, size - off));
+    Result<AioTicket> t = engine->SubmitWrite(file, off, zeros.data(), len);
+    if (!t.ok()) {
+      if (pending != 0) (void)engine->Wait(pending);
+      return t.status();
+    }
+    if (pending != 0) {
+      Status st = engine->Wait(pending);
+      if (!st.ok()) {
+        (void)engine->Wait(*t);
+        return st;
+      }
+    }
+    pending = *t;
+  }
+  return engine->Wait(pending);
+}
+
 }  // namespace
 
 SwapFile::SwapFile(AioEngine* engine, std::string path, std::unique_ptr<AioFile> file,
@@ -42,7 +67,8 @@ SwapFile::~SwapFile() {
 bool SwapFile::direct() const { return file_->direct(); }
 
 Result<std::unique_ptr<SwapFile>> SwapFile::Create(AioEngine* engine, const std::string& path,
-                                                   const std::vector<SwapRegionSpec>& specs) {
+                                                   const std::vector<SwapRegionSpec>& specs,
+                                                   const SwapFileOptions& options) {
   std::vector<RegionState> regions;
   uint64_t size = 0;
   for (const SwapRegionSpec& s : specs) {
@@ -89,6 +115,15 @@ Result<std::unique_ptr<SwapFile>> SwapFile::Create(AioEngine* engine, const std:
   if (!file.ok()) {
     ::unlink(path.c_str());
     return file.status();
+  }
+  if (options.prewrite && size > 0) {
+    Status st = Prewrite(engine, **file, size);
+    if (!st.ok()) {
+      file->reset();
+      ::unlink(path.c_str());
+      return st.WithContext("create swap file " + path + ": prewrite (zero-fill) of " +
+                            std::to_string(size) + " bytes");
+    }
   }
   return std::unique_ptr<SwapFile>(
       new SwapFile(engine, path, std::move(file).value(), std::move(regions), size));

@@ -26,6 +26,15 @@ struct SwapRegionSpec {
   uint64_t bytes = 0;
 };
 
+struct SwapFileOptions {
+  // true: after preallocating, write zeros over the whole file once (through the engine), so that
+  // every later write, the first swap out included, overwrites written blocks. false (default):
+  // the first write of each region goes into unwritten extents (ext4/xfs convert them, a
+  // journaled metadata change per write: bench/aio_bench "write, fresh"), later ones overwrite.
+  // Costs one write pass of file_size at creation; docs/nvme.md "Benchmark" says when it pays.
+  bool prewrite = false;
+};
+
 struct SwapRegion {
   std::string name;
   uint64_t offset = 0;
@@ -48,8 +57,11 @@ class SwapFile {
   // swap file of an earlier run) or O_DIRECT is unsupported there; NotFound for a missing
   // directory; ResourceExhausted when the disk cannot hold it (naming the sizes); the errno text
   // otherwise. On error nothing is left at `path`.
+  // With options.prewrite, a failed zero-fill is returned (with the swap file named) and the
+  // file removed.
   static Result<std::unique_ptr<SwapFile>> Create(AioEngine* engine, const std::string& path,
-                                                  const std::vector<SwapRegionSpec>& regions);
+                                                  const std::vector<SwapRegionSpec>& regions,
+                                                  const SwapFileOptions& options = {});
   ~SwapFile();  // REQUIRES: no I/O in flight. Removes the file.
   SwapFile(const SwapFile&) = delete;
   SwapFile& operator=(const SwapFile&) = delete;

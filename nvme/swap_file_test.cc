@@ -9,6 +9,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <random>
 
@@ -194,6 +196,35 @@ TEST_F(SwapFileTest, InjectedWriteErrorLeavesTheRegionUnreadable) {
   EXPECT_EQ(st.code(), StatusCode::kInternal) << st.ToString();
   EXPECT_NE(st.message().find("pread"), std::string::npos) << st.message();
   ASSERT_OK(swap->Read(1, b.data()));  // a failed read does not invalidate the region
+}
+
+TEST_F(SwapFileTest, PrewriteZeroFillsTheFileOnceAndItsErrorRemovesIt) {
+  const std::string path = File("s");
+  const int writes_before = engine_->writes_reaped();
+  {
+    ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(engine_.get(), path, kRegions, {true}));
+    // 65536-byte pieces over the whole file.
+    EXPECT_EQ(static_cast<uint64_t>(engine_->writes_reaped() - writes_before),
+              (swap->file_size() + 65535) / 65536);
+    std::ifstream f(path, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(bytes, std::string(swap->file_size(), '\0'));
+    AlignedBuffer b = Pattern(kRegions[1].bytes, 4);
+    EXPECT_EQ(swap->Read(1, b.data()).code(), StatusCode::kFailedPrecondition)
+        << "zero-filled is not written: a region is readable only after its own write";
+    ASSERT_OK(swap->Write(1, b.data()));
+    AlignedBuffer in = Pattern(kRegions[1].bytes, 5);
+    ASSERT_OK(swap->Read(1, in.data()));
+    EXPECT_EQ(std::memcmp(b.data(), in.data(), kRegions[1].bytes), 0);
+  }
+  engine_->FailNthWrite(engine_->writes_reaped() + 2, ENOSPC);
+  auto r = SwapFile::Create(engine_.get(), path, kRegions, {true});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("prewrite (zero-fill)"), std::string::npos)
+      << r.status().message();
+  EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status().message();
+  EXPECT_FALSE(Exists(path)) << "a failed prewrite leaves no file behind";
 }
 
 TEST_F(SwapFileTest, ExistingMissingAndUnwritablePaths) {
