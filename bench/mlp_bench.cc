@@ -61,13 +61,16 @@ struct Options {
   double weight_decay = 0.01;
   std::string label;
   std::string device = "cuda:0";
+  std::string offload_optimizer = "none";  // "none" | "cpu"
+  bool pin_memory = true;
   bool dry_run = false;
 };
 
 const char kUsage[] =
     "usage: mlp_bench [--impl zero|none] [--stage 0..3] [--comm-dtype fp32|bf16|none]\n"
     "                 [--tokens N] [--dim N] [--ffn N] [--blocks N] [--steps N>=2]\n"
-    "                 [--lr X] [--weight-decay X] [--label NAME] [--device cuda:N] [--dry-run]\n";
+    "                 [--lr X] [--weight-decay X] [--label NAME] [--device cuda:N] [--dry-run]\n"
+    "                 [--offload-optimizer none|cpu] [--pin-memory 0|1]\n";
 
 Status ParseInt(const std::string& flag, const char* v, int64_t lo, int64_t* out) {
   char* end = nullptr;
@@ -135,6 +138,14 @@ Result<Options> ParseFlags(int argc, char** argv) {
       o.label = v;
     } else if (f == "--device") {
       o.device = v;
+    } else if (f == "--offload-optimizer") {
+      o.offload_optimizer = v;
+      if (o.offload_optimizer != "none" && o.offload_optimizer != "cpu") {
+        return InvalidArgumentError("--offload-optimizer: expected none or cpu, got '" + o.offload_optimizer + "'");
+      }
+    } else if (f == "--pin-memory") {
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 0, &n));
+      o.pin_memory = n != 0;
     } else {
       return InvalidArgumentError("unknown flag '" + f + "'");
     }
@@ -148,15 +159,20 @@ Result<Options> ParseFlags(int argc, char** argv) {
 // (the FSDP2 reference has none), one micro step per optimizer step.
 std::string ConfigJson(const Options& o) {
   char buf[1024];
+  const std::string offload =
+      o.offload_optimizer == "none"
+          ? std::string()
+          : ", \"offload_optimizer\": {\"device\": \"" + o.offload_optimizer + "\", \"pin_memory\": " +
+                (o.pin_memory ? "true" : "false") + "}";
   std::snprintf(buf, sizeof(buf),
                 "{\"train_batch_size\": 1, \"train_micro_batch_size_per_gpu\": 1, "
                 "\"gradient_accumulation_steps\": 1, \"gradient_clipping\": 0, "
                 "\"bf16\": {\"enabled\": true}, %s"
                 "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %.17g, \"betas\": [0.9, 0.999], "
                 "\"eps\": 1e-8, \"weight_decay\": %.17g}}, "
-                "\"zero_optimization\": {\"stage\": %d}}",
+                "\"zero_optimization\": {\"stage\": %d%s}}",
                 o.comm_dtype == "none" ? "" : ("\"communication_data_type\": \"" + o.comm_dtype + "\", ").c_str(),
-                o.lr, o.weight_decay, o.stage);
+                o.lr, o.weight_decay, o.stage, offload.c_str());
   return buf;
 }
 

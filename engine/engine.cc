@@ -20,6 +20,7 @@
 #include "zero/grad_reducer.h"
 #include "zero/gradient_bucket.h"
 #include "zero/loss_scaler.h"
+#include "zero/host_optimizer_states.h"
 #include "zero/optimizer_states.h"
 #include "zero/param_coordinator.h"
 #include "zero/partition.h"
@@ -319,10 +320,19 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* dev
   if (z.stage < 0 || z.stage > 3) {
     return InvalidArgumentError("zero_optimization.stage: expected 0..3, got " + std::to_string(z.stage));
   }
-  if (z.offload_optimizer.device != OffloadDevice::kNone || z.offload_param.device != OffloadDevice::kNone) {
+  if (z.offload_optimizer.device == OffloadDevice::kNvme) {
     return UnimplementedError(
-        "zero_optimization.offload_optimizer/offload_param: offload is not handled by this engine "
-        "(device must be \"none\")");
+        "zero_optimization.offload_optimizer.device: \"nvme\" is not built yet (the libaio engine and swap "
+        "files are, in nvme/; the states behind OptimizerStates are not); use \"cpu\" or \"none\"");
+  }
+  if (z.offload_param.device != OffloadDevice::kNone) {
+    return UnimplementedError(
+        "zero_optimization.offload_param.device: parameter offload is not built yet; use \"none\" (optimizer "
+        "offload, offload_optimizer.device \"cpu\", is)");
+  }
+  if (z.offload_optimizer.device == OffloadDevice::kCpu && z.offload_optimizer.ratio != 1.0) {
+    return UnimplementedError("zero_optimization.offload_optimizer.ratio: partial offload is not built; expected "
+                              "1.0, got " + std::to_string(z.offload_optimizer.ratio));
   }
   if (config.prescale_gradients || config.gradient_predivide_factor != 1.0) {
     return UnimplementedError(
@@ -471,7 +481,19 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
   const int64_t opt_total = stage == 0 ? full_total : part_total;
   ZERO_RETURN_IF_ERROR(Allocate(&model, stage == 3 ? part_total : full_total, mdt, "model parameters"));
   {
-    auto st = CreateDeviceOptimizerStates(device, opt_total, compute);
+    const OffloadOptimizerConfig& oo = config.zero.offload_optimizer;
+    Result<std::unique_ptr<OptimizerStates>> st = std::unique_ptr<OptimizerStates>();
+    if (oo.device == OffloadDevice::kCpu) {
+      HostOptimizerStatesOptions ho;
+      ho.slab.pin_memory = oo.pin_memory;
+      ho.slab.fallback_to_pageable = oo.pin_memory_fallback;
+      ho.slab.what = "optimizer states (offload_optimizer.device \"cpu\")";
+      ho.slab.config_key = "zero_optimization.offload_optimizer";
+      ho.cpu_threads = oo.cpu_threads;
+      st = CreateHostOptimizerStates(device, opt_total, compute, ho);
+    } else {
+      st = CreateDeviceOptimizerStates(device, opt_total, compute);
+    }
     if (!st.ok()) return st.status().WithContext("Initialize");
     states = std::move(st).value();
   }

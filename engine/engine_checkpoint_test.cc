@@ -388,6 +388,60 @@ TEST(EngineCheckpointTest, LoadsAtAnotherStage) {
   }
 }
 
+// offload_optimizer.device "cpu" (host states, CPU AdamW) and device states write and read the
+// same checkpoints: a run that switches offload mode (and stage) at the checkpoint equals the
+// uninterrupted run of the saving configuration, bitwise (fp32, GAS 1: the stages agree).
+TEST(EngineCheckpointTest, LoadsIntoAnotherOffloadMode) {
+  const TestModel model = SmallModel();
+  const int world = 2;
+  const std::string cpu = "\"offload_optimizer\": {\"device\": \"cpu\", \"cpu_threads\": 2}";
+  struct Case {
+    int from_stage;
+    bool from_offload;
+    int to_stage;
+    bool to_offload;
+  };
+  for (const Case& c : {Case{2, true, 3, false}, Case{3, false, 1, true}, Case{1, true, 2, true}, Case{3, true, 3, true}}) {
+    const std::string label = "stage " + std::to_string(c.from_stage) + (c.from_offload ? " offload" : "") +
+                              " -> " + std::to_string(c.to_stage) + (c.to_offload ? " offload" : "");
+    SCOPED_TRACE(label);
+    const std::string dir = ScratchDir("offload");
+    auto save_config = MakeConfig(ConfigJson(c.from_stage, 1, 0.0, kWarmup, c.from_offload ? cpu : ""), world);
+    auto load_config = MakeConfig(ConfigJson(c.to_stage, 1, 0.0, kWarmup, c.to_offload ? cpu : ""), world);
+    ASSERT_TRUE(save_config.ok()) << save_config.status().ToString();
+    ASSERT_TRUE(load_config.ok()) << load_config.status().ToString();
+    std::vector<Record> at_save(world), uninterrupted(world), loaded(world), resumed(world);
+    std::vector<EngineMemory> mem(world);
+    Status st = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) -> Status {
+      {
+        ZERO_ASSIGN_OR_RETURN(auto a, MakeEngine(*save_config, model, device, comm));
+        Record r;
+        ZERO_RETURN_IF_ERROR(TrainSteps(a.get(), device, model, rank, 2, &r));
+        ZERO_RETURN_IF_ERROR(a->SaveCheckpoint(dir, "cross"));
+        ZERO_RETURN_IF_ERROR(Snapshot(a.get(), &at_save[rank]));
+        ZERO_RETURN_IF_ERROR(TrainSteps(a.get(), device, model, rank, 2, &uninterrupted[rank]));
+        ZERO_RETURN_IF_ERROR(Snapshot(a.get(), &uninterrupted[rank]));
+      }
+      ZERO_ASSIGN_OR_RETURN(auto b, MakeEngine(*load_config, model, device, comm, 1.0f));
+      mem[rank] = b->memory();
+      ZERO_RETURN_IF_ERROR(b->LoadCheckpoint(dir, "cross").status());
+      ZERO_RETURN_IF_ERROR(Snapshot(b.get(), &loaded[rank]));
+      ZERO_RETURN_IF_ERROR(TrainSteps(b.get(), device, model, rank, 2, &resumed[rank]));
+      return Snapshot(b.get(), &resumed[rank]);
+    });
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(mem[r].master_params == 0, c.to_offload) << label << ": where the loading engine keeps its states";
+      ExpectSameState(at_save[r], loaded[r], DType::kF32, label);
+      std::string where;
+      EXPECT_TRUE(SameDoubles(uninterrupted[r].losses, resumed[r].losses)) << label;
+      EXPECT_TRUE(BitwiseEqual(uninterrupted[r].master, resumed[r].master, &where)) << label << ": " << where;
+      EXPECT_TRUE(BitwiseEqual(uninterrupted[r].model, resumed[r].model, &where)) << label << ": " << where;
+      EXPECT_TRUE(BitwiseEqual(uninterrupted[r].exp_avg, resumed[r].exp_avg, &where)) << label << ": " << where;
+    }
+  }
+}
+
 // bf16 saved at stage 3, loaded at stage 1 and at stage 0 on another world size: the master weights
 // and moments arrive intact and the bf16 model parameters are re-derived from them.
 TEST(EngineCheckpointTest, Bf16Stage3LoadsAtStage1AndStage0) {

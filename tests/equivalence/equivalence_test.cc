@@ -105,10 +105,11 @@ CellSpec MatrixCell(const MatrixParam& p) {
 
 class MatrixTest : public ::testing::TestWithParam<MatrixParam> {};
 
-TEST_P(MatrixTest, EngineEqualsReferenceBitwise) {
-  const CellSpec cell = MatrixCell(GetParam());
+void ExpectStatesOffTheDevice(const std::vector<RankTrace>& traces);
+
+void RunMatrixCell(const CellSpec& cell) {
   const Config config = ParseCell(cell);
-  ASSERT_FALSE(HasFailure());
+  ASSERT_FALSE(::testing::Test::HasFailure());
   const Schedule schedule = ManagedSchedule(kSteps, cell.gas);
   Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), ModelDims(), schedule);
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
@@ -123,6 +124,17 @@ TEST_P(MatrixTest, EngineEqualsReferenceBitwise) {
   Status st = RunEngine(config, cell.world, schedule, &traces);
   ASSERT_TRUE(st.ok()) << st.ToString();
   ExpectMatches(*ref, traces, ContractTolerance());
+  if (cell.offload_optimizer) ExpectStatesOffTheDevice(traces);
+}
+
+TEST_P(MatrixTest, EngineEqualsReferenceBitwise) { RunMatrixCell(MatrixCell(GetParam())); }
+
+// An offload cell must really keep its states off the device (else it would test nothing new).
+void ExpectStatesOffTheDevice(const std::vector<RankTrace>& traces) {
+  for (size_t r = 0; r < traces.size(); ++r) {
+    EXPECT_EQ(traces[r].memory.master_params, 0u) << "rank " << r << ": master weights on the device";
+    EXPECT_EQ(traces[r].memory.optimizer_states, 0u) << "rank " << r << ": moments on the device";
+  }
 }
 
 std::string MatrixName(const ::testing::TestParamInfo<MatrixParam>& info) {
@@ -135,6 +147,24 @@ INSTANTIATE_TEST_SUITE_P(Cells, MatrixTest,
                                             ::testing::Values(1, 4), ::testing::Bool()),
                          MatrixName);
 
+// The same cells with offload_optimizer.device "cpu" (host states, the CPU AdamW): bitwise as the
+// reference, so bitwise as without offload (CpuAdamW equals the device AdamW element by element).
+class OffloadMatrixTest : public ::testing::TestWithParam<MatrixParam> {};
+
+CellSpec OffloadCell(const MatrixParam& p) {
+  CellSpec c = MatrixCell(p);
+  c.offload_optimizer = true;
+  return c;
+}
+
+TEST_P(OffloadMatrixTest, EngineEqualsReferenceBitwise) { RunMatrixCell(OffloadCell(GetParam())); }
+
+INSTANTIATE_TEST_SUITE_P(Cells, OffloadMatrixTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1, 2, 3),
+                                            ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                                            ::testing::Values(1, 4), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<MatrixParam>& info) { return OffloadCell(info.param).Name(); });
+
 // ---------------------------------------------------------------------------------------------
 // fp16 overflow: skipped on every rank, loss scale hysteresis, halving and growth.
 
@@ -142,17 +172,18 @@ using OverflowParam = std::tuple<int, int, int>;  // stage, world, GAS
 
 class OverflowTest : public ::testing::TestWithParam<OverflowParam> {};
 
-TEST_P(OverflowTest, SkipsAndRescalesLikeReference) {
+void RunOverflowCell(const OverflowParam& param, bool offload) {
   CellSpec cell;
-  cell.stage = std::get<0>(GetParam());
-  cell.world = std::get<1>(GetParam());
-  cell.gas = std::get<2>(GetParam());
+  cell.stage = std::get<0>(param);
+  cell.world = std::get<1>(param);
+  cell.gas = std::get<2>(param);
+  cell.offload_optimizer = offload;
   cell.dtype = DType::kF16;
   cell.clip = kClip;
   cell.loss_scale_window = 2;
   cell.hysteresis = 2;
   const Config config = ParseCell(cell);
-  ASSERT_FALSE(HasFailure());
+  ASSERT_FALSE(::testing::Test::HasFailure());
   Schedule schedule = ManagedSchedule(7, cell.gas);
   // Windows 1 and 2: the last rank's first micro batch overflows.
   schedule.windows[1].micros[0].overflow_rank = cell.world - 1;
@@ -179,7 +210,21 @@ TEST_P(OverflowTest, SkipsAndRescalesLikeReference) {
   Status st = RunEngine(config, cell.world, schedule, &traces);
   ASSERT_TRUE(st.ok()) << st.ToString();
   ExpectMatches(*ref, traces, ContractTolerance());
+  if (cell.offload_optimizer) ExpectStatesOffTheDevice(traces);
 }
+
+TEST_P(OverflowTest, SkipsAndRescalesLikeReference) { RunOverflowCell(GetParam(), false); }
+
+// With offload_optimizer.device "cpu" at stages 1-3: the skipped steps leave the host states alone.
+class OffloadOverflowTest : public ::testing::TestWithParam<OverflowParam> {};
+TEST_P(OffloadOverflowTest, SkipsAndRescalesLikeReference) { RunOverflowCell(GetParam(), true); }
+INSTANTIATE_TEST_SUITE_P(Fp16, OffloadOverflowTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1, 2), ::testing::Values(1, 4)),
+                         [](const ::testing::TestParamInfo<OverflowParam>& info) {
+                           return "s" + std::to_string(std::get<0>(info.param)) + "_w" +
+                                  std::to_string(std::get<1>(info.param)) + "_gas" +
+                                  std::to_string(std::get<2>(info.param)) + "_offload";
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Fp16, OverflowTest,
                          ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(1, 2, 3),

@@ -78,6 +78,12 @@ std::vector<Cell> AllCells(int world) {
           c.schedule = ManagedSchedule(4, gas);
           c.name = "matrix/" + c.spec.Name();
           cells.push_back(c);
+          if (stage >= 1) {
+            // offload_optimizer.device "cpu": host states, pinned copies, the CPU AdamW.
+            c.spec.offload_optimizer = true;
+            c.name = "offload/" + c.spec.Name();
+            cells.push_back(c);
+          }
         }
       }
     }

@@ -385,6 +385,7 @@ std::string CellSpec::Name() const {
                   "_gas" + std::to_string(gas) + (clip > 0 ? "_clip" : "_noclip");
   if (!managed) s += "_unmanaged";
   if (freeze_inactive) s += "_freeze";
+  if (offload_optimizer) s += "_offload";
   return s;
 }
 
@@ -410,7 +411,8 @@ std::string CellConfigJson(const CellSpec& c) {
     << ", \"reduce_bucket_size\": " << c.reduce_bucket_size
     << ", \"allgather_bucket_size\": " << c.reduce_bucket_size
     << ", \"stage3_param_persistence_threshold\": " << c.persistence_threshold
-    << ", \"stage3_prefetch_bucket_size\": " << 2 * c.reduce_bucket_size << "}\n"
+    << ", \"stage3_prefetch_bucket_size\": " << 2 * c.reduce_bucket_size
+    << (c.offload_optimizer ? ", \"offload_optimizer\": {\"device\": \"cpu\", \"cpu_threads\": 2}" : "") << "}\n"
     << "}\n";
   return j.str();
 }

@@ -139,6 +139,7 @@ struct CellSpec {
   double clip = 0.0;
   bool managed = true;
   bool freeze_inactive = false;  // freeze_inactive_parameters
+  bool offload_optimizer = false;  // offload_optimizer.device "cpu" (CPU AdamW, host states)
   int loss_scale_window = 1000;
   int hysteresis = 2;
   int initial_scale_power = 12;
