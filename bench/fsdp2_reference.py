@@ -133,12 +133,17 @@ def run_config(name, tokens, args, device):
     opt = None
     if name == "plain":
         model = model.to(torch.bfloat16)
-    elif name in ("fsdp2", "fsdp2_noreshard"):
+    elif name in ("fsdp2", "fsdp2_noreshard", "fsdp2_offload"):
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        reshard = name == "fsdp2"
+        reshard = name != "fsdp2_noreshard"
+        kw = {}
+        if name == "fsdp2_offload":
+            # Parameters, gradients and the optimizer step on the CPU (pinned), as DEVICE.md measured.
+            from torch.distributed.fsdp import CPUOffloadPolicy
+            kw["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
         for b in model.blocks:
-            fully_shard(b, mp_policy=mp, reshard_after_forward=reshard)
-        fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
+            fully_shard(b, mp_policy=mp, reshard_after_forward=reshard, **kw)
+        fully_shard(model, mp_policy=mp, reshard_after_forward=reshard, **kw)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8,
                                 weight_decay=args.weight_decay, fused=True)
     else:
@@ -191,7 +196,7 @@ def run_config(name, tokens, args, device):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--config", action="append", help="fsdp2 | fsdp2_noreshard | plain (repeatable)")
+    ap.add_argument("--config", action="append", help="fsdp2 | fsdp2_noreshard | fsdp2_offload | plain (repeatable)")
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--dim", type=int, default=4096)
     ap.add_argument("--ffn", type=int, default=16384)
