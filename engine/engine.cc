@@ -156,7 +156,6 @@ struct Engine::Impl {
   std::vector<uint8_t> acc_written;     // stages 0/1: acc piece (this rank's local sum)
   std::vector<uint8_t> part_written;    // stages 1-3: grad_part shard (the reduced sum)
   std::vector<uint8_t> updated;         // UpdateInBackward: AdamW already ran in this window
-  std::unique_ptr<BufferPool> scratch_pool;  // UpdateInBackward: the fp32 gradient chunk
   int reported_count = 0;
   std::unique_ptr<GradientReducer> reducer;
   std::unique_ptr<BucketedAllGather> weight_gather;  // stages 1/2
@@ -211,7 +210,6 @@ struct Engine::Impl {
     return managed && gas == 1 && DirectToPartition() && !config.fp16.enabled &&
            config.gradient_clipping <= 0.0;
   }
-  static constexpr int64_t kUpdateChunk = int64_t{1} << 24;  // scratch elements (64 MiB of fp32)
 
   Status Guard(Status s) {
     if (!s.ok() && broken.ok()) broken = s;
@@ -490,6 +488,7 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
       ho.slab.what = "optimizer states (offload_optimizer.device \"cpu\")";
       ho.slab.config_key = "zero_optimization.offload_optimizer";
       ho.cpu_threads = oo.cpu_threads;
+      ho.model_dtype = mdt;
       st = CreateHostOptimizerStates(device, opt_total, compute, ho);
     } else {
       st = CreateDeviceOptimizerStates(device, opt_total, compute);
@@ -504,10 +503,6 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
   }
   if (stage >= 1 && !AccIsGrad() && !UpdateInBackward()) {
     ZERO_RETURN_IF_ERROR(Allocate(&grad_part, part_total, DType::kF32, "fp32 gradient partition"));
-  }
-  if (UpdateInBackward()) {
-    // One chunk, reused in compute-stream order (a single stream: no host wait).
-    scratch_pool = std::make_unique<BufferPool>(device, static_cast<size_t>(kUpdateChunk) * 4);
   }
   {
     const size_t bytes = std::max<size_t>(1, params.size()) * sizeof(double);
@@ -866,9 +861,11 @@ AdamWParams Engine::Impl::StepParams(double loss_scale, double clip_coef) const 
 }
 
 // UpdateInBackward: parameter `index`'s norm partial (from the model-dtype gradient at `src`, the
-// same squares as of its fp32 widening) and its AdamW over the masters and moments (no model
-// copy: Step() casts), chunk by chunk through the fp32 scratch (0.0f + g, as the partition would
-// hold; zeros when `src` is null: a parameter without a gradient in the window). Compute stream.
+// same squares as of its fp32 widening) and its AdamW over the masters and moments from the
+// gradient widened as the partition would hold it (0.0f + g; zeros when `src` is null: a parameter
+// without a gradient in the window), queued through OptimizerStates::UpdateFromGradient (device
+// states: on the compute stream; host states: on their worker, overlapped with backward). No
+// model copy: Step() publishes it.
 Status Engine::Impl::UpdateFromGradient(int index, const void* src) {
   const ParamInfo& p = params[index];
   updated[index] = 1;
@@ -877,23 +874,8 @@ Status Engine::Impl::UpdateFromGradient(int index, const void* src) {
     ZERO_RETURN_IF_ERROR(device->SumOfSquares(src, mdt, static_cast<size_t>(p.numel),
                                               norm_slots.as<double>() + index, compute));
   }
-  const AdamWParams h = StepParams(1.0, 1.0);
-  const int64_t n = p.shard.shard;  // one rank: the whole (unpadded) parameter
-  ZERO_ASSIGN_OR_RETURN(DeviceBuffer scratch,
-                        scratch_pool->Acquire(static_cast<size_t>(std::min(n, kUpdateChunk)) * 4,
-                                              "allocating the gradient chunk of the update in backward"));
-  for (int64_t at = 0; at < n; at += kUpdateChunk) {
-    const size_t len = static_cast<size_t>(std::min(kUpdateChunk, n - at));
-    float* g = scratch.as<float>();
-    if (src != nullptr) {
-      ZERO_RETURN_IF_ERROR(device->AccumulateFirst(g, ElementPtr(src, mdt, at), mdt, len, 1.0f, compute));
-    } else {
-      ZERO_RETURN_IF_ERROR(device->Fill(g, DType::kF32, len, 0.0f, compute));
-    }
-    const int64_t off = p.part_off + at;
-    ZERO_RETURN_IF_ERROR(states->Update(off, static_cast<int64_t>(len), g, h, nullptr, mdt, compute));
-  }
-  return scratch_pool->Release(std::move(scratch), compute);
+  // One rank: the partition piece is the whole (unpadded) parameter.
+  return states->UpdateFromGradient(p.part_off, p.shard.shard, src, mdt, StepParams(1.0, 1.0), compute);
 }
 
 // Stage 3 buckets form in report order, so ranks that reported different parameters (or the same

@@ -71,7 +71,8 @@
 // Update in backward: in managed mode with gradient_accumulation_steps 1, one rank, stages 2/3,
 // and nothing that needs the global norm before the update (no fp16, gradient_clipping 0), a
 // parameter's gradient is final when it is reported, so GradReady(i) runs its AdamW at once (on
-// the compute stream, through a 64 MiB fp32 scratch) and no fp32 gradient partition is allocated
+// the compute stream through a 64 MiB fp32 scratch; with offload_optimizer "cpu" on the host
+// states' worker thread, overlapped with the rest of backward) and no fp32 gradient partition is allocated
 // (4 bytes per parameter less); the model copy (what param() reads) is cast from the new masters
 // at Step(), so param() does not change before Step(). Bitwise the same as updating at Step().
 // ZeroGrad() after such a Backward() is refused (the update already ran).

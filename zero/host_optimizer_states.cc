@@ -1,65 +1,93 @@
 #include "zero/host_optimizer_states.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "offload/cpu_adam.h"
 #include "offload/thread_pool.h"
-#include "runtime/dtype.h"
+#include "runtime/cpu_device.h"
 
 namespace zero {
 namespace {
 
 void* At(void* base, DType t, int64_t i) { return static_cast<char*>(base) + static_cast<size_t>(i) * SizeOf(t); }
+const void* At(const void* base, DType t, int64_t i) {
+  return static_cast<const char*>(base) + static_cast<size_t>(i) * SizeOf(t);
+}
+constexpr int64_t kTile = int64_t{1} << 16;
 
 class HostOptimizerStates final : public OptimizerStates {
  public:
   HostOptimizerStates(Device* device, Stream* stream, int64_t numel, const HostOptimizerStatesOptions& o)
-      : device_(device), stream_(stream), numel_(numel), chunk_(std::max<int64_t>(1, o.chunk_numel)) {}
+      : device_(device),
+        stream_(stream),
+        numel_(numel),
+        chunk_(std::max<int64_t>(1, o.chunk_numel)),
+        mdt_(o.model_dtype),
+        slots_(static_cast<size_t>(std::max(1, o.ring_slots))) {}
+
+  ~HostOptimizerStates() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+    device_->SynchronizeStream(stream_).IgnoreError();
+  }
 
   Status Init(const HostOptimizerStatesOptions& o) {
     ZERO_ASSIGN_OR_RETURN(pool_, ThreadPool::Create(o.cpu_threads));
     const size_t state = HostSlab::AlignedSize(static_cast<size_t>(numel_) * 4);
-    const size_t grad = HostSlab::AlignedSize(static_cast<size_t>(chunk_) * 4);
-    HostSlabOptions so = o.slab;
-    ZERO_ASSIGN_OR_RETURN(slab_, HostSlab::Create(device_, 3 * state + 4 * grad, so));
-    ZERO_ASSIGN_OR_RETURN(HostSpan m, slab_.Take(static_cast<size_t>(numel_) * 4, "fp32 master weights"));
-    ZERO_ASSIGN_OR_RETURN(HostSpan a, slab_.Take(static_cast<size_t>(numel_) * 4, "AdamW exp_avg"));
-    ZERO_ASSIGN_OR_RETURN(HostSpan v, slab_.Take(static_cast<size_t>(numel_) * 4, "AdamW exp_avg_sq"));
-    state_[0] = m.as<float>();
-    state_[1] = a.as<float>();
-    state_[2] = v.as<float>();
+    const size_t copy = HostSlab::AlignedSize(static_cast<size_t>(numel_) * SizeOf(mdt_));
+    const size_t chunk = HostSlab::AlignedSize(static_cast<size_t>(chunk_) * 4);
+    ZERO_ASSIGN_OR_RETURN(slab_, HostSlab::Create(device_, 3 * state + copy + (3 + 2 * slots_.size()) * chunk, o.slab));
+    const char* names[3] = {"fp32 master weights", "AdamW exp_avg", "AdamW exp_avg_sq"};
+    for (int k = 0; k < 3; ++k) {
+      ZERO_ASSIGN_OR_RETURN(HostSpan sp, slab_.Take(static_cast<size_t>(numel_) * 4, names[k]));
+      state_[k] = sp.as<float>();
+      std::memset(state_[k], 0, static_cast<size_t>(numel_) * 4);
+    }
+    ZERO_ASSIGN_OR_RETURN(HostSpan mc, slab_.Take(static_cast<size_t>(numel_) * SizeOf(mdt_), "host model copy"));
+    model_copy_ = mc.data;
+    std::memset(model_copy_, 0, static_cast<size_t>(numel_) * SizeOf(mdt_));  // round(+0) is +0
     for (int k = 0; k < 2; ++k) {
       ZERO_ASSIGN_OR_RETURN(HostSpan g, slab_.Take(static_cast<size_t>(chunk_) * 4, "gradient transfer chunk"));
-      ZERO_ASSIGN_OR_RETURN(HostSpan w, slab_.Take(static_cast<size_t>(chunk_) * 4, "weight transfer chunk"));
       grad_[k] = g.as<float>();
-      out_[k] = w.data;
-      auto e1 = device_->CreateEvent();
-      if (!e1.ok()) return e1.status().WithContext("host optimizer states: creating a transfer event");
-      grad_in_[k] = std::move(e1).value();
-      auto e2 = device_->CreateEvent();
-      if (!e2.ok()) return e2.status().WithContext("host optimizer states: creating a transfer event");
-      out_done_[k] = std::move(e2).value();
-      ZERO_RETURN_IF_ERROR(device_->RecordEvent(out_done_[k].get(), stream_));
+      ZERO_ASSIGN_OR_RETURN(grad_in_[k], NewEvent());
     }
-    for (float* s : state_) std::memset(s, 0, static_cast<size_t>(numel_) * 4);
+    ZERO_ASSIGN_OR_RETURN(HostSpan cast, slab_.Take(static_cast<size_t>(chunk_) * 4, "cast chunk"));
+    cast_ = cast.data;
+    ZERO_ASSIGN_OR_RETURN(copied_, NewEvent());  // the last host->device copy out of the slab
+    ZERO_RETURN_IF_ERROR(device_->RecordEvent(copied_.get(), stream_));
+    for (Slot& sl : slots_) {
+      ZERO_ASSIGN_OR_RETURN(HostSpan g, slab_.Take(static_cast<size_t>(chunk_) * 4, "update-in-backward slot"));
+      ZERO_ASSIGN_OR_RETURN(HostSpan w, slab_.Take(static_cast<size_t>(chunk_) * 4, "update-in-backward scratch"));
+      sl.grad = g.data;
+      sl.widened = w.as<float>();
+      ZERO_ASSIGN_OR_RETURN(sl.landed, NewEvent());
+    }
+    worker_ = std::thread([this] { WorkerLoop(); });
     return OkStatus();
   }
 
   int64_t numel() const override { return numel_; }
 
-  // Chunk c: gradients device->host into grad_[c%2] (after the copy out of out_[c%2] two chunks
-  // ago is done), the CPU AdamW, new weights host->device from out_[c%2]. The next chunk's
-  // gradient copy is enqueued before this chunk's update runs, so it overlaps the CPU work.
   Status Update(int64_t offset, int64_t n, const float* grads, const AdamWParams& h, void* model_out, DType model_t,
                 Stream* stream) override {
     ZERO_RETURN_IF_ERROR(Check(offset, n, "Update"));
+    ZERO_RETURN_IF_ERROR(WaitForWorker());
+    ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(copied_.get()));  // the model copy may change
     const int64_t chunks = (n + chunk_ - 1) / chunk_;
     auto len = [&](int64_t c) { return std::min(chunk_, n - c * chunk_); };
     auto fetch = [&](int64_t c) -> Status {
       const int k = static_cast<int>(c % 2);
-      ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(out_done_[k].get()));  // out_[k], grad_[k] free
       ZERO_RETURN_IF_ERROR(device_->Copy(grad_[k], grads + c * chunk_, static_cast<size_t>(len(c)) * 4,
                                          CopyKind::kDeviceToHost, stream));
       return device_->RecordEvent(grad_in_[k].get(), stream);
@@ -67,68 +95,99 @@ class HostOptimizerStates final : public OptimizerStates {
     if (chunks > 0) ZERO_RETURN_IF_ERROR(fetch(0));
     for (int64_t c = 0; c < chunks; ++c) {
       const int k = static_cast<int>(c % 2);
-      if (c + 1 < chunks) ZERO_RETURN_IF_ERROR(fetch(c + 1));
       ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(grad_in_[k].get()));
+      // grad_[k ^ 1] was read by the previous chunk's (synchronous) update: free for the next one.
+      if (c + 1 < chunks) ZERO_RETURN_IF_ERROR(fetch(c + 1));
       const int64_t at = offset + c * chunk_;
       ZERO_RETURN_IF_ERROR(CpuAdamW(state_[0] + at, grad_[k], state_[1] + at, state_[2] + at,
-                                    static_cast<size_t>(len(c)), h, model_out != nullptr ? out_[k] : nullptr,
-                                    model_t, pool_.get()));
-      if (model_out != nullptr) {
-        ZERO_RETURN_IF_ERROR(device_->Copy(At(model_out, model_t, c * chunk_), out_[k],
-                                           static_cast<size_t>(len(c)) * SizeOf(model_t), CopyKind::kHostToDevice,
-                                           stream));
+                                    static_cast<size_t>(len(c)), h, At(model_copy_, mdt_, at), mdt_, pool_.get()));
+    }
+    if (model_out != nullptr) ZERO_RETURN_IF_ERROR(CastMaster(offset, n, model_out, model_t, stream));
+    return OkStatus();
+  }
+
+  Status UpdateFromGradient(int64_t offset, int64_t n, const void* grad, DType grad_t, const AdamWParams& h,
+                            Stream* stream) override {
+    ZERO_RETURN_IF_ERROR(Check(offset, n, "UpdateFromGradient"));
+    for (int64_t at = 0; at < n; at += chunk_) {
+      const int64_t len = std::min(chunk_, n - at);
+      // A free slot (the worker frees them in order), then the chunk's gradients into it.
+      size_t s;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return queued_ < slots_.size() || !error_.ok(); });
+        if (!error_.ok()) return error_;
+        s = next_slot_;
+        next_slot_ = (next_slot_ + 1) % slots_.size();
       }
-      ZERO_RETURN_IF_ERROR(device_->RecordEvent(out_done_[k].get(), stream));
+      Slot& sl = slots_[s];
+      if (grad != nullptr) {
+        ZERO_RETURN_IF_ERROR(device_->Copy(sl.grad, At(grad, grad_t, at), static_cast<size_t>(len) * SizeOf(grad_t),
+                                           CopyKind::kDeviceToHost, stream));
+      }
+      ZERO_RETURN_IF_ERROR(device_->RecordEvent(sl.landed.get(), stream));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        tasks_.push_back(Task{s, offset + at, len, grad != nullptr, grad_t, h});
+        ++queued_;
+      }
+      cv_.notify_all();
     }
     return OkStatus();
   }
 
   Status CastMaster(int64_t offset, int64_t n, void* model_out, DType model_t, Stream* stream) override {
     ZERO_RETURN_IF_ERROR(Check(offset, n, "CastMaster"));
-    for (int64_t c = 0; c * chunk_ < n; ++c) {
-      const int k = static_cast<int>(c % 2);
-      const int64_t m = std::min(chunk_, n - c * chunk_);
-      ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(out_done_[k].get()));
-      const float* src = state_[0] + offset + c * chunk_;
-      void* out = out_[k];
-      constexpr int64_t kTile = int64_t{1} << 16;
-      pool_->ParallelFor(static_cast<size_t>((m + kTile - 1) / kTile), [&](size_t t) {
-        const int64_t end = std::min(m, static_cast<int64_t>(t + 1) * kTile);
-        for (int64_t i = static_cast<int64_t>(t) * kTile; i < end; ++i) {
-          StoreFromFloat(out, model_t, static_cast<size_t>(i), src[i]);
-        }
-      });
-      ZERO_RETURN_IF_ERROR(device_->Copy(At(model_out, model_t, c * chunk_), out_[k],
-                                         static_cast<size_t>(m) * SizeOf(model_t), CopyKind::kHostToDevice, stream));
-      ZERO_RETURN_IF_ERROR(device_->RecordEvent(out_done_[k].get(), stream));
+    ZERO_RETURN_IF_ERROR(WaitForWorker());
+    if (n == 0) return OkStatus();
+    if (model_t == mdt_) {
+      // The model copy is round(master) already: one copy.
+      ZERO_RETURN_IF_ERROR(device_->Copy(model_out, At(model_copy_, mdt_, offset), static_cast<size_t>(n) * SizeOf(mdt_),
+                                         CopyKind::kHostToDevice, stream));
+      return device_->RecordEvent(copied_.get(), stream);
+    }
+    for (int64_t at = 0; at < n; at += chunk_) {
+      const int64_t m = std::min(chunk_, n - at);
+      ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(copied_.get()));  // cast_ is free
+      RoundInto(state_[0] + offset + at, cast_, model_t, m);
+      ZERO_RETURN_IF_ERROR(device_->Copy(At(model_out, model_t, at), cast_, static_cast<size_t>(m) * SizeOf(model_t),
+                                         CopyKind::kHostToDevice, stream));
+      ZERO_RETURN_IF_ERROR(device_->RecordEvent(copied_.get(), stream));
     }
     return OkStatus();
   }
 
-  // The states change only inside calls that wait for their copies, so these copies read or
-  // write the slab directly; the host waits for them (the slab is the state itself).
   Status CopyToDevice(OptState which, int64_t offset, int64_t n, float* dst, Stream* stream) override {
     ZERO_RETURN_IF_ERROR(Check(offset, n, "CopyToDevice"));
+    ZERO_RETURN_IF_ERROR(WaitForWorker());
     if (n == 0) return OkStatus();
     ZERO_RETURN_IF_ERROR(device_->Copy(dst, at(which, offset), static_cast<size_t>(n) * 4, CopyKind::kHostToDevice, stream));
     return device_->SynchronizeStream(stream);
   }
   Status CopyFromDevice(OptState which, int64_t offset, int64_t n, const float* src, Stream* stream) override {
     ZERO_RETURN_IF_ERROR(Check(offset, n, "CopyFromDevice"));
+    ZERO_RETURN_IF_ERROR(WaitForWorker());
     if (n == 0) return OkStatus();
+    ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(copied_.get()));
     ZERO_RETURN_IF_ERROR(device_->Copy(at(which, offset), src, static_cast<size_t>(n) * 4, CopyKind::kDeviceToHost, stream));
-    return device_->SynchronizeStream(stream);
+    ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream));
+    if (which == OptState::kMaster) RoundInto(state_[0] + offset, At(model_copy_, mdt_, offset), mdt_, n);
+    return OkStatus();
   }
   Status Read(OptState which, int64_t offset, int64_t n, float* host) override {
     ZERO_RETURN_IF_ERROR(Check(offset, n, "Read"));
+    ZERO_RETURN_IF_ERROR(WaitForWorker());
     ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream_));
     if (n > 0) std::memcpy(host, at(which, offset), static_cast<size_t>(n) * 4);
     return OkStatus();
   }
   Status Write(OptState which, int64_t offset, int64_t n, const float* host) override {
     ZERO_RETURN_IF_ERROR(Check(offset, n, "Write"));
+    ZERO_RETURN_IF_ERROR(WaitForWorker());
     ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream_));
-    if (n > 0) std::memcpy(at(which, offset), host, static_cast<size_t>(n) * 4);
+    if (n == 0) return OkStatus();
+    std::memcpy(at(which, offset), host, static_cast<size_t>(n) * 4);
+    if (which == OptState::kMaster) RoundInto(state_[0] + offset, At(model_copy_, mdt_, offset), mdt_, n);
     return OkStatus();
   }
   OptimizerStateBytes bytes() const override {
@@ -138,6 +197,76 @@ class HostOptimizerStates final : public OptimizerStates {
   }
 
  private:
+  struct Slot {
+    void* grad = nullptr;     // the chunk's gradients as they came (grad_t)
+    float* widened = nullptr;  // 0.0f + g in fp32
+    std::unique_ptr<Event> landed;
+  };
+  struct Task {
+    size_t slot;
+    int64_t offset, n;
+    bool has_grad;
+    DType grad_t;
+    AdamWParams h;
+  };
+
+  Result<std::unique_ptr<Event>> NewEvent() {
+    auto e = device_->CreateEvent();
+    if (!e.ok()) return e.status().WithContext("host optimizer states: creating an event");
+    return std::move(e).value();
+  }
+
+  // dst[i] = src[i] rounded to t, on the pool's threads.
+  void RoundInto(const float* src, void* dst, DType t, int64_t n) {
+    pool_->ParallelFor(static_cast<size_t>((n + kTile - 1) / kTile), [&](size_t k) {
+      const int64_t end = std::min(n, static_cast<int64_t>(k + 1) * kTile);
+      for (int64_t i = static_cast<int64_t>(k) * kTile; i < end; ++i) StoreFromFloat(dst, t, static_cast<size_t>(i), src[i]);
+    });
+  }
+
+  Status RunTask(const Task& t) {
+    Slot& sl = slots_[t.slot];
+    ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(sl.landed.get()));
+    CpuDevice* cpu = &cpu_;
+    pool_->ParallelFor(static_cast<size_t>((t.n + kTile - 1) / kTile), [&](size_t k) {
+      const int64_t b = static_cast<int64_t>(k) * kTile, e = std::min(t.n, b + kTile);
+      if (t.has_grad) {
+        cpu->AccumulateFirst(sl.widened + b, At(sl.grad, t.grad_t, b), t.grad_t, static_cast<size_t>(e - b), 1.0f, nullptr)
+            .IgnoreError();  // host memory, valid arguments: cannot fail
+      } else {
+        std::memset(sl.widened + b, 0, static_cast<size_t>(e - b) * 4);
+      }
+    });
+    return CpuAdamW(state_[0] + t.offset, sl.widened, state_[1] + t.offset, state_[2] + t.offset,
+                    static_cast<size_t>(t.n), t.h, At(model_copy_, mdt_, t.offset), mdt_, pool_.get());
+  }
+
+  void WorkerLoop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stop_
+      Task t = tasks_.front();
+      busy_ = true;
+      lock.unlock();
+      // The model copy must not change under a host->device copy still reading it.
+      Status s = device_->SynchronizeEvent(copied_.get());
+      if (s.ok()) s = RunTask(t);
+      lock.lock();
+      tasks_.pop_front();
+      --queued_;
+      busy_ = false;
+      if (!s.ok() && error_.ok()) error_ = s.WithContext("the update in backward");
+      cv_.notify_all();
+    }
+  }
+
+  Status WaitForWorker() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return tasks_.empty() && !busy_; });
+    return error_;
+  }
+
   float* at(OptState s, int64_t offset) { return state_[static_cast<int>(s)] + offset; }
   Status Check(int64_t offset, int64_t n, const char* call) const {
     if (offset < 0 || n < 0 || offset + n > numel_) {
@@ -151,12 +280,26 @@ class HostOptimizerStates final : public OptimizerStates {
   Stream* stream_;
   int64_t numel_;
   int64_t chunk_;
+  DType mdt_;
+  CpuDevice cpu_;  // the reference widening (AccumulateFirst) on host memory
   std::unique_ptr<ThreadPool> pool_;
   HostSlab slab_;
   float* state_[3] = {nullptr, nullptr, nullptr};
+  void* model_copy_ = nullptr;
   float* grad_[2] = {nullptr, nullptr};
-  void* out_[2] = {nullptr, nullptr};
-  std::unique_ptr<Event> grad_in_[2], out_done_[2];
+  void* cast_ = nullptr;
+  std::unique_ptr<Event> grad_in_[2], copied_;
+  std::vector<Slot> slots_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> tasks_;  // GUARDED_BY(mu_)
+  size_t queued_ = 0;       // GUARDED_BY(mu_): tasks holding a slot
+  size_t next_slot_ = 0;    // GUARDED_BY(mu_)
+  bool busy_ = false;       // GUARDED_BY(mu_)
+  bool stop_ = false;       // GUARDED_BY(mu_)
+  Status error_;            // GUARDED_BY(mu_)
+  std::thread worker_;
 };
 
 }  // namespace

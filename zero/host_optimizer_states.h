@@ -1,16 +1,21 @@
 // HostOptimizerStates: OptimizerStates in host memory (offload_optimizer.device "cpu"), updated by
 // the CPU AdamW (offload/cpu_adam.h) on the engine's thread pool.
 //
-// Owns one HostSlab (offload/host_slab.h) holding the three fp32 states (one allocation, NUMA-local
-// to the device and pinned as the options say), two pinned transfer chunks (fp32 gradients in,
-// model-dtype weights out) and the thread pool. The gradients stay in device memory until Update:
-// each chunk is copied device->host, updated, and the new model-dtype weights copied host->device
-// while the next chunk's gradients are copied in (two transfer buffers of each kind, so a chunk's
-// copies overlap the neighbouring chunk's CPU update). Bitwise the same as DeviceOptimizerStates:
-// CpuAdamW equals Device::AdamWCast element by element.
+// Owns one HostSlab (offload/host_slab.h: one allocation, NUMA-local to the device, pinned as the
+// options say) holding the three fp32 states, a host copy of the masters rounded to the model
+// dtype (kept equal to round(master) at all times, so publishing the weights is one host->device
+// copy), the transfer chunks, the thread pool and one worker thread for the update in backward.
+// Bitwise the same as DeviceOptimizerStates: CpuAdamW equals Device::AdamWCast element by element
+// and the widening of 16-bit gradients is CpuDevice::AccumulateFirst.
+//
+// Update (fp32 gradients on the device): each chunk is copied device->host, updated, and (with
+// model_out) copied host->device from the model copy, the next chunk's gradients being copied in
+// meanwhile (two buffers). UpdateFromGradient: the chunk's model-dtype gradients are copied into a
+// ring of pinned slots on the caller's stream and the worker updates them as they land, so the
+// caller (the engine, in backward) goes on at once; it blocks only when every slot is in use.
 //
 // With the CPU backend "device memory" is host memory and the copies are memcpy: CI runs these
-// code paths. Thread safety: the engine's thread only.
+// code paths. The engine's thread calls every method; the worker only runs queued updates.
 #pragma once
 
 #include <cstdint>
@@ -19,15 +24,18 @@
 
 #include "offload/host_slab.h"
 #include "runtime/device.h"
+#include "runtime/dtype.h"
 #include "runtime/status.h"
 #include "zero/optimizer_states.h"
 
 namespace zero {
 
 struct HostOptimizerStatesOptions {
-  HostSlabOptions slab;     // pinning, NUMA, the config key errors name
-  int cpu_threads = 0;      // CPU AdamW threads; 0: hardware threads
+  HostSlabOptions slab;                    // pinning, NUMA, the config key errors name
+  int cpu_threads = 0;                     // CPU AdamW threads; 0: hardware threads
+  DType model_dtype = DType::kF32;         // of the host model copy
   int64_t chunk_numel = int64_t{1} << 22;  // elements per transfer chunk (16 MiB of fp32)
+  int ring_slots = 4;                      // gradient slots of the update in backward
 };
 
 // `numel` elements of each state, zero; copies ordered on `stream` (the engine's compute stream).

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -63,6 +64,58 @@ TEST(HostOptimizerStatesTest, BitwiseEqualToDeviceStates) {
     ASSERT_TRUE((*dev)->CopyToDevice(OptState::kExpAvg, 100, 10, d2.data(), s).ok());
     EXPECT_EQ(d1, d2);
     EXPECT_EQ((*host)->Read(OptState::kMaster, kN, 1, d1.data()).code(), StatusCode::kOutOfRange);
+  }
+}
+
+// The update in backward: 16-bit gradients queued to the worker (few slots, small chunks: the
+// caller waits for slots) and zero gradients, against the device states' scratch path; then the
+// published model copy and every state, bitwise.
+TEST(HostOptimizerStatesTest, UpdateFromGradientEqualsDeviceStates) {
+  CpuDevice device;
+  Stream* s = device.default_stream();
+  constexpr int64_t kN = 777;
+  for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
+    SCOPED_TRACE(DTypeName(t));
+    HostOptimizerStatesOptions o;
+    o.chunk_numel = 50;
+    o.ring_slots = 2;
+    o.cpu_threads = 3;
+    o.model_dtype = t;
+    o.slab.pin_memory = false;
+    auto host = CreateHostOptimizerStates(&device, kN, s, o);
+    ASSERT_TRUE(host.ok()) << host.status().ToString();
+    auto dev = CreateDeviceOptimizerStates(&device, kN, s);
+    ASSERT_TRUE(dev.ok());
+    std::vector<float> init(kN);
+    for (int64_t i = 0; i < kN; ++i) init[i] = 0.25f + 0.002f * static_cast<float>(i % 61);
+    for (auto* st : {host->get(), dev->get()}) ASSERT_TRUE(st->Write(OptState::kMaster, 0, kN, init.data()).ok());
+    for (int step = 1; step <= 3; ++step) {
+      std::vector<uint8_t> g(static_cast<size_t>(kN) * SizeOf(t));
+      for (int64_t i = 0; i < kN; ++i) {
+        float x = 0.02f * static_cast<float>((i * 5 + step) % 31) - 0.3f;
+        if (i == 3) x = -0.0f;  // widened to +0, as the partition would hold it
+        StoreFromFloat(g.data(), t, static_cast<size_t>(i), x);
+      }
+      AdamWParams h;
+      h.lr = 0.01f;
+      h.weight_decay = 0.05f;
+      h.bias_correction1 = static_cast<float>(1.0 - std::pow(0.9, step));
+      h.bias_correction2 = static_cast<float>(1.0 - std::pow(0.999, step));
+      for (auto* st : {host->get(), dev->get()}) {
+        ASSERT_TRUE(st->UpdateFromGradient(0, 500, g.data(), t, h, s).ok());
+        ASSERT_TRUE(st->UpdateFromGradient(500, kN - 500, nullptr, t, h, s).ok());
+      }
+      std::vector<uint8_t> a(g.size()), b(g.size());
+      ASSERT_TRUE((*host)->CastMaster(0, kN, a.data(), t, s).ok());
+      ASSERT_TRUE((*dev)->CastMaster(0, kN, b.data(), t, s).ok());
+      EXPECT_EQ(a, b) << "step " << step;
+    }
+    for (OptState w : {OptState::kMaster, OptState::kExpAvg, OptState::kExpAvgSq}) {
+      std::vector<float> x(kN), y(kN);
+      ASSERT_TRUE((*host)->Read(w, 0, kN, x.data()).ok());
+      ASSERT_TRUE((*dev)->Read(w, 0, kN, y.data()).ok());
+      EXPECT_EQ(0, std::memcmp(x.data(), y.data(), kN * 4)) << OptStateName(w);
+    }
   }
 }
 

@@ -1,7 +1,10 @@
 #include "zero/optimizer_states.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
+
+#include "zero/buffer_pool.h"
 
 namespace zero {
 
@@ -21,7 +24,8 @@ namespace {
 
 class DeviceOptimizerStates final : public OptimizerStates {
  public:
-  DeviceOptimizerStates(Device* device, Stream* stream, int64_t numel) : device_(device), stream_(stream), numel_(numel) {}
+  DeviceOptimizerStates(Device* device, Stream* stream, int64_t numel)
+      : device_(device), stream_(stream), numel_(numel), scratch_(device, size_t{64} << 20) {}
 
   Status Init() {
     for (OptState s : {OptState::kMaster, OptState::kExpAvg, OptState::kExpAvgSq}) {
@@ -41,6 +45,29 @@ class DeviceOptimizerStates final : public OptimizerStates {
     return device_->AdamWCast(at(OptState::kMaster, offset), grads, at(OptState::kExpAvg, offset),
                               at(OptState::kExpAvgSq, offset), static_cast<size_t>(n), h, model_out, model_t, stream);
   }
+  // Through a chunk-sized fp32 scratch (reused in stream order), chunk by chunk.
+  Status UpdateFromGradient(int64_t offset, int64_t n, const void* grad, DType grad_t, const AdamWParams& h,
+                            Stream* stream) override {
+    ZERO_RETURN_IF_ERROR(Check(offset, n, "UpdateFromGradient"));
+    if (n == 0) return OkStatus();
+    constexpr int64_t kChunk = int64_t{1} << 24;  // 64 MiB of fp32
+    ZERO_ASSIGN_OR_RETURN(DeviceBuffer scratch,
+                          scratch_.Acquire(static_cast<size_t>(std::min(n, kChunk)) * 4,
+                                           "allocating the gradient chunk of the update in backward"));
+    for (int64_t at = 0; at < n; at += kChunk) {
+      const size_t len = static_cast<size_t>(std::min(kChunk, n - at));
+      float* g = scratch.as<float>();
+      if (grad != nullptr) {
+        const void* src = static_cast<const char*>(grad) + static_cast<size_t>(at) * SizeOf(grad_t);
+        ZERO_RETURN_IF_ERROR(device_->AccumulateFirst(g, src, grad_t, len, 1.0f, stream));
+      } else {
+        ZERO_RETURN_IF_ERROR(device_->Fill(g, DType::kF32, len, 0.0f, stream));
+      }
+      ZERO_RETURN_IF_ERROR(Update(offset + at, static_cast<int64_t>(len), g, h, nullptr, DType::kF32, stream));
+    }
+    return scratch_.Release(std::move(scratch), stream);
+  }
+
   Status CastMaster(int64_t offset, int64_t n, void* model_out, DType model_t, Stream* stream) override {
     ZERO_RETURN_IF_ERROR(Check(offset, n, "CastMaster"));
     return device_->Cast(at(OptState::kMaster, offset), DType::kF32, model_out, model_t, static_cast<size_t>(n), stream);
@@ -90,6 +117,7 @@ class DeviceOptimizerStates final : public OptimizerStates {
   Stream* stream_;
   int64_t numel_;
   DeviceBuffer master_, exp_avg_, exp_avg_sq_;
+  BufferPool scratch_;  // the update in backward's fp32 chunk
 };
 
 }  // namespace
