@@ -260,17 +260,18 @@ Schedule UnmanagedSchedule() {
 
 class UnmanagedTest : public ::testing::TestWithParam<UnmanagedParam> {};
 
-TEST_P(UnmanagedTest, InactiveParameters) {
+void RunUnmanagedCell(const UnmanagedParam& param, bool offload) {
   CellSpec cell;
-  cell.stage = std::get<0>(GetParam());
-  cell.world = std::get<1>(GetParam());
-  cell.dtype = std::get<2>(GetParam());
-  cell.freeze_inactive = std::get<3>(GetParam());
+  cell.stage = std::get<0>(param);
+  cell.world = std::get<1>(param);
+  cell.dtype = std::get<2>(param);
+  cell.freeze_inactive = std::get<3>(param);
+  cell.offload_optimizer = offload;
   cell.managed = false;
   cell.gas = 1;
   cell.clip = kClip;
   const Config config = ParseCell(cell);
-  ASSERT_FALSE(HasFailure());
+  ASSERT_FALSE(::testing::Test::HasFailure());
   const Schedule schedule = UnmanagedSchedule();
   Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), ModelDims(), schedule);
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
@@ -307,7 +308,23 @@ TEST_P(UnmanagedTest, InactiveParameters) {
     EXPECT_EQ(t.exp_avg_sq_snapshots[2][kHeadBW], t.exp_avg_sq_snapshots[1][kHeadBW]) << "rank " << r;
   }
   ExpectMatches(*ref, traces, ContractTolerance());
+  if (offload) ExpectStatesOffTheDevice(traces);
 }
+
+TEST_P(UnmanagedTest, InactiveParameters) { RunUnmanagedCell(GetParam(), false); }
+
+// Unmanaged accumulation with offload_optimizer.device "cpu" (stages 1-3).
+class OffloadUnmanagedTest : public ::testing::TestWithParam<UnmanagedParam> {};
+TEST_P(OffloadUnmanagedTest, InactiveParameters) { RunUnmanagedCell(GetParam(), true); }
+INSTANTIATE_TEST_SUITE_P(Windows, OffloadUnmanagedTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(2),
+                                            ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                                            ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<UnmanagedParam>& info) {
+                           return "s" + std::to_string(std::get<0>(info.param)) + "_w2_" +
+                                  DTypeName(std::get<2>(info.param)) +
+                                  (std::get<3>(info.param) ? "_freeze" : "_step") + "_offload";
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Windows, UnmanagedTest,
                          ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(2, 3),
