@@ -1,3 +1,4 @@
+#include "comm/net_test_util.h"
 #include "comm/rendezvous.h"
 
 #include <arpa/inet.h>
@@ -196,20 +197,6 @@ TEST(CreateCommunicatorTest, TcpRendezvousWithSecretRefusesAnIntruder) {
   EXPECT_EQ(v1, 3);
 }
 
-std::string NonLoopbackAddress() {
-  ifaddrs* ifs = nullptr;
-  if (getifaddrs(&ifs) != 0) return {};
-  std::string found;
-  for (ifaddrs* i = ifs; i != nullptr && found.empty(); i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
-    char buf[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof(buf));
-    found = buf;
-  }
-  freeifaddrs(ifs);
-  return found;
-}
 
 // A non-loopback MASTER_ADDR: rank 0's store listens on that address (not on loopback) and, with
 // no secret set, warns once that anyone who can reach it can join.

@@ -1,3 +1,4 @@
+#include "comm/net_test_util.h"
 #include "comm/tcp_store.h"
 
 #include <arpa/inet.h>
@@ -528,21 +529,6 @@ TEST(TcpStoreSecurityTest, ConnectionLimitDropsUnauthenticatedFirst) {
   EXPECT_TRUE(c1->Wait({"a"}, milliseconds(1000)).ok());
 }
 
-// The first IPv4 address of an interface that is up and not loopback, or "".
-std::string NonLoopbackAddress() {
-  ifaddrs* ifs = nullptr;
-  if (getifaddrs(&ifs) != 0) return {};
-  std::string found;
-  for (ifaddrs* i = ifs; i != nullptr && found.empty(); i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
-    char buf[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof(buf));
-    found = buf;
-  }
-  freeifaddrs(ifs);
-  return found;
-}
 
 TEST(TcpStoreBindTest, LoopbackMasterBindsLoopbackOnly) {
   EXPECT_EQ(*StoreBindAddress("127.0.0.1"), "127.0.0.1");

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -347,53 +348,66 @@ TEST(EngineCheckpointTest, LoadsAtAnotherWorldSizeEveryStage) {
 
 // --- 3. another stage ------------------------------------------------------------------------------
 
+// Two steps under `save_json`, a checkpoint, two more (the uninterrupted run); an engine under
+// `load_json` (other initial values) loads it and runs the same two steps: its loaded state equals
+// the saved one and its run the uninterrupted one, bitwise. `offloaded`: whether the loading
+// engine must keep its states off the device (checked), if given.
+void CheckCrossLoad(const std::string& save_json, const std::string& load_json, const std::string& label,
+                    std::optional<bool> offloaded = std::nullopt) {
+  SCOPED_TRACE(label);
+  const TestModel model = SmallModel();
+  const int world = 2;
+  const std::string dir = ScratchDir("cross");
+  auto save_config = MakeConfig(save_json, world);
+  auto load_config = MakeConfig(load_json, world);
+  ASSERT_TRUE(save_config.ok()) << save_config.status().ToString();
+  ASSERT_TRUE(load_config.ok()) << load_config.status().ToString();
+  std::vector<Record> at_save(world), uninterrupted(world), loaded(world), resumed(world);
+  std::vector<EngineMemory> mem(world);
+  Status st = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) -> Status {
+    {
+      ZERO_ASSIGN_OR_RETURN(auto a, MakeEngine(*save_config, model, device, comm));
+      Record r;
+      ZERO_RETURN_IF_ERROR(TrainSteps(a.get(), device, model, rank, 2, &r));
+      ZERO_RETURN_IF_ERROR(a->SaveCheckpoint(dir, "cross"));
+      ZERO_RETURN_IF_ERROR(Snapshot(a.get(), &at_save[rank]));
+      ZERO_RETURN_IF_ERROR(TrainSteps(a.get(), device, model, rank, 2, &uninterrupted[rank]));
+      ZERO_RETURN_IF_ERROR(Snapshot(a.get(), &uninterrupted[rank]));
+    }
+    ZERO_ASSIGN_OR_RETURN(auto b, MakeEngine(*load_config, model, device, comm, 1.0f));
+    mem[rank] = b->memory();
+    ZERO_RETURN_IF_ERROR(b->LoadCheckpoint(dir, "cross").status());
+    ZERO_RETURN_IF_ERROR(Snapshot(b.get(), &loaded[rank]));
+    ZERO_RETURN_IF_ERROR(TrainSteps(b.get(), device, model, rank, 2, &resumed[rank]));
+    return Snapshot(b.get(), &resumed[rank]);
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  for (int r = 0; r < world; ++r) {
+    if (offloaded.has_value()) {
+      EXPECT_EQ(mem[r].master_params == 0, *offloaded) << label << ": where the loading engine keeps its states";
+    }
+    ExpectSameState(at_save[r], loaded[r], DType::kF32, label);
+    std::string where;
+    EXPECT_TRUE(SameDoubles(uninterrupted[r].losses, resumed[r].losses)) << label;
+    EXPECT_TRUE(BitwiseEqual(uninterrupted[r].master, resumed[r].master, &where)) << label << ": " << where;
+    EXPECT_TRUE(BitwiseEqual(uninterrupted[r].model, resumed[r].model, &where)) << label << ": " << where;
+    EXPECT_TRUE(BitwiseEqual(uninterrupted[r].exp_avg, resumed[r].exp_avg, &where)) << label << ": " << where;
+  }
+}
+
 // fp32, GAS 1: the stages agree bitwise, so a run that switches stage at the checkpoint equals the
 // uninterrupted run of the saving stage.
 TEST(EngineCheckpointTest, LoadsAtAnotherStage) {
-  const TestModel model = SmallModel();
-  const int world = 2;
   for (auto [from, to] : {std::pair{3, 1}, std::pair{1, 3}, std::pair{2, 0}, std::pair{0, 3}}) {
-    const std::string label = "stage " + std::to_string(from) + " -> " + std::to_string(to);
-    SCOPED_TRACE(label);
-    const std::string dir = ScratchDir("stage");
-    auto save_config = MakeConfig(ConfigJson(from, 1, 0.0, kWarmup), world);
-    auto load_config = MakeConfig(ConfigJson(to, 1, 0.0, kWarmup), world);
-    ASSERT_TRUE(save_config.ok() && load_config.ok());
-    std::vector<Record> at_save(world), uninterrupted(world), loaded(world), resumed(world);
-    Status st = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) -> Status {
-      {
-        ZERO_ASSIGN_OR_RETURN(auto a, MakeEngine(*save_config, model, device, comm));
-        Record r;
-        ZERO_RETURN_IF_ERROR(TrainSteps(a.get(), device, model, rank, 2, &r));
-        ZERO_RETURN_IF_ERROR(a->SaveCheckpoint(dir, "cross"));
-        ZERO_RETURN_IF_ERROR(Snapshot(a.get(), &at_save[rank]));
-        ZERO_RETURN_IF_ERROR(TrainSteps(a.get(), device, model, rank, 2, &uninterrupted[rank]));
-        ZERO_RETURN_IF_ERROR(Snapshot(a.get(), &uninterrupted[rank]));
-      }
-      ZERO_ASSIGN_OR_RETURN(auto b, MakeEngine(*load_config, model, device, comm, 1.0f));
-      ZERO_RETURN_IF_ERROR(b->LoadCheckpoint(dir, "cross").status());
-      ZERO_RETURN_IF_ERROR(Snapshot(b.get(), &loaded[rank]));
-      ZERO_RETURN_IF_ERROR(TrainSteps(b.get(), device, model, rank, 2, &resumed[rank]));
-      return Snapshot(b.get(), &resumed[rank]);
-    });
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    for (int r = 0; r < world; ++r) {
-      ExpectSameState(at_save[r], loaded[r], DType::kF32, label);
-      std::string where;
-      EXPECT_TRUE(SameDoubles(uninterrupted[r].losses, resumed[r].losses)) << label;
-      EXPECT_TRUE(BitwiseEqual(uninterrupted[r].master, resumed[r].master, &where)) << label << ": " << where;
-      EXPECT_TRUE(BitwiseEqual(uninterrupted[r].model, resumed[r].model, &where)) << label << ": " << where;
-      EXPECT_TRUE(BitwiseEqual(uninterrupted[r].exp_avg, resumed[r].exp_avg, &where)) << label << ": " << where;
-    }
+    CheckCrossLoad(ConfigJson(from, 1, 0.0, kWarmup), ConfigJson(to, 1, 0.0, kWarmup),
+                   "stage " + std::to_string(from) + " -> " + std::to_string(to));
   }
 }
 
 // offload_optimizer.device "cpu" (host states, CPU AdamW) and device states write and read the
 // same checkpoints: a run that switches offload mode (and stage) at the checkpoint equals the
-// uninterrupted run of the saving configuration, bitwise (fp32, GAS 1: the stages agree).
+// uninterrupted run of the saving configuration, bitwise.
 TEST(EngineCheckpointTest, LoadsIntoAnotherOffloadMode) {
-  const TestModel model = SmallModel();
-  const int world = 2;
   const std::string cpu = "\"offload_optimizer\": {\"device\": \"cpu\", \"cpu_threads\": 2}";
   struct Case {
     int from_stage;
@@ -402,43 +416,11 @@ TEST(EngineCheckpointTest, LoadsIntoAnotherOffloadMode) {
     bool to_offload;
   };
   for (const Case& c : {Case{2, true, 3, false}, Case{3, false, 1, true}, Case{1, true, 2, true}, Case{3, true, 3, true}}) {
-    const std::string label = "stage " + std::to_string(c.from_stage) + (c.from_offload ? " offload" : "") +
-                              " -> " + std::to_string(c.to_stage) + (c.to_offload ? " offload" : "");
-    SCOPED_TRACE(label);
-    const std::string dir = ScratchDir("offload");
-    auto save_config = MakeConfig(ConfigJson(c.from_stage, 1, 0.0, kWarmup, c.from_offload ? cpu : ""), world);
-    auto load_config = MakeConfig(ConfigJson(c.to_stage, 1, 0.0, kWarmup, c.to_offload ? cpu : ""), world);
-    ASSERT_TRUE(save_config.ok()) << save_config.status().ToString();
-    ASSERT_TRUE(load_config.ok()) << load_config.status().ToString();
-    std::vector<Record> at_save(world), uninterrupted(world), loaded(world), resumed(world);
-    std::vector<EngineMemory> mem(world);
-    Status st = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) -> Status {
-      {
-        ZERO_ASSIGN_OR_RETURN(auto a, MakeEngine(*save_config, model, device, comm));
-        Record r;
-        ZERO_RETURN_IF_ERROR(TrainSteps(a.get(), device, model, rank, 2, &r));
-        ZERO_RETURN_IF_ERROR(a->SaveCheckpoint(dir, "cross"));
-        ZERO_RETURN_IF_ERROR(Snapshot(a.get(), &at_save[rank]));
-        ZERO_RETURN_IF_ERROR(TrainSteps(a.get(), device, model, rank, 2, &uninterrupted[rank]));
-        ZERO_RETURN_IF_ERROR(Snapshot(a.get(), &uninterrupted[rank]));
-      }
-      ZERO_ASSIGN_OR_RETURN(auto b, MakeEngine(*load_config, model, device, comm, 1.0f));
-      mem[rank] = b->memory();
-      ZERO_RETURN_IF_ERROR(b->LoadCheckpoint(dir, "cross").status());
-      ZERO_RETURN_IF_ERROR(Snapshot(b.get(), &loaded[rank]));
-      ZERO_RETURN_IF_ERROR(TrainSteps(b.get(), device, model, rank, 2, &resumed[rank]));
-      return Snapshot(b.get(), &resumed[rank]);
-    });
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    for (int r = 0; r < world; ++r) {
-      EXPECT_EQ(mem[r].master_params == 0, c.to_offload) << label << ": where the loading engine keeps its states";
-      ExpectSameState(at_save[r], loaded[r], DType::kF32, label);
-      std::string where;
-      EXPECT_TRUE(SameDoubles(uninterrupted[r].losses, resumed[r].losses)) << label;
-      EXPECT_TRUE(BitwiseEqual(uninterrupted[r].master, resumed[r].master, &where)) << label << ": " << where;
-      EXPECT_TRUE(BitwiseEqual(uninterrupted[r].model, resumed[r].model, &where)) << label << ": " << where;
-      EXPECT_TRUE(BitwiseEqual(uninterrupted[r].exp_avg, resumed[r].exp_avg, &where)) << label << ": " << where;
-    }
+    CheckCrossLoad(ConfigJson(c.from_stage, 1, 0.0, kWarmup, c.from_offload ? cpu : ""),
+                   ConfigJson(c.to_stage, 1, 0.0, kWarmup, c.to_offload ? cpu : ""),
+                   "stage " + std::to_string(c.from_stage) + (c.from_offload ? " offload" : "") + " -> " +
+                       std::to_string(c.to_stage) + (c.to_offload ? " offload" : ""),
+                   c.to_offload);
   }
 }
 

@@ -24,25 +24,6 @@
 namespace zero {
 namespace {
 
-#define ASSERT_OK(expr)                                  \
-  do {                                                   \
-    const ::zero::Status _st = (expr);                   \
-    ASSERT_TRUE(_st.ok()) << _st.ToString();             \
-  } while (0)
-
-#define ASSERT_OK_AND_ASSIGN(lhs, expr)                          \
-  auto ZERO_STATUS_CONCAT(_r, __LINE__) = (expr);                \
-  ASSERT_TRUE(ZERO_STATUS_CONCAT(_r, __LINE__).ok())             \
-      << ZERO_STATUS_CONCAT(_r, __LINE__).status().ToString();   \
-  lhs = std::move(ZERO_STATUS_CONCAT(_r, __LINE__)).value()
-
-AlignedBuffer Pattern(size_t size, uint32_t seed) {
-  auto b = AlignedBuffer::Allocate(size);
-  ZERO_CHECK(b.ok());
-  std::mt19937 gen(seed);
-  for (size_t i = 0; i < b->size(); ++i) b->bytes()[i] = static_cast<uint8_t>(gen());
-  return std::move(b).value();
-}
 
 AlignedBuffer Zeros(size_t size) {
   auto b = AlignedBuffer::Allocate(size);

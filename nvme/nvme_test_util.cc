@@ -1,5 +1,7 @@
 #include "nvme/nvme_test_util.h"
 
+#include <random>
+
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -66,6 +68,14 @@ ScopedMount::~ScopedMount() {
   if (dir_.empty()) return;
   ::umount2(dir_.c_str(), MNT_DETACH);
   ::rmdir(dir_.c_str());
+}
+
+AlignedBuffer Pattern(size_t size, uint32_t seed) {
+  auto b = AlignedBuffer::Allocate(size);
+  ZERO_CHECK(b.ok());
+  std::mt19937 gen(seed);
+  for (size_t i = 0; i < b->size(); ++i) b->bytes()[i] = static_cast<uint8_t>(gen());
+  return std::move(b).value();
 }
 
 }  // namespace zero

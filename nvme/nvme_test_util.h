@@ -3,11 +3,32 @@
 // mount (root in the container); each is unmounted and removed by its owner.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
 #include <string>
 
+#include "nvme/aligned_buffer.h"
 #include "runtime/status.h"
 
+// Assertions on Status / Result (gtest), for nvme/'s tests.
+#define ASSERT_OK(expr)                      \
+  do {                                       \
+    const ::zero::Status _st = (expr);       \
+    ASSERT_TRUE(_st.ok()) << _st.ToString(); \
+  } while (0)
+
+#define ASSERT_OK_AND_ASSIGN(lhs, expr)                        \
+  auto ZERO_STATUS_CONCAT(_r, __LINE__) = (expr);              \
+  ASSERT_TRUE(ZERO_STATUS_CONCAT(_r, __LINE__).ok())           \
+      << ZERO_STATUS_CONCAT(_r, __LINE__).status().ToString(); \
+  lhs = std::move(ZERO_STATUS_CONCAT(_r, __LINE__)).value()
+
 namespace zero {
+
+// `size` bytes (aligned, as AlignedBuffer::Allocate pads them) of pseudo-random data from `seed`.
+AlignedBuffer Pattern(size_t size, uint32_t seed);
 
 // A fresh directory for one test under ZERO_TEST_TMPDIR, TEST_TMPDIR, /var/tmp or the working
 // directory: the first whose filesystem accepts O_DIRECT. Removed (recursively) by the owner.
