@@ -21,6 +21,7 @@
 #include "zero/gradient_bucket.h"
 #include "zero/loss_scaler.h"
 #include "zero/host_optimizer_states.h"
+#include "zero/nvme_optimizer_states.h"
 #include "zero/optimizer_states.h"
 #include "zero/param_coordinator.h"
 #include "zero/partition.h"
@@ -318,17 +319,17 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* dev
   if (z.stage < 0 || z.stage > 3) {
     return InvalidArgumentError("zero_optimization.stage: expected 0..3, got " + std::to_string(z.stage));
   }
-  if (z.offload_optimizer.device == OffloadDevice::kNvme) {
-    return UnimplementedError(
-        "zero_optimization.offload_optimizer.device: \"nvme\" is not built yet (the libaio engine and swap "
-        "files are, in nvme/; the states behind OptimizerStates are not); use \"cpu\" or \"none\"");
-  }
   if (z.offload_param.device != OffloadDevice::kNone) {
     return UnimplementedError(
         "zero_optimization.offload_param.device: parameter offload is not built yet; use \"none\" (optimizer "
         "offload, offload_optimizer.device \"cpu\", is)");
   }
-  if (z.offload_optimizer.device == OffloadDevice::kCpu && z.offload_optimizer.ratio != 1.0) {
+  if (z.offload_optimizer.device == OffloadDevice::kNvme && z.offload_optimizer.host_memory_budget > 0) {
+    return UnimplementedError(
+        "zero_optimization.offload_optimizer.host_memory_budget: tiered host+NVMe states are not built yet; "
+        "expected 0 (every state on NVMe), got " + std::to_string(z.offload_optimizer.host_memory_budget));
+  }
+  if (z.offload_optimizer.device != OffloadDevice::kNone && z.offload_optimizer.ratio != 1.0) {
     return UnimplementedError("zero_optimization.offload_optimizer.ratio: partial offload is not built; expected "
                               "1.0, got " + std::to_string(z.offload_optimizer.ratio));
   }
@@ -490,6 +491,26 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
       ho.cpu_threads = oo.cpu_threads;
       ho.model_dtype = mdt;
       st = CreateHostOptimizerStates(device, opt_total, compute, ho);
+    } else if (oo.device == OffloadDevice::kNvme) {
+      // One folder per rank under nvme_path; the swap file of a killed run there is refused.
+      NvmeOptimizerStatesOptions no;
+      no.dir = oo.nvme_path + "/zero_swap/rank" + std::to_string(rank);
+      no.group_numel = config.zero.sub_group_size;
+      no.buffer_count = static_cast<int>(oo.buffer_count);
+      const AioConfig& a = config.aio;
+      no.aio.block_size = a.block_size;
+      no.aio.queue_depth = a.queue_depth;
+      no.aio.intra_op_parallelism = a.intra_op_parallelism;
+      no.aio.single_submit = a.single_submit;
+      no.aio.overlap_events = a.overlap_events;
+      no.aio.allow_buffered_fallback = a.allow_buffered_fallback;
+      no.slab.pin_memory = oo.pin_memory;
+      no.slab.fallback_to_pageable = oo.pin_memory_fallback;
+      no.slab.what = "NVMe optimizer state buffers";
+      no.slab.config_key = "zero_optimization.offload_optimizer";
+      no.cpu_threads = oo.cpu_threads;
+      no.model_dtype = mdt;
+      st = CreateNvmeOptimizerStates(device, opt_total, compute, no);
     } else {
       st = CreateDeviceOptimizerStates(device, opt_total, compute);
     }

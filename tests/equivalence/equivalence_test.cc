@@ -313,6 +313,23 @@ void RunUnmanagedCell(const UnmanagedParam& param, bool offload) {
 
 TEST_P(UnmanagedTest, InactiveParameters) { RunUnmanagedCell(GetParam(), false); }
 
+// offload_optimizer.device "nvme" (swap files with real O_DIRECT I/O, groups of 300 elements, two
+// group buffers): the matrix at stages 1-3, worlds 1-2, fp32/bf16, GAS 1/4, clipping; bitwise as
+// the reference.
+class NvmeMatrixTest : public ::testing::TestWithParam<MatrixParam> {};
+CellSpec NvmeCell(const MatrixParam& p) {
+  CellSpec c = MatrixCell(p);
+  c.offload_optimizer = true;
+  c.nvme = true;
+  return c;
+}
+TEST_P(NvmeMatrixTest, EngineEqualsReferenceBitwise) { RunMatrixCell(NvmeCell(GetParam())); }
+INSTANTIATE_TEST_SUITE_P(Cells, NvmeMatrixTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1, 2),
+                                            ::testing::Values(DType::kF32, DType::kBF16), ::testing::Values(1, 4),
+                                            ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<MatrixParam>& info) { return NvmeCell(info.param).Name(); });
+
 // Unmanaged accumulation with offload_optimizer.device "cpu" (stages 1-3).
 class OffloadUnmanagedTest : public ::testing::TestWithParam<UnmanagedParam> {};
 TEST_P(OffloadUnmanagedTest, InactiveParameters) { RunUnmanagedCell(GetParam(), true); }

@@ -4,7 +4,10 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <cstdlib>
 #include <sstream>
+
+#include <unistd.h>
 
 namespace zero::equivalence {
 
@@ -380,12 +383,21 @@ Heads UnionHeads(const MicroSpec& m) {
   return u;
 }
 
+// Where nvme cells put their swap files (one folder per process, so parallel test targets do not
+// meet; the engine makes a folder per rank below it and removes it).
+std::string NvmeTestDir() {
+  const char* base = std::getenv("ZERO_TEST_TMPDIR");
+  if (base == nullptr || *base == '\0') base = std::getenv("TEST_TMPDIR");
+  if (base == nullptr || *base == '\0') base = "/var/tmp";
+  return std::string(base) + "/zero_nvme_cells." + std::to_string(getpid());
+}
+
 std::string CellSpec::Name() const {
   std::string s = "s" + std::to_string(stage) + "_w" + std::to_string(world) + "_" + DTypeName(dtype) +
                   "_gas" + std::to_string(gas) + (clip > 0 ? "_clip" : "_noclip");
   if (!managed) s += "_unmanaged";
   if (freeze_inactive) s += "_freeze";
-  if (offload_optimizer) s += "_offload";
+  if (offload_optimizer) s += nvme ? "_nvme" : "_offload";
   return s;
 }
 
@@ -412,7 +424,13 @@ std::string CellConfigJson(const CellSpec& c) {
     << ", \"allgather_bucket_size\": " << c.reduce_bucket_size
     << ", \"stage3_param_persistence_threshold\": " << c.persistence_threshold
     << ", \"stage3_prefetch_bucket_size\": " << 2 * c.reduce_bucket_size
-    << (c.offload_optimizer ? ", \"offload_optimizer\": {\"device\": \"cpu\", \"cpu_threads\": 2}" : "") << "}\n"
+    << (c.offload_optimizer && !c.nvme ? ", \"offload_optimizer\": {\"device\": \"cpu\", \"cpu_threads\": 2}" : "")
+    << (c.offload_optimizer && c.nvme
+            ? ", \"sub_group_size\": 300, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + NvmeTestDir() +
+                  "\", \"buffer_count\": 2, \"cpu_threads\": 2}"
+            : "")
+    << "}"
+    << (c.offload_optimizer && c.nvme ? ",\n  \"aio\": {\"block_size\": 4096, \"queue_depth\": 4}" : "") << "\n"
     << "}\n";
   return j.str();
 }

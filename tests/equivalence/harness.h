@@ -140,6 +140,9 @@ struct CellSpec {
   bool managed = true;
   bool freeze_inactive = false;  // freeze_inactive_parameters
   bool offload_optimizer = false;  // offload_optimizer.device "cpu" (CPU AdamW, host states)
+  // With offload_optimizer: "nvme" instead, swap files (real O_DIRECT I/O) under
+  // $ZERO_TEST_TMPDIR, $TEST_TMPDIR or /var/tmp, sub_group_size 300, 2 group buffers.
+  bool nvme = false;
   int loss_scale_window = 1000;
   int hysteresis = 2;
   int initial_scale_power = 12;
@@ -148,6 +151,7 @@ struct CellSpec {
   std::string Name() const;  // "s2_w3_bf16_gas4_clip"
 };
 std::string CellConfigJson(const CellSpec& cell);
+std::string NvmeTestDir();
 
 // The stage-3 small-parameter threshold etc. are in the JSON; the sum of all parameters' numel.
 int64_t TotalNumel(const ModelDims& dims);

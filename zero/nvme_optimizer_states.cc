@@ -1,0 +1,348 @@
+#include "zero/nvme_optimizer_states.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+#include <vector>
+
+#include "nvme/libaio_engine.h"
+#include "nvme/swap_file.h"
+#include "offload/cpu_adam.h"
+#include "offload/thread_pool.h"
+#include "runtime/cpu_device.h"
+
+namespace zero {
+namespace {
+
+void* At(void* base, DType t, int64_t i) { return static_cast<char*>(base) + static_cast<size_t>(i) * SizeOf(t); }
+const void* At(const void* base, DType t, int64_t i) {
+  return static_cast<const char*>(base) + static_cast<size_t>(i) * SizeOf(t);
+}
+constexpr int64_t kTile = int64_t{1} << 16;
+
+class NvmeOptimizerStates final : public OptimizerStates {
+ public:
+  NvmeOptimizerStates(Device* device, Stream* stream, int64_t numel, const NvmeOptimizerStatesOptions& o)
+      : device_(device),
+        stream_(stream),
+        numel_(numel),
+        group_(std::max<int64_t>(1, std::min(o.group_numel, std::max<int64_t>(numel, 1)))),
+        chunk_(std::max<int64_t>(1, o.chunk_numel)),
+        mdt_(o.model_dtype) {}
+
+  ~NvmeOptimizerStates() override {
+    FinishAll().IgnoreError();
+    swap_.reset();  // removes the file
+    std::error_code ec;
+    std::filesystem::remove(dir_, ec);  // the rank's folder, if now empty
+  }
+
+  Status Init(const NvmeOptimizerStatesOptions& o) {
+    if (o.buffer_count < 2) {
+      return InvalidArgumentError("zero_optimization.offload_optimizer.buffer_count: NVMe optimizer states need >= 2 "
+                                  "group buffers (one updated while the next is read), got " +
+                                  std::to_string(o.buffer_count));
+    }
+    dir_ = o.dir;
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
+    if (ec) {
+      return FailedPreconditionError("zero_optimization.offload_optimizer.nvme_path: cannot create " + dir_ + ": " +
+                                     ec.message());
+    }
+    ZERO_ASSIGN_OR_RETURN(pool_, ThreadPool::Create(o.cpu_threads));
+    ZERO_ASSIGN_OR_RETURN(engine_, LibaioEngine::Create(o.aio));
+    groups_ = numel_ == 0 ? 0 : (numel_ + group_ - 1) / group_;
+    std::vector<SwapRegionSpec> regions;
+    for (int64_t g = 0; g < groups_; ++g) {
+      regions.push_back({"optimizer states of group " + std::to_string(g), static_cast<uint64_t>(GroupLen(g)) * 12});
+    }
+    const std::string path = dir_ + "/optimizer_states.swp";
+    ZERO_ASSIGN_OR_RETURN(swap_, SwapFile::Create(engine_.get(), path, regions));
+    const size_t region = (static_cast<size_t>(group_) * 12 + kAioAlignment - 1) / kAioAlignment * kAioAlignment;
+    const size_t copy = HostSlab::AlignedSize(static_cast<size_t>(numel_) * SizeOf(mdt_));
+    const size_t chunk = (static_cast<size_t>(chunk_) * 4 + kAioAlignment - 1) / kAioAlignment * kAioAlignment;
+    const int nbuf = static_cast<int>(std::min<int64_t>(o.buffer_count, std::max<int64_t>(groups_, 2)));
+    const size_t slab_bytes = nbuf * region + 2 * chunk + copy + kAioAlignment;
+    auto slab = HostSlab::Create(device_, slab_bytes, o.slab);
+    if (!slab.ok()) {
+      return slab.status().WithContext("NVMe optimizer states: " + std::to_string(nbuf) + " group buffers of " +
+                                       FormatGiB(region) + " (zero_optimization.sub_group_size " +
+                                       std::to_string(group_) + " x 12 bytes; lower sub_group_size or buffer_count)");
+    }
+    slab_ = std::move(slab).value();
+    for (int b = 0; b < nbuf; ++b) {
+      ZERO_ASSIGN_OR_RETURN(HostSpan s, slab_.Take(region, "group buffer"));
+      bufs_.push_back(Buffer{static_cast<float*>(s.data), -1, false, {}, false});
+    }
+    ZERO_ASSIGN_OR_RETURN(HostSpan g, slab_.Take(chunk, "gradient chunk"));
+    grad_ = g.as<float>();
+    ZERO_ASSIGN_OR_RETURN(HostSpan w, slab_.Take(chunk, "16-bit gradient chunk"));
+    raw_ = w.data;
+    ZERO_ASSIGN_OR_RETURN(HostSpan mc, slab_.Take(copy, "host model copy"));
+    model_copy_ = mc.data;
+    std::memset(model_copy_, 0, static_cast<size_t>(numel_) * SizeOf(mdt_));
+    // Every region starts as zeros on disk (a region is readable once written).
+    Buffer& b0 = bufs_[0];
+    std::memset(b0.data, 0, region);
+    for (int64_t gi = 0; gi < groups_; ++gi) ZERO_RETURN_IF_ERROR(swap_->Write(static_cast<size_t>(gi), b0.data));
+    return OkStatus();
+  }
+
+  int64_t numel() const override { return numel_; }
+
+  Status Update(int64_t offset, int64_t n, const float* grads, const AdamWParams& h, void* model_out, DType model_t,
+                Stream* stream) override {
+    ZERO_RETURN_IF_ERROR(Check(offset, n, "Update"));
+    for (int64_t at = 0; at < n; at += chunk_) {
+      const int64_t len = std::min(chunk_, n - at);
+      ZERO_RETURN_IF_ERROR(device_->Copy(grad_, grads + at, static_cast<size_t>(len) * 4, CopyKind::kDeviceToHost, stream));
+      ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream));
+      ZERO_RETURN_IF_ERROR(UpdateRange(offset + at, len, grad_, h));
+    }
+    ZERO_RETURN_IF_ERROR(FinishAll());
+    if (model_out != nullptr) return CastMaster(offset, n, model_out, model_t, stream);
+    return OkStatus();
+  }
+
+  Status UpdateFromGradient(int64_t offset, int64_t n, const void* grad, DType grad_t, const AdamWParams& h,
+                            Stream* stream) override {
+    ZERO_RETURN_IF_ERROR(Check(offset, n, "UpdateFromGradient"));
+    for (int64_t at = 0; at < n; at += chunk_) {
+      const int64_t len = std::min(chunk_, n - at);
+      if (grad != nullptr) {
+        ZERO_RETURN_IF_ERROR(device_->Copy(raw_, At(grad, grad_t, at), static_cast<size_t>(len) * SizeOf(grad_t),
+                                           CopyKind::kDeviceToHost, stream));
+        ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream));
+        ZERO_RETURN_IF_ERROR(cpu_.AccumulateFirst(grad_, raw_, grad_t, static_cast<size_t>(len), 1.0f, nullptr));
+      } else {
+        std::memset(grad_, 0, static_cast<size_t>(len) * 4);
+      }
+      ZERO_RETURN_IF_ERROR(UpdateRange(offset + at, len, grad_, h));
+    }
+    return FinishAll();
+  }
+
+  Status CastMaster(int64_t offset, int64_t n, void* model_out, DType model_t, Stream* stream) override {
+    ZERO_RETURN_IF_ERROR(Check(offset, n, "CastMaster"));
+    if (n == 0) return OkStatus();
+    if (model_t == mdt_) {
+      ZERO_RETURN_IF_ERROR(device_->Copy(model_out, At(model_copy_, mdt_, offset), static_cast<size_t>(n) * SizeOf(mdt_),
+                                         CopyKind::kHostToDevice, stream));
+      return device_->SynchronizeStream(stream);  // the model copy may change after this returns
+    }
+    for (int64_t at = 0; at < n; at += chunk_) {
+      const int64_t len = std::min(chunk_, n - at);
+      ZERO_RETURN_IF_ERROR(Read(OptState::kMaster, offset + at, len, grad_));
+      for (int64_t i = 0; i < len; ++i) StoreFromFloat(raw_, model_t, static_cast<size_t>(i), grad_[i]);
+      ZERO_RETURN_IF_ERROR(device_->Copy(At(model_out, model_t, at), raw_, static_cast<size_t>(len) * SizeOf(model_t),
+                                         CopyKind::kHostToDevice, stream));
+      ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream));
+    }
+    return OkStatus();
+  }
+
+  Status CopyToDevice(OptState which, int64_t offset, int64_t n, float* dst, Stream* stream) override {
+    ZERO_RETURN_IF_ERROR(Check(offset, n, "CopyToDevice"));
+    for (int64_t at = 0; at < n; at += chunk_) {
+      const int64_t len = std::min(chunk_, n - at);
+      ZERO_RETURN_IF_ERROR(Read(which, offset + at, len, grad_));
+      ZERO_RETURN_IF_ERROR(device_->Copy(dst + at, grad_, static_cast<size_t>(len) * 4, CopyKind::kHostToDevice, stream));
+      ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream));
+    }
+    return OkStatus();
+  }
+  Status CopyFromDevice(OptState which, int64_t offset, int64_t n, const float* src, Stream* stream) override {
+    ZERO_RETURN_IF_ERROR(Check(offset, n, "CopyFromDevice"));
+    for (int64_t at = 0; at < n; at += chunk_) {
+      const int64_t len = std::min(chunk_, n - at);
+      ZERO_RETURN_IF_ERROR(device_->Copy(grad_, src + at, static_cast<size_t>(len) * 4, CopyKind::kDeviceToHost, stream));
+      ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream));
+      ZERO_RETURN_IF_ERROR(Write(which, offset + at, len, grad_));
+    }
+    return OkStatus();
+  }
+
+  Status Read(OptState which, int64_t offset, int64_t n, float* host) override {
+    ZERO_RETURN_IF_ERROR(Check(offset, n, "Read"));
+    return ForGroups(offset, n, /*dirty=*/false, [&](float* g, int64_t glen, int64_t from, int64_t len, int64_t done) {
+      std::memcpy(host + done, g + static_cast<int64_t>(which) * glen + from, static_cast<size_t>(len) * 4);
+      return OkStatus();
+    });
+  }
+  Status Write(OptState which, int64_t offset, int64_t n, const float* host) override {
+    ZERO_RETURN_IF_ERROR(Check(offset, n, "Write"));
+    ZERO_RETURN_IF_ERROR(ForGroups(offset, n, /*dirty=*/true, [&](float* g, int64_t glen, int64_t from, int64_t len, int64_t done) {
+      std::memcpy(g + static_cast<int64_t>(which) * glen + from, host + done, static_cast<size_t>(len) * 4);
+      return OkStatus();
+    }));
+    ZERO_RETURN_IF_ERROR(FinishAll());
+    if (which == OptState::kMaster) {
+      for (int64_t i = 0; i < n; ++i) StoreFromFloat(model_copy_, mdt_, static_cast<size_t>(offset + i), host[i]);
+    }
+    return OkStatus();
+  }
+
+  OptimizerStateBytes bytes() const override {
+    OptimizerStateBytes b;
+    b.host = slab_.bytes();
+    b.nvme = swap_ != nullptr ? swap_->file_size() : 0;
+    return b;
+  }
+
+ private:
+  struct Buffer {
+    float* data;       // [master | exp_avg | exp_avg_sq] of group `group`
+    int64_t group;     // -1: empty
+    bool writing;      // a write of it is in flight (io)
+    SwapFile::Io io;
+    bool reading;      // a read into it is in flight (io)
+  };
+
+  int64_t GroupLen(int64_t g) const { return std::min(group_, numel_ - g * group_); }
+
+  // The buffer holding group g (read if needed; the next group of the range is prefetched into
+  // another buffer by ForGroups). Waits for that buffer's pending I/O first.
+  Result<Buffer*> Load(int64_t g) {
+    for (Buffer& b : bufs_) {
+      if (b.group == g) {
+        if (b.reading) {
+          b.reading = false;
+          ZERO_RETURN_IF_ERROR(swap_->Finish(b.io));
+        }
+        return &b;
+      }
+    }
+    ZERO_ASSIGN_OR_RETURN(Buffer * b, Victim(g));
+    ZERO_RETURN_IF_ERROR(swap_->Read(static_cast<size_t>(g), b->data));
+    b->group = g;
+    return b;
+  }
+
+  // A buffer to put group `g` in: an empty one, else the least recently chosen, after its write.
+  Result<Buffer*> Victim(int64_t avoid) {
+    Buffer* pick = nullptr;
+    for (Buffer& b : bufs_) {
+      if (b.group == -1 && !b.writing && !b.reading) return &b;
+    }
+    for (size_t k = 0; k < bufs_.size(); ++k) {
+      Buffer& b = bufs_[(next_victim_ + k) % bufs_.size()];
+      if (b.group != avoid) {
+        pick = &b;
+        next_victim_ = (next_victim_ + k + 1) % bufs_.size();
+        break;
+      }
+    }
+    ZERO_CHECK(pick != nullptr);
+    ZERO_RETURN_IF_ERROR(Settle(*pick));
+    pick->group = -1;
+    return pick;
+  }
+
+  Status Settle(Buffer& b) {
+    if (b.writing) {
+      b.writing = false;
+      ZERO_RETURN_IF_ERROR(swap_->Finish(b.io));
+    }
+    if (b.reading) {
+      b.reading = false;
+      ZERO_RETURN_IF_ERROR(swap_->Finish(b.io));
+    }
+    return OkStatus();
+  }
+
+  Status FinishAll() {
+    Status first;
+    for (Buffer& b : bufs_) {
+      Status s = Settle(b);
+      if (!s.ok() && first.ok()) first = s;
+    }
+    return first;
+  }
+
+  // Runs fn(group data, group len, from, len, done) over the pieces of [offset, offset + n) group
+  // by group, prefetching the next group; dirty: each group is written back after fn (async).
+  template <typename Fn>
+  Status ForGroups(int64_t offset, int64_t n, bool dirty, Fn fn) {
+    int64_t done = 0;
+    while (done < n) {
+      const int64_t pos = offset + done;
+      const int64_t g = pos / group_;
+      const int64_t from = pos - g * group_;
+      const int64_t glen = GroupLen(g);
+      const int64_t len = std::min(glen - from, n - done);
+      ZERO_ASSIGN_OR_RETURN(Buffer * b, Load(g));
+      if (b->writing) {  // updated again before its write finished
+        b->writing = false;
+        ZERO_RETURN_IF_ERROR(swap_->Finish(b->io));
+      }
+      // Prefetch the next group of the range while this one is worked on.
+      if (done + len < n && g + 1 < groups_ && bufs_.size() >= 2) {
+        bool have = false;
+        for (Buffer& o : bufs_) have = have || o.group == g + 1;
+        if (!have) {
+          ZERO_ASSIGN_OR_RETURN(Buffer * nb, Victim(g));
+          ZERO_ASSIGN_OR_RETURN(nb->io, swap_->StartRead(static_cast<size_t>(g + 1), nb->data));
+          nb->reading = true;
+          nb->group = g + 1;
+        }
+      }
+      ZERO_RETURN_IF_ERROR(fn(b->data, glen, from, len, done));
+      if (dirty) {
+        ZERO_ASSIGN_OR_RETURN(b->io, swap_->StartWrite(static_cast<size_t>(g), b->data));
+        b->writing = true;
+      }
+      done += len;
+    }
+    return OkStatus();
+  }
+
+  Status UpdateRange(int64_t offset, int64_t n, const float* g_host, const AdamWParams& h) {
+    return ForGroups(offset, n, /*dirty=*/true, [&](float* g, int64_t glen, int64_t from, int64_t len, int64_t done) {
+      return CpuAdamW(g + from, g_host + done, g + glen + from, g + 2 * glen + from, static_cast<size_t>(len), h,
+                      At(model_copy_, mdt_, offset + done), mdt_, pool_.get());
+    });
+  }
+
+  Status Check(int64_t offset, int64_t n, const char* call) const {
+    if (offset < 0 || n < 0 || offset + n > numel_) {
+      return OutOfRangeError(std::string("NVMe optimizer states: ") + call + " of [" + std::to_string(offset) +
+                             ", " + std::to_string(offset + n) + ") outside [0, " + std::to_string(numel_) + ")");
+    }
+    return OkStatus();
+  }
+
+  Device* device_;
+  Stream* stream_;
+  int64_t numel_;
+  int64_t group_;
+  int64_t chunk_;
+  DType mdt_;
+  int64_t groups_ = 0;
+  std::string dir_;
+  CpuDevice cpu_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<LibaioEngine> engine_;
+  std::unique_ptr<SwapFile> swap_;
+  HostSlab slab_;
+  std::vector<Buffer> bufs_;
+  size_t next_victim_ = 0;
+  float* grad_ = nullptr;
+  void* raw_ = nullptr;
+  void* model_copy_ = nullptr;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<OptimizerStates>> CreateNvmeOptimizerStates(Device* device, int64_t numel, Stream* stream,
+                                                                   const NvmeOptimizerStatesOptions& options) {
+  auto s = std::make_unique<NvmeOptimizerStates>(device, stream, numel, options);
+  ZERO_RETURN_IF_ERROR(s->Init(options).WithContext("NVMe optimizer states in " + options.dir));
+  return std::unique_ptr<OptimizerStates>(std::move(s));
+}
+
+}  // namespace zero

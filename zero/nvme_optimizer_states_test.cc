@@ -1,0 +1,82 @@
+#include "zero/nvme_optimizer_states.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "nvme/nvme_test_util.h"
+#include "runtime/cpu_device.h"
+#include "zero/optimizer_states.h"
+
+namespace zero {
+namespace {
+
+// NVMe states (real O_DIRECT I/O on a swap file, groups smaller than the updates and not dividing
+// them, two group buffers) against device states: the same bits after several updates of both
+// kinds, reads and writes across group boundaries; the swap file and folder go with the states.
+TEST(NvmeOptimizerStatesTest, BitwiseEqualToDeviceStatesWithRealSwapIo) {
+  auto scratch = ScratchDir::Create("nvme_states");
+  ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
+  CpuDevice device;
+  Stream* s = device.default_stream();
+  constexpr int64_t kN = 2500;
+  NvmeOptimizerStatesOptions o;
+  o.dir = scratch->File("rank0");
+  o.group_numel = 700;
+  o.buffer_count = 2;
+  o.cpu_threads = 2;
+  o.model_dtype = DType::kBF16;
+  o.chunk_numel = 900;
+  o.aio.block_size = 4096;
+  o.aio.queue_depth = 4;
+  o.slab.pin_memory = false;
+  {
+    auto nv = CreateNvmeOptimizerStates(&device, kN, s, o);
+    ASSERT_TRUE(nv.ok()) << nv.status().ToString();
+    EXPECT_TRUE(std::filesystem::exists(o.dir + "/optimizer_states.swp"));
+    EXPECT_GE((*nv)->bytes().nvme, static_cast<size_t>(kN) * 12);
+    // A second set of states on the same folder finds the first one's file: refused, never reused.
+    auto again = CreateNvmeOptimizerStates(&device, kN, s, o);
+    EXPECT_FALSE(again.ok());
+    auto dev = CreateDeviceOptimizerStates(&device, kN, s);
+    ASSERT_TRUE(dev.ok());
+    std::vector<float> init(kN);
+    for (int64_t i = 0; i < kN; ++i) init[i] = 0.3f - 0.0007f * static_cast<float>(i % 211);
+    for (auto* st : {nv->get(), dev->get()}) ASSERT_TRUE(st->Write(OptState::kMaster, 0, kN, init.data()).ok());
+    for (int step = 1; step <= 3; ++step) {
+      AdamWParams h;
+      h.lr = 0.02f;
+      h.weight_decay = 0.1f;
+      h.bias_correction1 = static_cast<float>(1.0 - std::pow(0.9, step));
+      h.bias_correction2 = static_cast<float>(1.0 - std::pow(0.999, step));
+      std::vector<float> g(kN);
+      for (int64_t i = 0; i < kN; ++i) g[i] = 0.01f * static_cast<float>((i * 3 + step) % 37) - 0.18f;
+      std::vector<uint16_t> g16(kN);
+      for (int64_t i = 0; i < kN; ++i) g16[i] = FloatToBf16(g[i]);
+      std::vector<uint16_t> a(kN), b(kN);
+      for (auto* st : {nv->get(), dev->get()}) {
+        ASSERT_TRUE(st->Update(100, 1700, g.data() + 100, h, (st == nv->get() ? a : b).data() + 100, DType::kBF16, s).ok());
+        ASSERT_TRUE(st->UpdateFromGradient(1800, kN - 1800, g16.data() + 1800, DType::kBF16, h, s).ok());
+        ASSERT_TRUE(st->UpdateFromGradient(0, 100, nullptr, DType::kBF16, h, s).ok());
+      }
+      EXPECT_EQ(a, b) << "step " << step;
+    }
+    for (OptState w : {OptState::kMaster, OptState::kExpAvg, OptState::kExpAvgSq}) {
+      std::vector<float> x(kN), y(kN);
+      ASSERT_TRUE((*nv)->Read(w, 0, kN, x.data()).ok());
+      ASSERT_TRUE((*dev)->Read(w, 0, kN, y.data()).ok());
+      EXPECT_EQ(0, std::memcmp(x.data(), y.data(), kN * 4)) << OptStateName(w);
+    }
+    std::vector<uint16_t> c1(kN), c2(kN);
+    ASSERT_TRUE((*nv)->CastMaster(0, kN, c1.data(), DType::kBF16, s).ok());
+    ASSERT_TRUE((*dev)->CastMaster(0, kN, c2.data(), DType::kBF16, s).ok());
+    EXPECT_EQ(c1, c2);
+  }
+  EXPECT_FALSE(std::filesystem::exists(o.dir)) << "the swap file and its folder are removed with the states";
+}
+
+}  // namespace
+}  // namespace zero
