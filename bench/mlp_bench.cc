@@ -61,7 +61,9 @@ struct Options {
   double weight_decay = 0.01;
   std::string label;
   std::string device = "cuda:0";
-  std::string offload_optimizer = "none";  // "none" | "cpu"
+  std::string offload_optimizer = "none";  // "none" | "cpu" | "nvme"
+  std::string nvme_path;                    // with "nvme"
+  int64_t sub_group_size = 100000000;       // with "nvme"
   bool pin_memory = true;
   bool dry_run = false;
 };
@@ -70,7 +72,7 @@ const char kUsage[] =
     "usage: mlp_bench [--impl zero|none] [--stage 0..3] [--comm-dtype fp32|bf16|none]\n"
     "                 [--tokens N] [--dim N] [--ffn N] [--blocks N] [--steps N>=2]\n"
     "                 [--lr X] [--weight-decay X] [--label NAME] [--device cuda:N] [--dry-run]\n"
-    "                 [--offload-optimizer none|cpu] [--pin-memory 0|1]\n";
+    "                 [--offload-optimizer none|cpu|nvme] [--nvme-path DIR] [--sub-group-size N] [--pin-memory 0|1]\n";
 
 Status ParseInt(const std::string& flag, const char* v, int64_t lo, int64_t* out) {
   char* end = nullptr;
@@ -140,9 +142,13 @@ Result<Options> ParseFlags(int argc, char** argv) {
       o.device = v;
     } else if (f == "--offload-optimizer") {
       o.offload_optimizer = v;
-      if (o.offload_optimizer != "none" && o.offload_optimizer != "cpu") {
-        return InvalidArgumentError("--offload-optimizer: expected none or cpu, got '" + o.offload_optimizer + "'");
+      if (o.offload_optimizer != "none" && o.offload_optimizer != "cpu" && o.offload_optimizer != "nvme") {
+        return InvalidArgumentError("--offload-optimizer: expected none, cpu or nvme, got '" + o.offload_optimizer + "'");
       }
+    } else if (f == "--nvme-path") {
+      o.nvme_path = v;
+    } else if (f == "--sub-group-size") {
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &o.sub_group_size));
     } else if (f == "--pin-memory") {
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 0, &n));
       o.pin_memory = n != 0;
@@ -163,7 +169,10 @@ std::string ConfigJson(const Options& o) {
       o.offload_optimizer == "none"
           ? std::string()
           : ", \"offload_optimizer\": {\"device\": \"" + o.offload_optimizer + "\", \"pin_memory\": " +
-                (o.pin_memory ? "true" : "false") + "}";
+                (o.pin_memory ? "true" : "false") +
+                (o.offload_optimizer == "nvme" ? ", \"nvme_path\": \"" + o.nvme_path + "\"}, \"sub_group_size\": " +
+                                                     std::to_string(o.sub_group_size)
+                                               : std::string("}"));
   std::snprintf(buf, sizeof(buf),
                 "{\"train_batch_size\": 1, \"train_micro_batch_size_per_gpu\": 1, "
                 "\"gradient_accumulation_steps\": 1, \"gradient_clipping\": 0, "

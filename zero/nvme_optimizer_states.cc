@@ -35,6 +35,7 @@ class NvmeOptimizerStates final : public OptimizerStates {
         mdt_(o.model_dtype) {}
 
   ~NvmeOptimizerStates() override {
+    for (Buffer& b : bufs_) b.dirty = false;  // the file goes: no write-back
     FinishAll().IgnoreError();
     swap_.reset();  // removes the file
     std::error_code ec;
@@ -77,7 +78,7 @@ class NvmeOptimizerStates final : public OptimizerStates {
     slab_ = std::move(slab).value();
     for (int b = 0; b < nbuf; ++b) {
       ZERO_ASSIGN_OR_RETURN(HostSpan s, slab_.Take(region, "group buffer"));
-      bufs_.push_back(Buffer{static_cast<float*>(s.data), -1, false, {}, false});
+      bufs_.push_back(Buffer{static_cast<float*>(s.data), -1, false, {}, false, false});
     }
     ZERO_ASSIGN_OR_RETURN(HostSpan g, slab_.Take(chunk, "gradient chunk"));
     grad_ = g.as<float>();
@@ -104,7 +105,6 @@ class NvmeOptimizerStates final : public OptimizerStates {
       ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream));
       ZERO_RETURN_IF_ERROR(UpdateRange(offset + at, len, grad_, h));
     }
-    ZERO_RETURN_IF_ERROR(FinishAll());
     if (model_out != nullptr) return CastMaster(offset, n, model_out, model_t, stream);
     return OkStatus();
   }
@@ -124,7 +124,7 @@ class NvmeOptimizerStates final : public OptimizerStates {
       }
       ZERO_RETURN_IF_ERROR(UpdateRange(offset + at, len, grad_, h));
     }
-    return FinishAll();
+    return OkStatus();
   }
 
   Status CastMaster(int64_t offset, int64_t n, void* model_out, DType model_t, Stream* stream) override {
@@ -180,7 +180,6 @@ class NvmeOptimizerStates final : public OptimizerStates {
       std::memcpy(g + static_cast<int64_t>(which) * glen + from, host + done, static_cast<size_t>(len) * 4);
       return OkStatus();
     }));
-    ZERO_RETURN_IF_ERROR(FinishAll());
     if (which == OptState::kMaster) {
       for (int64_t i = 0; i < n; ++i) StoreFromFloat(model_copy_, mdt_, static_cast<size_t>(offset + i), host[i]);
     }
@@ -201,6 +200,7 @@ class NvmeOptimizerStates final : public OptimizerStates {
     bool writing;      // a write of it is in flight (io)
     SwapFile::Io io;
     bool reading;      // a read into it is in flight (io)
+    bool dirty;        // changed since it was read or last written: written back when evicted
   };
 
   int64_t GroupLen(int64_t g) const { return std::min(group_, numel_ - g * group_); }
@@ -243,6 +243,7 @@ class NvmeOptimizerStates final : public OptimizerStates {
     return pick;
   }
 
+  // Ends the buffer's I/O in flight and writes it back if it changed: then it may be reused.
   Status Settle(Buffer& b) {
     if (b.writing) {
       b.writing = false;
@@ -251,6 +252,10 @@ class NvmeOptimizerStates final : public OptimizerStates {
     if (b.reading) {
       b.reading = false;
       ZERO_RETURN_IF_ERROR(swap_->Finish(b.io));
+    }
+    if (b.dirty && b.group >= 0) {
+      ZERO_RETURN_IF_ERROR(swap_->Write(static_cast<size_t>(b.group), b.data));
+      b.dirty = false;
     }
     return OkStatus();
   }
@@ -265,7 +270,10 @@ class NvmeOptimizerStates final : public OptimizerStates {
   }
 
   // Runs fn(group data, group len, from, len, done) over the pieces of [offset, offset + n) group
-  // by group, prefetching the next group; dirty: each group is written back after fn (async).
+  // by group, the next group's read in flight meanwhile. dirty: fn changes the group; a changed
+  // group is written back once the range moves past it (that write in flight while the next group
+  // is worked on) or when its buffer is reused, so a group is written once per pass, not once per
+  // call. The buffers are the states' current values; the file catches up on eviction.
   template <typename Fn>
   Status ForGroups(int64_t offset, int64_t n, bool dirty, Fn fn) {
     int64_t done = 0;
@@ -292,9 +300,11 @@ class NvmeOptimizerStates final : public OptimizerStates {
         }
       }
       ZERO_RETURN_IF_ERROR(fn(b->data, glen, from, len, done));
-      if (dirty) {
+      if (dirty) b->dirty = true;
+      if (b->dirty && done + len < n) {  // the range goes on past this group: write it back now
         ZERO_ASSIGN_OR_RETURN(b->io, swap_->StartWrite(static_cast<size_t>(g), b->data));
         b->writing = true;
+        b->dirty = false;
       }
       done += len;
     }
