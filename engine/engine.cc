@@ -22,6 +22,7 @@
 #include "zero/loss_scaler.h"
 #include "zero/host_optimizer_states.h"
 #include "zero/nvme_optimizer_states.h"
+#include "zero/tiered_optimizer_states.h"
 #include "zero/optimizer_states.h"
 #include "zero/param_coordinator.h"
 #include "zero/partition.h"
@@ -324,11 +325,6 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* dev
         "zero_optimization.offload_param.device: parameter offload is not built yet; use \"none\" (optimizer "
         "offload, offload_optimizer.device \"cpu\", is)");
   }
-  if (z.offload_optimizer.device == OffloadDevice::kNvme && z.offload_optimizer.host_memory_budget > 0) {
-    return UnimplementedError(
-        "zero_optimization.offload_optimizer.host_memory_budget: tiered host+NVMe states are not built yet; "
-        "expected 0 (every state on NVMe), got " + std::to_string(z.offload_optimizer.host_memory_budget));
-  }
   if (z.offload_optimizer.device != OffloadDevice::kNone && z.offload_optimizer.ratio != 1.0) {
     return UnimplementedError("zero_optimization.offload_optimizer.ratio: partial offload is not built; expected "
                               "1.0, got " + std::to_string(z.offload_optimizer.ratio));
@@ -510,7 +506,25 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
       no.slab.config_key = "zero_optimization.offload_optimizer";
       no.cpu_threads = oo.cpu_threads;
       no.model_dtype = mdt;
-      st = CreateNvmeOptimizerStates(device, opt_total, compute, no);
+      // Tiered: as many elements as host_memory_budget holds (12 bytes each) in pinned host
+      // memory, the partition's first ones; the rest on NVMe.
+      const int64_t on_host = std::min<int64_t>(opt_total, oo.host_memory_budget / 12);
+      if (on_host == 0) {
+        st = CreateNvmeOptimizerStates(device, opt_total, compute, no);
+      } else {
+        HostOptimizerStatesOptions ho;
+        ho.slab.pin_memory = oo.pin_memory;
+        ho.slab.fallback_to_pageable = oo.pin_memory_fallback;
+        ho.slab.what = "optimizer states (the host tier of host_memory_budget)";
+        ho.slab.config_key = "zero_optimization.offload_optimizer";
+        ho.cpu_threads = oo.cpu_threads;
+        ho.model_dtype = mdt;
+        auto first = CreateHostOptimizerStates(device, on_host, compute, ho);
+        if (!first.ok()) return first.status().WithContext("Initialize");
+        auto second = CreateNvmeOptimizerStates(device, opt_total - on_host, compute, no);
+        if (!second.ok()) return second.status().WithContext("Initialize");
+        st = CreateTieredOptimizerStates(std::move(first).value(), std::move(second).value());
+      }
     } else {
       st = CreateDeviceOptimizerStates(device, opt_total, compute);
     }
@@ -1325,6 +1339,8 @@ EngineMemory Engine::memory() const {
   // The three states are the same size: one third is the masters.
   const OptimizerStateBytes sb = m.states != nullptr ? m.states->bytes() : OptimizerStateBytes();
   const size_t state_bytes = sb.device;  // EngineMemory counts device memory
+  out.host_states = sb.host;
+  out.nvme_states = sb.nvme;
   out.master_params = state_bytes / 3;
   out.optimizer_states = state_bytes - state_bytes / 3;
   out.bucket_staging = m.reducer != nullptr ? m.reducer->staging_bytes() : 0;

@@ -148,6 +148,10 @@ struct EngineMemory {
   size_t gradients = 0;      // accumulators + reduction buckets + gradient buffers handed out
   size_t gradient_accumulators = 0;  // of `gradients`: the fp32 accumulators / gradient partition
   size_t device_peak = 0;    // Device::memory_stats().peak
+  // Offloaded optimizer states (not device memory): host bytes (pinned slabs: states, buffers, the
+  // host model copy) and bytes of NVMe swap files.
+  size_t host_states = 0;
+  size_t nvme_states = 0;
   // Of `gradients`: the reduction buckets' staging buffers (held for reuse). 0 with
   // contiguous_gradients false (unless communication_data_type differs from the model dtype,
   // which needs a conversion buffer per reduction in flight). 0 with one rank (nothing is

@@ -143,11 +143,6 @@ TEST(EngineApiTest, UnsupportedConfigIsRefused) {
   Status s = RunThreadRanks(1, [](int rank, Communicator* comm, Device* device) -> Status {
     // What is not built yet is refused at Create, naming the key and what to use instead.
     ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(2, 1, 0.0), 1));
-    config.zero.offload_optimizer.device = OffloadDevice::kNvme;
-    config.zero.offload_optimizer.nvme_path = "/tmp";
-    config.zero.offload_optimizer.host_memory_budget = 1 << 20;
-    ZERO_RETURN_IF_ERROR(Expect(Engine::Create(config, device, comm).status(), StatusCode::kUnimplemented,
-                                "host_memory_budget"));
     ZERO_ASSIGN_OR_RETURN(Config p, MakeConfig(ConfigJson(3, 1, 0.0), 1));
     p.zero.offload_param.device = OffloadDevice::kCpu;
     ZERO_RETURN_IF_ERROR(Expect(Engine::Create(p, device, comm).status(), StatusCode::kUnimplemented,

@@ -9,7 +9,9 @@
 
 #include "nvme/nvme_test_util.h"
 #include "runtime/cpu_device.h"
+#include "zero/host_optimizer_states.h"
 #include "zero/optimizer_states.h"
+#include "zero/tiered_optimizer_states.h"
 
 namespace zero {
 namespace {
@@ -76,6 +78,67 @@ TEST(NvmeOptimizerStatesTest, BitwiseEqualToDeviceStatesWithRealSwapIo) {
     EXPECT_EQ(c1, c2);
   }
   EXPECT_FALSE(std::filesystem::exists(o.dir)) << "the swap file and its folder are removed with the states";
+}
+
+// Tiered: the first 1234 elements in host states, the rest on NVMe; calls that straddle the split
+// give the same bits as device states.
+TEST(TieredOptimizerStatesTest, HostThenNvmeEqualsDeviceStates) {
+  auto scratch = ScratchDir::Create("tiered_states");
+  ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
+  CpuDevice device;
+  Stream* s = device.default_stream();
+  constexpr int64_t kN = 3001, kSplit = 1234;
+  HostOptimizerStatesOptions ho;
+  ho.slab.pin_memory = false;
+  ho.model_dtype = DType::kBF16;
+  ho.chunk_numel = 500;
+  NvmeOptimizerStatesOptions no;
+  no.dir = scratch->File("rank0");
+  no.group_numel = 600;
+  no.buffer_count = 2;
+  no.model_dtype = DType::kBF16;
+  no.aio.block_size = 4096;
+  no.slab.pin_memory = false;
+  auto host = CreateHostOptimizerStates(&device, kSplit, s, ho);
+  auto nv = CreateNvmeOptimizerStates(&device, kN - kSplit, s, no);
+  ASSERT_TRUE(host.ok() && nv.ok());
+  std::unique_ptr<OptimizerStates> tiered = CreateTieredOptimizerStates(std::move(*host), std::move(*nv));
+  auto dev = CreateDeviceOptimizerStates(&device, kN, s);
+  ASSERT_TRUE(dev.ok());
+  EXPECT_EQ(tiered->numel(), kN);
+  EXPECT_GT(tiered->bytes().host, 0u);
+  EXPECT_GT(tiered->bytes().nvme, 0u);
+  std::vector<float> init(kN);
+  for (int64_t i = 0; i < kN; ++i) init[i] = -0.2f + 0.0003f * static_cast<float>(i % 501);
+  for (OptimizerStates* st : {tiered.get(), dev->get()}) ASSERT_TRUE(st->Write(OptState::kMaster, 0, kN, init.data()).ok());
+  for (int step = 1; step <= 2; ++step) {
+    AdamWParams h;
+    h.lr = 0.01f;
+    h.bias_correction1 = static_cast<float>(1.0 - std::pow(0.9, step));
+    h.bias_correction2 = static_cast<float>(1.0 - std::pow(0.999, step));
+    std::vector<float> g(kN);
+    for (int64_t i = 0; i < kN; ++i) g[i] = 0.02f * static_cast<float>((i + 3 * step) % 23) - 0.2f;
+    std::vector<uint16_t> g16(kN), a(kN), b(kN);
+    for (int64_t i = 0; i < kN; ++i) g16[i] = FloatToBf16(g[i]);
+    for (OptimizerStates* st : {tiered.get(), dev->get()}) {
+      ASSERT_TRUE(st->Update(1000, 1000, g.data() + 1000, h, (st == tiered.get() ? a : b).data() + 1000, DType::kBF16, s).ok());
+      ASSERT_TRUE(st->UpdateFromGradient(0, 1000, g16.data(), DType::kBF16, h, s).ok());
+      ASSERT_TRUE(st->UpdateFromGradient(2000, kN - 2000, g16.data() + 2000, DType::kBF16, h, s).ok());
+    }
+    EXPECT_EQ(a, b) << "step " << step;
+  }
+  for (OptState w : {OptState::kMaster, OptState::kExpAvg, OptState::kExpAvgSq}) {
+    std::vector<float> x(kN), y(kN);
+    ASSERT_TRUE(tiered->Read(w, 0, kN, x.data()).ok());
+    ASSERT_TRUE((*dev)->Read(w, 0, kN, y.data()).ok());
+    EXPECT_EQ(0, std::memcmp(x.data(), y.data(), kN * 4)) << OptStateName(w);
+  }
+  std::vector<uint16_t> c1(kN), c2(kN);
+  ASSERT_TRUE(tiered->CastMaster(1, kN - 1, c1.data(), DType::kBF16, s).ok());
+  ASSERT_TRUE((*dev)->CastMaster(1, kN - 1, c2.data(), DType::kBF16, s).ok());
+  EXPECT_EQ(c1, c2);
+  std::vector<float> two(2);
+  EXPECT_EQ(tiered->Read(OptState::kMaster, kN - 1, 2, two.data()).code(), StatusCode::kOutOfRange);
 }
 
 }  // namespace

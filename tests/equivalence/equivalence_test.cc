@@ -106,6 +106,7 @@ CellSpec MatrixCell(const MatrixParam& p) {
 class MatrixTest : public ::testing::TestWithParam<MatrixParam> {};
 
 void ExpectStatesOffTheDevice(const std::vector<RankTrace>& traces);
+void ExpectTiers(const CellSpec& cell, const std::vector<RankTrace>& traces);
 
 void RunMatrixCell(const CellSpec& cell) {
   const Config config = ParseCell(cell);
@@ -124,7 +125,10 @@ void RunMatrixCell(const CellSpec& cell) {
   Status st = RunEngine(config, cell.world, schedule, &traces);
   ASSERT_TRUE(st.ok()) << st.ToString();
   ExpectMatches(*ref, traces, ContractTolerance());
-  if (cell.offload_optimizer) ExpectStatesOffTheDevice(traces);
+  if (cell.offload_optimizer) {
+    ExpectStatesOffTheDevice(traces);
+    ExpectTiers(cell, traces);
+  }
 }
 
 TEST_P(MatrixTest, EngineEqualsReferenceBitwise) { RunMatrixCell(MatrixCell(GetParam())); }
@@ -134,6 +138,15 @@ void ExpectStatesOffTheDevice(const std::vector<RankTrace>& traces) {
   for (size_t r = 0; r < traces.size(); ++r) {
     EXPECT_EQ(traces[r].memory.master_params, 0u) << "rank " << r << ": master weights on the device";
     EXPECT_EQ(traces[r].memory.optimizer_states, 0u) << "rank " << r << ": moments on the device";
+    EXPECT_GT(traces[r].memory.host_states, 0u) << "rank " << r;
+  }
+}
+
+// Where an offload cell's states are: NVMe (and tiered) cells have a swap file, CPU cells none.
+// (That a tiered cell splits its states is checked by TieredOptimizerStatesTest.)
+void ExpectTiers(const CellSpec& cell, const std::vector<RankTrace>& traces) {
+  for (size_t r = 0; r < traces.size(); ++r) {
+    EXPECT_EQ(traces[r].memory.nvme_states > 0, cell.nvme) << "rank " << r << ": swap file";
   }
 }
 
@@ -210,7 +223,10 @@ void RunOverflowCell(const OverflowParam& param, bool offload) {
   Status st = RunEngine(config, cell.world, schedule, &traces);
   ASSERT_TRUE(st.ok()) << st.ToString();
   ExpectMatches(*ref, traces, ContractTolerance());
-  if (cell.offload_optimizer) ExpectStatesOffTheDevice(traces);
+  if (cell.offload_optimizer) {
+    ExpectStatesOffTheDevice(traces);
+    ExpectTiers(cell, traces);
+  }
 }
 
 TEST_P(OverflowTest, SkipsAndRescalesLikeReference) { RunOverflowCell(GetParam(), false); }
@@ -329,6 +345,21 @@ INSTANTIATE_TEST_SUITE_P(Cells, NvmeMatrixTest,
                                             ::testing::Values(DType::kF32, DType::kBF16), ::testing::Values(1, 4),
                                             ::testing::Bool()),
                          [](const ::testing::TestParamInfo<MatrixParam>& info) { return NvmeCell(info.param).Name(); });
+
+// Tiered: host_memory_budget keeps about half of each rank's partition in pinned host memory, the
+// rest on NVMe (so parameters straddle the split): bitwise as the reference.
+class TieredMatrixTest : public ::testing::TestWithParam<MatrixParam> {};
+CellSpec TieredCell(const MatrixParam& p) {
+  CellSpec c = NvmeCell(p);
+  c.host_memory_budget = 12 * (TotalNumel(ModelDims()) / (2 * c.world));
+  return c;
+}
+TEST_P(TieredMatrixTest, EngineEqualsReferenceBitwise) { RunMatrixCell(TieredCell(GetParam())); }
+INSTANTIATE_TEST_SUITE_P(Cells, TieredMatrixTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1, 2),
+                                            ::testing::Values(DType::kBF16), ::testing::Values(1, 4),
+                                            ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<MatrixParam>& info) { return TieredCell(info.param).Name(); });
 
 // Unmanaged accumulation with offload_optimizer.device "cpu" (stages 1-3).
 class OffloadUnmanagedTest : public ::testing::TestWithParam<UnmanagedParam> {};

@@ -397,7 +397,7 @@ std::string CellSpec::Name() const {
                   "_gas" + std::to_string(gas) + (clip > 0 ? "_clip" : "_noclip");
   if (!managed) s += "_unmanaged";
   if (freeze_inactive) s += "_freeze";
-  if (offload_optimizer) s += nvme ? "_nvme" : "_offload";
+  if (offload_optimizer) s += nvme ? (host_memory_budget > 0 ? "_tiered" : "_nvme") : "_offload";
   return s;
 }
 
@@ -427,7 +427,8 @@ std::string CellConfigJson(const CellSpec& c) {
     << (c.offload_optimizer && !c.nvme ? ", \"offload_optimizer\": {\"device\": \"cpu\", \"cpu_threads\": 2}" : "")
     << (c.offload_optimizer && c.nvme
             ? ", \"sub_group_size\": 300, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + NvmeTestDir() +
-                  "\", \"buffer_count\": 2, \"cpu_threads\": 2}"
+                  "\", \"buffer_count\": 2, \"cpu_threads\": 2, \"host_memory_budget\": " +
+                  std::to_string(c.host_memory_budget) + "}"
             : "")
     << "}"
     << (c.offload_optimizer && c.nvme ? ",\n  \"aio\": {\"block_size\": 4096, \"queue_depth\": 4}" : "") << "\n"

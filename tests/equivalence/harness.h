@@ -143,6 +143,7 @@ struct CellSpec {
   // With offload_optimizer: "nvme" instead, swap files (real O_DIRECT I/O) under
   // $ZERO_TEST_TMPDIR, $TEST_TMPDIR or /var/tmp, sub_group_size 300, 2 group buffers.
   bool nvme = false;
+  int64_t host_memory_budget = 0;  // with nvme: the tiered host part (bytes, 12 per element)
   int loss_scale_window = 1000;
   int hysteresis = 2;
   int initial_scale_power = 12;
