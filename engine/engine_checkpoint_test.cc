@@ -424,6 +424,26 @@ TEST(EngineCheckpointTest, LoadsIntoAnotherOffloadMode) {
   }
 }
 
+// NVMe and tiered states (swap files with real O_DIRECT I/O, groups of 50 elements, two buffers:
+// every step evicts and re-reads) save and load the same checkpoints too: resume within the mode
+// and across modes (none, cpu, nvme, tiered) is bitwise.
+TEST(EngineCheckpointTest, NvmeAndTieredStatesResumeAndLoadAcrossModes) {
+  const std::string dir = ScratchDir("nvme_states");
+  auto nvme = [&](const std::string& sub, int64_t budget) {
+    return "\"sub_group_size\": 50, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + dir + "/" +
+           sub + "\", \"buffer_count\": 2, \"cpu_threads\": 2, \"host_memory_budget\": " + std::to_string(budget) + "}";
+  };
+  const std::string cpu = "\"offload_optimizer\": {\"device\": \"cpu\"}";
+  CheckCrossLoad(ConfigJson(2, 1, 0.0, kWarmup, nvme("a", 0)), ConfigJson(2, 1, 0.0, kWarmup, nvme("b", 0)),
+                 "stage 2 nvme -> nvme", true);
+  CheckCrossLoad(ConfigJson(3, 1, 0.0, kWarmup, nvme("a", 12 * 40)), ConfigJson(1, 1, 0.0, kWarmup, ""),
+                 "stage 3 tiered -> stage 1 on the device", false);
+  CheckCrossLoad(ConfigJson(1, 1, 0.0, kWarmup, cpu), ConfigJson(3, 1, 0.0, kWarmup, nvme("b", 12 * 40)),
+                 "stage 1 cpu -> stage 3 tiered", true);
+  CheckCrossLoad(ConfigJson(3, 1, 0.0, kWarmup, ""), ConfigJson(2, 1, 0.0, kWarmup, nvme("c", 0)),
+                 "stage 3 on the device -> stage 2 nvme", true);
+}
+
 // bf16 saved at stage 3, loaded at stage 1 and at stage 0 on another world size: the master weights
 // and moments arrive intact and the bf16 model parameters are re-derived from them.
 TEST(EngineCheckpointTest, Bf16Stage3LoadsAtStage1AndStage0) {

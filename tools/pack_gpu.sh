@@ -12,7 +12,7 @@ for t in "$@"; do
   cp -L "bazel-bin/$pkg/$name" .carry/bin/
 done
 for lib in /usr/lib/libgloo.so.0 $(ldd /usr/lib/libgloo.so.0 | awk '/=> \//{print $3}' | grep -E 'hiredis|ibverbs|libnl' ) \
-           /usr/lib/x86_64-linux-gnu/libnuma.so.1; do
+           /usr/lib/x86_64-linux-gnu/libnuma.so.1 /usr/lib/x86_64-linux-gnu/libaio.so.1; do
   cp -L "$lib" .carry/lib/
 done
 du -sh .carry
