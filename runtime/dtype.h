@@ -119,4 +119,12 @@ ZERO_HD void StoreFromFloat(void* p, DType t, size_t i, float v) {
   }
 }
 
+// Element pointer arithmetic on untyped (device or host) memory of type t.
+inline void* ElementPtr(void* base, DType t, int64_t i) {
+  return static_cast<char*>(base) + static_cast<size_t>(i) * SizeOf(t);
+}
+inline const void* ElementPtr(const void* base, DType t, int64_t i) {
+  return static_cast<const char*>(base) + static_cast<size_t>(i) * SizeOf(t);
+}
+
 }  // namespace zero

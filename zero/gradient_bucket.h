@@ -69,12 +69,5 @@ class BucketLayout {
 Status PackBucketItem(Device* device, Stream* stream, const BucketLayout& layout, int j,
                       const void* src, DType src_t, void* send, DType send_t);
 
-// Element pointer arithmetic on untyped device memory.
-inline void* ElementPtr(void* base, DType t, int64_t i) {
-  return static_cast<char*>(base) + static_cast<size_t>(i) * SizeOf(t);
-}
-inline const void* ElementPtr(const void* base, DType t, int64_t i) {
-  return static_cast<const char*>(base) + static_cast<size_t>(i) * SizeOf(t);
-}
 
 }  // namespace zero

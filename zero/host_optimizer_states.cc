@@ -16,10 +16,6 @@
 namespace zero {
 namespace {
 
-void* At(void* base, DType t, int64_t i) { return static_cast<char*>(base) + static_cast<size_t>(i) * SizeOf(t); }
-const void* At(const void* base, DType t, int64_t i) {
-  return static_cast<const char*>(base) + static_cast<size_t>(i) * SizeOf(t);
-}
 constexpr int64_t kTile = int64_t{1} << 16;
 
 class HostOptimizerStates final : public OptimizerStates {
@@ -100,7 +96,7 @@ class HostOptimizerStates final : public OptimizerStates {
       if (c + 1 < chunks) ZERO_RETURN_IF_ERROR(fetch(c + 1));
       const int64_t at = offset + c * chunk_;
       ZERO_RETURN_IF_ERROR(CpuAdamW(state_[0] + at, grad_[k], state_[1] + at, state_[2] + at,
-                                    static_cast<size_t>(len(c)), h, At(model_copy_, mdt_, at), mdt_, pool_.get()));
+                                    static_cast<size_t>(len(c)), h, ElementPtr(model_copy_, mdt_, at), mdt_, pool_.get()));
     }
     if (model_out != nullptr) ZERO_RETURN_IF_ERROR(CastMaster(offset, n, model_out, model_t, stream));
     return OkStatus();
@@ -122,7 +118,7 @@ class HostOptimizerStates final : public OptimizerStates {
       }
       Slot& sl = slots_[s];
       if (grad != nullptr) {
-        ZERO_RETURN_IF_ERROR(device_->Copy(sl.grad, At(grad, grad_t, at), static_cast<size_t>(len) * SizeOf(grad_t),
+        ZERO_RETURN_IF_ERROR(device_->Copy(sl.grad, ElementPtr(grad, grad_t, at), static_cast<size_t>(len) * SizeOf(grad_t),
                                            CopyKind::kDeviceToHost, stream));
       }
       ZERO_RETURN_IF_ERROR(device_->RecordEvent(sl.landed.get(), stream));
@@ -142,7 +138,7 @@ class HostOptimizerStates final : public OptimizerStates {
     if (n == 0) return OkStatus();
     if (model_t == mdt_) {
       // The model copy is round(master) already: one copy.
-      ZERO_RETURN_IF_ERROR(device_->Copy(model_out, At(model_copy_, mdt_, offset), static_cast<size_t>(n) * SizeOf(mdt_),
+      ZERO_RETURN_IF_ERROR(device_->Copy(model_out, ElementPtr(model_copy_, mdt_, offset), static_cast<size_t>(n) * SizeOf(mdt_),
                                          CopyKind::kHostToDevice, stream));
       return device_->RecordEvent(copied_.get(), stream);
     }
@@ -150,7 +146,7 @@ class HostOptimizerStates final : public OptimizerStates {
       const int64_t m = std::min(chunk_, n - at);
       ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(copied_.get()));  // cast_ is free
       RoundInto(state_[0] + offset + at, cast_, model_t, m);
-      ZERO_RETURN_IF_ERROR(device_->Copy(At(model_out, model_t, at), cast_, static_cast<size_t>(m) * SizeOf(model_t),
+      ZERO_RETURN_IF_ERROR(device_->Copy(ElementPtr(model_out, model_t, at), cast_, static_cast<size_t>(m) * SizeOf(model_t),
                                          CopyKind::kHostToDevice, stream));
       ZERO_RETURN_IF_ERROR(device_->RecordEvent(copied_.get(), stream));
     }
@@ -171,7 +167,7 @@ class HostOptimizerStates final : public OptimizerStates {
     ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(copied_.get()));
     ZERO_RETURN_IF_ERROR(device_->Copy(at(which, offset), src, static_cast<size_t>(n) * 4, CopyKind::kDeviceToHost, stream));
     ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream));
-    if (which == OptState::kMaster) RoundInto(state_[0] + offset, At(model_copy_, mdt_, offset), mdt_, n);
+    if (which == OptState::kMaster) RoundInto(state_[0] + offset, ElementPtr(model_copy_, mdt_, offset), mdt_, n);
     return OkStatus();
   }
   Status Read(OptState which, int64_t offset, int64_t n, float* host) override {
@@ -187,7 +183,7 @@ class HostOptimizerStates final : public OptimizerStates {
     ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream_));
     if (n == 0) return OkStatus();
     std::memcpy(at(which, offset), host, static_cast<size_t>(n) * 4);
-    if (which == OptState::kMaster) RoundInto(state_[0] + offset, At(model_copy_, mdt_, offset), mdt_, n);
+    if (which == OptState::kMaster) RoundInto(state_[0] + offset, ElementPtr(model_copy_, mdt_, offset), mdt_, n);
     return OkStatus();
   }
   OptimizerStateBytes bytes() const override {
@@ -231,14 +227,14 @@ class HostOptimizerStates final : public OptimizerStates {
     pool_->ParallelFor(static_cast<size_t>((t.n + kTile - 1) / kTile), [&](size_t k) {
       const int64_t b = static_cast<int64_t>(k) * kTile, e = std::min(t.n, b + kTile);
       if (t.has_grad) {
-        cpu->AccumulateFirst(sl.widened + b, At(sl.grad, t.grad_t, b), t.grad_t, static_cast<size_t>(e - b), 1.0f, nullptr)
+        cpu->AccumulateFirst(sl.widened + b, ElementPtr(sl.grad, t.grad_t, b), t.grad_t, static_cast<size_t>(e - b), 1.0f, nullptr)
             .IgnoreError();  // host memory, valid arguments: cannot fail
       } else {
         std::memset(sl.widened + b, 0, static_cast<size_t>(e - b) * 4);
       }
     });
     return CpuAdamW(state_[0] + t.offset, sl.widened, state_[1] + t.offset, state_[2] + t.offset,
-                    static_cast<size_t>(t.n), t.h, At(model_copy_, mdt_, t.offset), mdt_, pool_.get());
+                    static_cast<size_t>(t.n), t.h, ElementPtr(model_copy_, mdt_, t.offset), mdt_, pool_.get());
   }
 
   void WorkerLoop() {
@@ -269,11 +265,7 @@ class HostOptimizerStates final : public OptimizerStates {
 
   float* at(OptState s, int64_t offset) { return state_[static_cast<int>(s)] + offset; }
   Status Check(int64_t offset, int64_t n, const char* call) const {
-    if (offset < 0 || n < 0 || offset + n > numel_) {
-      return OutOfRangeError(std::string("host optimizer states: ") + call + " of [" + std::to_string(offset) +
-                             ", " + std::to_string(offset + n) + ") outside [0, " + std::to_string(numel_) + ")");
-    }
-    return OkStatus();
+    return CheckStateRange("host optimizer states", call, offset, n, numel_);
   }
 
   Device* device_;

@@ -18,10 +18,6 @@
 namespace zero {
 namespace {
 
-void* At(void* base, DType t, int64_t i) { return static_cast<char*>(base) + static_cast<size_t>(i) * SizeOf(t); }
-const void* At(const void* base, DType t, int64_t i) {
-  return static_cast<const char*>(base) + static_cast<size_t>(i) * SizeOf(t);
-}
 constexpr int64_t kTile = int64_t{1} << 16;
 
 class NvmeOptimizerStates final : public OptimizerStates {
@@ -115,7 +111,7 @@ class NvmeOptimizerStates final : public OptimizerStates {
     for (int64_t at = 0; at < n; at += chunk_) {
       const int64_t len = std::min(chunk_, n - at);
       if (grad != nullptr) {
-        ZERO_RETURN_IF_ERROR(device_->Copy(raw_, At(grad, grad_t, at), static_cast<size_t>(len) * SizeOf(grad_t),
+        ZERO_RETURN_IF_ERROR(device_->Copy(raw_, ElementPtr(grad, grad_t, at), static_cast<size_t>(len) * SizeOf(grad_t),
                                            CopyKind::kDeviceToHost, stream));
         ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream));
         ZERO_RETURN_IF_ERROR(cpu_.AccumulateFirst(grad_, raw_, grad_t, static_cast<size_t>(len), 1.0f, nullptr));
@@ -131,7 +127,7 @@ class NvmeOptimizerStates final : public OptimizerStates {
     ZERO_RETURN_IF_ERROR(Check(offset, n, "CastMaster"));
     if (n == 0) return OkStatus();
     if (model_t == mdt_) {
-      ZERO_RETURN_IF_ERROR(device_->Copy(model_out, At(model_copy_, mdt_, offset), static_cast<size_t>(n) * SizeOf(mdt_),
+      ZERO_RETURN_IF_ERROR(device_->Copy(model_out, ElementPtr(model_copy_, mdt_, offset), static_cast<size_t>(n) * SizeOf(mdt_),
                                          CopyKind::kHostToDevice, stream));
       return device_->SynchronizeStream(stream);  // the model copy may change after this returns
     }
@@ -139,7 +135,7 @@ class NvmeOptimizerStates final : public OptimizerStates {
       const int64_t len = std::min(chunk_, n - at);
       ZERO_RETURN_IF_ERROR(Read(OptState::kMaster, offset + at, len, grad_));
       for (int64_t i = 0; i < len; ++i) StoreFromFloat(raw_, model_t, static_cast<size_t>(i), grad_[i]);
-      ZERO_RETURN_IF_ERROR(device_->Copy(At(model_out, model_t, at), raw_, static_cast<size_t>(len) * SizeOf(model_t),
+      ZERO_RETURN_IF_ERROR(device_->Copy(ElementPtr(model_out, model_t, at), raw_, static_cast<size_t>(len) * SizeOf(model_t),
                                          CopyKind::kHostToDevice, stream));
       ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream));
     }
@@ -314,16 +310,12 @@ class NvmeOptimizerStates final : public OptimizerStates {
   Status UpdateRange(int64_t offset, int64_t n, const float* g_host, const AdamWParams& h) {
     return ForGroups(offset, n, /*dirty=*/true, [&](float* g, int64_t glen, int64_t from, int64_t len, int64_t done) {
       return CpuAdamW(g + from, g_host + done, g + glen + from, g + 2 * glen + from, static_cast<size_t>(len), h,
-                      At(model_copy_, mdt_, offset + done), mdt_, pool_.get());
+                      ElementPtr(model_copy_, mdt_, offset + done), mdt_, pool_.get());
     });
   }
 
   Status Check(int64_t offset, int64_t n, const char* call) const {
-    if (offset < 0 || n < 0 || offset + n > numel_) {
-      return OutOfRangeError(std::string("NVMe optimizer states: ") + call + " of [" + std::to_string(offset) +
-                             ", " + std::to_string(offset + n) + ") outside [0, " + std::to_string(numel_) + ")");
-    }
-    return OkStatus();
+    return CheckStateRange("NVMe optimizer states", call, offset, n, numel_);
   }
 
   Device* device_;

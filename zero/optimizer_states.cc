@@ -20,6 +20,14 @@ const char* OptStateName(OptState s) {
   return "?";
 }
 
+Status CheckStateRange(const char* what, const char* call, int64_t offset, int64_t n, int64_t numel) {
+  if (offset < 0 || n < 0 || offset + n > numel) {
+    return OutOfRangeError(std::string(what) + ": " + call + " of [" + std::to_string(offset) + ", " +
+                           std::to_string(offset + n) + ") outside [0, " + std::to_string(numel) + ")");
+  }
+  return OkStatus();
+}
+
 namespace {
 
 class DeviceOptimizerStates final : public OptimizerStates {
@@ -58,7 +66,7 @@ class DeviceOptimizerStates final : public OptimizerStates {
       const size_t len = static_cast<size_t>(std::min(kChunk, n - at));
       float* g = scratch.as<float>();
       if (grad != nullptr) {
-        const void* src = static_cast<const char*>(grad) + static_cast<size_t>(at) * SizeOf(grad_t);
+        const void* src = ElementPtr(grad, grad_t, at);
         ZERO_RETURN_IF_ERROR(device_->AccumulateFirst(g, src, grad_t, len, 1.0f, stream));
       } else {
         ZERO_RETURN_IF_ERROR(device_->Fill(g, DType::kF32, len, 0.0f, stream));
@@ -106,11 +114,7 @@ class DeviceOptimizerStates final : public OptimizerStates {
   }
   float* at(OptState s, int64_t offset) { return buf(s).as<float>() + offset; }
   Status Check(int64_t offset, int64_t n, const char* call) const {
-    if (offset < 0 || n < 0 || offset + n > numel_) {
-      return OutOfRangeError(std::string("optimizer states: ") + call + " of [" + std::to_string(offset) + ", " +
-                             std::to_string(offset + n) + ") outside [0, " + std::to_string(numel_) + ")");
-    }
-    return OkStatus();
+    return CheckStateRange("optimizer states", call, offset, n, numel_);
   }
 
   Device* device_;

@@ -61,6 +61,10 @@ class OptimizerStates {
   virtual OptimizerStateBytes bytes() const = 0;
 };
 
+// For implementations: OK, or OutOfRange naming `what` and `call`: "[offset, offset + n) outside
+// [0, numel)".
+Status CheckStateRange(const char* what, const char* call, int64_t offset, int64_t n, int64_t numel);
+
 // The states in device memory (three buffers of `numel` fp32 elements, zero-filled on `stream`,
 // which Read/Write order against). Errors name the state that could not be allocated.
 Result<std::unique_ptr<OptimizerStates>> CreateDeviceOptimizerStates(Device* device, int64_t numel, Stream* stream);

@@ -16,20 +16,20 @@ class TieredOptimizerStates final : public OptimizerStates {
   Status Update(int64_t offset, int64_t n, const float* grads, const AdamWParams& h, void* model_out, DType model_t,
                 Stream* stream) override {
     return Split(offset, n, [&](OptimizerStates* s, int64_t off, int64_t len, int64_t done) {
-      return s->Update(off, len, grads + done, h, model_out != nullptr ? Advance(model_out, model_t, done) : nullptr,
+      return s->Update(off, len, grads + done, h, model_out != nullptr ? ElementPtr(model_out, model_t, done) : nullptr,
                        model_t, stream);
     });
   }
   Status UpdateFromGradient(int64_t offset, int64_t n, const void* grad, DType grad_t, const AdamWParams& h,
                             Stream* stream) override {
     return Split(offset, n, [&](OptimizerStates* s, int64_t off, int64_t len, int64_t done) {
-      const void* g = grad != nullptr ? Advance(const_cast<void*>(grad), grad_t, done) : nullptr;
+      const void* g = grad != nullptr ? ElementPtr(grad, grad_t, done) : nullptr;
       return s->UpdateFromGradient(off, len, g, grad_t, h, stream);
     });
   }
   Status CastMaster(int64_t offset, int64_t n, void* model_out, DType model_t, Stream* stream) override {
     return Split(offset, n, [&](OptimizerStates* s, int64_t off, int64_t len, int64_t done) {
-      return s->CastMaster(off, len, Advance(model_out, model_t, done), model_t, stream);
+      return s->CastMaster(off, len, ElementPtr(model_out, model_t, done), model_t, stream);
     });
   }
   Status CopyToDevice(OptState which, int64_t offset, int64_t n, float* dst, Stream* stream) override {
@@ -58,16 +58,11 @@ class TieredOptimizerStates final : public OptimizerStates {
   }
 
  private:
-  static void* Advance(void* p, DType t, int64_t i) { return static_cast<char*>(p) + static_cast<size_t>(i) * SizeOf(t); }
-
   // fn(part, offset in the part, length, elements of the range before this piece) for the pieces
   // of [offset, offset + n) in the first and in the second part.
   template <typename Fn>
   Status Split(int64_t offset, int64_t n, Fn fn) {
-    if (offset < 0 || n < 0 || offset + n > numel()) {
-      return OutOfRangeError("tiered optimizer states: [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
-                             ") outside [0, " + std::to_string(numel()) + ")");
-    }
+    ZERO_RETURN_IF_ERROR(CheckStateRange("tiered optimizer states", "a call", offset, n, numel()));
     const int64_t in_first = std::max<int64_t>(0, std::min(offset + n, split_) - offset);
     if (in_first > 0) ZERO_RETURN_IF_ERROR(fn(first_.get(), offset, in_first, 0));
     if (n - in_first > 0) ZERO_RETURN_IF_ERROR(fn(second_.get(), offset + in_first - split_, n - in_first, in_first));
