@@ -276,13 +276,16 @@ Schedule UnmanagedSchedule() {
 
 class UnmanagedTest : public ::testing::TestWithParam<UnmanagedParam> {};
 
-void RunUnmanagedCell(const UnmanagedParam& param, bool offload) {
+// offload: "" (none), "cpu", "nvme" or "tiered".
+void RunUnmanagedCell(const UnmanagedParam& param, const std::string& offload) {
   CellSpec cell;
   cell.stage = std::get<0>(param);
   cell.world = std::get<1>(param);
   cell.dtype = std::get<2>(param);
   cell.freeze_inactive = std::get<3>(param);
-  cell.offload_optimizer = offload;
+  cell.offload_optimizer = !offload.empty();
+  cell.nvme = offload == "nvme" || offload == "tiered";
+  if (offload == "tiered") cell.host_memory_budget = 12 * (TotalNumel(ModelDims()) / (2 * cell.world));
   cell.managed = false;
   cell.gas = 1;
   cell.clip = kClip;
@@ -324,10 +327,13 @@ void RunUnmanagedCell(const UnmanagedParam& param, bool offload) {
     EXPECT_EQ(t.exp_avg_sq_snapshots[2][kHeadBW], t.exp_avg_sq_snapshots[1][kHeadBW]) << "rank " << r;
   }
   ExpectMatches(*ref, traces, ContractTolerance());
-  if (offload) ExpectStatesOffTheDevice(traces);
+  if (cell.offload_optimizer) {
+    ExpectStatesOffTheDevice(traces);
+    ExpectTiers(cell, traces);
+  }
 }
 
-TEST_P(UnmanagedTest, InactiveParameters) { RunUnmanagedCell(GetParam(), false); }
+TEST_P(UnmanagedTest, InactiveParameters) { RunUnmanagedCell(GetParam(), ""); }
 
 // offload_optimizer.device "nvme" (swap files with real O_DIRECT I/O, groups of 300 elements, two
 // group buffers): the matrix at stages 1-3, worlds 1-2, fp32/bf16, GAS 1/4, clipping; bitwise as
@@ -363,7 +369,18 @@ INSTANTIATE_TEST_SUITE_P(Cells, TieredMatrixTest,
 
 // Unmanaged accumulation with offload_optimizer.device "cpu" (stages 1-3).
 class OffloadUnmanagedTest : public ::testing::TestWithParam<UnmanagedParam> {};
-TEST_P(OffloadUnmanagedTest, InactiveParameters) { RunUnmanagedCell(GetParam(), true); }
+TEST_P(OffloadUnmanagedTest, InactiveParameters) { RunUnmanagedCell(GetParam(), "cpu"); }
+// The same windows with NVMe and tiered states (bf16).
+class NvmeUnmanagedTest : public ::testing::TestWithParam<UnmanagedParam> {};
+TEST_P(NvmeUnmanagedTest, InactiveParameters) { RunUnmanagedCell(GetParam(), "nvme"); }
+TEST_P(NvmeUnmanagedTest, InactiveParametersTiered) { RunUnmanagedCell(GetParam(), "tiered"); }
+INSTANTIATE_TEST_SUITE_P(Windows, NvmeUnmanagedTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(2),
+                                            ::testing::Values(DType::kBF16), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<UnmanagedParam>& info) {
+                           return "s" + std::to_string(std::get<0>(info.param)) + "_w2_bf16" +
+                                  (std::get<3>(info.param) ? "_freeze" : "_step");
+                         });
 INSTANTIATE_TEST_SUITE_P(Windows, OffloadUnmanagedTest,
                          ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(2),
                                             ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
