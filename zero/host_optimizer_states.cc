@@ -11,12 +11,11 @@
 
 #include "offload/cpu_adam.h"
 #include "offload/thread_pool.h"
-#include "runtime/cpu_device.h"
+#include "zero/host_state_kernels.h"
 
 namespace zero {
 namespace {
 
-constexpr int64_t kTile = int64_t{1} << 16;
 
 class HostOptimizerStates final : public OptimizerStates {
  public:
@@ -212,27 +211,13 @@ class HostOptimizerStates final : public OptimizerStates {
     return std::move(e).value();
   }
 
-  // dst[i] = src[i] rounded to t, on the pool's threads.
-  void RoundInto(const float* src, void* dst, DType t, int64_t n) {
-    pool_->ParallelFor(static_cast<size_t>((n + kTile - 1) / kTile), [&](size_t k) {
-      const int64_t end = std::min(n, static_cast<int64_t>(k + 1) * kTile);
-      for (int64_t i = static_cast<int64_t>(k) * kTile; i < end; ++i) StoreFromFloat(dst, t, static_cast<size_t>(i), src[i]);
-    });
-  }
+  void RoundInto(const float* src, void* dst, DType t, int64_t n) { RoundToDType(pool_.get(), src, dst, t, n); }
+
 
   Status RunTask(const Task& t) {
     Slot& sl = slots_[t.slot];
     ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(sl.landed.get()));
-    CpuDevice* cpu = &cpu_;
-    pool_->ParallelFor(static_cast<size_t>((t.n + kTile - 1) / kTile), [&](size_t k) {
-      const int64_t b = static_cast<int64_t>(k) * kTile, e = std::min(t.n, b + kTile);
-      if (t.has_grad) {
-        cpu->AccumulateFirst(sl.widened + b, ElementPtr(sl.grad, t.grad_t, b), t.grad_t, static_cast<size_t>(e - b), 1.0f, nullptr)
-            .IgnoreError();  // host memory, valid arguments: cannot fail
-      } else {
-        std::memset(sl.widened + b, 0, static_cast<size_t>(e - b) * 4);
-      }
-    });
+    WidenToF32(pool_.get(), t.has_grad ? sl.grad : nullptr, t.grad_t, sl.widened, t.n);
     return CpuAdamW(state_[0] + t.offset, sl.widened, state_[1] + t.offset, state_[2] + t.offset,
                     static_cast<size_t>(t.n), t.h, ElementPtr(model_copy_, mdt_, t.offset), mdt_, pool_.get());
   }
@@ -273,7 +258,6 @@ class HostOptimizerStates final : public OptimizerStates {
   int64_t numel_;
   int64_t chunk_;
   DType mdt_;
-  CpuDevice cpu_;  // the reference widening (AccumulateFirst) on host memory
   std::unique_ptr<ThreadPool> pool_;
   HostSlab slab_;
   float* state_[3] = {nullptr, nullptr, nullptr};

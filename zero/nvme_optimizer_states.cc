@@ -13,12 +13,11 @@
 #include "nvme/swap_file.h"
 #include "offload/cpu_adam.h"
 #include "offload/thread_pool.h"
-#include "runtime/cpu_device.h"
+#include "zero/host_state_kernels.h"
 
 namespace zero {
 namespace {
 
-constexpr int64_t kTile = int64_t{1} << 16;
 
 class NvmeOptimizerStates final : public OptimizerStates {
  public:
@@ -114,10 +113,8 @@ class NvmeOptimizerStates final : public OptimizerStates {
         ZERO_RETURN_IF_ERROR(device_->Copy(raw_, ElementPtr(grad, grad_t, at), static_cast<size_t>(len) * SizeOf(grad_t),
                                            CopyKind::kDeviceToHost, stream));
         ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream));
-        ZERO_RETURN_IF_ERROR(cpu_.AccumulateFirst(grad_, raw_, grad_t, static_cast<size_t>(len), 1.0f, nullptr));
-      } else {
-        std::memset(grad_, 0, static_cast<size_t>(len) * 4);
       }
+      WidenToF32(pool_.get(), grad != nullptr ? raw_ : nullptr, grad_t, grad_, len);
       ZERO_RETURN_IF_ERROR(UpdateRange(offset + at, len, grad_, h));
     }
     return OkStatus();
@@ -134,7 +131,7 @@ class NvmeOptimizerStates final : public OptimizerStates {
     for (int64_t at = 0; at < n; at += chunk_) {
       const int64_t len = std::min(chunk_, n - at);
       ZERO_RETURN_IF_ERROR(Read(OptState::kMaster, offset + at, len, grad_));
-      for (int64_t i = 0; i < len; ++i) StoreFromFloat(raw_, model_t, static_cast<size_t>(i), grad_[i]);
+      RoundToDType(pool_.get(), grad_, raw_, model_t, len);
       ZERO_RETURN_IF_ERROR(device_->Copy(ElementPtr(model_out, model_t, at), raw_, static_cast<size_t>(len) * SizeOf(model_t),
                                          CopyKind::kHostToDevice, stream));
       ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream));
@@ -177,7 +174,7 @@ class NvmeOptimizerStates final : public OptimizerStates {
       return OkStatus();
     }));
     if (which == OptState::kMaster) {
-      for (int64_t i = 0; i < n; ++i) StoreFromFloat(model_copy_, mdt_, static_cast<size_t>(offset + i), host[i]);
+      RoundToDType(pool_.get(), host, ElementPtr(model_copy_, mdt_, offset), mdt_, n);
     }
     return OkStatus();
   }
@@ -326,7 +323,6 @@ class NvmeOptimizerStates final : public OptimizerStates {
   DType mdt_;
   int64_t groups_ = 0;
   std::string dir_;
-  CpuDevice cpu_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<LibaioEngine> engine_;
   std::unique_ptr<SwapFile> swap_;

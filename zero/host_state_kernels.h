@@ -1,0 +1,18 @@
+// Host-side elementwise passes shared by the host and NVMe optimizer states, spread over a
+// ThreadPool in contiguous tiles (results do not depend on the tiling or the thread count).
+#pragma once
+
+#include <cstdint>
+
+#include "offload/thread_pool.h"
+#include "runtime/dtype.h"
+
+namespace zero {
+
+// dst[i] = src[i] rounded to `t` (StoreFromFloat: round to nearest even).
+void RoundToDType(ThreadPool* pool, const float* src, void* dst, DType t, int64_t n);
+// dst[i] = 0.0f + src[i] widened from `t`, exactly as CpuDevice::AccumulateFirst (the engine's
+// first contribution: -0 becomes +0, NaN canonical); src null: zeros.
+void WidenToF32(ThreadPool* pool, const void* src, DType t, float* dst, int64_t n);
+
+}  // namespace zero
