@@ -35,6 +35,8 @@ class NvmeOptimizerStates final : public OptimizerStates {
     swap_.reset();  // removes the file
     std::error_code ec;
     std::filesystem::remove(dir_, ec);  // the rank's folder, if now empty
+    const std::filesystem::path parent = std::filesystem::path(dir_).parent_path();
+    if (parent.filename() == "zero_swap") std::filesystem::remove(parent, ec);  // the engine's, if empty
   }
 
   Status Init(const NvmeOptimizerStatesOptions& o) {

@@ -1,0 +1,102 @@
+// Offload set-up faults through the Engine: what a user gets when the NVMe path is missing,
+// unwritable, already holds a swap file of a killed run, or is too small, and that creating and
+// destroying offloading engines returns every byte of pinned host memory.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "comm/thread_ranks.h"
+#include "engine/engine.h"
+#include "engine/engine_test_util.h"
+#include "nvme/nvme_test_util.h"
+#include "offload/host_slab.h"
+
+namespace zero {
+namespace {
+
+using namespace ::zero::testing;  // NOLINT: the engine test helpers
+
+std::string NvmeJson(const std::string& path, const std::string& extra = "") {
+  return "\"sub_group_size\": 64, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + path +
+         "\", \"buffer_count\": 2" + extra + "}";
+}
+
+// Initialize's error on one rank (world 1), or OK.
+Status InitializeWith(const std::string& zero_extra) {
+  return RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
+    ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(2, 1, 0.0, "", zero_extra), 1));
+    return MakeEngine(config, SmallModel(), device, comm).status();
+  });
+}
+
+TEST(EngineOffloadFaultsTest, NvmePathProblemsAreClearErrorsAtInitialize) {
+  auto scratch = ::zero::ScratchDir::Create("offload_faults");  // on a filesystem with O_DIRECT
+  ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
+  const std::string dir = scratch->path();
+  // A path under a regular file cannot be created.
+  const std::string file = dir + "/a_file";
+  std::ofstream(file) << "x";
+  Status s = InitializeWith(NvmeJson(file + "/below"));
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("nvme_path"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find(file), std::string::npos) << s.ToString();
+
+  // A swap file left by a killed run is refused with its path, never reused.
+  const std::string stale = dir + "/stale";
+  std::filesystem::create_directories(stale + "/zero_swap/rank0");
+  std::ofstream(stale + "/zero_swap/rank0/optimizer_states.swp") << "old";
+  s = InitializeWith(NvmeJson(stale));
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("optimizer_states.swp"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(std::filesystem::exists(stale + "/zero_swap/rank0/optimizer_states.swp")) << "the stale file is left for the user";
+
+  // buffer_count below 2 names the key.
+  s = InitializeWith("\"sub_group_size\": 64, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + dir +
+                     "/one\", \"buffer_count\": 1}");
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("buffer_count"), std::string::npos) << s.ToString();
+
+  // A disk too small for the swap file (a 64 KiB tmpfs; skipped where mounting is not permitted).
+  auto small = ScopedMount::Create(dir + "/small", "tmpfs", "size=4k");  // one page: two regions do not fit
+  if (small.ok()) {
+    s = InitializeWith(NvmeJson(small->dir(), "") + ", \"aio\": {\"allow_buffered_fallback\": true}");
+    // tmpfs may refuse O_DIRECT on older kernels: either way a clear error at Initialize.
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find(small->dir()), std::string::npos) << s.ToString();
+  } else {
+    std::printf("skipped the disk-full case: %s\n", small.status().ToString().c_str());
+  }
+}
+
+TEST(EngineOffloadFaultsTest, OffloadingEnginesReturnTheirPinnedMemory) {
+  auto scratch = ::zero::ScratchDir::Create("offload_leaks");
+  ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
+  const std::string dir = scratch->path();
+  const size_t before = HostSlab::live_bytes();
+  for (int cycle = 0; cycle < 20; ++cycle) {
+    const std::string extra = cycle % 2 == 0 ? "\"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true, "
+                                               "\"pin_memory_fallback\": true}"
+                                             : NvmeJson(dir + "/c" + std::to_string(cycle));
+    Status s = RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
+      ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(3, 1, 0.0, "", extra), 2));
+      ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(config, SmallModel(), device, comm));
+      if (e->memory().host_states == 0) return InternalError("no host states");
+      TrainOptions o;
+      o.steps = 1;
+      TrainResult r;
+      return TrainSteps(e.get(), device, SmallModel(), rank, o, &r);
+    });
+    ASSERT_TRUE(s.ok()) << "cycle " << cycle << ": " << s.ToString();
+    ASSERT_EQ(HostSlab::live_bytes(), before) << "cycle " << cycle << ": pinned host memory left behind";
+  }
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    EXPECT_NE(entry.path().filename(), "zero_swap") << "left behind: " << entry.path();
+  }
+}
+
+}  // namespace
+}  // namespace zero
