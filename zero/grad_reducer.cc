@@ -30,9 +30,8 @@ Status GradientReducer::Fail(Status s) {
   return s;
 }
 
-void GradientReducer::SetPlan(const std::vector<BucketItem>& order, bool launch_early) {
+void GradientReducer::SetPlan(const std::vector<BucketItem>& order) {
   ZERO_CHECK(idle() && plan_.empty());
-  launch_early_ = launch_early;
   int max_param = -1;
   for (const BucketItem& it : order) max_param = std::max(max_param, it.param);
   bucket_of_.assign(static_cast<size_t>(max_param + 1), -1);
@@ -63,7 +62,7 @@ Status GradientReducer::AddPlanned(Pending p) {
   }
   slot_[p.param] = std::move(p);
   ++added_[b];
-  while (launch_early_ && next_bucket_ < static_cast<int>(plan_.size()) &&
+  while (next_bucket_ < static_cast<int>(plan_.size()) &&
          added_[next_bucket_] == static_cast<int>(plan_[next_bucket_].size())) {
     ZERO_RETURN_IF_ERROR(LaunchPlanned(next_bucket_++));
   }

@@ -106,10 +106,7 @@ class GradientReducer {
   Status Add(int param, void* src, DType src_t, int64_t numel, ReleaseFn release, void* recv = nullptr);
   // Fixes the bucket layout (see above). `order`: every parameter that will be added, each once,
   // in launch order, with its numel (> 0). Call before the first Add.
-  // `launch_early` false: nothing is launched before Flush (for callers that issue other
-  // collectives on the same communicator while gradients arrive, e.g. stage-3 gathers, so that the
-  // ranks' collective sequences stay identical whatever each rank reports when).
-  void SetPlan(const std::vector<BucketItem>& order, bool launch_early = true);
+  void SetPlan(const std::vector<BucketItem>& order);
   // Launches the open bucket (if it holds anything); with a plan, every bucket not yet launched.
   Status Flush();
   // Flush, then completes and processes every bucket in flight, in order.
@@ -175,7 +172,6 @@ class GradientReducer {
   std::vector<std::optional<Pending>> slot_;  // by parameter index: added since the last launch
   std::vector<int> added_;                 // per bucket
   int next_bucket_ = 0;
-  bool launch_early_ = true;
   std::deque<InFlight> in_flight_;
   void HashLayout(const BucketLayout& layout);
   uint64_t layout_hash_ = 0;
