@@ -26,6 +26,7 @@
 #include "zero/optimizer_states.h"
 #include "zero/param_coordinator.h"
 #include "zero/partition.h"
+#include "zero/reduction_schedule.h"
 
 namespace zero {
 
@@ -149,6 +150,10 @@ struct Engine::Impl {
   std::unique_ptr<BufferPool> grad_pool;
   std::vector<DeviceBuffer> grad_out;   // handed out by grad_buffer(), not yet reported
   std::vector<DeviceBuffer> grad_held;  // stage 2/3: reported, waiting to be packed
+  // Stage 3 with several ranks: when each module's gradients are reduced (zero/reduction_schedule.h;
+  // until then they wait in grad_held), and the parameters this rank reported too late for that.
+  std::unique_ptr<ReductionSchedule> schedule;
+  std::vector<std::string> late_reports;
   std::vector<uint8_t> handed_out;
   std::vector<uint8_t> reported;        // in the current backward
   std::vector<uint8_t> active;          // received a gradient in the current window
@@ -247,7 +252,7 @@ struct Engine::Impl {
   Status GradReadyImpl(int index);
   Status BackwardImpl();
   Status QueueBoundaryReduction(int index);
-  Status CheckSameReports();
+  Status ReduceModules(const std::vector<int>& modules);
   Status ReduceAccumulators(const std::vector<uint8_t>& which);
   Status UnionActive();
   Status BoundaryImpl();
@@ -687,8 +692,8 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     // fixed by parameter index, last registered first (the order a backward usually produces), and
     // a parameter a rank did not report contributes zeros (grad_reducer.h). Not at stage 3: its
     // gathers share the communicator, and a bucket that completes at a different point among them
-    // on one rank would make the ranks' sequences of collectives differ (engine.h); there the
-    // buckets form in report order, which every rank must share.
+    // on one rank would make the ranks' sequences of collectives differ; there the reduction
+    // schedule launches each module's reductions at a gather every rank makes (below).
     std::vector<BucketItem> order;
     for (int i = n_params - 1; i >= 0; --i) {
       if (params[i].numel > 0) order.push_back(BucketItem{i, params[i].numel});
@@ -736,6 +741,7 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     co.staging_free_bytes = device->kind() == DeviceKind::kCpu ? 0 : ~size_t{0};
     coordinator = std::make_unique<ParamCoordinator>(device, comm, compute, mdt, std::move(cps),
                                                      module_names, co);
+    if (world > 1) schedule = std::make_unique<ReductionSchedule>(comm, static_cast<int>(module_names.size()));
   }
   ZERO_RETURN_IF_ERROR(device->SynchronizeStream(compute));
   return OkStatus();
@@ -756,6 +762,13 @@ Result<ModuleHandle> Engine::GatherModule(const std::string& module) {
     return NotFoundError("GatherModule: unknown module '" + module + "' (registered: " + known + ")");
   }
   if (m.stage == 3) {
+    if (m.schedule != nullptr) {
+      // The reductions of the modules every rank now agrees are complete go first, at the same
+      // point among the gathers on every rank.
+      auto done = m.schedule->AtGather(it->second);
+      Status s = done.ok() ? m.ReduceModules(*done) : done.status();
+      ZERO_RETURN_IF_ERROR(m.Guard(s.WithContext("GatherModule('" + module + "'): reducing gradients")));
+    }
     ZERO_RETURN_IF_ERROR(m.Guard(m.coordinator->Acquire(it->second)
                                      .WithContext("GatherModule('" + module + "')")));
   }
@@ -766,7 +779,9 @@ Status Engine::ReleaseModule(int module_id) {
   Impl& m = *impl_;
   if (m.stage != 3 || m.coordinator == nullptr) return OkStatus();
   if (!m.broken.ok()) return m.broken;
-  return m.coordinator->Release(module_id);
+  ZERO_RETURN_IF_ERROR(m.coordinator->Release(module_id));
+  if (m.schedule != nullptr) m.schedule->Released(module_id, m.coordinator->ref_count(module_id));
+  return OkStatus();
 }
 
 Result<const void*> Engine::param(int index) const {
@@ -852,6 +867,16 @@ Status Engine::Impl::GradReadyImpl(int index) {
                                      &part_written[index]));
     return grad_pool->Release(std::move(buf), compute);
   }
+  if (schedule != nullptr) {
+    // Held until the schedule says every rank reduces this module (ReduceModules).
+    if (!schedule->Reported(p.module)) {
+      // Too late: the ranks already reduced this module. Backward() fails on every rank.
+      if (late_reports.size() < 8) late_reports.push_back(ParamName(p));
+      return grad_pool->Release(std::move(buf), compute);
+    }
+    grad_held[index] = std::move(buf);
+    return OkStatus();
+  }
   grad_held[index] = std::move(buf);
   void* data = grad_held[index].data();
   // Without contiguous_gradients the buffer is reduced in place; its tail receives the shard.
@@ -859,6 +884,35 @@ Status Engine::Impl::GradReadyImpl(int index) {
   return reducer->Add(index, data, mdt, p.numel, [this, index]() {
     return grad_pool->Release(std::move(grad_held[index]), compute);
   }, recv);
+}
+
+// Stage 3 with several ranks: every parameter of `modules` (in that order, each module's last
+// registered first) goes to the reducer, the ones this rank did not report as zeros, so every rank
+// reduces the same layout at the same point.
+Status Engine::Impl::ReduceModules(const std::vector<int>& modules) {
+  for (int mod : modules) {
+    const std::vector<int>& ps = module_params[mod];
+    for (auto it = ps.rbegin(); it != ps.rend(); ++it) {
+      const int index = *it;
+      const ParamInfo& p = params[index];
+      if (p.numel == 0) continue;
+      if (grad_held[index].empty()) {
+        // Not reported here: this rank contributes zeros (padding included).
+        auto b = grad_pool->Acquire(static_cast<size_t>(GradBufferNumel(p)) * SizeOf(mdt),
+                                    "allocating a zero gradient buffer");
+        if (!b.ok()) return b.status().WithContext("parameter " + ParamName(p));
+        grad_held[index] = std::move(b).value();
+        const int64_t zeros = PerParamReduction() ? p.shard.padded : p.numel;
+        ZERO_RETURN_IF_ERROR(device->Fill(grad_held[index].data(), mdt, static_cast<size_t>(zeros), 0.0f, compute));
+      }
+      void* data = grad_held[index].data();
+      void* recv = GradRecvArea() ? ElementPtr(data, mdt, p.shard.padded) : nullptr;
+      ZERO_RETURN_IF_ERROR(reducer->Add(index, data, mdt, p.numel, [this, index]() {
+        return grad_pool->Release(std::move(grad_held[index]), compute);
+      }, recv));
+    }
+  }
+  return OkStatus();
 }
 
 // The first contribution of a window to an fp32 gradient piece overwrites it (Device::
@@ -911,43 +965,6 @@ Status Engine::Impl::UpdateFromGradient(int index, const void* src) {
   }
   // One rank: the partition piece is the whole (unpadded) parameter.
   return states->UpdateFromGradient(p.part_off, p.shard.shard, src, mdt, StepParams(1.0, 1.0), compute);
-}
-
-// Stage 3 buckets form in report order, so ranks that reported different parameters (or the same
-// ones in orders that group them differently) reduced mismatched layouts: the reducer's hash of
-// this micro step's bucket layouts differs between ranks. Found here, before anything is applied, and
-// the engine becomes unusable (Guard) rather than step on mixed gradients. (Mismatched bucket sizes
-// may already have failed the collective itself.)
-Status Engine::Impl::CheckSameReports() {
-  const double h = static_cast<double>(reducer->TakeLayoutHash() & ((uint64_t{1} << 52) - 1));
-  double v[2] = {h, -h};
-  ZERO_RETURN_IF_ERROR(comm->AllReduceHost(v, 2, ReduceOp::kMax).WithContext("comparing the ranks' gradient reports"));
-  if (v[0] == -v[1]) return OkStatus();
-  const size_t n = params.size();
-  std::vector<double> flags(2 * n);
-  for (size_t i = 0; i < n; ++i) {
-    flags[i] = reported[i];
-    flags[n + i] = -static_cast<double>(reported[i]);
-  }
-  ZERO_RETURN_IF_ERROR(comm->AllReduceHost(flags.data(), flags.size(), ReduceOp::kMax)
-                           .WithContext("comparing the ranks' gradient reports"));
-  std::string some;
-  int listed = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (flags[i] == 1.0 && flags[n + i] == 0.0) {  // reported by some rank, not by every rank
-      if (listed < 8) some += (listed ? ", " : "") + ParamName(params[i]);
-      ++listed;
-    }
-  }
-  if (listed > 8) some += " and " + std::to_string(listed - 8) + " more";
-  return FailedPreconditionError(
-      "micro step " + std::to_string(counters.micro_steps) +
-      ": the ranks reported different gradients at ZeRO stage 3 (" +
-      (listed > 0 ? "reported on some ranks only: " + some
-                   : std::string("the same parameters, in orders that grouped them into different buckets")) +
-      "); at stage 3 every rank must report the same parameters in the same order in each backward (its "
-      "gradient buckets form in report order and share the communicator with the gathers). Stages 0-2 allow "
-      "different reports. The gradients of this micro step were mixed across ranks: the engine is unusable");
 }
 
 Status Engine::Impl::QueueBoundaryReduction(int index) {
@@ -1007,8 +1024,20 @@ Status Engine::Impl::BackwardImpl() {
       ZERO_RETURN_IF_ERROR(ReduceAccumulators(std::vector<uint8_t>(params.size(), 1)));
     }
   } else {
+    if (schedule != nullptr) {
+      auto rest = schedule->AtBackward();
+      if (!rest.ok()) {
+        Status s = rest.status();
+        if (!late_reports.empty()) {
+          std::string names;
+          for (const std::string& n : late_reports) names += (names.empty() ? "" : ", ") + n;
+          s = s.WithContext("this rank reported " + names + " after their modules were reduced");
+        }
+        return s;
+      }
+      ZERO_RETURN_IF_ERROR(ReduceModules(*rest));
+    }
     ZERO_RETURN_IF_ERROR(reducer->Drain());
-    if (stage == 3 && world > 1) ZERO_RETURN_IF_ERROR(CheckSameReports());
   }
   if (coordinator != nullptr) ZERO_RETURN_IF_ERROR(coordinator->EndMicroStep());
   std::fill(reported.begin(), reported.end(), 0);

@@ -86,14 +86,19 @@
 // freeze_inactive_parameters: true keeps such a parameter's weights and moments instead (PyTorch's
 // set_to_none behaviour). Active sets reset at every Step().
 //
-// Ranks may report different parameters, in different orders, at stages 0-2: with several ranks
-// the gradient buckets are fixed by parameter index (last registered first, the usual backward
-// order; overlap is best when gradients come in that order), and a parameter a rank did not report
-// in a micro step contributes zeros to the mean. Stage 3 with several ranks: every rank must
-// report the same parameters in the same order (buckets form in report order there), since its
-// gathers and gradient reductions share one communicator and the ranks' sequences of collectives
-// must match; a fixed layout would not help there without deterministic launch points among the
-// gathers (not built).
+// Ranks may report different parameters, in different orders. Stages 0-2 with several ranks: the
+// gradient buckets are fixed by parameter index (last registered first, the usual backward order;
+// overlap is best when gradients come in that order), and a parameter a rank did not report in a
+// micro step contributes zeros to the mean. Stage 3 with several ranks (its gathers and reductions
+// share the communicator, so reductions must start at the same point among the gathers on every
+// rank): a reported gradient waits until every rank agrees its module is complete - at the first
+// GatherModule after the module's release once some rank has reported one of its parameters, or at
+// Backward() - and then all of that module's parameters are reduced, zeros for the ones this rank
+// did not report (zero/reduction_schedule.h: decided by one small host all-reduce per gather in the
+// first micro step, replayed without any collective while later micro steps gather the same
+// modules). So every rank must report a module's gradients before the gather that follows its
+// release (the usual backward), or every rank only after its last gather; a rank reporting after
+// another rank's report made the module complete makes Backward() fail on every rank, naming it.
 //
 // Threading: an Engine is used from one thread. Errors: every call returns a Status naming the
 // parameter, module, key or rank at fault; after a communication error the engine is unusable.

@@ -179,7 +179,6 @@ Status GradientReducer::LaunchItems(std::vector<Pending> items) {
       if (!s.ok()) return Fail(s);
     }
   }
-  HashLayout(f.layout);
   ZERO_RETURN_IF_ERROR(Issue(&f, send, recv_area ? ElementPtr(send, t, f.layout.send_numel()) : nullptr));
   ++buckets_launched_;
   in_flight_.push_back(std::move(f));
@@ -230,24 +229,11 @@ Status GradientReducer::LaunchOne(int param, void* src, DType src_t, int64_t num
       recv = f.staging.data();
     }
   }
-  HashLayout(f.layout);
   ZERO_RETURN_IF_ERROR(Issue(&f, send, recv_area ? recv : nullptr));
   ++buckets_launched_;
   in_flight_.push_back(std::move(f));
   if (!options_.overlap) return ProcessOldest();
   return OkStatus();
-}
-
-void GradientReducer::HashLayout(const BucketLayout& layout) {
-  // splitmix64 steps: a new bucket, then each parameter index in layout order.
-  auto mix = [](uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-  };
-  layout_hash_ = mix(layout_hash_ ^ 0xB5C4E7ull);
-  for (const BucketItem& it : layout.items()) layout_hash_ = mix(layout_hash_ ^ static_cast<uint64_t>(it.param));
 }
 
 // Issues f's collective on `send` (f->layout.send_numel() elements of comm_dtype): kFull:

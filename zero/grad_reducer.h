@@ -119,14 +119,6 @@ class GradientReducer {
   size_t staging_bytes() const { return staging_.bytes(); }
   // Frees idle staging buffers (all of them when `keep` is 0).
   Status TrimStaging(size_t keep_bytes) { return staging_.Trim(keep_bytes); }
-  // A hash of the layouts launched since the last call (bucket by bucket: its parameters in layout
-  // order), then reset: equal on every rank exactly when they reduced the same layouts in the same
-  // order (up to hash collisions). Callers compare it across ranks.
-  uint64_t TakeLayoutHash() {
-    const uint64_t h = layout_hash_;
-    layout_hash_ = 0;
-    return h;
-  }
   // Reductions launched (buckets; parameters in per-parameter mode), with or without a collective.
   int64_t buckets_launched() const { return buckets_launched_; }
   // Collectives issued (none with one rank or for empty buckets).
@@ -173,8 +165,6 @@ class GradientReducer {
   std::vector<int> added_;                 // per bucket
   int next_bucket_ = 0;
   std::deque<InFlight> in_flight_;
-  void HashLayout(const BucketLayout& layout);
-  uint64_t layout_hash_ = 0;
   int64_t buckets_launched_ = 0;
   int64_t collectives_issued_ = 0;
   Status failed_;

@@ -402,10 +402,13 @@ INSTANTIATE_TEST_SUITE_P(Windows, UnmanagedTest,
                                   (std::get<3>(info.param) ? "_freeze" : "_step");
                          });
 
-// Ranks that use different parameters in the same micro step, reporting in different orders
-// (stages 0-2; stage 3 requires the same reports on every rank, engine.h): rank 0 uses head A
-// only, rank 1 head B only (and reports in forward order), rank 2 both; some micro steps swap them. Every rank reduces the same layout (the reducer's plan), a parameter a
-// rank did not report contributing zeros: bitwise as the reference, managed and unmanaged.
+// Ranks that use different parameters in the same micro step, reporting in different orders: rank
+// 0 uses head A only, rank 1 head B only, rank 2 both; some micro steps swap them. Stages 0-2: odd
+// ranks report after the backward's last gather, in forward order; every rank reduces the same
+// layout (the reducer's plan), a parameter a rank did not report contributing zeros. Stage 3: odd
+// ranks report each module's parameters in forward order while it is gathered; every rank reduces
+// a module once all agree it is complete (zero/reduction_schedule.h), zeros for what it did not
+// report. Bitwise as the reference, managed and unmanaged.
 using DifferentHeadsParam = std::tuple<int, int, DType, bool>;  // stage, world, dtype, managed
 class DifferentHeadsTest : public ::testing::TestWithParam<DifferentHeadsParam> {};
 
@@ -421,7 +424,8 @@ TEST_P(DifferentHeadsTest, SameLayoutOnEveryRank) {
   ASSERT_FALSE(HasFailure());
   Schedule schedule;
   schedule.managed = cell.managed;
-  schedule.odd_ranks_report_forward = true;
+  schedule.odd_ranks_report_forward = cell.stage < 3;
+  schedule.odd_ranks_report_params_forward = cell.stage == 3;
   const Heads a{true, false}, b{false, true}, both{true, true};
   const std::vector<std::vector<std::vector<Heads>>> windows = {
       {{a, b, both}, {b, a, a}}, {{a, b, b}, {a, b, both}}, {{b, a, both}, {both, b, a}}};
@@ -444,7 +448,7 @@ TEST_P(DifferentHeadsTest, SameLayoutOnEveryRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DifferentHeadsTest,
-                         ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Values(2, 3),
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(2, 3),
                                             ::testing::Values(DType::kF32, DType::kBF16), ::testing::Bool()),
                          [](const ::testing::TestParamInfo<DifferentHeadsParam>& info) {
                            return "s" + std::to_string(std::get<0>(info.param)) + "_w" +
@@ -452,6 +456,74 @@ INSTANTIATE_TEST_SUITE_P(Ranks, DifferentHeadsTest,
                                   DTypeName(std::get<2>(info.param)) +
                                   (std::get<3>(info.param) ? "_managed" : "_unmanaged");
                          });
+
+// Stage 3, several ranks using different heads, every rank reporting only after the backward's last
+// gather: the modules complete at Backward(), bitwise as the reference.
+using Stage3LateParam = std::tuple<int, bool>;  // world, managed
+class Stage3LateReportsTest : public ::testing::TestWithParam<Stage3LateParam> {};
+
+TEST_P(Stage3LateReportsTest, EveryRankReportingAfterItsGathersIsExact) {
+  CellSpec cell;
+  cell.stage = 3;
+  cell.world = std::get<0>(GetParam());
+  cell.dtype = DType::kBF16;
+  cell.managed = std::get<1>(GetParam());
+  cell.gas = cell.managed ? 2 : 1;
+  cell.clip = kClip;
+  const Config config = ParseCell(cell);
+  ASSERT_FALSE(HasFailure());
+  Schedule schedule;
+  schedule.managed = cell.managed;
+  schedule.every_rank_reports_after_gathers = true;
+  const Heads a{true, false}, b{false, true}, both{true, true};
+  for (const auto& win : std::vector<std::vector<std::vector<Heads>>>{{{a, b, both}, {b, a, a}}, {{both, b, a}, {a, b, b}}}) {
+    Window w;
+    for (const auto& per_rank : win) {
+      MicroSpec m;
+      m.rank_heads = per_rank;
+      if (!cell.managed) m.loss_divisor = static_cast<float>(win.size());
+      w.micros.push_back(m);
+    }
+    schedule.windows.push_back(w);
+  }
+  Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), ModelDims(), schedule);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  std::vector<RankTrace> traces;
+  Status st = RunEngine(config, cell.world, schedule, &traces);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ExpectMatches(*ref, traces, ContractTolerance());
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Stage3LateReportsTest,
+                         ::testing::Combine(::testing::Values(2, 3), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<Stage3LateParam>& info) {
+                           return "w" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_managed" : "_unmanaged");
+                         });
+
+// Stage 3: rank 0 reports head B while it is gathered in backward, rank 1 only after its last
+// gather, so head B was already reduced (at the next gather) when rank 1 reported it: Backward()
+// fails on every rank (no rank is left waiting), naming rank 1 and, on rank 1, the parameter.
+TEST(Stage3ReportTimingTest, AReportAfterTheModuleWasReducedFailsEveryRank) {
+  CellSpec cell;
+  cell.stage = 3;
+  cell.world = 2;
+  cell.dtype = DType::kF32;
+  const Config config = ParseCell(cell);
+  ASSERT_FALSE(HasFailure());
+  Schedule schedule;
+  schedule.odd_ranks_report_forward = true;
+  Window w;
+  w.micros.push_back(MicroSpec{Heads{true, true}});
+  schedule.windows.push_back(w);
+  std::vector<RankTrace> traces;
+  Status st = RunEngine(config, cell.world, schedule, &traces);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  EXPECT_NE(st.message().find("rank 1 reported a gradient after its module's gradients were reduced"),
+            std::string::npos)
+      << st.ToString();
+}
 
 // Unmanaged accumulation equals managed accumulation for the same boundaries, bitwise.
 using ManagedPairParam = std::tuple<int, DType, bool>;  // stage, dtype, freeze

@@ -152,11 +152,13 @@ Status RunEngineRank(const Config& config, const ModelDims& dims, const Schedule
       // gathers are collective, so every rank gathers in the same order), each module's
       // gradients written and reported in reverse registration order. With
       // odd_ranks_report_forward, odd ranks report after the loop instead, in forward order.
-      const bool forward_order = schedule.odd_ranks_report_forward && rank % 2 == 1;
+      const bool forward_order =
+          (schedule.odd_ranks_report_forward && rank % 2 == 1) || schedule.every_rank_reports_after_gathers;
+      const bool params_forward = forward_order || (schedule.odd_ranks_report_params_forward && rank % 2 == 1);
       auto report = [&](const ModuleInfo& m) -> Status {
         if (!ModuleUsed(m, own)) return OkStatus();
         std::vector<int> ps(m.params.rbegin(), m.params.rend());
-        if (forward_order) ps.assign(m.params.begin(), m.params.end());
+        if (params_forward) ps.assign(m.params.begin(), m.params.end());
         for (int p : ps) {
           ZERO_RETURN_IF_ERROR(WriteGrad(engine.get(), device, dtype, p, grads[p], options.sync_device));
         }

@@ -46,8 +46,14 @@ Heads UnionHeads(const MicroSpec& m);
 struct Schedule {
   std::vector<Window> windows;
   bool managed = true;
-  // Odd ranks report gradients in forward order (modules and parameters), even ranks in reverse.
+  // Odd ranks report gradients in forward order (modules and parameters) after the backward's last
+  // gather, even ranks in reverse during it.
   bool odd_ranks_report_forward = false;
+  // Odd ranks report each module's parameters in forward order, still while the module is gathered
+  // in backward (even ranks: reverse).
+  bool odd_ranks_report_params_forward = false;
+  // Every rank reports after the backward's last gather, in forward order.
+  bool every_rank_reports_after_gathers = false;
   bool snapshots = false;  // record weights and AdamW moments after every window
 };
 
