@@ -33,6 +33,8 @@ struct NvmeOptimizerStatesOptions {
   int64_t group_numel = 1000000000;  // sub_group_size
   int buffer_count = 4;            // group buffers in host memory, >= 2
   AioOptions aio;
+  // Creates the aio engine from `aio` (empty: LibaioEngine). Tests inject faults through it.
+  AioEngineFactory aio_engine_factory;
   HostSlabOptions slab;
   int cpu_threads = 0;
   DType model_dtype = DType::kF32;
