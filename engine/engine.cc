@@ -105,6 +105,7 @@ std::string ParamName(const ParamInfo& p) { return "'" + p.spec.name + "'"; }
 
 struct Engine::Impl {
   Config config;
+  EngineEnv env;
   Device* device = nullptr;
   Communicator* comm = nullptr;
   Stream* compute = nullptr;
@@ -312,7 +313,7 @@ Engine::~Engine() {
 }
 
 Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* device,
-                                               Communicator* comm) {
+                                               Communicator* comm, const EngineEnv& env) {
   if (device == nullptr || comm == nullptr) {
     return InvalidArgumentError("Engine::Create: device and communicator must not be null");
   }
@@ -366,6 +367,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* dev
   }
   auto impl = std::make_unique<Impl>();
   impl->config = config;
+  impl->env = env;
   impl->device = device;
   impl->comm = comm;
   impl->compute = device->default_stream();
@@ -505,6 +507,7 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
       no.aio.single_submit = a.single_submit;
       no.aio.overlap_events = a.overlap_events;
       no.aio.allow_buffered_fallback = a.allow_buffered_fallback;
+      no.aio_engine_factory = env.aio_engine_factory;
       no.slab.pin_memory = oo.pin_memory;
       no.slab.fallback_to_pageable = oo.pin_memory_fallback;
       no.slab.what = "NVMe optimizer state buffers";

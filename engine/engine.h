@@ -112,6 +112,7 @@
 
 #include "comm/communicator.h"
 #include "engine/config.h"
+#include "nvme/aio_engine.h"
 #include "runtime/device.h"
 #include "runtime/status.h"
 #include "zero/loss_scaler.h"
@@ -192,10 +193,18 @@ struct EngineCounters {
   int64_t adam_step = 0;       // t of the last applied AdamW update
 };
 
+// What an Engine takes from its environment besides the config (leveldb's Options::env): the
+// default is the real thing. Tests pass fault-injecting pieces here; the Config stays a plain value.
+struct EngineEnv {
+  // Makes the aio engine of offload_optimizer.device "nvme" (empty: LibaioEngine). Called once per
+  // rank at Initialize with the `aio` block's options.
+  AioEngineFactory aio_engine_factory;
+};
+
 class Engine {
  public:
   static Result<std::unique_ptr<Engine>> Create(const Config& config, Device* device,
-                                                Communicator* comm);
+                                                Communicator* comm, const EngineEnv& env = {});
   ~Engine();
 
   // --- set-up --------------------------------------------------------------------------------

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -130,6 +131,11 @@ class AioEngine {
   Status Read(AioFile& file, uint64_t offset, void* buffer, size_t length);
   Status Write(AioFile& file, uint64_t offset, const void* buffer, size_t length);
 };
+
+// Makes the AioEngine a component does its I/O with (leveldb's Env pattern: the environment is
+// passed in, never a global switch). Empty means the real one, LibaioEngine::Create(options); tests
+// pass a factory that returns a FaultyAioEngine (which wraps a LibaioEngine) to inject faults.
+using AioEngineFactory = std::function<Result<std::unique_ptr<AioEngine>>(const AioOptions& options)>;
 
 // Checks the alignment rules for one request on `file`; InvalidArgument naming the path, the
 // value at fault and the required multiple.

@@ -1,6 +1,7 @@
 #include "nvme/swap_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,16 +52,18 @@ Status Prewrite(AioEngine* engine, AioFile& file, uint64_t size) {
 
 }  // namespace
 
-SwapFile::SwapFile(AioEngine* engine, std::string path, std::unique_ptr<AioFile> file,
+SwapFile::SwapFile(AioEngine* engine, std::string path, std::unique_ptr<AioFile> file, int stat_fd,
                    std::vector<RegionState> regions, uint64_t file_size)
     : engine_(engine),
       path_(std::move(path)),
       file_(std::move(file)),
+      stat_fd_(stat_fd),
       regions_(std::move(regions)),
       file_size_(file_size) {}
 
 SwapFile::~SwapFile() {
   file_.reset();
+  ::close(stat_fd_);
   ::unlink(path_.c_str());
 }
 
@@ -125,8 +128,17 @@ Result<std::unique_ptr<SwapFile>> SwapFile::Create(AioEngine* engine, const std:
                             std::to_string(size) + " bytes");
     }
   }
+  // An O_PATH descriptor of the same file, for fstat: the swap file's size is checked before
+  // every region's I/O (the file, not whatever is at `path` later).
+  const int stat_fd = ::open(path.c_str(), O_PATH | O_CLOEXEC);
+  if (stat_fd < 0) {
+    const int err = errno;
+    file->reset();
+    ::unlink(path.c_str());
+    return ErrnoError("create swap file: open (O_PATH)", path, err);
+  }
   return std::unique_ptr<SwapFile>(
-      new SwapFile(engine, path, std::move(file).value(), std::move(regions), size));
+      new SwapFile(engine, path, std::move(file).value(), stat_fd, std::move(regions), size));
 }
 
 std::string SwapFile::Describe(size_t i) const {
@@ -146,8 +158,23 @@ Status SwapFile::CheckRegion(size_t i) const {
   return OkStatus();
 }
 
+Status SwapFile::CheckExtent(size_t i) const {
+  struct stat st;
+  if (::fstat(stat_fd_, &st) != 0) return ErrnoError("fstat swap file", path_, errno).WithContext(Describe(i));
+  const SwapRegion& r = regions_[i].layout;
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < r.offset + r.padded_bytes) {
+    return DataLossError(Describe(i) + ": the file ends at byte " + std::to_string(size) +
+                         " (end of file inside or before the region; it was created with " +
+                         std::to_string(file_size_) + " bytes): it was truncated after it was created");
+  }
+  return OkStatus();
+}
+
 Result<SwapFile::Io> SwapFile::StartWrite(size_t i, const void* buffer) {
   ZERO_RETURN_IF_ERROR(CheckRegion(i));
+  // A write into a truncated file would re-extend it silently; a truncation is reported instead.
+  ZERO_RETURN_IF_ERROR(CheckExtent(i));
   RegionState& r = regions_[i];
   Io io;
   io.region = i;
@@ -168,6 +195,7 @@ Result<SwapFile::Io> SwapFile::StartRead(size_t i, void* buffer) {
     return FailedPreconditionError(Describe(i) +
                                    ": read before any successful write (or after a failed one)");
   }
+  ZERO_RETURN_IF_ERROR(CheckExtent(i));
   Io io;
   io.region = i;
   io.read = true;

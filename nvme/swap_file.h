@@ -77,6 +77,9 @@ class SwapFile {
   Result<Io> StartWrite(size_t i, const void* buffer);
   // Starts reading region `i` into `buffer`. REQUIRES: written (FailedPrecondition otherwise).
   Result<Io> StartRead(size_t i, void* buffer);
+  // Start* first check (fstat) that the file still covers the region: DataLoss naming the file,
+  // the region and its end of file when it was truncated (a write would otherwise re-extend it
+  // silently, a read would hit the end of file).
   // Waits for `io`. Reads are checked: DataLoss naming the file, region, offset and both checksums
   // when the bytes differ from the last write, or when the file was truncated. A failed write
   // leaves the region unreadable until written again.
@@ -92,14 +95,17 @@ class SwapFile {
     bool busy = false;
     uint32_t crc = 0;
   };
-  SwapFile(AioEngine* engine, std::string path, std::unique_ptr<AioFile> file,
+  SwapFile(AioEngine* engine, std::string path, std::unique_ptr<AioFile> file, int stat_fd,
            std::vector<RegionState> regions, uint64_t file_size);
   std::string Describe(size_t i) const;
   Status CheckRegion(size_t i) const;
+  // DataLoss when the file (fstat) no longer covers region i: truncated behind the owner's back.
+  Status CheckExtent(size_t i) const;
 
   AioEngine* const engine_;
   const std::string path_;
   std::unique_ptr<AioFile> file_;
+  const int stat_fd_;  // O_PATH descriptor of the file, for CheckExtent's fstat
   std::vector<RegionState> regions_;
   const uint64_t file_size_;
 };

@@ -53,7 +53,11 @@ class NvmeOptimizerStates final : public OptimizerStates {
                                      ec.message());
     }
     ZERO_ASSIGN_OR_RETURN(pool_, ThreadPool::Create(o.cpu_threads));
-    ZERO_ASSIGN_OR_RETURN(engine_, LibaioEngine::Create(o.aio));
+    if (o.aio_engine_factory) {
+      ZERO_ASSIGN_OR_RETURN(engine_, o.aio_engine_factory(o.aio));
+    } else {
+      ZERO_ASSIGN_OR_RETURN(engine_, LibaioEngine::Create(o.aio));
+    }
     groups_ = numel_ == 0 ? 0 : (numel_ + group_ - 1) / group_;
     std::vector<SwapRegionSpec> regions;
     for (int64_t g = 0; g < groups_; ++g) {
@@ -207,13 +211,13 @@ class NvmeOptimizerStates final : public OptimizerStates {
       if (b.group == g) {
         if (b.reading) {
           b.reading = false;
-          ZERO_RETURN_IF_ERROR(swap_->Finish(b.io));
+          ZERO_RETURN_IF_ERROR(SwapError(swap_->Finish(b.io)));
         }
         return &b;
       }
     }
     ZERO_ASSIGN_OR_RETURN(Buffer * b, Victim(g));
-    ZERO_RETURN_IF_ERROR(swap_->Read(static_cast<size_t>(g), b->data));
+    ZERO_RETURN_IF_ERROR(SwapError(swap_->Read(static_cast<size_t>(g), b->data)));
     b->group = g;
     return b;
   }
@@ -242,14 +246,14 @@ class NvmeOptimizerStates final : public OptimizerStates {
   Status Settle(Buffer& b) {
     if (b.writing) {
       b.writing = false;
-      ZERO_RETURN_IF_ERROR(swap_->Finish(b.io));
+      ZERO_RETURN_IF_ERROR(SwapError(swap_->Finish(b.io)));
     }
     if (b.reading) {
       b.reading = false;
-      ZERO_RETURN_IF_ERROR(swap_->Finish(b.io));
+      ZERO_RETURN_IF_ERROR(SwapError(swap_->Finish(b.io)));
     }
     if (b.dirty && b.group >= 0) {
-      ZERO_RETURN_IF_ERROR(swap_->Write(static_cast<size_t>(b.group), b.data));
+      ZERO_RETURN_IF_ERROR(SwapError(swap_->Write(static_cast<size_t>(b.group), b.data)));
       b.dirty = false;
     }
     return OkStatus();
@@ -281,7 +285,7 @@ class NvmeOptimizerStates final : public OptimizerStates {
       ZERO_ASSIGN_OR_RETURN(Buffer * b, Load(g));
       if (b->writing) {  // updated again before its write finished
         b->writing = false;
-        ZERO_RETURN_IF_ERROR(swap_->Finish(b->io));
+        ZERO_RETURN_IF_ERROR(SwapError(swap_->Finish(b->io)));
       }
       // Prefetch the next group of the range while this one is worked on.
       if (done + len < n && g + 1 < groups_ && bufs_.size() >= 2) {
@@ -289,7 +293,9 @@ class NvmeOptimizerStates final : public OptimizerStates {
         for (Buffer& o : bufs_) have = have || o.group == g + 1;
         if (!have) {
           ZERO_ASSIGN_OR_RETURN(Buffer * nb, Victim(g));
-          ZERO_ASSIGN_OR_RETURN(nb->io, swap_->StartRead(static_cast<size_t>(g + 1), nb->data));
+          Result<SwapFile::Io> io = swap_->StartRead(static_cast<size_t>(g + 1), nb->data);
+          if (!io.ok()) return SwapError(io.status());
+          nb->io = *io;
           nb->reading = true;
           nb->group = g + 1;
         }
@@ -297,7 +303,9 @@ class NvmeOptimizerStates final : public OptimizerStates {
       ZERO_RETURN_IF_ERROR(fn(b->data, glen, from, len, done));
       if (dirty) b->dirty = true;
       if (b->dirty && done + len < n) {  // the range goes on past this group: write it back now
-        ZERO_ASSIGN_OR_RETURN(b->io, swap_->StartWrite(static_cast<size_t>(g), b->data));
+        Result<SwapFile::Io> io = swap_->StartWrite(static_cast<size_t>(g), b->data);
+        if (!io.ok()) return SwapError(io.status());
+        b->io = *io;
         b->writing = true;
         b->dirty = false;
       }
@@ -314,7 +322,39 @@ class NvmeOptimizerStates final : public OptimizerStates {
   }
 
   Status Check(int64_t offset, int64_t n, const char* call) const {
+    if (!failed_.ok()) {
+      return FailedPreconditionError(std::string("NVMe optimizer states: ") + call +
+                                     " refused: unusable after an earlier swap file error: " + failed_.message());
+    }
     return CheckStateRange("NVMe optimizer states", call, offset, n, numel_);
+  }
+
+  // Every swap file error goes through here. It says what to do, and it ends the states' use: a
+  // buffer may hold a group whose read failed and a region whose write failed is unreadable, so
+  // every later call is refused (Check) rather than computing on what is left. The file's content
+  // is not trusted again; the last checkpoint is the way back.
+  Status SwapError(Status s) {
+    if (s.ok()) return s;
+    std::string advice;
+    switch (s.code()) {
+      case StatusCode::kDataLoss:
+        advice = "the swap file was truncated, corrupted or changed behind the engine's back: its optimizer state is "
+                 "lost";
+        break;
+      case StatusCode::kResourceExhausted:
+        advice = "the disk under zero_optimization.offload_optimizer.nvme_path is full: free space there or move "
+                 "nvme_path to a larger disk";
+        break;
+      default:
+        advice = "the disk under zero_optimization.offload_optimizer.nvme_path failed an I/O (see dmesg): check it or "
+                 "move nvme_path to another disk";
+        break;
+    }
+    s = Status(s.code(), s.message() + "; " + advice +
+                             ". This engine cannot continue: create a new one and LoadCheckpoint the last checkpoint "
+                             "(docs/nvme.md, \"Faults during training\")");
+    if (failed_.ok()) failed_ = s;
+    return s;
   }
 
   Device* device_;
@@ -326,11 +366,12 @@ class NvmeOptimizerStates final : public OptimizerStates {
   int64_t groups_ = 0;
   std::string dir_;
   std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<LibaioEngine> engine_;
+  std::unique_ptr<AioEngine> engine_;
   std::unique_ptr<SwapFile> swap_;
   HostSlab slab_;
   std::vector<Buffer> bufs_;
   size_t next_victim_ = 0;
+  Status failed_;  // the first swap file error (SwapError); every later call is refused
   float* grad_ = nullptr;
   void* raw_ = nullptr;
   void* model_copy_ = nullptr;

@@ -11,6 +11,11 @@
 // group's read and the previous group's write in flight meanwhile (buffer_count >= 2). Bitwise the
 // same as the other OptimizerStates (the same CPU AdamW and widening).
 //
+// Errors: a swap file error (EIO, ENOSPC, end of file, truncation, checksum) is returned naming the
+// file, region, offset and length, with what to do; after it every call is refused
+// (FailedPrecondition carrying the first error): the states are not used again (docs/nvme.md
+// "Faults during training").
+//
 // Host memory: buffer_count x 12 x group_numel bytes of group buffers plus the model copy (its
 // dtype's size per element) plus 4 x 16 MiB; disk: 12 bytes per element. Thread safety: one thread.
 #pragma once
@@ -33,6 +38,8 @@ struct NvmeOptimizerStatesOptions {
   int64_t group_numel = 1000000000;  // sub_group_size
   int buffer_count = 4;            // group buffers in host memory, >= 2
   AioOptions aio;
+  // Creates the aio engine from `aio` (empty: LibaioEngine). Tests inject faults through it.
+  AioEngineFactory aio_engine_factory;
   HostSlabOptions slab;
   int cpu_threads = 0;
   DType model_dtype = DType::kF32;
