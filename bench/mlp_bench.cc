@@ -64,6 +64,10 @@ struct Options {
   std::string offload_optimizer = "none";  // "none" | "cpu" | "nvme"
   std::string nvme_path;                    // with "nvme"
   int64_t sub_group_size = 100000000;       // with "nvme"
+  int64_t host_memory_budget = 0;           // with "nvme": > 0 keeps that many bytes of state on the host (tiered)
+  int64_t buffer_count = 4;                 // with "nvme": offload_optimizer.buffer_count
+  int64_t aio_block_size = 1048576;         // with "nvme": aio.block_size
+  int64_t aio_queue_depth = 8;              // with "nvme": aio.queue_depth
   bool pin_memory = true;
   bool dry_run = false;
 };
@@ -72,7 +76,8 @@ const char kUsage[] =
     "usage: mlp_bench [--impl zero|none] [--stage 0..3] [--comm-dtype fp32|bf16|none]\n"
     "                 [--tokens N] [--dim N] [--ffn N] [--blocks N] [--steps N>=2]\n"
     "                 [--lr X] [--weight-decay X] [--label NAME] [--device cuda:N] [--dry-run]\n"
-    "                 [--offload-optimizer none|cpu|nvme] [--nvme-path DIR] [--sub-group-size N] [--pin-memory 0|1]\n";
+    "                 [--offload-optimizer none|cpu|nvme] [--nvme-path DIR] [--sub-group-size N] [--pin-memory 0|1]\n"
+    "                 [--host-memory-budget BYTES] [--buffer-count N] [--aio-block-size N] [--aio-queue-depth N]\n";
 
 Status ParseInt(const std::string& flag, const char* v, int64_t lo, int64_t* out) {
   char* end = nullptr;
@@ -149,6 +154,14 @@ Result<Options> ParseFlags(int argc, char** argv) {
       o.nvme_path = v;
     } else if (f == "--sub-group-size") {
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &o.sub_group_size));
+    } else if (f == "--host-memory-budget") {
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 0, &o.host_memory_budget));
+    } else if (f == "--buffer-count") {
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &o.buffer_count));
+    } else if (f == "--aio-block-size") {
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 4096, &o.aio_block_size));
+    } else if (f == "--aio-queue-depth") {
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &o.aio_queue_depth));
     } else if (f == "--pin-memory") {
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 0, &n));
       o.pin_memory = n != 0;
@@ -164,23 +177,30 @@ Result<Options> ParseFlags(int argc, char** argv) {
 // The DeepSpeed-style config of the run: bf16 model, fp32 master weights, AdamW, no clipping
 // (the FSDP2 reference has none), one micro step per optimizer step.
 std::string ConfigJson(const Options& o) {
-  char buf[1024];
+  char buf[2048];
+  const bool nvme = o.offload_optimizer == "nvme";
+  const std::string nvme_keys =
+      nvme ? ", \"nvme_path\": \"" + o.nvme_path + "\", \"buffer_count\": " + std::to_string(o.buffer_count) +
+                 (o.host_memory_budget > 0 ? ", \"host_memory_budget\": " + std::to_string(o.host_memory_budget)
+                                           : std::string())
+           : std::string();
   const std::string offload =
       o.offload_optimizer == "none"
           ? std::string()
           : ", \"offload_optimizer\": {\"device\": \"" + o.offload_optimizer + "\", \"pin_memory\": " +
-                (o.pin_memory ? "true" : "false") +
-                (o.offload_optimizer == "nvme" ? ", \"nvme_path\": \"" + o.nvme_path + "\"}, \"sub_group_size\": " +
-                                                     std::to_string(o.sub_group_size)
-                                               : std::string("}"));
+                (o.pin_memory ? "true" : "false") + nvme_keys + "}" +
+                (nvme ? ", \"sub_group_size\": " + std::to_string(o.sub_group_size) : std::string());
+  const std::string aio = nvme ? "\"aio\": {\"block_size\": " + std::to_string(o.aio_block_size) +
+                                     ", \"queue_depth\": " + std::to_string(o.aio_queue_depth) + "}, "
+                               : std::string();
   std::snprintf(buf, sizeof(buf),
                 "{\"train_batch_size\": 1, \"train_micro_batch_size_per_gpu\": 1, "
                 "\"gradient_accumulation_steps\": 1, \"gradient_clipping\": 0, "
-                "\"bf16\": {\"enabled\": true}, %s"
+                "\"bf16\": {\"enabled\": true}, %s%s"
                 "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %.17g, \"betas\": [0.9, 0.999], "
                 "\"eps\": 1e-8, \"weight_decay\": %.17g}}, "
                 "\"zero_optimization\": {\"stage\": %d%s}}",
-                o.comm_dtype == "none" ? "" : ("\"communication_data_type\": \"" + o.comm_dtype + "\", ").c_str(),
+                aio.c_str(), o.comm_dtype == "none" ? "" : ("\"communication_data_type\": \"" + o.comm_dtype + "\", ").c_str(),
                 o.lr, o.weight_decay, o.stage, offload.c_str());
   return buf;
 }

@@ -222,11 +222,21 @@ class NvmeOptimizerStates final : public OptimizerStates {
     return b;
   }
 
-  // A buffer to put group `g` in: an empty one, else the least recently chosen, after its write.
+  // A buffer to put a group in (never the one holding `avoid`): an empty one, else an idle clean
+  // one, else the least recently chosen, after its I/O and write-back.
   Result<Buffer*> Victim(int64_t avoid) {
     Buffer* pick = nullptr;
     for (Buffer& b : bufs_) {
       if (b.group == -1 && !b.writing && !b.reading) return &b;
+    }
+    // A buffer with no I/O in flight and nothing to write costs no wait; else round robin.
+    for (size_t k = 0; k < bufs_.size(); ++k) {
+      Buffer& b = bufs_[(next_victim_ + k) % bufs_.size()];
+      if (b.group != avoid && !b.writing && !b.reading && !b.dirty) {
+        next_victim_ = (next_victim_ + k + 1) % bufs_.size();
+        b.group = -1;
+        return &b;
+      }
     }
     for (size_t k = 0; k < bufs_.size(); ++k) {
       Buffer& b = bufs_[(next_victim_ + k) % bufs_.size()];
@@ -269,10 +279,14 @@ class NvmeOptimizerStates final : public OptimizerStates {
   }
 
   // Runs fn(group data, group len, from, len, done) over the pieces of [offset, offset + n) group
-  // by group, the next group's read in flight meanwhile. dirty: fn changes the group; a changed
-  // group is written back once the range moves past it (that write in flight while the next group
-  // is worked on) or when its buffer is reused, so a group is written once per pass, not once per
-  // call. The buffers are the states' current values; the file catches up on eviction.
+  // by group. Across calls the states follow the direction the accesses move in (the engine walks
+  // the partition upward at the boundary, and downward in backward, where each parameter's update
+  // comes as its own call): when an access enters a group other than the last one, the last group
+  // is written back at once if it changed (that write in flight while this group is worked on) and
+  // the next group in the direction of travel is read ahead into another buffer, so a pass over
+  // the partition in either direction keeps one read and one write in flight behind the CPU AdamW
+  // and writes each group once. dirty: fn changes the group. The buffers are the states' current
+  // values; the file catches up on those write-backs and on eviction.
   template <typename Fn>
   Status ForGroups(int64_t offset, int64_t n, bool dirty, Fn fn) {
     int64_t done = 0;
@@ -282,35 +296,55 @@ class NvmeOptimizerStates final : public OptimizerStates {
       const int64_t from = pos - g * group_;
       const int64_t glen = GroupLen(g);
       const int64_t len = std::min(glen - from, n - done);
+      if (g != last_group_) {
+        if (last_group_ >= 0) {
+          direction_ = g > last_group_ ? 1 : -1;
+          ZERO_RETURN_IF_ERROR(WriteBack(last_group_));
+        }
+        last_group_ = g;
+      }
       ZERO_ASSIGN_OR_RETURN(Buffer * b, Load(g));
       if (b->writing) {  // updated again before its write finished
         b->writing = false;
         ZERO_RETURN_IF_ERROR(SwapError(swap_->Finish(b->io)));
       }
-      // Prefetch the next group of the range while this one is worked on.
-      if (done + len < n && g + 1 < groups_ && bufs_.size() >= 2) {
-        bool have = false;
-        for (Buffer& o : bufs_) have = have || o.group == g + 1;
-        if (!have) {
-          ZERO_ASSIGN_OR_RETURN(Buffer * nb, Victim(g));
-          Result<SwapFile::Io> io = swap_->StartRead(static_cast<size_t>(g + 1), nb->data);
-          if (!io.ok()) return SwapError(io.status());
-          nb->io = *io;
-          nb->reading = true;
-          nb->group = g + 1;
-        }
-      }
+      ZERO_RETURN_IF_ERROR(ReadAhead(g + direction_, g));
       ZERO_RETURN_IF_ERROR(fn(b->data, glen, from, len, done));
       if (dirty) b->dirty = true;
-      if (b->dirty && done + len < n) {  // the range goes on past this group: write it back now
-        Result<SwapFile::Io> io = swap_->StartWrite(static_cast<size_t>(g), b->data);
-        if (!io.ok()) return SwapError(io.status());
-        b->io = *io;
-        b->writing = true;
-        b->dirty = false;
-      }
       done += len;
     }
+    return OkStatus();
+  }
+
+  // Starts the write of group g's buffer if it changed (no wait).
+  Status WriteBack(int64_t g) {
+    for (Buffer& b : bufs_) {
+      if (b.group != g || !b.dirty) continue;
+      if (b.writing) {
+        b.writing = false;
+        ZERO_RETURN_IF_ERROR(SwapError(swap_->Finish(b.io)));
+      }
+      Result<SwapFile::Io> io = swap_->StartWrite(static_cast<size_t>(g), b.data);
+      if (!io.ok()) return SwapError(io.status());
+      b.io = *io;
+      b.writing = true;
+      b.dirty = false;
+    }
+    return OkStatus();
+  }
+
+  // Starts reading group `g` (if it exists and is not resident) into a buffer other than `keep`'s.
+  Status ReadAhead(int64_t g, int64_t keep) {
+    if (g < 0 || g >= groups_ || bufs_.size() < 2) return OkStatus();
+    for (Buffer& o : bufs_) {
+      if (o.group == g) return OkStatus();
+    }
+    ZERO_ASSIGN_OR_RETURN(Buffer * nb, Victim(keep));
+    Result<SwapFile::Io> io = swap_->StartRead(static_cast<size_t>(g), nb->data);
+    if (!io.ok()) return SwapError(io.status());
+    nb->io = *io;
+    nb->reading = true;
+    nb->group = g;
     return OkStatus();
   }
 
@@ -371,6 +405,8 @@ class NvmeOptimizerStates final : public OptimizerStates {
   HostSlab slab_;
   std::vector<Buffer> bufs_;
   size_t next_victim_ = 0;
+  int64_t last_group_ = -1;  // the group the last access was in (ForGroups)
+  int direction_ = 1;        // +1 / -1: the way the accesses last moved
   Status failed_;  // the first swap file error (SwapError); every later call is refused
   float* grad_ = nullptr;
   void* raw_ = nullptr;
