@@ -426,6 +426,25 @@ std::vector<Key> BuildKeys() {
                        "swapped to nvme_path. The swap buffers are not part of it. 0: every state on NVMe "
                        "(DeepSpeed's behaviour); a budget that holds the whole state keeps all of it in host memory. "
                        "Per rank: ranks on one host each pin this much."));
+  t.push_back(StringKey("zero_optimization.offload_optimizer.update_device",
+                        FIELD(zero.offload_optimizer.update_device), "cpu")
+                  .Choices({"cpu", "gpu"})
+                  .Doc("Device \"cpu\" only: where AdamW over the offloaded states runs. \"cpu\": the CPU AdamW "
+                       "on the host. \"gpu\": the FP32 master weights and moments stay in pinned host memory and "
+                       "are streamed through the GPU in chunks (host->device copy of one chunk, AdamW of the "
+                       "previous and device->host copy of the one before at once): 12 bytes per element each way "
+                       "over PCIe per step, chunk_buffers * chunk_size * 12 bytes of GPU memory. The same bits as "
+                       "no offload."));
+  t.push_back(IntKey("zero_optimization.offload_optimizer.chunk_size",
+                     FIELD(zero.offload_optimizer.chunk_size), int64_t{1} << 24)
+                  .AtLeast(1)
+                  .Doc("update_device \"gpu\": elements per streamed chunk (each of the three states). The "
+                       "result does not depend on it."));
+  t.push_back(IntKey("zero_optimization.offload_optimizer.chunk_buffers",
+                     FIELD(zero.offload_optimizer.chunk_buffers), 3)
+                  .AtLeast(2)
+                  .Doc("update_device \"gpu\": GPU staging sets the chunks rotate through (2: upload and "
+                       "update overlap; 3: the download overlaps too)."));
 
   t.push_back(DeviceKey("zero_optimization.offload_param.device", FIELD(zero.offload_param.device))
                   .Doc("Stage 3: where partitioned 16-bit parameters live between uses."));
@@ -576,6 +595,13 @@ const std::vector<ConfigDifference>& Differences() {
        "no such key (all of a state on one device: host memory or NVMe)", "`0` (all states on NVMe)",
        "zero's own key (tiered state): with device \"nvme\", as much state as the budget allows stays in pinned "
        "host memory and the rest goes to disk; 0 is DeepSpeed's behaviour."},
+      {"zero_optimization.offload_optimizer.update_device", "no such key (the CPU AdamW)", "`\"cpu\"`",
+       "zero's own key; its default is DeepSpeed's behaviour. \"gpu\" streams the offloaded states through the "
+       "GPU in chunks and runs AdamW there."},
+      {"zero_optimization.offload_optimizer.chunk_size", "no such key", "`16777216` (elements)",
+       "zero's own key (update_device \"gpu\"): the chunk the states are streamed in."},
+      {"zero_optimization.offload_optimizer.chunk_buffers", "no such key", "`3`",
+       "zero's own key (update_device \"gpu\"): the GPU staging sets of the streamed update."},
       {"aio.allow_buffered_fallback", "no such key (O_DIRECT is required)", "`false`",
        "zero's own key; its default is DeepSpeed's behaviour (a filesystem without O_DIRECT is an error)."},
       {"`zero_optimization.reduce_bucket_size`, `allgather_bucket_size`, `sub_group_size`, the offload blocks' "
@@ -1225,6 +1251,20 @@ const std::vector<Rule>& Rules() {
                                Quote(OffloadDeviceName(o.device)) +
                                (o.device == OffloadDevice::kCpu ? ", which keeps all of it in host memory)" : ")"),
                            std::to_string(o.host_memory_budget));
+         }
+         return OkStatus();
+       }},
+      {"`zero_optimization.offload_optimizer.update_device` \"gpu\" needs `offload_optimizer.device` \"cpu\" (it "
+       "streams host states through the GPU).",
+       {"zero_optimization.offload_optimizer.update_device", "zero_optimization.offload_optimizer.device"},
+       [](const Config& c, const std::string& s) {
+         const OffloadOptimizerConfig& o = c.zero.offload_optimizer;
+         if (o.update_device == "gpu" && o.device != OffloadDevice::kCpu) {
+           return KeyError(s, "zero_optimization.offload_optimizer.update_device",
+                           std::string("\"cpu\" unless zero_optimization.offload_optimizer.device is \"cpu\" (the GPU "
+                                       "update streams states kept in pinned host memory; device is ") +
+                               Quote(OffloadDeviceName(o.device)) + ")",
+                           "\"gpu\"");
          }
          return OkStatus();
        }},

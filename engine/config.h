@@ -38,6 +38,12 @@ struct OffloadOptimizerConfig {
   int cpu_threads = 0;                // threads of the CPU AdamW; 0: std::thread::hardware_concurrency()
   bool pin_memory_fallback = false;   // a failed pin falls back to pageable memory with one warning
   int64_t host_memory_budget = 0;     // device "nvme": bytes of state per rank kept in pinned host memory
+  // device "cpu": where AdamW runs. "cpu": the CPU AdamW on the host states; "gpu": the states are
+  // streamed to the device in chunks of chunk_size elements through chunk_buffers staging sets
+  // (zero/chunked_optimizer_states.h).
+  std::string update_device = "cpu";
+  int64_t chunk_size = int64_t{1} << 24;
+  int64_t chunk_buffers = 3;
 
   friend bool operator==(const OffloadOptimizerConfig&, const OffloadOptimizerConfig&) = default;
 };

@@ -313,6 +313,9 @@ const std::map<std::string, std::string>& DeepSpeedDefaults() {
       {"zero_optimization.offload_optimizer.cpu_threads", ""},
       {"zero_optimization.offload_optimizer.pin_memory_fallback", ""},
       {"zero_optimization.offload_optimizer.host_memory_budget", ""},
+      {"zero_optimization.offload_optimizer.update_device", ""},
+      {"zero_optimization.offload_optimizer.chunk_size", ""},
+      {"zero_optimization.offload_optimizer.chunk_buffers", ""},
       {"zero_optimization.offload_param.device", "\"none\""},
       {"zero_optimization.offload_param.nvme_path", "\"\""},
       {"zero_optimization.offload_param.buffer_count", "5"},
@@ -441,6 +444,42 @@ TEST(ConfigDefaultsTest, OffloadKeysOfZeros) {
             "\"64GB\"");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "aio": {"allow_buffered_fallback": 1}})")),
             "<config>: aio.allow_buffered_fallback: expected true or false, got 1");
+}
+
+// update_device "gpu" (the chunked GPU update of host states): off by default, only with device
+// "cpu", chunk sizes validated, every problem in one error.
+TEST(ConfigDefaultsTest, ChunkedGpuUpdateKeys) {
+  auto d = Parse(R"({"train_batch_size": 8})");
+  ASSERT_TRUE(d.ok()) << Message(d);
+  EXPECT_EQ(d->zero.offload_optimizer.update_device, "cpu");
+  EXPECT_EQ(d->zero.offload_optimizer.chunk_size, int64_t{1} << 24);
+  EXPECT_EQ(d->zero.offload_optimizer.chunk_buffers, 3);
+  auto r = Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
+                   "offload_optimizer": {"device": "cpu", "update_device": "gpu", "chunk_size": 1000,
+                                         "chunk_buffers": 2}}})");
+  ASSERT_TRUE(r.ok()) << Message(r);
+  EXPECT_EQ(r->zero.offload_optimizer.update_device, "gpu");
+  EXPECT_EQ(r->zero.offload_optimizer.chunk_size, 1000);
+  EXPECT_EQ(r->zero.offload_optimizer.chunk_buffers, 2);
+  EXPECT_EQ(ConfigValueAt(ConfigToJson(*r), "zero_optimization.offload_optimizer.update_device"), "\"gpu\"");
+  for (const char* device : {"none", "nvme"}) {
+    const std::string m = Message(Parse(std::string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
+        "offload_optimizer": {"nvme_path": "/n", "update_device": "gpu", "device": ")") + device + "\"}}}"));
+    EXPECT_TRUE(Contains(m, "zero_optimization.offload_optimizer.update_device: expected \"cpu\" unless "
+                            "zero_optimization.offload_optimizer.device is \"cpu\""))
+        << m;
+    EXPECT_TRUE(Contains(m, std::string("device is \"") + device + "\")")) << m;
+  }
+  const std::string bad = Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "cpu", "update_device": "GPU", "chunk_size": 0, "chunk_buffers": 1}}})"));
+  EXPECT_TRUE(Contains(bad, "zero_optimization.offload_optimizer.update_device")) << bad;
+  EXPECT_TRUE(Contains(bad, "zero_optimization.offload_optimizer.chunk_size: expected an integer >= 1, got 0")) << bad;
+  EXPECT_TRUE(Contains(bad, "zero_optimization.offload_optimizer.chunk_buffers: expected an integer >= 2, got 1"))
+      << bad;
+  const std::string md = ConfigReferenceMarkdown();
+  EXPECT_TRUE(Contains(md, "| `zero_optimization.offload_optimizer.update_device` |")) << "docs/config.md";
+  EXPECT_TRUE(Contains(md, "| `zero_optimization.offload_optimizer.chunk_size` |"));
+  EXPECT_TRUE(Contains(md, "| `zero_optimization.offload_optimizer.chunk_buffers` |"));
 }
 
 TEST(ConfigDefaultsTest, FreezeInactiveParameters) {

@@ -17,6 +17,7 @@
 #include "engine/lr_scheduler.h"
 #include "zero/allgather_bucket.h"
 #include "zero/buffer_pool.h"
+#include "zero/chunked_optimizer_states.h"
 #include "zero/grad_reducer.h"
 #include "zero/gradient_bucket.h"
 #include "zero/loss_scaler.h"
@@ -485,7 +486,18 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
   {
     const OffloadOptimizerConfig& oo = config.zero.offload_optimizer;
     Result<std::unique_ptr<OptimizerStates>> st = std::unique_ptr<OptimizerStates>();
-    if (oo.device == OffloadDevice::kCpu) {
+    if (oo.device == OffloadDevice::kCpu && oo.update_device == "gpu") {
+      // AdamW on the device over the host states, streamed in chunks (docs/offload.md).
+      ChunkedOptimizerStatesOptions co;
+      co.slab.pin_memory = oo.pin_memory;
+      co.slab.fallback_to_pageable = oo.pin_memory_fallback;
+      co.slab.what = "optimizer states (offload_optimizer.update_device \"gpu\")";
+      co.chunk_numel = oo.chunk_size;
+      co.chunk_buffers = static_cast<int>(oo.chunk_buffers);
+      auto c = ChunkedOptimizerStates::Create(device, opt_total, compute, co);
+      if (!c.ok()) return c.status().WithContext("Initialize");
+      st = std::unique_ptr<OptimizerStates>(std::move(c).value());
+    } else if (oo.device == OffloadDevice::kCpu) {
       HostOptimizerStatesOptions ho;
       ho.slab.pin_memory = oo.pin_memory;
       ho.slab.fallback_to_pageable = oo.pin_memory_fallback;

@@ -367,6 +367,49 @@ INSTANTIATE_TEST_SUITE_P(Cells, TieredMatrixTest,
                                             ::testing::Bool()),
                          [](const ::testing::TestParamInfo<MatrixParam>& info) { return TieredCell(info.param).Name(); });
 
+// offload_optimizer.update_device "gpu" (host states streamed through the device in chunks of 37
+// elements, 3 staging sets, AdamW on the device): stages 1-3, worlds 1-2, fp32/bf16, GAS 1/2,
+// with and without clipping (without, GAS 1, one rank at stages 2/3 is the update in backward):
+// bitwise as the reference. Only the staging sets are on the device.
+class GpuChunkMatrixTest : public ::testing::TestWithParam<MatrixParam> {};
+constexpr int64_t kGpuChunk = 37;
+CellSpec GpuChunkCell(const MatrixParam& p) {
+  CellSpec c = MatrixCell(p);
+  c.offload_optimizer = true;
+  c.gpu_update_chunk = kGpuChunk;
+  return c;
+}
+TEST_P(GpuChunkMatrixTest, EngineEqualsReferenceBitwise) {
+  const CellSpec cell = GpuChunkCell(GetParam());
+  const Config config = ParseCell(cell);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  const Schedule schedule = ManagedSchedule(kSteps, cell.gas);
+  Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), ModelDims(), schedule);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  EXPECT_EQ(ref->clipped_steps, cell.clip > 0 ? kSteps : 0);
+  std::vector<RankTrace> traces;
+  Status st = RunEngine(config, cell.world, schedule, &traces);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ExpectMatches(*ref, traces, ContractTolerance());
+  for (size_t r = 0; r < traces.size(); ++r) {
+    const EngineMemory& m = traces[r].memory;
+    // 3 sets of 37 elements of three fp32 states, plus one fp32 gradient chunk when the engine
+    // updates in backward (UpdateFromGradient: GAS 1, one rank, stages 2/3, no clipping).
+    const bool in_backward = cell.gas == 1 && cell.world == 1 && cell.stage >= 2 && cell.clip == 0;
+    EXPECT_EQ(m.master_params + m.optimizer_states, 3 * kGpuChunk * 12 + (in_backward ? kGpuChunk * 4 : 0))
+        << "rank " << r << ": the device holds the staging sets only";
+    EXPECT_GE(m.host_states, static_cast<size_t>(TotalNumel(ModelDims()) / cell.world) * 12) << "rank " << r;
+    EXPECT_EQ(m.nvme_states, 0u) << "rank " << r;
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Cells, GpuChunkMatrixTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1, 2),
+                                            ::testing::Values(DType::kF32, DType::kBF16), ::testing::Values(1, 2),
+                                            ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<MatrixParam>& info) {
+                           return GpuChunkCell(info.param).Name();
+                         });
+
 // Unmanaged accumulation with offload_optimizer.device "cpu" (stages 1-3).
 class OffloadUnmanagedTest : public ::testing::TestWithParam<UnmanagedParam> {};
 TEST_P(OffloadUnmanagedTest, InactiveParameters) { RunUnmanagedCell(GetParam(), "cpu"); }

@@ -83,6 +83,12 @@ std::vector<Cell> AllCells(int world) {
             c.spec.offload_optimizer = true;
             c.name = "offload/" + c.spec.Name();
             cells.push_back(c);
+            // update_device "gpu": the same host states streamed through the GPU in chunks
+            // (3 staging sets of 37 elements: several chunks per call), AdamW on the GPU.
+            c.spec.gpu_update_chunk = 37;
+            c.name = "gpuchunk/" + c.spec.Name();
+            cells.push_back(c);
+            c.spec.gpu_update_chunk = 0;
           }
         }
       }

@@ -399,7 +399,9 @@ std::string CellSpec::Name() const {
                   "_gas" + std::to_string(gas) + (clip > 0 ? "_clip" : "_noclip");
   if (!managed) s += "_unmanaged";
   if (freeze_inactive) s += "_freeze";
-  if (offload_optimizer) s += nvme ? (host_memory_budget > 0 ? "_tiered" : "_nvme") : "_offload";
+  if (offload_optimizer) {
+    s += nvme ? (host_memory_budget > 0 ? "_tiered" : "_nvme") : gpu_update_chunk > 0 ? "_gpuchunk" : "_offload";
+  }
   return s;
 }
 
@@ -426,7 +428,12 @@ std::string CellConfigJson(const CellSpec& c) {
     << ", \"allgather_bucket_size\": " << c.reduce_bucket_size
     << ", \"stage3_param_persistence_threshold\": " << c.persistence_threshold
     << ", \"stage3_prefetch_bucket_size\": " << 2 * c.reduce_bucket_size
-    << (c.offload_optimizer && !c.nvme ? ", \"offload_optimizer\": {\"device\": \"cpu\", \"cpu_threads\": 2}" : "")
+    << (c.offload_optimizer && !c.nvme ? ", \"offload_optimizer\": {\"device\": \"cpu\", \"cpu_threads\": 2" : "")
+    << (c.offload_optimizer && !c.nvme && c.gpu_update_chunk > 0
+            ? ", \"update_device\": \"gpu\", \"chunk_size\": " + std::to_string(c.gpu_update_chunk) +
+                  ", \"chunk_buffers\": 3"
+            : "")
+    << (c.offload_optimizer && !c.nvme ? "}" : "")
     << (c.offload_optimizer && c.nvme
             ? ", \"sub_group_size\": 300, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + NvmeTestDir() +
                   "\", \"buffer_count\": 2, \"cpu_threads\": 2, \"host_memory_budget\": " +

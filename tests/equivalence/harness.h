@@ -150,6 +150,9 @@ struct CellSpec {
   // $ZERO_TEST_TMPDIR, $TEST_TMPDIR or /var/tmp, sub_group_size 300, 2 group buffers.
   bool nvme = false;
   int64_t host_memory_budget = 0;  // with nvme: the tiered host part (bytes, 12 per element)
+  // With offload_optimizer (not nvme), above 0: update_device "gpu" (AdamW on the device over the
+  // host states, streamed in chunks of this many elements through 3 staging sets).
+  int64_t gpu_update_chunk = 0;
   int loss_scale_window = 1000;
   int hysteresis = 2;
   int initial_scale_power = 12;
