@@ -68,6 +68,9 @@ struct Options {
   int64_t buffer_count = 4;                 // with "nvme": offload_optimizer.buffer_count
   int64_t aio_block_size = 1048576;         // with "nvme": aio.block_size
   int64_t aio_queue_depth = 8;              // with "nvme": aio.queue_depth
+  std::string update_device = "cpu";        // with "cpu": offload_optimizer.update_device (gpu: chunked)
+  int64_t chunk_size = int64_t{1} << 24;    // with update_device gpu
+  int64_t chunk_buffers = 3;
   bool pin_memory = true;
   bool dry_run = false;
 };
@@ -77,7 +80,8 @@ const char kUsage[] =
     "                 [--tokens N] [--dim N] [--ffn N] [--blocks N] [--steps N>=2]\n"
     "                 [--lr X] [--weight-decay X] [--label NAME] [--device cuda:N] [--dry-run]\n"
     "                 [--offload-optimizer none|cpu|nvme] [--nvme-path DIR] [--sub-group-size N] [--pin-memory 0|1]\n"
-    "                 [--host-memory-budget BYTES] [--buffer-count N] [--aio-block-size N] [--aio-queue-depth N]\n";
+    "                 [--host-memory-budget BYTES] [--buffer-count N] [--aio-block-size N] [--aio-queue-depth N]\n"
+    "                 [--update-device cpu|gpu] [--chunk-size N] [--chunk-buffers N]\n";
 
 Status ParseInt(const std::string& flag, const char* v, int64_t lo, int64_t* out) {
   char* end = nullptr;
@@ -154,6 +158,15 @@ Result<Options> ParseFlags(int argc, char** argv) {
       o.nvme_path = v;
     } else if (f == "--sub-group-size") {
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &o.sub_group_size));
+    } else if (f == "--update-device") {
+      o.update_device = v;
+      if (o.update_device != "cpu" && o.update_device != "gpu") {
+        return InvalidArgumentError("--update-device: expected cpu or gpu, got '" + o.update_device + "'");
+      }
+    } else if (f == "--chunk-size") {
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &o.chunk_size));
+    } else if (f == "--chunk-buffers") {
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 2, &o.chunk_buffers));
     } else if (f == "--host-memory-budget") {
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 0, &o.host_memory_budget));
     } else if (f == "--buffer-count") {
@@ -184,11 +197,16 @@ std::string ConfigJson(const Options& o) {
                  (o.host_memory_budget > 0 ? ", \"host_memory_budget\": " + std::to_string(o.host_memory_budget)
                                            : std::string())
            : std::string();
+  const std::string chunk_keys =
+      o.offload_optimizer == "cpu" && o.update_device == "gpu"
+          ? ", \"update_device\": \"gpu\", \"chunk_size\": " + std::to_string(o.chunk_size) +
+                ", \"chunk_buffers\": " + std::to_string(o.chunk_buffers)
+          : std::string();
   const std::string offload =
       o.offload_optimizer == "none"
           ? std::string()
           : ", \"offload_optimizer\": {\"device\": \"" + o.offload_optimizer + "\", \"pin_memory\": " +
-                (o.pin_memory ? "true" : "false") + nvme_keys + "}" +
+                (o.pin_memory ? "true" : "false") + nvme_keys + chunk_keys + "}" +
                 (nvme ? ", \"sub_group_size\": " + std::to_string(o.sub_group_size) : std::string());
   const std::string aio = nvme ? "\"aio\": {\"block_size\": " + std::to_string(o.aio_block_size) +
                                      ", \"queue_depth\": " + std::to_string(o.aio_queue_depth) + "}, "
