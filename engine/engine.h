@@ -152,6 +152,9 @@ struct EngineMemory {
   // host model copy) and bytes of NVMe swap files.
   size_t host_states = 0;
   size_t nvme_states = 0;
+  // offload_param.device "cpu" (stage 3): host bytes of this rank's model-dtype shards (one slab);
+  // model_params then holds no shards, only the gathered buffers and the store's device scratch.
+  size_t host_params = 0;
   // Of `gradients`: the reduction buckets' staging buffers (held for reuse). 0 with
   // contiguous_gradients false (unless communication_data_type differs from the model dtype,
   // which needs a conversion buffer per reduction in flight). 0 with one rank (nothing is

@@ -398,6 +398,7 @@ std::string CellSpec::Name() const {
   if (!managed) s += "_unmanaged";
   if (freeze_inactive) s += "_freeze";
   if (offload_optimizer) s += nvme ? (host_memory_budget > 0 ? "_tiered" : "_nvme") : "_offload";
+  if (offload_param) s += "_paramoffload";
   return s;
 }
 
@@ -425,6 +426,7 @@ std::string CellConfigJson(const CellSpec& c) {
     << ", \"stage3_param_persistence_threshold\": " << c.persistence_threshold
     << ", \"stage3_prefetch_bucket_size\": " << 2 * c.reduce_bucket_size
     << (c.offload_optimizer && !c.nvme ? ", \"offload_optimizer\": {\"device\": \"cpu\", \"cpu_threads\": 2}" : "")
+    << (c.offload_param ? ", \"offload_param\": {\"device\": \"cpu\", \"buffer_count\": 2}" : "")
     << (c.offload_optimizer && c.nvme
             ? ", \"sub_group_size\": 300, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + NvmeTestDir() +
                   "\", \"buffer_count\": 2, \"cpu_threads\": 2, \"host_memory_budget\": " +

@@ -144,6 +144,8 @@ struct CellSpec {
   // $ZERO_TEST_TMPDIR, $TEST_TMPDIR or /var/tmp, sub_group_size 300, 2 group buffers.
   bool nvme = false;
   int64_t host_memory_budget = 0;  // with nvme: the tiered host part (bytes, 12 per element)
+  // Stage 3: offload_param.device "cpu" (the shards in host memory, buffer_count 2).
+  bool offload_param = false;
   int loss_scale_window = 1000;
   int hysteresis = 2;
   int initial_scale_power = 12;
