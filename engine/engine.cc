@@ -529,6 +529,7 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     ho.slab.fallback_to_pageable = po.pin_memory_fallback;
     ho.slab.what = "parameter shards (offload_param.device \"cpu\")";
     ho.slab.config_key = "zero_optimization.offload_param";
+    ho.scratch_numel = int64_t{1} << 20;  // the device side of the writes: 2-4 MiB, chunked
     auto store = HostParamStore::Create(device, compute, mdt, part_total, ho);
     if (!store.ok()) return store.status().WithContext("Initialize");
     host_params = std::move(store).value();
