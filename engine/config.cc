@@ -452,11 +452,11 @@ std::vector<Key> BuildKeys() {
                   .Doc("Directory for the swap files when device is \"nvme\"."));
   t.push_back(IntKey("zero_optimization.offload_param.buffer_count", FIELD(zero.offload_param.buffer_count), 5)
                   .AtLeast(1)
-                  .Doc("Pinned buffers for NVMe swapping of parameters."));
+                  .Doc("device \"cpu\": the most stage-3 gathers whose shard uploads are in flight at once (docs/offload.md)."));
   t.push_back(IntKey("zero_optimization.offload_param.buffer_size", FIELD(zero.offload_param.buffer_size),
                      100000000)
                   .AtLeast(1)
-                  .Doc("Elements per parameter swap buffer."));
+                  .Doc("device \"cpu\": the largest shard (elements) of one parameter; a larger one is an Initialize error."));
   t.push_back(IntKey("zero_optimization.offload_param.max_in_cpu", FIELD(zero.offload_param.max_in_cpu),
                      1000000000)
                   .AtLeast(0)

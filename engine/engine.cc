@@ -22,6 +22,7 @@
 #include "zero/gradient_bucket.h"
 #include "zero/loss_scaler.h"
 #include "zero/host_optimizer_states.h"
+#include "zero/host_param_store.h"
 #include "zero/nvme_optimizer_states.h"
 #include "zero/tiered_optimizer_states.h"
 #include "zero/optimizer_states.h"
@@ -139,6 +140,10 @@ struct Engine::Impl {
   int64_t full_total = 0;
   int64_t part_total = 0;
   DeviceBuffer model;       // stages 0-2: full params (mdt); stage 3: this rank's shards (mdt)
+  // Stage 3 with offload_param.device "cpu": this rank's shards in host memory instead (`model`
+  // stays empty). Written only between QuiesceForUpdate and AfterUpdate (or before the
+  // coordinator exists), through ModelFromMasters / UpdateModel.
+  std::unique_ptr<HostParamStore> host_params;
   // fp32 master weights and AdamW moments (zero/optimizer_states.h): stage 0 in the full layout,
   // stages 1-3 in the partition layout.
   std::unique_ptr<OptimizerStates> states;
@@ -195,6 +200,29 @@ struct Engine::Impl {
     return p.shard.padded + (GradRecvArea() ? p.shard.shard : 0);
   }
   void* model_ptr(int64_t off) const { return ElementPtr(model.data(), mdt, off); }
+  // Stage 3: this rank's shard store (device `model`, or host_params) at partition offset `off`.
+  const void* shard_ptr(int64_t off) const { return host_params ? host_params->at(off) : model_ptr(off); }
+  // The model copy of partition (stage 3) / state (other stages) elements [off, off + n) cast from
+  // the masters, written at model offset `model_off`: into `model`, or at stage 3 with parameter
+  // offload into the host shards (off == model_off there).
+  Status ModelFromMasters(int64_t off, int64_t n, int64_t model_off) {
+    if (host_params != nullptr) return host_params->WriteFromMasters(states.get(), off, n);
+    return states->CastMaster(off, n, model_ptr(model_off), mdt, compute);
+  }
+  // AdamW over state elements [off, off + n) from fp32 `grads` (at off), the new weights rounded
+  // into the model copy at `model_off` (as ModelFromMasters). Host shards: with host states the
+  // update, then the rounded masters on the host; otherwise chunk by chunk into the store's device
+  // scratch (AdamW is elementwise: the same bits).
+  Status UpdateModel(int64_t off, int64_t n, const float* grads, const AdamWParams& h, int64_t model_off) {
+    if (host_params == nullptr) return states->Update(off, n, grads, h, model_ptr(model_off), mdt, compute);
+    if (states->casts_to_host()) {
+      ZERO_RETURN_IF_ERROR(states->Update(off, n, grads, h, nullptr, mdt, compute));
+      return host_params->WriteFromMasters(states.get(), off, n);
+    }
+    return host_params->Write(off, n, [&](void* dst, int64_t at, int64_t len) {
+      return states->Update(off + at, len, grads + at, h, dst, mdt, compute);
+    });
+  }
   // The fp32 gradients the boundary reads (norm, AdamW) are the accumulators at stage 0, and at
   // stage 1 with one rank, where the reduce-scatter would be the identity and the partition layout
   // is the full layout (shard = n_pad = numel, part_off = full_off); otherwise grad_part.
@@ -327,10 +355,20 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* dev
   if (z.stage < 0 || z.stage > 3) {
     return InvalidArgumentError("zero_optimization.stage: expected 0..3, got " + std::to_string(z.stage));
   }
-  if (z.offload_param.device != OffloadDevice::kNone) {
+  if (z.offload_param.device == OffloadDevice::kNvme) {
     return UnimplementedError(
-        "zero_optimization.offload_param.device: parameter offload is not built yet; use \"none\" (optimizer "
-        "offload, offload_optimizer.device \"cpu\", is)");
+        "zero_optimization.offload_param.device: \"nvme\" (parameter swap to NVMe) is not built yet; use \"cpu\" "
+        "(the stage-3 shards in host memory) or \"none\"");
+  }
+  if (z.offload_param.device == OffloadDevice::kCpu && z.stage != 3) {
+    return InvalidArgumentError("zero_optimization.offload_param.device: \"cpu\" needs zero_optimization.stage 3 "
+                                "(only stage 3 partitions the parameters), got stage " + std::to_string(z.stage));
+  }
+  if (z.offload_param.device == OffloadDevice::kCpu &&
+      (z.offload_param.buffer_count < 1 || z.offload_param.buffer_size < 1)) {
+    return InvalidArgumentError("zero_optimization.offload_param.buffer_count / buffer_size: expected >= 1, got " +
+                                std::to_string(z.offload_param.buffer_count) + " / " +
+                                std::to_string(z.offload_param.buffer_size));
   }
   if (z.offload_optimizer.device != OffloadDevice::kNone && z.offload_optimizer.ratio != 1.0) {
     return UnimplementedError("zero_optimization.offload_optimizer.ratio: partial offload is not built; expected "
@@ -482,7 +520,30 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
 
   // Storage per stage (docs/zero.md).
   const int64_t opt_total = stage == 0 ? full_total : part_total;
-  ZERO_RETURN_IF_ERROR(Allocate(&model, stage == 3 ? part_total : full_total, mdt, "model parameters"));
+  const OffloadParamConfig& po = config.zero.offload_param;
+  if (po.device == OffloadDevice::kCpu) {
+    // Parameter offload: every shard must fit one upload (DeepSpeed finds this at run time).
+    for (const ParamInfo& p : params) {
+      if (p.shard.shard > po.buffer_size) {
+        return InvalidArgumentError(
+            "Initialize: parameter " + ParamName(p) + " has a shard of " + std::to_string(p.shard.shard) +
+            " elements (" + std::to_string(p.numel) + " over " + std::to_string(world) +
+            " ranks), more than zero_optimization.offload_param.buffer_size (" + std::to_string(po.buffer_size) +
+            "); raise zero_optimization.offload_param.buffer_size to at least " + std::to_string(p.shard.shard));
+      }
+    }
+    HostParamStoreOptions ho;
+    ho.slab.pin_memory = po.pin_memory;
+    ho.slab.fallback_to_pageable = po.pin_memory_fallback;
+    ho.slab.what = "parameter shards (offload_param.device \"cpu\")";
+    ho.slab.config_key = "zero_optimization.offload_param";
+    ho.scratch_numel = int64_t{1} << 20;  // the device side of the writes: 2-4 MiB, chunked
+    auto store = HostParamStore::Create(device, compute, mdt, part_total, ho);
+    if (!store.ok()) return store.status().WithContext("Initialize");
+    host_params = std::move(store).value();
+  } else {
+    ZERO_RETURN_IF_ERROR(Allocate(&model, stage == 3 ? part_total : full_total, mdt, "model parameters"));
+  }
   {
     const OffloadOptimizerConfig& oo = config.zero.offload_optimizer;
     Result<std::unique_ptr<OptimizerStates>> st = std::unique_ptr<OptimizerStates>();
@@ -598,8 +659,7 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     if (direct_upload) {
       const int64_t off = stage == 0 ? p.full_off : p.part_off;
       ZERO_RETURN_IF_ERROR(states->Write(OptState::kMaster, off, p.numel, values.data()));
-      ZERO_RETURN_IF_ERROR(
-          states->CastMaster(off, p.shard.padded, model_ptr(stage == 3 ? p.part_off : p.full_off), mdt, compute));
+      ZERO_RETURN_IF_ERROR(ModelFromMasters(off, p.shard.padded, stage == 3 ? p.part_off : p.full_off));
     } else {
       float* st = staging.as<float>();
       ZERO_RETURN_IF_ERROR(device->Copy(st, values.data(), static_cast<size_t>(p.numel) * 4,
@@ -611,6 +671,10 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
       if (stage <= 2) {
         ZERO_RETURN_IF_ERROR(device->Cast(st, DType::kF32, model_ptr(p.full_off), mdt,
                                           static_cast<size_t>(p.shard.padded), compute));
+      } else if (host_params != nullptr) {
+        ZERO_RETURN_IF_ERROR(host_params->Write(p.part_off, p.shard.shard, [&](void* dst, int64_t at, int64_t len) {
+          return device->Cast(st + p.shard.begin + at, DType::kF32, dst, mdt, static_cast<size_t>(len), compute);
+        }));
       } else {
         ZERO_RETURN_IF_ERROR(device->Cast(st + p.shard.begin, DType::kF32, model_ptr(p.part_off), mdt,
                                           shard, compute));
@@ -736,7 +800,7 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
       c.numel = p.numel;
       c.padded = p.shard.padded;
       c.shard = p.shard.shard;
-      c.shard_data = model_ptr(p.part_off);
+      c.shard_data = shard_ptr(p.part_off);
       c.module = p.module;
       c.persistent = p.persistent;
       cps.push_back(std::move(c));
@@ -754,6 +818,11 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     // Staging buffers of coalesced gathers: CPU frees each right after its unpack; CUDA keeps them
     // for stream-ordered reuse (no more than were in flight at once, plus one) to avoid host waits.
     co.staging_free_bytes = device->kind() == DeviceKind::kCpu ? 0 : ~size_t{0};
+    if (host_params != nullptr) {
+      // offload_param "cpu": the shards are uploaded for each gather, at most buffer_count at once.
+      co.shard_source = ShardSource::kHost;
+      co.max_uploads_in_flight = static_cast<int>(std::min<int64_t>(config.zero.offload_param.buffer_count, 1 << 20));
+    }
     coordinator = std::make_unique<ParamCoordinator>(device, comm, compute, mdt, std::move(cps),
                                                      module_names, co);
     if (world > 1) schedule = std::make_unique<ReductionSchedule>(comm, static_cast<int>(module_names.size()));
@@ -1250,9 +1319,7 @@ Status Engine::Impl::BoundaryImpl() {
       const int64_t begin = params[i].part_off;
       const int64_t end = params[j].part_off + params[j].shard.shard;
       const int64_t model_off = stage == 3 ? begin : params[i].full_off;
-      if (end > begin) {
-        ZERO_RETURN_IF_ERROR(states->CastMaster(begin, end - begin, model_ptr(model_off), mdt, compute));
-      }
+      if (end > begin) ZERO_RETURN_IF_ERROR(ModelFromMasters(begin, end - begin, model_off));
       i = j + 1;
     }
   }
@@ -1269,7 +1336,7 @@ Status Engine::Impl::BoundaryImpl() {
                                    : params[j].part_off + params[j].shard.shard;
     const int64_t model_off = (stage == 1 || stage == 2) ? params[i].full_off + params[i].shard.begin : begin;
     if (end > begin) {
-      ZERO_RETURN_IF_ERROR(states->Update(begin, end - begin, f32(grads, begin), h, model_ptr(model_off), mdt, compute));
+      ZERO_RETURN_IF_ERROR(UpdateModel(begin, end - begin, f32(grads, begin), h, model_off));
     }
     i = j + 1;
   }
@@ -1302,9 +1369,7 @@ Status Engine::Impl::PublishWeights(const std::vector<uint8_t>& update, bool cas
       ZERO_RETURN_IF_ERROR(states->CastMaster(0, full_total, model.data(), mdt, compute));
     }
   } else if (stage == 3) {
-    if (cast) {
-      ZERO_RETURN_IF_ERROR(states->CastMaster(0, part_total, model.data(), mdt, compute));
-    }
+    if (cast) ZERO_RETURN_IF_ERROR(ModelFromMasters(0, part_total, 0));
     ZERO_RETURN_IF_ERROR(coordinator->AfterUpdate());
   } else {
     // Stages 1/2: each updated parameter's shard all-gathered, in buckets of allgather_bucket_size
@@ -1379,7 +1444,9 @@ const ParamSpec& Engine::param_spec(int index) const { return impl_->params[inde
 EngineMemory Engine::memory() const {
   const Impl& m = *impl_;
   EngineMemory out;
-  out.model_params = m.model.bytes() + (m.coordinator != nullptr ? m.coordinator->resident_bytes() : 0);
+  out.model_params = m.model.bytes() + (m.coordinator != nullptr ? m.coordinator->resident_bytes() : 0) +
+                     (m.host_params != nullptr ? m.host_params->device_bytes() : 0);
+  out.host_params = m.host_params != nullptr ? m.host_params->host_bytes() : 0;
   // The three states are the same size: one third is the masters.
   const OptimizerStateBytes sb = m.states != nullptr ? m.states->bytes() : OptimizerStateBytes();
   const size_t state_bytes = sb.device;  // EngineMemory counts device memory
@@ -1442,10 +1509,16 @@ Status Engine::GatherModelParam(int index, float* out) {
       ZERO_RETURN_IF_ERROR(m.device->Cast(m.model_ptr(p.full_off), m.mdt, as_f32.data(), DType::kF32,
                                           static_cast<size_t>(p.numel), m.compute));
     } else {
-      // The shards cast to fp32 exactly, then gathered in fp32.
-      DeviceBuffer shard;
+      // The shards cast to fp32 exactly, then gathered in fp32 (host shards: uploaded first).
+      DeviceBuffer shard, uploaded;
       ZERO_RETURN_IF_ERROR(m.Allocate(&shard, std::max<int64_t>(p.shard.shard, 1), DType::kF32, "a shard"));
-      ZERO_RETURN_IF_ERROR(m.device->Cast(m.model_ptr(p.part_off), m.mdt, shard.data(), DType::kF32,
+      const void* src = m.model_ptr(p.part_off);
+      if (m.host_params != nullptr) {
+        ZERO_RETURN_IF_ERROR(m.Allocate(&uploaded, std::max<int64_t>(p.shard.shard, 1), m.mdt, "a shard"));
+        ZERO_RETURN_IF_ERROR(m.host_params->CopyToDevice(p.part_off, p.shard.shard, uploaded.data()));
+        src = uploaded.data();
+      }
+      ZERO_RETURN_IF_ERROR(m.device->Cast(src, m.mdt, shard.data(), DType::kF32,
                                           static_cast<size_t>(p.shard.shard), m.compute));
       if (m.world == 1) {
         ZERO_RETURN_IF_ERROR(m.device->Copy(as_f32.data(), shard.data(), static_cast<size_t>(p.shard.shard) * 4,

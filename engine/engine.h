@@ -77,6 +77,13 @@
 // at Step(), so param() does not change before Step(). Bitwise the same as updating at Step().
 // ZeroGrad() after such a Backward() is refused (the update already ran).
 //
+// Parameter offload (offload_param.device "cpu", stage 3): this rank's shards live in one host
+// slab instead of device memory; the coordinator uploads them for each gather (zero/
+// param_coordinator.h, "Shard source"; at most offload_param.buffer_count uploads in flight), the
+// update writes the new weights there (docs/offload.md), and with one rank param() points at a
+// gathered copy, not at the shard. A parameter whose shard exceeds offload_param.buffer_size is an
+// Initialize error naming it. Bitwise the same as without (values are only moved).
+//
 // Accumulation modes: managed (default): the boundary is every gradient_accumulation_steps-th
 // Backward(); Step() off the boundary only advances. Unmanaged (managed_gradient_accumulation
 // false): Backward() may be called any number of times; Step() is the boundary: it reduces what
@@ -158,6 +165,9 @@ struct EngineMemory {
   // host model copy) and bytes of NVMe swap files.
   size_t host_states = 0;
   size_t nvme_states = 0;
+  // offload_param.device "cpu" (stage 3): host bytes of this rank's model-dtype shards (one slab);
+  // model_params then holds no shards, only the gathered buffers and the store's device scratch.
+  size_t host_params = 0;
   // Of `gradients`: the reduction buckets' staging buffers (held for reuse). 0 with
   // contiguous_gradients false (unless communication_data_type differs from the model dtype,
   // which needs a conversion buffer per reduction in flight). 0 with one rank (nothing is
@@ -222,7 +232,7 @@ class Engine {
   // Device pointer to parameter `index` in the model dtype, full shape. Local. Valid while the
   // parameter is gathered (stages 0-2: always, until the next Step() rewrites it in place; stage 3
   // with one rank: it points at the rank's own shard, which is the whole parameter, and Step()
-  // rewrites it in place too).
+  // rewrites it in place too; with offload_param "cpu" at a gathered copy, re-gathered at Step()).
   Result<const void*> param(int index) const;
 
   // --- backward ------------------------------------------------------------------------------

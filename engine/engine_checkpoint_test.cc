@@ -424,6 +424,27 @@ TEST(EngineCheckpointTest, LoadsIntoAnotherOffloadMode) {
   }
 }
 
+// offload_param.device "cpu" (stage 3 shards in host memory) saves and loads the same checkpoints:
+// resume within the mode, into a run without it and from one without it, with the optimizer states
+// on the device, in host memory or on NVMe (the device-scratch write path), all bitwise.
+TEST(EngineCheckpointTest, LoadsAcrossParameterOffload) {
+  const std::string dir = ScratchDir("param_offload");
+  const std::string param = "\"offload_param\": {\"device\": \"cpu\", \"buffer_count\": 2}";
+  const std::string cpu = "\"offload_optimizer\": {\"device\": \"cpu\", \"cpu_threads\": 2}";
+  const std::string nvme = "\"sub_group_size\": 50, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" +
+                           dir + "/swap\", \"buffer_count\": 2, \"cpu_threads\": 2}";
+  CheckCrossLoad(ConfigJson(3, 1, 0.0, kWarmup, param), ConfigJson(3, 1, 0.0, kWarmup, param),
+                 "stage 3 param offload -> param offload", false);
+  CheckCrossLoad(ConfigJson(3, 1, 0.0, kWarmup, param), ConfigJson(3, 1, 0.0, kWarmup, ""),
+                 "stage 3 param offload -> no offload", false);
+  CheckCrossLoad(ConfigJson(3, 1, 0.0, kWarmup, ""), ConfigJson(3, 1, 0.0, kWarmup, param + ", " + cpu),
+                 "stage 3 no offload -> param + optimizer offload", true);
+  CheckCrossLoad(ConfigJson(3, 1, 0.0, kWarmup, param + ", " + cpu), ConfigJson(1, 1, 0.0, kWarmup, ""),
+                 "stage 3 param + optimizer offload -> stage 1", false);
+  CheckCrossLoad(ConfigJson(2, 1, 0.0, kWarmup, cpu), ConfigJson(3, 1, 0.0, kWarmup, param + ", " + nvme),
+                 "stage 2 cpu -> stage 3 param offload + nvme states", true);
+}
+
 // NVMe and tiered states (swap files with real O_DIRECT I/O, groups of 50 elements, two buffers:
 // every step evicts and re-reads) save and load the same checkpoints too: resume within the mode
 // and across modes (none, cpu, nvme, tiered) is bitwise.

@@ -17,6 +17,7 @@
 #include "engine/engine_test_util.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "zero/partition.h"
 
 namespace zero {
 namespace {
@@ -144,9 +145,14 @@ TEST(EngineApiTest, UnsupportedConfigIsRefused) {
     // What is not built yet is refused at Create, naming the key and what to use instead.
     ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(2, 1, 0.0), 1));
     ZERO_ASSIGN_OR_RETURN(Config p, MakeConfig(ConfigJson(3, 1, 0.0), 1));
-    p.zero.offload_param.device = OffloadDevice::kCpu;
+    p.zero.offload_param.device = OffloadDevice::kNvme;
+    p.zero.offload_param.nvme_path = "/tmp";
     ZERO_RETURN_IF_ERROR(Expect(Engine::Create(p, device, comm).status(), StatusCode::kUnimplemented,
-                                "offload_param.device"));
+                                "offload_param.device: \"nvme\""));
+    ZERO_ASSIGN_OR_RETURN(Config q, MakeConfig(ConfigJson(2, 1, 0.0), 1));
+    q.zero.offload_param.device = OffloadDevice::kCpu;  // below stage 3 (ParseConfig refuses it too)
+    ZERO_RETURN_IF_ERROR(Expect(Engine::Create(q, device, comm).status(), StatusCode::kInvalidArgument,
+                                "needs zero_optimization.stage 3"));
     ZERO_ASSIGN_OR_RETURN(Config r, MakeConfig(ConfigJson(3, 1, 0.0), 1));
     r.zero.offload_optimizer.device = OffloadDevice::kCpu;
     r.zero.offload_optimizer.ratio = 0.5;
@@ -585,6 +591,69 @@ TEST(EngineMemoryTest, PartitionedStateIsAboutOneNth) {
       EXPECT_TRUE(about_quarter(a.model_params, b.model_params)) << a.model_params << " " << b.model_params;
     } else {
       EXPECT_EQ(a.model_params, b.model_params);
+    }
+  }
+}
+
+// offload_param.device "cpu": a parameter whose shard exceeds buffer_size is refused at Initialize
+// (DeepSpeed fails at run time), naming the parameter, its shard and the value to set.
+TEST(EngineParamOffloadTest, ShardOverBufferSizeIsAnInitializeErrorNamingIt) {
+  const TestModel model = SmallModel();  // m0.w: 35 elements, a shard of 18 at world 2
+  Status s = RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
+    const std::string small = "\"offload_param\": {\"device\": \"cpu\", \"buffer_size\": 17}";
+    ZERO_ASSIGN_OR_RETURN(Config bad, MakeConfig(ConfigJson(3, 1, 0.0, "", small), 2));
+    ZERO_RETURN_IF_ERROR(Expect(MakeEngine(bad, model, device, comm).status(), StatusCode::kInvalidArgument,
+                                "parameter 'm0.w' has a shard of 18 elements"));
+    ZERO_RETURN_IF_ERROR(Expect(MakeEngine(bad, model, device, comm).status(), StatusCode::kInvalidArgument,
+                                "raise zero_optimization.offload_param.buffer_size to at least 18"));
+    const std::string fits = "\"offload_param\": {\"device\": \"cpu\", \"buffer_size\": 18}";
+    ZERO_ASSIGN_OR_RETURN(Config good, MakeConfig(ConfigJson(3, 1, 0.0, "", fits), 2));
+    return MakeEngine(good, model, device, comm).status();
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+// offload_param.device "cpu": no shard in device memory (model_params is the 4 MiB write scratch
+// only, the shards are host_params), a gather puts exactly the module's full parameters on the
+// device and its release takes them back; the gathered values equal those without offload.
+TEST(EngineParamOffloadTest, ShardsLiveInHostMemory) {
+  const TestModel model = BlockModel(4, int64_t{1} << 20, 10);
+  const std::string no_persistence = "\"stage3_param_persistence_threshold\": 0";
+  const std::string offload = no_persistence + ", \"offload_param\": {\"device\": \"cpu\"}";
+  for (int world : {1, 2}) {
+    std::vector<EngineMemory> with(world), without(world), gathered(world), released(world);
+    std::vector<std::vector<float>> on(world), off(world);
+    Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) -> Status {
+      ZERO_ASSIGN_OR_RETURN(Config c0, MakeConfig(ConfigJson(3, 1, 0.0, "", no_persistence), world));
+      ZERO_ASSIGN_OR_RETURN(Config c1, MakeConfig(ConfigJson(3, 1, 0.0, "", offload), world));
+      {
+        ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(c0, model, device, comm));
+        without[rank] = e->memory();
+        ZERO_ASSIGN_OR_RETURN(auto h, e->GatherModule("block1"));
+        ZERO_RETURN_IF_ERROR(ReadParam(e.get(), device, 2, &off[rank]));
+      }
+      ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(c1, model, device, comm));
+      with[rank] = e->memory();
+      {
+        ZERO_ASSIGN_OR_RETURN(auto h, e->GatherModule("block1"));
+        gathered[rank] = e->memory();
+        ZERO_RETURN_IF_ERROR(ReadParam(e.get(), device, 2, &on[rank]));
+      }
+      released[rank] = e->memory();
+      return OkStatus();
+    });
+    ASSERT_TRUE(s.ok()) << "world " << world << ": " << s.ToString();
+    const size_t shard_bytes = ((size_t{1} << 20) / world + 64) * 4 * 4;  // about 4 weights' shards
+    for (int r = 0; r < world; ++r) {
+      SCOPED_TRACE("world " + std::to_string(world) + " rank " + std::to_string(r));
+      EXPECT_GE(without[r].model_params, shard_bytes * 9 / 10);
+      EXPECT_EQ(without[r].host_params, 0u);
+      EXPECT_EQ(with[r].model_params, (size_t{1} << 20) * 4) << "only the write scratch on the device";
+      EXPECT_GE(with[r].host_params, shard_bytes * 9 / 10);
+      EXPECT_EQ(gathered[r].model_params - with[r].model_params, ((size_t{1} << 20) + PaddedNumel(10, world)) * 4)
+          << "block1's full parameters";
+      EXPECT_EQ(released[r].model_params, with[r].model_params);
+      EXPECT_EQ(on[r], off[r]) << "gathered values differ from those without offload";
     }
   }
 }

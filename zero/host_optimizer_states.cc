@@ -190,6 +190,20 @@ class HostOptimizerStates final : public OptimizerStates {
     b.host = slab_.bytes();
     return b;
   }
+  bool casts_to_host() const override { return true; }
+  Status CastMasterToHost(int64_t offset, int64_t n, void* host_out, DType model_t) override {
+    ZERO_RETURN_IF_ERROR(Check(offset, n, "CastMasterToHost"));
+    ZERO_RETURN_IF_ERROR(WaitForWorker());
+    ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream_));
+    if (n == 0) return OkStatus();
+    if (model_t == mdt_) {
+      // The model copy is round(master) already.
+      std::memcpy(host_out, ElementPtr(model_copy_, mdt_, offset), static_cast<size_t>(n) * SizeOf(mdt_));
+    } else {
+      RoundInto(state_[0] + offset, host_out, model_t, n);
+    }
+    return OkStatus();
+  }
 
  private:
   struct Slot {

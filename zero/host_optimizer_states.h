@@ -14,6 +14,9 @@
 // ring of pinned slots on the caller's stream and the worker updates them as they land, so the
 // caller (the engine, in backward) goes on at once; it blocks only when every slot is in use.
 //
+// CastMasterToHost (casts_to_host() is true) copies the model copy (or rounds the masters) into
+// host memory: offload_param "cpu" writes its host shards so, without a device round trip.
+//
 // With the CPU backend "device memory" is host memory and the copies are memcpy: CI runs these
 // code paths. The engine's thread calls every method; the worker only runs queued updates.
 #pragma once

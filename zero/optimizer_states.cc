@@ -28,6 +28,11 @@ Status CheckStateRange(const char* what, const char* call, int64_t offset, int64
   return OkStatus();
 }
 
+Status OptimizerStates::CastMasterToHost(int64_t offset, int64_t n, void* host_out, DType model_t) {
+  return UnimplementedError("CastMasterToHost: these optimizer states keep no masters in host memory "
+                            "(casts_to_host() is false); cast into device memory with CastMaster");
+}
+
 namespace {
 
 class DeviceOptimizerStates final : public OptimizerStates {

@@ -59,6 +59,15 @@ class OptimizerStates {
   virtual Status Read(OptState which, int64_t offset, int64_t n, float* host) = 0;
   virtual Status Write(OptState which, int64_t offset, int64_t n, const float* host) = 0;
   virtual OptimizerStateBytes bytes() const = 0;
+
+  // Whether CastMasterToHost is available: the masters live in host memory (host states), so the
+  // rounded weights can be written to host memory without crossing to the device and back
+  // (offload_param.device "cpu" writes its host shards so). Default: false.
+  virtual bool casts_to_host() const { return false; }
+  // host_out[i] = master[offset + i] rounded to `model_t` (host memory); blocking, ordered after
+  // the updates queued before it and everything enqueued earlier on the states' stream. The
+  // default (casts_to_host() false): Unimplemented.
+  virtual Status CastMasterToHost(int64_t offset, int64_t n, void* host_out, DType model_t);
 };
 
 // For implementations: OK, or OutOfRange naming `what` and `call`: "[offset, offset + n) outside

@@ -19,6 +19,7 @@ ParamCoordinator::ParamCoordinator(Device* device, Communicator* comm, Stream* c
       compute_(compute),
       dtype_(dtype),
       options_(options),
+      host_(options.shard_source == ShardSource::kHost),
       pool_(device, options.pool_free_bytes),
       staging_pool_(device, options.staging_free_bytes) {
   modules_.resize(module_names.size());
@@ -36,7 +37,8 @@ ParamCoordinator::~ParamCoordinator() {
   for (auto& [id, f] : flights_) {
     if (f.work != nullptr) f.work->Wait().IgnoreError();
   }
-  // The buffers free themselves; nothing may still read them.
+  // The buffers free themselves; nothing may still read or write them.
+  if (upload_stream_ != nullptr) device_->SynchronizeStream(upload_stream_.get()).IgnoreError();
   device_->SynchronizeStream(compute_).IgnoreError();
 }
 
@@ -61,6 +63,44 @@ ParamCoordinator::Need ParamCoordinator::NeededBy(int module) const {
   return n;
 }
 
+Status ParamCoordinator::Upload(Flight& f, const std::vector<void*>& dst) {
+  const size_t esize = SizeOf(dtype_);
+  if (upload_stream_ == nullptr) {
+    auto st = device_->CreateStream();
+    if (!st.ok()) return Fail(st.status().WithContext("stage-3 parameter offload: creating the upload stream"));
+    upload_stream_ = std::move(st).value();
+    auto ev = device_->CreateEvent();
+    if (!ev.ok()) return Fail(ev.status().WithContext("stage-3 parameter offload: creating an event"));
+    compute_mark_ = std::move(ev).value();
+  }
+  // The destinations come from pools released in compute-stream order: write them after it.
+  Status s = device_->RecordEvent(compute_mark_.get(), compute_);
+  if (s.ok()) s = device_->StreamWaitEvent(upload_stream_.get(), compute_mark_.get());
+  if (!s.ok()) return Fail(s.WithContext(Describe(f) + ": ordering the upload"));
+  for (size_t j = 0; j < f.params.size(); ++j) {
+    const Param& p = params_[f.params[j]];
+    const size_t bytes = static_cast<size_t>(p.spec.shard) * esize;
+    s = device_->Copy(dst[j], p.spec.shard_data, bytes, CopyKind::kHostToDevice, upload_stream_.get());
+    if (!s.ok()) return Fail(s.WithContext(Describe(f) + ": uploading the host shard of '" + p.spec.name + "'"));
+    ++stats_.uploads;
+    stats_.uploaded_bytes += static_cast<int64_t>(bytes);
+  }
+  if (comm_->world_size() == 1) {
+    // No collective to order the compute stream after the copies: an event does.
+    if (free_events_.empty()) {
+      auto ev = device_->CreateEvent();
+      if (!ev.ok()) return Fail(ev.status().WithContext("stage-3 parameter offload: creating an event"));
+      f.uploaded = std::move(ev).value();
+    } else {
+      f.uploaded = std::move(free_events_.back());
+      free_events_.pop_back();
+    }
+    s = device_->RecordEvent(f.uploaded.get(), upload_stream_.get());
+    if (!s.ok()) return Fail(s.WithContext(Describe(f) + ": recording the upload"));
+  }
+  return OkStatus();
+}
+
 int64_t ParamCoordinator::StagingNumel(int64_t all, int64_t count) const {
   // N*S = the sum of the padded sizes; one parameter (or one rank) needs no staging.
   return count >= 2 && comm_->world_size() > 1 ? all : 0;
@@ -82,8 +122,9 @@ Status ParamCoordinator::Claim(int module, Flight* f) {
     Param& p = params_[i];
     if (!NeedsGather(p)) continue;
     if (p.state == State::kReleased) {
-      // One rank: the shard is the whole padded parameter and serves as the full buffer (Data()).
-      if (p.spec.padded > 0 && comm_->world_size() > 1) {
+      // One rank with device shards: the shard is the whole padded parameter and serves as the
+      // full buffer (Data()).
+      if (p.spec.padded > 0 && !Aliases()) {
         auto buf = pool_.Acquire(static_cast<size_t>(p.spec.padded) * SizeOf(dtype_),
                                  "allocating a gathered stage-3 parameter");
         if (!buf.ok()) {
@@ -115,7 +156,7 @@ Status ParamCoordinator::Launch(Flight f) {
   const int rank = comm_->rank();
   const size_t esize = SizeOf(dtype_);
   stats_.gathered_params += static_cast<int64_t>(f.params.size());
-  if (world == 1) {
+  if (Aliases()) {
     // The one shard is the whole padded parameter and is read in place (Data()): no collective,
     // no copy.
     for (int i : f.params) params_[i].state = State::kReady;
@@ -125,13 +166,9 @@ Status ParamCoordinator::Launch(Flight f) {
     f.offset.push_back(f.segment);
     f.segment += params_[i].spec.shard;
   }
-  Result<std::unique_ptr<Work>> work = std::unique_ptr<Work>();
-  if (f.params.size() == 1) {
-    // Straight into the full buffer: no staging, no pack, no unpack.
-    Param& p = params_[f.params.front()];
-    work = comm_->AllGather(p.spec.shard_data, p.full.data(), static_cast<size_t>(p.spec.shard), dtype_,
-                            compute_);
-  } else {
+  const bool staged = world > 1 && f.params.size() >= 2;
+  void* mine = nullptr;  // staged: this rank's segment of the staging buffer
+  if (staged) {
     f.staging_numel = f.segment * world;
     auto buf = staging_pool_.AcquireAtLeast(static_cast<size_t>(f.staging_numel) * esize,
                                             "allocating a stage-3 all-gather staging buffer");
@@ -140,23 +177,52 @@ Status ParamCoordinator::Launch(Flight f) {
     live_numel_ += f.staging_numel;
     stats_.max_live_numel_seen = std::max(stats_.max_live_numel_seen, live_numel_);
     stats_.max_staging_numel = std::max(stats_.max_staging_numel, f.staging_numel);
+    mine = static_cast<char*>(f.staging.data()) + static_cast<size_t>(rank * f.segment) * esize;
+  }
+  // Where this rank's shard of params[j] must be before the collective (or, with one rank, is the
+  // full parameter).
+  auto target = [&](size_t j) -> void* {
+    Param& p = params_[f.params[j]];
+    if (staged) return static_cast<char*>(mine) + static_cast<size_t>(f.offset[j]) * esize;
+    if (world == 1) return p.full.data();
+    return static_cast<char*>(p.full.data()) + static_cast<size_t>(rank * p.spec.shard) * esize;
+  };
+  if (host_) {
+    std::vector<void*> dst;
+    for (size_t j = 0; j < f.params.size(); ++j) dst.push_back(target(j));
+    ZERO_RETURN_IF_ERROR(Upload(f, dst));
+  } else if (staged) {
     // Pack this rank's shards into its segment (compute stream; the collective runs after it).
-    void* mine = static_cast<char*>(f.staging.data()) + static_cast<size_t>(rank * f.segment) * esize;
     for (size_t j = 0; j < f.params.size(); ++j) {
       const Param& p = params_[f.params[j]];
-      Status s = device_->Copy(static_cast<char*>(mine) + static_cast<size_t>(f.offset[j]) * esize,
-                               p.spec.shard_data, static_cast<size_t>(p.spec.shard) * esize,
+      Status s = device_->Copy(target(j), p.spec.shard_data, static_cast<size_t>(p.spec.shard) * esize,
                                CopyKind::kDeviceToDevice, compute_);
       if (!s.ok()) return Fail(s.WithContext(Describe(f) + ": packing"));
     }
-    work = comm_->AllGather(mine, f.staging.data(), static_cast<size_t>(f.segment), dtype_, compute_);
   }
-  if (!work.ok()) return Fail(work.status().WithContext(Describe(f)));
-  f.work = std::move(work).value();
-  ++stats_.allgathers;
+  if (world > 1) {
+    // Host shards: after the upload stream (which is after the compute stream's work so far).
+    Stream* after = host_ ? upload_stream_.get() : compute_;
+    Result<std::unique_ptr<Work>> work = std::unique_ptr<Work>();
+    if (!staged) {
+      // Straight into the full buffer: no staging, no pack, no unpack (in place with host shards).
+      Param& p = params_[f.params.front()];
+      const void* send = host_ ? target(0) : p.spec.shard_data;
+      work = comm_->AllGather(send, p.full.data(), static_cast<size_t>(p.spec.shard), dtype_, after);
+    } else {
+      work = comm_->AllGather(mine, f.staging.data(), static_cast<size_t>(f.segment), dtype_, after);
+    }
+    if (!work.ok()) return Fail(work.status().WithContext(Describe(f)));
+    f.work = std::move(work).value();
+    ++stats_.allgathers;
+  }
   const int64_t id = next_flight_++;
   for (int i : f.params) params_[i].flight = id;
   flights_.emplace(id, std::move(f));
+  if (host_) {
+    stats_.max_uploads_in_flight_seen =
+        std::max(stats_.max_uploads_in_flight_seen, static_cast<int64_t>(flights_.size()));
+  }
   return OkStatus();
 }
 
@@ -168,6 +234,12 @@ Status ParamCoordinator::Complete(int64_t id) {
     Status s = f.work->StreamWait(compute_);
     if (!s.ok()) return Fail(s.WithContext(Describe(f)));
     f.work.reset();
+  }
+  if (f.uploaded != nullptr) {
+    Status s = device_->StreamWaitEvent(compute_, f.uploaded.get());
+    if (!s.ok()) return Fail(s.WithContext(Describe(f) + ": waiting for the upload"));
+    // The wait captured the event; it may be recorded again.
+    free_events_.push_back(std::move(f.uploaded));
   }
   if (!f.staging.empty()) {
     // Unpack: rank r's shard of params[j], from segment r to its place in the full buffer.
@@ -280,6 +352,8 @@ Status ParamCoordinator::MakeRoom(int64_t needed_live, int demanded) {
 
 Status ParamCoordinator::Prefetch() {
   if (!trace_valid_ || recording_) return OkStatus();
+  // Host shards: at most max_uploads_in_flight flights (uploads) at once.
+  if (host_ && static_cast<int64_t>(flights_.size()) >= options_.max_uploads_in_flight) return OkStatus();
   // One flight for every module this call prefetches: at most prefetch_bucket_numel elements,
   // and the live elements (their staging included) within max_live_numel.
   Flight f;
@@ -329,6 +403,12 @@ Status ParamCoordinator::Acquire(int module) {
   const Need need = NeededBy(module);
   const int64_t needed_live = need.live + StagingNumel(need.all, need.count);
   if (needed_live > 0) ZERO_RETURN_IF_ERROR(MakeRoom(needed_live, module));
+  // Host shards: this demand's upload must fit under max_uploads_in_flight (oldest flights first;
+  // their collectives precede the demand's anyway).
+  while (host_ && need.all > 0 && !flights_.empty() &&
+         static_cast<int64_t>(flights_.size()) >= options_.max_uploads_in_flight) {
+    ZERO_RETURN_IF_ERROR(Complete(flights_.begin()->first));
+  }
   Flight f;
   ZERO_RETURN_IF_ERROR(Claim(module, &f));
   ZERO_RETURN_IF_ERROR(Launch(std::move(f)));
@@ -376,7 +456,14 @@ Status ParamCoordinator::EndMicroStep() {
 
 Status ParamCoordinator::QuiesceForUpdate() {
   if (!failed_.ok()) return failed_;
-  return CompleteAll();
+  ZERO_RETURN_IF_ERROR(CompleteAll());
+  // Host shards: the caller rewrites them next (on the host or on the compute stream); no upload
+  // may still be reading them.
+  if (upload_stream_ != nullptr) {
+    Status s = device_->SynchronizeStream(upload_stream_.get());
+    if (!s.ok()) return Fail(s.WithContext("stage-3 parameter offload: waiting for the uploads"));
+  }
+  return OkStatus();
 }
 
 Status ParamCoordinator::AfterUpdate() {

@@ -1,8 +1,9 @@
 // ParamCoordinator: stage 3's gathering of partitioned model parameters, module by module.
 //
-// Owns the full (gathered) parameter buffers, the in-flight all-gathers and the module trace. It
-// does not own the shards it gathers from (the engine's partition buffer: their contents change
-// only between QuiesceForUpdate() and AfterUpdate()), nor the Device/Communicator.
+// Owns the full (gathered) parameter buffers, the in-flight all-gathers and the module trace (and,
+// with host shards, an upload stream). It does not own the shards it gathers from (the engine's
+// partition store: their contents change only between QuiesceForUpdate() and AfterUpdate()), nor
+// the Device/Communicator.
 //
 // Acquire(m) (GatherModule) gathers every parameter of module m that is not resident: a full
 // buffer of n_pad elements (model dtype) from the pool for each, and ONE AllGather for all of them
@@ -25,11 +26,25 @@
 //     contiguous. The pack is k copies of this rank's shards (a copy per parameter instead of a
 //     collective per parameter).
 //   - k == 1: no staging: the AllGather writes straight into the full buffer (no pack, no unpack).
-//   - N == 1: no collective, no copy and no buffer: the one shard is the whole padded parameter,
+//   - N == 1 (device shards; for host shards see Shard source): no collective, no copy and no buffer: the one shard is the whole padded parameter,
 //     and Full() points at it (the caller's shard storage; it changes in place between
 //     QuiesceForUpdate() and AfterUpdate()). Such parameters still count as live elements, so
 //     the limits, the trace and the statistics behave as with more ranks; they hold no memory.
 // Values are only moved, so the gathered parameters are bitwise what per-parameter gathers gave.
+//
+// Shard source (ParamCoordinatorOptions::shard_source): where this rank's shards live. kDevice
+// (default): device memory, as above. kHost (offload_param.device "cpu"): pinned host memory; each
+// flight first uploads the shards it needs host->device on the coordinator's upload stream (after
+// an event of the compute stream, so the destination buffers are free), straight into the buffers
+// the gather uses anyway: this rank's segment of the staging buffer (k >= 2; it replaces the pack),
+// this rank's segment of the full buffer (k == 1; the all-gather is then in place), and with ONE
+// rank into a real full buffer (Full() no longer aliases the shard: N == 1 allocates full buffers
+// and counts them as resident, and a flight waits for its upload event on the compute stream). The
+// collective is issued after the upload stream, so a prefetched flight's upload and collective
+// overlap the compute of the modules before it. No extra device buffer exists for the uploads: they
+// count against the same limits as the gathers. At most max_uploads_in_flight flights are in flight
+// (prefetch stops there; a demand first completes the oldest). QuiesceForUpdate() also waits (on
+// the host) for the upload stream, since the caller then rewrites the host shards.
 // A flight completes as a whole (the compute stream waits for its collective, then unpacks) when
 // any of its parameters is needed: a demand of one of its modules, an eviction, QuiesceForUpdate.
 // The staging buffer of a flight counts as live elements (N*S) from launch to completion, so
@@ -80,12 +95,19 @@ struct CoordinatedParam {
   int64_t numel = 0;
   int64_t padded = 0;  // n_pad
   int64_t shard = 0;   // n_pad / N
-  const void* shard_data = nullptr;  // this rank's shard (model dtype, device memory)
+  // This rank's shard (model dtype): device memory, or host memory (pinned for speed) with
+  // ShardSource::kHost.
+  const void* shard_data = nullptr;
   int module = -1;
   bool persistent = false;
 };
 
+enum class ShardSource { kDevice, kHost };
+
 struct ParamCoordinatorOptions {
+  ShardSource shard_source = ShardSource::kDevice;
+  // kHost: flights (each with its upload) in flight at once, >= 1 (offload_param.buffer_count).
+  int max_uploads_in_flight = 5;
   int64_t prefetch_bucket_numel = 50000000;
   int64_t max_live_numel = 1000000000;
   int64_t max_reuse_distance = 1000000000;
@@ -106,6 +128,11 @@ struct ParamCoordinatorStats {
   int64_t trace_invalidations = 0;
   int64_t max_live_numel_seen = 0;  // high-water mark of live elements (staging in flight included)
   int64_t max_staging_numel = 0;    // largest staging buffer (elements) of one flight
+  // ShardSource::kHost: host->device shard copies issued, their bytes, and the most flights in
+  // flight at once (<= max_uploads_in_flight).
+  int64_t uploads = 0;
+  int64_t uploaded_bytes = 0;
+  int64_t max_uploads_in_flight_seen = 0;
 };
 
 class ParamCoordinator {
@@ -137,7 +164,7 @@ class ParamCoordinator {
   // Non-persistent parameters gathered or in flight, plus the staging buffers of flights in flight.
   int64_t live_numel() const { return live_numel_; }
   // Device bytes held: full buffers (gathered or in flight, persistent included, pooled free) and
-  // staging buffers (in flight or pooled free). None with one rank.
+  // staging buffers (in flight or pooled free). None with one rank and device shards.
   size_t resident_bytes() const { return pool_.bytes() + staging_pool_.bytes(); }
   // Of resident_bytes(): the staging buffers.
   size_t staging_bytes() const { return staging_pool_.bytes(); }
@@ -170,6 +197,7 @@ class ParamCoordinator {
     int64_t staging_numel = 0;    // N*S with a staging buffer (counted live until completion), else 0
     DeviceBuffer staging;         // empty: in place (one parameter)
     std::unique_ptr<Work> work;   // null: nothing to wait for
+    std::unique_ptr<Event> uploaded;  // host shards, one rank: recorded after the uploads
   };
   // What gathering a module would take: the padded elements of its parameters that need a gather,
   // the non-persistent (live-counted) part of those, and how many parameters they are.
@@ -180,9 +208,11 @@ class ParamCoordinator {
   };
 
   bool NeedsGather(const Param& p) const;
-  // Where a gathered parameter's full values are: its buffer, or with one rank its shard.
+  // One rank with device shards: the shard is the full parameter (no buffer, no copy).
+  bool Aliases() const { return comm_->world_size() == 1 && !host_; }
+  // Where a gathered parameter's full values are: its buffer, or (Aliases) its shard.
   const void* Data(const Param& p) const {
-    return comm_->world_size() == 1 ? p.spec.shard_data : static_cast<const void*>(p.full.data());
+    return Aliases() ? p.spec.shard_data : static_cast<const void*>(p.full.data());
   }
   Need NeededBy(int module) const;
   // Staging elements a flight of `count` parameters and `all` padded elements needs.
@@ -192,6 +222,9 @@ class ParamCoordinator {
   Status Claim(int module, Flight* f);
   // Issues the flight's one collective (or, with one rank, its copies) and records it.
   Status Launch(Flight f);
+  // Host shards: copies this rank's shard of f.params[j] to dst(j) on the upload stream, after the
+  // compute stream's work so far.
+  Status Upload(Flight& f, const std::vector<void*>& dst);
   // Waits for flight `id` on the compute stream, unpacks, frees its staging buffer.
   Status Complete(int64_t id);
   Status CompleteAll();
@@ -212,6 +245,10 @@ class ParamCoordinator {
   Stream* compute_;
   DType dtype_;
   ParamCoordinatorOptions options_;
+  bool host_ = false;                      // ShardSource::kHost
+  std::unique_ptr<Stream> upload_stream_;  // host shards: created on the first upload
+  std::unique_ptr<Event> compute_mark_;    // recorded on compute_ before each upload
+  std::vector<std::unique_ptr<Event>> free_events_;
   std::vector<Param> params_;
   std::vector<Module> modules_;
   BufferPool pool_;          // full buffers

@@ -21,6 +21,9 @@ struct Model {
   std::vector<std::string> module_names;
   DeviceBuffer shards;  // fp32, per-param shards back to back
   std::vector<int64_t> shard_off;
+  // ShardSource::kHost: the shards in host memory instead (shards stays empty).
+  std::vector<float> host_shards;
+  float* shard_data() { return host_shards.empty() ? shards.as<float>() : host_shards.data(); }
 };
 
 float Value(int param, int64_t e) { return 1000.0f * param + static_cast<float>(e); }
@@ -33,8 +36,12 @@ Result<std::unique_ptr<ParamCoordinator>> Build(Model& m, int rank, int world, C
     m.shard_off.push_back(total);
     total += ShardNumel(n, world);
   }
-  ZERO_ASSIGN_OR_RETURN(m.shards, device->Allocate(std::max<int64_t>(total, 1) * 4));
-  float* s = m.shards.as<float>();
+  if (o.shard_source == ShardSource::kHost) {
+    m.host_shards.assign(static_cast<size_t>(std::max<int64_t>(total, 1)), 0.0f);
+  } else {
+    ZERO_ASSIGN_OR_RETURN(m.shards, device->Allocate(std::max<int64_t>(total, 1) * 4));
+  }
+  float* s = m.shard_data();
   std::vector<CoordinatedParam> ps;
   for (size_t i = 0; i < m.sizes.size(); ++i) {
     const ShardSpec sp = MakeShardSpec(m.sizes[i], world, rank);
@@ -555,6 +562,165 @@ TEST(ParamCoordinatorTest, AfterUpdateRegathersHeldModulesInOneCollective) {
     return OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+// --- host shards (offload_param.device "cpu") -------------------------------------------------
+
+// A model with modules of k >= 2 parameters, of one parameter (in-place gather) and with an empty
+// parameter.
+Model MixedModules() {
+  Model m = FourBlocks();
+  m.module_names.push_back("single");
+  m.sizes.push_back(57);
+  m.module_of.push_back(4);
+  m.module_names.push_back("with_empty");
+  m.sizes.push_back(0);
+  m.module_of.push_back(5);
+  m.sizes.push_back(7);
+  m.module_of.push_back(5);
+  return m;
+}
+
+// Forward then backward over every module of MixedModules, checking every gathered value.
+Status RunMixedMicroStep(ParamCoordinator& pc, const Model& m, float delta) {
+  const int modules = static_cast<int>(m.module_names.size());
+  std::vector<int> order;
+  for (int k = 0; k < modules; ++k) order.push_back(k);
+  for (int k = modules - 1; k >= 0; --k) order.push_back(k);
+  for (int mod : order) {
+    ZERO_RETURN_IF_ERROR(pc.Acquire(mod));
+    for (size_t i = 0; i < m.sizes.size(); ++i) {
+      if (m.module_of[i] != mod) continue;
+      ZERO_ASSIGN_OR_RETURN(const void* full, pc.Full(static_cast<int>(i)));
+      const float* f = static_cast<const float*>(full);
+      for (int64_t e = 0; e < m.sizes[i]; ++e) {
+        if (f[e] != Value(static_cast<int>(i), e) + delta) {
+          return InternalError("module " + std::to_string(mod) + " param " + std::to_string(i) + " element " +
+                               std::to_string(e) + " = " + std::to_string(f[e]) + ", expected " +
+                               std::to_string(Value(static_cast<int>(i), e) + delta));
+        }
+      }
+    }
+    ZERO_RETURN_IF_ERROR(pc.Release(mod));
+  }
+  return pc.EndMicroStep();
+}
+
+// Adds `delta` to every shard element between QuiesceForUpdate and AfterUpdate (the update).
+Status UpdateShards(ParamCoordinator& pc, Model& m, int world, float delta) {
+  ZERO_RETURN_IF_ERROR(pc.QuiesceForUpdate());
+  float* sh = m.shard_data();
+  for (size_t i = 0; i < m.sizes.size(); ++i) {
+    for (int64_t k = 0; k < ShardNumel(m.sizes[i], world); ++k) sh[m.shard_off[i] + k] += delta;
+  }
+  return pc.AfterUpdate();
+}
+
+// With one rank the host shard is uploaded into a real full buffer: Full() is not the shard, the
+// buffer is device memory counted as resident and returned at release, and the gathered values are
+// a copy (a change of the host shard outside the update protocol does not show).
+TEST(ParamCoordinatorHostShardsTest, OneRankUploadsIntoRealBuffers) {
+  Status s = RunThreadRanks(1, [](int rank, Communicator* comm, Device* device) -> Status {
+    Model m = FourBlocks();
+    ParamCoordinatorOptions o;
+    o.shard_source = ShardSource::kHost;
+    ZERO_ASSIGN_OR_RETURN(auto pc, Build(m, rank, 1, comm, device, o, /*persistence=*/0));
+    const size_t base = device->memory_stats().in_use;
+    ZERO_RETURN_IF_ERROR(pc->Acquire(1));
+    ZERO_RETURN_IF_ERROR(CheckGathered(*pc, m, 2));
+    ZERO_RETURN_IF_ERROR(CheckGathered(*pc, m, 3));
+    ZERO_ASSIGN_OR_RETURN(const void* full, pc->Full(2));
+    if (full == m.shard_data() + m.shard_off[2]) return InternalError("Full() aliases the host shard");
+    if (pc->resident_bytes() != (102 + 3) * 4) return InternalError("resident " + std::to_string(pc->resident_bytes()));
+    if (device->memory_stats().in_use - base != (102 + 3) * 4) return InternalError("full buffers not on the device");
+    if (pc->stats().uploads != 2 || pc->stats().uploaded_bytes != (102 + 3) * 4 || pc->stats().allgathers != 0) {
+      return InternalError("uploads " + std::to_string(pc->stats().uploads) + ", bytes " +
+                           std::to_string(pc->stats().uploaded_bytes));
+    }
+    m.host_shards[m.shard_off[2]] = -1.0f;  // not through the protocol: the gathered copy keeps its value
+    ZERO_RETURN_IF_ERROR(CheckGathered(*pc, m, 2));
+    m.host_shards[m.shard_off[2]] = Value(2, 0);
+    // The update: the held module is re-uploaded with the new values.
+    ZERO_RETURN_IF_ERROR(UpdateShards(*pc, m, 1, 0.5f));
+    ZERO_ASSIGN_OR_RETURN(const void* w, pc->Full(2));
+    if (static_cast<const float*>(w)[5] != Value(2, 5) + 0.5f) return InternalError("held module not refreshed");
+    ZERO_RETURN_IF_ERROR(pc->Release(1));
+    if (pc->resident_bytes() != 0 || device->memory_stats().in_use != base) return InternalError("release kept memory");
+    return OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+// Host shards give the same gathers as device shards: every value, collective count, prefetch and
+// keep decision, at worlds 1-3, with modules of k >= 2 parameters (staged), one parameter (in
+// place) and an empty parameter, across an update.
+TEST(ParamCoordinatorHostShardsTest, SameGathersAsDeviceShards) {
+  for (int world : {1, 2, 3}) {
+    std::vector<ParamCoordinatorStats> stats[2];
+    for (int host = 0; host < 2; ++host) {
+      stats[host].resize(world);
+      Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) -> Status {
+        Model m = MixedModules();
+        ParamCoordinatorOptions o;
+        o.shard_source = host ? ShardSource::kHost : ShardSource::kDevice;
+        o.prefetch_bucket_numel = 250;
+        o.max_live_numel = 400;
+        o.max_reuse_distance = 120;
+        ZERO_ASSIGN_OR_RETURN(auto pc, Build(m, rank, world, comm, device, o, /*persistence=*/3));
+        for (int step = 0; step < 3; ++step) ZERO_RETURN_IF_ERROR(RunMixedMicroStep(*pc, m, 0.0f));
+        ZERO_RETURN_IF_ERROR(pc->Acquire(4));  // held across the update
+        ZERO_RETURN_IF_ERROR(UpdateShards(*pc, m, world, 0.25f));
+        ZERO_RETURN_IF_ERROR(pc->Release(4));
+        for (int step = 0; step < 2; ++step) ZERO_RETURN_IF_ERROR(RunMixedMicroStep(*pc, m, 0.25f));
+        if (host && pc->stats().uploads == 0) return InternalError("nothing uploaded");
+        if (!host && pc->stats().uploads != 0) return InternalError("device shards uploaded");
+        stats[host][rank] = pc->stats();
+        return OkStatus();
+      });
+      ASSERT_TRUE(s.ok()) << "world " << world << (host ? " host" : " device") << " shards: " << s.ToString();
+    }
+    for (int r = 0; r < world; ++r) {
+      const ParamCoordinatorStats& d = stats[0][r];
+      const ParamCoordinatorStats& h = stats[1][r];
+      EXPECT_EQ(h.allgathers, d.allgathers) << "world " << world << " rank " << r;
+      EXPECT_EQ(h.gathered_params, d.gathered_params) << "world " << world << " rank " << r;
+      EXPECT_EQ(h.prefetched_modules, d.prefetched_modules) << "world " << world << " rank " << r;
+      EXPECT_EQ(h.prefetch_hits, d.prefetch_hits) << "world " << world << " rank " << r;
+      EXPECT_EQ(h.kept_modules, d.kept_modules) << "world " << world << " rank " << r;
+      EXPECT_EQ(h.max_live_numel_seen, d.max_live_numel_seen) << "world " << world << " rank " << r;
+      EXPECT_GT(d.prefetched_modules, 0) << "the cell must prefetch";
+      // Every gathered parameter of positive size uploaded its shard once.
+      EXPECT_EQ(h.uploads, h.gathered_params) << "world " << world << " rank " << r;
+    }
+  }
+}
+
+// max_uploads_in_flight bounds the flights in flight: with 1, a prefetch is issued only when nothing
+// else is in flight, and the values stay right.
+TEST(ParamCoordinatorHostShardsTest, UploadsInFlightWithinTheLimit) {
+  for (int world : {1, 2}) {
+    for (int limit : {1, 2}) {
+      Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) -> Status {
+        Model m = MixedModules();
+        ParamCoordinatorOptions o;
+        o.shard_source = ShardSource::kHost;
+        o.max_uploads_in_flight = limit;
+        o.prefetch_bucket_numel = 120;  // one module per prefetch
+        o.max_reuse_distance = 0;
+        ZERO_ASSIGN_OR_RETURN(auto pc, Build(m, rank, world, comm, device, o, /*persistence=*/0));
+        for (int step = 0; step < 3; ++step) ZERO_RETURN_IF_ERROR(RunMixedMicroStep(*pc, m, 0.0f));
+        const ParamCoordinatorStats& st = pc->stats();
+        if (st.prefetched_modules == 0) return InternalError("no prefetch");
+        if (st.max_uploads_in_flight_seen > limit) {
+          return InternalError(std::to_string(st.max_uploads_in_flight_seen) + " flights in flight, limit " +
+                               std::to_string(limit));
+        }
+        if (pc->flights_in_flight() > static_cast<size_t>(limit)) return InternalError("over the limit at the end");
+        return OkStatus();
+      });
+      EXPECT_TRUE(s.ok()) << "world " << world << " limit " << limit << ": " << s.ToString();
+    }
+  }
 }
 
 }  // namespace

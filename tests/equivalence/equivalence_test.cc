@@ -129,6 +129,9 @@ void RunMatrixCell(const CellSpec& cell) {
     ExpectStatesOffTheDevice(traces);
     ExpectTiers(cell, traces);
   }
+  for (size_t r = 0; r < traces.size() && cell.offload_param; ++r) {
+    EXPECT_GT(traces[r].memory.host_params, 0u) << "rank " << r << ": no shards in host memory";
+  }
 }
 
 TEST_P(MatrixTest, EngineEqualsReferenceBitwise) { RunMatrixCell(MatrixCell(GetParam())); }
@@ -177,6 +180,25 @@ INSTANTIATE_TEST_SUITE_P(Cells, OffloadMatrixTest,
                                             ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
                                             ::testing::Values(1, 4), ::testing::Bool()),
                          [](const ::testing::TestParamInfo<MatrixParam>& info) { return OffloadCell(info.param).Name(); });
+
+// offload_param.device "cpu" at stage 3 (the shards in host memory, uploaded for every gather,
+// buffer_count 2) with offload_optimizer none or "cpu": the same arithmetic (values are only moved),
+// so bitwise as the reference, hence as without offload.
+using ParamOffloadParam = std::tuple<int, DType, int, bool, bool>;  // world, dtype, GAS, clip, offload_optimizer
+CellSpec ParamOffloadCell(const ParamOffloadParam& p) {
+  CellSpec c = MatrixCell({3, std::get<0>(p), std::get<1>(p), std::get<2>(p), std::get<3>(p)});
+  c.offload_param = true;
+  c.offload_optimizer = std::get<4>(p);
+  return c;
+}
+class ParamOffloadMatrixTest : public ::testing::TestWithParam<ParamOffloadParam> {};
+TEST_P(ParamOffloadMatrixTest, EngineEqualsReferenceBitwise) { RunMatrixCell(ParamOffloadCell(GetParam())); }
+INSTANTIATE_TEST_SUITE_P(Cells, ParamOffloadMatrixTest,
+                         ::testing::Combine(::testing::Values(1, 2), ::testing::Values(DType::kF32, DType::kBF16),
+                                            ::testing::Values(1, 2), ::testing::Bool(), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<ParamOffloadParam>& info) {
+                           return ParamOffloadCell(info.param).Name();
+                         });
 
 // ---------------------------------------------------------------------------------------------
 // fp16 overflow: skipped on every rank, loss scale hysteresis, halving and growth.
