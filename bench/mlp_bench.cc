@@ -68,6 +68,7 @@ struct Options {
   int64_t buffer_count = 4;                 // with "nvme": offload_optimizer.buffer_count
   int64_t aio_block_size = 1048576;         // with "nvme": aio.block_size
   int64_t aio_queue_depth = 8;              // with "nvme": aio.queue_depth
+  std::string offload_param = "none";       // "none" | "cpu" (stage 3)
   std::string update_device = "cpu";        // with "cpu": offload_optimizer.update_device (gpu: chunked)
   int64_t chunk_size = int64_t{1} << 24;    // with update_device gpu
   int64_t chunk_buffers = 3;
@@ -81,7 +82,7 @@ const char kUsage[] =
     "                 [--lr X] [--weight-decay X] [--label NAME] [--device cuda:N] [--dry-run]\n"
     "                 [--offload-optimizer none|cpu|nvme] [--nvme-path DIR] [--sub-group-size N] [--pin-memory 0|1]\n"
     "                 [--host-memory-budget BYTES] [--buffer-count N] [--aio-block-size N] [--aio-queue-depth N]\n"
-    "                 [--update-device cpu|gpu] [--chunk-size N] [--chunk-buffers N]\n";
+    "                 [--update-device cpu|gpu] [--chunk-size N] [--chunk-buffers N] [--offload-param none|cpu]\n";
 
 Status ParseInt(const std::string& flag, const char* v, int64_t lo, int64_t* out) {
   char* end = nullptr;
@@ -158,6 +159,11 @@ Result<Options> ParseFlags(int argc, char** argv) {
       o.nvme_path = v;
     } else if (f == "--sub-group-size") {
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &o.sub_group_size));
+    } else if (f == "--offload-param") {
+      o.offload_param = v;
+      if (o.offload_param != "none" && o.offload_param != "cpu") {
+        return InvalidArgumentError("--offload-param: expected none or cpu, got '" + o.offload_param + "'");
+      }
     } else if (f == "--update-device") {
       o.update_device = v;
       if (o.update_device != "cpu" && o.update_device != "gpu") {
@@ -208,6 +214,10 @@ std::string ConfigJson(const Options& o) {
           : ", \"offload_optimizer\": {\"device\": \"" + o.offload_optimizer + "\", \"pin_memory\": " +
                 (o.pin_memory ? "true" : "false") + nvme_keys + chunk_keys + "}" +
                 (nvme ? ", \"sub_group_size\": " + std::to_string(o.sub_group_size) : std::string());
+  const std::string param_offload =
+      o.offload_param == "cpu" ? ", \"offload_param\": {\"device\": \"cpu\", \"pin_memory\": " +
+                                     std::string(o.pin_memory ? "true" : "false") + ", \"buffer_size\": 1000000000}"
+                               : std::string();
   const std::string aio = nvme ? "\"aio\": {\"block_size\": " + std::to_string(o.aio_block_size) +
                                      ", \"queue_depth\": " + std::to_string(o.aio_queue_depth) + "}, "
                                : std::string();
@@ -217,9 +227,9 @@ std::string ConfigJson(const Options& o) {
                 "\"bf16\": {\"enabled\": true}, %s%s"
                 "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %.17g, \"betas\": [0.9, 0.999], "
                 "\"eps\": 1e-8, \"weight_decay\": %.17g}}, "
-                "\"zero_optimization\": {\"stage\": %d%s}}",
+                "\"zero_optimization\": {\"stage\": %d%s%s}}",
                 aio.c_str(), o.comm_dtype == "none" ? "" : ("\"communication_data_type\": \"" + o.comm_dtype + "\", ").c_str(),
-                o.lr, o.weight_decay, o.stage, offload.c_str());
+                o.lr, o.weight_decay, o.stage, offload.c_str(), param_offload.c_str());
   return buf;
 }
 

@@ -90,6 +90,19 @@ std::vector<Cell> AllCells(int world) {
             cells.push_back(c);
             c.spec.gpu_update_chunk = 0;
           }
+          if (stage == 3) {
+            // offload_param.device "cpu": the shards in pinned host memory, uploaded on the
+            // coordinator's own stream for every gather; with device and with host states.
+            c.spec.offload_param = true;
+            c.spec.offload_optimizer = false;
+            c.name = "paramoffload/" + c.spec.Name();
+            cells.push_back(c);
+            c.spec.offload_optimizer = true;
+            c.name = "paramoffload/" + c.spec.Name();
+            cells.push_back(c);
+            c.spec.offload_param = false;
+            c.spec.offload_optimizer = false;
+          }
         }
       }
     }

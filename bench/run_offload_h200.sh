@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The offload runs on the GPU machine (docs/performance.md, docs/nvme.md, docs/offload.md), in one go.
+# Here:   bench/run_offload_h200.sh pack   builds mlp_bench, aio_bench and gpu_equivalence and copies
+#                                          them with the shared libraries the GPU machine lacks into
+#                                          .carry/offload/.
+# There:  bash bench/run_offload_h200.sh run OUTDIR [PHASE...]   (device tool: carry [".carry/offload"])
+#   PHASE equiv:    gpu_equivalence, every cell (world 1)
+#   PHASE offload:  the 1.07B job at 8192 tokens: stage 3 without offload, CPU AdamW offload, the
+#                   chunked GPU AdamW offload, CPU AdamW + parameter offload; stage 2 likewise
+#   PHASE nvme:     aio_bench (raw vs engine, the disk floor), then the 1.07B job with NVMe states
+#   PHASE headline: a 10.2B-parameter model (19 blocks of 8192x32768) with tiered states: 64 GiB of
+#                   them in pinned host memory, the rest (about 54 GB) on NVMe, 3 steps
+# Each run is bounded by `timeout`; output in OUTDIR/offload_h200.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+CARRY=.carry/offload
+
+case "${1:-}" in
+  pack)
+    set -e
+    bazel build //bench:mlp_bench //bench:aio_bench //tests/equivalence:gpu_equivalence
+    rm -rf "$CARRY" && mkdir -p "$CARRY/bin" "$CARRY/lib"
+    cp -L bazel-bin/bench/mlp_bench bazel-bin/bench/aio_bench bazel-bin/tests/equivalence/gpu_equivalence "$CARRY/bin/"
+    for lib in /usr/lib/libgloo.so.0 $(ldd /usr/lib/libgloo.so.0 | awk '/=> \//{print $3}' | grep -E 'hiredis|ibverbs|libnl') \
+               /usr/lib/x86_64-linux-gnu/libaio.so.1 /usr/lib/x86_64-linux-gnu/libnuma.so.1; do
+      cp -L "$lib" "$CARRY/lib/"
+    done
+    "$CARRY/bin/mlp_bench" --dry-run >/dev/null
+    du -sh "$CARRY"
+    ;;
+  run)
+    out=${2:?usage: run_offload_h200.sh run OUTDIR [PHASE...]}
+    shift 2
+    phases=${*:-equiv offload nvme}
+    mkdir -p "$out"
+    export LD_LIBRARY_PATH=$PWD/$CARRY/lib:/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+    export NCCL_NVLS_ENABLE=0
+    B=$CARRY/bin
+    NV=${NVME_DIR:-/root/zero_nvme}
+    run() {  # SECONDS CMD...
+      local limit=$1; shift
+      echo "=== $*"
+      local t0=$(date +%s)
+      timeout "$limit" "$@"; local r=$?
+      echo "=== exit $r, $(( $(date +%s) - t0 )) s"
+    }
+    {
+      date -u
+      nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+      free -g | head -2; df -h / | tail -1; nproc
+      for p in $phases; do
+        case $p in
+          equiv)
+            run 240 $B/gpu_equivalence ;;
+          offload)
+            run 90 $B/mlp_bench --stage 3 --label s3_none
+            run 90 $B/mlp_bench --stage 3 --offload-optimizer cpu --label s3_cpuadam
+            run 90 $B/mlp_bench --stage 3 --offload-optimizer cpu --update-device gpu --label s3_gpuchunk
+            run 90 $B/mlp_bench --stage 3 --offload-optimizer cpu --offload-param cpu --label s3_cpuadam_param
+            run 90 $B/mlp_bench --stage 2 --offload-optimizer cpu --label s2_cpuadam
+            run 90 $B/mlp_bench --stage 2 --offload-optimizer cpu --update-device gpu --label s2_gpuchunk
+            ;;
+          nvme)
+            mkdir -p "$NV"
+            run 120 $B/aio_bench --dir="$NV" --size_mb=4096 --block_sizes=1048576 --queue_depths=8 --reps=1
+            run 200 $B/mlp_bench --stage 3 --offload-optimizer nvme --nvme-path "$NV" --sub-group-size 67108864 \
+                --steps 3 --label s3_nvme
+            rm -rf "$NV/zero_swap"
+            ;;
+          headline)
+            mkdir -p "$NV"
+            run 120 $B/aio_bench --dir="$NV" --size_mb=8192 --block_sizes=1048576 --queue_depths=8 --reps=1
+            run 420 $B/mlp_bench --stage 3 --dim 8192 --ffn 32768 --blocks 19 --offload-optimizer nvme \
+                --nvme-path "$NV" --host-memory-budget $((64 << 30)) --sub-group-size 134217728 --steps 3 \
+                --label headline_tiered
+            rm -rf "$NV/zero_swap"
+            free -g | head -2
+            ;;
+        esac
+      done
+    } 2>&1 | tee "$out/offload_h200.log"
+    ;;
+  *)
+    echo "usage: bench/run_offload_h200.sh pack | run OUTDIR [equiv|offload|nvme|headline ...]" >&2
+    exit 2
+    ;;
+esac
