@@ -168,6 +168,10 @@ struct EngineMemory {
   // offload_param.device "cpu" (stage 3): host bytes of this rank's model-dtype shards (one slab);
   // model_params then holds no shards, only the gathered buffers and the store's device scratch.
   size_t host_params = 0;
+  // Host bytes of the fp32 gradient partition (optimizer offload "cpu": pinned, with its staging
+  // slots; zero/grad_partition.h). With offload_grad_accumulation "gpu" the device sum (4 bytes per
+  // partition element) is in gradient_accumulators.
+  size_t host_gradients = 0;
   // Of `gradients`: the reduction buckets' staging buffers (held for reuse). 0 with
   // contiguous_gradients false (unless communication_data_type differs from the model dtype,
   // which needs a conversion buffer per reduction in flight). 0 with one rank (nothing is
