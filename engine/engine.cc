@@ -1037,7 +1037,25 @@ Status Engine::Impl::CreateGradPartition() {
     return OkStatus();
   }
   if (UpdateInBackward()) return OkStatus();  // no partition: engine.h, "Update in backward"
-  auto g = CreateDeviceGradPartition(device, compute, part_total, std::move(pieces));
+  // Optimizer offload with the CPU AdamW (host states that update from host gradients): the
+  // partition lives in pinned host memory, the reduced pieces stream there during backward
+  // (offload_grad_accumulation "cpu"), or are summed on the device and sent once per step ("gpu").
+  // Otherwise (no offload, update_device "gpu", NVMe states) on the device.
+  Result<std::unique_ptr<GradPartition>> g = std::unique_ptr<GradPartition>();
+  if (states->updates_from_host() && states->host_thread_pool() != nullptr) {
+    const OffloadOptimizerConfig& oo = config.zero.offload_optimizer;
+    HostGradPartitionOptions ho;
+    ho.slab.pin_memory = oo.pin_memory;
+    ho.slab.fallback_to_pageable = oo.pin_memory_fallback;
+    ho.slab.what = "fp32 gradient partition (offload_optimizer.device \"cpu\")";
+    ho.slab.config_key = "zero_optimization.offload_optimizer";
+    ho.pool = states->host_thread_pool();
+    g = config.zero.offload_grad_accumulation == "gpu"
+            ? CreateGpuAccumulatedGradPartition(device, compute, part_total, std::move(pieces), ho)
+            : CreateHostGradPartition(device, compute, part_total, std::move(pieces), ho);
+  } else {
+    g = CreateDeviceGradPartition(device, compute, part_total, std::move(pieces));
+  }
   if (!g.ok()) return g.status().WithContext("Initialize");
   grad = std::move(g).value();
   return OkStatus();

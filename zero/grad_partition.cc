@@ -68,6 +68,12 @@ class DeviceGradPartition final : public GradPartition {
   DeviceBuffer owned_;  // empty for a view
 };
 
+int64_t LargestPiece(const std::vector<GradPiece>& pieces) {
+  int64_t n = 0;
+  for (const GradPiece& p : pieces) n = std::max(n, p.n);
+  return n;
+}
+
 class HostGradPartition final : public GradPartition {
  public:
   HostGradPartition(Device* device, Stream* stream, int64_t numel, std::vector<GradPiece> pieces,
@@ -76,7 +82,7 @@ class HostGradPartition final : public GradPartition {
         device_(device),
         stream_(stream),
         numel_(numel),
-        chunk_(std::max<int64_t>(1, o.chunk_numel)),
+        chunk_(std::max<int64_t>(1, std::min(o.chunk_numel, LargestPiece(pieces_)))),
         pool_(o.pool),
         slots_(static_cast<size_t>(std::max(1, o.staging_slots))) {}
 

@@ -107,7 +107,7 @@ std::unique_ptr<GradPartition> CreateDeviceGradPartitionView(Device* device, Str
 struct HostGradPartitionOptions {
   HostSlabOptions slab;                    // pinning, NUMA, the config key errors name
   ThreadPool* pool = nullptr;              // the host adds and the norm (not owned; required)
-  int64_t chunk_numel = int64_t{1} << 20;  // elements per staging slot (4 MiB of fp32)
+  int64_t chunk_numel = int64_t{1} << 20;  // elements per staging slot (4 MiB of fp32; at most the largest piece)
   int staging_slots = 4;                   // device->host copies in flight
 };
 
