@@ -18,6 +18,7 @@
 #include "zero/allgather_bucket.h"
 #include "zero/buffer_pool.h"
 #include "zero/chunked_optimizer_states.h"
+#include "zero/grad_partition.h"
 #include "zero/grad_reducer.h"
 #include "zero/gradient_bucket.h"
 #include "zero/loss_scaler.h"
@@ -148,8 +149,10 @@ struct Engine::Impl {
   // stages 1-3 in the partition layout.
   std::unique_ptr<OptimizerStates> states;
   DeviceBuffer acc;         // stages 0/1: fp32 full per-rank accumulators (stage 0: reduced in place)
-  DeviceBuffer grad_part;   // stages 1-3: fp32 gradient partition (not at stage 1 with one rank:
-                            // there the accumulators are the partition, see AccIsGrad)
+  // The fp32 gradients the boundary reads (zero/grad_partition.h), one piece per parameter: a view
+  // of `acc` where the accumulators are the partition (AccIsGrad), otherwise this rank's fp32
+  // gradient partition (stages 1-3; none with UpdateInBackward).
+  std::unique_ptr<GradPartition> grad;
   DeviceBuffer norm_slots;  // one device double per parameter
   PinnedBuffer norm_host;   // their host copy (pinned, so the copy does not block the host)
   std::unique_ptr<Event> norm_ready;  // recorded after that copy
@@ -168,7 +171,7 @@ struct Engine::Impl {
   // Which fp32 gradient pieces hold this window's values (the rest hold stale values of an earlier
   // window: nothing zero-fills the accumulators at a window start; see AddGradient).
   std::vector<uint8_t> acc_written;     // stages 0/1: acc piece (this rank's local sum)
-  std::vector<uint8_t> part_written;    // stages 1-3: grad_part shard (the reduced sum)
+  std::vector<uint8_t> part_written;    // stages 1-3: `grad` piece (the reduced sum)
   std::vector<uint8_t> updated;         // UpdateInBackward: AdamW already ran in this window
   int reported_count = 0;
   std::unique_ptr<GradientReducer> reducer;
@@ -209,23 +212,23 @@ struct Engine::Impl {
     if (host_params != nullptr) return host_params->WriteFromMasters(states.get(), off, n);
     return states->CastMaster(off, n, model_ptr(model_off), mdt, compute);
   }
-  // AdamW over state elements [off, off + n) from fp32 `grads` (at off), the new weights rounded
-  // into the model copy at `model_off` (as ModelFromMasters). Host shards: with host states the
-  // update, then the rounded masters on the host; otherwise chunk by chunk into the store's device
-  // scratch (AdamW is elementwise: the same bits).
-  Status UpdateModel(int64_t off, int64_t n, const float* grads, const AdamWParams& h, int64_t model_off) {
-    if (host_params == nullptr) return states->Update(off, n, grads, h, model_ptr(model_off), mdt, compute);
+  // AdamW over state elements [off, off + n) from the fp32 gradients in `grad` (at off), the new
+  // weights rounded into the model copy at `model_off` (as ModelFromMasters). Host shards: with
+  // host states the update, then the rounded masters on the host; otherwise chunk by chunk into
+  // the store's device scratch (AdamW is elementwise: the same bits).
+  Status UpdateModel(int64_t off, int64_t n, const AdamWParams& h, int64_t model_off) {
+    if (host_params == nullptr) return grad->Update(states.get(), off, n, h, model_ptr(model_off), mdt);
     if (states->casts_to_host()) {
-      ZERO_RETURN_IF_ERROR(states->Update(off, n, grads, h, nullptr, mdt, compute));
+      ZERO_RETURN_IF_ERROR(grad->Update(states.get(), off, n, h, nullptr, mdt));
       return host_params->WriteFromMasters(states.get(), off, n);
     }
     return host_params->Write(off, n, [&](void* dst, int64_t at, int64_t len) {
-      return states->Update(off + at, len, grads + at, h, dst, mdt, compute);
+      return grad->Update(states.get(), off + at, len, h, dst, mdt);
     });
   }
   // The fp32 gradients the boundary reads (norm, AdamW) are the accumulators at stage 0, and at
   // stage 1 with one rank, where the reduce-scatter would be the identity and the partition layout
-  // is the full layout (shard = n_pad = numel, part_off = full_off); otherwise grad_part.
+  // is the full layout (shard = n_pad = numel, part_off = full_off); otherwise the partition.
   bool AccIsGrad() const { return stage == 0 || (stage == 1 && world == 1); }
   // Stages 2/3 with one rank: no reduction is needed (the mean over one rank is the value itself),
   // so GradReady adds the model-dtype gradient straight into the fp32 partition, with no bucket
@@ -288,6 +291,8 @@ struct Engine::Impl {
   Status BoundaryImpl();
   Status ZeroAccumulators();
   Status AddGradient(float* dst, const void* src, DType src_t, int64_t n, uint8_t* written);
+  Status AddToPartition(int index, const void* src, DType src_t);
+  Status CreateGradPartition();
   AdamWParams StepParams(double loss_scale, double clip_coef) const;
   Status UpdateFromGradient(int index, const void* src);
   Status ReadNorm(double* total);
@@ -617,9 +622,7 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
   if (stage <= 1) {
     ZERO_RETURN_IF_ERROR(Allocate(&acc, full_total, DType::kF32, "fp32 gradient accumulators"));
   }
-  if (stage >= 1 && !AccIsGrad() && !UpdateInBackward()) {
-    ZERO_RETURN_IF_ERROR(Allocate(&grad_part, part_total, DType::kF32, "fp32 gradient partition"));
-  }
+  ZERO_RETURN_IF_ERROR(CreateGradPartition());
   {
     const size_t bytes = std::max<size_t>(1, params.size()) * sizeof(double);
     auto b = device->Allocate(bytes);
@@ -751,18 +754,15 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     ro.comm_dtype = DType::kF32;
     ro.name = "stage-1 gradient";
     consumer = [this](int i, const void* reduced) -> Status {
-      float* dst = f32(grad_part, params[i].part_off);
-      if (reduced == dst) return OkStatus();  // reduce-scattered straight into the partition
-      return device->Copy(dst, reduced, static_cast<size_t>(params[i].shard.shard) * 4,
-                          CopyKind::kDeviceToDevice, compute);
+      // (A no-op where it was reduce-scattered straight into the partition.)
+      return grad->Store(i, static_cast<const float*>(reduced));
     };
   } else {
     ro.kind = BucketKind::kShards;
     ro.comm_dtype = comm_dt;
     ro.name = stage == 2 ? "stage-2 gradient" : "stage-3 gradient";
     consumer = [this](int i, const void* reduced) -> Status {
-      return AddGradient(f32(grad_part, params[i].part_off), reduced, comm_dt, params[i].shard.shard,
-                         &part_written[i]);
+      return AddToPartition(i, reduced, comm_dt);
     };
   }
   reducer = std::make_unique<GradientReducer>(device, comm, compute, ro, std::move(consumer));
@@ -947,8 +947,7 @@ Status Engine::Impl::GradReadyImpl(int index) {
   }
   if (DirectToPartition()) {
     // One rank: straight into the fp32 partition (shard = numel), no bucket, no conversion.
-    ZERO_RETURN_IF_ERROR(AddGradient(f32(grad_part, p.part_off), buf.data(), mdt, p.numel,
-                                     &part_written[index]));
+    ZERO_RETURN_IF_ERROR(AddToPartition(index, buf.data(), mdt));
     return grad_pool->Release(std::move(buf), compute);
   }
   if (schedule != nullptr) {
@@ -1016,6 +1015,52 @@ Status Engine::Impl::AddGradient(float* dst, const void* src, DType src_t, int64
   return device->Accumulate(dst, src, src_t, static_cast<size_t>(n), 1.0f, compute);
 }
 
+// Stages 1-3: a (reduced, or with one rank the model-dtype) gradient of parameter `index` into its
+// piece of the partition, first contribution of the window or not as AddGradient. `last`: the
+// managed boundary micro step, after which the piece gets nothing more in this window.
+Status Engine::Impl::AddToPartition(int index, const void* src, DType src_t) {
+  const bool first = part_written[index] == 0;
+  part_written[index] = 1;
+  return grad->Add(index, src, src_t, first, /*last=*/managed && window_micro + 1 == gas);
+}
+
+// The fp32 gradients the boundary reads, one piece per parameter (stage 0: its full accumulator;
+// otherwise its shard in the partition layout). Zero from creation: padding and gaps stay zero.
+Status Engine::Impl::CreateGradPartition() {
+  std::vector<GradPiece> pieces;
+  pieces.reserve(params.size());
+  for (const ParamInfo& p : params) {
+    pieces.push_back(stage == 0 ? GradPiece{p.full_off, p.numel} : GradPiece{p.part_off, p.shard.shard});
+  }
+  if (AccIsGrad()) {
+    grad = CreateDeviceGradPartitionView(device, compute, acc.as<float>(), std::move(pieces));
+    return OkStatus();
+  }
+  if (UpdateInBackward()) return OkStatus();  // no partition: engine.h, "Update in backward"
+  // Optimizer offload with the CPU AdamW (host states that update from host gradients): the
+  // partition lives in pinned host memory, the reduced pieces stream there during backward
+  // (offload_grad_accumulation "cpu"), or are summed on the device and sent once per step ("gpu").
+  // Otherwise (no offload, update_device "gpu", NVMe states) on the device.
+  Result<std::unique_ptr<GradPartition>> g = std::unique_ptr<GradPartition>();
+  if (states->updates_from_host() && states->host_thread_pool() != nullptr) {
+    const OffloadOptimizerConfig& oo = config.zero.offload_optimizer;
+    HostGradPartitionOptions ho;
+    ho.slab.pin_memory = oo.pin_memory;
+    ho.slab.fallback_to_pageable = oo.pin_memory_fallback;
+    ho.slab.what = "fp32 gradient partition (offload_optimizer.device \"cpu\")";
+    ho.slab.config_key = "zero_optimization.offload_optimizer";
+    ho.pool = states->host_thread_pool();
+    g = config.zero.offload_grad_accumulation == "gpu"
+            ? CreateGpuAccumulatedGradPartition(device, compute, part_total, std::move(pieces), ho)
+            : CreateHostGradPartition(device, compute, part_total, std::move(pieces), ho);
+  } else {
+    g = CreateDeviceGradPartition(device, compute, part_total, std::move(pieces));
+  }
+  if (!g.ok()) return g.status().WithContext("Initialize");
+  grad = std::move(g).value();
+  return OkStatus();
+}
+
 // The AdamW hyperparameters of the next applied step (t = adam_step + 1).
 AdamWParams Engine::Impl::StepParams(double loss_scale, double clip_coef) const {
   AdamWParams h;
@@ -1071,7 +1116,7 @@ Status Engine::Impl::QueueBoundaryReduction(int index) {
   // reduce-scatters it (its full-layout piece is padded, padding zero) straight into the gradient
   // partition.
   return reducer->Add(index, f32(acc, p.full_off), DType::kF32, p.numel, nullptr,
-                      stage == 1 ? f32(grad_part, p.part_off) : nullptr);
+                      stage == 1 ? grad->device_piece(index) : nullptr);
 }
 
 Status Engine::Impl::ReduceAccumulators(const std::vector<uint8_t>& which) {
@@ -1123,6 +1168,9 @@ Status Engine::Impl::BackwardImpl() {
     }
     ZERO_RETURN_IF_ERROR(reducer->Drain());
   }
+  // Every contribution of the window is in: pieces whose last one came in an earlier micro step
+  // are completed now (offload_grad_accumulation "gpu": sent to the host).
+  if (boundary && grad != nullptr) ZERO_RETURN_IF_ERROR(grad->Finish());
   if (coordinator != nullptr) ZERO_RETURN_IF_ERROR(coordinator->EndMicroStep());
   std::fill(reported.begin(), reported.end(), 0);
   reported_count = 0;
@@ -1180,6 +1228,7 @@ Status Engine::Impl::ZeroAccumulators() {
     // Stream-ordered after the boundary's copy of the partials to the host.
     ZERO_RETURN_IF_ERROR(device->Fill(norm_slots.data(), DType::kF32, 2 * params.size(), 0.0f, compute));
   }
+  if (grad != nullptr) grad->NewWindow();
   std::fill(updated.begin(), updated.end(), 0);
   std::fill(acc_written.begin(), acc_written.end(), 0);
   std::fill(part_written.begin(), part_written.end(), 0);
@@ -1218,15 +1267,9 @@ Status Engine::Impl::BoundaryImpl() {
   }
   if (stage <= 1 && !reduced) ZERO_RETURN_IF_ERROR(ReduceAccumulators(update));
 
-  // The fp32 gradients: stage 0 (and stage 1 with one rank) the accumulators, full layout;
-  // otherwise this rank's shards in the gradient partition (padding zero).
-  const DeviceBuffer& grads = AccIsGrad() ? acc : grad_part;
+  // The fp32 gradients (`grad`): stage 0 (and stage 1 with one rank) the accumulators, full
+  // layout; otherwise this rank's shards in the gradient partition (padding zero).
   const std::vector<uint8_t>& written = AccIsGrad() ? acc_written : part_written;
-  auto piece = [this](int i, int64_t* off, int64_t* n) {
-    const ParamInfo& p = params[i];
-    *off = stage == 0 ? p.full_off : p.part_off;
-    *n = stage == 0 ? p.numel : p.shard.shard;
-  };
 
   // Global norm: per parameter, the sum of squares of its fp32 gradient in double; summed on the
   // host in parameter order; partitioned stages all-reduce the partial sums (rank order). A
@@ -1238,18 +1281,19 @@ Status Engine::Impl::BoundaryImpl() {
     ZERO_RETURN_IF_ERROR(device->Fill(slots, DType::kF32, 2 * static_cast<size_t>(n_params), 0.0f, compute));
   }
   // Update in backward: the partials were written at GradReady (0 for the others).
-  for (int i = 0; i < n_params && !in_backward; ++i) {
-    int64_t off = 0, n = 0;
-    piece(i, &off, &n);
-    if (n == 0) continue;
-    if (!written[i]) {
-      if (update[i]) {
-        ZERO_RETURN_IF_ERROR(device->Fill(f32(grads, off), DType::kF32, static_cast<size_t>(n), 0.0f, compute));
+  if (!in_backward) {
+    // Unmanaged: the window's end is here (offload_grad_accumulation "gpu": the sums go to the host).
+    ZERO_RETURN_IF_ERROR(grad->Finish());
+    std::vector<int> norm_of;
+    for (int i = 0; i < n_params; ++i) {
+      if (grad->piece(i).n == 0) continue;
+      if (!written[i]) {
+        if (update[i]) ZERO_RETURN_IF_ERROR(grad->Zero(i));
+        continue;
       }
-      continue;
+      norm_of.push_back(i);
     }
-    ZERO_RETURN_IF_ERROR(device->SumOfSquares(f32(grads, off), DType::kF32, static_cast<size_t>(n),
-                                              slots + i, compute));
+    ZERO_RETURN_IF_ERROR(grad->SumsOfSquares(norm_of, slots));
   }
   if (n_params > 0) {
     ZERO_RETURN_IF_ERROR(device->Copy(norm_host.data(), slots, sizeof(double) * n_params,
@@ -1336,7 +1380,7 @@ Status Engine::Impl::BoundaryImpl() {
                                    : params[j].part_off + params[j].shard.shard;
     const int64_t model_off = (stage == 1 || stage == 2) ? params[i].full_off + params[i].shard.begin : begin;
     if (end > begin) {
-      ZERO_RETURN_IF_ERROR(UpdateModel(begin, end - begin, f32(grads, begin), h, model_off));
+      ZERO_RETURN_IF_ERROR(UpdateModel(begin, end - begin, h, model_off));
     }
     i = j + 1;
   }
@@ -1455,8 +1499,10 @@ EngineMemory Engine::memory() const {
   out.master_params = state_bytes / 3;
   out.optimizer_states = state_bytes - state_bytes / 3;
   out.bucket_staging = m.reducer != nullptr ? m.reducer->staging_bytes() : 0;
-  out.gradient_accumulators = m.acc.bytes() + m.grad_part.bytes();
-  out.gradients = m.acc.bytes() + m.grad_part.bytes() +
+  const GradPartitionBytes gb = m.grad != nullptr ? m.grad->bytes() : GradPartitionBytes();
+  out.host_gradients = gb.host;
+  out.gradient_accumulators = m.acc.bytes() + gb.device;
+  out.gradients = m.acc.bytes() + gb.device +
                   (m.grad_pool != nullptr ? m.grad_pool->bytes() : 0) + out.bucket_staging;
   out.allgather_staging = m.weight_gather != nullptr ? m.weight_gather->staging_bytes() : 0;
   out.device_peak = m.device->memory_stats().peak;

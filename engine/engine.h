@@ -84,6 +84,15 @@
 // gathered copy, not at the shard. A parameter whose shard exceeds offload_param.buffer_size is an
 // Initialize error naming it. Bitwise the same as without (values are only moved).
 //
+// Gradient partition with optimizer offload (offload_optimizer "cpu" with the CPU AdamW, stages
+// 1-3; zero/grad_partition.h, docs/offload.md): the fp32 partition lives in pinned host memory; the
+// reduced pieces are copied device->host through a few pinned staging slots as their reductions
+// complete and added there by a worker (offload_grad_accumulation "cpu"), or summed on the device
+// and sent once per step ("gpu": at the piece's last add of the boundary micro step, at the end of
+// the boundary backward, or at Step() when unmanaged). The norm partials are taken on the host in
+// CpuDevice::SumOfSquares' order and AdamW reads the host partition in place. Bitwise the same as
+// on the device on the CPU backend (the same kernels, the same order).
+//
 // Accumulation modes: managed (default): the boundary is every gradient_accumulation_steps-th
 // Backward(); Step() off the boundary only advances. Unmanaged (managed_gradient_accumulation
 // false): Backward() may be called any number of times; Step() is the boundary: it reduces what
@@ -168,6 +177,10 @@ struct EngineMemory {
   // offload_param.device "cpu" (stage 3): host bytes of this rank's model-dtype shards (one slab);
   // model_params then holds no shards, only the gathered buffers and the store's device scratch.
   size_t host_params = 0;
+  // Host bytes of the fp32 gradient partition (optimizer offload "cpu": pinned, with its staging
+  // slots; zero/grad_partition.h). With offload_grad_accumulation "gpu" the device sum (4 bytes per
+  // partition element) is in gradient_accumulators.
+  size_t host_gradients = 0;
   // Of `gradients`: the reduction buckets' staging buffers (held for reuse). 0 with
   // contiguous_gradients false (unless communication_data_type differs from the model dtype,
   // which needs a conversion buffer per reduction in flight). 0 with one rank (nothing is

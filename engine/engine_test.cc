@@ -595,6 +595,52 @@ TEST(EngineMemoryTest, PartitionedStateIsAboutOneNth) {
   }
 }
 
+// Optimizer offload "cpu" (the CPU AdamW): the fp32 gradient partition is in host memory, none of
+// it on the device with offload_grad_accumulation "cpu" (stages 2 and 3); with "gpu" (stage 3 with
+// offload_param too) the device holds exactly the 4-byte fp32 sum, as large as the partition
+// without offload. The weights, moments and norms are the same bits in all three.
+TEST(EngineGradOffloadTest, GradientPartitionOnTheHostAndTheGpuSum) {
+  const TestModel model = BlockModel(3, 3000, 10);
+  const std::string cpu_opt = "\"offload_optimizer\": {\"device\": \"cpu\", \"cpu_threads\": 2}";
+  const std::string param = ", \"offload_param\": {\"device\": \"cpu\"}";
+  TrainOptions ro;
+  ro.steps = 2;
+  for (int world : {1, 2}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    for (int stage : {2, 3}) {
+      SCOPED_TRACE("stage " + std::to_string(stage));
+      const std::string p = stage == 3 ? param : "";
+      const auto none = TrainAll(ConfigJson(stage, 2, 0.0, "", p.empty() ? "" : p.substr(2)), world, model, ro);
+      const auto cpu = TrainAll(ConfigJson(stage, 2, 0.0, "", cpu_opt + p), world, model, ro);
+      ASSERT_EQ(none.size(), static_cast<size_t>(world));
+      ASSERT_EQ(cpu.size(), static_cast<size_t>(world));
+      for (int r = 0; r < world; ++r) {
+        const size_t partition = none[r].memory.gradient_accumulators;  // fp32, on the device
+        EXPECT_GT(partition, 0u);
+        EXPECT_EQ(none[r].memory.host_gradients, 0u);
+        EXPECT_EQ(cpu[r].memory.gradient_accumulators, 0u) << "rank " << r << ": fp32 gradients on the device";
+        EXPECT_GE(cpu[r].memory.host_gradients, partition) << "rank " << r;
+        std::string where;
+        EXPECT_TRUE(BitwiseEqual(cpu[r].master, none[r].master, &where)) << "rank " << r << ": " << where;
+        EXPECT_EQ(cpu[r].norms, none[r].norms) << "rank " << r;
+      }
+      if (stage != 3) continue;
+      const auto gpu = TrainAll(
+          ConfigJson(stage, 2, 0.0, "", cpu_opt + p + ", \"offload_grad_accumulation\": \"gpu\""), world, model, ro);
+      ASSERT_EQ(gpu.size(), static_cast<size_t>(world));
+      for (int r = 0; r < world; ++r) {
+        EXPECT_EQ(gpu[r].memory.gradient_accumulators, none[r].memory.gradient_accumulators)
+            << "rank " << r << ": the device sum is 4 bytes per partition element";
+        EXPECT_EQ(gpu[r].memory.host_gradients, cpu[r].memory.host_gradients) << "rank " << r;
+        std::string where;
+        EXPECT_TRUE(BitwiseEqual(gpu[r].master, cpu[r].master, &where)) << "rank " << r << ": " << where;
+        EXPECT_TRUE(BitwiseEqual(gpu[r].model, cpu[r].model, &where)) << "rank " << r << ": " << where;
+        EXPECT_EQ(gpu[r].norms, cpu[r].norms) << "rank " << r;
+      }
+    }
+  }
+}
+
 // offload_param.device "cpu": a parameter whose shard exceeds buffer_size is refused at Initialize
 // (DeepSpeed fails at run time), naming the parameter, its shard and the value to set.
 TEST(EngineParamOffloadTest, ShardOverBufferSizeIsAnInitializeErrorNamingIt) {

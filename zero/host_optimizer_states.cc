@@ -101,6 +101,23 @@ class HostOptimizerStates final : public OptimizerStates {
     return OkStatus();
   }
 
+  bool updates_from_host() const override { return true; }
+  ThreadPool* host_thread_pool() override { return pool_.get(); }
+  // The gradients are in host memory already: AdamW reads them in place (no transfer chunks).
+  Status UpdateFromHost(int64_t offset, int64_t n, const float* grads, const AdamWParams& h, void* model_out,
+                        DType model_t, Stream* stream) override {
+    ZERO_RETURN_IF_ERROR(Check(offset, n, "UpdateFromHost"));
+    ZERO_RETURN_IF_ERROR(WaitForWorker());
+    ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(copied_.get()));  // the model copy may change
+    if (n > 0) {
+      ZERO_RETURN_IF_ERROR(CpuAdamW(state_[0] + offset, grads, state_[1] + offset, state_[2] + offset,
+                                    static_cast<size_t>(n), h, ElementPtr(model_copy_, mdt_, offset), mdt_,
+                                    pool_.get()));
+    }
+    if (model_out != nullptr) ZERO_RETURN_IF_ERROR(CastMaster(offset, n, model_out, model_t, stream));
+    return OkStatus();
+  }
+
   Status UpdateFromGradient(int64_t offset, int64_t n, const void* grad, DType grad_t, const AdamWParams& h,
                             Stream* stream) override {
     ZERO_RETURN_IF_ERROR(Check(offset, n, "UpdateFromGradient"));

@@ -14,6 +14,10 @@
 // ring of pinned slots on the caller's stream and the worker updates them as they land, so the
 // caller (the engine, in backward) goes on at once; it blocks only when every slot is in use.
 //
+// UpdateFromHost (updates_from_host() is true): fp32 gradients already in host memory (the host
+// gradient partition, zero/grad_partition.h) are updated in place, no transfer chunk; the thread
+// pool is shared with that partition's adds and norm (host_thread_pool()).
+//
 // CastMasterToHost (casts_to_host() is true) copies the model copy (or rounds the masters) into
 // host memory: offload_param "cpu" writes its host shards so, without a device round trip.
 //

@@ -19,6 +19,11 @@ void Tiles(ThreadPool* pool, int64_t n, Fn fn) {
   });
 }
 
+CpuDevice* ReferenceKernels() {
+  static CpuDevice* const cpu = new CpuDevice();  // the reference kernels, on host memory
+  return cpu;
+}
+
 }  // namespace
 
 void RoundToDType(ThreadPool* pool, const float* src, void* dst, DType t, int64_t n) {
@@ -28,7 +33,7 @@ void RoundToDType(ThreadPool* pool, const float* src, void* dst, DType t, int64_
 }
 
 void WidenToF32(ThreadPool* pool, const void* src, DType t, float* dst, int64_t n) {
-  static CpuDevice* const cpu = new CpuDevice();  // the reference kernels, on host memory
+  CpuDevice* const cpu = ReferenceKernels();
   Tiles(pool, n, [&](int64_t b, int64_t e) {
     if (src == nullptr) {
       std::memset(dst + b, 0, static_cast<size_t>(e - b) * 4);
@@ -37,6 +42,27 @@ void WidenToF32(ThreadPool* pool, const void* src, DType t, float* dst, int64_t 
     // Host memory and valid arguments: cannot fail.
     cpu->AccumulateFirst(dst + b, ElementPtr(src, t, b), t, static_cast<size_t>(e - b), 1.0f, nullptr).IgnoreError();
   });
+}
+
+void AccumulateIntoF32(ThreadPool* pool, const void* src, DType t, float* dst, int64_t n, bool first) {
+  CpuDevice* const cpu = ReferenceKernels();
+  Tiles(pool, n, [&](int64_t b, int64_t e) {
+    // Host memory and valid arguments: cannot fail. Tiles are below the CpuDevice's threading
+    // threshold, so each runs on the pool thread that took it.
+    const void* in = ElementPtr(src, t, b);
+    const size_t len = static_cast<size_t>(e - b);
+    if (first) {
+      cpu->AccumulateFirst(dst + b, in, t, len, 1.0f, nullptr).IgnoreError();
+    } else {
+      cpu->Accumulate(dst + b, in, t, len, 1.0f, nullptr).IgnoreError();
+    }
+  });
+}
+
+double SumOfSquaresF32(const float* x, int64_t n) {
+  double out = 0.0;
+  if (n > 0) ReferenceKernels()->SumOfSquares(x, DType::kF32, static_cast<size_t>(n), &out, nullptr).IgnoreError();
+  return out;
 }
 
 }  // namespace zero

@@ -14,5 +14,11 @@ void RoundToDType(ThreadPool* pool, const float* src, void* dst, DType t, int64_
 // dst[i] = 0.0f + src[i] widened from `t`, exactly as CpuDevice::AccumulateFirst (the engine's
 // first contribution: -0 becomes +0, NaN canonical); src null: zeros.
 void WidenToF32(ThreadPool* pool, const void* src, DType t, float* dst, int64_t n);
+// dst[i] = 0.0f + src[i] (first) or dst[i] + src[i], src widened from `t`: exactly
+// CpuDevice::AccumulateFirst / Accumulate with scale 1 (the host gradient partition's adds).
+void AccumulateIntoF32(ThreadPool* pool, const void* src, DType t, float* dst, int64_t n, bool first);
+// The sum of squares of n fp32 values in double, in CpuDevice::SumOfSquares' order (single-threaded:
+// the order is fixed), so a host-side norm is bitwise the CPU backend's device norm.
+double SumOfSquaresF32(const float* x, int64_t n);
 
 }  // namespace zero

@@ -33,6 +33,12 @@ Status OptimizerStates::CastMasterToHost(int64_t offset, int64_t n, void* host_o
                             "(casts_to_host() is false); cast into device memory with CastMaster");
 }
 
+Status OptimizerStates::UpdateFromHost(int64_t offset, int64_t n, const float* grads, const AdamWParams& h,
+                                       void* model_out, DType model_t, Stream* stream) {
+  return UnimplementedError("UpdateFromHost: these optimizer states do not update on the host "
+                            "(updates_from_host() is false); pass device gradients to Update");
+}
+
 namespace {
 
 class DeviceOptimizerStates final : public OptimizerStates {

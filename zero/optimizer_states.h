@@ -22,6 +22,8 @@
 
 namespace zero {
 
+class ThreadPool;  // offload/thread_pool.h
+
 enum class OptState { kMaster, kExpAvg, kExpAvgSq };
 const char* OptStateName(OptState s);  // "fp32 master weights", "AdamW exp_avg", "AdamW exp_avg_sq"
 
@@ -68,6 +70,18 @@ class OptimizerStates {
   // the updates queued before it and everything enqueued earlier on the states' stream. The
   // default (casts_to_host() false): Unimplemented.
   virtual Status CastMasterToHost(int64_t offset, int64_t n, void* host_out, DType model_t);
+
+  // Whether UpdateFromHost is available: the update runs on the host over host states (the CPU
+  // AdamW), so fp32 gradients already in host memory (the host gradient partition,
+  // zero/grad_partition.h) are read in place. Default: false.
+  virtual bool updates_from_host() const { return false; }
+  // As Update, from n fp32 gradients in host memory at `grads` (read before it returns). The
+  // default (updates_from_host() false): Unimplemented.
+  virtual Status UpdateFromHost(int64_t offset, int64_t n, const float* grads, const AdamWParams& h,
+                                void* model_out, DType model_t, Stream* stream);
+  // The thread pool the host update runs on, for other host passes that share its cores (the
+  // host gradient partition's adds and norm); null where there is none. Owned by the states.
+  virtual ThreadPool* host_thread_pool() { return nullptr; }
 };
 
 // For implementations: OK, or OutOfRange naming `what` and `call`: "[offset, offset + n) outside

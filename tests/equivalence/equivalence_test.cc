@@ -107,6 +107,7 @@ class MatrixTest : public ::testing::TestWithParam<MatrixParam> {};
 
 void ExpectStatesOffTheDevice(const std::vector<RankTrace>& traces);
 void ExpectTiers(const CellSpec& cell, const std::vector<RankTrace>& traces);
+void ExpectGradientPartition(const CellSpec& cell, const std::vector<RankTrace>& traces);
 
 void RunMatrixCell(const CellSpec& cell) {
   const Config config = ParseCell(cell);
@@ -128,6 +129,7 @@ void RunMatrixCell(const CellSpec& cell) {
   if (cell.offload_optimizer) {
     ExpectStatesOffTheDevice(traces);
     ExpectTiers(cell, traces);
+    ExpectGradientPartition(cell, traces);
   }
   for (size_t r = 0; r < traces.size() && cell.offload_param; ++r) {
     EXPECT_GT(traces[r].memory.host_params, 0u) << "rank " << r << ": no shards in host memory";
@@ -142,6 +144,30 @@ void ExpectStatesOffTheDevice(const std::vector<RankTrace>& traces) {
     EXPECT_EQ(traces[r].memory.master_params, 0u) << "rank " << r << ": master weights on the device";
     EXPECT_EQ(traces[r].memory.optimizer_states, 0u) << "rank " << r << ": moments on the device";
     EXPECT_GT(traces[r].memory.host_states, 0u) << "rank " << r;
+  }
+}
+
+// Where an offload cell's fp32 gradient partition is (zero/grad_partition.h): with the CPU AdamW
+// (offload_optimizer "cpu", update_device "cpu") in host memory, none of it on the device with
+// offload_grad_accumulation "cpu" and the 4-byte device sum with "gpu". Not where there is no
+// partition: stage 1 with one rank (the device accumulators are the partition) and the update in
+// backward (engine.h). Other offload kinds keep it on the device.
+void ExpectGradientPartition(const CellSpec& cell, const std::vector<RankTrace>& traces) {
+  const bool in_backward = cell.managed && cell.gas == 1 && cell.world == 1 && cell.stage >= 2 &&
+                           cell.dtype != DType::kF16 && cell.clip <= 0.0;
+  const bool no_partition = (cell.stage == 1 && cell.world == 1) || in_backward;
+  const bool host = !cell.nvme && cell.gpu_update_chunk == 0 && !no_partition;
+  for (size_t r = 0; r < traces.size(); ++r) {
+    const EngineMemory& m = traces[r].memory;
+    EXPECT_EQ(m.host_gradients > 0, host) << "rank " << r << ": host gradient partition";
+    if (!host || cell.stage < 2) continue;  // stage 1 keeps its full fp32 accumulators on the device
+    const size_t partition_bytes = m.host_gradients;  // the partition and its staging slots
+    if (cell.gpu_grad_accumulation) {
+      EXPECT_GT(m.gradient_accumulators, 0u) << "rank " << r << ": no fp32 device sum";
+      EXPECT_LE(m.gradient_accumulators, partition_bytes) << "rank " << r;
+    } else {
+      EXPECT_EQ(m.gradient_accumulators, 0u) << "rank " << r << ": fp32 gradients on the device";
+    }
   }
 }
 
@@ -198,6 +224,26 @@ INSTANTIATE_TEST_SUITE_P(Cells, ParamOffloadMatrixTest,
                                             ::testing::Values(1, 2), ::testing::Bool(), ::testing::Bool()),
                          [](const ::testing::TestParamInfo<ParamOffloadParam>& info) {
                            return ParamOffloadCell(info.param).Name();
+                         });
+
+// offload_grad_accumulation "gpu" (stage 3, offload_param and offload_optimizer "cpu"): the fp32
+// sum of the non-final micro steps on the device, sent to the host once per step; bitwise as the
+// reference, hence as "cpu" (ParamOffloadMatrixTest's offload_optimizer cells). ManagedSchedule
+// uses head B only in even micro steps: at GAS 2 its only gradient is in the first micro step (the
+// flush at the end of backward), at GAS 4 not in the last one either.
+using GpuAccParam = std::tuple<int, DType, int, bool>;  // world, dtype, GAS, clip
+CellSpec GpuAccCell(const GpuAccParam& p) {
+  CellSpec c = ParamOffloadCell({std::get<0>(p), std::get<1>(p), std::get<2>(p), std::get<3>(p), true});
+  c.gpu_grad_accumulation = true;
+  return c;
+}
+class GpuAccMatrixTest : public ::testing::TestWithParam<GpuAccParam> {};
+TEST_P(GpuAccMatrixTest, EngineEqualsReferenceBitwise) { RunMatrixCell(GpuAccCell(GetParam())); }
+INSTANTIATE_TEST_SUITE_P(Cells, GpuAccMatrixTest,
+                         ::testing::Combine(::testing::Values(1, 2), ::testing::Values(DType::kF32, DType::kBF16),
+                                            ::testing::Values(1, 2, 4), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<GpuAccParam>& info) {
+                           return GpuAccCell(info.param).Name();
                          });
 
 // ---------------------------------------------------------------------------------------------
@@ -307,6 +353,9 @@ void RunUnmanagedCell(const UnmanagedParam& param, const std::string& offload) {
   cell.freeze_inactive = std::get<3>(param);
   cell.offload_optimizer = !offload.empty();
   cell.nvme = offload == "nvme" || offload == "tiered";
+  // "cpu_gpuacc" (stage 3): offload_param too, and offload_grad_accumulation "gpu" (flushed at Step()).
+  cell.offload_param = offload == "cpu_gpuacc";
+  cell.gpu_grad_accumulation = offload == "cpu_gpuacc";
   if (offload == "tiered") cell.host_memory_budget = 12 * (TotalNumel(ModelDims()) / (2 * cell.world));
   cell.managed = false;
   cell.gas = 1;
@@ -352,6 +401,7 @@ void RunUnmanagedCell(const UnmanagedParam& param, const std::string& offload) {
   if (cell.offload_optimizer) {
     ExpectStatesOffTheDevice(traces);
     ExpectTiers(cell, traces);
+    ExpectGradientPartition(cell, traces);
   }
 }
 
@@ -435,6 +485,18 @@ INSTANTIATE_TEST_SUITE_P(Cells, GpuChunkMatrixTest,
 // Unmanaged accumulation with offload_optimizer.device "cpu" (stages 1-3).
 class OffloadUnmanagedTest : public ::testing::TestWithParam<UnmanagedParam> {};
 TEST_P(OffloadUnmanagedTest, InactiveParameters) { RunUnmanagedCell(GetParam(), "cpu"); }
+// Stage 3 with offload_param and offload_grad_accumulation "gpu": the device sums go to the host at
+// Step(), the boundary of an unmanaged window.
+class GpuAccUnmanagedTest : public ::testing::TestWithParam<UnmanagedParam> {};
+TEST_P(GpuAccUnmanagedTest, InactiveParameters) { RunUnmanagedCell(GetParam(), "cpu_gpuacc"); }
+INSTANTIATE_TEST_SUITE_P(Windows, GpuAccUnmanagedTest,
+                         ::testing::Combine(::testing::Values(3), ::testing::Values(2),
+                                            ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                                            ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<UnmanagedParam>& info) {
+                           return "s3_w2_" + std::string(DTypeName(std::get<2>(info.param))) +
+                                  (std::get<3>(info.param) ? "_freeze" : "_step") + "_paramoffload_gpuacc";
+                         });
 // The same windows with NVMe and tiered states (bf16).
 class NvmeUnmanagedTest : public ::testing::TestWithParam<UnmanagedParam> {};
 TEST_P(NvmeUnmanagedTest, InactiveParameters) { RunUnmanagedCell(GetParam(), "nvme"); }

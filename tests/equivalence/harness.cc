@@ -403,6 +403,7 @@ std::string CellSpec::Name() const {
     s += nvme ? (host_memory_budget > 0 ? "_tiered" : "_nvme") : gpu_update_chunk > 0 ? "_gpuchunk" : "_offload";
   }
   if (offload_param) s += "_paramoffload";
+  if (gpu_grad_accumulation) s += "_gpuacc";
   return s;
 }
 
@@ -436,6 +437,7 @@ std::string CellConfigJson(const CellSpec& c) {
             : "")
     << (c.offload_optimizer && !c.nvme ? "}" : "")
     << (c.offload_param ? ", \"offload_param\": {\"device\": \"cpu\", \"buffer_count\": 2}" : "")
+    << (c.gpu_grad_accumulation ? ", \"offload_grad_accumulation\": \"gpu\"" : "")
     << (c.offload_optimizer && c.nvme
             ? ", \"sub_group_size\": 300, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + NvmeTestDir() +
                   "\", \"buffer_count\": 2, \"cpu_threads\": 2, \"host_memory_budget\": " +

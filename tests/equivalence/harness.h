@@ -155,6 +155,9 @@ struct CellSpec {
   int64_t gpu_update_chunk = 0;
   // Stage 3: offload_param.device "cpu" (the shards in host memory, buffer_count 2).
   bool offload_param = false;
+  // With offload_optimizer "cpu" and offload_param: offload_grad_accumulation "gpu" (the fp32 sum on
+  // the device, sent to the host once per step) instead of the default "cpu".
+  bool gpu_grad_accumulation = false;
   int loss_scale_window = 1000;
   int hysteresis = 2;
   int initial_scale_power = 12;
