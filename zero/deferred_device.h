@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -31,8 +32,23 @@ class DeferredDevice final : public Device {
 
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   std::string name() const override { return "deferred(cpu)"; }
-  Result<DeviceBuffer> Allocate(size_t bytes) override { return inner_.Allocate(bytes); }
-  Result<PinnedBuffer> AllocatePinned(size_t bytes) override { return inner_.AllocatePinned(bytes); }
+  // Memory comes from inner_ and is held here; freeing it first runs everything queued, as
+  // cudaFree / cudaFreeHost synchronize the device (code that frees a buffer right after
+  // enqueueing its last use is legal on CUDA).
+  Result<DeviceBuffer> Allocate(size_t bytes) override {
+    ZERO_ASSIGN_OR_RETURN(DeviceBuffer b, inner_.Allocate(bytes));
+    void* p = b.data();
+    if (p == nullptr) return DeviceBuffer();
+    held_[p] = std::move(b);
+    return DeviceBuffer(this, p, bytes);
+  }
+  Result<PinnedBuffer> AllocatePinned(size_t bytes) override {
+    ZERO_ASSIGN_OR_RETURN(PinnedBuffer b, inner_.AllocatePinned(bytes));
+    void* p = b.data();
+    if (p == nullptr) return PinnedBuffer();
+    held_pinned_[p] = std::move(b);
+    return PinnedBuffer(this, p, bytes);
+  }
 
   Stream* default_stream() override { return default_.get(); }
   Result<std::unique_ptr<Stream>> CreateStream() override { return NewQueue(); }
@@ -101,11 +117,23 @@ class DeferredDevice final : public Device {
   }
 
   int64_t ops_run() const { return ops_run_; }
+  // Whether every stream has run everything queued on it.
+  bool idle() const {
+    for (const Queue* q : queues_) {
+      if (!q->ops.empty()) return false;
+    }
+    return true;
+  }
 
  protected:
-  // Buffers come from inner_ and are freed by it.
-  void FreeDevice(void*, size_t) override {}
-  void FreePinned(void*, size_t) override {}
+  void FreeDevice(void* p, size_t) override {
+    Synchronize().IgnoreError();
+    held_.erase(p);
+  }
+  void FreePinned(void* p, size_t) override {
+    Synchronize().IgnoreError();
+    held_pinned_.erase(p);
+  }
 
  private:
   struct Queue;
@@ -163,6 +191,8 @@ class DeferredDevice final : public Device {
   }
 
   CpuDevice inner_;
+  std::map<void*, DeviceBuffer> held_;
+  std::map<void*, PinnedBuffer> held_pinned_;
   std::mt19937 rng_;
   std::vector<std::unique_ptr<Queue>> owned_;
   std::vector<Queue*> queues_;
