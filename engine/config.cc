@@ -445,6 +445,17 @@ std::vector<Key> BuildKeys() {
                   .AtLeast(2)
                   .Doc("update_device \"gpu\": GPU staging sets the chunks rotate through (2: upload and "
                        "update overlap; 3: the download overlaps too)."));
+  t.push_back(BoolKey("zero_optimization.offload_optimizer.overlap_step",
+                      FIELD(zero.offload_optimizer.overlap_step), false)
+                  .Doc("update_device \"gpu\" only: overlap the streamed update with the next forward. Step() "
+                       "queues the first chunk_buffers chunks and returns; the rest are queued as the next "
+                       "forward's GatherModule reaches the modules that own them (plus chunk_buffers chunks "
+                       "ahead), and each GatherModule makes the compute stream wait only for the chunks holding "
+                       "its parameters. At stages 0-2 the forward must then reach every parameter through "
+                       "GatherModule (param() of a parameter whose module was not gathered since the step is "
+                       "an error). Everything left is queued before the next backward's first gradient; "
+                       "Engine::WaitForOptimizerStep() completes the step. One data-parallel rank, no "
+                       "offload_param. The same bits as the synchronous step."));
 
   t.push_back(DeviceKey("zero_optimization.offload_param.device", FIELD(zero.offload_param.device))
                   .Doc("Stage 3: where partitioned 16-bit parameters live between uses."));
@@ -602,6 +613,9 @@ const std::vector<ConfigDifference>& Differences() {
        "zero's own key (update_device \"gpu\"): the chunk the states are streamed in."},
       {"zero_optimization.offload_optimizer.chunk_buffers", "no such key", "`3`",
        "zero's own key (update_device \"gpu\"): the GPU staging sets of the streamed update."},
+      {"zero_optimization.offload_optimizer.overlap_step", "no such key (the step completes inside step())",
+       "`false`",
+       "zero's own key (update_device \"gpu\"): the streamed update runs under the next forward."},
       {"aio.allow_buffered_fallback", "no such key (O_DIRECT is required)", "`false`",
        "zero's own key; its default is DeepSpeed's behaviour (a filesystem without O_DIRECT is an error)."},
       {"`zero_optimization.reduce_bucket_size`, `allgather_bucket_size`, `sub_group_size`, the offload blocks' "
@@ -1265,6 +1279,19 @@ const std::vector<Rule>& Rules() {
                                        "update streams states kept in pinned host memory; device is ") +
                                Quote(OffloadDeviceName(o.device)) + ")",
                            "\"gpu\"");
+         }
+         return OkStatus();
+       }},
+      {"`zero_optimization.offload_optimizer.overlap_step` needs `offload_optimizer.update_device` \"gpu\" (it "
+       "overlaps the streamed GPU update with the next forward).",
+       {"zero_optimization.offload_optimizer.overlap_step", "zero_optimization.offload_optimizer.update_device"},
+       [](const Config& c, const std::string& s) {
+         const OffloadOptimizerConfig& o = c.zero.offload_optimizer;
+         if (o.overlap_step && o.update_device != "gpu") {
+           return KeyError(s, "zero_optimization.offload_optimizer.overlap_step",
+                           "false unless zero_optimization.offload_optimizer.update_device is \"gpu\" (only the "
+                           "streamed GPU update is overlapped; update_device is " + Quote(o.update_device) + ")",
+                           "true");
          }
          return OkStatus();
        }},

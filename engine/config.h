@@ -44,6 +44,9 @@ struct OffloadOptimizerConfig {
   std::string update_device = "cpu";
   int64_t chunk_size = int64_t{1} << 24;
   int64_t chunk_buffers = 3;
+  // update_device "gpu": Step() queues the first chunks and returns; the rest are queued as the next
+  // forward's GatherModule reaches their modules (docs/offload.md, "Overlap with the next forward").
+  bool overlap_step = false;
 
   friend bool operator==(const OffloadOptimizerConfig&, const OffloadOptimizerConfig&) = default;
 };

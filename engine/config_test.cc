@@ -316,6 +316,7 @@ const std::map<std::string, std::string>& DeepSpeedDefaults() {
       {"zero_optimization.offload_optimizer.update_device", ""},
       {"zero_optimization.offload_optimizer.chunk_size", ""},
       {"zero_optimization.offload_optimizer.chunk_buffers", ""},
+      {"zero_optimization.offload_optimizer.overlap_step", ""},
       {"zero_optimization.offload_param.device", "\"none\""},
       {"zero_optimization.offload_param.nvme_path", "\"\""},
       {"zero_optimization.offload_param.buffer_count", "5"},
@@ -480,6 +481,30 @@ TEST(ConfigDefaultsTest, ChunkedGpuUpdateKeys) {
   EXPECT_TRUE(Contains(md, "| `zero_optimization.offload_optimizer.update_device` |")) << "docs/config.md";
   EXPECT_TRUE(Contains(md, "| `zero_optimization.offload_optimizer.chunk_size` |"));
   EXPECT_TRUE(Contains(md, "| `zero_optimization.offload_optimizer.chunk_buffers` |"));
+}
+
+// overlap_step: off by default, only with update_device "gpu", in the resolved JSON and the docs.
+TEST(ConfigDefaultsTest, OverlapStepKey) {
+  auto d = Parse(R"({"train_batch_size": 8})");
+  ASSERT_TRUE(d.ok()) << Message(d);
+  EXPECT_FALSE(d->zero.offload_optimizer.overlap_step);
+  auto r = Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+                   "offload_optimizer": {"device": "cpu", "update_device": "gpu", "overlap_step": true}}})");
+  ASSERT_TRUE(r.ok()) << Message(r);
+  EXPECT_TRUE(r->zero.offload_optimizer.overlap_step);
+  EXPECT_EQ(ConfigValueAt(ConfigToJson(*r), "zero_optimization.offload_optimizer.overlap_step"), "true");
+  for (const char* extra : {"", R"("device": "cpu", )"}) {
+    const std::string m = Message(Parse(std::string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+        "offload_optimizer": {)") + extra + R"("overlap_step": true}}})"));
+    EXPECT_TRUE(Contains(m, "zero_optimization.offload_optimizer.overlap_step: expected false unless "
+                            "zero_optimization.offload_optimizer.update_device is \"gpu\""))
+        << m;
+    EXPECT_TRUE(Contains(m, "update_device is \"cpu\")")) << m;
+  }
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"offload_optimizer":
+                              {"overlap_step": 1}}})")),
+            "<config>: zero_optimization.offload_optimizer.overlap_step: expected true or false, got 1");
+  EXPECT_TRUE(Contains(ConfigReferenceMarkdown(), "| `zero_optimization.offload_optimizer.overlap_step` |"));
 }
 
 TEST(ConfigDefaultsTest, FreezeInactiveParameters) {

@@ -302,6 +302,41 @@ struct Engine::Impl {
   Status SaveCheckpointImpl(const std::string& dir, const std::string& tag,
                             const std::string& client_state_json);
   Result<std::string> LoadCheckpointImpl(const std::string& dir, const std::string& tag);
+
+  // offload_optimizer.overlap_step (docs/offload.md, "Overlap with the next forward"; helpers at
+  // the end of this file). Step() records step_mark on the compute stream (the gradients are
+  // final, the last forward's reads of the model copy are enqueued before it), cuts the step's
+  // AdamW runs (or, after an update in backward, its casts of the masters) into chunk-sized
+  // pieces, queues the first chunk_buffers of them (ChunkedOptimizerStates::UpdateAfter /
+  // CastMasterAfter, ordered after step_mark only) and returns. GatherModule queues the pieces
+  // covering its module's parameters plus chunk_buffers more, then makes the compute stream wait
+  // on those parameters' chunk events; everything left is queued, and the compute stream waits for
+  // all of it, before anything writes the gradients or states again (FlushStep).
+  struct StepPiece {
+    int64_t begin = 0;             // state elements [begin, begin + n)
+    int64_t n = 0;
+    int64_t model_off = 0;         // where the new weights (or the cast masters) go in `model`
+    const float* grads = nullptr;  // fp32 gradients of `begin`; null: a cast of the masters
+    bool queued = false;
+  };
+  ChunkedOptimizerStates* chunked = nullptr;  // the states, with update_device "gpu"
+  bool OverlapStep() const { return chunked != nullptr && config.zero.offload_optimizer.overlap_step; }
+  bool step_in_flight = false;    // pieces of the last step the compute stream has not waited for
+  bool step_unfinished = false;   // a deferred step the host has not waited for (WaitForOptimizerStep)
+  AdamWParams step_h;             // the in-flight step's hyperparameters (lr, t, loss scale, clip)
+  std::vector<StepPiece> pieces;  // in state order, disjoint
+  size_t pieces_queued = 0;       // every piece before it is queued
+  std::unique_ptr<Event> step_mark;
+  std::vector<uint8_t> param_waited;  // since the step: the compute stream waited for its chunks
+  Status BeginDeferredStep(const AdamWParams& h);
+  // Adds [off, off + n) (grads null: a cast) to the step's pieces, cut at chunk_numel.
+  Status DeferPieces(int64_t off, int64_t n, const float* grads, int64_t model_off);
+  Status EndDeferredStep();
+  Status QueuePiece(size_t k);
+  void PiecesOf(int index, size_t* first, size_t* last) const;  // [first, last) overlapping its state range
+  Status ReachModule(int module);
+  // Queues every piece left and makes the compute stream wait for all of them (no host wait).
+  Status FlushStep(const char* call);
 };
 
 // --- ModuleHandle ---------------------------------------------------------------------------------
@@ -340,6 +375,7 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Engine::~Engine() {
   if (impl_ == nullptr) return;
+  if (impl_->step_in_flight) WaitForOptimizerStep().IgnoreError();
   // Buckets and gathers in flight finish before their buffers go.
   impl_->coordinator.reset();
   impl_->reducer.reset();
@@ -408,6 +444,22 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* dev
   if (z.allgather_bucket_size < 1) {
     return InvalidArgumentError("zero_optimization.allgather_bucket_size: expected >= 1, got " +
                                 std::to_string(z.allgather_bucket_size));
+  }
+  if (z.offload_optimizer.overlap_step) {
+    if (comm->world_size() != 1) {
+      return UnimplementedError(
+          "zero_optimization.offload_optimizer.overlap_step: needs one data-parallel rank, got " +
+          std::to_string(comm->world_size()) +
+          " (stages 1/2 all-gather the new weights right after the update and stage 3's gathers and "
+          "prefetches read the shards, so with several ranks there is nothing left to overlap without "
+          "per-chunk gathers; docs/offload.md); set it to false");
+    }
+    if (z.offload_param.device != OffloadDevice::kNone) {
+      return UnimplementedError(
+          "zero_optimization.offload_optimizer.overlap_step: not with zero_optimization.offload_param.device "
+          "\"" + std::string(OffloadDeviceName(z.offload_param.device)) +
+          "\" (the update writes the host shards through a device scratch); set one of them off");
+    }
   }
   auto impl = std::make_unique<Impl>();
   impl->config = config;
@@ -562,6 +614,7 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
       co.chunk_buffers = static_cast<int>(oo.chunk_buffers);
       auto c = ChunkedOptimizerStates::Create(device, opt_total, compute, co);
       if (!c.ok()) return c.status().WithContext("Initialize");
+      chunked = c.value().get();
       st = std::unique_ptr<OptimizerStates>(std::move(c).value());
     } else if (oo.device == OffloadDevice::kCpu) {
       HostOptimizerStatesOptions ho;
@@ -845,6 +898,9 @@ Result<ModuleHandle> Engine::GatherModule(const std::string& module) {
     if (m.module_names.size() > 8) known += ", ...";
     return NotFoundError("GatherModule: unknown module '" + module + "' (registered: " + known + ")");
   }
+  if (m.step_in_flight) {
+    ZERO_RETURN_IF_ERROR(m.Guard(m.ReachModule(it->second).WithContext("GatherModule('" + module + "')")));
+  }
   if (m.stage == 3) {
     if (m.schedule != nullptr) {
       // The reductions of the modules every rank now agrees are complete go first, at the same
@@ -872,6 +928,13 @@ Result<const void*> Engine::param(int index) const {
   const Impl& m = *impl_;
   ZERO_RETURN_IF_ERROR(m.CheckUsable("param"));
   ZERO_RETURN_IF_ERROR(m.CheckIndex("param", index));
+  if (m.step_in_flight && !m.param_waited[index]) {
+    return FailedPreconditionError(
+        "param(" + std::to_string(index) + "): parameter " + ParamName(m.params[index]) +
+        " may still be written by the overlapped optimizer step (zero_optimization.offload_optimizer."
+        "overlap_step): reach it through GatherModule(\"" + m.params[index].spec.module +
+        "\") first, at every stage, or call WaitForOptimizerStep()");
+  }
   if (m.stage == 3) return m.coordinator->Full(index);
   return static_cast<const void*>(m.model_ptr(m.params[index].full_off));
 }
@@ -882,6 +945,7 @@ Result<void*> Engine::grad_buffer(int index) {
   Impl& m = *impl_;
   ZERO_RETURN_IF_ERROR(m.CheckUsable("grad_buffer"));
   ZERO_RETURN_IF_ERROR(m.CheckIndex("grad_buffer", index));
+  ZERO_RETURN_IF_ERROR(m.FlushStep("grad_buffer"));
   const ParamInfo& p = m.params[index];
   if (m.reported[index]) {
     return InvalidArgumentError("grad_buffer(" + std::to_string(index) + "): the gradient of parameter " +
@@ -914,6 +978,7 @@ Status Engine::GradReady(int index) {
   Impl& m = *impl_;
   ZERO_RETURN_IF_ERROR(m.CheckUsable("GradReady"));
   ZERO_RETURN_IF_ERROR(m.CheckIndex("GradReady", index));
+  ZERO_RETURN_IF_ERROR(m.FlushStep("GradReady"));
   const ParamInfo& p = m.params[index];
   if (m.reported[index]) {
     return InvalidArgumentError("GradReady(" + std::to_string(index) + "): the gradient of parameter " +
@@ -1195,6 +1260,7 @@ bool Engine::is_gradient_accumulation_boundary() const {
 Status Engine::Step() {
   Impl& m = *impl_;
   ZERO_RETURN_IF_ERROR(m.CheckUsable("Step"));
+  ZERO_RETURN_IF_ERROR(m.FlushStep("Step"));  // the previous step's pieces: queued, stream-ordered
   if (m.reported_count > 0) {
     return FailedPreconditionError("Step() with gradients reported since the last Backward(); call Backward() first");
   }
@@ -1346,6 +1412,8 @@ Status Engine::Impl::BoundaryImpl() {
   // are not consecutive in the full layout, except with one rank where the two layouts coincide.
   // The gaps between pieces of a flat buffer are zero everywhere and stay zero under AdamW.
   if (coordinator != nullptr) ZERO_RETURN_IF_ERROR(coordinator->QuiesceForUpdate());
+  const bool overlap = OverlapStep();
+  if (overlap) ZERO_RETURN_IF_ERROR(BeginDeferredStep(h));
   if (in_backward) {
     // The masters of the reported parameters were updated in backward; the others (no gradient in
     // the window) get their zero-gradient update now. Then the model copy, cast from the masters
@@ -1363,7 +1431,10 @@ Status Engine::Impl::BoundaryImpl() {
       const int64_t begin = params[i].part_off;
       const int64_t end = params[j].part_off + params[j].shard.shard;
       const int64_t model_off = stage == 3 ? begin : params[i].full_off;
-      if (end > begin) ZERO_RETURN_IF_ERROR(ModelFromMasters(begin, end - begin, model_off));
+      if (end > begin) {
+        ZERO_RETURN_IF_ERROR(overlap ? DeferPieces(begin, end - begin, nullptr, model_off)
+                                     : ModelFromMasters(begin, end - begin, model_off));
+      }
       i = j + 1;
     }
   }
@@ -1380,13 +1451,22 @@ Status Engine::Impl::BoundaryImpl() {
                                    : params[j].part_off + params[j].shard.shard;
     const int64_t model_off = (stage == 1 || stage == 2) ? params[i].full_off + params[i].shard.begin : begin;
     if (end > begin) {
-      ZERO_RETURN_IF_ERROR(UpdateModel(begin, end - begin, h, model_off));
+      if (overlap) {
+        // The chunked states read device gradients (their partition is on the device).
+        const float* g = grad->device_at(begin);
+        if (g == nullptr) return InternalError("the overlapped chunked step needs the fp32 gradients on the device");
+        ZERO_RETURN_IF_ERROR(DeferPieces(begin, end - begin, g, model_off));
+      } else {
+        ZERO_RETURN_IF_ERROR(UpdateModel(begin, end - begin, h, model_off));
+      }
     }
     i = j + 1;
   }
 
+  if (overlap) ZERO_RETURN_IF_ERROR(EndDeferredStep());
+
   // The new weights where the forward reads them (stage 3: the coordinator re-gathers; stages
-  // 1/2: the all-gather).
+  // 1/2: the all-gather). Overlapped (one rank): nothing here reads the model copy.
   ZERO_RETURN_IF_ERROR(PublishWeights(update, /*cast=*/false));
 
   if (!norm_first) ZERO_RETURN_IF_ERROR(ReadNorm(&total));
@@ -1459,6 +1539,7 @@ Status Engine::SetNoSync(bool on) {
 Status Engine::ZeroGrad() {
   Impl& m = *impl_;
   ZERO_RETURN_IF_ERROR(m.CheckUsable("ZeroGrad"));
+  ZERO_RETURN_IF_ERROR(WaitForOptimizerStep());
   if (m.reported_count > 0) {
     return FailedPreconditionError("ZeroGrad() in the middle of a backward (gradients reported since the last Backward())");
   }
@@ -1537,6 +1618,7 @@ Status Engine::GatherMasterWeights(int index, float* out) {
   Impl& m = *impl_;
   ZERO_RETURN_IF_ERROR(m.CheckUsable("GatherMasterWeights"));
   ZERO_RETURN_IF_ERROR(m.CheckIndex("GatherMasterWeights", index));
+  ZERO_RETURN_IF_ERROR(WaitForOptimizerStep());
   const ParamInfo& p = m.params[index];
   return m.Guard(m.GatherFp32(index, OptState::kMaster, out)
                      .WithContext("GatherMasterWeights(" + ParamName(p) + ")"));
@@ -1546,6 +1628,7 @@ Status Engine::GatherModelParam(int index, float* out) {
   Impl& m = *impl_;
   ZERO_RETURN_IF_ERROR(m.CheckUsable("GatherModelParam"));
   ZERO_RETURN_IF_ERROR(m.CheckIndex("GatherModelParam", index));
+  ZERO_RETURN_IF_ERROR(WaitForOptimizerStep());
   const ParamInfo& p = m.params[index];
   if (p.numel == 0) return OkStatus();
   Status s = [&]() -> Status {
@@ -1592,6 +1675,7 @@ Status Engine::GatherOptimizerState(int index, float* exp_avg_out, float* exp_av
   Impl& m = *impl_;
   ZERO_RETURN_IF_ERROR(m.CheckUsable("GatherOptimizerState"));
   ZERO_RETURN_IF_ERROR(m.CheckIndex("GatherOptimizerState", index));
+  ZERO_RETURN_IF_ERROR(WaitForOptimizerStep());
   const ParamInfo& p = m.params[index];
   if (exp_avg_out == nullptr || exp_avg_sq_out == nullptr) {
     return InvalidArgumentError("GatherOptimizerState(" + ParamName(p) +
@@ -1638,6 +1722,7 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag,
   Impl& m = *impl_;
   ZERO_RETURN_IF_ERROR(m.CheckUsable("SaveCheckpoint"));
   ZERO_RETURN_IF_ERROR(m.CheckOutsideWindow("SaveCheckpoint"));
+  ZERO_RETURN_IF_ERROR(WaitForOptimizerStep());
   return m.SaveCheckpointImpl(dir, tag, client_state_json);
 }
 
@@ -1716,6 +1801,7 @@ Result<std::string> Engine::LoadCheckpoint(const std::string& dir, const std::st
   Impl& m = *impl_;
   ZERO_RETURN_IF_ERROR(m.CheckUsable("LoadCheckpoint"));
   ZERO_RETURN_IF_ERROR(m.CheckOutsideWindow("LoadCheckpoint"));
+  ZERO_RETURN_IF_ERROR(WaitForOptimizerStep());
   return m.LoadCheckpointImpl(dir, tag);
 }
 
@@ -1814,6 +1900,135 @@ Result<std::string> Engine::Impl::LoadCheckpointImpl(const std::string& dir, con
   step_applied = false;
   grad_norm = -1.0;
   return meta.client_state_json;
+}
+
+// --- overlap_step: the optimizer step under the next forward --------------------------------------
+
+Status Engine::WaitForOptimizerStep() {
+  Impl& m = *impl_;
+  if (!m.step_unfinished) return OkStatus();
+  ZERO_RETURN_IF_ERROR(m.CheckUsable("WaitForOptimizerStep"));
+  ZERO_RETURN_IF_ERROR(m.FlushStep("WaitForOptimizerStep"));
+  Status s = m.chunked->WaitForUpdates(m.compute);
+  if (s.ok()) s = m.device->SynchronizeStream(m.compute);
+  ZERO_RETURN_IF_ERROR(m.Guard(s.WithContext("WaitForOptimizerStep: waiting for the optimizer step's chunks")));
+  m.step_unfinished = false;
+  return OkStatus();
+}
+
+Status Engine::Impl::BeginDeferredStep(const AdamWParams& h) {
+  if (step_mark == nullptr) {
+    auto e = device->CreateEvent();
+    if (!e.ok()) return e.status().WithContext("overlap_step: creating the step event");
+    step_mark = std::move(e).value();
+  }
+  // Everything the step reads (the gradients, the norm's inputs) is written on the compute stream
+  // before this point, and everything that read the old model copy is enqueued before it.
+  ZERO_RETURN_IF_ERROR(device->RecordEvent(step_mark.get(), compute));
+  step_h = h;
+  pieces.clear();
+  pieces_queued = 0;
+  return OkStatus();
+}
+
+Status Engine::Impl::DeferPieces(int64_t off, int64_t n, const float* grads, int64_t model_off) {
+  const int64_t chunk = chunked->chunk_numel();
+  for (int64_t at = 0; at < n; at += chunk) {
+    StepPiece p;
+    p.begin = off + at;
+    p.n = std::min(chunk, n - at);
+    p.model_off = model_off + at;
+    p.grads = grads != nullptr ? grads + at : nullptr;
+    pieces.push_back(p);
+  }
+  return OkStatus();
+}
+
+Status Engine::Impl::EndDeferredStep() {
+  // The first chunk_buffers pieces go now (the forward usually starts with the first parameters);
+  // the rest when the forward reaches them.
+  const size_t first = std::min(pieces.size(), static_cast<size_t>(chunked->chunk_buffers()));
+  for (size_t k = 0; k < first; ++k) ZERO_RETURN_IF_ERROR(QueuePiece(k));
+  pieces_queued = first;
+  param_waited.assign(params.size(), 0);
+  for (int i = 0; i < static_cast<int>(params.size()); ++i) {
+    size_t f = 0, l = 0;
+    PiecesOf(i, &f, &l);
+    if (f == l) param_waited[i] = 1;  // nothing of the step writes it
+  }
+  step_in_flight = !pieces.empty();
+  step_unfinished = step_unfinished || step_in_flight;
+  return OkStatus();
+}
+
+Status Engine::Impl::QueuePiece(size_t k) {
+  StepPiece& p = pieces[k];
+  if (p.queued) return OkStatus();
+  p.queued = true;
+  if (p.grads == nullptr) return chunked->CastMasterAfter(p.begin, p.n, model_ptr(p.model_off), mdt, step_mark.get());
+  return chunked->UpdateAfter(p.begin, p.n, p.grads, step_h, model_ptr(p.model_off), mdt, step_mark.get());
+}
+
+void Engine::Impl::PiecesOf(int index, size_t* first, size_t* last) const {
+  const ParamInfo& p = params[index];
+  const int64_t b = stage == 0 ? p.full_off : p.part_off;
+  const int64_t e = b + (stage == 0 ? p.numel : p.shard.shard);
+  auto lo = std::partition_point(pieces.begin(), pieces.end(), [b](const StepPiece& q) { return q.begin + q.n <= b; });
+  auto hi = std::partition_point(lo, pieces.end(), [e](const StepPiece& q) { return q.begin < e; });
+  *first = static_cast<size_t>(lo - pieces.begin());
+  *last = e > b ? static_cast<size_t>(hi - pieces.begin()) : *first;
+}
+
+Status Engine::Impl::ReachModule(int module) {
+  const std::vector<int>& ps = module_params[module];
+  size_t end = 0;
+  bool any = false;
+  for (int i : ps) {
+    size_t f = 0, l = 0;
+    PiecesOf(i, &f, &l);
+    for (size_t k = f; k < l; ++k) ZERO_RETURN_IF_ERROR(QueuePiece(k));
+    if (l > f) {
+      end = std::max(end, l);
+      any = true;
+    }
+  }
+  // Look-ahead: the next chunk_buffers pieces not yet queued after this module's (bounded, so the
+  // launch queue never holds the whole step).
+  size_t ahead = static_cast<size_t>(chunked->chunk_buffers());
+  for (size_t k = any ? end : pieces_queued; k < pieces.size() && ahead > 0; ++k) {
+    if (pieces[k].queued) continue;
+    ZERO_RETURN_IF_ERROR(QueuePiece(k));
+    --ahead;
+  }
+  while (pieces_queued < pieces.size() && pieces[pieces_queued].queued) ++pieces_queued;
+  // The compute stream waits for the chunks holding this module's parameters only (before the
+  // stage-3 gather reads the shards, before param() is used at stages 0-2).
+  for (int i : ps) {
+    size_t f = 0, l = 0;
+    PiecesOf(i, &f, &l);
+    for (size_t k = f; k < l; ++k) {
+      std::optional<ChunkEvents> c = chunked->Chunk(pieces[k].begin);
+      if (c.has_value()) ZERO_RETURN_IF_ERROR(device->StreamWaitEvent(compute, c->updated));
+    }
+    param_waited[i] = 1;
+  }
+  return OkStatus();
+}
+
+Status Engine::Impl::FlushStep(const char* call) {
+  if (!step_in_flight) return OkStatus();
+  Status s = [&]() -> Status {
+    for (size_t k = pieces_queued; k < pieces.size(); ++k) ZERO_RETURN_IF_ERROR(QueuePiece(k));
+    // The gradients and states may be written again once the compute stream passes this.
+    return chunked->WaitForUpdates(compute);
+  }();
+  if (!s.ok()) {
+    return Guard(s.WithContext(std::string(call) + ": queueing the rest of the overlapped optimizer step"));
+  }
+  step_in_flight = false;
+  pieces.clear();
+  pieces_queued = 0;
+  return OkStatus();
 }
 
 }  // namespace zero

@@ -242,6 +242,9 @@ class Engine {
 
   // --- forward -------------------------------------------------------------------------------
   Result<ModuleHandle> GatherModule(const std::string& module);
+  // With overlap_step, while a step is in flight, param() of a parameter whose module was not
+  // gathered since that Step() is FailedPrecondition (at every stage: GatherModule is what makes
+  // the compute stream wait for the parameter's chunks).
   // Device pointer to parameter `index` in the model dtype, full shape. Local. Valid while the
   // parameter is gathered (stages 0-2: always, until the next Step() rewrites it in place; stage 3
   // with one rank: it points at the rank's own shard, which is the whole parameter, and Step()
@@ -285,6 +288,16 @@ class Engine {
   // Stage 0/1 only: while on, Step() at a boundary is refused (no_sync must end before the boundary).
   Status SetNoSync(bool on);
   Status ZeroGrad();  // drops accumulated gradients of the current window
+  // zero_optimization.offload_optimizer.overlap_step (docs/offload.md, "Overlap with the next
+  // forward"): Step() queues only the first chunks of the streamed GPU update and returns; the rest
+  // are queued as the next forward's GatherModule reaches their modules. This completes the step:
+  // every chunk left is queued and the host waits until all of them have run (host states final,
+  // the model copy written). At once when no step is in flight (or without overlap_step). Called
+  // first by every call that reads or writes parameters or states outside the forward:
+  // SaveCheckpoint, LoadCheckpoint, GatherMasterWeights, GatherModelParam, GatherOptimizerState,
+  // ZeroGrad and the destructor. The next backward's first grad_buffer()/GradReady() and the next
+  // Step() queue what is left and order the compute stream after it without a host wait.
+  Status WaitForOptimizerStep();
 
   const Config& config() const;
   const EngineCounters& counters() const;

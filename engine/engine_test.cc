@@ -12,11 +12,15 @@
 #include <string>
 #include <vector>
 
+#include <gloo/rendezvous/hash_store.h>
+
+#include "comm/gloo_communicator.h"
 #include "comm/thread_ranks.h"
 #include "engine/config.h"
 #include "engine/engine_test_util.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "zero/deferred_device.h"
 #include "zero/partition.h"
 
 namespace zero {
@@ -905,6 +909,234 @@ TEST(EngineTrainingTest, LargerModelEveryStage) {
     std::printf("stage %d: %.3f s for 4 micro steps of %d params on 2 ranks (with test-side host math)\n", stage, s,
                 8 * 201000);
   }
+}
+
+// --- offload_optimizer.overlap_step ------------------------------------------------------------
+
+// One rank on a DeferredDevice (zero/deferred_device.h: the streams run late, in a random legal
+// order), so a missing stream wait in the overlapped step shows up as a wrong value.
+struct DeferredRank {
+  explicit DeferredRank(uint32_t seed) : device(seed) {
+    auto c = GlooCommunicator::Create(0, 1, std::make_shared<gloo::rendezvous::HashStore>(), &device);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    if (c.ok()) comm = std::move(c).value();
+  }
+  DeferredDevice device;
+  std::unique_ptr<GlooCommunicator> comm;
+};
+
+std::string OverlapJson(int stage, double clip, bool overlap) {
+  return ConfigJson(stage, 1, clip, "",
+                    std::string("\"offload_optimizer\": {\"device\": \"cpu\", \"update_device\": \"gpu\", "
+                                "\"chunk_size\": 16, \"chunk_buffers\": 2, \"overlap_step\": ") +
+                        (overlap ? "true" : "false") + "}");
+}
+
+// One micro step (GAS 1) of the forward (every module gathered, its parameters read) and the
+// backward (reverse module order), then Step(). With `expect_in_flight` every parameter is first
+// checked to be refused by param() before its module is gathered (the step is still in flight).
+Status OverlapMicroStep(Engine* e, Device* d, const TestModel& model, bool expect_in_flight, double* loss) {
+  const auto mods = ModuleParams(model);
+  std::vector<std::vector<float>> values(model.specs.size());
+  for (size_t m = 0; m < mods.size(); ++m) {
+    for (int i : mods[m]) {
+      if (expect_in_flight) {
+        ZERO_RETURN_IF_ERROR(Expect(e->param(i).status(), StatusCode::kFailedPrecondition, "GatherModule(\""));
+      }
+    }
+    ZERO_ASSIGN_OR_RETURN(ModuleHandle h, e->GatherModule(model.modules[m]));
+    for (int i : mods[m]) {
+      ZERO_RETURN_IF_ERROR(ReadParam(e, d, i, &values[i]));
+      *loss = AddHalfSquares(*loss, values[i]);
+    }
+    ZERO_RETURN_IF_ERROR(h.Release());
+  }
+  const int64_t micro = e->counters().micro_steps;
+  for (size_t m = mods.size(); m-- > 0;) {
+    ZERO_ASSIGN_OR_RETURN(ModuleHandle h, e->GatherModule(model.modules[m]));
+    for (auto it = mods[m].rbegin(); it != mods[m].rend(); ++it) {
+      ZERO_RETURN_IF_ERROR(WriteGrad(e, d, *it, Gradient(*it, values[*it], 0, micro, 3.0f)));
+    }
+    ZERO_RETURN_IF_ERROR(h.Release());
+  }
+  ZERO_RETURN_IF_ERROR(e->Backward());
+  return e->Step();
+}
+
+// Stages 1-3, with clipping (AdamW deferred at the boundary) and without (stages 2/3: the update in
+// backward, its casts deferred): the parameters read in every forward and the final state are
+// bitwise the synchronous chunked step's, on the deferred device for several schedules; param()
+// before GatherModule is refused while a step is in flight.
+TEST(EngineOverlapStepTest, ForwardWaitsOnlyForItsChunksAndEqualsTheSynchronousStep) {
+  const TestModel model = BlockModel(4, 45, 7);
+  for (int stage : {1, 2, 3}) {
+    for (double clip : {0.0, 0.05}) {
+      CpuDevice cpu;
+      TrainResult want;
+      std::vector<double> want_losses;
+      ASSERT_TRUE(RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
+        ZERO_ASSIGN_OR_RETURN(Config c, MakeConfig(OverlapJson(stage, clip, false), 1));
+        ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(c, model, device, comm));
+        for (int s = 0; s < 4; ++s) {
+          double loss = 0;
+          ZERO_RETURN_IF_ERROR(OverlapMicroStep(e.get(), device, model, false, &loss));
+          want_losses.push_back(loss);
+        }
+        return Snapshot(e.get(), &want);
+      }).ok());
+      for (uint32_t seed : {1u, 2u, 3u}) {
+        SCOPED_TRACE("stage " + std::to_string(stage) + " clip " + std::to_string(clip) + " seed " +
+                     std::to_string(seed));
+        DeferredRank r(seed);
+        ASSERT_NE(r.comm, nullptr);
+        auto c = MakeConfig(OverlapJson(stage, clip, true), 1);
+        ASSERT_TRUE(c.ok()) << c.status().ToString();
+        auto e = MakeEngine(*c, model, &r.device, r.comm.get());
+        ASSERT_TRUE(e.ok()) << e.status().ToString();
+        for (int s = 0; s < 4; ++s) {
+          double loss = 0;
+          Status st = OverlapMicroStep(e->get(), &r.device, model, /*expect_in_flight=*/s > 0, &loss);
+          ASSERT_TRUE(st.ok()) << "step " << s << ": " << st.ToString();
+          EXPECT_EQ(FloatBits(static_cast<float>(loss)), FloatBits(static_cast<float>(want_losses[s])))
+              << "the forward of step " << s << " read other weights than the synchronous step's";
+        }
+        EXPECT_FALSE(r.device.idle()) << "Step() returned with nothing left in flight: nothing overlaps";
+        TrainResult got;
+        ASSERT_TRUE(Snapshot(e->get(), &got).ok());
+        std::string where;
+        EXPECT_TRUE(BitwiseEqual(got.master, want.master, &where)) << "master: " << where;
+        EXPECT_TRUE(BitwiseEqual(got.model, want.model, &where)) << "model: " << where;
+        EXPECT_TRUE(BitwiseEqual(got.exp_avg, want.exp_avg, &where)) << "exp_avg: " << where;
+        EXPECT_TRUE(BitwiseEqual(got.exp_avg_sq, want.exp_avg_sq, &where)) << "exp_avg_sq: " << where;
+      }
+    }
+  }
+}
+
+// Every call that reads or writes parameters or states outside the forward, called while a step is
+// in flight (right after Step()), sees that step complete: the gathers and SaveCheckpoint give
+// the synchronous step's values, LoadCheckpoint's state is not overwritten by late chunks,
+// WaitForOptimizerStep and ZeroGrad leave nothing queued, the destructor completes the step.
+TEST(EngineOverlapStepTest, StateAccessWaitsForTheStepInFlight) {
+  const TestModel model = BlockModel(3, 40, 5);
+  const std::string dir = ::testing::TempDir() + "/overlap_ckpt";
+  for (auto [stage, clip] : {std::pair<int, double>{3, 0.0}, {1, 0.05}}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    TrainResult want1, want2;  // the synchronous step after 1 and 2 steps
+    ASSERT_TRUE(RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
+      ZERO_ASSIGN_OR_RETURN(Config c, MakeConfig(OverlapJson(stage, clip, false), 1));
+      ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(c, model, device, comm));
+      double loss = 0;
+      ZERO_RETURN_IF_ERROR(OverlapMicroStep(e.get(), device, model, false, &loss));
+      ZERO_RETURN_IF_ERROR(Snapshot(e.get(), &want1));
+      ZERO_RETURN_IF_ERROR(e->SaveCheckpoint(dir, "sync1"));
+      ZERO_RETURN_IF_ERROR(OverlapMicroStep(e.get(), device, model, false, &loss));
+      return Snapshot(e.get(), &want2);
+    }).ok());
+    // Two overlapped steps on the deferred device; the second is in flight when `probe` runs.
+    auto run = [&](uint32_t seed, const std::function<void(Engine*, DeferredDevice*)>& probe) {
+      DeferredRank r(seed);
+      ASSERT_NE(r.comm, nullptr);
+      auto c = MakeConfig(OverlapJson(stage, clip, true), 1);
+      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      auto e = MakeEngine(*c, model, &r.device, r.comm.get());
+      ASSERT_TRUE(e.ok()) << e.status().ToString();
+      double loss = 0;
+      ASSERT_TRUE(OverlapMicroStep(e->get(), &r.device, model, false, &loss).ok());
+      ASSERT_TRUE(OverlapMicroStep(e->get(), &r.device, model, true, &loss).ok());
+      ASSERT_FALSE(r.device.idle()) << "the step is not in flight: the probe tests nothing";
+      probe(e->get(), &r.device);
+    };
+    std::string where;
+    for (uint32_t seed : {4u, 5u}) {
+      run(seed, [&](Engine* e, DeferredDevice*) {
+        const int n = e->num_params();
+        for (int i = 0; i < n; ++i) {
+          std::vector<float> m(want2.master[i].size()), p(m.size()), a(m.size()), v(m.size());
+          ASSERT_TRUE(e->GatherMasterWeights(i, m.data()).ok());
+          EXPECT_EQ(std::memcmp(m.data(), want2.master[i].data(), m.size() * 4), 0) << "GatherMasterWeights " << i;
+          ASSERT_TRUE(e->GatherModelParam(i, p.data()).ok());
+          EXPECT_EQ(std::memcmp(p.data(), want2.model[i].data(), p.size() * 4), 0) << "GatherModelParam " << i;
+          ASSERT_TRUE(e->GatherOptimizerState(i, a.data(), v.data()).ok());
+          EXPECT_EQ(std::memcmp(a.data(), want2.exp_avg[i].data(), a.size() * 4), 0) << "exp_avg " << i;
+          EXPECT_EQ(std::memcmp(v.data(), want2.exp_avg_sq[i].data(), v.size() * 4), 0) << "exp_avg_sq " << i;
+        }
+      });
+      // Each gather on its own, first thing after the step (the loop above waits at its first call).
+      run(seed, [&](Engine* e, DeferredDevice*) {
+        std::vector<float> p(want2.model[0].size());
+        ASSERT_TRUE(e->GatherModelParam(0, p.data()).ok());
+        EXPECT_EQ(std::memcmp(p.data(), want2.model[0].data(), p.size() * 4), 0) << "GatherModelParam alone";
+      });
+      run(seed, [&](Engine* e, DeferredDevice*) {
+        const int last = e->num_params() - 1;
+        std::vector<float> a(want2.exp_avg[last].size()), v(a.size());
+        ASSERT_TRUE(e->GatherOptimizerState(last, a.data(), v.data()).ok());
+        EXPECT_EQ(std::memcmp(a.data(), want2.exp_avg[last].data(), a.size() * 4), 0) << "exp_avg alone";
+      });
+      run(seed, [&](Engine* e, DeferredDevice* d) {
+        ASSERT_TRUE(e->WaitForOptimizerStep().ok());
+        EXPECT_TRUE(d->idle()) << "WaitForOptimizerStep left work queued";
+        EXPECT_EQ(e->param(0).status().message().find("overlapped optimizer step"), std::string::npos)
+            << "a step still in flight after WaitForOptimizerStep";
+      });
+      run(seed, [&](Engine* e, DeferredDevice* d) {
+        const int64_t before = d->ops_run();
+        ASSERT_TRUE(e->ZeroGrad().ok());
+        EXPECT_GT(d->ops_run(), before) << "ZeroGrad ran nothing of the step in flight";
+        EXPECT_EQ(e->param(0).status().message().find("overlapped optimizer step"), std::string::npos)
+            << "a step still in flight after ZeroGrad";
+      });
+      run(seed, [&](Engine* e, DeferredDevice*) {
+        ASSERT_TRUE(e->SaveCheckpoint(dir, "overlap" + std::to_string(seed)).ok());
+      });
+      // The checkpoint saved in flight holds the completed step: loaded on the CPU backend.
+      ASSERT_TRUE(RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
+        ZERO_ASSIGN_OR_RETURN(Config c, MakeConfig(OverlapJson(stage, clip, false), 1));
+        ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(c, model, device, comm, 0.5f));
+        ZERO_RETURN_IF_ERROR(e->LoadCheckpoint(dir, "overlap" + std::to_string(seed)).status());
+        TrainResult got;
+        ZERO_RETURN_IF_ERROR(Snapshot(e.get(), &got));
+        if (!BitwiseEqual(got.master, want2.master, &where)) return InternalError("saved master: " + where);
+        if (!BitwiseEqual(got.exp_avg_sq, want2.exp_avg_sq, &where)) return InternalError("saved v: " + where);
+        return OkStatus();
+      }).ok()) << where;
+      // Loaded in flight: the late chunks of the step must not land on the loaded state.
+      run(seed, [&](Engine* e, DeferredDevice*) {
+        ASSERT_TRUE(e->LoadCheckpoint(dir, "sync1").ok());
+        TrainResult got;
+        ASSERT_TRUE(Snapshot(e, &got).ok());
+        EXPECT_TRUE(BitwiseEqual(got.master, want1.master, &where)) << "loaded master: " << where;
+        EXPECT_TRUE(BitwiseEqual(got.model, want1.model, &where)) << "loaded model: " << where;
+        EXPECT_TRUE(BitwiseEqual(got.exp_avg, want1.exp_avg, &where)) << "loaded exp_avg: " << where;
+      });
+      // Destroyed in flight: the destructor completes the step (the device runs it before freeing).
+      run(seed, [&](Engine*, DeferredDevice*) {});
+    }
+  }
+}
+
+// Refused where not built, naming the key.
+TEST(EngineOverlapStepTest, RefusedWithSeveralRanksOrParameterOffload) {
+  std::vector<std::string> errors(2);
+  ASSERT_TRUE(RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
+    ZERO_ASSIGN_OR_RETURN(Config c, MakeConfig(OverlapJson(3, 0.0, true), 2));
+    errors[rank] = Engine::Create(c, device, comm).status().ToString();
+    return OkStatus();
+  }).ok());
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("zero_optimization.offload_optimizer.overlap_step: needs one data-parallel rank, got 2"),
+              std::string::npos) << e;
+  }
+  ASSERT_TRUE(RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
+    ZERO_ASSIGN_OR_RETURN(
+        Config c, MakeConfig(ConfigJson(3, 1, 0.0, "",
+                                        "\"offload_param\": {\"device\": \"cpu\"}, \"offload_optimizer\": {\"device\": "
+                                        "\"cpu\", \"update_device\": \"gpu\", \"overlap_step\": true}"),
+                             1));
+    return Expect(Engine::Create(c, device, comm).status(), StatusCode::kUnimplemented,
+                  "overlap_step: not with zero_optimization.offload_param.device \"cpu\"");
+  }).ok());
 }
 
 }  // namespace

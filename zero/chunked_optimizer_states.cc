@@ -139,7 +139,8 @@ void ChunkedOptimizerStates::Note(int64_t b, int64_t e, std::shared_ptr<Event> u
 }
 
 Status ChunkedOptimizerStates::Pipeline(Kind kind, int64_t offset, int64_t n, const void* grads, DType grad_t,
-                                        const AdamWParams& h, void* model_out, DType model_t, Stream* caller) {
+                                        const AdamWParams& h, void* model_out, DType model_t, Stream* caller,
+                                        Event* after) {
   if (n == 0) return OkStatus();
   const bool cast = kind == Kind::kCast;
   const bool widen = kind == Kind::kUpdateFromGradient;
@@ -153,8 +154,12 @@ Status ChunkedOptimizerStates::Pipeline(Kind kind, int64_t offset, int64_t n, co
   }
   const int moved = cast ? 1 : 3;  // a cast needs the masters only
   // The caller's stream up to here: gradients written, model_out no longer read.
-  ZERO_RETURN_IF_ERROR(device_->RecordEvent(entry_.get(), caller));
-  ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(update_.get(), entry_.get()));
+  if (after != nullptr) {
+    ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(update_.get(), after));
+  } else {
+    ZERO_RETURN_IF_ERROR(device_->RecordEvent(entry_.get(), caller));
+    ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(update_.get(), entry_.get()));
+  }
   Event* last = nullptr;
   for (int64_t at = 0; at < n; at += chunk_) {
     const int64_t len = std::min(chunk_, n - at);
@@ -213,6 +218,7 @@ Status ChunkedOptimizerStates::Pipeline(Kind kind, int64_t offset, int64_t n, co
     last = cast ? updated.get() : widen ? widened_.get() : stored.get();
     Note(b, b + len, std::move(updated), std::move(stored), !cast);
   }
+  if (caller == nullptr) return OkStatus();
   return device_->StreamWaitEvent(caller, last);
 }
 
@@ -231,6 +237,18 @@ Status ChunkedOptimizerStates::UpdateFromGradient(int64_t offset, int64_t n, con
 Status ChunkedOptimizerStates::CastMaster(int64_t offset, int64_t n, void* model_out, DType model_t, Stream* stream) {
   ZERO_RETURN_IF_ERROR(Check(offset, n, "CastMaster"));
   return Pipeline(Kind::kCast, offset, n, nullptr, DType::kF32, AdamWParams(), model_out, model_t, stream);
+}
+
+Status ChunkedOptimizerStates::UpdateAfter(int64_t offset, int64_t n, const float* grads, const AdamWParams& h,
+                                           void* model_out, DType model_t, Event* after) {
+  ZERO_RETURN_IF_ERROR(Check(offset, n, "UpdateAfter"));
+  return Pipeline(Kind::kUpdate, offset, n, grads, DType::kF32, h, model_out, model_t, nullptr, after);
+}
+
+Status ChunkedOptimizerStates::CastMasterAfter(int64_t offset, int64_t n, void* model_out, DType model_t,
+                                               Event* after) {
+  ZERO_RETURN_IF_ERROR(Check(offset, n, "CastMasterAfter"));
+  return Pipeline(Kind::kCast, offset, n, nullptr, DType::kF32, AdamWParams(), model_out, model_t, nullptr, after);
 }
 
 Status ChunkedOptimizerStates::Drain() {

@@ -97,6 +97,18 @@ class ChunkedOptimizerStates final : public OptimizerStates {
   Status Write(OptState which, int64_t offset, int64_t n, const float* host) override;
   OptimizerStateBytes bytes() const override;
 
+  // For overlapping the update with the next forward (offload_optimizer.overlap_step): as Update /
+  // CastMaster, but the update stream is ordered after `after` (an event the caller recorded on
+  // its stream once the gradients were written and model_out was no longer read; it must stay
+  // recorded at that point until every call naming it has returned) instead of after a caller
+  // stream, and no stream is made to wait at the end: whoever reads model_out element e waits on
+  // Chunk(e)->updated, and the gradients may be rewritten once a stream waits on the `updated`
+  // event of every chunk that reads them (or on WaitForUpdates). Consecutive calls keep the
+  // pipeline full (nothing orders one call's update after the previous call's download).
+  Status UpdateAfter(int64_t offset, int64_t n, const float* grads, const AdamWParams& h, void* model_out,
+                     DType model_t, Event* after);
+  Status CastMasterAfter(int64_t offset, int64_t n, void* model_out, DType model_t, Event* after);
+
   // For overlapping the update with later work. `stream` waits (device-side; the host does not
   // block) for every chunk queued so far on the three streams: after it, model_out of every
   // Update/CastMaster is written and the host states are final.
@@ -126,8 +138,10 @@ class ChunkedOptimizerStates final : public OptimizerStates {
   ChunkedOptimizerStates(Device* device, Stream* stream, int64_t numel, const ChunkedOptimizerStatesOptions& o);
   Status Init(const ChunkedOptimizerStatesOptions& o);
   // The chunked pipeline of Update / UpdateFromGradient / CastMaster.
+  // With `after` (UpdateAfter / CastMasterAfter) `caller` is null: ordered after the event, and no
+  // stream waits at the end.
   Status Pipeline(Kind kind, int64_t offset, int64_t n, const void* grads, DType grad_t, const AdamWParams& h,
-                  void* model_out, DType model_t, Stream* caller);
+                  void* model_out, DType model_t, Stream* caller, Event* after = nullptr);
   // The upload stream waits for every download queued to a host range overlapping [b, e).
   Status WaitForHostRange(int64_t b, int64_t e);
   // Records [b, e) as the latest chunk over that range (trimming older records).

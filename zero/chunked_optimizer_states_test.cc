@@ -4,170 +4,17 @@
 
 #include <cmath>
 #include <cstring>
-#include <deque>
-#include <functional>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "runtime/cpu_device.h"
+#include "zero/deferred_device.h"
 #include "zero/optimizer_states.h"
 
 namespace zero {
 namespace {
 
-// A Device whose streams really are asynchronous: every copy and kernel is queued on its stream
-// and runs (on a CpuDevice) only when the host synchronizes on something that needs it. Which
-// runnable stream goes next is drawn from a seeded generator, so ops of different streams run in
-// many legal orders; an op after a StreamWaitEvent runs only once the event's point has passed.
-// A missing wait in the code under test shows up as a wrong value (or a deadlock, reported as an
-// error), which the synchronous CpuDevice could never show.
-class DeferredDevice final : public Device {
- public:
-  explicit DeferredDevice(uint32_t seed) : rng_(seed) { default_ = NewQueue(); }
-  ~DeferredDevice() override { Synchronize().IgnoreError(); }
-
-  DeviceKind kind() const override { return DeviceKind::kCpu; }
-  std::string name() const override { return "deferred(cpu)"; }
-  Result<DeviceBuffer> Allocate(size_t bytes) override { return inner_.Allocate(bytes); }
-  Result<PinnedBuffer> AllocatePinned(size_t bytes) override { return inner_.AllocatePinned(bytes); }
-
-  Stream* default_stream() override { return default_.get(); }
-  Result<std::unique_ptr<Stream>> CreateStream() override { return NewQueue(); }
-  Result<std::unique_ptr<Event>> CreateEvent() override { return std::unique_ptr<Event>(new Ev); }
-  Status RecordEvent(Event* event, Stream* stream) override {
-    Ev* e = static_cast<Ev*>(event);
-    e->q = Q(stream);
-    e->pos = e->q->queued;
-    return OkStatus();
-  }
-  Status StreamWaitEvent(Stream* stream, Event* event) override {
-    Ev* e = static_cast<Ev*>(event);
-    if (e->q == nullptr) return OkStatus();  // never recorded: nothing to wait for
-    Queue* q = Q(stream);
-    q->ops.push_back(Op{nullptr, e->q, e->pos});
-    ++q->queued;
-    return OkStatus();
-  }
-  Status SynchronizeEvent(Event* event) override {
-    Ev* e = static_cast<Ev*>(event);
-    return RunUntil([e] { return e->q == nullptr || e->q->done >= e->pos; });
-  }
-  Status SynchronizeStream(Stream* stream) override {
-    Queue* q = Q(stream);
-    return RunUntil([q] { return q->ops.empty(); });
-  }
-  Status Synchronize() override {
-    return RunUntil([this] {
-      for (Queue* q : queues_) {
-        if (!q->ops.empty()) return false;
-      }
-      return true;
-    });
-  }
-
-  Status Copy(void* dst, const void* src, size_t bytes, CopyKind kind, Stream* s) override {
-    return Enqueue(s, [=, this] { return inner_.Copy(dst, src, bytes, kind, nullptr); });
-  }
-  Status Fill(void* dst, DType t, size_t n, float value, Stream* s) override {
-    return Enqueue(s, [=, this] { return inner_.Fill(dst, t, n, value, nullptr); });
-  }
-  Status Cast(const void* src, DType st, void* dst, DType dt, size_t n, Stream* s) override {
-    return Enqueue(s, [=, this] { return inner_.Cast(src, st, dst, dt, n, nullptr); });
-  }
-  Status Accumulate(float* acc, const void* src, DType t, size_t n, float scale, Stream* s) override {
-    return Enqueue(s, [=, this] { return inner_.Accumulate(acc, src, t, n, scale, nullptr); });
-  }
-  Status AccumulateFirst(float* acc, const void* src, DType t, size_t n, float scale, Stream* s) override {
-    return Enqueue(s, [=, this] { return inner_.AccumulateFirst(acc, src, t, n, scale, nullptr); });
-  }
-  Status Scale(void* x, DType t, size_t n, float f, Stream* s) override {
-    return Enqueue(s, [=, this] { return inner_.Scale(x, t, n, f, nullptr); });
-  }
-  Status SumOfSquares(const void* x, DType t, size_t n, double* out, Stream* s) override {
-    return Enqueue(s, [=, this] { return inner_.SumOfSquares(x, t, n, out, nullptr); });
-  }
-  Status FiniteCheck(const void* x, DType t, size_t n, int32_t* flag, Stream* s) override {
-    return Enqueue(s, [=, this] { return inner_.FiniteCheck(x, t, n, flag, nullptr); });
-  }
-  Status AdamW(float* p, const float* g, float* m, float* v, size_t n, const AdamWParams& h, Stream* s) override {
-    return Enqueue(s, [=, this] { return inner_.AdamW(p, g, m, v, n, h, nullptr); });
-  }
-  Status AdamWCast(float* p, const float* g, float* m, float* v, size_t n, const AdamWParams& h, void* out,
-                   DType t, Stream* s) override {
-    return Enqueue(s, [=, this] { return inner_.AdamWCast(p, g, m, v, n, h, out, t, nullptr); });
-  }
-
-  int64_t ops_run() const { return ops_run_; }
-
- protected:
-  // Buffers come from inner_ and are freed by it.
-  void FreeDevice(void*, size_t) override {}
-  void FreePinned(void*, size_t) override {}
-
- private:
-  struct Queue;
-  struct Op {
-    std::function<Status()> fn;  // null: a wait for `wq` to have run `wpos` ops
-    Queue* wq = nullptr;
-    int64_t wpos = 0;
-  };
-  struct Queue {
-    std::deque<Op> ops;
-    int64_t queued = 0, done = 0;
-  };
-  struct Handle : Stream {
-    Queue* q;
-  };
-  struct Ev : Event {
-    Queue* q = nullptr;
-    int64_t pos = 0;
-  };
-
-  std::unique_ptr<Stream> NewQueue() {
-    owned_.push_back(std::make_unique<Queue>());
-    queues_.push_back(owned_.back().get());
-    auto h = std::make_unique<Handle>();
-    h->q = owned_.back().get();
-    return h;
-  }
-  Queue* Q(Stream* s) { return static_cast<Handle*>(s == nullptr ? default_.get() : s)->q; }
-  Status Enqueue(Stream* s, std::function<Status()> fn) {
-    Queue* q = Q(s);
-    q->ops.push_back(Op{std::move(fn), nullptr, 0});
-    ++q->queued;
-    return OkStatus();
-  }
-  Status RunUntil(const std::function<bool()>& done) {
-    while (!done()) {
-      std::vector<Queue*> runnable;
-      for (Queue* q : queues_) {
-        if (!q->ops.empty() && (q->ops.front().fn || q->ops.front().wq->done >= q->ops.front().wpos)) {
-          runnable.push_back(q);
-        }
-      }
-      if (runnable.empty()) return InternalError("deferred device: deadlock (every stream waits)");
-      Queue* q = runnable[std::uniform_int_distribution<size_t>(0, runnable.size() - 1)(rng_)];
-      Op op = std::move(q->ops.front());
-      q->ops.pop_front();
-      if (op.fn) {
-        Status st = op.fn();
-        if (!st.ok() && error_.ok()) error_ = st;
-      }
-      ++q->done;
-      ++ops_run_;
-    }
-    return error_;
-  }
-
-  CpuDevice inner_;
-  std::mt19937 rng_;
-  std::vector<std::unique_ptr<Queue>> owned_;
-  std::vector<Queue*> queues_;
-  std::unique_ptr<Stream> default_;
-  Status error_;
-  int64_t ops_run_ = 0;
-};
+using testing::DeferredDevice;
 
 ChunkedOptimizerStatesOptions Options(int64_t chunk, int buffers) {
   ChunkedOptimizerStatesOptions o;
@@ -378,6 +225,82 @@ TEST(ChunkedOptimizerStatesTest, ChunkEventsAndWaitForUpdates) {
   ASSERT_TRUE((*ref)->Read(OptState::kMaster, 0, kN, want_master.data()).ok());
   EXPECT_EQ(std::memcmp(master.data() + 50, want_master.data() + 50, (kN - 50) * 4), 0);
   EXPECT_EQ(master[0], init[0]) << "elements outside the updated range are untouched";
+}
+
+// UpdateAfter / CastMasterAfter (overlap_step): one call per chunk, ordered after an event rather
+// than a stream, no stream made to wait. Waiting on one chunk's `updated` event is enough to read
+// its weights while later calls are still being queued; the calls keep their order over the
+// states with UpdateFromGradient before them; the result is bitwise the device states'. The
+// "compute" stream never waits on anything but the events named, so the deferred device runs the
+// chunks in many orders against it.
+TEST(ChunkedOptimizerStatesTest, UpdateAfterOrdersOnTheEventOnly) {
+  constexpr int64_t kN = 230;  // chunks of 50: the last one ragged
+  for (uint32_t seed : {1u, 2u, 3u, 4u, 5u}) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    DeferredDevice dd(seed);
+    Stream* s = dd.default_stream();
+    auto created = ChunkedOptimizerStates::Create(&dd, kN, s, Options(50, 2));
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    ChunkedOptimizerStates& ch = **created;
+    CpuDevice cpu;
+    auto ref = CreateDeviceOptimizerStates(&cpu, kN, nullptr);
+    ASSERT_TRUE(ref.ok());
+    std::vector<float> init(kN), g(kN);
+    for (int64_t i = 0; i < kN; ++i) {
+      init[i] = 0.5f - 0.003f * static_cast<float>(i % 41);
+      g[i] = 0.01f * static_cast<float>((i * 7) % 13) - 0.05f;
+    }
+    ASSERT_TRUE(ch.Write(OptState::kMaster, 0, kN, init.data()).ok());
+    ASSERT_TRUE((*ref)->Write(OptState::kMaster, 0, kN, init.data()).ok());
+    auto mark = dd.CreateEvent();
+    ASSERT_TRUE(mark.ok());
+    std::vector<float> want(kN), got(kN, -7.0f), want_cast(kN), got_cast(kN, -7.0f);
+    for (int step = 1; step <= 2; ++step) {
+      const AdamWParams h = Params(step);
+      // The gradients are written on the stream (as the engine's boundary reads them).
+      std::vector<float> dev_g(kN, 0.0f);
+      ASSERT_TRUE(dd.Copy(dev_g.data(), g.data(), kN * 4, CopyKind::kHostToDevice, s).ok());
+      ASSERT_TRUE(dd.RecordEvent(mark->get(), s).ok());
+      ASSERT_TRUE((*ref)->Update(0, kN, g.data(), h, want.data(), DType::kF32, nullptr).ok());
+      for (int64_t b = 0; b < kN; b += 50) {
+        const int64_t n = std::min<int64_t>(50, kN - b);
+        ASSERT_TRUE(ch.UpdateAfter(b, n, dev_g.data() + b, h, got.data() + b, DType::kF32, mark->get()).ok());
+        if (b == 100) {
+          // Read the chunk just queued: its event alone orders the read.
+          auto c = ch.Chunk(b + 3);
+          ASSERT_TRUE(c.has_value());
+          EXPECT_EQ(c->begin, b);
+          EXPECT_EQ(c->end, b + n);
+          std::vector<float> seen(n, -1.0f);
+          ASSERT_TRUE(dd.StreamWaitEvent(s, c->updated).ok());
+          ASSERT_TRUE(dd.Copy(seen.data(), got.data() + b, n * 4, CopyKind::kDeviceToHost, s).ok());
+          ASSERT_TRUE(dd.SynchronizeStream(s).ok());
+          EXPECT_EQ(std::memcmp(seen.data(), want.data() + b, n * 4), 0) << "step " << step;
+        }
+      }
+      // The stream waits for every chunk (device-side) before the gradients are clobbered.
+      ASSERT_TRUE(ch.WaitForUpdates(s).ok());
+      ASSERT_TRUE(dd.Fill(dev_g.data(), DType::kF32, kN, 1e30f, s).ok());
+      ASSERT_TRUE(dd.SynchronizeStream(s).ok());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), kN * 4), 0) << "step " << step;
+    }
+    // The cast after the updates, chunk by chunk after a fresh mark.
+    ASSERT_TRUE(dd.RecordEvent(mark->get(), s).ok());
+    for (int64_t b = 0; b < kN; b += 50) {
+      ASSERT_TRUE(ch.CastMasterAfter(b, std::min<int64_t>(50, kN - b), got_cast.data() + b, DType::kF32,
+                                     mark->get()).ok());
+    }
+    ASSERT_TRUE(ch.WaitForUpdates(s).ok());
+    ASSERT_TRUE(dd.SynchronizeStream(s).ok());
+    ASSERT_TRUE((*ref)->CastMaster(0, kN, want_cast.data(), DType::kF32, nullptr).ok());
+    EXPECT_EQ(std::memcmp(got_cast.data(), want_cast.data(), kN * 4), 0);
+    for (OptState which : {OptState::kMaster, OptState::kExpAvg, OptState::kExpAvgSq}) {
+      std::vector<float> a(kN), b(kN);
+      ASSERT_TRUE(ch.Read(which, 0, kN, a.data()).ok());
+      ASSERT_TRUE((*ref)->Read(which, 0, kN, b.data()).ok());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), kN * 4), 0) << OptStateName(which);
+    }
+  }
 }
 
 // Bad options are InvalidArgument errors naming the config key; an empty state is valid.

@@ -39,6 +39,7 @@ class DeviceGradPartition final : public GradPartition {
     return device_->Fill(data_ + p.offset, DType::kF32, static_cast<size_t>(p.n), 0.0f, stream_);
   }
   float* device_piece(int i) override { return data_ + pieces_[i].offset; }
+  const float* device_at(int64_t offset) const override { return data_ + offset; }
   Status SumsOfSquares(const std::vector<int>& which, double* slots) override {
     for (int i : which) {
       const GradPiece& p = pieces_[i];

@@ -74,6 +74,10 @@ class GradPartition {
   virtual Status Zero(int i) = 0;
   // Where a collective may write piece i directly (device memory), or null: none (host).
   virtual float* device_piece(int i) { return nullptr; }
+  // The partition's element `offset` in device memory (the layout is contiguous there), or null
+  // where the partition lives on the host. Valid until the next window's first Add; what the
+  // overlapped chunked step reads after Step() returns (engine.h, WaitForOptimizerStep).
+  virtual const float* device_at(int64_t offset) const { return nullptr; }
   // Every contribution of the window was added: pieces still pending are completed (GPU
   // accumulation: sent to the host). Idempotent until NewWindow().
   virtual Status Finish() { return OkStatus(); }

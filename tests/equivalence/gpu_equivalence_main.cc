@@ -88,6 +88,19 @@ std::vector<Cell> AllCells(int world) {
             c.spec.gpu_update_chunk = 37;
             c.name = "gpuchunk/" + c.spec.Name();
             cells.push_back(c);
+            if (world == 1) {
+              // overlap_step: the chunks queued under the next forward (one rank only), over a
+              // schedule where head B first gets a gradient in window 2.
+              Cell o = c;
+              o.spec.overlap_step = true;
+              for (size_t w = 0; w < o.schedule.windows.size(); ++w) {
+                for (size_t j = 0; j < o.schedule.windows[w].micros.size(); ++j) {
+                  o.schedule.windows[w].micros[j].heads.b = w >= 2 && j == 0;
+                }
+              }
+              o.name = "gpuoverlap/" + o.spec.Name();
+              cells.push_back(o);
+            }
             c.spec.gpu_update_chunk = 0;
           }
           if (stage == 3) {

@@ -400,7 +400,7 @@ std::string CellSpec::Name() const {
   if (!managed) s += "_unmanaged";
   if (freeze_inactive) s += "_freeze";
   if (offload_optimizer) {
-    s += nvme ? (host_memory_budget > 0 ? "_tiered" : "_nvme") : gpu_update_chunk > 0 ? "_gpuchunk" : "_offload";
+    s += nvme ? (host_memory_budget > 0 ? "_tiered" : "_nvme") : gpu_update_chunk > 0 ? (overlap_step ? "_gpuoverlap" : "_gpuchunk") : "_offload";
   }
   if (offload_param) s += "_paramoffload";
   if (gpu_grad_accumulation) s += "_gpuacc";
@@ -433,7 +433,7 @@ std::string CellConfigJson(const CellSpec& c) {
     << (c.offload_optimizer && !c.nvme ? ", \"offload_optimizer\": {\"device\": \"cpu\", \"cpu_threads\": 2" : "")
     << (c.offload_optimizer && !c.nvme && c.gpu_update_chunk > 0
             ? ", \"update_device\": \"gpu\", \"chunk_size\": " + std::to_string(c.gpu_update_chunk) +
-                  ", \"chunk_buffers\": 3"
+                  ", \"chunk_buffers\": 3" + (c.overlap_step ? ", \"overlap_step\": true" : "")
             : "")
     << (c.offload_optimizer && !c.nvme ? "}" : "")
     << (c.offload_param ? ", \"offload_param\": {\"device\": \"cpu\", \"buffer_count\": 2}" : "")

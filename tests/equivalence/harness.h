@@ -153,6 +153,8 @@ struct CellSpec {
   // With offload_optimizer (not nvme), above 0: update_device "gpu" (AdamW on the device over the
   // host states, streamed in chunks of this many elements through 3 staging sets).
   int64_t gpu_update_chunk = 0;
+  // With gpu_update_chunk: offload_optimizer.overlap_step (the update queued under the next forward).
+  bool overlap_step = false;
   // Stage 3: offload_param.device "cpu" (the shards in host memory, buffer_count 2).
   bool offload_param = false;
   // With offload_optimizer "cpu" and offload_param: offload_grad_accumulation "gpu" (the fp32 sum on
