@@ -155,6 +155,9 @@ struct CellSpec {
   int64_t gpu_update_chunk = 0;
   // Stage 3: offload_param.device "cpu" (the shards in host memory, buffer_count 2).
   bool offload_param = false;
+  // With offload_param: "nvme" instead (a swap file per rank under the nvme cells' folder, real
+  // O_DIRECT I/O, buffer_count 2, max_in_cpu 0: every module read through the buffers).
+  bool nvme_param = false;
   int loss_scale_window = 1000;
   int hysteresis = 2;
   int initial_scale_power = 12;
