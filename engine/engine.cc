@@ -25,6 +25,7 @@
 #include "zero/host_optimizer_states.h"
 #include "zero/host_param_store.h"
 #include "zero/nvme_optimizer_states.h"
+#include "zero/nvme_param_store.h"
 #include "zero/tiered_optimizer_states.h"
 #include "zero/optimizer_states.h"
 #include "zero/param_coordinator.h"
@@ -141,10 +142,11 @@ struct Engine::Impl {
   int64_t full_total = 0;
   int64_t part_total = 0;
   DeviceBuffer model;       // stages 0-2: full params (mdt); stage 3: this rank's shards (mdt)
-  // Stage 3 with offload_param.device "cpu": this rank's shards in host memory instead (`model`
-  // stays empty). Written only between QuiesceForUpdate and AfterUpdate (or before the
-  // coordinator exists), through ModelFromMasters / UpdateModel.
-  std::unique_ptr<HostParamStore> host_params;
+  // Stage 3 with offload_param.device "cpu" / "nvme": this rank's shards in host memory or in a
+  // swap file instead (`model` stays empty; zero/param_store.h). Written only between
+  // QuiesceForUpdate and AfterUpdate (or before the coordinator exists), through ModelFromMasters /
+  // UpdateModel.
+  std::unique_ptr<ParamStore> host_params;
   // fp32 master weights and AdamW moments (zero/optimizer_states.h): stage 0 in the full layout,
   // stages 1-3 in the partition layout.
   std::unique_ptr<OptimizerStates> states;
@@ -204,7 +206,8 @@ struct Engine::Impl {
   }
   void* model_ptr(int64_t off) const { return ElementPtr(model.data(), mdt, off); }
   // Stage 3: this rank's shard store (device `model`, or host_params) at partition offset `off`.
-  const void* shard_ptr(int64_t off) const { return host_params ? host_params->at(off) : model_ptr(off); }
+  // nullptr with offload_param "nvme" (the coordinator asks the store module by module).
+  const void* shard_ptr(int64_t off) const { return host_params ? host_params->host_address(off) : model_ptr(off); }
   // The model copy of partition (stage 3) / state (other stages) elements [off, off + n) cast from
   // the masters, written at model offset `model_off`: into `model`, or at stage 3 with parameter
   // offload into the host shards (off == model_off there).
@@ -396,16 +399,21 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* dev
   if (z.stage < 0 || z.stage > 3) {
     return InvalidArgumentError("zero_optimization.stage: expected 0..3, got " + std::to_string(z.stage));
   }
-  if (z.offload_param.device == OffloadDevice::kNvme) {
-    return UnimplementedError(
-        "zero_optimization.offload_param.device: \"nvme\" (parameter swap to NVMe) is not built yet; use \"cpu\" "
-        "(the stage-3 shards in host memory) or \"none\"");
+  if (z.offload_param.device != OffloadDevice::kNone && z.stage != 3) {
+    return InvalidArgumentError(std::string("zero_optimization.offload_param.device: \"") +
+                                (z.offload_param.device == OffloadDevice::kNvme ? "nvme" : "cpu") +
+                                "\" needs zero_optimization.stage 3 (only stage 3 partitions the parameters), got "
+                                "stage " + std::to_string(z.stage));
   }
-  if (z.offload_param.device == OffloadDevice::kCpu && z.stage != 3) {
-    return InvalidArgumentError("zero_optimization.offload_param.device: \"cpu\" needs zero_optimization.stage 3 "
-                                "(only stage 3 partitions the parameters), got stage " + std::to_string(z.stage));
+  if (z.offload_param.device == OffloadDevice::kNvme && z.offload_param.nvme_path.empty()) {
+    return InvalidArgumentError("zero_optimization.offload_param.nvme_path: offload_param.device \"nvme\" needs a "
+                                "directory for the parameter swap files (on a local NVMe disk), got none");
   }
-  if (z.offload_param.device == OffloadDevice::kCpu &&
+  if (z.offload_param.device == OffloadDevice::kNvme && z.offload_param.max_in_cpu < 0) {
+    return InvalidArgumentError("zero_optimization.offload_param.max_in_cpu: expected >= 0 elements, got " +
+                                std::to_string(z.offload_param.max_in_cpu));
+  }
+  if (z.offload_param.device != OffloadDevice::kNone &&
       (z.offload_param.buffer_count < 1 || z.offload_param.buffer_size < 1)) {
     return InvalidArgumentError("zero_optimization.offload_param.buffer_count / buffer_size: expected >= 1, got " +
                                 std::to_string(z.offload_param.buffer_count) + " / " +
@@ -596,6 +604,32 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     ho.slab.config_key = "zero_optimization.offload_param";
     ho.scratch_numel = int64_t{1} << 20;  // the device side of the writes: 2-4 MiB, chunked
     auto store = HostParamStore::Create(device, compute, mdt, part_total, ho);
+    if (!store.ok()) return store.status().WithContext("Initialize");
+    host_params = std::move(store).value();
+  } else if (po.device == OffloadDevice::kNvme) {
+    // Parameter swap: the shards in <nvme_path>/zero_swap/rank<r>/params.swp, module by module
+    // (zero/nvme_param_store.h); a module larger than buffer_size is refused here, naming it.
+    std::vector<StoredShard> shards;
+    for (const ParamInfo& p : params) shards.push_back({p.spec.name, p.part_off, p.shard.shard, p.module});
+    NvmeParamStoreOptions no;
+    no.dir = po.nvme_path + "/zero_swap/rank" + std::to_string(rank);
+    no.buffer_count = static_cast<int>(std::min<int64_t>(po.buffer_count, 1 << 20));
+    no.buffer_numel = po.buffer_size;
+    no.cache_numel = po.max_in_cpu;
+    const AioConfig& a = config.aio;
+    no.aio.block_size = a.block_size;
+    no.aio.queue_depth = a.queue_depth;
+    no.aio.intra_op_parallelism = a.intra_op_parallelism;
+    no.aio.single_submit = a.single_submit;
+    no.aio.overlap_events = a.overlap_events;
+    no.aio.allow_buffered_fallback = a.allow_buffered_fallback;
+    no.aio_engine_factory = env.aio_engine_factory;
+    no.slab.pin_memory = po.pin_memory;
+    no.slab.fallback_to_pageable = po.pin_memory_fallback;
+    no.slab.what = "parameter buffers (offload_param.device \"nvme\")";
+    no.slab.config_key = "zero_optimization.offload_param";
+    no.scratch_numel = int64_t{1} << 20;
+    auto store = NvmeParamStore::Create(device, compute, mdt, part_total, std::move(shards), module_names, no);
     if (!store.ok()) return store.status().WithContext("Initialize");
     host_params = std::move(store).value();
   } else {
@@ -875,6 +909,9 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
       // offload_param "cpu": the shards are uploaded for each gather, at most buffer_count at once.
       co.shard_source = ShardSource::kHost;
       co.max_uploads_in_flight = static_cast<int>(std::min<int64_t>(config.zero.offload_param.buffer_count, 1 << 20));
+      // offload_param "nvme": module by module from the swap file, read ahead along the trace.
+      co.module_store = host_params->module_store();
+      co.max_store_read_ahead = co.max_uploads_in_flight;
     }
     coordinator = std::make_unique<ParamCoordinator>(device, comm, compute, mdt, std::move(cps),
                                                      module_names, co);

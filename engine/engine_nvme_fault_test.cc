@@ -44,19 +44,30 @@ struct Case {
   int stage;
   bool tiered;   // host_memory_budget of 1000 elements: the rest on NVMe
   double clip;   // 0 at stages 2/3: the update runs in GradReady (update in backward)
+  // offload_param.device "nvme" (stage 3, two module buffers, no cache) instead of the NVMe
+  // optimizer states: the faults hit params.swp.
+  bool param_nvme = false;
   std::string Name() const {
-    return "stage " + std::to_string(stage) + (tiered ? " tiered" : "") + (clip > 0 ? " clip" : "");
+    return "stage " + std::to_string(stage) + (tiered ? " tiered" : "") + (clip > 0 ? " clip" : "") +
+           (param_nvme ? " offload_param nvme" : "");
   }
 };
 
 std::string Json(const Case& c, const std::string& nvme_path) {
+  if (c.param_nvme) {
+    return ConfigJson(c.stage, 1, c.clip, "",
+                      "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"" + nvme_path +
+                          "\", \"buffer_count\": 2, \"max_in_cpu\": 0}");
+  }
   return ConfigJson(c.stage, 1, c.clip, "",
                     "\"sub_group_size\": 512, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" +
                         nvme_path + "\", \"buffer_count\": 2" +
                         (c.tiered ? ", \"host_memory_budget\": 12000" : "") + "}");
 }
 
-std::string SwapPath(const std::string& nvme_path) { return nvme_path + "/zero_swap/rank0/optimizer_states.swp"; }
+std::string SwapPath(const Case& c, const std::string& nvme_path) {
+  return nvme_path + "/zero_swap/rank0/" + (c.param_nvme ? "params.swp" : "optimizer_states.swp");
+}
 
 Result<std::unique_ptr<Engine>> MakeEngineIn(const Config& config, Device* device, Communicator* comm,
                                              const EngineEnv& env, float init_shift = 0.0f) {
@@ -209,7 +220,7 @@ void RunFault(const Case& c, Fault fault, const std::string& dir, const Weights&
     ZERO_RETURN_IF_ERROR(Train(e.get(), device, kStepsBefore));
     ZERO_RETURN_IF_ERROR(e->SaveCheckpoint(ckpt));
     const uint64_t resubmits_before = aio->stats().short_resubmits;
-    ZERO_RETURN_IF_ERROR(Apply(fault, aio, SwapPath(nvme)));
+    ZERO_RETURN_IF_ERROR(Apply(fault, aio, SwapPath(c, nvme)));
     const Status failed = Train(e.get(), device, kStepsAfter);
     const Expected want = ExpectedError(fault);
     if (want.code == StatusCode::kOk) {  // absorbed: training goes on, bitwise as without it
@@ -224,14 +235,14 @@ void RunFault(const Case& c, Fault fault, const std::string& dir, const Weights&
     std::printf("%s, %s:\n  %s\n", c.Name().c_str(), FaultName(fault), failed.ToString().c_str());
     EXPECT_EQ(failed.code(), want.code) << failed.ToString();
     const std::string& m = failed.message();
-    EXPECT_TRUE(Contains(m, SwapPath(nvme))) << "the swap file is not named: " << failed.ToString();
+    EXPECT_TRUE(Contains(m, SwapPath(c, nvme))) << "the swap file is not named: " << failed.ToString();
     EXPECT_TRUE(Contains(m, "offset")) << "no offset: " << failed.ToString();
     EXPECT_TRUE(Contains(m, "LoadCheckpoint")) << "no advice: " << failed.ToString();
     for (const std::string& n : want.needles) EXPECT_TRUE(Contains(m, n)) << "no '" << n << "': " << failed.ToString();
     // The engine refuses further use, saving included (the last checkpoint cannot be replaced).
     const Status step = e->Step();
     EXPECT_TRUE(Contains(step.message(), "unusable after an earlier error")) << step.ToString();
-    EXPECT_TRUE(Contains(step.message(), SwapPath(nvme))) << step.ToString();
+    EXPECT_TRUE(Contains(step.message(), SwapPath(c, nvme))) << step.ToString();
     const Status save = e->SaveCheckpoint(ckpt);
     EXPECT_TRUE(Contains(save.message(), "unusable after an earlier error")) << save.ToString();
     std::vector<float> w(static_cast<size_t>(Numel(e->param_spec(0))));
@@ -272,6 +283,12 @@ TEST(EngineNvmeFaultTest, Stage1) { RunAllFaults({1, false, 0.0}, kAllFaults); }
 TEST(EngineNvmeFaultTest, Stage2Clipped) { RunAllFaults({2, false, 1.0}, kAllFaults); }
 TEST(EngineNvmeFaultTest, Stage3UpdateInBackward) { RunAllFaults({3, false, 0.0}, kAllFaults); }
 TEST(EngineNvmeFaultTest, Stage3Tiered) { RunAllFaults({3, true, 0.0}, kAllFaults); }
+// offload_param.device "nvme": EIO on a parameter read (a gather's Load, or a read ahead) and a
+// corrupted params.swp (the checksum of module 0's region), with and without clipping.
+TEST(EngineNvmeFaultTest, Stage3ParamNvme) {
+  RunAllFaults({3, false, 0.0, true}, {Fault::kEioRead, Fault::kCorrupt, Fault::kTruncate});
+}
+TEST(EngineNvmeFaultTest, Stage3ParamNvmeClipped) { RunAllFaults({3, false, 1.0, true}, {Fault::kEioRead, Fault::kCorrupt}); }
 
 // Appends to `path` in 1 MiB writes until the disk is full (ENOSPC); the bytes written.
 Result<uint64_t> FillDisk(const std::string& path) {
@@ -345,7 +362,7 @@ TEST(EngineNvmeFaultTest, RealDiskFullDuringTraining) {
   });
   std::printf("Initialize on the full disk:\n  %s\n", s.ToString().c_str());
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
-  EXPECT_TRUE(Contains(s.message(), SwapPath(nvme))) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), SwapPath(c, nvme))) << s.ToString();
   EXPECT_TRUE(Contains(s.message(), "cannot preallocate")) << s.ToString();
   EXPECT_EQ(HostSlab::live_bytes(), pinned_before) << "pinned host memory left behind by the failed Initialize";
 }

@@ -148,11 +148,21 @@ TEST(EngineApiTest, UnsupportedConfigIsRefused) {
   Status s = RunThreadRanks(1, [](int rank, Communicator* comm, Device* device) -> Status {
     // What is not built yet is refused at Create, naming the key and what to use instead.
     ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(2, 1, 0.0), 1));
-    ZERO_ASSIGN_OR_RETURN(Config p, MakeConfig(ConfigJson(3, 1, 0.0), 1));
+    // offload_param "nvme": below stage 3, without nvme_path, with a negative max_in_cpu (the
+    // config parser refuses the first two as well).
+    ZERO_ASSIGN_OR_RETURN(Config p, MakeConfig(ConfigJson(2, 1, 0.0), 1));
     p.zero.offload_param.device = OffloadDevice::kNvme;
     p.zero.offload_param.nvme_path = "/tmp";
-    ZERO_RETURN_IF_ERROR(Expect(Engine::Create(p, device, comm).status(), StatusCode::kUnimplemented,
-                                "offload_param.device: \"nvme\""));
+    ZERO_RETURN_IF_ERROR(Expect(Engine::Create(p, device, comm).status(), StatusCode::kInvalidArgument,
+                                "\"nvme\" needs zero_optimization.stage 3"));
+    p.zero.stage = 3;
+    p.zero.offload_param.nvme_path.clear();
+    ZERO_RETURN_IF_ERROR(Expect(Engine::Create(p, device, comm).status(), StatusCode::kInvalidArgument,
+                                "zero_optimization.offload_param.nvme_path"));
+    p.zero.offload_param.nvme_path = "/tmp";
+    p.zero.offload_param.max_in_cpu = -1;
+    ZERO_RETURN_IF_ERROR(Expect(Engine::Create(p, device, comm).status(), StatusCode::kInvalidArgument,
+                                "zero_optimization.offload_param.max_in_cpu"));
     ZERO_ASSIGN_OR_RETURN(Config q, MakeConfig(ConfigJson(2, 1, 0.0), 1));
     q.zero.offload_param.device = OffloadDevice::kCpu;  // below stage 3 (ParseConfig refuses it too)
     ZERO_RETURN_IF_ERROR(Expect(Engine::Create(q, device, comm).status(), StatusCode::kInvalidArgument,

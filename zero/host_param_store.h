@@ -1,5 +1,6 @@
 // HostParamStore: stage 3's model-dtype parameter shards in host memory (offload_param.device
-// "cpu"), in the engine's partition layout.
+// "cpu"), in the engine's partition layout. A ParamStore (param_store.h) whose host_address() is
+// always valid.
 //
 // Owns one HostSlab (offload/host_slab.h: one allocation, NUMA-local to the device, pinned as the
 // options say) of `numel` model-dtype elements, zeroed (so padding and gaps stay zero), and a
@@ -23,6 +24,7 @@
 #include "runtime/dtype.h"
 #include "runtime/status.h"
 #include "zero/optimizer_states.h"
+#include "zero/param_store.h"
 
 namespace zero {
 
@@ -31,29 +33,28 @@ struct HostParamStoreOptions {
   int64_t scratch_numel = int64_t{1} << 22;  // device scratch elements (model dtype)
 };
 
-class HostParamStore {
+class HostParamStore final : public ParamStore {
  public:
-  // Enqueues on `stream` the values of elements [offset + at, offset + at + len) of a Write into
-  // device memory `dst` (len <= the scratch).
-  using Producer = std::function<Status(void* dst, int64_t at, int64_t len)>;
 
   static Result<std::unique_ptr<HostParamStore>> Create(Device* device, Stream* stream, DType dtype, int64_t numel,
                                                         const HostParamStoreOptions& options);
 
   // Host address of element `offset`.
   void* at(int64_t offset) const { return ElementPtr(slab_.data(), dtype_, offset); }
-  int64_t numel() const { return numel_; }
+  int64_t numel() const override { return numel_; }
 
   // Elements [offset, offset + n) from `produce`, chunk by chunk through the scratch.
-  Status Write(int64_t offset, int64_t n, const Producer& produce);
+  Status Write(int64_t offset, int64_t n, const Producer& produce) override;
   // Elements [offset, offset + n) = the masters of `states` at the same offsets, rounded to the
   // model dtype: on the host where states->casts_to_host(), else CastMaster through the scratch.
-  Status WriteFromMasters(OptimizerStates* states, int64_t offset, int64_t n);
+  Status WriteFromMasters(OptimizerStates* states, int64_t offset, int64_t n) override;
   // Elements [offset, offset + n) to device memory `dst`, on the stream.
-  Status CopyToDevice(int64_t offset, int64_t n, void* dst);
+  Status CopyToDevice(int64_t offset, int64_t n, void* dst) override;
 
-  size_t host_bytes() const { return slab_.bytes(); }
-  size_t device_bytes() const { return scratch_.bytes(); }  // the scratch
+  const void* host_address(int64_t offset) const override { return at(offset); }
+  ModuleShardStore* module_store() override { return nullptr; }
+  size_t host_bytes() const override { return slab_.bytes(); }
+  size_t device_bytes() const override { return scratch_.bytes(); }  // the scratch
   bool pinned() const { return slab_.pinned(); }
 
  private:

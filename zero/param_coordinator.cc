@@ -30,6 +30,15 @@ ParamCoordinator::ParamCoordinator(Device* device, Communicator* comm, Stream* c
     modules_[params[i].module].params.push_back(static_cast<int>(i));
     params_[i].spec = std::move(params[i]);
   }
+  // Module store: each module's shards packed in parameter order.
+  module_offset_.assign(params_.size(), 0);
+  for (const Module& mod : modules_) {
+    int64_t at = 0;
+    for (int i : mod.params) {
+      module_offset_[i] = at;
+      at += params_[i].spec.shard;
+    }
+  }
 }
 
 ParamCoordinator::~ParamCoordinator() {
@@ -77,13 +86,33 @@ Status ParamCoordinator::Upload(Flight& f, const std::vector<void*>& dst) {
   Status s = device_->RecordEvent(compute_mark_.get(), compute_);
   if (s.ok()) s = device_->StreamWaitEvent(upload_stream_.get(), compute_mark_.get());
   if (!s.ok()) return Fail(s.WithContext(Describe(f) + ": ordering the upload"));
+  ModuleShardStore* store = options_.module_store;
+  int loaded = -1;  // module store: the module whose shards `base` holds
+  const char* base = nullptr;
   for (size_t j = 0; j < f.params.size(); ++j) {
     const Param& p = params_[f.params[j]];
     const size_t bytes = static_cast<size_t>(p.spec.shard) * esize;
-    s = device_->Copy(dst[j], p.spec.shard_data, bytes, CopyKind::kHostToDevice, upload_stream_.get());
+    const void* src = p.spec.shard_data;
+    if (store != nullptr) {
+      if (p.spec.module != loaded) {
+        if (loaded >= 0) s = store->Uploaded(loaded, upload_stream_.get());
+        if (!s.ok()) return Fail(s.WithContext(Describe(f)));
+        Result<const void*> b = store->Load(p.spec.module);
+        if (!b.ok()) return Fail(b.status().WithContext(Describe(f) + ": loading the shards of module '" +
+                                                        modules_[p.spec.module].name + "'"));
+        base = static_cast<const char*>(*b);
+        loaded = p.spec.module;
+      }
+      src = base + static_cast<size_t>(module_offset_[f.params[j]]) * esize;
+    }
+    s = device_->Copy(dst[j], src, bytes, CopyKind::kHostToDevice, upload_stream_.get());
     if (!s.ok()) return Fail(s.WithContext(Describe(f) + ": uploading the host shard of '" + p.spec.name + "'"));
     ++stats_.uploads;
     stats_.uploaded_bytes += static_cast<int64_t>(bytes);
+  }
+  if (loaded >= 0) {
+    s = store->Uploaded(loaded, upload_stream_.get());
+    if (!s.ok()) return Fail(s.WithContext(Describe(f)));
   }
   if (comm_->world_size() == 1) {
     // No collective to order the compute stream after the copies: an event does.
@@ -376,7 +405,27 @@ Status ParamCoordinator::Prefetch() {
     bucket += need.all;
     count += need.count;
   }
-  return Launch(std::move(f));
+  ZERO_RETURN_IF_ERROR(Launch(std::move(f)));
+  return ReadAhead();
+}
+
+Status ParamCoordinator::ReadAhead() {
+  ModuleShardStore* store = options_.module_store;
+  if (store == nullptr || !host_ || !trace_valid_ || recording_) return OkStatus();
+  int asked = 0;
+  const size_t end = std::min(trace_.size(), cursor_ + kMaxLookahead);
+  for (size_t j = cursor_; j < end && asked < options_.max_store_read_ahead; ++j) {
+    const int m = trace_[j];
+    if (NeededBy(m).all == 0) continue;  // gathered, or in flight (uploaded already)
+    Result<bool> started = store->Prefetch(m);
+    if (!started.ok()) {
+      return Fail(started.status().WithContext("reading ahead the shards of module '" + modules_[m].name + "'"));
+    }
+    if (!*started) break;  // no buffer free: the reads already started cover the budget
+    ++stats_.store_read_aheads;
+    ++asked;
+  }
+  return OkStatus();
 }
 
 Status ParamCoordinator::Acquire(int module) {
@@ -414,7 +463,11 @@ Status ParamCoordinator::Acquire(int module) {
   ZERO_RETURN_IF_ERROR(Launch(std::move(f)));
   ZERO_RETURN_IF_ERROR(WaitModule(module));
   ++mod.ref;
-  if (on_trace) ZERO_RETURN_IF_ERROR(Prefetch());
+  if (on_trace) {
+    ZERO_RETURN_IF_ERROR(Prefetch());
+    // Prefetch returns early when the uploads in flight are at their limit: read ahead anyway.
+    ZERO_RETURN_IF_ERROR(ReadAhead());
+  }
   return OkStatus();
 }
 
@@ -468,6 +521,10 @@ Status ParamCoordinator::QuiesceForUpdate() {
 
 Status ParamCoordinator::AfterUpdate() {
   ZERO_RETURN_IF_ERROR(QuiesceForUpdate());
+  if (options_.module_store != nullptr) {
+    Status s = options_.module_store->AfterWrites();
+    if (!s.ok()) return Fail(s.WithContext("stage-3 parameter offload: writing back the new weights"));
+  }
   for (int m = 0; m < static_cast<int>(modules_.size()); ++m) {
     Module& mod = modules_[m];
     mod.prefetched = false;

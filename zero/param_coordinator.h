@@ -45,6 +45,17 @@
 // count against the same limits as the gathers. At most max_uploads_in_flight flights are in flight
 // (prefetch stops there; a demand first completes the oldest). QuiesceForUpdate() also waits (on
 // the host) for the upload stream, since the caller then rewrites the host shards.
+// Module store (ParamCoordinatorOptions::module_store, with kHost; offload_param.device "nvme"):
+// the host shards are not all in host memory at once. Before a flight uploads the shards of a
+// module it asks the store for them (Load: blocking until they are in a host buffer; the shards of
+// the module's parameters one after another in parameter order, each `shard` elements; shard_data
+// is unused), enqueues that module's copies, then tells the store (Uploaded) on which stream they
+// read the buffer, so the store reuses it only after them. Each time it prefetches along the
+// trace (and after each demand on the trace) it also asks the store to start reading the next
+// modules of the trace that are not gathered or in flight (ModuleShardStore::Prefetch, at most
+// max_store_read_ahead, stopping at the first the store has no buffer for), so the disk reads run
+// ahead of the gathers. The store bounds its own buffers; the coordinator never waits for one
+// except inside Load.
 // A flight completes as a whole (the compute stream waits for its collective, then unpacks) when
 // any of its parameters is needed: a demand of one of its modules, an eviction, QuiesceForUpdate.
 // The staging buffer of a flight counts as live elements (N*S) from launch to completion, so
@@ -104,10 +115,34 @@ struct CoordinatedParam {
 
 enum class ShardSource { kDevice, kHost };
 
+// Host shards brought into host memory module by module (see "Module store" above). Implemented
+// by NvmeParamStore (nvme_param_store.h). Errors are the store's (it names the file and what to
+// do); the coordinator fails with them.
+class ModuleShardStore {
+ public:
+  virtual ~ModuleShardStore() = default;
+  // Host address of module m's shards (in parameter order), read in if needed (blocking). Valid
+  // until the next call of any method of the store; the coordinator enqueues its copies from it
+  // at once and then calls Uploaded(m, stream).
+  virtual Result<const void*> Load(int module) = 0;
+  // The copies from Load(m)'s memory are enqueued on `stream`: the memory is not reused before
+  // the stream has passed this point.
+  virtual Status Uploaded(int module, Stream* stream) = 0;
+  // Starts reading module m's shards into a free host buffer without waiting for the read. true:
+  // m is in host memory or being read now; false: no buffer is free for it (nothing done).
+  virtual Result<bool> Prefetch(int module) = 0;
+  // The shards were rewritten (QuiesceForUpdate .. AfterUpdate): write back what changed.
+  virtual Status AfterWrites() = 0;
+};
+
 struct ParamCoordinatorOptions {
   ShardSource shard_source = ShardSource::kDevice;
   // kHost: flights (each with its upload) in flight at once, >= 1 (offload_param.buffer_count).
   int max_uploads_in_flight = 5;
+  // kHost: when set, the shards come from this store module by module (not owned; outlives the
+  // coordinator), and up to max_store_read_ahead modules are read ahead along the trace.
+  ModuleShardStore* module_store = nullptr;
+  int max_store_read_ahead = 4;
   int64_t prefetch_bucket_numel = 50000000;
   int64_t max_live_numel = 1000000000;
   int64_t max_reuse_distance = 1000000000;
@@ -133,6 +168,8 @@ struct ParamCoordinatorStats {
   int64_t uploads = 0;
   int64_t uploaded_bytes = 0;
   int64_t max_uploads_in_flight_seen = 0;
+  // Module store: Prefetch calls that found the module in host memory or started its read.
+  int64_t store_read_aheads = 0;
 };
 
 class ParamCoordinator {
@@ -233,6 +270,8 @@ class ParamCoordinator {
   Status FreeParam(Param& p);
   Status FreeModule(int module);
   Status Prefetch();
+  // Module store: asks it to read ahead the next modules of the trace (see Module store).
+  Status ReadAhead();
   Status MakeRoom(int64_t needed_live, int demanded);
   // Trace position of m's next use at or after the cursor (-1: none) and the elements of the
   // modules in between.
@@ -250,6 +289,7 @@ class ParamCoordinator {
   std::unique_ptr<Event> compute_mark_;    // recorded on compute_ before each upload
   std::vector<std::unique_ptr<Event>> free_events_;
   std::vector<Param> params_;
+  std::vector<int64_t> module_offset_;  // module store: a parameter's shard offset in its module
   std::vector<Module> modules_;
   BufferPool pool_;          // full buffers
   BufferPool staging_pool_;  // flights' staging buffers

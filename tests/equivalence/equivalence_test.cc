@@ -246,6 +246,28 @@ INSTANTIATE_TEST_SUITE_P(Cells, GpuAccMatrixTest,
                            return GpuAccCell(info.param).Name();
                          });
 
+// offload_param.device "nvme" at stage 3 (the shards in a swap file per rank, real O_DIRECT I/O,
+// two module buffers, no cache: every gather reads its module from the file, read ahead along the
+// trace) with offload_optimizer none, "cpu" or "nvme": values are only moved, so bitwise as the
+// reference.
+using ParamNvmeParam = std::tuple<int, DType, int, bool, int>;  // world, dtype, GAS, clip, optimizer 0/1/2
+CellSpec ParamNvmeCell(const ParamNvmeParam& p) {
+  CellSpec c = MatrixCell({3, std::get<0>(p), std::get<1>(p), std::get<2>(p), std::get<3>(p)});
+  c.offload_param = true;
+  c.nvme_param = true;
+  c.offload_optimizer = std::get<4>(p) > 0;
+  c.nvme = std::get<4>(p) == 2;
+  return c;
+}
+class ParamNvmeMatrixTest : public ::testing::TestWithParam<ParamNvmeParam> {};
+TEST_P(ParamNvmeMatrixTest, EngineEqualsReferenceBitwise) { RunMatrixCell(ParamNvmeCell(GetParam())); }
+INSTANTIATE_TEST_SUITE_P(Cells, ParamNvmeMatrixTest,
+                         ::testing::Combine(::testing::Values(1, 2), ::testing::Values(DType::kF32, DType::kBF16),
+                                            ::testing::Values(1, 2), ::testing::Bool(), ::testing::Values(0, 1, 2)),
+                         [](const ::testing::TestParamInfo<ParamNvmeParam>& info) {
+                           return ParamNvmeCell(info.param).Name();
+                         });
+
 // ---------------------------------------------------------------------------------------------
 // fp16 overflow: skipped on every rank, loss scale hysteresis, halving and growth.
 

@@ -402,7 +402,7 @@ std::string CellSpec::Name() const {
   if (offload_optimizer) {
     s += nvme ? (host_memory_budget > 0 ? "_tiered" : "_nvme") : gpu_update_chunk > 0 ? (overlap_step ? "_gpuoverlap" : "_gpuchunk") : "_offload";
   }
-  if (offload_param) s += "_paramoffload";
+  if (offload_param) s += nvme_param ? "_paramnvme" : "_paramoffload";
   if (gpu_grad_accumulation) s += "_gpuacc";
   return s;
 }
@@ -436,7 +436,11 @@ std::string CellConfigJson(const CellSpec& c) {
                   ", \"chunk_buffers\": 3" + (c.overlap_step ? ", \"overlap_step\": true" : "")
             : "")
     << (c.offload_optimizer && !c.nvme ? "}" : "")
-    << (c.offload_param ? ", \"offload_param\": {\"device\": \"cpu\", \"buffer_count\": 2}" : "")
+    << (c.offload_param && !c.nvme_param ? ", \"offload_param\": {\"device\": \"cpu\", \"buffer_count\": 2}" : "")
+    << (c.offload_param && c.nvme_param
+            ? ", \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"" + NvmeTestDir() +
+                  "\", \"buffer_count\": 2, \"max_in_cpu\": 0}"
+            : "")
     << (c.gpu_grad_accumulation ? ", \"offload_grad_accumulation\": \"gpu\"" : "")
     << (c.offload_optimizer && c.nvme
             ? ", \"sub_group_size\": 300, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + NvmeTestDir() +
@@ -444,7 +448,7 @@ std::string CellConfigJson(const CellSpec& c) {
                   std::to_string(c.host_memory_budget) + "}"
             : "")
     << "}"
-    << (c.offload_optimizer && c.nvme ? ",\n  \"aio\": {\"block_size\": 4096, \"queue_depth\": 4}" : "") << "\n"
+    << ((c.offload_optimizer && c.nvme) || c.nvme_param ? ",\n  \"aio\": {\"block_size\": 4096, \"queue_depth\": 4}" : "") << "\n"
     << "}\n";
   return j.str();
 }

@@ -160,6 +160,9 @@ struct CellSpec {
   // With offload_optimizer "cpu" and offload_param: offload_grad_accumulation "gpu" (the fp32 sum on
   // the device, sent to the host once per step) instead of the default "cpu".
   bool gpu_grad_accumulation = false;
+  // With offload_param: "nvme" instead (a swap file per rank under the nvme cells' folder, real
+  // O_DIRECT I/O, buffer_count 2, max_in_cpu 0: every module read through the buffers).
+  bool nvme_param = false;
   int loss_scale_window = 1000;
   int hysteresis = 2;
   int initial_scale_power = 12;
