@@ -72,6 +72,7 @@ struct Options {
   std::string update_device = "cpu";        // with "cpu": offload_optimizer.update_device (gpu: chunked)
   int64_t chunk_size = int64_t{1} << 24;    // with update_device gpu
   int64_t chunk_buffers = 3;
+  bool overlap_step = false;                // with update_device gpu: offload_optimizer.overlap_step
   bool pin_memory = true;
   bool dry_run = false;
 };
@@ -82,7 +83,8 @@ const char kUsage[] =
     "                 [--lr X] [--weight-decay X] [--label NAME] [--device cuda:N] [--dry-run]\n"
     "                 [--offload-optimizer none|cpu|nvme] [--nvme-path DIR] [--sub-group-size N] [--pin-memory 0|1]\n"
     "                 [--host-memory-budget BYTES] [--buffer-count N] [--aio-block-size N] [--aio-queue-depth N]\n"
-    "                 [--update-device cpu|gpu] [--chunk-size N] [--chunk-buffers N] [--offload-param none|cpu]\n";
+    "                 [--update-device cpu|gpu] [--chunk-size N] [--chunk-buffers N] [--offload-param none|cpu]\n"
+    "                 [--overlap-step 0|1]\n";
 
 Status ParseInt(const std::string& flag, const char* v, int64_t lo, int64_t* out) {
   char* end = nullptr;
@@ -169,6 +171,10 @@ Result<Options> ParseFlags(int argc, char** argv) {
       if (o.update_device != "cpu" && o.update_device != "gpu") {
         return InvalidArgumentError("--update-device: expected cpu or gpu, got '" + o.update_device + "'");
       }
+    } else if (f == "--overlap-step") {
+      int64_t b = 0;
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 0, &b));
+      o.overlap_step = b != 0;
     } else if (f == "--chunk-size") {
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &o.chunk_size));
     } else if (f == "--chunk-buffers") {
@@ -206,7 +212,8 @@ std::string ConfigJson(const Options& o) {
   const std::string chunk_keys =
       o.offload_optimizer == "cpu" && o.update_device == "gpu"
           ? ", \"update_device\": \"gpu\", \"chunk_size\": " + std::to_string(o.chunk_size) +
-                ", \"chunk_buffers\": " + std::to_string(o.chunk_buffers)
+                ", \"chunk_buffers\": " + std::to_string(o.chunk_buffers) +
+                (o.overlap_step ? ", \"overlap_step\": true" : "")
           : std::string();
   const std::string offload =
       o.offload_optimizer == "none"

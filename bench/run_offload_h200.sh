@@ -6,10 +6,13 @@
 # There:  bash bench/run_offload_h200.sh run OUTDIR [PHASE...]   (device tool: carry [".carry/offload"])
 #   PHASE equiv:    gpu_equivalence, every cell (world 1)
 #   PHASE offload:  the 1.07B job at 8192 tokens: stage 3 without offload, CPU AdamW offload, the
-#                   chunked GPU AdamW offload, CPU AdamW + parameter offload; stage 2 likewise
+#                   chunked GPU AdamW offload (synchronous and overlapped with the next forward), CPU
+#                   AdamW + parameter offload; stage 2 likewise; then PyTorch FSDP2 with
+#                   CPUOffloadPolicy on the same job (bench/fsdp2_reference.py)
+#   PHASE nvmebench: nvme_states_bench (the NVMe states' two access patterns vs a raw pass)
 #   PHASE nvme:     aio_bench (raw vs engine, the disk floor), then the 1.07B job with NVMe states
-#   PHASE headline: a 10.2B-parameter model (19 blocks of 8192x32768) with tiered states: 64 GiB of
-#                   them in pinned host memory, the rest (about 54 GB) on NVMe, 3 steps
+#   PHASE headline: a 10.2B-parameter model (19 blocks of 8192x32768) with tiered states: 72 GiB of
+#                   them in pinned host memory, the rest (about 45 GB) on NVMe, 2 steps
 # Each run is bounded by `timeout`; output in OUTDIR/offload_h200.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,9 +21,10 @@ CARRY=.carry/offload
 case "${1:-}" in
   pack)
     set -e
-    bazel build //bench:mlp_bench //bench:aio_bench //tests/equivalence:gpu_equivalence
+    bazel build //bench:mlp_bench //bench:aio_bench //bench:nvme_states_bench //tests/equivalence:gpu_equivalence
     rm -rf "$CARRY" && mkdir -p "$CARRY/bin" "$CARRY/lib"
-    cp -L bazel-bin/bench/mlp_bench bazel-bin/bench/aio_bench bazel-bin/tests/equivalence/gpu_equivalence "$CARRY/bin/"
+    cp -L bazel-bin/bench/mlp_bench bazel-bin/bench/aio_bench bazel-bin/bench/nvme_states_bench \
+        bazel-bin/tests/equivalence/gpu_equivalence "$CARRY/bin/"
     for lib in /usr/lib/libgloo.so.0 $(ldd /usr/lib/libgloo.so.0 | awk '/=> \//{print $3}' | grep -E 'hiredis|ibverbs|libnl') \
                /usr/lib/x86_64-linux-gnu/libaio.so.1 /usr/lib/x86_64-linux-gnu/libnuma.so.1; do
       cp -L "$lib" "$CARRY/lib/"
@@ -36,6 +40,7 @@ case "${1:-}" in
     export LD_LIBRARY_PATH=$PWD/$CARRY/lib:/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
     export NCCL_NVLS_ENABLE=0
     B=$CARRY/bin
+    SO="stdbuf -oL"  # line-buffered through the pipe, so a run cut by its timeout still shows its steps
     NV=${NVME_DIR:-/root/zero_nvme}
     run() {  # SECONDS CMD...
       local limit=$1; shift
@@ -56,22 +61,28 @@ case "${1:-}" in
             run 90 $B/mlp_bench --stage 3 --label s3_none
             run 90 $B/mlp_bench --stage 3 --offload-optimizer cpu --label s3_cpuadam
             run 90 $B/mlp_bench --stage 3 --offload-optimizer cpu --update-device gpu --label s3_gpuchunk
+            run 90 $B/mlp_bench --stage 3 --offload-optimizer cpu --update-device gpu --overlap-step 1 --label s3_gpuoverlap
             run 90 $B/mlp_bench --stage 3 --offload-optimizer cpu --offload-param cpu --label s3_cpuadam_param
             run 90 $B/mlp_bench --stage 2 --offload-optimizer cpu --label s2_cpuadam
             run 90 $B/mlp_bench --stage 2 --offload-optimizer cpu --update-device gpu --label s2_gpuchunk
+            run 150 python3 bench/fsdp2_reference.py --config fsdp2_offload
+            ;;
+          nvmebench)
+            mkdir -p "$NV"
+            run 150 $B/nvme_states_bench --dir "$NV" --numel 536870912 --group 67108864 --param 67108864 --passes 1
             ;;
           nvme)
             mkdir -p "$NV"
             run 120 $B/aio_bench --dir="$NV" --size_mb=4096 --block_sizes=1048576 --queue_depths=8 --reps=1
-            run 200 $B/mlp_bench --stage 3 --offload-optimizer nvme --nvme-path "$NV" --sub-group-size 67108864 \
+            run 200 $SO $B/mlp_bench --stage 3 --offload-optimizer nvme --nvme-path "$NV" --sub-group-size 67108864 \
                 --steps 3 --label s3_nvme
             rm -rf "$NV/zero_swap"
             ;;
           headline)
             mkdir -p "$NV"
-            run 120 $B/aio_bench --dir="$NV" --size_mb=8192 --block_sizes=1048576 --queue_depths=8 --reps=1
-            run 420 $B/mlp_bench --stage 3 --dim 8192 --ffn 32768 --blocks 19 --offload-optimizer nvme \
-                --nvme-path "$NV" --host-memory-budget $((64 << 30)) --sub-group-size 134217728 --steps 3 \
+            run 60 $B/aio_bench --dir="$NV" --size_mb=4096 --block_sizes=1048576 --queue_depths=8 --reps=1
+            run ${HEADLINE_S:-480} $SO $B/mlp_bench --stage 3 --dim 8192 --ffn 32768 --blocks 19 --offload-optimizer nvme \
+                --nvme-path "$NV" --host-memory-budget $((72 << 30)) --sub-group-size 134217728 --steps 2 \
                 --label headline_tiered
             rm -rf "$NV/zero_swap"
             free -g | head -2

@@ -88,10 +88,11 @@ class NvmeOptimizerStates final : public OptimizerStates {
     ZERO_ASSIGN_OR_RETURN(HostSpan mc, slab_.Take(copy, "host model copy"));
     model_copy_ = mc.data;
     std::memset(model_copy_, 0, static_cast<size_t>(numel_) * SizeOf(mdt_));
-    // Every region starts as zeros on disk (a region is readable once written).
-    Buffer& b0 = bufs_[0];
-    std::memset(b0.data, 0, region);
-    for (int64_t gi = 0; gi < groups_; ++gi) ZERO_RETURN_IF_ERROR(swap_->Write(static_cast<size_t>(gi), b0.data));
+    // Every group starts as zeros without a write: a group never written is "fresh" and is loaded
+    // by zero-filling a buffer instead of reading (a region is readable only once written). So
+    // creation costs no pass over the file, and Initialize's first write of the masters is the
+    // only one.
+    fresh_.assign(static_cast<size_t>(groups_), 1);
     return OkStatus();
   }
 
@@ -220,7 +221,11 @@ class NvmeOptimizerStates final : public OptimizerStates {
       }
     }
     ZERO_ASSIGN_OR_RETURN(Buffer * b, Victim(g));
-    ZERO_RETURN_IF_ERROR(SwapError(swap_->Read(static_cast<size_t>(g), b->data)));
+    if (fresh_[g]) {
+      std::memset(b->data, 0, static_cast<size_t>(GroupLen(g)) * 12);
+    } else {
+      ZERO_RETURN_IF_ERROR(SwapError(swap_->Read(static_cast<size_t>(g), b->data)));
+    }
     b->group = g;
     return b;
   }
@@ -268,6 +273,7 @@ class NvmeOptimizerStates final : public OptimizerStates {
     if (b.dirty && b.group >= 0) {
       ZERO_RETURN_IF_ERROR(SwapError(swap_->Write(static_cast<size_t>(b.group), b.data)));
       b.dirty = false;
+      fresh_[b.group] = 0;
     }
     return OkStatus();
   }
@@ -332,13 +338,14 @@ class NvmeOptimizerStates final : public OptimizerStates {
       b.io = *io;
       b.writing = true;
       b.dirty = false;
+      fresh_[g] = 0;
     }
     return OkStatus();
   }
 
   // Starts reading group `g` (if it exists and is not resident) into a buffer other than `keep`'s.
   Status ReadAhead(int64_t g, int64_t keep) {
-    if (g < 0 || g >= groups_ || bufs_.size() < 2) return OkStatus();
+    if (g < 0 || g >= groups_ || bufs_.size() < 2 || fresh_[g]) return OkStatus();
     for (Buffer& o : bufs_) {
       if (o.group == g) return OkStatus();
     }
@@ -409,6 +416,7 @@ class NvmeOptimizerStates final : public OptimizerStates {
   std::vector<Buffer> bufs_;
   size_t next_victim_ = 0;
   int64_t last_group_ = -1;  // the group the last access was in (ForGroups)
+  std::vector<uint8_t> fresh_;  // by group: never written, so all zeros (loaded without a read)
   int direction_ = 1;        // +1 / -1: the way the accesses last moved
   Status failed_;  // the first swap file error (SwapError); every later call is refused
   float* grad_ = nullptr;

@@ -113,6 +113,16 @@ std::vector<Cell> AllCells(int world) {
             c.spec.offload_optimizer = true;
             c.name = "paramoffload/" + c.spec.Name();
             cells.push_back(c);
+            // offload_grad_accumulation "gpu": the fp32 sum on the device, to the host once a step.
+            c.spec.gpu_grad_accumulation = true;
+            c.name = "gpuacc/" + c.spec.Name();
+            cells.push_back(c);
+            c.spec.gpu_grad_accumulation = false;
+            // offload_param.device "nvme": every gather reads its module from the swap file.
+            c.spec.nvme_param = true;
+            c.name = "paramnvme/" + c.spec.Name();
+            cells.push_back(c);
+            c.spec.nvme_param = false;
             c.spec.offload_param = false;
             c.spec.offload_optimizer = false;
           }
