@@ -58,6 +58,7 @@ int Main(int argc, char** argv) {
   std::string dir;
   int64_t numel = int64_t{1} << 28, group = int64_t{1} << 25, param = int64_t{1} << 24;
   int buffers = 4, passes = 2;
+  int64_t dim = 0, ffn = 0;  // > 0: parameters laid out as mlp_bench's blocks (W1, b1, W2, b2 each)
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i];
     const char* v = argv[i + 1];
@@ -67,9 +68,31 @@ int Main(int argc, char** argv) {
     else if (f == "--param") param = std::atoll(v);
     else if (f == "--buffers") buffers = std::atoi(v);
     else if (f == "--passes") passes = std::atoi(v);
+    else if (f == "--dim") dim = std::atoll(v);
+    else if (f == "--ffn") ffn = std::atoll(v);
     else { std::fprintf(stderr, "unknown flag %s\n", f.c_str()); return 2; }
   }
   if (dir.empty()) { std::fprintf(stderr, "usage: nvme_states_bench --dir DIR [...]\n"); return 2; }
+  // The parameters' [begin, end) in the partition: equal slices of `param`, or mlp_bench's blocks
+  // (each parameter aligned to 64 elements, as the engine's layout) filling `numel`.
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  if (dim > 0 && ffn > 0) {
+    int64_t at = 0;
+    const int64_t sizes[4] = {ffn * dim, ffn, dim * ffn, dim};
+    while (true) {
+      bool full = false;
+      for (int64_t n : sizes) {
+        if (at + n > numel) { full = true; break; }
+        ranges.push_back({at, at + n});
+        at = (at + n + 63) / 64 * 64;
+      }
+      if (full) break;
+    }
+    numel = ranges.back().second;
+    param = ffn * dim;
+  } else {
+    for (int64_t b = 0; b < numel; b += param) ranges.push_back({b, std::min(numel, b + param)});
+  }
   const double state_bytes = 12.0 * static_cast<double>(numel);
   double raw_w = 0, raw_r = 0;
   RawPass(dir + "/raw_pass.bin", static_cast<size_t>(std::min(state_bytes, 4e9)), &raw_w, &raw_r);
@@ -95,8 +118,8 @@ int Main(int argc, char** argv) {
   h.bias_correction2 = 0.001f;
   for (int p = 0; p < passes; ++p) {
     t = Clock::now();
-    for (int64_t end = numel; end > 0; end -= param) {
-      const int64_t begin = std::max<int64_t>(0, end - param);
+    for (auto it = ranges.rbegin(); it != ranges.rend(); ++it) {
+      const int64_t begin = it->first, end = it->second;
       Status s = states->UpdateFromGradient(begin, end - begin, grad.data(), DType::kBF16, h, device->default_stream());
       if (!s.ok()) { std::fprintf(stderr, "%s\n", s.ToString().c_str()); return 1; }
     }
@@ -108,8 +131,8 @@ int Main(int argc, char** argv) {
   }
   for (int p = 0; p < passes; ++p) {
     t = Clock::now();
-    for (int64_t at = 0; at < numel; at += param) {
-      const int64_t n = std::min(param, numel - at);
+    for (const auto& [at, end] : ranges) {
+      const int64_t n = end - at;
       Status s = states->Update(at, n, gradf.data(), h, nullptr, DType::kBF16, device->default_stream());
       if (!s.ok()) { std::fprintf(stderr, "%s\n", s.ToString().c_str()); return 1; }
     }

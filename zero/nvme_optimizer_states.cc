@@ -114,11 +114,16 @@ class NvmeOptimizerStates final : public OptimizerStates {
   Status UpdateFromGradient(int64_t offset, int64_t n, const void* grad, DType grad_t, const AdamWParams& h,
                             Stream* stream) override {
     ZERO_RETURN_IF_ERROR(Check(offset, n, "UpdateFromGradient"));
-    // Last chunk first: the update in backward visits the parameters last registered first, so
-    // walking each one downward too keeps the accesses moving one way and the read-ahead right
-    // (ForGroups). AdamW is elementwise: the order changes no bit.
-    for (int64_t at = n == 0 ? 0 : (n - 1) / chunk_ * chunk_; at >= 0 && at < n; at -= chunk_) {
-      const int64_t len = std::min(chunk_, n - at);
+    // Last piece first, and no piece across a group boundary: the update in backward visits the
+    // parameters last registered first, so walking each one strictly downward keeps the accesses
+    // moving one way and the read-ahead right (ForGroups; a piece that straddled two groups would
+    // walk up inside itself, writing a group back early and reading the wrong neighbour ahead).
+    // AdamW is elementwise: the order changes no bit.
+    for (int64_t end = n; end > 0;) {
+      const int64_t group_start = (offset + end - 1) / group_ * group_ - offset;
+      const int64_t at = std::max<int64_t>({end - chunk_, group_start, 0});
+      const int64_t len = end - at;
+      end = at;
       if (grad != nullptr) {
         ZERO_RETURN_IF_ERROR(device_->Copy(raw_, ElementPtr(grad, grad_t, at), static_cast<size_t>(len) * SizeOf(grad_t),
                                            CopyKind::kDeviceToHost, stream));
