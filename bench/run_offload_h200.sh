@@ -80,10 +80,12 @@ case "${1:-}" in
             ;;
           headline)
             mkdir -p "$NV"
-            run 60 $B/aio_bench --dir="$NV" --size_mb=4096 --block_sizes=1048576 --queue_depths=8 --reps=1
+            run 60 $B/aio_bench --dir="$NV" --size_mb=${AIO_MB:-4096} --block_sizes=1048576 --queue_depths=8 --reps=1
+            # lr 1e-4 (the 1.07B job's) overshoots on this deeper, wider model (the loss grows at step 2, as the
+            # 1.07B job's does at any offload setting); HEADLINE_LR=1e-6 shows it falling.
             run ${HEADLINE_S:-480} $SO $B/mlp_bench --stage 3 --dim 8192 --ffn 32768 --blocks 19 --offload-optimizer nvme \
                 --nvme-path "$NV" --host-memory-budget $((72 << 30)) --sub-group-size 134217728 --steps 2 \
-                --label headline_tiered
+                --lr ${HEADLINE_LR:-1e-4} --label headline_tiered
             rm -rf "$NV/zero_swap"
             free -g | head -2
             ;;
