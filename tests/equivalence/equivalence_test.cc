@@ -728,7 +728,9 @@ TEST(Stage3ReportTimingTest, AReportAfterTheModuleWasReducedFailsEveryRank) {
   Schedule schedule;
   schedule.odd_ranks_report_forward = true;
   Window w;
-  w.micros.push_back(MicroSpec{Heads{true, true}});
+  MicroSpec both;
+  both.heads = Heads{true, true};
+  w.micros.push_back(both);
   schedule.windows.push_back(w);
   std::vector<RankTrace> traces;
   Status st = RunEngine(config, cell.world, schedule, &traces);
