@@ -69,7 +69,7 @@ check_soname() {
   [ "$(readlink "$PREFIX/lib/libzero.so")" = "$want" ] || { echo "libzero.so does not link to $want"; return 1; }
 }
 
-ZERO_SYMBOL='^(zero::|(vtable|typeinfo|typeinfo name|VTT|guard variable) for zero::)'
+ZERO_SYMBOL='^(zero::|(vtable|typeinfo|typeinfo name|VTT|guard variable) for zero::|(non-virtual|virtual) thunk to zero::)'
 check_symbols() {
   local so="$PREFIX/lib/libzero.so.$(version_field ZERO_VERSION)"
   # Exported: zero's, the version node, and weak std:: members libstdc++ exports itself.

@@ -214,8 +214,9 @@ class HostOptimizerStates final : public OptimizerStates {
     ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream_));
     if (n == 0) return OkStatus();
     if (model_t == mdt_) {
-      // The model copy is round(master) already.
-      std::memcpy(host_out, ElementPtr(model_copy_, mdt_, offset), static_cast<size_t>(n) * SizeOf(mdt_));
+      // The model copy is round(master) already; copied on every core (a 1B-parameter model's bf16
+      // copy is 2 GiB: 0.2 s for one thread on the H200 machine).
+      CopyElements(pool_.get(), ElementPtr(model_copy_, mdt_, offset), mdt_, host_out, n);
     } else {
       RoundInto(state_[0] + offset, host_out, model_t, n);
     }

@@ -32,6 +32,13 @@ void RoundToDType(ThreadPool* pool, const float* src, void* dst, DType t, int64_
   });
 }
 
+void CopyElements(ThreadPool* pool, const void* src, DType t, void* dst, int64_t n) {
+  const size_t w = SizeOf(t);
+  Tiles(pool, n, [&](int64_t b, int64_t e) {
+    std::memcpy(static_cast<char*>(dst) + b * w, static_cast<const char*>(src) + b * w, static_cast<size_t>(e - b) * w);
+  });
+}
+
 void WidenToF32(ThreadPool* pool, const void* src, DType t, float* dst, int64_t n) {
   CpuDevice* const cpu = ReferenceKernels();
   Tiles(pool, n, [&](int64_t b, int64_t e) {

@@ -17,6 +17,8 @@ void WidenToF32(ThreadPool* pool, const void* src, DType t, float* dst, int64_t 
 // dst[i] = 0.0f + src[i] (first) or dst[i] + src[i], src widened from `t`: exactly
 // CpuDevice::AccumulateFirst / Accumulate with scale 1 (the host gradient partition's adds).
 void AccumulateIntoF32(ThreadPool* pool, const void* src, DType t, float* dst, int64_t n, bool first);
+// memcpy of n elements of `t` (byte for byte), split over the pool.
+void CopyElements(ThreadPool* pool, const void* src, DType t, void* dst, int64_t n);
 // The sum of squares of n fp32 values in double, in CpuDevice::SumOfSquares' order (single-threaded:
 // the order is fixed), so a host-side norm is bitwise the CPU backend's device norm.
 double SumOfSquaresF32(const float* x, int64_t n);
