@@ -342,6 +342,18 @@ struct Engine::Impl {
   Status FlushStep(const char* call);
 };
 
+// The aio engine's options from the config's "aio" block (both NVMe swap files use them).
+static AioOptions AioOptionsOf(const AioConfig& a) {
+  AioOptions o;
+  o.block_size = a.block_size;
+  o.queue_depth = a.queue_depth;
+  o.intra_op_parallelism = a.intra_op_parallelism;
+  o.single_submit = a.single_submit;
+  o.overlap_events = a.overlap_events;
+  o.allow_buffered_fallback = a.allow_buffered_fallback;
+  return o;
+}
+
 // --- ModuleHandle ---------------------------------------------------------------------------------
 
 ModuleHandle::~ModuleHandle() {
@@ -616,13 +628,7 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     no.buffer_count = static_cast<int>(std::min<int64_t>(po.buffer_count, 1 << 20));
     no.buffer_numel = po.buffer_size;
     no.cache_numel = po.max_in_cpu;
-    const AioConfig& a = config.aio;
-    no.aio.block_size = a.block_size;
-    no.aio.queue_depth = a.queue_depth;
-    no.aio.intra_op_parallelism = a.intra_op_parallelism;
-    no.aio.single_submit = a.single_submit;
-    no.aio.overlap_events = a.overlap_events;
-    no.aio.allow_buffered_fallback = a.allow_buffered_fallback;
+    no.aio = AioOptionsOf(config.aio);
     no.aio_engine_factory = env.aio_engine_factory;
     no.slab.pin_memory = po.pin_memory;
     no.slab.fallback_to_pageable = po.pin_memory_fallback;
@@ -665,13 +671,7 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
       no.dir = oo.nvme_path + "/zero_swap/rank" + std::to_string(rank);
       no.group_numel = config.zero.sub_group_size;
       no.buffer_count = static_cast<int>(oo.buffer_count);
-      const AioConfig& a = config.aio;
-      no.aio.block_size = a.block_size;
-      no.aio.queue_depth = a.queue_depth;
-      no.aio.intra_op_parallelism = a.intra_op_parallelism;
-      no.aio.single_submit = a.single_submit;
-      no.aio.overlap_events = a.overlap_events;
-      no.aio.allow_buffered_fallback = a.allow_buffered_fallback;
+      no.aio = AioOptionsOf(config.aio);
       no.aio_engine_factory = env.aio_engine_factory;
       no.slab.pin_memory = oo.pin_memory;
       no.slab.fallback_to_pageable = oo.pin_memory_fallback;
