@@ -206,7 +206,22 @@ std::vector<Key> BuildKeys() {
                   .AtLeast(1)
                   .Doc("Log progress every this many optimizer steps."));
   t.push_back(BoolKey("wall_clock_breakdown", FIELD(wall_clock_breakdown), false)
-                  .Doc("Time forward, backward and step and log the breakdown."));
+                  .Doc("The engine times forward, backward, step, communication and offload (synchronizing the "
+                       "device at each phase boundary) and rank 0 prints their means per step every "
+                       "steps_per_print steps (docs/timeline.md)."));
+  t.push_back(BoolKey("zero_trace.enabled", FIELD(zero_trace.enabled), false)
+                  .Doc("Write a Chrome trace (chrome://tracing, Perfetto) of optimizer steps first_step..last_step: "
+                       "one track per stream (compute, communication, host->device, device->host, CPU optimizer, "
+                       "I/O; docs/timeline.md)."));
+  t.push_back(StringKey("zero_trace.path", FIELD(zero_trace.path), "zero_trace.json")
+                  .Doc("The trace file of rank 0 (rank r writes <path>.rank<r>), written atomically after "
+                       "last_step; its directory must exist."));
+  t.push_back(IntKey("zero_trace.first_step", FIELD(zero_trace.first_step), 2)
+                  .AtLeast(1)
+                  .Doc("The first traced optimizer step of the run (from 1; the first step warms up)."));
+  t.push_back(IntKey("zero_trace.last_step", FIELD(zero_trace.last_step), 4)
+                  .AtLeast(1)
+                  .Doc("The last traced optimizer step (>= first_step)."));
   t.push_back(StringKey("gradient_allreduce_op", FIELD(gradient_allreduce_op), "mean")
                   .Choices({"mean", "sum"})
                   .Doc("How gradients are combined across data-parallel ranks."));
@@ -576,8 +591,13 @@ const Ignored kIgnored[] = {
 const std::vector<ConfigDifference>& Differences() {
   static const std::vector<ConfigDifference>* d = new std::vector<ConfigDifference>{
       {"steps_per_print", "`null` (no periodic progress line)", "`10`",
-       "The engine prints nothing itself; the key only sets how often examples/zero_train prints progress, "
-       "and an integer keeps it simple. `null` is refused."},
+       "The engine prints only the wall_clock_breakdown line itself, every steps_per_print steps; the key also "
+       "sets how often examples/zero_train prints progress, and an integer keeps it simple. `null` is refused."},
+      {"zero_trace.enabled", "no such key (DeepSpeed's timeline is the PyTorch profiler's)", "`false`",
+       "zero's own key: the engine writes a Chrome trace of the chosen steps (docs/timeline.md)."},
+      {"zero_trace.path", "no such key", "`\"zero_trace.json\"`", "zero's own key: where zero_trace writes."},
+      {"zero_trace.first_step", "no such key", "`2`", "zero's own key: the first traced step (the first warms up)."},
+      {"zero_trace.last_step", "no such key", "`4`", "zero's own key: the last traced step."},
       {"optimizer.type", "none: without an optimizer block the client passes its own optimizer",
        "`\"AdamW\"`",
        "zero runs only its own Adam/AdamW, so a config without an optimizer block gets AdamW with FusedAdam's "
@@ -1162,6 +1182,24 @@ struct Rule {
 
 const std::vector<Rule>& Rules() {
   static const std::vector<Rule>* rules = new std::vector<Rule>{
+      {"`zero_trace.path` is not empty when `zero_trace.enabled` is true.",
+       {"zero_trace.enabled", "zero_trace.path"},
+       [](const Config& c, const std::string& s) {
+         if (c.zero_trace.enabled && c.zero_trace.path.empty()) {
+           return KeyError(s, "zero_trace.path", "a file path when zero_trace.enabled is true", "\"\"");
+         }
+         return OkStatus();
+       }},
+      {"`zero_trace.last_step` is at least `zero_trace.first_step`.",
+       {"zero_trace.first_step", "zero_trace.last_step"},
+       [](const Config& c, const std::string& s) {
+         if (c.zero_trace.last_step < c.zero_trace.first_step) {
+           return KeyError(s, "zero_trace.last_step",
+                           "a step >= zero_trace.first_step (" + std::to_string(c.zero_trace.first_step) + ")",
+                           std::to_string(c.zero_trace.last_step));
+         }
+         return OkStatus();
+       }},
       {"`fp16.enabled` and `bf16.enabled` are not both true.",
        {"fp16.enabled", "bf16.enabled"},
        [](const Config& c, const std::string& s) {

@@ -135,6 +135,16 @@ struct SchedulerConfig {
   friend bool operator==(const SchedulerConfig&, const SchedulerConfig&) = default;
 };
 
+// zero_trace (docs/timeline.md): a Chrome trace of optimizer steps [first_step, last_step] of the run.
+struct TraceConfig {
+  bool enabled = false;
+  std::string path = "zero_trace.json";  // rank r > 0 writes "<path>.rank<r>"
+  int64_t first_step = 2;
+  int64_t last_step = 4;
+
+  friend bool operator==(const TraceConfig&, const TraceConfig&) = default;
+};
+
 struct Config {
   // Batch arithmetic (resolved: all three set and consistent with world_size after Parse).
   int64_t train_batch_size = 0;
@@ -144,6 +154,7 @@ struct Config {
   double gradient_clipping = 1.0;  // 0 = off
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;
+  TraceConfig zero_trace;
   std::string gradient_allreduce_op = "mean";  // "mean" | "sum"
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;

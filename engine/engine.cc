@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -14,6 +16,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/checkpoint_format.h"
+#include "engine/engine_timeline.h"
 #include "engine/lr_scheduler.h"
 #include "zero/allgather_bucket.h"
 #include "zero/buffer_pool.h"
@@ -188,6 +191,8 @@ struct Engine::Impl {
   int64_t backwards_since_step = 0;  // Backward() calls since the last boundary or ZeroGrad()
 
   EngineCounters counters;
+  // wall_clock_breakdown and zero_trace (engine/engine_timeline.h): off unless configured.
+  EngineTimeline timeline;
   bool step_applied = false;
   double grad_norm = -1.0;
   Status broken;
@@ -299,6 +304,19 @@ struct Engine::Impl {
   AdamWParams StepParams(double loss_scale, double clip_coef) const;
   Status UpdateFromGradient(int index, const void* src);
   Status ReadNorm(double* total);
+  Status ReadNormImpl(double* total);
+  // fn, timed as offload (wall_clock_breakdown) on `track` (zero_trace) when states or gradients
+  // live off the device; otherwise just fn.
+  Status TimedOffload(TrackId track, const char* name, const std::function<Status()>& fn) {
+    const bool off = config.zero.offload_optimizer.device != OffloadDevice::kNone ||
+                     config.zero.offload_param.device != OffloadDevice::kNone;
+    return off ? timeline.Timed(EngineTimeline::Kind::kOffload, track, name, fn) : fn();
+  }
+  // The trace track of the optimizer update over the states: CPU AdamW, NVMe, or the GPU update.
+  TrackId UpdateTrack() const {
+    if (config.zero.offload_optimizer.device == OffloadDevice::kNvme) return kTrackIo;
+    return states != nullptr && states->updates_from_host() ? kTrackCpuOptimizer : kTrackHostToDevice;
+  }
   Status GatherFp32(int index, OptState which, float* out);
   Status PublishWeights(const std::vector<uint8_t>& update, bool cast);
   Status CheckOutsideWindow(const char* call) const;
@@ -503,6 +521,18 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* dev
   auto scaler = CreateLossScaler(config);
   if (!scaler.ok()) return scaler.status();
   impl->scaler = std::move(scaler).value();
+  if (config.wall_clock_breakdown || config.zero_trace.enabled) {
+    const std::filesystem::path dir = std::filesystem::path(config.zero_trace.path).parent_path();
+    std::error_code ec;
+    if (config.zero_trace.enabled && !dir.empty() && !std::filesystem::is_directory(dir, ec)) {
+      return InvalidArgumentError("zero_trace.path: the directory '" + dir.string() + "' of '" +
+                                  config.zero_trace.path + "' does not exist (expected an existing directory)");
+    }
+    EngineTimelineOptions to{config.wall_clock_breakdown, config.steps_per_print, impl->rank, env.log_sink,
+                             config.zero_trace.enabled, config.zero_trace.path, config.zero_trace.first_step,
+                             config.zero_trace.last_step};
+    ZERO_RETURN_IF_ERROR(impl->timeline.Configure(to, device, impl->compute));
+  }
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -935,6 +965,7 @@ Result<ModuleHandle> Engine::GatherModule(const std::string& module) {
     if (m.module_names.size() > 8) known += ", ...";
     return NotFoundError("GatherModule: unknown module '" + module + "' (registered: " + known + ")");
   }
+  ZERO_RETURN_IF_ERROR(m.timeline.OnGather());
   if (m.step_in_flight) {
     ZERO_RETURN_IF_ERROR(m.Guard(m.ReachModule(it->second).WithContext("GatherModule('" + module + "')")));
   }
@@ -946,7 +977,8 @@ Result<ModuleHandle> Engine::GatherModule(const std::string& module) {
       Status s = done.ok() ? m.ReduceModules(*done) : done.status();
       ZERO_RETURN_IF_ERROR(m.Guard(s.WithContext("GatherModule('" + module + "'): reducing gradients")));
     }
-    ZERO_RETURN_IF_ERROR(m.Guard(m.coordinator->Acquire(it->second)
+    ZERO_RETURN_IF_ERROR(m.Guard(m.timeline.Timed(EngineTimeline::Kind::kCommunication, kTrackCommunication,
+                                                  "gather module", [&] { return m.coordinator->Acquire(it->second); })
                                      .WithContext("GatherModule('" + module + "')")));
   }
   return ModuleHandle(this, it->second);
@@ -983,6 +1015,7 @@ Result<void*> Engine::grad_buffer(int index) {
   ZERO_RETURN_IF_ERROR(m.CheckUsable("grad_buffer"));
   ZERO_RETURN_IF_ERROR(m.CheckIndex("grad_buffer", index));
   ZERO_RETURN_IF_ERROR(m.FlushStep("grad_buffer"));
+  ZERO_RETURN_IF_ERROR(m.timeline.OnGradient());
   const ParamInfo& p = m.params[index];
   if (m.reported[index]) {
     return InvalidArgumentError("grad_buffer(" + std::to_string(index) + "): the gradient of parameter " +
@@ -1016,6 +1049,7 @@ Status Engine::GradReady(int index) {
   ZERO_RETURN_IF_ERROR(m.CheckUsable("GradReady"));
   ZERO_RETURN_IF_ERROR(m.CheckIndex("GradReady", index));
   ZERO_RETURN_IF_ERROR(m.FlushStep("GradReady"));
+  ZERO_RETURN_IF_ERROR(m.timeline.OnGradient());
   const ParamInfo& p = m.params[index];
   if (m.reported[index]) {
     return InvalidArgumentError("GradReady(" + std::to_string(index) + "): the gradient of parameter " +
@@ -1237,7 +1271,8 @@ Status Engine::Backward() {
     return FailedPreconditionError(
         "Backward() after the gradient accumulation boundary: call Step() before the next backward");
   }
-  return m.Guard(m.BackwardImpl().WithContext("Backward"));
+  ZERO_RETURN_IF_ERROR(m.Guard(m.BackwardImpl().WithContext("Backward")));
+  return m.timeline.OnBackwardEnd();
 }
 
 Status Engine::Impl::BackwardImpl() {
@@ -1268,11 +1303,12 @@ Status Engine::Impl::BackwardImpl() {
       }
       ZERO_RETURN_IF_ERROR(ReduceModules(*rest));
     }
-    ZERO_RETURN_IF_ERROR(reducer->Drain());
+    ZERO_RETURN_IF_ERROR(timeline.Timed(EngineTimeline::Kind::kCommunication, kTrackCommunication,
+                                        "reduce gradients", [&] { return reducer->Drain(); }));
   }
   // Every contribution of the window is in: pieces whose last one came in an earlier micro step
   // are completed now (offload_grad_accumulation "gpu": sent to the host).
-  if (boundary && grad != nullptr) ZERO_RETURN_IF_ERROR(grad->Finish());
+  if (boundary && grad != nullptr) ZERO_RETURN_IF_ERROR(TimedOffload(kTrackDeviceToHost, "gradients to the partition", [&] { return grad->Finish(); }));
   if (coordinator != nullptr) ZERO_RETURN_IF_ERROR(coordinator->EndMicroStep());
   std::fill(reported.begin(), reported.end(), 0);
   reported_count = 0;
@@ -1311,8 +1347,10 @@ Status Engine::Step() {
         "(SetNoSync(false)) before the boundary step");
   }
   m.pending_step = false;
-  return m.Guard(m.BoundaryImpl().WithContext("Step (global step " +
-                                              std::to_string(m.counters.global_steps) + ")"));
+  ZERO_RETURN_IF_ERROR(m.timeline.BeginStep());
+  ZERO_RETURN_IF_ERROR(m.Guard(m.BoundaryImpl().WithContext("Step (global step " +
+                                                            std::to_string(m.counters.global_steps) + ")")));
+  return m.timeline.EndStep(m.counters.global_steps);
 }
 
 Status Engine::Impl::UnionActive() {
@@ -1345,6 +1383,11 @@ Status Engine::Impl::ZeroAccumulators() {
 // Sums the per-parameter norm partials copied to the host (after waiting for that copy) in
 // parameter order; stages 1-3 with several ranks add the ranks' sums (AllReduceHost, rank order).
 Status Engine::Impl::ReadNorm(double* total) {
+  return timeline.Timed(EngineTimeline::Kind::kCommunication, kTrackCommunication, "gradient norm",
+                        [&] { return ReadNormImpl(total); });
+}
+
+Status Engine::Impl::ReadNormImpl(double* total) {
   ZERO_RETURN_IF_ERROR(device->SynchronizeEvent(norm_ready.get()));
   // A collective the watchdog aborted lets the stream pass with undefined data (comm/watchdog.h).
   ZERO_RETURN_IF_ERROR(comm->CheckHealth());
@@ -1494,7 +1537,8 @@ Status Engine::Impl::BoundaryImpl() {
         if (g == nullptr) return InternalError("the overlapped chunked step needs the fp32 gradients on the device");
         ZERO_RETURN_IF_ERROR(DeferPieces(begin, end - begin, g, model_off));
       } else {
-        ZERO_RETURN_IF_ERROR(UpdateModel(begin, end - begin, h, model_off));
+        ZERO_RETURN_IF_ERROR(TimedOffload(UpdateTrack(), "optimizer update",
+                                          [&] { return UpdateModel(begin, end - begin, h, model_off); }));
       }
     }
     i = j + 1;
@@ -1504,7 +1548,8 @@ Status Engine::Impl::BoundaryImpl() {
 
   // The new weights where the forward reads them (stage 3: the coordinator re-gathers; stages
   // 1/2: the all-gather). Overlapped (one rank): nothing here reads the model copy.
-  ZERO_RETURN_IF_ERROR(PublishWeights(update, /*cast=*/false));
+  ZERO_RETURN_IF_ERROR(timeline.Timed(EngineTimeline::Kind::kCommunication, kTrackCommunication,
+                                      "publish weights", [&] { return PublishWeights(update, /*cast=*/false); }));
 
   if (!norm_first) ZERO_RETURN_IF_ERROR(ReadNorm(&total));
   ZERO_RETURN_IF_ERROR(ZeroAccumulators());
@@ -1600,6 +1645,7 @@ EngineStats Engine::stats() const {
   out.param_allgathers = m.coordinator != nullptr ? m.coordinator->stats().allgathers : 0;
   return out;
 }
+std::map<std::string, double> Engine::wall_clock_breakdown() const { return impl_->timeline.last_means(); }
 int Engine::num_params() const { return static_cast<int>(impl_->params.size()); }
 const ParamSpec& Engine::param_spec(int index) const { return impl_->params[index].spec; }
 

@@ -122,6 +122,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -222,6 +223,9 @@ struct EngineEnv {
   // Makes the aio engine of offload_optimizer.device "nvme" (empty: LibaioEngine). Called once per
   // rank at Initialize with the `aio` block's options.
   AioEngineFactory aio_engine_factory;
+  // Receives the wall_clock_breakdown line (rank 0 only, every steps_per_print optimizer steps;
+  // docs/timeline.md). Empty: printed to stdout.
+  std::function<void(const std::string& line)> log_sink;
 };
 
 class Engine {
@@ -305,6 +309,10 @@ class Engine {
   const ParamSpec& param_spec(int index) const;
   EngineMemory memory() const;
   EngineStats stats() const;
+  // wall_clock_breakdown: the mean per optimizer step (ms) of each of forward, backward, step,
+  // communication and offload that had time in the last printed window (every rank; empty before
+  // the first window or without wall_clock_breakdown). Local.
+  std::map<std::string, double> wall_clock_breakdown() const;
 
   // --- state access (collective; tests, checkpoints, consolidation) ---------------------------
   // Full fp32 master weights of parameter `index` into host `out` (numel floats), on every rank.

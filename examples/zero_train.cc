@@ -445,7 +445,11 @@ Status RunRank(const TrainOptions& o, RankContext* ctx) {
   }
   std::unique_ptr<Communicator> comm = std::move(comm_or).value();
 
-  auto engine_or = Engine::Create(config, device.get(), comm.get());
+  // The engine's own breakdown line (its view: GatherModule to GradReady, waits on collectives and
+  // offload) under the loop's, marked so the two are told apart.
+  EngineEnv env;
+  env.log_sink = [](const std::string& line) { std::printf("engine %s\n", line.c_str()); };
+  auto engine_or = Engine::Create(config, device.get(), comm.get(), env);
   if (!engine_or.ok()) return engine_or.status().WithContext("creating the engine");
   std::unique_ptr<Engine> engine = std::move(engine_or).value();
   const std::vector<ParamSpec> specs = ByteLmParamSpecs(o.model);
