@@ -445,6 +445,34 @@ TEST(EngineCheckpointTest, LoadsAcrossParameterOffload) {
                  "stage 2 cpu -> stage 3 param offload + nvme states", true);
 }
 
+// Unmanaged accumulation (managed_gradient_accumulation false: two Backward() calls, then Step(), per
+// window) with parameter offload at stage 3: a checkpoint saved between windows and resumed gives
+// the uninterrupted run bitwise, with the shards in host memory (optimizer on the device and in host
+// memory) and in a swap file (optimizer on the device and on NVMe).
+TEST(EngineCheckpointTest, UnmanagedResumeWithParameterOffload) {
+  const std::string dir = ScratchDir("unmanaged_param_offload");
+  const std::string unmanaged = std::string(kWarmup) + ", \"managed_gradient_accumulation\": false";
+  const std::string param = "\"offload_param\": {\"device\": \"cpu\", \"buffer_count\": 2}";
+  const std::string cpu = "\"offload_optimizer\": {\"device\": \"cpu\", \"cpu_threads\": 2}";
+  auto param_nvme = [&](const std::string& sub) {
+    return "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"" + dir + "/" + sub +
+           "\", \"buffer_count\": 2, \"max_in_cpu\": 0}";
+  };
+  auto nvme = [&](const std::string& sub) {
+    return "\"sub_group_size\": 50, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + dir +
+           "/" + sub + "\", \"buffer_count\": 2, \"cpu_threads\": 2}";
+  };
+  CheckCrossLoad(ConfigJson(3, 1, 0.0, unmanaged, param), ConfigJson(3, 1, 0.0, unmanaged, param),
+                 "unmanaged stage 3 param offload", false);
+  CheckCrossLoad(ConfigJson(3, 1, 0.0, unmanaged, param + ", " + cpu), ConfigJson(3, 1, 0.0, unmanaged, param + ", " + cpu),
+                 "unmanaged stage 3 param + optimizer offload", true);
+  CheckCrossLoad(ConfigJson(3, 1, 0.0, unmanaged, param_nvme("a")), ConfigJson(3, 1, 0.0, unmanaged, param_nvme("b")),
+                 "unmanaged stage 3 param nvme", false);
+  CheckCrossLoad(ConfigJson(3, 1, 0.0, unmanaged, param_nvme("c") + ", " + nvme("c")),
+                 ConfigJson(3, 1, 0.0, unmanaged, param_nvme("d") + ", " + nvme("d")),
+                 "unmanaged stage 3 param nvme + optimizer nvme", true);
+}
+
 // NVMe and tiered states (swap files with real O_DIRECT I/O, groups of 50 elements, two buffers:
 // every step evicts and re-reads) save and load the same checkpoints too: resume within the mode
 // and across modes (none, cpu, nvme, tiered) is bitwise.

@@ -1149,5 +1149,37 @@ TEST(EngineOverlapStepTest, RefusedWithSeveralRanksOrParameterOffload) {
   }).ok());
 }
 
+// The same refusals with unmanaged accumulation (the only combinations of issue 10's matrix the
+// engine refuses), each saying why; unmanaged overlap_step on one rank without offload_param is
+// accepted (tests/equivalence GpuOverlapUnmanagedTest runs it).
+TEST(EngineOverlapStepTest, UnmanagedRefusalsSayWhy) {
+  const std::string unmanaged = "\"managed_gradient_accumulation\": false";
+  const std::string overlap =
+      "\"offload_optimizer\": {\"device\": \"cpu\", \"update_device\": \"gpu\", \"overlap_step\": true}";
+  std::vector<std::string> errors(2);
+  ASSERT_TRUE(RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
+    ZERO_ASSIGN_OR_RETURN(Config c, MakeConfig(ConfigJson(2, 1, 0.0, unmanaged, overlap), 2));
+    errors[rank] = Engine::Create(c, device, comm).status().ToString();
+    return OkStatus();
+  }).ok());
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("overlap_step: needs one data-parallel rank, got 2 (stages 1/2 all-gather the new weights "
+                     "right after the update"),
+              std::string::npos) << e;
+  }
+  Status st = RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
+    for (const char* param : {"\"offload_param\": {\"device\": \"cpu\"}",
+                              "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/tmp\"}"}) {
+      ZERO_ASSIGN_OR_RETURN(Config c, MakeConfig(ConfigJson(3, 1, 0.0, unmanaged, std::string(param) + ", " + overlap), 1));
+      if (c.managed_gradient_accumulation) return InternalError("the config is not unmanaged");
+      ZERO_RETURN_IF_ERROR(Expect(Engine::Create(c, device, comm).status(), StatusCode::kUnimplemented,
+                                  "(the update writes the host shards through a device scratch)"));
+    }
+    ZERO_ASSIGN_OR_RETURN(Config ok, MakeConfig(ConfigJson(3, 1, 0.0, unmanaged, overlap), 1));
+    return Engine::Create(ok, device, comm).status();
+  });
+  EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
 }  // namespace
 }  // namespace zero

@@ -28,6 +28,12 @@
 //               use different heads in one micro step (rank 0 head A, rank 1 head B, rank 2 both,
 //               swapped between micro steps) and odd ranks report in forward order: bitwise as
 //               the reference, where a rank's unreported gradient is zero.
+//   Unmanaged with offload: the Unmanaged windows with offload_optimizer "cpu" (stages 1-3),
+//               "nvme"/tiered, offload_param "cpu" (+ optimizer none/"cpu"), offload_param "nvme"
+//               (+ optimizer none/"cpu"/"nvme"), offload_grad_accumulation "gpu", update_device
+//               "gpu" (stages 1-3, worlds 1-2) and overlap_step (world 1); fp16 overflows inside
+//               unmanaged windows with optimizer/param offload; DifferentHeads at stage 3 with
+//               param and/or optimizer offload, managed and unmanaged: bitwise as the reference.
 //   Memory:     per rank, stage k's master/optimizer (k>=1), fp32 gradient accumulator (k>=2) and parameter
 //               (k=3) bytes are 1/N of stage 0's, within per-parameter padding.
 #include <gtest/gtest.h>
@@ -366,6 +372,8 @@ Schedule UnmanagedSchedule() {
 
 class UnmanagedTest : public ::testing::TestWithParam<UnmanagedParam> {};
 
+void RunUnmanagedSpec(const CellSpec& cell);
+
 // offload: "" (none), "cpu", "nvme" or "tiered".
 void RunUnmanagedCell(const UnmanagedParam& param, const std::string& offload) {
   CellSpec cell;
@@ -382,9 +390,22 @@ void RunUnmanagedCell(const UnmanagedParam& param, const std::string& offload) {
   cell.managed = false;
   cell.gas = 1;
   cell.clip = kClip;
+  RunUnmanagedSpec(cell);
+}
+
+// The chunked GPU update's device footprint: the staging sets only (unmanaged cells clip, so the
+// engine never updates in backward), the states in host memory.
+void ExpectOnlyStagingOnTheDevice(const CellSpec& cell, const std::vector<RankTrace>& traces);
+
+// The windows of UnmanagedSchedule under `cell` (unmanaged, GAS 1): bitwise as the reference, and
+// the inactive parameters checked after every window. overlap_step cells run without the snapshots
+// (their gathers after each window would wait for the step before the next forward: nothing would
+// overlap), so only the final state is compared there.
+void RunUnmanagedSpec(const CellSpec& cell) {
   const Config config = ParseCell(cell);
   ASSERT_FALSE(::testing::Test::HasFailure());
-  const Schedule schedule = UnmanagedSchedule();
+  Schedule schedule = UnmanagedSchedule();
+  schedule.snapshots = !cell.overlap_step;
   Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), ModelDims(), schedule);
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
   EXPECT_EQ(ref->overflow_steps, 0);
@@ -395,7 +416,7 @@ void RunUnmanagedCell(const UnmanagedParam& param, const std::string& offload) {
   // against the reference (which steps inactive parameters with a zero gradient, or skips them
   // with the freeze); besides, checked directly: without the freeze they move (weight decay in
   // window 0, weight decay and momentum in window 1), with it weights and moments stay put.
-  for (size_t r = 0; r < traces.size(); ++r) {
+  for (size_t r = 0; r < traces.size() && schedule.snapshots; ++r) {
     const RankTrace& t = traces[r];
     ASSERT_EQ(t.master_snapshots.size(), 3u);
     if (!cell.freeze_inactive) {
@@ -420,10 +441,15 @@ void RunUnmanagedCell(const UnmanagedParam& param, const std::string& offload) {
     EXPECT_EQ(t.exp_avg_sq_snapshots[2][kHeadBW], t.exp_avg_sq_snapshots[1][kHeadBW]) << "rank " << r;
   }
   ExpectMatches(*ref, traces, ContractTolerance());
-  if (cell.offload_optimizer) {
+  if (cell.offload_optimizer && cell.gpu_update_chunk > 0) {
+    ExpectOnlyStagingOnTheDevice(cell, traces);
+  } else if (cell.offload_optimizer) {
     ExpectStatesOffTheDevice(traces);
     ExpectTiers(cell, traces);
     ExpectGradientPartition(cell, traces);
+  }
+  for (size_t r = 0; r < traces.size() && cell.offload_param && !cell.nvme_param; ++r) {
+    EXPECT_GT(traces[r].memory.host_params, 0u) << "rank " << r << ": no shards in host memory";
   }
 }
 
@@ -616,6 +642,164 @@ INSTANTIATE_TEST_SUITE_P(Windows, UnmanagedTest,
                                   (std::get<3>(info.param) ? "_freeze" : "_step");
                          });
 
+// Unmanaged accumulation with the offload modes beyond optimizer offload "cpu" (issue 10): the
+// windows of UnmanagedSchedule (backward counts 2, 5, 3, heads A, B, A, the user divides by the
+// count), freeze_inactive_parameters off and on, bitwise as the reference.
+//
+// offload_param "cpu" at stage 3 with offload_optimizer none or "cpu", worlds 1-2, fp32/bf16.
+using ParamOffloadUnmanagedParam = std::tuple<int, DType, bool, int>;  // world, dtype, freeze, optimizer 0/1/2
+CellSpec ParamOffloadUnmanagedCell(const ParamOffloadUnmanagedParam& p, bool nvme_param) {
+  CellSpec c;
+  c.stage = 3;
+  c.world = std::get<0>(p);
+  c.dtype = std::get<1>(p);
+  c.freeze_inactive = std::get<2>(p);
+  c.offload_param = true;
+  c.nvme_param = nvme_param;
+  c.offload_optimizer = std::get<3>(p) > 0;
+  c.nvme = std::get<3>(p) == 2;
+  c.managed = false;
+  c.gas = 1;
+  c.clip = kClip;
+  return c;
+}
+class ParamOffloadUnmanagedTest : public ::testing::TestWithParam<ParamOffloadUnmanagedParam> {};
+TEST_P(ParamOffloadUnmanagedTest, InactiveParameters) { RunUnmanagedSpec(ParamOffloadUnmanagedCell(GetParam(), false)); }
+INSTANTIATE_TEST_SUITE_P(Windows, ParamOffloadUnmanagedTest,
+                         ::testing::Combine(::testing::Values(1, 2), ::testing::Values(DType::kF32, DType::kBF16),
+                                            ::testing::Bool(), ::testing::Values(0, 1)),
+                         [](const ::testing::TestParamInfo<ParamOffloadUnmanagedParam>& info) {
+                           return ParamOffloadUnmanagedCell(info.param, false).Name();
+                         });
+
+// offload_param "nvme" at stage 3 (every gather reads its module from the swap file) with
+// offload_optimizer none, "cpu" or "nvme", worlds 1-2, fp32/bf16.
+class ParamNvmeUnmanagedTest : public ::testing::TestWithParam<ParamOffloadUnmanagedParam> {};
+TEST_P(ParamNvmeUnmanagedTest, InactiveParameters) { RunUnmanagedSpec(ParamOffloadUnmanagedCell(GetParam(), true)); }
+INSTANTIATE_TEST_SUITE_P(Windows, ParamNvmeUnmanagedTest,
+                         ::testing::Combine(::testing::Values(1, 2), ::testing::Values(DType::kF32, DType::kBF16),
+                                            ::testing::Bool(), ::testing::Values(0, 1, 2)),
+                         [](const ::testing::TestParamInfo<ParamOffloadUnmanagedParam>& info) {
+                           return ParamOffloadUnmanagedCell(info.param, true).Name();
+                         });
+
+// offload_optimizer.update_device "gpu" (the chunked AdamW over the host states, 37-element chunks,
+// 3 staging sets), stages 1-3, worlds 1-2, fp32/bf16; with overlap_step (world 1 only: the engine
+// refuses it with several ranks) the step of each window is queued under the next window's forward.
+CellSpec GpuChunkUnmanagedCell(const UnmanagedParam& p, bool overlap) {
+  CellSpec c;
+  c.stage = std::get<0>(p);
+  c.world = std::get<1>(p);
+  c.dtype = std::get<2>(p);
+  c.freeze_inactive = std::get<3>(p);
+  c.offload_optimizer = true;
+  c.gpu_update_chunk = kGpuChunk;
+  c.overlap_step = overlap;
+  c.managed = false;
+  c.gas = 1;
+  c.clip = kClip;
+  return c;
+}
+void ExpectOnlyStagingOnTheDevice(const CellSpec& cell, const std::vector<RankTrace>& traces) {
+  for (size_t r = 0; r < traces.size(); ++r) {
+    const EngineMemory& m = traces[r].memory;
+    EXPECT_EQ(m.master_params + m.optimizer_states, static_cast<size_t>(3 * cell.gpu_update_chunk * 12))
+        << "rank " << r << ": the device holds the staging sets only";
+    EXPECT_GE(m.host_states, static_cast<size_t>(TotalNumel(ModelDims()) / cell.world) * 12) << "rank " << r;
+    EXPECT_EQ(m.nvme_states, 0u) << "rank " << r;
+  }
+}
+class GpuChunkUnmanagedTest : public ::testing::TestWithParam<UnmanagedParam> {};
+TEST_P(GpuChunkUnmanagedTest, InactiveParameters) { RunUnmanagedSpec(GpuChunkUnmanagedCell(GetParam(), false)); }
+INSTANTIATE_TEST_SUITE_P(Windows, GpuChunkUnmanagedTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1, 2),
+                                            ::testing::Values(DType::kF32, DType::kBF16), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<UnmanagedParam>& info) {
+                           return GpuChunkUnmanagedCell(info.param, false).Name();
+                         });
+class GpuOverlapUnmanagedTest : public ::testing::TestWithParam<UnmanagedParam> {};
+TEST_P(GpuOverlapUnmanagedTest, InactiveParameters) {
+  const CellSpec cell = GpuChunkUnmanagedCell(GetParam(), true);
+  ASSERT_TRUE(ParseCell(cell).zero.offload_optimizer.overlap_step);
+  RunUnmanagedSpec(cell);
+}
+INSTANTIATE_TEST_SUITE_P(Windows, GpuOverlapUnmanagedTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1),
+                                            ::testing::Values(DType::kF32, DType::kBF16), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<UnmanagedParam>& info) {
+                           return GpuChunkUnmanagedCell(info.param, true).Name();
+                         });
+
+// fp16 with overflows inside unmanaged windows, with offload: windows of 2, 5, 3, 3, 2, 4, 2 backwards
+// (heads A and B alternating); the last rank's third backward of window 1 and first of window 2 overflow.
+// Both steps skipped on every rank, hysteresis 2 keeps the scale at the first and halves it at the
+// second, and it grows again (loss_scale_window 2): bitwise as the reference. Cells: offload_optimizer
+// "cpu" at stages 1-3, and stage 3 with offload_param "cpu" (optimizer on the device and "cpu").
+using UnmanagedOverflowParam = std::tuple<int, int, bool, bool>;  // stage, world, offload_optimizer, offload_param
+CellSpec UnmanagedOverflowCell(const UnmanagedOverflowParam& p) {
+  CellSpec c;
+  c.stage = std::get<0>(p);
+  c.world = std::get<1>(p);
+  c.offload_optimizer = std::get<2>(p);
+  c.offload_param = std::get<3>(p);
+  c.dtype = DType::kF16;
+  c.managed = false;
+  c.gas = 1;
+  c.clip = kClip;
+  c.loss_scale_window = 2;
+  c.hysteresis = 2;
+  return c;
+}
+class OffloadUnmanagedOverflowTest : public ::testing::TestWithParam<UnmanagedOverflowParam> {};
+TEST_P(OffloadUnmanagedOverflowTest, SkipsAndRescalesLikeReference) {
+  const CellSpec cell = UnmanagedOverflowCell(GetParam());
+  const Config config = ParseCell(cell);
+  ASSERT_FALSE(HasFailure());
+  Schedule schedule;
+  schedule.managed = false;
+  const int counts[7] = {2, 5, 3, 3, 2, 4, 2};
+  for (int w = 0; w < 7; ++w) {
+    Window win;
+    for (int i = 0; i < counts[w]; ++i) {
+      MicroSpec m;
+      m.heads = w % 2 == 1 ? Heads{false, true} : Heads{true, false};
+      m.loss_divisor = static_cast<float>(counts[w]);
+      win.micros.push_back(m);
+    }
+    schedule.windows.push_back(win);
+  }
+  schedule.windows[1].micros[2].overflow_rank = cell.world - 1;
+  schedule.windows[2].micros[0].overflow_rank = cell.world - 1;
+  Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), ModelDims(), schedule);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  ASSERT_EQ(ref->overflow_steps, 2);
+  const float s0 = std::ldexp(1.0f, cell.initial_scale_power);
+  EXPECT_TRUE(ref->steps[0].applied);
+  EXPECT_FALSE(ref->steps[1].applied);
+  EXPECT_FALSE(ref->steps[2].applied);
+  EXPECT_EQ(ref->steps[1].loss_scale_after, s0) << "hysteresis 2: the first overflow keeps the scale";
+  EXPECT_EQ(ref->steps[2].loss_scale_after, s0 / 2) << "the second overflow halves it";
+  bool grew = false;
+  for (size_t i = 3; i < ref->steps.size(); ++i) grew |= ref->steps[i].loss_scale_after > ref->steps[i - 1].loss_scale_after;
+  EXPECT_TRUE(grew) << "the scale should grow again within the run (loss_scale_window 2)";
+  std::vector<RankTrace> traces;
+  Status st = RunEngine(config, cell.world, schedule, &traces);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ExpectMatches(*ref, traces, ContractTolerance());
+  if (cell.offload_optimizer) ExpectStatesOffTheDevice(traces);
+  for (size_t r = 0; r < traces.size() && cell.offload_param; ++r) {
+    EXPECT_GT(traces[r].memory.host_params, 0u) << "rank " << r << ": no shards in host memory";
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Fp16, OffloadUnmanagedOverflowTest,
+                         ::testing::Values(UnmanagedOverflowParam{1, 1, true, false}, UnmanagedOverflowParam{1, 2, true, false},
+                                           UnmanagedOverflowParam{2, 2, true, false}, UnmanagedOverflowParam{3, 2, true, false},
+                                           UnmanagedOverflowParam{3, 1, false, true}, UnmanagedOverflowParam{3, 2, false, true},
+                                           UnmanagedOverflowParam{3, 1, true, true}, UnmanagedOverflowParam{3, 2, true, true}),
+                         [](const ::testing::TestParamInfo<UnmanagedOverflowParam>& info) {
+                           return UnmanagedOverflowCell(info.param).Name();
+                         });
+
 // Ranks that use different parameters in the same micro step, reporting in different orders: rank
 // 0 uses head A only, rank 1 head B only, rank 2 both; some micro steps swap them. Stages 0-2: odd
 // ranks report after the backward's last gather, in forward order; every rank reduces the same
@@ -626,6 +810,8 @@ INSTANTIATE_TEST_SUITE_P(Windows, UnmanagedTest,
 using DifferentHeadsParam = std::tuple<int, int, DType, bool>;  // stage, world, dtype, managed
 class DifferentHeadsTest : public ::testing::TestWithParam<DifferentHeadsParam> {};
 
+void RunDifferentHeadsCell(const CellSpec& cell);
+
 TEST_P(DifferentHeadsTest, SameLayoutOnEveryRank) {
   CellSpec cell;
   cell.stage = std::get<0>(GetParam());
@@ -634,8 +820,12 @@ TEST_P(DifferentHeadsTest, SameLayoutOnEveryRank) {
   cell.managed = std::get<3>(GetParam());
   cell.gas = cell.managed ? 2 : 1;
   cell.clip = kClip;
+  RunDifferentHeadsCell(cell);
+}
+
+void RunDifferentHeadsCell(const CellSpec& cell) {
   const Config config = ParseCell(cell);
-  ASSERT_FALSE(HasFailure());
+  ASSERT_FALSE(::testing::Test::HasFailure());
   Schedule schedule;
   schedule.managed = cell.managed;
   schedule.odd_ranks_report_forward = cell.stage < 3;
@@ -659,7 +849,38 @@ TEST_P(DifferentHeadsTest, SameLayoutOnEveryRank) {
   Status st = RunEngine(config, cell.world, schedule, &traces);
   ASSERT_TRUE(st.ok()) << st.ToString();
   ExpectMatches(*ref, traces, ContractTolerance());
+  if (cell.offload_optimizer) {
+    ExpectStatesOffTheDevice(traces);
+    ExpectGradientPartition(cell, traces);
+  }
+  for (size_t r = 0; r < traces.size() && cell.offload_param; ++r) {
+    EXPECT_GT(traces[r].memory.host_params, 0u) << "rank " << r << ": no shards in host memory";
+  }
 }
+
+// The same at stage 3 with offload: offload_param "cpu" (optimizer on the device), offload_optimizer
+// "cpu", and both; worlds 2-3, fp32/bf16, managed (GAS 2) and unmanaged.
+using OffloadDifferentHeadsParam = std::tuple<int, int, DType, bool>;  // offload 0 param/1 optimizer/2 both, world, dtype, managed
+CellSpec OffloadDifferentHeadsCell(const OffloadDifferentHeadsParam& p) {
+  CellSpec c;
+  c.stage = 3;
+  c.offload_param = std::get<0>(p) != 1;
+  c.offload_optimizer = std::get<0>(p) != 0;
+  c.world = std::get<1>(p);
+  c.dtype = std::get<2>(p);
+  c.managed = std::get<3>(p);
+  c.gas = c.managed ? 2 : 1;
+  c.clip = kClip;
+  return c;
+}
+class OffloadDifferentHeadsTest : public ::testing::TestWithParam<OffloadDifferentHeadsParam> {};
+TEST_P(OffloadDifferentHeadsTest, SameLayoutOnEveryRank) { RunDifferentHeadsCell(OffloadDifferentHeadsCell(GetParam())); }
+INSTANTIATE_TEST_SUITE_P(Ranks, OffloadDifferentHeadsTest,
+                         ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Values(2, 3),
+                                            ::testing::Values(DType::kF32, DType::kBF16), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<OffloadDifferentHeadsParam>& info) {
+                           return OffloadDifferentHeadsCell(info.param).Name();
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DifferentHeadsTest,
                          ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(2, 3),

@@ -3,7 +3,7 @@
 // Runs the engine on `--world` GPUs (one thread per rank, device cuda:r, an NCCL communicator per
 // rank from comm/rendezvous.h; world 1 needs no store) through the same cells as the CPU suite at
 // that world size: stages 0-3 x {fp32, bf16, fp16} x GAS {1, 4} x clipping {off, 0.05}, the fp16
-// overflow cells and the unmanaged-accumulation cells. The model math stays on the host: the
+// overflow cells and the unmanaged-accumulation cells (with and without offload). The model math stays on the host: the
 // harness copies parameters device->host and gradients host->device with Device::Copy. Each rank
 // is compared with the host reference (reference.h).
 //
@@ -165,6 +165,36 @@ std::vector<Cell> AllCells(int world) {
       }
       c.name = "unmanaged/" + c.spec.Name();
       cells.push_back(c);
+      // The same windows with offload (tests/equivalence's unmanaged offload cells): host states
+      // (stages 1-3) and the chunked GPU update over them (overlapped with the next window's
+      // forward at world 1, without the per-window snapshots whose gathers would wait for it);
+      // stage 3: param + optimizer offload "cpu", and the shards in an NVMe swap file.
+      if (stage >= 1) {
+        Cell o = c;
+        o.spec.offload_optimizer = true;
+        o.name = "unmanaged_offload/" + o.spec.Name();
+        cells.push_back(o);
+        o.spec.gpu_update_chunk = 37;
+        o.name = "unmanaged_offload/" + o.spec.Name();
+        cells.push_back(o);
+        if (world == 1) {
+          o.spec.overlap_step = true;
+          o.schedule.snapshots = false;
+          o.name = "unmanaged_offload/" + o.spec.Name();
+          cells.push_back(o);
+        }
+      }
+      if (stage == 3) {
+        Cell o = c;
+        o.spec.offload_param = true;
+        o.spec.offload_optimizer = true;
+        o.name = "unmanaged_offload/" + o.spec.Name();
+        cells.push_back(o);
+        o.spec.offload_optimizer = false;
+        o.spec.nvme_param = true;
+        o.name = "unmanaged_offload/" + o.spec.Name();
+        cells.push_back(o);
+      }
     }
   }
   return cells;
