@@ -7,16 +7,47 @@
 // (docs/performance.md).
 //
 //   mlp_bench [--impl zero|none] [--stage N] [--tokens N] [--steps N] [--label NAME] ...
-//   mlp_bench --dry-run ...   checks the flags and the engine config on the CPU (no GPU), exits
+//   mlp_bench --dry-run ...   checks the flags and the engine config on the CPU (no GPU), prints
+//                             the PCIe count, exits
 //
 // --impl none runs the same forward/backward without the Engine (plain bf16 buffers, no
 // optimizer): the compute floor of our kernels. Output: one line per run,
 //   BENCH impl=.. config=.. tokens=.. params=.. steps=.. init_s=.. fwd_s=.. fwd_bwd_s=.. step_s=..
-//         peak_gib=.. gpu_used_gib=.. loss_first=.. loss_last=..
-// (times: median over steps 2..N of wall time after a device synchronize; fwd_s by CUDA events;
-// peak_gib: the Device's allocation high-water mark over the timed steps, engine state plus
-// activations; gpu_used_gib: cudaMemGetInfo's used memory after the last step, context included),
+//         peak_gib=.. gpu_used_gib=.. loss_first=.. loss_last=.. gas=.. clip=..
+//         pcie_h2d_gb=.. pcie_d2h_gb=.. pcie_param_up_min_gb=.. pcie_param_up_max_gb=..
+// (times: per optimizer step, median over steps 2..N of wall time after a device synchronize;
+// fwd_s by CUDA events, summed over the step's micro steps; peak_gib: the Device's allocation
+// high-water mark over the timed steps, engine state plus activations; gpu_used_gib:
+// cudaMemGetInfo's used memory after the last step, context included; pcie_*: see below),
 // preceded by '#' lines with the per-step times and the engine's memory breakdown.
+//
+// Gradient accumulation (--gas N): the engine's managed mode (gradient_accumulation_steps N): each
+// optimizer step is N micro steps (forward, backward, Backward()) of the same batch, then one
+// Step(); the loss gradient is multiplied by gradient_scale() (1/N) as the engine asks. --clip X sets
+// gradient_clipping (0: off). Either one turns the update in backward off (engine.h).
+//
+// PCIe bytes per optimizer step (PcieCount; world 1, bf16 parameters, E = parameter count; what the
+// configuration implies by docs/offload.md's data paths, counted, not measured; GB = 1e9 bytes):
+//   no offload                                   0 (stage 3 with one rank gathers nothing)
+//   offload_optimizer cpu, CPU AdamW (update_device cpu):
+//     update in backward (GAS 1, no clip, st 2/3) down 2E (bf16 gradients), up 2E (bf16 weights)
+//     stages 2/3, offload_grad_accumulation cpu  down GAS x 2E (each micro step's bf16 gradients)
+//     stages 2/3, offload_grad_accumulation gpu  down 4E (the fp32 sum, once per step)
+//     stage 1 (fp32 accumulators on the GPU)      down 4E
+//     new weights                                up 2E; 0 with offload_param cpu (the host shards
+//                                                are written on the host)
+//   offload_optimizer cpu, update_device gpu     up 12E, down 12E (fp32 master, exp_avg,
+//     (chunked)                                  exp_avg_sq); up 4E more with the update in
+//                                                backward (the masters again, to cast at Step)
+//   offload_param cpu (stage 3), on top          up between 2E (every shard once: the step
+//                                                changed them) and GAS x 2 x 2E (one upload per
+//                                                GatherModule, forward and backward): the
+//                                                coordinator keeps modules gathered within
+//                                                stage3_max_live_parameters, and the engine does
+//                                                not report its upload count (pcie_param_up_*)
+//   offload_optimizer nvme, or offload_param without offload_optimizer cpu: not counted (na)
+// pcie_h2d_gb excludes the parameter uploads; the PCIe floor of a step is the bytes over the
+// pinned bandwidth bench/pcie_bench measures in the same run.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -73,6 +104,9 @@ struct Options {
   int64_t chunk_size = int64_t{1} << 24;    // with update_device gpu
   int64_t chunk_buffers = 3;
   bool overlap_step = false;                // with update_device gpu: offload_optimizer.overlap_step
+  int gas = 1;                              // gradient_accumulation_steps (managed mode)
+  double clip = 0.0;                        // gradient_clipping (0: off)
+  std::string offload_grad_accumulation;    // "" (key left out) | "cpu" | "gpu"
   bool pin_memory = true;
   bool dry_run = false;
 };
@@ -84,7 +118,8 @@ const char kUsage[] =
     "                 [--offload-optimizer none|cpu|nvme] [--nvme-path DIR] [--sub-group-size N] [--pin-memory 0|1]\n"
     "                 [--host-memory-budget BYTES] [--buffer-count N] [--aio-block-size N] [--aio-queue-depth N]\n"
     "                 [--update-device cpu|gpu] [--chunk-size N] [--chunk-buffers N] [--offload-param none|cpu]\n"
-    "                 [--overlap-step 0|1]\n";
+    "                 [--overlap-step 0|1] [--gas N] [--clip X]\n"
+    "                 [--offload-grad-accumulation cpu|gpu]\n";
 
 Status ParseInt(const std::string& flag, const char* v, int64_t lo, int64_t* out) {
   char* end = nullptr;
@@ -175,6 +210,17 @@ Result<Options> ParseFlags(int argc, char** argv) {
       int64_t b = 0;
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 0, &b));
       o.overlap_step = b != 0;
+    } else if (f == "--gas") {
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &n));
+      o.gas = static_cast<int>(n);
+    } else if (f == "--clip") {
+      ZERO_RETURN_IF_ERROR(ParseDouble(f, v, &o.clip));
+    } else if (f == "--offload-grad-accumulation") {
+      o.offload_grad_accumulation = v;
+      if (o.offload_grad_accumulation != "cpu" && o.offload_grad_accumulation != "gpu") {
+        return InvalidArgumentError("--offload-grad-accumulation: expected cpu or gpu, got '" +
+                                    o.offload_grad_accumulation + "'");
+      }
     } else if (f == "--chunk-size") {
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &o.chunk_size));
     } else if (f == "--chunk-buffers") {
@@ -199,10 +245,10 @@ Result<Options> ParseFlags(int argc, char** argv) {
   return o;
 }
 
-// The DeepSpeed-style config of the run: bf16 model, fp32 master weights, AdamW, no clipping
-// (the FSDP2 reference has none), one micro step per optimizer step.
+// The DeepSpeed-style config of the run: bf16 model, fp32 master weights, AdamW, gradient_clipping
+// --clip (default 0: the FSDP2 reference has none), --gas micro steps per optimizer step.
 std::string ConfigJson(const Options& o) {
-  char buf[2048];
+  char buf[4096];
   const bool nvme = o.offload_optimizer == "nvme";
   const std::string nvme_keys =
       nvme ? ", \"nvme_path\": \"" + o.nvme_path + "\", \"buffer_count\": " + std::to_string(o.buffer_count) +
@@ -225,18 +271,23 @@ std::string ConfigJson(const Options& o) {
       o.offload_param == "cpu" ? ", \"offload_param\": {\"device\": \"cpu\", \"pin_memory\": " +
                                      std::string(o.pin_memory ? "true" : "false") + ", \"buffer_size\": 1000000000}"
                                : std::string();
+  const std::string grad_acc =
+      o.offload_grad_accumulation.empty()
+          ? std::string()
+          : ", \"offload_grad_accumulation\": \"" + o.offload_grad_accumulation + "\"";
   const std::string aio = nvme ? "\"aio\": {\"block_size\": " + std::to_string(o.aio_block_size) +
                                      ", \"queue_depth\": " + std::to_string(o.aio_queue_depth) + "}, "
                                : std::string();
   std::snprintf(buf, sizeof(buf),
-                "{\"train_batch_size\": 1, \"train_micro_batch_size_per_gpu\": 1, "
-                "\"gradient_accumulation_steps\": 1, \"gradient_clipping\": 0, "
+                "{\"train_batch_size\": %d, \"train_micro_batch_size_per_gpu\": 1, "
+                "\"gradient_accumulation_steps\": %d, \"gradient_clipping\": %.17g, "
                 "\"bf16\": {\"enabled\": true}, %s%s"
                 "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %.17g, \"betas\": [0.9, 0.999], "
                 "\"eps\": 1e-8, \"weight_decay\": %.17g}}, "
-                "\"zero_optimization\": {\"stage\": %d%s%s}}",
-                aio.c_str(), o.comm_dtype == "none" ? "" : ("\"communication_data_type\": \"" + o.comm_dtype + "\", ").c_str(),
-                o.lr, o.weight_decay, o.stage, offload.c_str(), param_offload.c_str());
+                "\"zero_optimization\": {\"stage\": %d%s%s%s}}",
+                o.gas, o.gas, o.clip, aio.c_str(),
+                o.comm_dtype == "none" ? "" : ("\"communication_data_type\": \"" + o.comm_dtype + "\", ").c_str(),
+                o.lr, o.weight_decay, o.stage, offload.c_str(), param_offload.c_str(), grad_acc.c_str());
   return buf;
 }
 
@@ -279,6 +330,80 @@ double Median(std::vector<double> v) {
 
 double GiB(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 
+// PCIe bytes of one optimizer step as the configuration implies them (the table in the header
+// comment; world 1, bf16 parameters). `counted` false: a data path this count does not model.
+struct PcieCount {
+  bool counted = false;
+  double h2d = 0;           // host->device, parameter uploads excluded
+  double d2h = 0;           // device->host
+  double param_up_min = 0;  // offload_param cpu: shard uploads, lower and upper bound
+  double param_up_max = 0;
+  std::string how;          // the terms, for the '#' line
+};
+
+PcieCount CountPcie(const Options& o) {
+  PcieCount c;
+  const double e = static_cast<double>(TotalParams(o));
+  const bool param_cpu = o.offload_param == "cpu";
+  if (o.impl == "none" || (o.offload_optimizer == "none" && !param_cpu)) {
+    c.counted = true;
+    c.how = "no offload: nothing crosses PCIe";
+    return c;
+  }
+  if (o.offload_optimizer != "cpu") {
+    c.how = o.offload_optimizer == "nvme" ? "offload_optimizer nvme: not counted"
+                                          : "offload_param without offload_optimizer cpu: not counted";
+    return c;
+  }
+  c.counted = true;
+  // engine.h, "Update in backward": managed, GAS 1, one rank, stages 2/3, no clipping (bf16: no fp16).
+  const bool in_backward = o.gas == 1 && o.stage >= 2 && o.clip == 0.0;
+  if (o.update_device == "gpu") {
+    c.h2d = 12 * e + (in_backward ? 4 * e : 0);
+    c.d2h = 12 * e;
+    c.how = std::string("chunked GPU AdamW: up 12E states") + (in_backward ? " + 4E masters (update in backward)" : "") +
+            ", down 12E states";
+  } else {
+    std::string grads;
+    if (in_backward) {
+      c.d2h = 2 * e;
+      grads = "down 2E bf16 gradients (update in backward)";
+    } else if (o.stage == 1) {
+      c.d2h = 4 * e;
+      grads = "down 4E fp32 gradients (stage 1: device accumulators)";
+    } else if (o.offload_grad_accumulation == "gpu") {
+      c.d2h = 4 * e;
+      grads = "down 4E fp32 gradient sum (offload_grad_accumulation gpu)";
+    } else {
+      c.d2h = 2.0 * o.gas * e;
+      grads = "down GAS x 2E bf16 gradients (offload_grad_accumulation cpu, GAS " + std::to_string(o.gas) + ")";
+    }
+    c.h2d = param_cpu ? 0 : 2 * e;
+    c.how = "CPU AdamW: " + grads + (param_cpu ? ", new weights into the host shards (no upload)" : ", up 2E bf16 weights");
+  }
+  if (param_cpu) {
+    c.param_up_min = 2 * e;
+    c.param_up_max = 2.0 * 2.0 * o.gas * e;
+    c.how += "; offload_param cpu: shard uploads 2E .. GAS x 2 x 2E";
+  }
+  return c;
+}
+
+// The BENCH line's PCIe fields.
+std::string PcieFields(const Options& o) {
+  const PcieCount c = CountPcie(o);
+  if (!c.counted) return "pcie_h2d_gb=na pcie_d2h_gb=na pcie_param_up_min_gb=na pcie_param_up_max_gb=na";
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "pcie_h2d_gb=%.3f pcie_d2h_gb=%.3f pcie_param_up_min_gb=%.3f pcie_param_up_max_gb=%.3f",
+                c.h2d / 1e9, c.d2h / 1e9, c.param_up_min / 1e9, c.param_up_max / 1e9);
+  return buf;
+}
+
+void PrintPcie(const Options& o) {
+  std::printf("# pcie per optimizer step (counted from the config, E = %lld): %s; %s\n",
+              static_cast<long long>(TotalParams(o)), CountPcie(o).how.c_str(), PcieFields(o).c_str());
+}
+
 Status DryRun(const Options& o) {
   ParseOptions po;
   ZERO_ASSIGN_OR_RETURN(Config config, ParseConfig(ConfigJson(o), po));
@@ -295,9 +420,10 @@ Status DryRun(const Options& o) {
   }
   const double acts = 2.0 * ((o.blocks + 1) * o.tokens * o.dim + o.blocks * o.tokens * o.ffn +
                              o.tokens * o.dim + o.tokens * o.ffn);
-  std::printf("dry run ok: impl=%s config=%s stage=%d params=%lld tokens=%lld activations_gib=%.2f\n",
+  PrintPcie(o);
+  std::printf("dry run ok: impl=%s config=%s stage=%d params=%lld tokens=%lld gas=%d clip=%g activations_gib=%.2f\n",
               o.impl.c_str(), o.label.c_str(), o.stage, static_cast<long long>(params),
-              static_cast<long long>(o.tokens), GiB(acts));
+              static_cast<long long>(o.tokens), o.gas, o.clip, GiB(acts));
   return OkStatus();
 }
 
@@ -323,6 +449,7 @@ class EngineDriver {
  public:
   EngineDriver(Engine* engine, MlpCuda* model, int blocks) : engine_(engine), model_(model), blocks_(blocks) {}
 
+  // The loss gradient carries gradient_scale() (1/GAS in managed accumulation).
   Status Forward() {
     for (int l = 0; l < blocks_; ++l) {
       ZERO_ASSIGN_OR_RETURN(ModuleHandle h, engine_->GatherModule("block" + std::to_string(l)));
@@ -330,7 +457,7 @@ class EngineDriver {
       ZERO_RETURN_IF_ERROR(model_->ForwardBlock(l, p));
       ZERO_RETURN_IF_ERROR(h.Release());
     }
-    return model_->Loss();
+    return model_->Loss(engine_->gradient_scale());
   }
 
   Status Backward() {
@@ -443,23 +570,35 @@ Status Run(const Options& o) {
   for (int s = 0; s < o.steps; ++s) {
     ZERO_RETURN_IF_ERROR(device->Synchronize());
     const Clock::time_point t0 = Clock::now();
-    BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev0, stream));
-    if (engine) {
-      ZERO_RETURN_IF_ERROR(driver.Forward());
-    } else {
-      for (int l = 0; l < o.blocks; ++l) ZERO_RETURN_IF_ERROR(model->ForwardBlock(l, plain(l)));
-      ZERO_RETURN_IF_ERROR(model->Loss());
-    }
-    BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev1, stream));
-    if (engine) {
-      ZERO_RETURN_IF_ERROR(driver.Backward());
-    } else {
-      for (int l = o.blocks - 1; l >= 0; --l) {
-        const MlpBlockParams p = plain(l);
-        ZERO_RETURN_IF_ERROR(model->BackwardFc2(l, p, plain_grads[4 * l + 3].data(), plain_grads[4 * l + 2].data()));
-        ZERO_RETURN_IF_ERROR(model->BackwardFc1(l, p, plain_grads[4 * l + 1].data(), plain_grads[4 * l].data()));
-        if (l > 0) ZERO_RETURN_IF_ERROR(model->BackwardInput(l, p));
+    double fwd_s = 0.0;  // summed over the micro steps
+    for (int micro = 0; micro < o.gas; ++micro) {
+      if (engine && engine->is_gradient_accumulation_boundary() != (micro + 1 == o.gas)) {
+        return InternalError("step " + std::to_string(s + 1) + ", micro step " + std::to_string(micro + 1) + " of " +
+                             std::to_string(o.gas) + ": the engine's accumulation boundary is not where mlp_bench "
+                             "expects it (managed mode, gradient_accumulation_steps " + std::to_string(o.gas) + ")");
       }
+      BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev0, stream));
+      if (engine) {
+        ZERO_RETURN_IF_ERROR(driver.Forward());
+      } else {
+        for (int l = 0; l < o.blocks; ++l) ZERO_RETURN_IF_ERROR(model->ForwardBlock(l, plain(l)));
+        ZERO_RETURN_IF_ERROR(model->Loss());
+      }
+      BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev1, stream));
+      if (engine) {
+        ZERO_RETURN_IF_ERROR(driver.Backward());
+      } else {
+        for (int l = o.blocks - 1; l >= 0; --l) {
+          const MlpBlockParams p = plain(l);
+          ZERO_RETURN_IF_ERROR(model->BackwardFc2(l, p, plain_grads[4 * l + 3].data(), plain_grads[4 * l + 2].data()));
+          ZERO_RETURN_IF_ERROR(model->BackwardFc1(l, p, plain_grads[4 * l + 1].data(), plain_grads[4 * l].data()));
+          if (l > 0) ZERO_RETURN_IF_ERROR(model->BackwardInput(l, p));
+        }
+      }
+      BENCH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ev1));
+      float fwd_ms = 0.0f;
+      BENCH_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&fwd_ms, ev0, ev1));
+      fwd_s += fwd_ms / 1e3;
     }
     ZERO_RETURN_IF_ERROR(device->Synchronize());
     const Clock::time_point t1 = Clock::now();
@@ -469,10 +608,8 @@ Status Run(const Options& o) {
     }
     ZERO_RETURN_IF_ERROR(device->Synchronize());
     const Clock::time_point t2 = Clock::now();
-    float fwd_ms = 0.0f;
-    BENCH_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&fwd_ms, ev0, ev1));
-    ZERO_ASSIGN_OR_RETURN(double loss, model->ReadLoss());
-    t.fwd.push_back(fwd_ms / 1e3);
+    ZERO_ASSIGN_OR_RETURN(double loss, model->ReadLoss());  // the last micro step's
+    t.fwd.push_back(fwd_s);
     t.fwd_bwd.push_back(std::chrono::duration<double>(t1 - t0).count());
     t.step.push_back(std::chrono::duration<double>(t2 - t1).count());
     t.loss.push_back(loss);
@@ -493,11 +630,13 @@ Status Run(const Options& o) {
                 GiB(m.bucket_staging), GiB(acts.bytes()), GiB(ms.in_use), GiB(ms.peak));
   }
   auto tail = [](const std::vector<double>& v) { return std::vector<double>(v.begin() + 1, v.end()); };
+  PrintPcie(o);
   std::printf("BENCH impl=%s config=%s tokens=%lld params=%lld steps=%d init_s=%.2f fwd_s=%.4f fwd_bwd_s=%.4f "
-              "step_s=%.4f peak_gib=%.2f gpu_used_gib=%.2f loss_first=%.6g loss_last=%.6g\n",
+              "step_s=%.4f peak_gib=%.2f gpu_used_gib=%.2f loss_first=%.6g loss_last=%.6g gas=%d clip=%g %s\n",
               o.impl == "zero" ? "zero" : "zero-compute", o.label.c_str(), static_cast<long long>(o.tokens),
               static_cast<long long>(TotalParams(o)), o.steps, init_s, Median(tail(t.fwd)), Median(tail(t.fwd_bwd)),
-              Median(tail(t.step)), GiB(ms.peak), GiB(double(total_b - free_b)), t.loss.front(), t.loss.back());
+              Median(tail(t.step)), GiB(ms.peak), GiB(double(total_b - free_b)), t.loss.front(), t.loss.back(), o.gas,
+              o.clip, PcieFields(o).c_str());
   std::fflush(stdout);
   return OkStatus();
 }

@@ -295,12 +295,12 @@ Status MlpCuda::ForwardBlock(int l, const MlpBlockParams& p) {
   return OkStatus();
 }
 
-Status MlpCuda::Loss() {
+Status MlpCuda::Loss(float grad_scale) {
   if (x_ == nullptr) return FailedPreconditionError("MlpCuda: no activations bound");
   const size_t n = size_t(shape_.tokens) * shape_.dim;
   const uint16_t* x = x_ + shape_.blocks * n;
   LossPartialKernel<<<kLossBlocks, kThreads, 0, stream_>>>(reinterpret_cast<const uint4*>(x), n / 8,
-                                                            static_cast<float>(2.0 / double(n)),
+                                                            static_cast<float>(2.0 / double(n) * grad_scale),
                                                             reinterpret_cast<uint4*>(g_), loss_partial_);
   MLP_LAUNCH_CHECK(LossPartial);
   LossFinalKernel<<<1, 32, 0, stream_>>>(loss_partial_, kLossBlocks, 1.0 / double(n), loss_);

@@ -80,8 +80,9 @@ class MlpCuda {
 
   // x_{l+1} from x_l (blocks in order 0..L-1).
   Status ForwardBlock(int l, const MlpBlockParams& p);
-  // After block L-1: loss = mean(x_L^2) into device memory, and the gradient 2 x_L / n.
-  Status Loss();
+  // After block L-1: loss = mean(x_L^2) into device memory, and the gradient bf16(x_L * (2/n *
+  // grad_scale)) (grad_scale: the engine's gradient_scale(), 1/GAS in managed accumulation).
+  Status Loss(float grad_scale = 1.0f);
   // Copies the last Loss() out; synchronizes the stream.
   Result<double> ReadLoss();
 
