@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The offload runs on the GPU machine (docs/performance.md, docs/nvme.md, docs/offload.md), in one go.
-# Here:   bench/run_offload_h200.sh pack   builds mlp_bench, aio_bench and gpu_equivalence and copies
-#                                          them with the shared libraries the GPU machine lacks into
-#                                          .carry/offload/.
-# There:  bash bench/run_offload_h200.sh run OUTDIR [PHASE...]   (device tool: carry [".carry/offload"])
+# Here:   bench/run_offload_h200.sh pack   builds mlp_bench, pcie_bench, aio_bench, nvme_states_bench and
+#                                          gpu_equivalence and copies them with the shared libraries the
+#                                          GPU machine lacks into .carry/offload/.
+# There:  bash bench/run_offload_h200.sh run OUTDIR [PHASE...]   (device tool: carry [".carry/offload"],
+#                                          plus ".whl" for the deepspeed phase)
 #   PHASE equiv:    gpu_equivalence, every cell (world 1)
 #   PHASE offload:  the 1.07B job at 8192 tokens: stage 3 without offload, CPU AdamW offload, the
 #                   chunked GPU AdamW offload (synchronous and overlapped with the next forward), CPU
@@ -13,7 +14,22 @@
 #   PHASE nvme:     aio_bench (raw vs engine, the disk floor), then the 1.07B job with NVMe states
 #   PHASE headline: a 10.2B-parameter model (19 blocks of 8192x32768) with tiered states: 72 GiB of
 #                   them in pinned host memory, the rest (about 45 GB) on NVMe, 2 steps
-# Each run is bounded by `timeout`; output in OUTDIR/offload_h200.log.
+# The phases that close issue 8 item 7 and issue 11 item 6 (one call: run OUTDIR pcie gas tokens65536
+# deepspeed equiv_unmanaged; estimated 6.7 min of the 10-minute call, from the durations of
+# bench/logs/2026-12-01_offload_h200_run3.log and ../shared/DEVICE.md):
+#   PHASE pcie:     pcie_bench, pinned H2D / D2H / both at once at 64, 256, 1024 MiB: the PCIe floor (~10 s)
+#   PHASE gas:      the 1.07B job at GAS 8 (4 steps): CPU AdamW with offload_param, offload_grad_accumulation
+#                   cpu vs gpu, and no offload for reference (~60 s)
+#   PHASE tokens65536: the 1.07B job at 65536 tokens, stage 3: no offload, chunked GPU AdamW synchronous and
+#                   overlapped, CPU AdamW; then FSDP2 with CPUOffloadPolicy at 65536 (~90 s)
+#   PHASE deepspeed: installs .whl/ into /tmp/site (DS_BUILD_OPS=0, ../shared/DEVICE.md), then
+#                   bench/deepspeed_offload.py: ZeRO-3 without offload, ZeRO-2 and ZeRO-3 with
+#                   offload_optimizer cpu, ZeRO-3 with offload_param cpu too, and ZeRO-2 offload at
+#                   65536 tokens, one process each (~230 s, of which ~40 s DeepSpeedCPUAdam's ninja build)
+#   PHASE equiv_unmanaged: gpu_equivalence --filter unmanaged_offload (~10 s)
+# Each run is bounded by `timeout`, and all of them together by BUDGET_S (default 570 s from the start
+# of `run`: a run gets at most what is left, and is skipped under 5 s left), so the log comes back
+# before the device call's 10 minutes end. Output in OUTDIR/offload_h200.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CARRY=.carry/offload
@@ -21,15 +37,23 @@ CARRY=.carry/offload
 case "${1:-}" in
   pack)
     set -e
-    bazel build //bench:mlp_bench //bench:aio_bench //bench:nvme_states_bench //tests/equivalence:gpu_equivalence
+    bazel build //bench:mlp_bench //bench:pcie_bench //bench:aio_bench //bench:nvme_states_bench \
+        //tests/equivalence:gpu_equivalence
     rm -rf "$CARRY" && mkdir -p "$CARRY/bin" "$CARRY/lib"
-    cp -L bazel-bin/bench/mlp_bench bazel-bin/bench/aio_bench bazel-bin/bench/nvme_states_bench \
-        bazel-bin/tests/equivalence/gpu_equivalence "$CARRY/bin/"
+    cp -L bazel-bin/bench/mlp_bench bazel-bin/bench/pcie_bench bazel-bin/bench/aio_bench \
+        bazel-bin/bench/nvme_states_bench bazel-bin/tests/equivalence/gpu_equivalence "$CARRY/bin/"
     for lib in /usr/lib/libgloo.so.0 $(ldd /usr/lib/libgloo.so.0 | awk '/=> \//{print $3}' | grep -E 'hiredis|ibverbs|libnl') \
                /usr/lib/x86_64-linux-gnu/libaio.so.1 /usr/lib/x86_64-linux-gnu/libnuma.so.1; do
       cp -L "$lib" "$CARRY/lib/"
     done
     "$CARRY/bin/mlp_bench" --dry-run >/dev/null
+    "$CARRY/bin/mlp_bench" --dry-run --stage 3 --offload-optimizer cpu --offload-param cpu --gas 8 \
+        --offload-grad-accumulation gpu >/dev/null
+    "$CARRY/bin/pcie_bench" --dry-run >/dev/null
+    python3 bench/deepspeed_offload.py --config ds_z3_offload_param --dry-run >/dev/null
+    ls .whl/deepspeed-0.19.8.tar.gz >/dev/null 2>&1 ||
+      echo "note: no .whl/deepspeed-0.19.8.tar.gz here: the deepspeed phase needs .whl/ (the wheels of" \
+           "../shared/DEVICE.md) in this checkout, carried with .carry/offload" >&2
     du -sh "$CARRY"
     ;;
   run)
@@ -42,8 +66,14 @@ case "${1:-}" in
     B=$CARRY/bin
     SO="stdbuf -oL"  # line-buffered through the pipe, so a run cut by its timeout still shows its steps
     NV=${NVME_DIR:-/root/zero_nvme}
-    run() {  # SECONDS CMD...
+    SITE=/tmp/site  # the deepspeed phase's install target
+    DSENV="env PYTHONPATH=$SITE TORCH_EXTENSIONS_DIR=/tmp/torch_ext"
+    deadline=$(( $(date +%s) + ${BUDGET_S:-570} ))
+    run() {  # SECONDS CMD...: at most SECONDS, and never past the deadline
       local limit=$1; shift
+      local left=$(( deadline - $(date +%s) ))
+      if (( left < 5 )); then echo "=== skipped (BUDGET_S spent): $*"; return 0; fi
+      (( limit > left )) && limit=$left
       echo "=== $*"
       local t0=$(date +%s)
       timeout "$limit" "$@"; local r=$?
@@ -57,6 +87,41 @@ case "${1:-}" in
         case $p in
           equiv)
             run 240 $B/gpu_equivalence ;;
+          equiv_unmanaged)
+            run 120 $B/gpu_equivalence --filter unmanaged_offload ;;
+          pcie)
+            run 60 $B/pcie_bench --sizes-mib 64,256,1024 --reps 5 --warmup 1 ;;
+          gas)
+            run 90 $SO $B/mlp_bench --stage 3 --offload-optimizer cpu --offload-param cpu --gas 8 \
+                --offload-grad-accumulation cpu --steps 4 --label s3_cpuadam_param_gas8_acccpu
+            run 90 $SO $B/mlp_bench --stage 3 --offload-optimizer cpu --offload-param cpu --gas 8 \
+                --offload-grad-accumulation gpu --steps 4 --label s3_cpuadam_param_gas8_accgpu
+            run 60 $B/mlp_bench --stage 3 --gas 8 --steps 4 --label s3_none_gas8
+            ;;
+          tokens65536)
+            run 60 $B/mlp_bench --stage 3 --tokens 65536 --label s3_none
+            run 60 $B/mlp_bench --stage 3 --tokens 65536 --offload-optimizer cpu --update-device gpu --label s3_gpuchunk
+            run 60 $B/mlp_bench --stage 3 --tokens 65536 --offload-optimizer cpu --update-device gpu --overlap-step 1 \
+                --label s3_gpuoverlap
+            run 60 $B/mlp_bench --stage 3 --tokens 65536 --offload-optimizer cpu --label s3_cpuadam
+            run 90 python3 bench/fsdp2_reference.py --config fsdp2_offload@65536
+            ;;
+          deepspeed)
+            W=${WHL_DIR:-.whl}
+            if [ ! -f "$W/deepspeed-0.19.8.tar.gz" ]; then
+              echo "=== deepspeed: no $W/deepspeed-0.19.8.tar.gz (carry .whl/, ../shared/DEVICE.md); phase skipped"
+              continue
+            fi
+            run 60 python3 -m pip install --quiet --no-index --no-deps --target "$SITE" "$W"/*.whl
+            run 90 env DS_BUILD_OPS=0 python3 -m pip install --quiet --no-index --no-deps --no-build-isolation \
+                --target "$SITE" "$W/deepspeed-0.19.8.tar.gz"
+            DS="$DSENV python3 bench/deepspeed_offload.py"
+            run 60 $DS --config ds_z3
+            run 120 $DS --config ds_z2_offload  # first DeepSpeedCPUAdam use: its ninja build (~40 s)
+            run 60 $DS --config ds_z3_offload
+            run 60 $DS --config ds_z3_offload_param
+            run 75 $DS --config ds_z2_offload --tokens 65536
+            ;;
           offload)
             run 90 $B/mlp_bench --stage 3 --label s3_none
             run 90 $B/mlp_bench --stage 3 --offload-optimizer cpu --label s3_cpuadam
@@ -94,7 +159,8 @@ case "${1:-}" in
     } 2>&1 | tee "$out/offload_h200.log"
     ;;
   *)
-    echo "usage: bench/run_offload_h200.sh pack | run OUTDIR [equiv|offload|nvme|headline ...]" >&2
+    echo "usage: bench/run_offload_h200.sh pack | run OUTDIR" \
+         "[equiv|offload|nvmebench|nvme|headline|pcie|gas|tokens65536|deepspeed|equiv_unmanaged ...]" >&2
     exit 2
     ;;
 esac
