@@ -625,9 +625,11 @@ Status Run(const Options& o) {
   if (engine) {
     const EngineMemory m = engine->memory();
     std::printf("# engine memory GiB: model_params %.2f, master %.2f, optimizer %.2f, gradients %.2f "
-                "(bucket staging %.2f), activations %.2f; device in use %.2f, peak %.2f\n",
+                "(accumulators %.2f, bucket staging %.2f), activations %.2f; device in use %.2f, peak %.2f; "
+                "host: states %.2f, params %.2f, gradients %.2f\n",
                 GiB(m.model_params), GiB(m.master_params), GiB(m.optimizer_states), GiB(m.gradients),
-                GiB(m.bucket_staging), GiB(acts.bytes()), GiB(ms.in_use), GiB(ms.peak));
+                GiB(m.gradient_accumulators), GiB(m.bucket_staging), GiB(acts.bytes()), GiB(ms.in_use), GiB(ms.peak),
+                GiB(m.host_states), GiB(m.host_params), GiB(m.host_gradients));
   }
   auto tail = [](const std::vector<double>& v) { return std::vector<double>(v.begin() + 1, v.end()); };
   PrintPcie(o);
