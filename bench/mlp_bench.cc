@@ -567,7 +567,9 @@ Status Run(const Options& o) {
                           plain_params[4 * l + 3].data()};
   };
   StepTimes t;
+  int64_t uploaded_after_first = 0;  // EngineStats::param_uploaded_bytes after step 1
   for (int s = 0; s < o.steps; ++s) {
+    if (engine && s == 1) uploaded_after_first = engine->stats().param_uploaded_bytes;
     ZERO_RETURN_IF_ERROR(device->Synchronize());
     const Clock::time_point t0 = Clock::now();
     double fwd_s = 0.0;  // summed over the micro steps
@@ -633,12 +635,18 @@ Status Run(const Options& o) {
   }
   auto tail = [](const std::vector<double>& v) { return std::vector<double>(v.begin() + 1, v.end()); };
   PrintPcie(o);
+  // Measured: the parameter shards uploaded per step over steps 2..N (offload_param only).
+  const double param_up_gb =
+      engine && o.steps > 1
+          ? static_cast<double>(engine->stats().param_uploaded_bytes - uploaded_after_first) / (o.steps - 1) / 1e9
+          : 0.0;
+  std::printf("# parameter shard uploads measured: %.3f GB per step (EngineStats::param_uploaded_bytes)\n", param_up_gb);
   std::printf("BENCH impl=%s config=%s tokens=%lld params=%lld steps=%d init_s=%.2f fwd_s=%.4f fwd_bwd_s=%.4f "
-              "step_s=%.4f peak_gib=%.2f gpu_used_gib=%.2f loss_first=%.6g loss_last=%.6g gas=%d clip=%g %s\n",
+              "step_s=%.4f peak_gib=%.2f gpu_used_gib=%.2f loss_first=%.6g loss_last=%.6g gas=%d clip=%g %s param_up_gb=%.3f\n",
               o.impl == "zero" ? "zero" : "zero-compute", o.label.c_str(), static_cast<long long>(o.tokens),
               static_cast<long long>(TotalParams(o)), o.steps, init_s, Median(tail(t.fwd)), Median(tail(t.fwd_bwd)),
               Median(tail(t.step)), GiB(ms.peak), GiB(double(total_b - free_b)), t.loss.front(), t.loss.back(), o.gas,
-              o.clip, PcieFields(o).c_str());
+              o.clip, PcieFields(o).c_str(), param_up_gb);
   std::fflush(stdout);
   return OkStatus();
 }

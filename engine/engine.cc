@@ -1643,6 +1643,8 @@ EngineStats Engine::stats() const {
   out.gradient_collectives = m.reducer != nullptr ? m.reducer->collectives_issued() : 0;
   out.weight_allgathers = m.weight_gather != nullptr ? m.weight_gather->collectives_issued() : 0;
   out.param_allgathers = m.coordinator != nullptr ? m.coordinator->stats().allgathers : 0;
+  out.param_uploads = m.coordinator != nullptr ? m.coordinator->stats().uploads : 0;
+  out.param_uploaded_bytes = m.coordinator != nullptr ? m.coordinator->stats().uploaded_bytes : 0;
   return out;
 }
 std::map<std::string, double> Engine::wall_clock_breakdown() const { return impl_->timeline.last_means(); }

@@ -207,6 +207,10 @@ struct EngineStats {
   // modules, at most stage3_prefetch_bucket_size elements), the re-gather of held modules after
   // Step().
   int64_t param_allgathers = 0;
+  // Stage 3 with offload_param: host->device shard uploads the coordinator made (one per flight that
+  // needed host shards) and their bytes (the PCIe traffic of parameter offload).
+  int64_t param_uploads = 0;
+  int64_t param_uploaded_bytes = 0;
 };
 
 // The step counters (saved in checkpoints and restored by LoadCheckpoint).
