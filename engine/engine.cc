@@ -113,6 +113,9 @@ std::string ParamName(const ParamInfo& p) { return "'" + p.spec.name + "'"; }
 struct Engine::Impl {
   Config config;
   EngineEnv env;
+  // wall_clock_breakdown and zero_trace (engine/engine_timeline.h): off unless configured. Declared
+  // before the components: destroyed after them, as they hold its stream observer.
+  EngineTimeline timeline;
   Device* device = nullptr;
   Communicator* comm = nullptr;
   Stream* compute = nullptr;
@@ -191,8 +194,6 @@ struct Engine::Impl {
   int64_t backwards_since_step = 0;  // Backward() calls since the last boundary or ZeroGrad()
 
   EngineCounters counters;
-  // wall_clock_breakdown and zero_trace (engine/engine_timeline.h): off unless configured.
-  EngineTimeline timeline;
   bool step_applied = false;
   double grad_norm = -1.0;
   Status broken;
@@ -946,6 +947,14 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     coordinator = std::make_unique<ParamCoordinator>(device, comm, compute, mdt, std::move(cps),
                                                      module_names, co);
     if (world > 1) schedule = std::make_unique<ReductionSchedule>(comm, static_cast<int>(module_names.size()));
+  }
+  // zero_trace: the components report the work they enqueue on their own streams (docs/timeline.md).
+  if (StreamObserver* o = timeline.observer()) {
+    if (reducer != nullptr) reducer->set_observer(o);
+    if (coordinator != nullptr) coordinator->set_observer(o);
+    if (states != nullptr) states->set_observer(o);
+    if (grad != nullptr) grad->set_observer(o);
+    if (host_params != nullptr) host_params->set_observer(o);
   }
   ZERO_RETURN_IF_ERROR(device->SynchronizeStream(compute));
   return OkStatus();

@@ -15,7 +15,13 @@
 // are the time spent inside Timed calls of that kind (they nest inside the phases, like
 // DeepSpeed's allreduce timer inside bwd). Means are per optimizer step over the window.
 //
-// Thread safety: used from the engine's thread only.
+// With zero_trace the timeline also owns a StreamObserver (zero/trace_observer.h) that the engine
+// hands to its components (observer()): their spans on the streams where they enqueue work, only
+// in traced steps and at most max_component_spans per step (the rest are counted in the trace's
+// dropped_spans); device spans are resolved (never waited for) at the end of each traced step and
+// waited for when the trace is written. Without zero_trace there is no observer (null).
+//
+// Thread safety: used from the engine's thread only; the observer takes calls from any thread.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +34,7 @@
 #include "runtime/status.h"
 #include "runtime/step_timers.h"
 #include "runtime/timeline.h"
+#include "zero/trace_observer.h"
 
 namespace zero {
 
@@ -42,6 +49,8 @@ struct EngineTimelineOptions {
   // Optimizer steps of this engine (from 1, inclusive; a resumed run counts from its first step).
   int64_t trace_first_step = 2;
   int64_t trace_last_step = 4;
+  // Component spans (the observer's) recorded per traced step at most.
+  int64_t max_component_spans = 4096;
 };
 
 // The file rank `rank` writes its trace to.
@@ -51,7 +60,8 @@ class EngineTimeline {
  public:
   enum class Kind { kCommunication, kOffload };
 
-  EngineTimeline() = default;  // off
+  EngineTimeline();  // off
+  ~EngineTimeline();
   EngineTimeline(const EngineTimeline&) = delete;
   EngineTimeline& operator=(const EngineTimeline&) = delete;
 
@@ -81,6 +91,11 @@ class EngineTimeline {
   std::map<std::string, double> last_means() const { return last_means_; }
   // Null unless zero_trace is on.
   Timeline* timeline() { return timeline_.get(); }
+  // What the engine hands its components (set_observer); null unless zero_trace is on.
+  StreamObserver* observer();
+  // Process-wide: observers created (one per engine with zero_trace) and calls they received.
+  static int64_t observers_created();
+  static int64_t observer_calls();
 
  private:
   enum PhaseId { kIdle, kForward, kBackward, kStep };
@@ -88,6 +103,7 @@ class EngineTimeline {
   Status EndStepImpl(int64_t global_step);
   Status TimedImpl(Kind kind, TrackId track, const char* name, const std::function<Status()>& fn);
   Status Sync();
+  class Observer;
   bool Recording() const { return timeline_ != nullptr && timeline_->enabled(); }
 
   bool on_ = false;
@@ -96,6 +112,7 @@ class EngineTimeline {
   Stream* compute_ = nullptr;
   StepTimers timers_;
   std::unique_ptr<Timeline> timeline_;
+  std::unique_ptr<Observer> observer_;  // with timeline_
   PhaseId phase_ = kIdle;
   int64_t phase_begin_ns_ = 0;
   int64_t step_begin_ns_ = -1;  // the traced step's first phase; -1: none yet

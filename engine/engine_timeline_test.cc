@@ -1,7 +1,8 @@
 // The engine's own step timeline through the Engine (CPU backend, real Gloo between thread ranks):
 // wall_clock_breakdown's line every steps_per_print optimizer steps (and never when off), the
-// zero_trace Chrome trace (valid JSON, the six tracks, spans nested in their step) and the
-// zero_trace config errors.
+// zero_trace Chrome trace (valid JSON, the six tracks, spans nested in their step, the components'
+// per-stream spans through the stream observer, NVMe runs' aio spans, no observer without
+// zero_trace) and the zero_trace config errors.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -18,6 +19,8 @@
 #include "comm/thread_ranks.h"
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
+#include "engine/engine_timeline.h"
+#include "nvme/nvme_test_util.h"
 
 namespace zero {
 namespace {
@@ -114,62 +117,74 @@ std::string ReadFile(const std::string& path) {
   return b.str();
 }
 
+struct TraceSpan {
+  std::string name, track;
+  double ts, end;
+};
+
+// Rank `rank`'s trace file `file`: its spans, the six built-in tracks checked present, every span
+// but the "step N" ones checked to lie inside one of the `steps` traced steps (named in order),
+// the spans counted by "track/name" into `count`.
+void ReadTrace(const std::string& file, int rank, const std::vector<std::string>& steps,
+               std::map<std::string, int>* count) {
+  const std::string text = ReadFile(file);
+  ASSERT_FALSE(text.empty()) << "no trace at " << file;
+  const nlohmann::json doc = nlohmann::json::parse(text);  // throws (fails the test) on malformed JSON
+  std::map<int, std::string> tracks;
+  std::vector<TraceSpan> spans;
+  for (const auto& e : doc.at("traceEvents")) {
+    EXPECT_EQ(e.at("pid").get<int>(), rank);
+    if (e.at("ph") == "M" && e.at("name") == "thread_name") {
+      tracks[e.at("tid").get<int>()] = e.at("args").at("name").get<std::string>();
+    }
+  }
+  for (const auto& e : doc.at("traceEvents")) {
+    if (e.at("ph") != "X") continue;
+    const double ts = e.at("ts").get<double>(), dur = e.at("dur").get<double>();
+    spans.push_back({e.at("name").get<std::string>(), tracks.at(e.at("tid").get<int>()), ts, ts + dur});
+  }
+  for (const char* t : {"compute", "communication", "host->device", "device->host", "CPU optimizer", "I/O"}) {
+    bool found = false;
+    for (const auto& [tid, name] : tracks) found |= name == t;
+    EXPECT_TRUE(found) << file << ": no track '" << t << "'";
+  }
+  // The traced steps, and every other span inside one of them.
+  std::vector<TraceSpan> step_spans;
+  for (const TraceSpan& sp : spans) {
+    if (sp.name.rfind("step ", 0) == 0) step_spans.push_back(sp);
+  }
+  ASSERT_EQ(step_spans.size(), steps.size()) << file;
+  for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(step_spans[i].name, steps[i]) << file;
+  for (const TraceSpan& sp : spans) {
+    if (sp.name.rfind("step ", 0) == 0) continue;
+    ++(*count)[sp.track + "/" + sp.name];
+    bool inside = false;
+    // Timestamps are microseconds with sub-microsecond rounding: allow 1 us at the edges.
+    for (const TraceSpan& st : step_spans) inside |= sp.ts >= st.ts - 1 && sp.end <= st.end + 1;
+    EXPECT_TRUE(inside) << file << ": span '" << sp.name << "' on " << sp.track << " [" << sp.ts << ", " << sp.end
+                        << "] is outside the traced steps";
+  }
+}
+
+std::string TraceJson(const std::string& path) {
+  return "\"zero_trace\": {\"enabled\": true, \"path\": \"" + path + "\", \"first_step\": 2, \"last_step\": 3}";
+}
+
 TEST(EngineTimelineTest, TraceOfTheChosenStepsWithOneTrackPerStream) {
   // In the test's outputs when Bazel keeps them (tools/trace_to_svg.py renders it for docs/timeline.md).
   const char* keep = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
   const std::string path = (keep != nullptr ? std::string(keep) : TmpDir()) + "/engine_trace.json";
   std::remove(path.c_str());
   std::remove((path + ".rank1").c_str());
+  const int64_t observers = EngineTimeline::observers_created();
   // Stage 3 on two ranks (gathers and reductions) with CPU AdamW over offloaded states.
-  const std::string json = ConfigJson(
-      3, 2, 1.0, "\"zero_trace\": {\"enabled\": true, \"path\": \"" + path + "\", \"first_step\": 2, \"last_step\": 3}",
-      kOffload);
-  TrainRanks(json, 2, 4);
+  TrainRanks(ConfigJson(3, 2, 1.0, TraceJson(path), kOffload), 2, 4);
+  EXPECT_EQ(EngineTimeline::observers_created() - observers, 2) << "one stream observer per traced engine";
   for (int rank = 0; rank < 2; ++rank) {
     const std::string file = rank == 0 ? path : path + ".rank1";
-    const std::string text = ReadFile(file);
-    ASSERT_FALSE(text.empty()) << "no trace at " << file;
-    const nlohmann::json doc = nlohmann::json::parse(text);  // throws (fails the test) on malformed JSON
-    std::map<int, std::string> tracks;
-    struct S {
-      std::string name, track;
-      double ts, end;
-    };
-    std::vector<S> spans;
-    for (const auto& e : doc.at("traceEvents")) {
-      EXPECT_EQ(e.at("pid").get<int>(), rank);
-      if (e.at("ph") == "M" && e.at("name") == "thread_name") {
-        tracks[e.at("tid").get<int>()] = e.at("args").at("name").get<std::string>();
-      }
-    }
-    for (const auto& e : doc.at("traceEvents")) {
-      if (e.at("ph") != "X") continue;
-      const double ts = e.at("ts").get<double>(), dur = e.at("dur").get<double>();
-      spans.push_back({e.at("name").get<std::string>(), tracks.at(e.at("tid").get<int>()), ts, ts + dur});
-    }
-    for (const char* t : {"compute", "communication", "host->device", "device->host", "CPU optimizer", "I/O"}) {
-      bool found = false;
-      for (const auto& [tid, name] : tracks) found |= name == t;
-      EXPECT_TRUE(found) << file << ": no track '" << t << "'";
-    }
-    // The two traced steps, and every other span inside one of them.
-    std::vector<S> steps;
     std::map<std::string, int> count;  // "track/name" -> spans
-    for (const S& s : spans) {
-      if (s.name.rfind("step ", 0) == 0) steps.push_back(s);
-    }
-    ASSERT_EQ(steps.size(), 2u) << file;
-    EXPECT_EQ(steps[0].name, "step 2");
-    EXPECT_EQ(steps[1].name, "step 3");
-    for (const S& s : spans) {
-      if (s.name.rfind("step ", 0) == 0) continue;
-      ++count[s.track + "/" + s.name];
-      bool inside = false;
-      // Timestamps are microseconds with sub-microsecond rounding: allow 1 us at the edges.
-      for (const S& st : steps) inside |= s.ts >= st.ts - 1 && s.end <= st.end + 1;
-      EXPECT_TRUE(inside) << file << ": span '" << s.name << "' on " << s.track << " [" << s.ts << ", " << s.end
-                          << "] is outside the traced steps";
-    }
+    ReadTrace(file, rank, {"step 2", "step 3"}, &count);
+    if (::testing::Test::HasFatalFailure()) return;
     // GAS 2: two forwards and backwards per step; one optimizer step each.
     EXPECT_EQ(count["compute/forward"], 4) << file;
     EXPECT_EQ(count["compute/backward"], 4) << file;
@@ -177,7 +192,58 @@ TEST(EngineTimelineTest, TraceOfTheChosenStepsWithOneTrackPerStream) {
     EXPECT_GT(count["communication/gather module"], 0) << file;
     EXPECT_EQ(count["communication/gradient norm"], 2) << file;
     EXPECT_GT(count["CPU optimizer/optimizer update"], 0) << file;
+    // The components' own spans (the stream observer), on the streams they enqueue on.
+    EXPECT_GT(count["communication/all-gather"], 0) << file << ": no all-gather of the coordinator";
+    EXPECT_GT(count["communication/reduce-scatter"], 0) << file << ": no reduce-scatter of the reducer";
+    EXPECT_GT(count["device->host/gradients to the host partition"], 0) << file;
+    EXPECT_GT(count["host->device/weights to the device"], 0) << file;
+    // One host update per optimizer step at least (the states' CPU AdamW, under the engine's span).
+    EXPECT_GE(count["CPU optimizer/CPU AdamW"], 2) << file;
+    EXPECT_EQ(count["compute/component spans dropped"], 0) << file;
   }
+}
+
+TEST(EngineTimelineTest, NvmeRunsHaveIoSpansOfTheirAioWaits) {
+  auto scratch = ScratchDir::Create("engine_timeline_nvme");
+  ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
+  const std::string cpu_opt = "\"offload_optimizer\": {\"device\": \"cpu\"}";
+  // NVMe optimizer states; then CPU states with the parameters on NVMe (the param store).
+  const std::string nvme_states = "\"sub_group_size\": 64, \"offload_optimizer\": {\"device\": \"nvme\", "
+                                  "\"nvme_path\": \"" + scratch->File("s") + "\", \"buffer_count\": 2}";
+  const std::string nvme_params = cpu_opt + ", \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"" +
+                                  scratch->File("p") + "\", \"buffer_count\": 2, \"max_in_cpu\": 0}";
+  for (const std::string& extra : {nvme_states, nvme_params}) {
+    const std::string path = TmpDir() + "/engine_trace_nvme.json";
+    std::remove(path.c_str());
+    std::remove((path + ".rank1").c_str());
+    TrainRanks(ConfigJson(3, 1, 1.0, TraceJson(path), extra), 2, 3);
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string file = rank == 0 ? path : path + ".rank1";
+      std::map<std::string, int> count;
+      ReadTrace(file, rank, {"step 2", "step 3"}, &count);
+      if (::testing::Test::HasFatalFailure()) return;
+      int io = 0;
+      for (const auto& [key, n] : count) {
+        if (key.rfind("I/O/aio ", 0) == 0) io += n;
+      }
+      EXPECT_GT(io, 0) << file << " (" << extra << "): no aio span on the I/O track";
+    }
+  }
+}
+
+TEST(EngineTimelineTest, NoObserverWithoutZeroTrace) {
+  const int64_t observers = EngineTimeline::observers_created();
+  const int64_t calls = EngineTimeline::observer_calls();
+  // Every component that has hooks is in this run (stage 3, two ranks, CPU offload), and the
+  // breakdown is on (the timeline exists): still no observer, and no hook reached one.
+  TrainRanks(ConfigJson(3, 2, 1.0, "\"wall_clock_breakdown\": true", kOffload), 2, 3);
+  EXPECT_EQ(EngineTimeline::observers_created(), observers);
+  EXPECT_EQ(EngineTimeline::observer_calls(), calls);
+  // The counter counts: a traced run's hooks reach its observer.
+  const std::string path = TmpDir() + "/engine_trace_counted.json";
+  TrainRanks(ConfigJson(3, 2, 1.0, TraceJson(path), kOffload), 2, 3);
+  EXPECT_EQ(EngineTimeline::observers_created(), observers + 2);
+  EXPECT_GT(EngineTimeline::observer_calls(), calls);
 }
 
 TEST(EngineTimelineTest, TraceConfigErrorsNameTheKey) {

@@ -173,9 +173,11 @@ Status ChunkedOptimizerStates::Pipeline(Kind kind, int64_t offset, int64_t n, co
     // 1. Upload: once the set is free and the host range is final.
     ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(upload_.get(), s.free.get()));
     ZERO_RETURN_IF_ERROR(WaitForHostRange(b, b + len));
+    StreamObserver::SpanId trace = TraceBegin(observer_, TraceTrack::kHostToDevice, "chunk upload", upload_.get());
     for (int k = 0; k < moved; ++k) {
       ZERO_RETURN_IF_ERROR(device_->Copy(s.state[k].data(), state_[k] + b, bytes, CopyKind::kHostToDevice, upload_.get()));
     }
+    TraceEnd(observer_, trace, upload_.get());
     ZERO_RETURN_IF_ERROR(device_->RecordEvent(s.uploaded.get(), upload_.get()));
     if (cast) ZERO_RETURN_IF_ERROR(device_->RecordEvent(stored.get(), upload_.get()));
 
@@ -195,6 +197,7 @@ Status ChunkedOptimizerStates::Pipeline(Kind kind, int64_t offset, int64_t n, co
       g = static_cast<const float*>(grads) + at;
     }
     ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(update_.get(), s.uploaded.get()));
+    trace = TraceBegin(observer_, TraceTrack::kGpuOptimizer, cast ? "chunk cast" : "chunk AdamW", update_.get());
     void* out = model_out != nullptr ? ElementPtr(model_out, model_t, at) : nullptr;
     if (cast) {
       ZERO_RETURN_IF_ERROR(device_->Cast(s.state[0].data(), DType::kF32, out, model_t, static_cast<size_t>(len), update_.get()));
@@ -202,6 +205,7 @@ Status ChunkedOptimizerStates::Pipeline(Kind kind, int64_t offset, int64_t n, co
       ZERO_RETURN_IF_ERROR(device_->AdamWCast(s.state[0].as<float>(), g, s.state[1].as<float>(), s.state[2].as<float>(),
                                               static_cast<size_t>(len), h, out, model_t, update_.get()));
     }
+    TraceEnd(observer_, trace, update_.get());
     ZERO_RETURN_IF_ERROR(device_->RecordEvent(updated.get(), update_.get()));
 
     // 3. Download (a cast wrote nothing to the set: it is free after the cast).
@@ -209,9 +213,11 @@ Status ChunkedOptimizerStates::Pipeline(Kind kind, int64_t offset, int64_t n, co
       ZERO_RETURN_IF_ERROR(device_->RecordEvent(s.free.get(), update_.get()));
     } else {
       ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(download_.get(), updated.get()));
+      trace = TraceBegin(observer_, TraceTrack::kDeviceToHost, "chunk download", download_.get());
       for (int k = 0; k < 3; ++k) {
         ZERO_RETURN_IF_ERROR(device_->Copy(state_[k] + b, s.state[k].data(), bytes, CopyKind::kDeviceToHost, download_.get()));
       }
+      TraceEnd(observer_, trace, download_.get());
       ZERO_RETURN_IF_ERROR(device_->RecordEvent(stored.get(), download_.get()));
       ZERO_RETURN_IF_ERROR(device_->RecordEvent(s.free.get(), download_.get()));
     }
@@ -263,6 +269,7 @@ Status ChunkedOptimizerStates::CopyToDevice(OptState which, int64_t offset, int6
   ZERO_RETURN_IF_ERROR(Check(offset, n, "CopyToDevice"));
   ZERO_RETURN_IF_ERROR(Drain());
   if (n == 0) return OkStatus();
+  TraceDeviceScope trace(observer_, TraceTrack::kHostToDevice, "states to the device", stream);
   ZERO_RETURN_IF_ERROR(
       device_->Copy(dst, host(which, offset), static_cast<size_t>(n) * 4, CopyKind::kHostToDevice, stream));
   return device_->SynchronizeStream(stream);
@@ -273,6 +280,7 @@ Status ChunkedOptimizerStates::CopyFromDevice(OptState which, int64_t offset, in
   ZERO_RETURN_IF_ERROR(Check(offset, n, "CopyFromDevice"));
   ZERO_RETURN_IF_ERROR(Drain());
   if (n == 0) return OkStatus();
+  TraceDeviceScope trace(observer_, TraceTrack::kDeviceToHost, "states to the host", stream);
   ZERO_RETURN_IF_ERROR(
       device_->Copy(host(which, offset), src, static_cast<size_t>(n) * 4, CopyKind::kDeviceToHost, stream));
   return device_->SynchronizeStream(stream);

@@ -135,6 +135,7 @@ class HostGradPartition final : public GradPartition {
         next_slot_ = (next_slot_ + 1) % slots_.size();
       }
       Slot& sl = slots_[s];
+      TraceDeviceScope trace(observer_, TraceTrack::kDeviceToHost, "gradients to the host partition", stream_);
       ZERO_RETURN_IF_ERROR(device_->Copy(sl.data, ElementPtr(src, src_t, at), static_cast<size_t>(len) * SizeOf(src_t),
                                          CopyKind::kDeviceToHost, stream_));
       ZERO_RETURN_IF_ERROR(device_->RecordEvent(sl.landed.get(), stream_));
@@ -151,6 +152,7 @@ class HostGradPartition final : public GradPartition {
     const GradPiece& p = pieces_[i];
     if (p.n == 0) return OkStatus();
     // Straight into the piece: nothing else writes it in this window.
+    TraceDeviceScope trace(observer_, TraceTrack::kDeviceToHost, "gradients to the host partition", stream_);
     ZERO_RETURN_IF_ERROR(device_->Copy(part_ + p.offset, src, static_cast<size_t>(p.n) * 4, CopyKind::kDeviceToHost,
                                        stream_));
     return device_->RecordEvent(stored_.get(), stream_);
@@ -275,6 +277,11 @@ class GpuAccumulatedGradPartition final : public GradPartition {
   Status Store(int i, const float* src) override {
     pending_[i] = 0;
     return host_->Store(i, src);
+  }
+  void set_observer(StreamObserver* o) override {
+    GradPartition::set_observer(o);
+    sum_->set_observer(o);
+    host_->set_observer(o);
   }
   Status Zero(int i) override { return host_->Zero(i); }
   Status Finish() override {

@@ -43,6 +43,7 @@
 #include "runtime/dtype.h"
 #include "runtime/status.h"
 #include "zero/optimizer_states.h"
+#include "zero/trace_observer.h"
 
 namespace zero {
 
@@ -95,9 +96,14 @@ class GradPartition {
   virtual Status Read(int i, float* out) = 0;
   virtual GradPartitionBytes bytes() const = 0;
 
+  // The per-stream trace's hook (zero/trace_observer.h; null: none); set before the partition is
+  // used. The host partition reports its device->host copies.
+  virtual void set_observer(StreamObserver* o) { observer_ = o; }
+
  protected:
   explicit GradPartition(std::vector<GradPiece> pieces) : pieces_(std::move(pieces)) {}
   std::vector<GradPiece> pieces_;
+  StreamObserver* observer_ = nullptr;
 };
 
 // A zero-filled device buffer of `numel` fp32 elements. Errors name "fp32 gradient partition".

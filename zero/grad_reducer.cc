@@ -252,6 +252,9 @@ Status GradientReducer::Issue(InFlight* f, void* send, void* recv) {
     f->recv = send;  // the mean (or sum) over one rank is the value itself
     return OkStatus();
   }
+  f->span = TraceBegin(observer_, TraceTrack::kCommunication,
+                       options_.scatter && options_.kind != BucketKind::kFull ? "reduce-scatter" : "all-reduce",
+                       compute_);
   if (options_.kind == BucketKind::kFull) {
     auto work = comm_->AllReduce(send, segment, t, options_.op, compute_);
     if (!work.ok()) return Fail(work.status().WithContext(what("all-reduce")));
@@ -287,6 +290,7 @@ Status GradientReducer::ProcessOldest() {
                                      ? ".." + std::to_string(f.layout.items().back().param)
                                      : std::string())));
     }
+    TraceEnd(observer_, f.span, compute_);
   }
   for (int j = 0; j < f.layout.size(); ++j) {
     Status s = consumer_(f.layout.items()[j].param,

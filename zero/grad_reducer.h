@@ -71,6 +71,7 @@
 #include "runtime/status.h"
 #include "zero/buffer_pool.h"
 #include "zero/gradient_bucket.h"
+#include "zero/trace_observer.h"
 
 namespace zero {
 
@@ -123,6 +124,9 @@ class GradientReducer {
   int64_t buckets_launched() const { return buckets_launched_; }
   // Collectives issued (none with one rank or for empty buckets).
   int64_t collectives_issued() const { return collectives_issued_; }
+  // The per-stream trace's hook (zero/trace_observer.h; null: none): each collective is a span on
+  // the communication track from its launch to where the compute stream waits for it.
+  void set_observer(StreamObserver* o) { observer_ = o; }
 
  private:
   struct Pending {
@@ -139,6 +143,7 @@ class GradientReducer {
     const void* recv = nullptr;
     std::unique_ptr<Work> work;  // null: nothing to wait for (one rank)
     ReleaseFn release;           // per parameter: gives the source back once consumed
+    StreamObserver::SpanId span = 0;  // the collective's trace span
   };
 
   Status Launch();
@@ -168,6 +173,7 @@ class GradientReducer {
   int64_t buckets_launched_ = 0;
   int64_t collectives_issued_ = 0;
   Status failed_;
+  StreamObserver* observer_ = nullptr;
 };
 
 }  // namespace zero

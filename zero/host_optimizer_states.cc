@@ -83,6 +83,7 @@ class HostOptimizerStates final : public OptimizerStates {
     auto len = [&](int64_t c) { return std::min(chunk_, n - c * chunk_); };
     auto fetch = [&](int64_t c) -> Status {
       const int k = static_cast<int>(c % 2);
+      TraceDeviceScope trace(observer_, TraceTrack::kDeviceToHost, "gradients to the host", stream);
       ZERO_RETURN_IF_ERROR(device_->Copy(grad_[k], grads + c * chunk_, static_cast<size_t>(len(c)) * 4,
                                          CopyKind::kDeviceToHost, stream));
       return device_->RecordEvent(grad_in_[k].get(), stream);
@@ -94,6 +95,7 @@ class HostOptimizerStates final : public OptimizerStates {
       // grad_[k ^ 1] was read by the previous chunk's (synchronous) update: free for the next one.
       if (c + 1 < chunks) ZERO_RETURN_IF_ERROR(fetch(c + 1));
       const int64_t at = offset + c * chunk_;
+      TraceHostScope trace(observer_, TraceTrack::kCpuOptimizer, "CPU AdamW");
       ZERO_RETURN_IF_ERROR(CpuAdamW(state_[0] + at, grad_[k], state_[1] + at, state_[2] + at,
                                     static_cast<size_t>(len(c)), h, ElementPtr(model_copy_, mdt_, at), mdt_, pool_.get()));
     }
@@ -110,6 +112,7 @@ class HostOptimizerStates final : public OptimizerStates {
     ZERO_RETURN_IF_ERROR(WaitForWorker());
     ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(copied_.get()));  // the model copy may change
     if (n > 0) {
+      TraceHostScope trace(observer_, TraceTrack::kCpuOptimizer, "CPU AdamW");
       ZERO_RETURN_IF_ERROR(CpuAdamW(state_[0] + offset, grads, state_[1] + offset, state_[2] + offset,
                                     static_cast<size_t>(n), h, ElementPtr(model_copy_, mdt_, offset), mdt_,
                                     pool_.get()));
@@ -133,6 +136,7 @@ class HostOptimizerStates final : public OptimizerStates {
         next_slot_ = (next_slot_ + 1) % slots_.size();
       }
       Slot& sl = slots_[s];
+      TraceDeviceScope trace(observer_, TraceTrack::kDeviceToHost, "gradients to the host", stream);
       if (grad != nullptr) {
         ZERO_RETURN_IF_ERROR(device_->Copy(sl.grad, ElementPtr(grad, grad_t, at), static_cast<size_t>(len) * SizeOf(grad_t),
                                            CopyKind::kDeviceToHost, stream));
@@ -152,6 +156,7 @@ class HostOptimizerStates final : public OptimizerStates {
     ZERO_RETURN_IF_ERROR(Check(offset, n, "CastMaster"));
     ZERO_RETURN_IF_ERROR(WaitForWorker());
     if (n == 0) return OkStatus();
+    TraceDeviceScope trace(observer_, TraceTrack::kHostToDevice, "weights to the device", stream);
     if (model_t == mdt_) {
       // The model copy is round(master) already: one copy.
       ZERO_RETURN_IF_ERROR(device_->Copy(model_out, ElementPtr(model_copy_, mdt_, offset), static_cast<size_t>(n) * SizeOf(mdt_),
@@ -173,6 +178,7 @@ class HostOptimizerStates final : public OptimizerStates {
     ZERO_RETURN_IF_ERROR(Check(offset, n, "CopyToDevice"));
     ZERO_RETURN_IF_ERROR(WaitForWorker());
     if (n == 0) return OkStatus();
+    TraceDeviceScope trace(observer_, TraceTrack::kHostToDevice, "states to the device", stream);
     ZERO_RETURN_IF_ERROR(device_->Copy(dst, at(which, offset), static_cast<size_t>(n) * 4, CopyKind::kHostToDevice, stream));
     return device_->SynchronizeStream(stream);
   }
@@ -181,7 +187,10 @@ class HostOptimizerStates final : public OptimizerStates {
     ZERO_RETURN_IF_ERROR(WaitForWorker());
     if (n == 0) return OkStatus();
     ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(copied_.get()));
-    ZERO_RETURN_IF_ERROR(device_->Copy(at(which, offset), src, static_cast<size_t>(n) * 4, CopyKind::kDeviceToHost, stream));
+    {
+      TraceDeviceScope trace(observer_, TraceTrack::kDeviceToHost, "states to the host", stream);
+      ZERO_RETURN_IF_ERROR(device_->Copy(at(which, offset), src, static_cast<size_t>(n) * 4, CopyKind::kDeviceToHost, stream));
+    }
     ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream));
     if (which == OptState::kMaster) RoundInto(state_[0] + offset, ElementPtr(model_copy_, mdt_, offset), mdt_, n);
     return OkStatus();
@@ -249,6 +258,7 @@ class HostOptimizerStates final : public OptimizerStates {
   Status RunTask(const Task& t) {
     Slot& sl = slots_[t.slot];
     ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(sl.landed.get()));
+    TraceHostScope trace(observer_, TraceTrack::kCpuOptimizer, "CPU AdamW (update in backward)");
     WidenToF32(pool_.get(), t.has_grad ? sl.grad : nullptr, t.grad_t, sl.widened, t.n);
     return CpuAdamW(state_[0] + t.offset, sl.widened, state_[1] + t.offset, state_[2] + t.offset,
                     static_cast<size_t>(t.n), t.h, ElementPtr(model_copy_, mdt_, t.offset), mdt_, pool_.get());

@@ -220,7 +220,7 @@ class NvmeOptimizerStates final : public OptimizerStates {
       if (b.group == g) {
         if (b.reading) {
           b.reading = false;
-          ZERO_RETURN_IF_ERROR(SwapError(swap_->Finish(b.io)));
+          ZERO_RETURN_IF_ERROR(SwapError(FinishIo(b.io)));
         }
         return &b;
       }
@@ -229,7 +229,7 @@ class NvmeOptimizerStates final : public OptimizerStates {
     if (fresh_[g]) {
       std::memset(b->data, 0, static_cast<size_t>(GroupLen(g)) * 12);
     } else {
-      ZERO_RETURN_IF_ERROR(SwapError(swap_->Read(static_cast<size_t>(g), b->data)));
+      ZERO_RETURN_IF_ERROR(SwapError(ReadIo(static_cast<size_t>(g), b->data)));
     }
     b->group = g;
     return b;
@@ -269,14 +269,14 @@ class NvmeOptimizerStates final : public OptimizerStates {
   Status Settle(Buffer& b) {
     if (b.writing) {
       b.writing = false;
-      ZERO_RETURN_IF_ERROR(SwapError(swap_->Finish(b.io)));
+      ZERO_RETURN_IF_ERROR(SwapError(FinishIo(b.io)));
     }
     if (b.reading) {
       b.reading = false;
-      ZERO_RETURN_IF_ERROR(SwapError(swap_->Finish(b.io)));
+      ZERO_RETURN_IF_ERROR(SwapError(FinishIo(b.io)));
     }
     if (b.dirty && b.group >= 0) {
-      ZERO_RETURN_IF_ERROR(SwapError(swap_->Write(static_cast<size_t>(b.group), b.data)));
+      ZERO_RETURN_IF_ERROR(SwapError(WriteIo(static_cast<size_t>(b.group), b.data)));
       b.dirty = false;
       fresh_[b.group] = 0;
     }
@@ -320,7 +320,7 @@ class NvmeOptimizerStates final : public OptimizerStates {
       ZERO_ASSIGN_OR_RETURN(Buffer * b, Load(g));
       if (b->writing) {  // updated again before its write finished
         b->writing = false;
-        ZERO_RETURN_IF_ERROR(SwapError(swap_->Finish(b->io)));
+        ZERO_RETURN_IF_ERROR(SwapError(FinishIo(b->io)));
       }
       ZERO_RETURN_IF_ERROR(ReadAhead(g + direction_, g));
       ZERO_RETURN_IF_ERROR(fn(b->data, glen, from, len, done));
@@ -336,7 +336,7 @@ class NvmeOptimizerStates final : public OptimizerStates {
       if (b.group != g || !b.dirty) continue;
       if (b.writing) {
         b.writing = false;
-        ZERO_RETURN_IF_ERROR(SwapError(swap_->Finish(b.io)));
+        ZERO_RETURN_IF_ERROR(SwapError(FinishIo(b.io)));
       }
       Result<SwapFile::Io> io = swap_->StartWrite(static_cast<size_t>(g), b.data);
       if (!io.ok()) return SwapError(io.status());
@@ -382,6 +382,20 @@ class NvmeOptimizerStates final : public OptimizerStates {
   // buffer may hold a group whose read failed and a region whose write failed is unreadable, so
   // every later call is refused (Check) rather than computing on what is left. The file's content
   // is not trusted again; the last checkpoint is the way back.
+  // The swap file's blocking calls, each a host span on the trace's I/O track (the aio waits).
+  Status FinishIo(const SwapFile::Io& io) {
+    TraceHostScope trace(observer_, TraceTrack::kIo, io.read ? "aio read wait" : "aio write wait");
+    return swap_->Finish(io);
+  }
+  Status ReadIo(size_t region, void* buffer) {
+    TraceHostScope trace(observer_, TraceTrack::kIo, "aio read");
+    return swap_->Read(region, buffer);
+  }
+  Status WriteIo(size_t region, const void* buffer) {
+    TraceHostScope trace(observer_, TraceTrack::kIo, "aio write");
+    return swap_->Write(region, buffer);
+  }
+
   Status SwapError(Status s) {
     if (s.ok()) return s;
     std::string advice;

@@ -181,6 +181,19 @@ Status NvmeParamStore::Usable(const char* call) const {
   return OkStatus();
 }
 
+Status NvmeParamStore::FinishIo(const Slot& s) {
+  TraceHostScope trace(observer_, TraceTrack::kIo, s.io.read ? "aio read wait" : "aio write wait");
+  return swap_->Finish(s.io);
+}
+Status NvmeParamStore::ReadIo(size_t region, void* buffer) {
+  TraceHostScope trace(observer_, TraceTrack::kIo, "aio read");
+  return swap_->Read(region, buffer);
+}
+Status NvmeParamStore::WriteIo(size_t region, const void* buffer) {
+  TraceHostScope trace(observer_, TraceTrack::kIo, "aio write");
+  return swap_->Write(region, buffer);
+}
+
 // Every swap file error goes through here: it says what to do and ends the store's use (a buffer
 // may hold a module whose read failed, a region whose write failed is unreadable).
 Status NvmeParamStore::SwapError(Status s) {
@@ -210,11 +223,11 @@ Status NvmeParamStore::SwapError(Status s) {
 Status NvmeParamStore::Settle(Slot& s) {
   if (s.reading) {
     s.reading = false;
-    ZERO_RETURN_IF_ERROR(SwapError(swap_->Finish(s.io)));
+    ZERO_RETURN_IF_ERROR(SwapError(FinishIo(s)));
   }
   if (s.writing) {
     s.writing = false;
-    ZERO_RETURN_IF_ERROR(SwapError(swap_->Finish(s.io)));
+    ZERO_RETURN_IF_ERROR(SwapError(FinishIo(s)));
   }
   if (s.fenced) {
     s.fenced = false;
@@ -229,7 +242,7 @@ Status NvmeParamStore::Evict(Slot& s) {
   Module& mod = modules_[s.module];
   if (s.dirty) {
     ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream_));  // the device->host writes landed
-    ZERO_RETURN_IF_ERROR(SwapError(swap_->Write(static_cast<size_t>(mod.region), s.data)));
+    ZERO_RETURN_IF_ERROR(SwapError(WriteIo(static_cast<size_t>(mod.region), s.data)));
     ++stats_.writes;
     mod.on_disk = true;
     s.dirty = false;
@@ -245,7 +258,7 @@ Status NvmeParamStore::StartWriteBack(Slot& s) {
   ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream_));
   if (s.writing) {
     s.writing = false;
-    ZERO_RETURN_IF_ERROR(SwapError(swap_->Finish(s.io)));
+    ZERO_RETURN_IF_ERROR(SwapError(FinishIo(s)));
   }
   Module& mod = modules_[s.module];
   Result<SwapFile::Io> io = swap_->StartWrite(static_cast<size_t>(mod.region), s.data);
@@ -319,14 +332,14 @@ Result<NvmeParamStore::Slot*> NvmeParamStore::Get(int m, bool fill) {
   if (s != nullptr) {
     if (s->reading) {
       s->reading = false;
-      ZERO_RETURN_IF_ERROR(SwapError(swap_->Finish(s->io)));
+      ZERO_RETURN_IF_ERROR(SwapError(FinishIo(*s)));
     }
     if (!s->ahead) ++stats_.cache_hits;
   } else {
     ZERO_ASSIGN_OR_RETURN(s, Place(m, /*wait=*/true));
     ZERO_CHECK(s != nullptr);
     if (fill && mod.on_disk) {
-      ZERO_RETURN_IF_ERROR(SwapError(swap_->Read(static_cast<size_t>(mod.region), s->data)));
+      ZERO_RETURN_IF_ERROR(SwapError(ReadIo(static_cast<size_t>(mod.region), s->data)));
       ++stats_.reads;
     } else if (fill) {
       std::memset(s->data, 0, s->bytes);  // never written: zeros, as the partition starts
@@ -441,7 +454,7 @@ Status NvmeParamStore::WritePieces(int64_t offset, int64_t n,
     ZERO_ASSIGN_OR_RETURN(Slot * s, Get(m, /*fill=*/!covers));
     if (s->writing) {
       s->writing = false;
-      ZERO_RETURN_IF_ERROR(SwapError(swap_->Finish(s->io)));
+      ZERO_RETURN_IF_ERROR(SwapError(FinishIo(*s)));
     }
     if (s->fenced) {
       s->fenced = false;

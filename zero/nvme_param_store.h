@@ -113,6 +113,10 @@ class NvmeParamStore final : public ParamStore, public ModuleShardStore {
               const NvmeParamStoreOptions& o);
   Status Usable(const char* call) const;
   Status SwapError(Status s);
+  // The swap file's blocking calls, each a host span on the trace's I/O track (the aio waits).
+  Status FinishIo(const Slot& s);  // its io
+  Status ReadIo(size_t region, void* buffer);
+  Status WriteIo(size_t region, const void* buffer);
   // The slot holding module m, its read finished; with `fill` false and m not in host memory, a
   // slot without reading (the caller overwrites all of it).
   Result<Slot*> Get(int m, bool fill);

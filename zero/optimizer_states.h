@@ -19,6 +19,7 @@
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
+#include "zero/trace_observer.h"
 
 namespace zero {
 
@@ -82,6 +83,13 @@ class OptimizerStates {
   // The thread pool the host update runs on, for other host passes that share its cores (the
   // host gradient partition's adds and norm); null where there is none. Owned by the states.
   virtual ThreadPool* host_thread_pool() { return nullptr; }
+
+  // The per-stream trace's hook (zero/trace_observer.h; null: none). Set before the states are
+  // used; implementations report their copies, updates and waits to `observer_`.
+  virtual void set_observer(StreamObserver* o) { observer_ = o; }
+
+ protected:
+  StreamObserver* observer_ = nullptr;
 };
 
 // For implementations: OK, or OutOfRange naming `what` and `call`: "[offset, offset + n) outside

@@ -86,6 +86,7 @@ Status ParamCoordinator::Upload(Flight& f, const std::vector<void*>& dst) {
   Status s = device_->RecordEvent(compute_mark_.get(), compute_);
   if (s.ok()) s = device_->StreamWaitEvent(upload_stream_.get(), compute_mark_.get());
   if (!s.ok()) return Fail(s.WithContext(Describe(f) + ": ordering the upload"));
+  TraceDeviceScope trace(observer_, TraceTrack::kHostToDevice, "upload host shards", upload_stream_.get());
   ModuleShardStore* store = options_.module_store;
   int loaded = -1;  // module store: the module whose shards `base` holds
   const char* base = nullptr;
@@ -233,6 +234,7 @@ Status ParamCoordinator::Launch(Flight f) {
     // Host shards: after the upload stream (which is after the compute stream's work so far).
     Stream* after = host_ ? upload_stream_.get() : compute_;
     Result<std::unique_ptr<Work>> work = std::unique_ptr<Work>();
+    f.span = TraceBegin(observer_, TraceTrack::kCommunication, "all-gather", after);
     if (!staged) {
       // Straight into the full buffer: no staging, no pack, no unpack (in place with host shards).
       Param& p = params_[f.params.front()];
@@ -263,6 +265,7 @@ Status ParamCoordinator::Complete(int64_t id) {
     Status s = f.work->StreamWait(compute_);
     if (!s.ok()) return Fail(s.WithContext(Describe(f)));
     f.work.reset();
+    TraceEnd(observer_, f.span, compute_);
   }
   if (f.uploaded != nullptr) {
     Status s = device_->StreamWaitEvent(compute_, f.uploaded.get());

@@ -98,6 +98,7 @@
 #include "runtime/dtype.h"
 #include "runtime/status.h"
 #include "zero/buffer_pool.h"
+#include "zero/trace_observer.h"
 
 namespace zero {
 
@@ -210,6 +211,10 @@ class ParamCoordinator {
   const ParamCoordinatorStats& stats() const { return stats_; }
   const std::vector<int>& trace() const { return trace_; }
   bool trace_valid() const { return trace_valid_; }
+  // The per-stream trace's hook (zero/trace_observer.h; null: none): each all-gather is a span on
+  // the communication track from its launch to where the compute stream waits for it, each
+  // host-shard upload one on the host->device track (the upload stream).
+  void set_observer(StreamObserver* o) { observer_ = o; }
 
  private:
   enum class State { kReleased, kInFlight, kReady };
@@ -235,6 +240,7 @@ class ParamCoordinator {
     DeviceBuffer staging;         // empty: in place (one parameter)
     std::unique_ptr<Work> work;   // null: nothing to wait for
     std::unique_ptr<Event> uploaded;  // host shards, one rank: recorded after the uploads
+    StreamObserver::SpanId span = 0;  // the all-gather's trace span
   };
   // What gathering a module would take: the padded elements of its parameters that need a gather,
   // the non-persistent (live-counted) part of those, and how many parameters they are.
@@ -306,6 +312,7 @@ class ParamCoordinator {
 
   ParamCoordinatorStats stats_;
   Status failed_;
+  StreamObserver* observer_ = nullptr;
 };
 
 }  // namespace zero

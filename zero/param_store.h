@@ -21,6 +21,7 @@
 
 #include "runtime/status.h"
 #include "zero/optimizer_states.h"
+#include "zero/trace_observer.h"
 
 namespace zero {
 
@@ -53,6 +54,12 @@ class ParamStore {
   virtual size_t host_bytes() const = 0;    // host memory held (slabs, buffers, caches)
   virtual size_t device_bytes() const = 0;  // device memory held (the scratch)
   virtual size_t nvme_bytes() const { return 0; }  // swap file size
+
+  // The per-stream trace's hook (zero/trace_observer.h; null: none); set before the store is used.
+  void set_observer(StreamObserver* o) { observer_ = o; }
+
+ protected:
+  StreamObserver* observer_ = nullptr;
 };
 
 }  // namespace zero

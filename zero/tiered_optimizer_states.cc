@@ -12,6 +12,10 @@ class TieredOptimizerStates final : public OptimizerStates {
       : first_(std::move(first)), second_(std::move(second)), split_(first_->numel()) {}
 
   int64_t numel() const override { return split_ + second_->numel(); }
+  void set_observer(StreamObserver* o) override {
+    first_->set_observer(o);
+    second_->set_observer(o);
+  }
 
   Status Update(int64_t offset, int64_t n, const float* grads, const AdamWParams& h, void* model_out, DType model_t,
                 Stream* stream) override {
