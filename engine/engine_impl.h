@@ -1,0 +1,308 @@
+// The Engine's private state, shared by the .cc files of //engine:engine only (not installed):
+// ParamInfo (a registered parameter and its place in the flat buffers), ParamName, and the
+// definition of struct Engine::Impl: its fields, its small inline helpers (layout, mode
+// predicates, Guard/Check*, the model-copy writes) and the member functions the .cc files define:
+//   engine.cc           creation and set-up (Create, RegisterParameter, Initialize), ModuleHandle,
+//                       the accessors
+//   engine_backward.cc  forward (GatherModule, param) and backward (grad_buffer, GradReady, the
+//                       reductions, Backward)
+//   engine_step.cc      the step (norm, AdamW, weight publication, ZeroGrad) and overlap_step
+//   engine_state.cc     host gathers of the state and checkpoints
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/engine_timeline.h"
+#include "engine/lr_scheduler.h"
+#include "zero/allgather_bucket.h"
+#include "zero/buffer_pool.h"
+#include "zero/chunked_optimizer_states.h"
+#include "zero/grad_partition.h"
+#include "zero/grad_reducer.h"
+#include "zero/loss_scaler.h"
+#include "zero/optimizer_states.h"
+#include "zero/param_coordinator.h"
+#include "zero/param_store.h"
+#include "zero/partition.h"
+#include "zero/reduction_schedule.h"
+
+namespace zero {
+namespace engine_internal {
+
+struct ParamInfo {
+  ParamSpec spec;
+  int64_t numel = 0;
+  int module = -1;
+  ShardSpec shard;        // this rank's shard of the padded parameter
+  int64_t full_off = 0;   // offset in the full flat buffers (model at stages 0-2; fp32 at stage 0/1)
+  int64_t part_off = 0;   // offset in the partition flat buffers (stages 1-3)
+  bool persistent = false;
+};
+
+inline std::string ParamName(const ParamInfo& p) { return "'" + p.spec.name + "'"; }
+
+}  // namespace engine_internal
+
+using engine_internal::ParamInfo;
+using engine_internal::ParamName;
+
+struct Engine::Impl {
+  Config config;
+  EngineEnv env;
+  // wall_clock_breakdown and zero_trace (engine/engine_timeline.h): off unless configured. Declared
+  // before the components: destroyed after them, as they hold its stream observer.
+  EngineTimeline timeline;
+  Device* device = nullptr;
+  Communicator* comm = nullptr;
+  Stream* compute = nullptr;
+  int rank = 0;
+  int world = 1;
+  int stage = 0;
+  DType mdt = DType::kF32;      // model dtype
+  DType comm_dt = DType::kF32;  // stage 2/3 gradient reduction dtype
+  bool managed = true;
+  // freeze_inactive_parameters: a parameter no rank reported in the window keeps its weights and
+  // moments; otherwise (default, DeepSpeed) it is stepped with a zero gradient. Both modes.
+  bool freeze_inactive = false;
+  int64_t gas = 1;
+  ReduceOp op = ReduceOp::kAvg;
+  // contiguous_gradients false: no buckets; each gradient is reduced on its own, straight from the
+  // buffer grad_buffer() handed out (stages 2/3: padded to n_pad, see GradBufferNumel).
+  bool contiguous = true;
+  std::optional<LrScheduler> scheduler;
+  LossScaler scaler;
+
+  // Set-up.
+  bool initialized = false;
+  std::vector<ParamInfo> params;
+  std::map<std::string, int> param_index;
+  std::vector<std::string> module_names;
+  std::map<std::string, int> module_index;
+  std::vector<std::vector<int>> module_params;
+
+  // Flat buffers (see docs/zero.md). full_total / part_total in elements.
+  int64_t full_total = 0;
+  int64_t part_total = 0;
+  DeviceBuffer model;       // stages 0-2: full params (mdt); stage 3: this rank's shards (mdt)
+  // Stage 3 with offload_param.device "cpu" / "nvme": this rank's shards in host memory or in a
+  // swap file instead (`model` stays empty; zero/param_store.h). Written only between
+  // QuiesceForUpdate and AfterUpdate (or before the coordinator exists), through ModelFromMasters /
+  // UpdateModel.
+  std::unique_ptr<ParamStore> host_params;
+  // fp32 master weights and AdamW moments (zero/optimizer_states.h): stage 0 in the full layout,
+  // stages 1-3 in the partition layout.
+  std::unique_ptr<OptimizerStates> states;
+  DeviceBuffer acc;         // stages 0/1: fp32 full per-rank accumulators (stage 0: reduced in place)
+  // The fp32 gradients the boundary reads (zero/grad_partition.h), one piece per parameter: a view
+  // of `acc` where the accumulators are the partition (AccIsGrad), otherwise this rank's fp32
+  // gradient partition (stages 1-3; none with UpdateInBackward).
+  std::unique_ptr<GradPartition> grad;
+  DeviceBuffer norm_slots;  // one device double per parameter
+  PinnedBuffer norm_host;   // their host copy (pinned, so the copy does not block the host)
+  std::unique_ptr<Event> norm_ready;  // recorded after that copy
+
+  std::unique_ptr<BufferPool> grad_pool;
+  std::vector<DeviceBuffer> grad_out;   // handed out by grad_buffer(), not yet reported
+  std::vector<DeviceBuffer> grad_held;  // stage 2/3: reported, waiting to be packed
+  // Stage 3 with several ranks: when each module's gradients are reduced (zero/reduction_schedule.h;
+  // until then they wait in grad_held), and the parameters this rank reported too late for that.
+  std::unique_ptr<ReductionSchedule> schedule;
+  std::vector<std::string> late_reports;
+  std::vector<uint8_t> handed_out;
+  std::vector<uint8_t> reported;        // in the current backward
+  std::vector<uint8_t> active;          // received a gradient in the current window
+  std::vector<uint8_t> reduce_queued;   // stage 0/1: queued for the boundary reduction
+  // Which fp32 gradient pieces hold this window's values (the rest hold stale values of an earlier
+  // window: nothing zero-fills the accumulators at a window start; see AddGradient).
+  std::vector<uint8_t> acc_written;     // stages 0/1: acc piece (this rank's local sum)
+  std::vector<uint8_t> part_written;    // stages 1-3: `grad` piece (the reduced sum)
+  std::vector<uint8_t> updated;         // UpdateInBackward: AdamW already ran in this window
+  int reported_count = 0;
+  std::unique_ptr<GradientReducer> reducer;
+  std::unique_ptr<BucketedAllGather> weight_gather;  // stages 1/2
+  std::unique_ptr<ParamCoordinator> coordinator;
+
+  // Accumulation state.
+  int64_t window_micro = 0;   // Backward() calls in the current window (managed)
+  bool pending_step = false;  // managed: the boundary Backward() ran; Step() does the update
+  bool reduced = false;       // stage 0/1: accumulators reduced for this window
+  bool no_sync = false;
+  int64_t backwards_since_step = 0;  // Backward() calls since the last boundary or ZeroGrad()
+
+  EngineCounters counters;
+  bool step_applied = false;
+  double grad_norm = -1.0;
+  Status broken;
+
+  float* f32(const DeviceBuffer& b, int64_t off) const { return b.as<float>() + off; }
+  // Stages 2/3 without contiguous_gradients: the gradient buffer is the padded parameter (its own
+  // shard layout, padding zeroed when handed out) followed, when the reduce-scatter runs in the
+  // model dtype, by the shard-sized area it receives into. Otherwise numel elements.
+  bool PerParamReduction() const { return !contiguous && stage >= 2; }
+  bool GradRecvArea() const {
+    return PerParamReduction() && comm_dt == mdt && config.zero.reduce_scatter && world > 1;
+  }
+  int64_t GradBufferNumel(const ParamInfo& p) const {
+    if (!PerParamReduction() || p.numel == 0) return p.numel;
+    return p.shard.padded + (GradRecvArea() ? p.shard.shard : 0);
+  }
+  void* model_ptr(int64_t off) const { return ElementPtr(model.data(), mdt, off); }
+  // Stage 3: this rank's shard store (device `model`, or host_params) at partition offset `off`.
+  // nullptr with offload_param "nvme" (the coordinator asks the store module by module).
+  const void* shard_ptr(int64_t off) const { return host_params ? host_params->host_address(off) : model_ptr(off); }
+  // The model copy of partition (stage 3) / state (other stages) elements [off, off + n) cast from
+  // the masters, written at model offset `model_off`: into `model`, or at stage 3 with parameter
+  // offload into the host shards (off == model_off there).
+  Status ModelFromMasters(int64_t off, int64_t n, int64_t model_off) {
+    if (host_params != nullptr) return host_params->WriteFromMasters(states.get(), off, n);
+    return states->CastMaster(off, n, model_ptr(model_off), mdt, compute);
+  }
+  // AdamW over state elements [off, off + n) from the fp32 gradients in `grad` (at off), the new
+  // weights rounded into the model copy at `model_off` (as ModelFromMasters). Host shards: with
+  // host states the update, then the rounded masters on the host; otherwise chunk by chunk into
+  // the store's device scratch (AdamW is elementwise: the same bits).
+  Status UpdateModel(int64_t off, int64_t n, const AdamWParams& h, int64_t model_off) {
+    if (host_params == nullptr) return grad->Update(states.get(), off, n, h, model_ptr(model_off), mdt);
+    if (states->casts_to_host()) {
+      ZERO_RETURN_IF_ERROR(grad->Update(states.get(), off, n, h, nullptr, mdt));
+      return host_params->WriteFromMasters(states.get(), off, n);
+    }
+    return host_params->Write(off, n, [&](void* dst, int64_t at, int64_t len) {
+      return grad->Update(states.get(), off + at, len, h, dst, mdt);
+    });
+  }
+  // The fp32 gradients the boundary reads (norm, AdamW) are the accumulators at stage 0, and at
+  // stage 1 with one rank, where the reduce-scatter would be the identity and the partition layout
+  // is the full layout (shard = n_pad = numel, part_off = full_off); otherwise the partition.
+  bool AccIsGrad() const { return stage == 0 || (stage == 1 && world == 1); }
+  // Stages 2/3 with one rank: no reduction is needed (the mean over one rank is the value itself),
+  // so GradReady adds the model-dtype gradient straight into the fp32 partition, with no bucket
+  // and no conversion buffer. Bitwise the same as the reducer path whenever its conversion to
+  // communication_data_type is exact: fp32 (Accumulate reads 16-bit sources exactly as Cast
+  // widens them) or the model dtype itself; a narrowing communication dtype still goes through
+  // the reducer, whose Cast rounds.
+  bool DirectToPartition() const {
+    return stage >= 2 && world == 1 && (comm_dt == mdt || comm_dt == DType::kF32);
+  }
+  // Update in backward: when a parameter's gradient is final as soon as it is reported (managed,
+  // GAS 1, one rank at stages 2/3: DirectToPartition) and nothing needs the global norm before the
+  // update (no fp16 overflow check, no clipping), GradReady runs its AdamW at once, through a
+  // chunk-sized fp32 scratch, and no fp32 gradient partition exists. The model copy is cast from
+  // the new masters at Step() (param() does not change before Step(), as in the other modes).
+  // Bitwise the same as the boundary path: the scratch holds what the partition would (0.0f + g),
+  // AdamW is elementwise, and AdamW followed by Cast equals AdamWCast.
+  bool UpdateInBackward() const {
+    return managed && gas == 1 && DirectToPartition() && !config.fp16.enabled &&
+           config.gradient_clipping <= 0.0;
+  }
+
+  Status Guard(Status s) {
+    if (!s.ok() && broken.ok()) broken = s;
+    return s;
+  }
+  Status CheckUsable(const char* call) const {
+    if (!broken.ok()) {
+      return Status(broken.code(), std::string(call) + ": the engine is unusable after an earlier error: " +
+                                       broken.message());
+    }
+    if (!initialized) {
+      return FailedPreconditionError(std::string(call) + " before Initialize()");
+    }
+    return OkStatus();
+  }
+  Status CheckIndex(const char* call, int index) const {
+    if (index < 0 || index >= static_cast<int>(params.size())) {
+      return InvalidArgumentError(std::string(call) + "(" + std::to_string(index) +
+                                  "): no such parameter (" + std::to_string(params.size()) +
+                                  " registered)");
+    }
+    return OkStatus();
+  }
+
+  Status Allocate(DeviceBuffer* out, int64_t numel, DType t, const char* what) {
+    auto b = device->Allocate(static_cast<size_t>(numel) * SizeOf(t));
+    if (!b.ok()) return b.status().WithContext(std::string("Initialize: allocating ") + what);
+    *out = std::move(b).value();
+    return device->Fill(out->data(), t, static_cast<size_t>(numel), 0.0f, compute);
+  }
+
+  Status InitializeImpl(const std::function<void(int index, float* values)>& init);
+  Status GradReadyImpl(int index);
+  Status BackwardImpl();
+  Status QueueBoundaryReduction(int index);
+  Status ReduceModules(const std::vector<int>& modules);
+  Status ReduceAccumulators(const std::vector<uint8_t>& which);
+  Status UnionActive();
+  Status BoundaryImpl();
+  Status ZeroAccumulators();
+  Status AddGradient(float* dst, const void* src, DType src_t, int64_t n, uint8_t* written);
+  Status AddToPartition(int index, const void* src, DType src_t);
+  Status CreateGradPartition();
+  AdamWParams StepParams(double loss_scale, double clip_coef) const;
+  Status UpdateFromGradient(int index, const void* src);
+  Status ReadNorm(double* total);
+  Status ReadNormImpl(double* total);
+  // fn, timed as offload (wall_clock_breakdown) on `track` (zero_trace) when states or gradients
+  // live off the device; otherwise just fn.
+  Status TimedOffload(TrackId track, const char* name, const std::function<Status()>& fn) {
+    const bool off = config.zero.offload_optimizer.device != OffloadDevice::kNone ||
+                     config.zero.offload_param.device != OffloadDevice::kNone;
+    return off ? timeline.Timed(EngineTimeline::Kind::kOffload, track, name, fn) : fn();
+  }
+  // The trace track of the optimizer update over the states: CPU AdamW, NVMe, or the GPU update.
+  TrackId UpdateTrack() const {
+    if (config.zero.offload_optimizer.device == OffloadDevice::kNvme) return kTrackIo;
+    return states != nullptr && states->updates_from_host() ? kTrackCpuOptimizer : kTrackHostToDevice;
+  }
+  Status GatherFp32(int index, OptState which, float* out);
+  Status PublishWeights(const std::vector<uint8_t>& update, bool cast);
+  Status CheckOutsideWindow(const char* call) const;
+  Status SaveCheckpointImpl(const std::string& dir, const std::string& tag,
+                            const std::string& client_state_json);
+  Result<std::string> LoadCheckpointImpl(const std::string& dir, const std::string& tag);
+
+  // offload_optimizer.overlap_step (docs/offload.md, "Overlap with the next forward"; helpers at
+  // the end of engine_step.cc). Step() records step_mark on the compute stream (the gradients are
+  // final, the last forward's reads of the model copy are enqueued before it), cuts the step's
+  // AdamW runs (or, after an update in backward, its casts of the masters) into chunk-sized
+  // pieces, queues the first chunk_buffers of them (ChunkedOptimizerStates::UpdateAfter /
+  // CastMasterAfter, ordered after step_mark only) and returns. GatherModule queues the pieces
+  // covering its module's parameters plus chunk_buffers more, then makes the compute stream wait
+  // on those parameters' chunk events; everything left is queued, and the compute stream waits for
+  // all of it, before anything writes the gradients or states again (FlushStep).
+  struct StepPiece {
+    int64_t begin = 0;             // state elements [begin, begin + n)
+    int64_t n = 0;
+    int64_t model_off = 0;         // where the new weights (or the cast masters) go in `model`
+    const float* grads = nullptr;  // fp32 gradients of `begin`; null: a cast of the masters
+    bool queued = false;
+  };
+  ChunkedOptimizerStates* chunked = nullptr;  // the states, with update_device "gpu"
+  bool OverlapStep() const { return chunked != nullptr && config.zero.offload_optimizer.overlap_step; }
+  bool step_in_flight = false;    // pieces of the last step the compute stream has not waited for
+  bool step_unfinished = false;   // a deferred step the host has not waited for (WaitForOptimizerStep)
+  AdamWParams step_h;             // the in-flight step's hyperparameters (lr, t, loss scale, clip)
+  std::vector<StepPiece> pieces;  // in state order, disjoint
+  size_t pieces_queued = 0;       // every piece before it is queued
+  std::unique_ptr<Event> step_mark;
+  std::vector<uint8_t> param_waited;  // since the step: the compute stream waited for its chunks
+  Status BeginDeferredStep(const AdamWParams& h);
+  // Adds [off, off + n) (grads null: a cast) to the step's pieces, cut at chunk_numel.
+  Status DeferPieces(int64_t off, int64_t n, const float* grads, int64_t model_off);
+  Status EndDeferredStep();
+  Status QueuePiece(size_t k);
+  void PiecesOf(int index, size_t* first, size_t* last) const;  // [first, last) overlapping its state range
+  Status ReachModule(int module);
+  // Queues every piece left and makes the compute stream wait for all of them (no host wait).
+  Status FlushStep(const char* call);
+};
+
+}  // namespace zero

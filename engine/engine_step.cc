@@ -1,0 +1,468 @@
+// Engine: the optimizer step. Step() at the accumulation boundary (the global norm, the fp16
+// overflow check and clipping, AdamW over the states, the new weights published where the forward
+// reads them), SetNoSync, ZeroGrad, and offload_optimizer.overlap_step (the step's chunks queued
+// under the next forward; WaitForOptimizerStep). docs/zero.md, docs/offload.md; Impl: engine_impl.h.
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/engine_impl.h"
+#include "engine/engine_timeline.h"
+#include "zero/allgather_bucket.h"
+#include "zero/chunked_optimizer_states.h"
+
+namespace zero {
+
+// --- step -----------------------------------------------------------------------------------------
+
+Status Engine::Step() {
+  Impl& m = *impl_;
+  ZERO_RETURN_IF_ERROR(m.CheckUsable("Step"));
+  ZERO_RETURN_IF_ERROR(m.FlushStep("Step"));  // the previous step's pieces: queued, stream-ordered
+  if (m.reported_count > 0) {
+    return FailedPreconditionError("Step() with gradients reported since the last Backward(); call Backward() first");
+  }
+  if (m.managed && !m.pending_step) {
+    m.step_applied = false;
+    return OkStatus();
+  }
+  if (m.no_sync) {
+    return FailedPreconditionError(
+        "Step() at a gradient accumulation boundary while no_sync is on: turn no_sync off "
+        "(SetNoSync(false)) before the boundary step");
+  }
+  m.pending_step = false;
+  ZERO_RETURN_IF_ERROR(m.timeline.BeginStep());
+  ZERO_RETURN_IF_ERROR(m.Guard(m.BoundaryImpl().WithContext("Step (global step " +
+                                                            std::to_string(m.counters.global_steps) + ")")));
+  return m.timeline.EndStep(m.counters.global_steps);
+}
+
+Status Engine::Impl::UnionActive() {
+  if (world == 1) return OkStatus();
+  std::vector<double> flags(active.begin(), active.end());
+  ZERO_RETURN_IF_ERROR(comm->AllReduceHost(flags.data(), flags.size(), ReduceOp::kMax)
+                           .WithContext("agreeing on the parameters with gradients"));
+  for (size_t i = 0; i < active.size(); ++i) active[i] = flags[i] != 0.0 ? 1 : 0;
+  return OkStatus();
+}
+
+// Starts a new window. No fill: the pieces are marked unwritten, and the window's first
+// contribution overwrites each (AddGradient).
+Status Engine::Impl::ZeroAccumulators() {
+  if (UpdateInBackward() && !params.empty()) {
+    // Stream-ordered after the boundary's copy of the partials to the host.
+    ZERO_RETURN_IF_ERROR(device->Fill(norm_slots.data(), DType::kF32, 2 * params.size(), 0.0f, compute));
+  }
+  if (grad != nullptr) grad->NewWindow();
+  std::fill(updated.begin(), updated.end(), 0);
+  std::fill(acc_written.begin(), acc_written.end(), 0);
+  std::fill(part_written.begin(), part_written.end(), 0);
+  std::fill(active.begin(), active.end(), 0);
+  std::fill(reduce_queued.begin(), reduce_queued.end(), 0);
+  reduced = false;
+  backwards_since_step = 0;
+  return OkStatus();
+}
+
+// Sums the per-parameter norm partials copied to the host (after waiting for that copy) in
+// parameter order; stages 1-3 with several ranks add the ranks' sums (AllReduceHost, rank order).
+Status Engine::Impl::ReadNorm(double* total) {
+  return timeline.Timed(EngineTimeline::Kind::kCommunication, kTrackCommunication, "gradient norm",
+                        [&] { return ReadNormImpl(total); });
+}
+
+Status Engine::Impl::ReadNormImpl(double* total) {
+  ZERO_RETURN_IF_ERROR(device->SynchronizeEvent(norm_ready.get()));
+  // A collective the watchdog aborted lets the stream pass with undefined data (comm/watchdog.h).
+  ZERO_RETURN_IF_ERROR(comm->CheckHealth());
+  const double* host = norm_host.as<double>();
+  double sum = 0.0;
+  for (size_t i = 0; i < params.size(); ++i) sum += host[i];
+  if (stage >= 1 && world > 1) {
+    ZERO_RETURN_IF_ERROR(comm->AllReduceHost(&sum, 1, ReduceOp::kSum).WithContext("gradient norm"));
+  }
+  *total = sum;
+  return OkStatus();
+}
+
+Status Engine::Impl::BoundaryImpl() {
+  const int n_params = static_cast<int>(params.size());
+  // Every parameter is updated (one without a gradient in the window with a zero gradient, as
+  // DeepSpeed does), in managed and unmanaged mode alike; with freeze_inactive_parameters only those
+  // that received a gradient on some rank in the window.
+  std::vector<uint8_t> update(params.size(), 1);
+  if (freeze_inactive) {
+    ZERO_RETURN_IF_ERROR(UnionActive());
+    update = active;
+  }
+  if (stage <= 1 && !reduced) ZERO_RETURN_IF_ERROR(ReduceAccumulators(update));
+
+  // The fp32 gradients (`grad`): stage 0 (and stage 1 with one rank) the accumulators, full
+  // layout; otherwise this rank's shards in the gradient partition (padding zero).
+  const std::vector<uint8_t>& written = AccIsGrad() ? acc_written : part_written;
+
+  // Global norm: per parameter, the sum of squares of its fp32 gradient in double; summed on the
+  // host in parameter order; partitioned stages all-reduce the partial sums (rank order). A
+  // gradient that got no contribution in the window is zero: its partial is 0.0 (what
+  // SumOfSquares of zeros gives), and it is zero-filled only if AdamW is to read it.
+  double* slots = norm_slots.as<double>();
+  const bool in_backward = UpdateInBackward();
+  if (n_params > 0 && !in_backward) {
+    ZERO_RETURN_IF_ERROR(device->Fill(slots, DType::kF32, 2 * static_cast<size_t>(n_params), 0.0f, compute));
+  }
+  // Update in backward: the partials were written at GradReady (0 for the others).
+  if (!in_backward) {
+    // Unmanaged: the window's end is here (offload_grad_accumulation "gpu": the sums go to the host).
+    ZERO_RETURN_IF_ERROR(grad->Finish());
+    std::vector<int> norm_of;
+    for (int i = 0; i < n_params; ++i) {
+      if (grad->piece(i).n == 0) continue;
+      if (!written[i]) {
+        if (update[i]) ZERO_RETURN_IF_ERROR(grad->Zero(i));
+        continue;
+      }
+      norm_of.push_back(i);
+    }
+    ZERO_RETURN_IF_ERROR(grad->SumsOfSquares(norm_of, slots));
+  }
+  if (n_params > 0) {
+    ZERO_RETURN_IF_ERROR(device->Copy(norm_host.data(), slots, sizeof(double) * n_params,
+                                      CopyKind::kDeviceToHost, compute));
+  }
+  ZERO_RETURN_IF_ERROR(device->RecordEvent(norm_ready.get(), compute));
+
+  const bool fp16 = config.fp16.enabled;
+  const double clip = config.gradient_clipping;
+  const double s = fp16 ? static_cast<double>(scaler.scale()) : 1.0;
+  // fp16 (the overflow check) and clipping (the coefficient) need the norm before AdamW: the host
+  // waits for it here. Otherwise AdamW does not depend on it: it is read once, at the end of the
+  // step, after AdamW and the weight publication are enqueued (on CUDA the device runs on
+  // meanwhile; the value is the same either way).
+  const bool norm_first = fp16 || clip > 0.0;
+  double total = 0.0;
+  double clip_coef = 1.0;
+  if (norm_first) {
+    ZERO_RETURN_IF_ERROR(ReadNorm(&total));
+    // A sum of squares (in double) of fp32 values is finite exactly when every value is finite, so
+    // this is the overflow check of every rank's gradients.
+    const bool overflow = !std::isfinite(total);
+    if (fp16 && overflow) {
+      grad_norm = std::numeric_limits<double>::infinity();
+      step_applied = false;
+      ++counters.global_steps;
+      ++counters.skipped_steps;
+      scaler.Update(true);
+      ZERO_RETURN_IF_ERROR(ZeroAccumulators());
+      if (scaler.overflow_at_min_scale()) {
+        return FailedPreconditionError(
+            "fp16 gradients overflowed with the loss scale already at fp16.min_loss_scale (" +
+            std::to_string(config.fp16.min_loss_scale) + "); cannot decrease it further");
+      }
+      return OkStatus();
+    }
+    if (clip > 0.0) {
+      const double c = (std::sqrt(total) / s + 1e-6) / clip;
+      if (c > 1.0) clip_coef = c;
+    }
+  }
+
+  const AdamWParams h = StepParams(s, clip_coef);
+
+  // AdamW, fused with the rounding of the new weights to the model dtype (Device::AdamWCast, the
+  // same bits as a separate Cast), over runs of consecutive updated parameters (all of them in
+  // managed mode). The model copy is written in place: stage 0 the full layout, stage 3 the
+  // partition layout (both the master's own layout); stages 1/2 this rank's shard inside the
+  // padded full parameter, ready for the all-gather - one call per parameter, since those shards
+  // are not consecutive in the full layout, except with one rank where the two layouts coincide.
+  // The gaps between pieces of a flat buffer are zero everywhere and stay zero under AdamW.
+  if (coordinator != nullptr) ZERO_RETURN_IF_ERROR(coordinator->QuiesceForUpdate());
+  const bool overlap = OverlapStep();
+  if (overlap) ZERO_RETURN_IF_ERROR(BeginDeferredStep(h));
+  if (in_backward) {
+    // The masters of the reported parameters were updated in backward; the others (no gradient in
+    // the window) get their zero-gradient update now. Then the model copy, cast from the masters
+    // (one rank: the full and the partition layouts coincide), in runs of consecutive parameters.
+    for (int i = 0; i < n_params; ++i) {
+      if (update[i] && !updated[i]) ZERO_RETURN_IF_ERROR(UpdateFromGradient(i, nullptr));
+    }
+    for (int i = 0; i < n_params;) {
+      if (!update[i]) {
+        ++i;
+        continue;
+      }
+      int j = i;
+      while (j + 1 < n_params && update[j + 1]) ++j;
+      const int64_t begin = params[i].part_off;
+      const int64_t end = params[j].part_off + params[j].shard.shard;
+      const int64_t model_off = stage == 3 ? begin : params[i].full_off;
+      if (end > begin) {
+        ZERO_RETURN_IF_ERROR(overlap ? DeferPieces(begin, end - begin, nullptr, model_off)
+                                     : ModelFromMasters(begin, end - begin, model_off));
+      }
+      i = j + 1;
+    }
+  }
+  const bool runs = !(stage == 1 || stage == 2) || world == 1;
+  for (int i = 0; i < n_params && !in_backward;) {
+    if (!update[i]) {
+      ++i;
+      continue;
+    }
+    int j = i;
+    while (runs && j + 1 < n_params && update[j + 1]) ++j;
+    const int64_t begin = stage == 0 ? params[i].full_off : params[i].part_off;
+    const int64_t end = stage == 0 ? params[j].full_off + params[j].shard.padded
+                                   : params[j].part_off + params[j].shard.shard;
+    const int64_t model_off = (stage == 1 || stage == 2) ? params[i].full_off + params[i].shard.begin : begin;
+    if (end > begin) {
+      if (overlap) {
+        // The chunked states read device gradients (their partition is on the device).
+        const float* g = grad->device_at(begin);
+        if (g == nullptr) return InternalError("the overlapped chunked step needs the fp32 gradients on the device");
+        ZERO_RETURN_IF_ERROR(DeferPieces(begin, end - begin, g, model_off));
+      } else {
+        ZERO_RETURN_IF_ERROR(TimedOffload(UpdateTrack(), "optimizer update",
+                                          [&] { return UpdateModel(begin, end - begin, h, model_off); }));
+      }
+    }
+    i = j + 1;
+  }
+
+  if (overlap) ZERO_RETURN_IF_ERROR(EndDeferredStep());
+
+  // The new weights where the forward reads them (stage 3: the coordinator re-gathers; stages
+  // 1/2: the all-gather). Overlapped (one rank): nothing here reads the model copy.
+  ZERO_RETURN_IF_ERROR(timeline.Timed(EngineTimeline::Kind::kCommunication, kTrackCommunication,
+                                      "publish weights", [&] { return PublishWeights(update, /*cast=*/false); }));
+
+  if (!norm_first) ZERO_RETURN_IF_ERROR(ReadNorm(&total));
+  ZERO_RETURN_IF_ERROR(ZeroAccumulators());
+  grad_norm = std::sqrt(total) / s;
+  step_applied = true;
+  ++counters.global_steps;
+  ++counters.adam_step;
+  if (fp16) scaler.Update(false);
+  return comm->CheckHealth();
+}
+
+// The fp32 master weights (of the parameters in `update`) in the model dtype, where the forward
+// reads them. With `cast` (LoadCheckpoint) they are rounded from the masters here: stage 0 casts
+// the full copy, stage 3 the shards, stages 1/2 each rank's shard into its place; without it
+// (Step) AdamWCast already wrote the model copy (stages 1/2: this rank's shard in the padded full
+// parameter). Then stage 3 lets the coordinator drop what it had gathered (the caller ran
+// QuiesceForUpdate() before the shards changed) and stages 1/2 all-gather the parameters in
+// buckets of allgather_bucket_size elements.
+Status Engine::Impl::PublishWeights(const std::vector<uint8_t>& update, bool cast) {
+  const int n_params = static_cast<int>(params.size());
+  if (stage == 0) {
+    if (cast) {
+      ZERO_RETURN_IF_ERROR(states->CastMaster(0, full_total, model.data(), mdt, compute));
+    }
+  } else if (stage == 3) {
+    if (cast) ZERO_RETURN_IF_ERROR(ModelFromMasters(0, part_total, 0));
+    ZERO_RETURN_IF_ERROR(coordinator->AfterUpdate());
+  } else {
+    // Stages 1/2: each updated parameter's shard all-gathered, in buckets of allgather_bucket_size
+    // elements (zero/allgather_bucket.h). The bucket asks for this rank's shard at `dst`: either
+    // its place in the full parameter (a bucket of one parameter, or one rank), where AdamWCast
+    // already wrote it, or a segment of a bucket buffer, which gets a copy of it.
+    std::vector<AllGatherItem> items;
+    for (int i = 0; i < n_params; ++i) {
+      const ParamInfo& p = params[i];
+      if (!update[i] || p.numel == 0) continue;
+      items.push_back({i, model_ptr(p.full_off), p.shard.shard});
+    }
+    Status s = weight_gather->Run(items, [this, cast](int i, void* dst) -> Status {
+      const ParamInfo& p = params[i];
+      const size_t shard = static_cast<size_t>(p.shard.shard);
+      void* mine = model_ptr(p.full_off + p.shard.begin);
+      if (cast) return states->CastMaster(p.part_off, p.shard.shard, dst, mdt, compute);
+      if (dst == mine) return OkStatus();
+      return device->Copy(dst, mine, shard * SizeOf(mdt), CopyKind::kDeviceToDevice, compute);
+    });
+    if (!s.ok()) return s.WithContext("publishing the updated parameters");
+  }
+  return OkStatus();
+}
+
+// The AdamW hyperparameters of the next applied step (t = adam_step + 1).
+AdamWParams Engine::Impl::StepParams(double loss_scale, double clip_coef) const {
+  AdamWParams h;
+  const OptimizerConfig& oc = config.optimizer;
+  const int64_t t = counters.adam_step + 1;
+  h.lr = static_cast<float>(scheduler->LrAt(counters.adam_step));
+  h.beta1 = static_cast<float>(oc.beta1);
+  h.beta2 = static_cast<float>(oc.beta2);
+  h.eps = static_cast<float>(oc.eps);
+  h.weight_decay = static_cast<float>(oc.weight_decay);
+  h.bias_correction1 = static_cast<float>(1.0 - std::pow(oc.beta1, static_cast<double>(t)));
+  h.bias_correction2 = static_cast<float>(1.0 - std::pow(oc.beta2, static_cast<double>(t)));
+  h.adam_w_mode = oc.adam_w_mode;
+  h.grad_scale = static_cast<float>(1.0 / (loss_scale * clip_coef));
+  return h;
+}
+
+Status Engine::SetNoSync(bool on) {
+  Impl& m = *impl_;
+  if (m.stage >= 2) {
+    return FailedPreconditionError("no_sync is not supported at ZeRO stage " + std::to_string(m.stage) +
+                                   " (stage 2/3 reduce-scatter gradients as they are produced); "
+                                   "use gradient accumulation instead");
+  }
+  m.no_sync = on;
+  return OkStatus();
+}
+
+Status Engine::ZeroGrad() {
+  Impl& m = *impl_;
+  ZERO_RETURN_IF_ERROR(m.CheckUsable("ZeroGrad"));
+  ZERO_RETURN_IF_ERROR(WaitForOptimizerStep());
+  if (m.reported_count > 0) {
+    return FailedPreconditionError("ZeroGrad() in the middle of a backward (gradients reported since the last Backward())");
+  }
+  if (std::find(m.updated.begin(), m.updated.end(), 1) != m.updated.end()) {
+    return FailedPreconditionError(
+        "ZeroGrad() after a Backward() whose parameters were already updated in backward (managed, "
+        "gradient_accumulation_steps 1, one rank, no fp16 or clipping: engine.h, 'Update in "
+        "backward'); call Step() to finish the step");
+  }
+  return m.Guard(m.ZeroAccumulators().WithContext("ZeroGrad"));
+}
+
+// --- overlap_step: the optimizer step under the next forward --------------------------------------
+
+Status Engine::WaitForOptimizerStep() {
+  Impl& m = *impl_;
+  if (!m.step_unfinished) return OkStatus();
+  ZERO_RETURN_IF_ERROR(m.CheckUsable("WaitForOptimizerStep"));
+  ZERO_RETURN_IF_ERROR(m.FlushStep("WaitForOptimizerStep"));
+  Status s = m.chunked->WaitForUpdates(m.compute);
+  if (s.ok()) s = m.device->SynchronizeStream(m.compute);
+  ZERO_RETURN_IF_ERROR(m.Guard(s.WithContext("WaitForOptimizerStep: waiting for the optimizer step's chunks")));
+  m.step_unfinished = false;
+  return OkStatus();
+}
+
+Status Engine::Impl::BeginDeferredStep(const AdamWParams& h) {
+  if (step_mark == nullptr) {
+    auto e = device->CreateEvent();
+    if (!e.ok()) return e.status().WithContext("overlap_step: creating the step event");
+    step_mark = std::move(e).value();
+  }
+  // Everything the step reads (the gradients, the norm's inputs) is written on the compute stream
+  // before this point, and everything that read the old model copy is enqueued before it.
+  ZERO_RETURN_IF_ERROR(device->RecordEvent(step_mark.get(), compute));
+  step_h = h;
+  pieces.clear();
+  pieces_queued = 0;
+  return OkStatus();
+}
+
+Status Engine::Impl::DeferPieces(int64_t off, int64_t n, const float* grads, int64_t model_off) {
+  const int64_t chunk = chunked->chunk_numel();
+  for (int64_t at = 0; at < n; at += chunk) {
+    StepPiece p;
+    p.begin = off + at;
+    p.n = std::min(chunk, n - at);
+    p.model_off = model_off + at;
+    p.grads = grads != nullptr ? grads + at : nullptr;
+    pieces.push_back(p);
+  }
+  return OkStatus();
+}
+
+Status Engine::Impl::EndDeferredStep() {
+  // The first chunk_buffers pieces go now (the forward usually starts with the first parameters);
+  // the rest when the forward reaches them.
+  const size_t first = std::min(pieces.size(), static_cast<size_t>(chunked->chunk_buffers()));
+  for (size_t k = 0; k < first; ++k) ZERO_RETURN_IF_ERROR(QueuePiece(k));
+  pieces_queued = first;
+  param_waited.assign(params.size(), 0);
+  for (int i = 0; i < static_cast<int>(params.size()); ++i) {
+    size_t f = 0, l = 0;
+    PiecesOf(i, &f, &l);
+    if (f == l) param_waited[i] = 1;  // nothing of the step writes it
+  }
+  step_in_flight = !pieces.empty();
+  step_unfinished = step_unfinished || step_in_flight;
+  return OkStatus();
+}
+
+Status Engine::Impl::QueuePiece(size_t k) {
+  StepPiece& p = pieces[k];
+  if (p.queued) return OkStatus();
+  p.queued = true;
+  if (p.grads == nullptr) return chunked->CastMasterAfter(p.begin, p.n, model_ptr(p.model_off), mdt, step_mark.get());
+  return chunked->UpdateAfter(p.begin, p.n, p.grads, step_h, model_ptr(p.model_off), mdt, step_mark.get());
+}
+
+void Engine::Impl::PiecesOf(int index, size_t* first, size_t* last) const {
+  const ParamInfo& p = params[index];
+  const int64_t b = stage == 0 ? p.full_off : p.part_off;
+  const int64_t e = b + (stage == 0 ? p.numel : p.shard.shard);
+  auto lo = std::partition_point(pieces.begin(), pieces.end(), [b](const StepPiece& q) { return q.begin + q.n <= b; });
+  auto hi = std::partition_point(lo, pieces.end(), [e](const StepPiece& q) { return q.begin < e; });
+  *first = static_cast<size_t>(lo - pieces.begin());
+  *last = e > b ? static_cast<size_t>(hi - pieces.begin()) : *first;
+}
+
+Status Engine::Impl::ReachModule(int module) {
+  const std::vector<int>& ps = module_params[module];
+  size_t end = 0;
+  bool any = false;
+  for (int i : ps) {
+    size_t f = 0, l = 0;
+    PiecesOf(i, &f, &l);
+    for (size_t k = f; k < l; ++k) ZERO_RETURN_IF_ERROR(QueuePiece(k));
+    if (l > f) {
+      end = std::max(end, l);
+      any = true;
+    }
+  }
+  // Look-ahead: the next chunk_buffers pieces not yet queued after this module's (bounded, so the
+  // launch queue never holds the whole step).
+  size_t ahead = static_cast<size_t>(chunked->chunk_buffers());
+  for (size_t k = any ? end : pieces_queued; k < pieces.size() && ahead > 0; ++k) {
+    if (pieces[k].queued) continue;
+    ZERO_RETURN_IF_ERROR(QueuePiece(k));
+    --ahead;
+  }
+  while (pieces_queued < pieces.size() && pieces[pieces_queued].queued) ++pieces_queued;
+  // The compute stream waits for the chunks holding this module's parameters only (before the
+  // stage-3 gather reads the shards, before param() is used at stages 0-2).
+  for (int i : ps) {
+    size_t f = 0, l = 0;
+    PiecesOf(i, &f, &l);
+    for (size_t k = f; k < l; ++k) {
+      std::optional<ChunkEvents> c = chunked->Chunk(pieces[k].begin);
+      if (c.has_value()) ZERO_RETURN_IF_ERROR(device->StreamWaitEvent(compute, c->updated));
+    }
+    param_waited[i] = 1;
+  }
+  return OkStatus();
+}
+
+Status Engine::Impl::FlushStep(const char* call) {
+  if (!step_in_flight) return OkStatus();
+  Status s = [&]() -> Status {
+    for (size_t k = pieces_queued; k < pieces.size(); ++k) ZERO_RETURN_IF_ERROR(QueuePiece(k));
+    // The gradients and states may be written again once the compute stream passes this.
+    return chunked->WaitForUpdates(compute);
+  }();
+  if (!s.ok()) {
+    return Guard(s.WithContext(std::string(call) + ": queueing the rest of the overlapped optimizer step"));
+  }
+  step_in_flight = false;
+  pieces.clear();
+  pieces_queued = 0;
+  return OkStatus();
+}
+
+}  // namespace zero
