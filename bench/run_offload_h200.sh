@@ -11,6 +11,8 @@
 #                   AdamW + parameter offload; stage 2 likewise; then PyTorch FSDP2 with
 #                   CPUOffloadPolicy on the same job (bench/fsdp2_reference.py)
 #   PHASE nvmebench: nvme_states_bench (the NVMe states' two access patterns vs a raw pass)
+#   PHASE aiosweep: aio_bench over the split of 8 requests in flight between io contexts (threads x queue
+#                   depth 1x8, 2x4, 4x2, 8x1): picks the aio defaults on that disk (docs/nvme.md); ~90 s
 #   PHASE nvme:     aio_bench (raw vs engine, the disk floor), then the 1.07B job with NVMe states
 #   PHASE headline: a 10.2B-parameter model (19 blocks of 8192x32768) with tiered states: 72 GiB of
 #                   them in pinned host memory, the rest (about 45 GB) on NVMe, 2 steps
@@ -131,6 +133,13 @@ case "${1:-}" in
             run 90 $B/mlp_bench --stage 2 --offload-optimizer cpu --label s2_cpuadam
             run 90 $B/mlp_bench --stage 2 --offload-optimizer cpu --update-device gpu --label s2_gpuchunk
             run 150 python3 bench/fsdp2_reference.py --config fsdp2_offload
+            ;;
+          aiosweep)
+            mkdir -p "$NV"
+            for tq in "1 8" "2 4" "4 2" "8 1"; do
+              set -- $tq
+              run 40 $B/aio_bench --dir="$NV" --size_mb=2048 --block_sizes=1048576 --queue_depths=$2 --threads=$1 --reps=2
+            done
             ;;
           nvmebench)
             mkdir -p "$NV"
