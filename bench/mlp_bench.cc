@@ -99,6 +99,7 @@ struct Options {
   int64_t buffer_count = 4;                 // with "nvme": offload_optimizer.buffer_count
   int64_t aio_block_size = 1048576;         // with "nvme": aio.block_size
   int64_t aio_queue_depth = 8;              // with "nvme": aio.queue_depth
+  int64_t aio_threads = 1;                  // with "nvme": aio.intra_op_parallelism
   std::string offload_param = "none";       // "none" | "cpu" (stage 3)
   std::string update_device = "cpu";        // with "cpu": offload_optimizer.update_device (gpu: chunked)
   int64_t chunk_size = int64_t{1} << 24;    // with update_device gpu
@@ -116,7 +117,7 @@ const char kUsage[] =
     "                 [--tokens N] [--dim N] [--ffn N] [--blocks N] [--steps N>=2]\n"
     "                 [--lr X] [--weight-decay X] [--label NAME] [--device cuda:N] [--dry-run]\n"
     "                 [--offload-optimizer none|cpu|nvme] [--nvme-path DIR] [--sub-group-size N] [--pin-memory 0|1]\n"
-    "                 [--host-memory-budget BYTES] [--buffer-count N] [--aio-block-size N] [--aio-queue-depth N]\n"
+    "                 [--host-memory-budget BYTES] [--buffer-count N] [--aio-block-size N] [--aio-queue-depth N] [--aio-threads N]\n"
     "                 [--update-device cpu|gpu] [--chunk-size N] [--chunk-buffers N] [--offload-param none|cpu]\n"
     "                 [--overlap-step 0|1] [--gas N] [--clip X]\n"
     "                 [--offload-grad-accumulation cpu|gpu]\n";
@@ -233,6 +234,8 @@ Result<Options> ParseFlags(int argc, char** argv) {
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 4096, &o.aio_block_size));
     } else if (f == "--aio-queue-depth") {
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &o.aio_queue_depth));
+    } else if (f == "--aio-threads") {
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &o.aio_threads));
     } else if (f == "--pin-memory") {
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 0, &n));
       o.pin_memory = n != 0;
@@ -276,7 +279,8 @@ std::string ConfigJson(const Options& o) {
           ? std::string()
           : ", \"offload_grad_accumulation\": \"" + o.offload_grad_accumulation + "\"";
   const std::string aio = nvme ? "\"aio\": {\"block_size\": " + std::to_string(o.aio_block_size) +
-                                     ", \"queue_depth\": " + std::to_string(o.aio_queue_depth) + "}, "
+                                     ", \"queue_depth\": " + std::to_string(o.aio_queue_depth) +
+                                     ", \"intra_op_parallelism\": " + std::to_string(o.aio_threads) + "}, "
                                : std::string();
   std::snprintf(buf, sizeof(buf),
                 "{\"train_batch_size\": %d, \"train_micro_batch_size_per_gpu\": 1, "

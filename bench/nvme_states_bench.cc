@@ -7,6 +7,7 @@
 // The disk floor of one pass is read bytes / raw read GB/s + write bytes / raw write GB/s (the
 // disk serves one direction at a time at best). Runs on the CPU backend (no GPU needed).
 //   nvme_states_bench --dir DIR [--numel N] [--group N] [--param N] [--buffers N] [--passes N]
+//                     [--dim D --ffn F] [--aio-qd N] [--aio-threads N]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -58,7 +59,8 @@ int Main(int argc, char** argv) {
   std::string dir;
   int64_t numel = int64_t{1} << 28, group = int64_t{1} << 25, param = int64_t{1} << 24;
   int buffers = 4, passes = 2;
-  int64_t dim = 0, ffn = 0;  // > 0: parameters laid out as mlp_bench's blocks (W1, b1, W2, b2 each)
+  int64_t dim = 0, ffn = 0;
+  int64_t aio_qd = 8, aio_threads = 1;  // the aio block's queue_depth and intra_op_parallelism  // > 0: parameters laid out as mlp_bench's blocks (W1, b1, W2, b2 each)
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i];
     const char* v = argv[i + 1];
@@ -69,6 +71,8 @@ int Main(int argc, char** argv) {
     else if (f == "--buffers") buffers = std::atoi(v);
     else if (f == "--passes") passes = std::atoi(v);
     else if (f == "--dim") dim = std::atoll(v);
+    else if (f == "--aio-qd") aio_qd = std::atoll(v);
+    else if (f == "--aio-threads") aio_threads = std::atoll(v);
     else if (f == "--ffn") ffn = std::atoll(v);
     else { std::fprintf(stderr, "unknown flag %s\n", f.c_str()); return 2; }
   }
@@ -105,6 +109,10 @@ int Main(int argc, char** argv) {
   o.group_numel = group;
   o.buffer_count = buffers;
   o.model_dtype = DType::kBF16;
+  o.aio.queue_depth = aio_qd;
+  o.aio.intra_op_parallelism = aio_threads;
+  std::printf("aio: queue_depth %lld x intra_op_parallelism %lld\n", static_cast<long long>(aio_qd),
+              static_cast<long long>(aio_threads));
   auto t = Clock::now();
   auto st = CreateNvmeOptimizerStates(device.get(), numel, device->default_stream(), o);
   if (!st.ok()) { std::fprintf(stderr, "%s\n", st.status().ToString().c_str()); return 1; }

@@ -149,7 +149,7 @@ case "${1:-}" in
             mkdir -p "$NV"
             run 120 $B/aio_bench --dir="$NV" --size_mb=4096 --block_sizes=1048576 --queue_depths=8 --reps=1
             run 200 $SO $B/mlp_bench --stage 3 --offload-optimizer nvme --nvme-path "$NV" --sub-group-size 67108864 \
-                --steps 3 --label s3_nvme
+                --aio-queue-depth ${AIO_QD:-8} --aio-threads ${AIO_THREADS:-1} --steps 3 --label s3_nvme
             rm -rf "$NV/zero_swap"
             ;;
           headline)
@@ -159,6 +159,7 @@ case "${1:-}" in
             # 1.07B job's does at any offload setting); HEADLINE_LR=1e-6 shows it falling.
             run ${HEADLINE_S:-480} $SO $B/mlp_bench --stage 3 --dim 8192 --ffn 32768 --blocks 19 --offload-optimizer nvme \
                 --nvme-path "$NV" --host-memory-budget $((72 << 30)) --sub-group-size 134217728 --steps 2 \
+                --aio-queue-depth ${AIO_QD:-8} --aio-threads ${AIO_THREADS:-1} \
                 --lr ${HEADLINE_LR:-1e-4} --label headline_tiered
             rm -rf "$NV/zero_swap"
             free -g | head -2
