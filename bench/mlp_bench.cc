@@ -100,6 +100,7 @@ struct Options {
   int64_t aio_block_size = 1048576;         // with "nvme": aio.block_size
   int64_t aio_queue_depth = 8;              // with "nvme": aio.queue_depth
   int64_t aio_threads = 1;                  // with "nvme": aio.intra_op_parallelism
+  int64_t prefetch_bucket = 0;              // > 0: zero_optimization.stage3_prefetch_bucket_size
   std::string offload_param = "none";       // "none" | "cpu" (stage 3)
   std::string update_device = "cpu";        // with "cpu": offload_optimizer.update_device (gpu: chunked)
   int64_t chunk_size = int64_t{1} << 24;    // with update_device gpu
@@ -118,6 +119,7 @@ const char kUsage[] =
     "                 [--lr X] [--weight-decay X] [--label NAME] [--device cuda:N] [--dry-run]\n"
     "                 [--offload-optimizer none|cpu|nvme] [--nvme-path DIR] [--sub-group-size N] [--pin-memory 0|1]\n"
     "                 [--host-memory-budget BYTES] [--buffer-count N] [--aio-block-size N] [--aio-queue-depth N] [--aio-threads N]\n"
+    "                 [--prefetch-bucket N]\n"
     "                 [--update-device cpu|gpu] [--chunk-size N] [--chunk-buffers N] [--offload-param none|cpu]\n"
     "                 [--overlap-step 0|1] [--gas N] [--clip X]\n"
     "                 [--offload-grad-accumulation cpu|gpu]\n";
@@ -234,6 +236,8 @@ Result<Options> ParseFlags(int argc, char** argv) {
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 4096, &o.aio_block_size));
     } else if (f == "--aio-queue-depth") {
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &o.aio_queue_depth));
+    } else if (f == "--prefetch-bucket") {
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &o.prefetch_bucket));
     } else if (f == "--aio-threads") {
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &o.aio_threads));
     } else if (f == "--pin-memory") {
@@ -270,6 +274,8 @@ std::string ConfigJson(const Options& o) {
           : ", \"offload_optimizer\": {\"device\": \"" + o.offload_optimizer + "\", \"pin_memory\": " +
                 (o.pin_memory ? "true" : "false") + nvme_keys + chunk_keys + "}" +
                 (nvme ? ", \"sub_group_size\": " + std::to_string(o.sub_group_size) : std::string());
+  const std::string prefetch =
+      o.prefetch_bucket > 0 ? ", \"stage3_prefetch_bucket_size\": " + std::to_string(o.prefetch_bucket) : std::string();
   const std::string param_offload =
       o.offload_param == "cpu" ? ", \"offload_param\": {\"device\": \"cpu\", \"pin_memory\": " +
                                      std::string(o.pin_memory ? "true" : "false") + ", \"buffer_size\": 1000000000}"
@@ -288,10 +294,10 @@ std::string ConfigJson(const Options& o) {
                 "\"bf16\": {\"enabled\": true}, %s%s"
                 "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %.17g, \"betas\": [0.9, 0.999], "
                 "\"eps\": 1e-8, \"weight_decay\": %.17g}}, "
-                "\"zero_optimization\": {\"stage\": %d%s%s%s}}",
+                "\"zero_optimization\": {\"stage\": %d%s%s%s%s}}",
                 o.gas, o.gas, o.clip, aio.c_str(),
                 o.comm_dtype == "none" ? "" : ("\"communication_data_type\": \"" + o.comm_dtype + "\", ").c_str(),
-                o.lr, o.weight_decay, o.stage, offload.c_str(), param_offload.c_str(), grad_acc.c_str());
+                o.lr, o.weight_decay, o.stage, offload.c_str(), param_offload.c_str(), grad_acc.c_str(), prefetch.c_str());
   return buf;
 }
 
