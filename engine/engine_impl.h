@@ -241,6 +241,8 @@ struct Engine::Impl {
   Status ReduceModules(const std::vector<int>& modules);
   Status ReduceAccumulators(const std::vector<uint8_t>& which);
   Status UnionActive();
+  Status UpdateAll(const std::vector<uint8_t>& update, const AdamWParams& h, bool in_backward);
+  Status AgreeOnUpdate(Status local);
   Status BoundaryImpl();
   Status ZeroAccumulators();
   Status AddGradient(float* dst, const void* src, DType src_t, int64_t n, uint8_t* written);

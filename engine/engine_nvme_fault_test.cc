@@ -367,5 +367,44 @@ TEST(EngineNvmeFaultTest, RealDiskFullDuringTraining) {
   EXPECT_EQ(HostSlab::live_bytes(), pinned_before) << "pinned host memory left behind by the failed Initialize";
 }
 
+// Two ranks, NVMe states, EIO on rank 1's next swap read: its Step fails with the swap error, and
+// rank 0's Step fails at once too, naming rank 1 (the ranks agree on the update before the next
+// collective), instead of waiting in the weight all-gather for the communicator's timeout (set far
+// above this test's own time limit, so a rank left waiting fails the test).
+TEST(EngineNvmeFaultTest, AFaultOnOneRankStopsEveryRankAtOnce) {
+  auto scratch = ScratchDir::Create("nvme_fault_two_ranks");
+  ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
+  const std::string nvme = scratch->File("nvme");
+  const Case c{2, false, 0.05};
+  std::vector<Status> steps(2);
+  CommOptions options;
+  options.timeout = std::chrono::milliseconds(600000);
+  Status s = RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
+    ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(Json(c, nvme), 2));
+    FaultyAioEngine* aio = nullptr;
+    EngineEnv env;
+    env.aio_engine_factory = [&aio](const AioOptions& o) -> Result<std::unique_ptr<AioEngine>> {
+      ZERO_ASSIGN_OR_RETURN(std::unique_ptr<FaultyAioEngine> f, FaultyAioEngine::Create(o));
+      aio = f.get();
+      return std::unique_ptr<AioEngine>(std::move(f));
+    };
+    ZERO_ASSIGN_OR_RETURN(auto e, MakeEngineIn(config, device, comm, env));
+    TrainOptions o;
+    o.steps = kStepsBefore;
+    TrainResult r;
+    ZERO_RETURN_IF_ERROR(TrainSteps(e.get(), device, Model(), rank, o, &r));
+    if (rank == 1) aio->FailNthRead(aio->reads_reaped() + 1, EIO);
+    o.steps = 1;
+    steps[rank] = TrainSteps(e.get(), device, Model(), rank, o, &r);
+    return OkStatus();
+  }, options);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  std::printf("rank 0: %s\nrank 1: %s\n", steps[0].ToString().c_str(), steps[1].ToString().c_str());
+  EXPECT_FALSE(steps[1].ok());
+  EXPECT_TRUE(Contains(steps[1].message(), "rank1/optimizer_states.swp")) << steps[1].ToString();
+  EXPECT_EQ(steps[0].code(), StatusCode::kUnavailable) << steps[0].ToString();
+  EXPECT_TRUE(Contains(steps[0].message(), "rank 1 failed in the optimizer update")) << steps[0].ToString();
+}
+
 }  // namespace
 }  // namespace zero

@@ -183,6 +183,30 @@ Status Engine::Impl::BoundaryImpl() {
   // are not consecutive in the full layout, except with one rank where the two layouts coincide.
   // The gaps between pieces of a flat buffer are zero everywhere and stay zero under AdamW.
   if (coordinator != nullptr) ZERO_RETURN_IF_ERROR(coordinator->QuiesceForUpdate());
+  // The update itself is local: with offloaded states or parameters it can fail on one rank only (a
+  // swap file's EIO, a full disk). Every rank then agrees before the next collective, so none is
+  // left waiting in the weight publication or the norm (AgreeOnUpdate).
+  ZERO_RETURN_IF_ERROR(AgreeOnUpdate(UpdateAll(update, h, in_backward)));
+
+  // The new weights where the forward reads them (stage 3: the coordinator re-gathers; stages
+  // 1/2: the all-gather). Overlapped (one rank): nothing here reads the model copy.
+  ZERO_RETURN_IF_ERROR(timeline.Timed(EngineTimeline::Kind::kCommunication, kTrackCommunication,
+                                      "publish weights", [&] { return PublishWeights(update, /*cast=*/false); }));
+
+  if (!norm_first) ZERO_RETURN_IF_ERROR(ReadNorm(&total));
+  ZERO_RETURN_IF_ERROR(ZeroAccumulators());
+  grad_norm = std::sqrt(total) / s;
+  step_applied = true;
+  ++counters.global_steps;
+  ++counters.adam_step;
+  if (fp16) scaler.Update(false);
+  return comm->CheckHealth();
+}
+
+// The optimizer update of the boundary (BoundaryImpl): AdamW over the updated parameters and the
+// new weights into the model copy (or the deferred pieces of the overlapped step).
+Status Engine::Impl::UpdateAll(const std::vector<uint8_t>& update, const AdamWParams& h, bool in_backward) {
+  const int n_params = static_cast<int>(params.size());
   const bool overlap = OverlapStep();
   if (overlap) ZERO_RETURN_IF_ERROR(BeginDeferredStep(h));
   if (in_backward) {
@@ -236,20 +260,25 @@ Status Engine::Impl::BoundaryImpl() {
   }
 
   if (overlap) ZERO_RETURN_IF_ERROR(EndDeferredStep());
+  return OkStatus();
+}
 
-  // The new weights where the forward reads them (stage 3: the coordinator re-gathers; stages
-  // 1/2: the all-gather). Overlapped (one rank): nothing here reads the model copy.
-  ZERO_RETURN_IF_ERROR(timeline.Timed(EngineTimeline::Kind::kCommunication, kTrackCommunication,
-                                      "publish weights", [&] { return PublishWeights(update, /*cast=*/false); }));
-
-  if (!norm_first) ZERO_RETURN_IF_ERROR(ReadNorm(&total));
-  ZERO_RETURN_IF_ERROR(ZeroAccumulators());
-  grad_norm = std::sqrt(total) / s;
-  step_applied = true;
-  ++counters.global_steps;
-  ++counters.adam_step;
-  if (fp16) scaler.Update(false);
-  return comm->CheckHealth();
+// With several ranks and anything offloaded (host or NVMe states, host or NVMe parameter shards),
+// one small host all-reduce tells every rank whether some rank's update failed: the failing rank
+// returns its own error, the others an error naming it (instead of waiting in the next collective
+// for the communicator's timeout). Without offload, or with one rank, `local` is returned as is.
+Status Engine::Impl::AgreeOnUpdate(Status local) {
+  const OptimizerStateBytes sb = states->bytes();
+  const bool offloaded = sb.host > 0 || sb.nvme > 0 || host_params != nullptr;
+  if (world == 1 || !offloaded) return local;
+  double failed = local.ok() ? -1.0 : static_cast<double>(comm->rank());
+  Status agree = comm->AllReduceHost(&failed, 1, ReduceOp::kMax).WithContext("agreeing on the optimizer update");
+  if (!local.ok()) return local;
+  ZERO_RETURN_IF_ERROR(agree);
+  if (failed < 0) return OkStatus();
+  return UnavailableError("rank " + std::to_string(static_cast<int>(failed)) +
+                          " failed in the optimizer update (its error says why, e.g. a swap file fault); every rank "
+                          "stops here: create new engines and LoadCheckpoint the last checkpoint");
 }
 
 // The fp32 master weights (of the parameters in `update`) in the model dtype, where the forward
