@@ -131,8 +131,8 @@ case "${1:-}" in
             run 90 $B/mlp_bench --stage 3 --offload-optimizer cpu --update-device gpu --overlap-step 1 --label s3_gpuoverlap
             run 90 $B/mlp_bench --stage 3 --offload-optimizer cpu --offload-param cpu --label s3_cpuadam_param
             # stage3_prefetch_bucket_size 5e7 (the default, DeepSpeed's) is smaller than one block (134M
-            # elements), so nothing is prefetched and every forward gather waits for its upload; 3e8 lets
-            # the next block's upload and gather run under this block's compute.
+            # elements): the coordinator gathers the next block only (the first module ahead always);
+            # 3e8 lets two blocks' uploads run ahead.
             run 90 $B/mlp_bench --stage 3 --offload-optimizer cpu --offload-param cpu --prefetch-bucket 300000000 \
                 --label s3_cpuadam_param_prefetch
             run 90 $B/mlp_bench --stage 2 --offload-optimizer cpu --label s2_cpuadam

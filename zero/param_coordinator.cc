@@ -72,6 +72,12 @@ ParamCoordinator::Need ParamCoordinator::NeededBy(int module) const {
   return n;
 }
 
+int64_t ParamCoordinator::ModuleNumel(int module) const {
+  int64_t n = 0;
+  for (int i : modules_[module].params) n += params_[i].spec.padded;
+  return n;
+}
+
 Status ParamCoordinator::Upload(Flight& f, const std::vector<void*>& dst) {
   const size_t esize = SizeOf(dtype_);
   if (upload_stream_ == nullptr) {
@@ -388,6 +394,10 @@ Status ParamCoordinator::Prefetch() {
   if (host_ && static_cast<int64_t>(flights_.size()) >= options_.max_uploads_in_flight) return OkStatus();
   // One flight for every module this call prefetches: at most prefetch_bucket_numel elements,
   // and the live elements (their staging included) within max_live_numel.
+  // What is already gathered ahead (prefetched, not yet demanded) counts toward the bucket; the
+  // first module ahead is prefetched even when it alone is larger than the bucket (as DeepSpeed,
+  // which checks the bucket before adding, and FSDP2's one-module prefetch do), so a model whose
+  // modules exceed stage3_prefetch_bucket_size still has its next module's gather overlap compute.
   Flight f;
   int64_t bucket = 0;
   int64_t count = 0;
@@ -395,8 +405,14 @@ Status ParamCoordinator::Prefetch() {
   for (size_t j = cursor_; j < end; ++j) {
     const int m = trace_[j];
     const Need need = NeededBy(m);
-    if (need.all == 0) continue;
-    if (bucket + need.all > options_.prefetch_bucket_numel) break;
+    if (need.all == 0) {
+      if (modules_[m].prefetched) bucket += ModuleNumel(m);
+      continue;
+    }
+    // (A bucket of 0 turns prefetching off, as DeepSpeed's stage3_prefetch_bucket_size 0 does.)
+    if ((bucket > 0 || options_.prefetch_bucket_numel <= 0) && bucket + need.all > options_.prefetch_bucket_numel) {
+      break;
+    }
     // live_numel_ already includes what this flight claimed so far; its staging comes at launch.
     if (live_numel_ + need.live + StagingNumel(bucket + need.all, count + need.count) >
         options_.max_live_numel) {

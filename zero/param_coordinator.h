@@ -64,8 +64,10 @@
 // Trace and prefetch: the sequence of Acquire calls of one micro step (from one EndMicroStep to
 // the next; forward then backward) is recorded during the first micro step. In later micro steps,
 // after serving the demand at trace position i, the coordinator issues the gathers of the modules
-// at positions i+1, i+2, ... while the elements they need stay within prefetch_bucket_numel and
-// the live elements within max_live_numel; all the modules one such step issues are one flight (so
+// at positions i+1, i+2, ... while the elements they need, plus those of modules already gathered
+// ahead, stay within prefetch_bucket_numel (the first module ahead is gathered even when it alone
+// is larger, as DeepSpeed and FSDP2 do; a bucket of 0 prefetches nothing) and the live elements
+// within max_live_numel; all the modules one such step issues are one flight (so
 // one collective, of at most prefetch_bucket_numel elements). A demanded module waits only for its
 // own flights. A module whose count drops to 0 stays gathered
 // if the trace uses it again within max_reuse_distance elements (of the modules in between) and
@@ -258,6 +260,8 @@ class ParamCoordinator {
     return Aliases() ? p.spec.shard_data : static_cast<const void*>(p.full.data());
   }
   Need NeededBy(int module) const;
+  // The padded elements of all of `module`'s parameters.
+  int64_t ModuleNumel(int module) const;
   // Staging elements a flight of `count` parameters and `all` padded elements needs.
   int64_t StagingNumel(int64_t all, int64_t count) const;
   // Adds the parameters of `module` that need a gather to the flight being built: allocates their

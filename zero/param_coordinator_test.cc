@@ -149,6 +149,42 @@ TEST(ParamCoordinatorTest, TracePrefetchWithinLimits) {
   EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
+// Modules larger than stage3_prefetch_bucket_size: the next one is still prefetched (one module
+// ahead, as DeepSpeed and FSDP2 do), never two (what is already gathered ahead fills the bucket);
+// the live limit holds; a bucket of 0 turns prefetching off.
+TEST(ParamCoordinatorTest, ModulesLargerThanTheBucketArePrefetchedOneAhead) {
+  for (int64_t bucket : {int64_t{50}, int64_t{0}}) {
+    SCOPED_TRACE("bucket " + std::to_string(bucket));
+    Status s = RunThreadRanks(2, [bucket](int rank, Communicator* comm, Device* device) -> Status {
+      Model m = FourBlocks();
+      ParamCoordinatorOptions o;
+      o.prefetch_bucket_numel = bucket;  // below one module's ~106 padded elements
+      o.max_reuse_distance = 0;          // no keeping: only prefetch
+      ZERO_ASSIGN_OR_RETURN(auto pc, Build(m, rank, 2, comm, device, o, /*persistence=*/3));
+      int64_t peak = 0;
+      ZERO_RETURN_IF_ERROR(RunMicroStep(*pc, m, &peak));  // records the trace
+      ZERO_RETURN_IF_ERROR(RunMicroStep(*pc, m, &peak));
+      const ParamCoordinatorStats& st = pc->stats();
+      if (bucket == 0) {
+        if (st.prefetched_modules != 0) return InternalError("prefetched with a bucket of 0");
+        return OkStatus();
+      }
+      // The trace is b0 b1 b2 b3 b3 b2 b1 b0: after most demands the next module is gathered ahead
+      // (not after the last one, nor where the next is the module just demanded).
+      if (st.prefetched_modules < 5) {
+        return InternalError("prefetched " + std::to_string(st.prefetched_modules) + " modules, expected one ahead of each demand");
+      }
+      if (st.prefetch_hits < 5) return InternalError("prefetch hits " + std::to_string(st.prefetch_hits));
+      // One module held plus one ahead: never three modules' worth live.
+      if (st.max_live_numel_seen > 2 * 106) {
+        return InternalError("live " + std::to_string(st.max_live_numel_seen) + ": more than one module ahead");
+      }
+      return OkStatus();
+    });
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+}
+
 TEST(ParamCoordinatorTest, KeepsModulesReusedSoonAndEvictsForDemand) {
   Status s = RunThreadRanks(2, [](int rank, Communicator* comm, Device* device) -> Status {
     Model m = FourBlocks();
