@@ -823,16 +823,13 @@ TEST_P(DifferentHeadsTest, SameLayoutOnEveryRank) {
   RunDifferentHeadsCell(cell);
 }
 
-void RunDifferentHeadsCell(const CellSpec& cell) {
+// Runs `cell` over `windows` of micro steps in which rank r uses windows[w][j][r] (the unmanaged
+// user divides by the window's length), against the reference; `schedule` says how ranks report.
+void RunPerRankHeads(const CellSpec& cell, Schedule schedule,
+                     const std::vector<std::vector<std::vector<Heads>>>& windows) {
   const Config config = ParseCell(cell);
   ASSERT_FALSE(::testing::Test::HasFailure());
-  Schedule schedule;
   schedule.managed = cell.managed;
-  schedule.odd_ranks_report_forward = cell.stage < 3;
-  schedule.odd_ranks_report_params_forward = cell.stage == 3;
-  const Heads a{true, false}, b{false, true}, both{true, true};
-  const std::vector<std::vector<std::vector<Heads>>> windows = {
-      {{a, b, both}, {b, a, a}}, {{a, b, b}, {a, b, both}}, {{b, a, both}, {both, b, a}}};
   for (const auto& win : windows) {
     Window w;
     for (const auto& per_rank : win) {
@@ -856,6 +853,15 @@ void RunDifferentHeadsCell(const CellSpec& cell) {
   for (size_t r = 0; r < traces.size() && cell.offload_param; ++r) {
     EXPECT_GT(traces[r].memory.host_params, 0u) << "rank " << r << ": no shards in host memory";
   }
+}
+
+void RunDifferentHeadsCell(const CellSpec& cell) {
+  Schedule schedule;
+  schedule.odd_ranks_report_forward = cell.stage < 3;
+  schedule.odd_ranks_report_params_forward = cell.stage == 3;
+  const Heads a{true, false}, b{false, true}, both{true, true};
+  RunPerRankHeads(cell, schedule,
+                  {{{a, b, both}, {b, a, a}}, {{a, b, b}, {a, b, both}}, {{b, a, both}, {both, b, a}}});
 }
 
 // The same at stage 3 with offload: offload_param "cpu" (optimizer on the device), offload_optimizer
@@ -905,28 +911,10 @@ TEST_P(Stage3LateReportsTest, EveryRankReportingAfterItsGathersIsExact) {
   cell.managed = std::get<1>(GetParam());
   cell.gas = cell.managed ? 2 : 1;
   cell.clip = kClip;
-  const Config config = ParseCell(cell);
-  ASSERT_FALSE(HasFailure());
   Schedule schedule;
-  schedule.managed = cell.managed;
   schedule.every_rank_reports_after_gathers = true;
   const Heads a{true, false}, b{false, true}, both{true, true};
-  for (const auto& win : std::vector<std::vector<std::vector<Heads>>>{{{a, b, both}, {b, a, a}}, {{both, b, a}, {a, b, b}}}) {
-    Window w;
-    for (const auto& per_rank : win) {
-      MicroSpec m;
-      m.rank_heads = per_rank;
-      if (!cell.managed) m.loss_divisor = static_cast<float>(win.size());
-      w.micros.push_back(m);
-    }
-    schedule.windows.push_back(w);
-  }
-  Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), ModelDims(), schedule);
-  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
-  std::vector<RankTrace> traces;
-  Status st = RunEngine(config, cell.world, schedule, &traces);
-  ASSERT_TRUE(st.ok()) << st.ToString();
-  ExpectMatches(*ref, traces, ContractTolerance());
+  RunPerRankHeads(cell, schedule, {{{a, b, both}, {b, a, a}}, {{both, b, a}, {a, b, b}}});
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Stage3LateReportsTest,
