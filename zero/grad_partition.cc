@@ -1,16 +1,14 @@
 #include "zero/grad_partition.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
-#include <mutex>
+#include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "zero/host_state_kernels.h"
+#include "zero/slot_worker.h"
 
 namespace zero {
 namespace {
@@ -88,12 +86,7 @@ class HostGradPartition final : public GradPartition {
         slots_(static_cast<size_t>(std::max(1, o.staging_slots))) {}
 
   ~HostGradPartition() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (worker_.joinable()) worker_.join();
+    worker_.reset();  // runs what is queued, then joins
     device_->SynchronizeStream(stream_).IgnoreError();
   }
 
@@ -117,7 +110,8 @@ class HostGradPartition final : public GradPartition {
     ZERO_ASSIGN_OR_RETURN(partials_copied_, NewEvent());
     ZERO_RETURN_IF_ERROR(device_->RecordEvent(stored_.get(), stream_));
     ZERO_RETURN_IF_ERROR(device_->RecordEvent(partials_copied_.get(), stream_));
-    worker_ = std::thread([this] { WorkerLoop(); });
+    worker_ = std::make_unique<SlotWorker<Task>>(
+        slots_.size(), [this](const Task& t) { return RunTask(t); }, "host gradient partition: adding a reduced chunk");
     return OkStatus();
   }
 
@@ -126,25 +120,13 @@ class HostGradPartition final : public GradPartition {
     for (int64_t at = 0; at < p.n; at += chunk_) {
       const int64_t len = std::min(chunk_, p.n - at);
       // A free slot (the worker frees them in order), then the chunk's reduced values into it.
-      size_t s;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return queued_ < slots_.size() || !error_.ok(); });
-        if (!error_.ok()) return error_;
-        s = next_slot_;
-        next_slot_ = (next_slot_ + 1) % slots_.size();
-      }
+      ZERO_ASSIGN_OR_RETURN(const size_t s, worker_->Acquire());
       Slot& sl = slots_[s];
       TraceDeviceScope trace(observer_, TraceTrack::kDeviceToHost, "gradients to the host partition", stream_);
       ZERO_RETURN_IF_ERROR(device_->Copy(sl.data, ElementPtr(src, src_t, at), static_cast<size_t>(len) * SizeOf(src_t),
                                          CopyKind::kDeviceToHost, stream_));
       ZERO_RETURN_IF_ERROR(device_->RecordEvent(sl.landed.get(), stream_));
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        tasks_.push_back(Task{s, p.offset + at, len, src_t, first});
-        ++queued_;
-      }
-      cv_.notify_all();
+      worker_->Push(Task{s, p.offset + at, len, src_t, first});
     }
     return OkStatus();
   }
@@ -212,32 +194,16 @@ class HostGradPartition final : public GradPartition {
     return std::move(e).value();
   }
 
-  void WorkerLoop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;  // stop_
-      Task t = tasks_.front();
-      busy_ = true;
-      lock.unlock();
-      Status s = device_->SynchronizeEvent(slots_[t.slot].landed.get());
-      if (s.ok()) AccumulateIntoF32(pool_, slots_[t.slot].data, t.src_t, part_ + t.offset, t.n, t.first);
-      lock.lock();
-      tasks_.pop_front();
-      --queued_;
-      busy_ = false;
-      if (!s.ok() && error_.ok()) error_ = s.WithContext("host gradient partition: adding a reduced chunk");
-      cv_.notify_all();
-    }
+  // On the worker: the chunk has landed in its slot; add it into the partition.
+  Status RunTask(const Task& t) {
+    ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(slots_[t.slot].landed.get()));
+    AccumulateIntoF32(pool_, slots_[t.slot].data, t.src_t, part_ + t.offset, t.n, t.first);
+    return OkStatus();
   }
 
   // Every add queued so far is in the partition, and every Store has landed.
   Status WaitIdle() {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return tasks_.empty() && !busy_; });
-      if (!error_.ok()) return error_;
-    }
+    ZERO_RETURN_IF_ERROR(worker_->WaitIdle());
     return device_->SynchronizeEvent(stored_.get());
   }
 
@@ -252,15 +218,7 @@ class HostGradPartition final : public GradPartition {
   std::vector<Slot> slots_;
   std::unique_ptr<Event> stored_, partials_copied_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> tasks_;  // GUARDED_BY(mu_)
-  size_t queued_ = 0;       // GUARDED_BY(mu_): tasks holding a slot
-  size_t next_slot_ = 0;    // GUARDED_BY(mu_)
-  bool busy_ = false;       // GUARDED_BY(mu_)
-  bool stop_ = false;       // GUARDED_BY(mu_)
-  Status error_;            // GUARDED_BY(mu_)
-  std::thread worker_;
+  std::unique_ptr<SlotWorker<Task>> worker_;  // the host adds, slot by slot
 };
 
 class GpuAccumulatedGradPartition final : public GradPartition {

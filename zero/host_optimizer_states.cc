@@ -1,17 +1,15 @@
 #include "zero/host_optimizer_states.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
-#include <mutex>
-#include <thread>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "offload/cpu_adam.h"
 #include "offload/thread_pool.h"
 #include "zero/host_state_kernels.h"
+#include "zero/slot_worker.h"
 
 namespace zero {
 namespace {
@@ -28,12 +26,7 @@ class HostOptimizerStates final : public OptimizerStates {
         slots_(static_cast<size_t>(std::max(1, o.ring_slots))) {}
 
   ~HostOptimizerStates() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (worker_.joinable()) worker_.join();
+    worker_.reset();  // runs what is queued, then joins
     device_->SynchronizeStream(stream_).IgnoreError();
   }
 
@@ -68,7 +61,14 @@ class HostOptimizerStates final : public OptimizerStates {
       sl.widened = w.as<float>();
       ZERO_ASSIGN_OR_RETURN(sl.landed, NewEvent());
     }
-    worker_ = std::thread([this] { WorkerLoop(); });
+    // The model copy must not change under a host->device copy still reading it (copied_).
+    worker_ = std::make_unique<SlotWorker<Task>>(
+        slots_.size(),
+        [this](const Task& t) {
+          ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(copied_.get()));
+          return RunTask(t);
+        },
+        "the update in backward");
     return OkStatus();
   }
 
@@ -127,14 +127,7 @@ class HostOptimizerStates final : public OptimizerStates {
     for (int64_t at = 0; at < n; at += chunk_) {
       const int64_t len = std::min(chunk_, n - at);
       // A free slot (the worker frees them in order), then the chunk's gradients into it.
-      size_t s;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return queued_ < slots_.size() || !error_.ok(); });
-        if (!error_.ok()) return error_;
-        s = next_slot_;
-        next_slot_ = (next_slot_ + 1) % slots_.size();
-      }
+      ZERO_ASSIGN_OR_RETURN(const size_t s, worker_->Acquire());
       Slot& sl = slots_[s];
       TraceDeviceScope trace(observer_, TraceTrack::kDeviceToHost, "gradients to the host", stream);
       if (grad != nullptr) {
@@ -142,12 +135,7 @@ class HostOptimizerStates final : public OptimizerStates {
                                            CopyKind::kDeviceToHost, stream));
       }
       ZERO_RETURN_IF_ERROR(device_->RecordEvent(sl.landed.get(), stream));
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        tasks_.push_back(Task{s, offset + at, len, grad != nullptr, grad_t, h});
-        ++queued_;
-      }
-      cv_.notify_all();
+      worker_->Push(Task{s, offset + at, len, grad != nullptr, grad_t, h});
     }
     return OkStatus();
   }
@@ -264,31 +252,7 @@ class HostOptimizerStates final : public OptimizerStates {
                     static_cast<size_t>(t.n), t.h, ElementPtr(model_copy_, mdt_, t.offset), mdt_, pool_.get());
   }
 
-  void WorkerLoop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;  // stop_
-      Task t = tasks_.front();
-      busy_ = true;
-      lock.unlock();
-      // The model copy must not change under a host->device copy still reading it.
-      Status s = device_->SynchronizeEvent(copied_.get());
-      if (s.ok()) s = RunTask(t);
-      lock.lock();
-      tasks_.pop_front();
-      --queued_;
-      busy_ = false;
-      if (!s.ok() && error_.ok()) error_ = s.WithContext("the update in backward");
-      cv_.notify_all();
-    }
-  }
-
-  Status WaitForWorker() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return tasks_.empty() && !busy_; });
-    return error_;
-  }
+  Status WaitForWorker() { return worker_->WaitIdle(); }
 
   float* at(OptState s, int64_t offset) { return state_[static_cast<int>(s)] + offset; }
   Status Check(int64_t offset, int64_t n, const char* call) const {
@@ -309,15 +273,7 @@ class HostOptimizerStates final : public OptimizerStates {
   std::unique_ptr<Event> grad_in_[2], copied_;
   std::vector<Slot> slots_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> tasks_;  // GUARDED_BY(mu_)
-  size_t queued_ = 0;       // GUARDED_BY(mu_): tasks holding a slot
-  size_t next_slot_ = 0;    // GUARDED_BY(mu_)
-  bool busy_ = false;       // GUARDED_BY(mu_)
-  bool stop_ = false;       // GUARDED_BY(mu_)
-  Status error_;            // GUARDED_BY(mu_)
-  std::thread worker_;
+  std::unique_ptr<SlotWorker<Task>> worker_;  // the update in backward, slot by slot
 };
 
 }  // namespace
