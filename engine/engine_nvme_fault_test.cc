@@ -81,6 +81,18 @@ Result<std::unique_ptr<Engine>> MakeEngineIn(const Config& config, Device* devic
   return engine;
 }
 
+// An EngineEnv whose NVMe swap files go through a FaultyAioEngine over the real one; *aio is set to
+// it when the engine creates it (the engine owns it).
+EngineEnv FaultyEnv(FaultyAioEngine** aio) {
+  EngineEnv env;
+  env.aio_engine_factory = [aio](const AioOptions& o) -> Result<std::unique_ptr<AioEngine>> {
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<FaultyAioEngine> f, FaultyAioEngine::Create(o));
+    *aio = f.get();
+    return std::unique_ptr<AioEngine>(std::move(f));
+  };
+  return env;
+}
+
 Status Masters(Engine* e, Weights* out) {
   out->clear();
   for (int i = 0; i < e->num_params(); ++i) {
@@ -209,12 +221,7 @@ void RunFault(const Case& c, Fault fault, const std::string& dir, const Weights&
   Status s = RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
     ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(Json(c, nvme), 1));
     FaultyAioEngine* aio = nullptr;  // owned by the engine's NVMe states
-    EngineEnv env;
-    env.aio_engine_factory = [&aio](const AioOptions& o) -> Result<std::unique_ptr<AioEngine>> {
-      ZERO_ASSIGN_OR_RETURN(std::unique_ptr<FaultyAioEngine> f, FaultyAioEngine::Create(o));
-      aio = f.get();
-      return std::unique_ptr<AioEngine>(std::move(f));
-    };
+    const EngineEnv env = FaultyEnv(&aio);
     ZERO_ASSIGN_OR_RETURN(auto e, MakeEngineIn(config, device, comm, env));
     if (aio == nullptr) return InternalError("the engine did not use EngineEnv::aio_engine_factory");
     ZERO_RETURN_IF_ERROR(Train(e.get(), device, kStepsBefore));
@@ -382,12 +389,7 @@ TEST(EngineNvmeFaultTest, AFaultOnOneRankStopsEveryRankAtOnce) {
   Status s = RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
     ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(Json(c, nvme), 2));
     FaultyAioEngine* aio = nullptr;
-    EngineEnv env;
-    env.aio_engine_factory = [&aio](const AioOptions& o) -> Result<std::unique_ptr<AioEngine>> {
-      ZERO_ASSIGN_OR_RETURN(std::unique_ptr<FaultyAioEngine> f, FaultyAioEngine::Create(o));
-      aio = f.get();
-      return std::unique_ptr<AioEngine>(std::move(f));
-    };
+    const EngineEnv env = FaultyEnv(&aio);
     ZERO_ASSIGN_OR_RETURN(auto e, MakeEngineIn(config, device, comm, env));
     TrainOptions o;
     o.steps = kStepsBefore;
