@@ -110,6 +110,7 @@ struct Options {
   double clip = 0.0;                        // gradient_clipping (0: off)
   std::string offload_grad_accumulation;    // "" (key left out) | "cpu" | "gpu"
   bool pin_memory = true;
+  std::string trace;                        // non-empty: zero_trace of the last step into this file
   bool dry_run = false;
 };
 
@@ -122,7 +123,7 @@ const char kUsage[] =
     "                 [--prefetch-bucket N]\n"
     "                 [--update-device cpu|gpu] [--chunk-size N] [--chunk-buffers N] [--offload-param none|cpu]\n"
     "                 [--overlap-step 0|1] [--gas N] [--clip X]\n"
-    "                 [--offload-grad-accumulation cpu|gpu]\n";
+    "                 [--offload-grad-accumulation cpu|gpu] [--trace FILE]\n";
 
 Status ParseInt(const std::string& flag, const char* v, int64_t lo, int64_t* out) {
   char* end = nullptr;
@@ -240,6 +241,8 @@ Result<Options> ParseFlags(int argc, char** argv) {
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &o.prefetch_bucket));
     } else if (f == "--aio-threads") {
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &o.aio_threads));
+    } else if (f == "--trace") {
+      o.trace = v;
     } else if (f == "--pin-memory") {
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 0, &n));
       o.pin_memory = n != 0;
@@ -288,14 +291,19 @@ std::string ConfigJson(const Options& o) {
                                      ", \"queue_depth\": " + std::to_string(o.aio_queue_depth) +
                                      ", \"intra_op_parallelism\": " + std::to_string(o.aio_threads) + "}, "
                                : std::string();
+  // zero_trace of the last step only (docs/timeline.md): steady state, one step's spans.
+  const std::string trace =
+      o.trace.empty() ? std::string()
+                      : "\"zero_trace\": {\"enabled\": true, \"path\": \"" + o.trace + "\", \"first_step\": " +
+                            std::to_string(o.steps) + ", \"last_step\": " + std::to_string(o.steps) + "}, ";
   std::snprintf(buf, sizeof(buf),
-                "{\"train_batch_size\": %d, \"train_micro_batch_size_per_gpu\": 1, "
+                "{%s\"train_batch_size\": %d, \"train_micro_batch_size_per_gpu\": 1, "
                 "\"gradient_accumulation_steps\": %d, \"gradient_clipping\": %.17g, "
                 "\"bf16\": {\"enabled\": true}, %s%s"
                 "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %.17g, \"betas\": [0.9, 0.999], "
                 "\"eps\": 1e-8, \"weight_decay\": %.17g}}, "
                 "\"zero_optimization\": {\"stage\": %d%s%s%s%s}}",
-                o.gas, o.gas, o.clip, aio.c_str(),
+                trace.c_str(), o.gas, o.gas, o.clip, aio.c_str(),
                 o.comm_dtype == "none" ? "" : ("\"communication_data_type\": \"" + o.comm_dtype + "\", ").c_str(),
                 o.lr, o.weight_decay, o.stage, offload.c_str(), param_offload.c_str(), grad_acc.c_str(), prefetch.c_str());
   return buf;

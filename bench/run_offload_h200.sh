@@ -29,6 +29,8 @@
 #                   offload_optimizer cpu, ZeRO-3 with offload_param cpu too, and ZeRO-2 offload at
 #                   65536 tokens, one process each (~230 s, of which ~40 s DeepSpeedCPUAdam's ninja build)
 #   PHASE equiv_unmanaged: gpu_equivalence --filter unmanaged_offload (~10 s)
+#   PHASE trace:    zero_trace of the last of 4 steps of the 1.07B job with the overlapped chunked step and with
+#                   the CPU AdamW, into OUTDIR/trace_*.json (render here: tools/trace_to_svg.py) (~30 s)
 # Each run is bounded by `timeout`, and all of them together by BUDGET_S (default 570 s from the start
 # of `run`: a run gets at most what is left, and is skipped under 5 s left), so the log comes back
 # before the device call's 10 minutes end. Output in OUTDIR/offload_h200.log.
@@ -91,6 +93,12 @@ case "${1:-}" in
             run 240 $B/gpu_equivalence ;;
           equiv_unmanaged)
             run 120 $B/gpu_equivalence --filter unmanaged_offload ;;
+          trace)
+            run 60 $SO $B/mlp_bench --stage 3 --offload-optimizer cpu --update-device gpu --overlap-step 1 --steps 4 \
+                --trace "$out/trace_gpuoverlap.json" --label s3_gpuoverlap_trace
+            run 60 $SO $B/mlp_bench --stage 3 --offload-optimizer cpu --steps 4 \
+                --trace "$out/trace_cpuadam.json" --label s3_cpuadam_trace
+            ;;
           pcie)
             run 60 $B/pcie_bench --sizes-mib 64,256,1024 --reps 5 --warmup 1 ;;
           gas)
@@ -175,7 +183,7 @@ case "${1:-}" in
     ;;
   *)
     echo "usage: bench/run_offload_h200.sh pack | run OUTDIR" \
-         "[equiv|offload|nvmebench|nvme|headline|pcie|gas|tokens65536|deepspeed|equiv_unmanaged ...]" >&2
+         "[equiv|offload|nvmebench|nvme|headline|pcie|gas|tokens65536|deepspeed|equiv_unmanaged|trace ...]" >&2
     exit 2
     ;;
 esac
