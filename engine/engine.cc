@@ -785,7 +785,7 @@ EngineMemory Engine::memory() const {
   const GradPartitionBytes gb = m.grad != nullptr ? m.grad->bytes() : GradPartitionBytes();
   out.host_gradients = gb.host;
   out.gradient_accumulators = m.acc.bytes() + gb.device;
-  out.gradients = m.acc.bytes() + gb.device +
+  out.gradients = m.acc.bytes() + gb.device + gb.device_staging +
                   (m.grad_pool != nullptr ? m.grad_pool->bytes() : 0) + out.bucket_staging;
   out.allgather_staging = m.weight_gather != nullptr ? m.weight_gather->staging_bytes() : 0;
   out.device_peak = m.device->memory_stats().peak;

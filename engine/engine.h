@@ -169,6 +169,7 @@ struct EngineMemory {
   size_t master_params = 0;  // fp32 master weights
   size_t optimizer_states = 0;
   size_t gradients = 0;      // accumulators + reduction buckets + gradient buffers handed out
+                             // (+ the host gradient partition's device staging slots)
   size_t gradient_accumulators = 0;  // of `gradients`: the fp32 accumulators / gradient partition
   size_t device_peak = 0;    // Device::memory_stats().peak
   // Offloaded optimizer states (not device memory): host bytes (pinned slabs: states, buffers, the

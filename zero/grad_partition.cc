@@ -88,6 +88,7 @@ class HostGradPartition final : public GradPartition {
   ~HostGradPartition() override {
     worker_.reset();  // runs what is queued, then joins
     device_->SynchronizeStream(stream_).IgnoreError();
+    if (copy_ != nullptr) device_->SynchronizeStream(copy_.get()).IgnoreError();
   }
 
   Status Init(const HostGradPartitionOptions& o) {
@@ -99,10 +100,21 @@ class HostGradPartition final : public GradPartition {
     ZERO_ASSIGN_OR_RETURN(HostSpan ps, slab_.Take(static_cast<size_t>(numel_) * 4, "fp32 gradient partition"));
     part_ = ps.as<float>();
     std::memset(part_, 0, static_cast<size_t>(numel_) * 4);
-    for (Slot& sl : slots_) {
+    if (o.device_staging) {
+      auto st = device_->CreateStream();
+      if (!st.ok()) return st.status().WithContext("host gradient partition: creating its device->host stream");
+      copy_ = std::move(st).value();
+      auto b = device_->Allocate(slots_.size() * static_cast<size_t>(chunk_) * 4);
+      if (!b.ok()) return b.status().WithContext("host gradient partition: allocating the device staging slots");
+      device_slots_ = std::move(b).value();
+    }
+    for (size_t k = 0; k < slots_.size(); ++k) {
+      Slot& sl = slots_[k];
       ZERO_ASSIGN_OR_RETURN(HostSpan g, slab_.Take(static_cast<size_t>(chunk_) * 4, "gradient staging slot"));
       sl.data = g.data;
+      if (o.device_staging) sl.dev = static_cast<char*>(device_slots_.data()) + k * static_cast<size_t>(chunk_) * 4;
       ZERO_ASSIGN_OR_RETURN(sl.landed, NewEvent());
+      ZERO_ASSIGN_OR_RETURN(sl.staged, NewEvent());
     }
     ZERO_ASSIGN_OR_RETURN(HostSpan pp, slab_.Take(std::max<size_t>(1, pieces_.size()) * sizeof(double), "norm partials"));
     partials_ = pp.as<double>();
@@ -117,15 +129,25 @@ class HostGradPartition final : public GradPartition {
 
   Status Add(int i, const void* src, DType src_t, bool first, bool last) override {
     const GradPiece& p = pieces_[i];
+    if (p.n > 0 && copy_ == nullptr) {
+      return FailedPreconditionError("host gradient partition: Add without device staging slots");
+    }
     for (int64_t at = 0; at < p.n; at += chunk_) {
       const int64_t len = std::min(chunk_, p.n - at);
-      // A free slot (the worker frees them in order), then the chunk's reduced values into it.
+      const size_t bytes = static_cast<size_t>(len) * SizeOf(src_t);
+      // A free slot (the worker frees them in order, after its device->host copy landed: so the
+      // device slot is free too), the chunk into its device slot on the caller's stream, then to
+      // the host slot on the copy stream once that device copy is done.
       ZERO_ASSIGN_OR_RETURN(const size_t s, worker_->Acquire());
       Slot& sl = slots_[s];
-      TraceDeviceScope trace(observer_, TraceTrack::kDeviceToHost, "gradients to the host partition", stream_);
-      ZERO_RETURN_IF_ERROR(device_->Copy(sl.data, ElementPtr(src, src_t, at), static_cast<size_t>(len) * SizeOf(src_t),
-                                         CopyKind::kDeviceToHost, stream_));
-      ZERO_RETURN_IF_ERROR(device_->RecordEvent(sl.landed.get(), stream_));
+      ZERO_RETURN_IF_ERROR(device_->Copy(sl.dev, ElementPtr(src, src_t, at), bytes, CopyKind::kDeviceToDevice, stream_));
+      ZERO_RETURN_IF_ERROR(device_->RecordEvent(sl.staged.get(), stream_));
+      ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(copy_.get(), sl.staged.get()));
+      {
+        TraceDeviceScope trace(observer_, TraceTrack::kDeviceToHost, "gradients to the host partition", copy_.get());
+        ZERO_RETURN_IF_ERROR(device_->Copy(sl.data, sl.dev, bytes, CopyKind::kDeviceToHost, copy_.get()));
+      }
+      ZERO_RETURN_IF_ERROR(device_->RecordEvent(sl.landed.get(), copy_.get()));
       worker_->Push(Task{s, p.offset + at, len, src_t, first});
     }
     return OkStatus();
@@ -174,12 +196,19 @@ class HostGradPartition final : public GradPartition {
     if (p.n > 0) std::memcpy(out, part_ + p.offset, static_cast<size_t>(p.n) * 4);
     return OkStatus();
   }
-  GradPartitionBytes bytes() const override { return GradPartitionBytes{0, slab_.bytes()}; }
+  GradPartitionBytes bytes() const override {
+    GradPartitionBytes b;
+    b.device_staging = device_slots_.bytes();
+    b.host = slab_.bytes();
+    return b;
+  }
 
  private:
   struct Slot {
-    void* data = nullptr;  // the chunk as it came (src_t)
-    std::unique_ptr<Event> landed;
+    void* data = nullptr;  // host: the chunk as it came (src_t)
+    void* dev = nullptr;   // device: the same chunk, staged on the caller's stream
+    std::unique_ptr<Event> staged;  // caller's stream: the device slot holds the chunk
+    std::unique_ptr<Event> landed;  // copy stream: the host slot holds it
   };
   struct Task {
     size_t slot;
@@ -216,6 +245,8 @@ class HostGradPartition final : public GradPartition {
   float* part_ = nullptr;
   double* partials_ = nullptr;
   std::vector<Slot> slots_;
+  std::unique_ptr<Stream> copy_;  // the adds' device->host copies (null without device staging)
+  DeviceBuffer device_slots_;     // staging_slots x chunk_ x 4 bytes
   std::unique_ptr<Event> stored_, partials_copied_;
 
   std::unique_ptr<SlotWorker<Task>> worker_;  // the host adds, slot by slot
@@ -310,7 +341,9 @@ Result<std::unique_ptr<GradPartition>> CreateGpuAccumulatedGradPartition(Device*
                                                                          const HostGradPartitionOptions& options) {
   auto sum = CreateDeviceGradPartition(device, stream, numel, pieces);
   if (!sum.ok()) return sum.status().WithContext("offload_grad_accumulation \"gpu\"");
-  auto host = CreateHostGradPartition(device, stream, numel, pieces, options);
+  HostGradPartitionOptions host_options = options;
+  host_options.device_staging = false;  // the sums reach the host through Store only
+  auto host = CreateHostGradPartition(device, stream, numel, pieces, host_options);
   if (!host.ok()) return host.status();
   return std::unique_ptr<GradPartition>(
       new GpuAccumulatedGradPartition(std::move(pieces), std::move(sum).value(), std::move(host).value()));

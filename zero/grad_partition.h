@@ -13,10 +13,14 @@
 //     through OptimizerStates::Update from device gradients. Today's engine behaviour, bit for bit.
 //   - Host (CreateHostGradPartition; offload_optimizer "cpu" with the CPU AdamW,
 //     offload_grad_accumulation "cpu"): the partition in pinned host memory (one HostSlab). Add
-//     copies the reduced piece device->host in chunks through a ring of pinned staging slots on the
-//     caller's stream and a worker thread adds each chunk into the host partition as it lands (on
-//     the states' thread pool), so backward goes on meanwhile; it blocks only when every slot is in
-//     use. No full-model staging copy on the device. The norm is CpuDevice::SumOfSquares' order on
+//     copies the reduced piece in chunks into a ring of staging slots, each a device slot and a
+//     pinned host slot: device->device into the device slot on the caller's stream (so the source
+//     is free once that stream passes the call), then device->host on the partition's own copy
+//     stream, so the caller's later kernels never queue behind PCIe; a worker thread adds each
+//     chunk into the host partition as it lands (on the states' thread pool), so backward goes on
+//     meanwhile. Add blocks only when every slot is in use. The device slots are the only device
+//     memory (staging_slots x chunk_numel x 4 bytes): no full-model staging copy. Store (stage 1,
+//     the GPU sum's flush) copies straight into the partition on the caller's stream. The norm is CpuDevice::SumOfSquares' order on
 //     the host (the same bits as the CPU backend's device norm); AdamW reads the host partition in
 //     place (OptimizerStates::UpdateFromHost).
 //   - GPU-accumulated (CreateGpuAccumulatedGradPartition; offload_grad_accumulation "gpu"): a
@@ -54,7 +58,8 @@ struct GradPiece {
 
 // Bytes held, by where they live.
 struct GradPartitionBytes {
-  size_t device = 0;
+  size_t device = 0;          // the partition (or the GPU sum) on the device
+  size_t device_staging = 0;  // the host partition's device staging slots
   size_t host = 0;
 };
 
@@ -117,8 +122,9 @@ std::unique_ptr<GradPartition> CreateDeviceGradPartitionView(Device* device, Str
 struct HostGradPartitionOptions {
   HostSlabOptions slab;                    // pinning, NUMA, the config key errors name
   ThreadPool* pool = nullptr;              // the host adds and the norm (not owned; required)
-  int64_t chunk_numel = int64_t{1} << 20;  // elements per staging slot (4 MiB of fp32; at most the largest piece)
+  int64_t chunk_numel = int64_t{1} << 22;  // elements per staging slot (16 MiB of fp32; at most the largest piece)
   int staging_slots = 4;                   // device->host copies in flight
+  bool device_staging = true;              // false: no device slots, Add refused (Store only: the GPU sum's host side)
 };
 
 // `numel` fp32 elements in one host slab (zero), plus the staging ring.

@@ -10,6 +10,7 @@
 
 #include "offload/thread_pool.h"
 #include "runtime/cpu_device.h"
+#include "zero/deferred_device.h"
 #include "zero/host_optimizer_states.h"
 #include "zero/optimizer_states.h"
 
@@ -190,6 +191,48 @@ TEST(GradPartitionTest, UpdateFromHostEqualsUpdateFromDevice) {
   Status s = (*host)->Update(ds->get(), 0, 10, h, nullptr, DType::kBF16);
   EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.ToString();
   EXPECT_NE(s.message().find("UpdateFromHost"), std::string::npos) << s.ToString();
+}
+
+// The host partition's adds copy device->host on their own stream: under a device whose streams
+// really are asynchronous (ops of different streams run in random legal orders), a source buffer
+// the caller overwrites right after Add (on its stream) and a staging slot reused by a later chunk
+// still give the synchronous device partition's bits. A missing wait (the device->host copy not
+// waiting for the slot's device copy, or reading the caller's source directly) shows up here.
+TEST(GradPartitionTest, HostAddsOverlapTheCallersStreamSafely) {
+  Fixture ref;
+  auto want_part = CreateDeviceGradPartition(&ref.device, nullptr, kNumel, Pieces());
+  ASSERT_TRUE(want_part.ok());
+  RunWindow(want_part->get(), &ref.device);
+  const auto want = ReadAll(want_part->get());
+  for (uint32_t seed = 1; seed <= 8; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    testing::DeferredDevice device(seed);
+    auto stream = device.CreateStream();
+    ASSERT_TRUE(stream.ok());
+    Stream* compute = stream->get();
+    auto host = CreateHostGradPartition(&device, compute, kNumel, Pieces(), ref.options);
+    ASSERT_TRUE(host.ok()) << host.status().ToString();
+    EXPECT_GT((*host)->bytes().device_staging, 0u);
+    // One source buffer for every contribution, rewritten on the caller's stream after each Add;
+    // the host values stay alive until the end (the device reads them later).
+    auto src = device.Allocate(2000 * 4);
+    ASSERT_TRUE(src.ok());
+    std::vector<std::vector<float>> keep;
+    std::vector<uint8_t> written((*host)->num_pieces(), 0);
+    for (int micro = 0; micro < 3; ++micro) {
+      for (int i = 0; i < (*host)->num_pieces(); ++i) {
+        if (i == 3 || (i == 0 && micro > 0)) continue;
+        const int64_t n = (*host)->piece(i).n;
+        keep.push_back(Grad(i, micro, n));
+        const DType t = micro == 1 ? DType::kBF16 : DType::kF32;
+        ASSERT_TRUE(device.Cast(keep.back().data(), DType::kF32, src->data(), t, static_cast<size_t>(n), compute).ok());
+        ASSERT_TRUE((*host)->Add(i, src->data(), t, !written[i], micro == 2).ok());
+        written[i] = 1;
+      }
+    }
+    ASSERT_TRUE((*host)->Zero(3).ok());
+    ExpectBitwise(want, ReadAll(host->get()), "host partition under the deferred device");
+  }
 }
 
 TEST(GradPartitionTest, HostPartitionNeedsAPool) {
