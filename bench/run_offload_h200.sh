@@ -29,8 +29,10 @@
 #                   offload_optimizer cpu, ZeRO-3 with offload_param cpu too, and ZeRO-2 offload at
 #                   65536 tokens, one process each (~230 s, of which ~40 s DeepSpeedCPUAdam's ninja build)
 #   PHASE equiv_unmanaged: gpu_equivalence --filter unmanaged_offload (~10 s)
-#   PHASE trace:    zero_trace of the last of 4 steps of the 1.07B job with the overlapped chunked step and with
-#                   the CPU AdamW, into OUTDIR/trace_*.json (render here: tools/trace_to_svg.py) (~30 s)
+#   PHASE trace:    zero_trace of the last of 4 steps of the 1.07B job with the overlapped chunked step, the
+#                   synchronous one and the CPU AdamW, into OUTDIR/trace_*.json (render here:
+#                   tools/trace_to_svg.py) (~40 s)
+#   PHASE accum:    accumulate_bench: the fp32 accumulation kernels vs a device copy, 256M elements (~10 s)
 # Each run is bounded by `timeout`, and all of them together by BUDGET_S (default 570 s from the start
 # of `run`: a run gets at most what is left, and is skipped under 5 s left), so the log comes back
 # before the device call's 10 minutes end. Output in OUTDIR/offload_h200.log.
@@ -42,10 +44,11 @@ case "${1:-}" in
   pack)
     set -e
     bazel build //bench:mlp_bench //bench:pcie_bench //bench:aio_bench //bench:nvme_states_bench \
-        //tests/equivalence:gpu_equivalence
+        //bench:accumulate_bench //tests/equivalence:gpu_equivalence
     rm -rf "$CARRY" && mkdir -p "$CARRY/bin" "$CARRY/lib"
     cp -L bazel-bin/bench/mlp_bench bazel-bin/bench/pcie_bench bazel-bin/bench/aio_bench \
-        bazel-bin/bench/nvme_states_bench bazel-bin/tests/equivalence/gpu_equivalence "$CARRY/bin/"
+        bazel-bin/bench/nvme_states_bench bazel-bin/bench/accumulate_bench \
+        bazel-bin/tests/equivalence/gpu_equivalence "$CARRY/bin/"
     for lib in /usr/lib/libgloo.so.0 $(ldd /usr/lib/libgloo.so.0 | awk '/=> \//{print $3}' | grep -E 'hiredis|ibverbs|libnl') \
                /usr/lib/x86_64-linux-gnu/libaio.so.1 /usr/lib/x86_64-linux-gnu/libnuma.so.1; do
       cp -L "$lib" "$CARRY/lib/"
@@ -96,9 +99,13 @@ case "${1:-}" in
           trace)
             run 60 $SO $B/mlp_bench --stage 3 --offload-optimizer cpu --update-device gpu --overlap-step 1 --steps 4 \
                 --trace "$out/trace_gpuoverlap.json" --label s3_gpuoverlap_trace
+            run 60 $SO $B/mlp_bench --stage 3 --offload-optimizer cpu --update-device gpu --steps 4 \
+                --trace "$out/trace_gpuchunk.json" --label s3_gpuchunk_trace
             run 60 $SO $B/mlp_bench --stage 3 --offload-optimizer cpu --steps 4 \
                 --trace "$out/trace_cpuadam.json" --label s3_cpuadam_trace
             ;;
+          accum)
+            run 60 $B/accumulate_bench --numel 268435456 --reps 10 ;;
           pcie)
             run 60 $B/pcie_bench --sizes-mib 64,256,1024 --reps 5 --warmup 1 ;;
           gas)
@@ -107,6 +114,8 @@ case "${1:-}" in
             run 90 $SO $B/mlp_bench --stage 3 --offload-optimizer cpu --offload-param cpu --gas 8 \
                 --offload-grad-accumulation gpu --steps 4 --label s3_cpuadam_param_gas8_accgpu
             run 60 $B/mlp_bench --stage 3 --gas 8 --steps 4 --label s3_none_gas8
+            # GAS 1 with clipping: no update in backward, the host gradient partition's adds
+            run 60 $SO $B/mlp_bench --stage 3 --offload-optimizer cpu --clip 1.0 --steps 4 --label s3_cpuadam_clip
             ;;
           tokens65536)
             run 60 $B/mlp_bench --stage 3 --tokens 65536 --label s3_none
@@ -183,7 +192,7 @@ case "${1:-}" in
     ;;
   *)
     echo "usage: bench/run_offload_h200.sh pack | run OUTDIR" \
-         "[equiv|offload|nvmebench|nvme|headline|pcie|gas|tokens65536|deepspeed|equiv_unmanaged|trace ...]" >&2
+         "[equiv|offload|nvmebench|nvme|headline|pcie|gas|tokens65536|deepspeed|equiv_unmanaged|trace|accum ...]" >&2
     exit 2
     ;;
 esac
