@@ -37,8 +37,9 @@
 //     new weights                                up 2E; 0 with offload_param cpu (the host shards
 //                                                are written on the host)
 //   offload_optimizer cpu, update_device gpu     up 12E, down 12E (fp32 master, exp_avg,
-//     (chunked)                                  exp_avg_sq); up 4E more with the update in
-//                                                backward (the masters again, to cast at Step)
+//     (chunked)                                  exp_avg_sq); with the update in backward 2E
+//                                                more each way (the bf16 weights down into the
+//                                                host model copy, up into the model at Step)
 //   offload_param cpu (stage 3), on top          up between 2E (every shard once: the step
 //                                                changed them) and GAS x 2 x 2E (one upload per
 //                                                GatherModule, forward and backward): the
@@ -377,10 +378,11 @@ PcieCount CountPcie(const Options& o) {
   // engine.h, "Update in backward": managed, GAS 1, one rank, stages 2/3, no clipping (bf16: no fp16).
   const bool in_backward = o.gas == 1 && o.stage >= 2 && o.clip == 0.0;
   if (o.update_device == "gpu") {
-    c.h2d = 12 * e + (in_backward ? 4 * e : 0);
-    c.d2h = 12 * e;
-    c.how = std::string("chunked GPU AdamW: up 12E states") + (in_backward ? " + 4E masters (update in backward)" : "") +
-            ", down 12E states";
+    c.h2d = 12 * e + (in_backward ? 2 * e : 0);
+    c.d2h = 12 * e + (in_backward ? 2 * e : 0);
+    c.how = std::string("chunked GPU AdamW: up 12E states") +
+            (in_backward ? " + 2E bf16 host model copy (update in backward)" : "") + ", down 12E states" +
+            (in_backward ? " + 2E bf16 host model copy" : "");
   } else {
     std::string grads;
     if (in_backward) {

@@ -423,6 +423,7 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
       co.slab.what = "optimizer states (offload_optimizer.update_device \"gpu\")";
       co.chunk_numel = oo.chunk_size;
       co.chunk_buffers = static_cast<int>(oo.chunk_buffers);
+      co.model_dtype = mdt;  // 16-bit: the update in backward keeps a host model copy for Step's publish
       auto c = ChunkedOptimizerStates::Create(device, opt_total, compute, co);
       if (!c.ok()) return c.status().WithContext("Initialize");
       chunked = c.value().get();

@@ -18,7 +18,8 @@ ChunkedOptimizerStates::ChunkedOptimizerStates(Device* device, Stream* stream, i
     : device_(device),
       stream_(stream),
       numel_(numel),
-      chunk_(std::max<int64_t>(1, std::min<int64_t>(o.chunk_numel, numel))) {}
+      chunk_(std::max<int64_t>(1, std::min<int64_t>(o.chunk_numel, numel))),
+      model_dtype_(o.model_dtype) {}
 
 ChunkedOptimizerStates::~ChunkedOptimizerStates() { Drain().IgnoreError(); }
 
@@ -41,11 +42,22 @@ Result<std::unique_ptr<ChunkedOptimizerStates>> ChunkedOptimizerStates::Create(
 
 Status ChunkedOptimizerStates::Init(const ChunkedOptimizerStatesOptions& o) {
   const size_t state_bytes = static_cast<size_t>(numel_) * 4;
-  ZERO_ASSIGN_OR_RETURN(slab_, HostSlab::Create(device_, 3 * HostSlab::AlignedSize(state_bytes), o.slab));
+  const bool keep_copy = SizeOf(model_dtype_) == 2;
+  const size_t copy_bytes = keep_copy ? static_cast<size_t>(numel_) * 2 : 0;
+  ZERO_ASSIGN_OR_RETURN(slab_, HostSlab::Create(device_, 3 * HostSlab::AlignedSize(state_bytes) +
+                                                             (keep_copy ? HostSlab::AlignedSize(copy_bytes) : 0),
+                                                o.slab));
   for (int k = 0; k < 3; ++k) {
     ZERO_ASSIGN_OR_RETURN(HostSpan sp, slab_.Take(state_bytes, OptStateName(kStates[k])));
     state_[k] = sp.as<float>();
     if (state_bytes > 0) std::memset(state_[k], 0, state_bytes);
+  }
+  if (keep_copy) {
+    // Zeros: the zero masters cast (so the copy is current everywhere at creation).
+    ZERO_ASSIGN_OR_RETURN(HostSpan sp, slab_.Take(copy_bytes, "host model copy"));
+    copy_ = static_cast<uint8_t*>(sp.data);
+    if (copy_bytes > 0) std::memset(copy_, 0, copy_bytes);
+    MarkCopy(0, numel_, true);
   }
   for (auto [stream, name] : {std::pair<std::unique_ptr<Stream>*, const char*>{&upload_, "upload"},
                               {&update_, "update"},
@@ -72,6 +84,14 @@ Status ChunkedOptimizerStates::Init(const ChunkedOptimizerStatesOptions& o) {
                                       "chunk_buffers)");
       }
       sets_[i].state[k] = std::move(b).value();
+    }
+    if (copy_ != nullptr) {
+      auto b = device_->Allocate(static_cast<size_t>(chunk_) * 2);
+      if (!b.ok()) {
+        return b.status().WithContext("chunked optimizer states: allocating the model buffer of staging set " +
+                                      std::to_string(i) + " (" + std::to_string(chunk_) + " 16-bit elements)");
+      }
+      sets_[i].model = std::move(b).value();
     }
     ZERO_RETURN_IF_ERROR(event(&sets_[i].uploaded));
     ZERO_RETURN_IF_ERROR(event(&sets_[i].free));
@@ -198,12 +218,15 @@ Status ChunkedOptimizerStates::Pipeline(Kind kind, int64_t offset, int64_t n, co
     }
     ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(update_.get(), s.uploaded.get()));
     trace = TraceBegin(observer_, TraceTrack::kGpuOptimizer, cast ? "chunk cast" : "chunk AdamW", update_.get());
-    void* out = model_out != nullptr ? ElementPtr(model_out, model_t, at) : nullptr;
+    // The update in backward writes the new weights into the set's model buffer (the host copy).
+    const bool to_copy = widen && copy_ != nullptr;
+    void* out = to_copy ? s.model.data() : model_out != nullptr ? ElementPtr(model_out, model_t, at) : nullptr;
+    const DType out_t = to_copy ? model_dtype_ : model_t;
     if (cast) {
-      ZERO_RETURN_IF_ERROR(device_->Cast(s.state[0].data(), DType::kF32, out, model_t, static_cast<size_t>(len), update_.get()));
+      ZERO_RETURN_IF_ERROR(device_->Cast(s.state[0].data(), DType::kF32, out, out_t, static_cast<size_t>(len), update_.get()));
     } else {
       ZERO_RETURN_IF_ERROR(device_->AdamWCast(s.state[0].as<float>(), g, s.state[1].as<float>(), s.state[2].as<float>(),
-                                              static_cast<size_t>(len), h, out, model_t, update_.get()));
+                                              static_cast<size_t>(len), h, out, out_t, update_.get()));
     }
     TraceEnd(observer_, trace, update_.get());
     ZERO_RETURN_IF_ERROR(device_->RecordEvent(updated.get(), update_.get()));
@@ -216,6 +239,10 @@ Status ChunkedOptimizerStates::Pipeline(Kind kind, int64_t offset, int64_t n, co
       trace = TraceBegin(observer_, TraceTrack::kDeviceToHost, "chunk download", download_.get());
       for (int k = 0; k < 3; ++k) {
         ZERO_RETURN_IF_ERROR(device_->Copy(state_[k] + b, s.state[k].data(), bytes, CopyKind::kDeviceToHost, download_.get()));
+      }
+      if (to_copy) {
+        ZERO_RETURN_IF_ERROR(device_->Copy(copy_ + static_cast<size_t>(b) * 2, s.model.data(),
+                                           static_cast<size_t>(len) * 2, CopyKind::kDeviceToHost, download_.get()));
       }
       TraceEnd(observer_, trace, download_.get());
       ZERO_RETURN_IF_ERROR(device_->RecordEvent(stored.get(), download_.get()));
@@ -231,30 +258,110 @@ Status ChunkedOptimizerStates::Pipeline(Kind kind, int64_t offset, int64_t n, co
 Status ChunkedOptimizerStates::Update(int64_t offset, int64_t n, const float* grads, const AdamWParams& h,
                                       void* model_out, DType model_t, Stream* stream) {
   ZERO_RETURN_IF_ERROR(Check(offset, n, "Update"));
+  MarkCopy(offset, offset + n, false);
   return Pipeline(Kind::kUpdate, offset, n, grads, DType::kF32, h, model_out, model_t, stream);
 }
 
 Status ChunkedOptimizerStates::UpdateFromGradient(int64_t offset, int64_t n, const void* grad, DType grad_t,
                                                   const AdamWParams& h, Stream* stream) {
   ZERO_RETURN_IF_ERROR(Check(offset, n, "UpdateFromGradient"));
-  return Pipeline(Kind::kUpdateFromGradient, offset, n, grad, grad_t, h, nullptr, DType::kF32, stream);
+  ZERO_RETURN_IF_ERROR(Pipeline(Kind::kUpdateFromGradient, offset, n, grad, grad_t, h, nullptr, DType::kF32, stream));
+  if (copy_ != nullptr) MarkCopy(offset, offset + n, true);
+  return OkStatus();
 }
 
 Status ChunkedOptimizerStates::CastMaster(int64_t offset, int64_t n, void* model_out, DType model_t, Stream* stream) {
   ZERO_RETURN_IF_ERROR(Check(offset, n, "CastMaster"));
+  if (model_t == model_dtype_ && CopyCurrent(offset, offset + n)) return PublishCopy(offset, n, model_out, stream, nullptr);
   return Pipeline(Kind::kCast, offset, n, nullptr, DType::kF32, AdamWParams(), model_out, model_t, stream);
 }
 
 Status ChunkedOptimizerStates::UpdateAfter(int64_t offset, int64_t n, const float* grads, const AdamWParams& h,
                                            void* model_out, DType model_t, Event* after) {
   ZERO_RETURN_IF_ERROR(Check(offset, n, "UpdateAfter"));
+  MarkCopy(offset, offset + n, false);
   return Pipeline(Kind::kUpdate, offset, n, grads, DType::kF32, h, model_out, model_t, nullptr, after);
 }
 
 Status ChunkedOptimizerStates::CastMasterAfter(int64_t offset, int64_t n, void* model_out, DType model_t,
                                                Event* after) {
   ZERO_RETURN_IF_ERROR(Check(offset, n, "CastMasterAfter"));
+  if (model_t == model_dtype_ && CopyCurrent(offset, offset + n)) return PublishCopy(offset, n, model_out, nullptr, after);
   return Pipeline(Kind::kCast, offset, n, nullptr, DType::kF32, AdamWParams(), model_out, model_t, nullptr, after);
+}
+
+Status ChunkedOptimizerStates::PublishCopy(int64_t offset, int64_t n, void* model_out, Stream* caller, Event* after) {
+  if (n == 0) return OkStatus();
+  // The caller's stream up to here (or `after`): model_out is no longer read.
+  if (after != nullptr) {
+    ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(upload_.get(), after));
+  } else {
+    ZERO_RETURN_IF_ERROR(device_->RecordEvent(entry_.get(), caller));
+    ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(upload_.get(), entry_.get()));
+  }
+  Event* last = nullptr;
+  for (int64_t at = 0; at < n; at += chunk_) {
+    const int64_t len = std::min(chunk_, n - at);
+    const int64_t b = offset + at;
+    ZERO_ASSIGN_OR_RETURN(std::shared_ptr<Event> updated, PooledEvent());
+    ZERO_ASSIGN_OR_RETURN(std::shared_ptr<Event> stored, PooledEvent());
+    ZERO_RETURN_IF_ERROR(WaitForHostRange(b, b + len));  // the copy's download has landed
+    StreamObserver::SpanId trace =
+        TraceBegin(observer_, TraceTrack::kHostToDevice, "chunk model copy upload", upload_.get());
+    ZERO_RETURN_IF_ERROR(device_->Copy(ElementPtr(model_out, model_dtype_, at), copy_ + static_cast<size_t>(b) * 2,
+                                       static_cast<size_t>(len) * 2, CopyKind::kHostToDevice, upload_.get()));
+    TraceEnd(observer_, trace, upload_.get());
+    ZERO_RETURN_IF_ERROR(device_->RecordEvent(updated.get(), upload_.get()));
+    ZERO_RETURN_IF_ERROR(device_->RecordEvent(stored.get(), upload_.get()));
+    last = updated.get();
+    // No host memory written: later uploads are ordered after this one (and its wait) anyway.
+    Note(b, b + len, std::move(updated), std::move(stored), false);
+  }
+  copy_published_ += n;
+  if (caller == nullptr) return OkStatus();
+  return device_->StreamWaitEvent(caller, last);
+}
+
+void ChunkedOptimizerStates::MarkCopy(int64_t b, int64_t e, bool valid) {
+  if (copy_ == nullptr || e <= b) return;
+  // Remove [b, e) from the valid ranges (trimming the ones that straddle it).
+  auto it = copy_valid_.lower_bound(b);
+  if (it != copy_valid_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->second > b) {
+      const int64_t end = prev->second;
+      prev->second = b;
+      if (end > e) copy_valid_.emplace(e, end);
+    }
+  }
+  it = copy_valid_.lower_bound(b);
+  while (it != copy_valid_.end() && it->first < e) {
+    if (it->second > e) copy_valid_.emplace(e, it->second);
+    it = copy_valid_.erase(it);
+  }
+  if (!valid) return;
+  // Insert [b, e), merged with the ranges it touches.
+  int64_t nb = b, ne = e;
+  it = copy_valid_.lower_bound(b);
+  if (it != copy_valid_.begin() && std::prev(it)->second == b) {
+    --it;
+    nb = it->first;
+    it = copy_valid_.erase(it);
+  }
+  if (it != copy_valid_.end() && it->first == e) {
+    ne = it->second;
+    copy_valid_.erase(it);
+  }
+  copy_valid_.emplace(nb, ne);
+}
+
+bool ChunkedOptimizerStates::CopyCurrent(int64_t b, int64_t e) const {
+  if (copy_ == nullptr) return false;
+  if (e <= b) return true;
+  auto it = copy_valid_.upper_bound(b);
+  if (it == copy_valid_.begin()) return false;
+  --it;
+  return it->first <= b && it->second >= e;
 }
 
 Status ChunkedOptimizerStates::Drain() {
@@ -280,6 +387,7 @@ Status ChunkedOptimizerStates::CopyFromDevice(OptState which, int64_t offset, in
   ZERO_RETURN_IF_ERROR(Check(offset, n, "CopyFromDevice"));
   ZERO_RETURN_IF_ERROR(Drain());
   if (n == 0) return OkStatus();
+  if (which == OptState::kMaster) MarkCopy(offset, offset + n, false);
   TraceDeviceScope trace(observer_, TraceTrack::kDeviceToHost, "states to the host", stream);
   ZERO_RETURN_IF_ERROR(
       device_->Copy(host(which, offset), src, static_cast<size_t>(n) * 4, CopyKind::kDeviceToHost, stream));
@@ -297,6 +405,7 @@ Status ChunkedOptimizerStates::Read(OptState which, int64_t offset, int64_t n, f
 Status ChunkedOptimizerStates::Write(OptState which, int64_t offset, int64_t n, const float* in) {
   ZERO_RETURN_IF_ERROR(Check(offset, n, "Write"));
   ZERO_RETURN_IF_ERROR(Drain());
+  if (which == OptState::kMaster) MarkCopy(offset, offset + n, false);
   ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream_));
   if (n > 0) std::memcpy(host(which, offset), in, static_cast<size_t>(n) * 4);
   return OkStatus();
@@ -306,6 +415,7 @@ OptimizerStateBytes ChunkedOptimizerStates::bytes() const {
   OptimizerStateBytes b;
   for (const Set& s : sets_) {
     for (const DeviceBuffer& d : s.state) b.device += d.bytes();
+    b.device += s.model.bytes();
   }
   b.device += scratch_.bytes();
   b.host = slab_.bytes();

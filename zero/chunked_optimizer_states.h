@@ -33,6 +33,15 @@
 //   - CastMaster: per chunk, the masters are uploaded into a staging set (upload stream, after
 //     overlapping downloads) and cast into model_out on the update stream; the caller's stream is
 //     ordered after the last cast.
+//   - The host model copy (options.model_dtype 16-bit): UpdateFromGradient's AdamWCast also writes
+//     the new weights in the model dtype into the set's model buffer, downloaded with the states
+//     into a host copy (2 bytes per element in the slab). A later CastMaster (or CastMasterAfter)
+//     in that dtype over a range whose copy is current uploads the copy straight into model_out
+//     on the upload stream (2 bytes per element instead of the 4 of the masters, and no set),
+//     bitwise what the cast gives (AdamW followed by Cast equals AdamWCast). The copy is current
+//     where the masters have not changed since it was written: from creation (zeros) and after
+//     UpdateFromGradient; Update, UpdateAfter, Write and CopyFromDevice of the masters make it
+//     stale there (CastMaster then casts the masters, as without a copy).
 //   - CopyToDevice / CopyFromDevice / Read / Write: blocking. They wait for everything queued
 //     (the three streams), then copy straight between host memory and `dst`/`src` (on the
 //     caller's stream, synchronized) or `host`; Read/Write are also ordered after the stream the
@@ -62,6 +71,8 @@ struct ChunkedOptimizerStatesOptions {
   HostSlabOptions slab;                    // pinning, NUMA, the config key errors name
   int64_t chunk_numel = int64_t{1} << 24;  // elements per chunk (>= 1): 192 MiB of staging per set
   int chunk_buffers = 3;                   // staging sets (>= 2)
+  // The model dtype: 16-bit keeps the host model copy (above); kF32 keeps none.
+  DType model_dtype = DType::kF32;
 };
 
 // A chunk queued since the last blocking call: elements [begin, end) of the states.
@@ -120,10 +131,13 @@ class ChunkedOptimizerStates final : public OptimizerStates {
 
   int64_t chunk_numel() const { return chunk_; }
   int chunk_buffers() const { return static_cast<int>(sets_.size()); }
+  // Elements CastMaster / CastMasterAfter published from the host model copy since creation (tests).
+  int64_t copy_published() const { return copy_published_; }
 
  private:
   struct Set {
     DeviceBuffer state[3];              // master, exp_avg, exp_avg_sq (chunk_ elements each)
+    DeviceBuffer model;                 // the new weights in model_dtype_ (with the host copy)
     std::unique_ptr<Event> uploaded;   // upload stream: its states (or masters) landed
     std::unique_ptr<Event> free;       // the last reader/writer of the set is done
   };
@@ -142,6 +156,11 @@ class ChunkedOptimizerStates final : public OptimizerStates {
   // stream waits at the end.
   Status Pipeline(Kind kind, int64_t offset, int64_t n, const void* grads, DType grad_t, const AdamWParams& h,
                   void* model_out, DType model_t, Stream* caller, Event* after = nullptr);
+  // CastMaster from the host model copy: per chunk, host copy -> model_out on the upload stream.
+  Status PublishCopy(int64_t offset, int64_t n, void* model_out, Stream* caller, Event* after);
+  // The host model copy is current (valid) or stale over [b, e); Current: over all of it.
+  void MarkCopy(int64_t b, int64_t e, bool valid);
+  bool CopyCurrent(int64_t b, int64_t e) const;
   // The upload stream waits for every download queued to a host range overlapping [b, e).
   Status WaitForHostRange(int64_t b, int64_t e);
   // Records [b, e) as the latest chunk over that range (trimming older records).
@@ -160,6 +179,10 @@ class ChunkedOptimizerStates final : public OptimizerStates {
   int64_t chunk_;  // staging elements per set: min(chunk_numel, numel)
   HostSlab slab_;
   float* state_[3] = {nullptr, nullptr, nullptr};
+  DType model_dtype_ = DType::kF32;
+  uint8_t* copy_ = nullptr;                 // the host model copy (16-bit model_dtype_), or null
+  std::map<int64_t, int64_t> copy_valid_;   // begin -> end: where copy_ is current; disjoint, merged
+  int64_t copy_published_ = 0;
   std::unique_ptr<Stream> upload_, update_, download_;
   std::vector<Set> sets_;
   size_t next_set_ = 0;

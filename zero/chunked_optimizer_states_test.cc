@@ -119,6 +119,83 @@ TEST(ChunkedOptimizerStatesTest, BitwiseEqualToDeviceStatesForAnyChunking) {
   }
 }
 
+// With a 16-bit model dtype the update in backward keeps a host model copy, and CastMaster over a
+// range where the copy is current uploads it instead of casting the masters: the same bits as
+// DeviceOptimizerStates' cast, under a device with real asynchrony. The copy is current from
+// creation and after UpdateFromGradient (two adjacent ranges make one), stale where Write or
+// Update changed the masters since; CastMaster there casts the masters (copy_published counts
+// the elements that came from the copy, so each path is known to have been taken).
+TEST(ChunkedOptimizerStatesTest, HostModelCopyPublishesTheSameBits) {
+  constexpr int64_t kN = 1031;
+  for (int64_t chunk : {int64_t{7}, int64_t{100}}) {
+    for (uint32_t seed : {1u, 2u, 3u}) {
+      SCOPED_TRACE("chunk " + std::to_string(chunk) + ", seed " + std::to_string(seed));
+      DeferredDevice dd(seed);
+      CpuDevice cpu;
+      Stream* s = dd.default_stream();
+      ChunkedOptimizerStatesOptions o = Options(chunk, 3);
+      o.model_dtype = DType::kBF16;
+      auto created = ChunkedOptimizerStates::Create(&dd, kN, s, o);
+      ASSERT_TRUE(created.ok()) << created.status().ToString();
+      ChunkedOptimizerStates& ch = **created;
+      auto dev = CreateDeviceOptimizerStates(&cpu, kN, nullptr);
+      ASSERT_TRUE(dev.ok());
+      OptimizerStates& ref = **dev;
+      EXPECT_EQ(ch.bytes().device, 3u * (3 * chunk * 4 + chunk * 2));
+      EXPECT_GE(ch.bytes().host, 3u * kN * 4 + kN * 2);
+
+      auto expect_cast = [&](int64_t off, int64_t n, bool from_copy, const char* what) {
+        std::vector<uint16_t> a(kN, 3), b(kN, 3);
+        const int64_t before = ch.copy_published();
+        ASSERT_TRUE(ch.CastMaster(off, n, a.data() + off, DType::kBF16, s).ok());
+        ASSERT_TRUE(dd.SynchronizeStream(s).ok());
+        ASSERT_TRUE(ref.CastMaster(off, n, b.data() + off, DType::kBF16, nullptr).ok());
+        EXPECT_EQ(a, b) << what;
+        EXPECT_EQ(ch.copy_published() - before, from_copy ? n : 0) << what;
+      };
+      // Zero masters, zero copy: current at creation.
+      expect_cast(0, kN, true, "at creation");
+      std::vector<float> init(kN);
+      for (int64_t i = 0; i < kN; ++i) init[i] = 0.5f - 0.001f * static_cast<float>(i % 113);
+      ASSERT_TRUE(ch.Write(OptState::kMaster, 0, kN, init.data()).ok());
+      ASSERT_TRUE(ref.Write(OptState::kMaster, 0, kN, init.data()).ok());
+      expect_cast(0, kN, false, "after Write: the masters are cast");
+      for (int step = 1; step <= 3; ++step) {
+        SCOPED_TRACE("step " + std::to_string(step));
+        const AdamWParams h = Params(step);
+        std::vector<float> g(kN);
+        for (int64_t i = 0; i < kN; ++i) g[i] = 0.01f * static_cast<float>((i * 7 + step) % 29) - 0.1f;
+        std::vector<uint16_t> g16 = Bf16(g);
+        const std::vector<uint16_t> keep = g16;
+        ASSERT_TRUE(ch.UpdateFromGradient(0, 500, g16.data(), DType::kBF16, h, s).ok());
+        ASSERT_TRUE(ch.UpdateFromGradient(500, kN - 500, g16.data() + 500, DType::kBF16, h, s).ok());
+        ASSERT_TRUE(dd.SynchronizeStream(s).ok());
+        std::fill(g16.begin(), g16.end(), uint16_t{0x7f80});  // the gradients may be reused now
+        ASSERT_TRUE(ref.UpdateFromGradient(0, 500, keep.data(), DType::kBF16, h, nullptr).ok());
+        ASSERT_TRUE(ref.UpdateFromGradient(500, kN - 500, keep.data() + 500, DType::kBF16, h, nullptr).ok());
+        expect_cast(0, kN, true, "after the update in backward");
+      }
+      // Masters changed by Write over [200, 300) and Update over [0, 100): stale there only.
+      std::vector<float> w(100, 0.25f), g(100, 0.125f);
+      ASSERT_TRUE(ch.Write(OptState::kMaster, 200, 100, w.data()).ok());
+      ASSERT_TRUE(ref.Write(OptState::kMaster, 200, 100, w.data()).ok());
+      ASSERT_TRUE(ch.Update(0, 100, g.data(), Params(4), nullptr, DType::kBF16, s).ok());
+      ASSERT_TRUE(dd.SynchronizeStream(s).ok());
+      ASSERT_TRUE(ref.Update(0, 100, g.data(), Params(4), nullptr, DType::kBF16, nullptr).ok());
+      expect_cast(0, kN, false, "a range with stale parts");
+      expect_cast(150, 50, true, "a current range between stale ones");
+      expect_cast(300, kN - 300, true, "the current tail");
+      expect_cast(250, 100, false, "straddling a stale range");
+      for (OptState st : {OptState::kMaster, OptState::kExpAvg, OptState::kExpAvgSq}) {
+        std::vector<float> x(kN), y(kN);
+        ASSERT_TRUE(ch.Read(st, 0, kN, x.data()).ok());
+        ASSERT_TRUE(ref.Read(st, 0, kN, y.data()).ok());
+        EXPECT_EQ(0, std::memcmp(x.data(), y.data(), kN * 4)) << OptStateName(st);
+      }
+    }
+  }
+}
+
 // Copies to and from the device and the blocking Read/Write move exactly the elements asked for,
 // after every queued chunk (an Update in flight when they are called); out-of-range calls are
 // OutOfRange errors that name the range.

@@ -513,10 +513,12 @@ TEST_P(GpuChunkMatrixTest, EngineEqualsReferenceBitwise) {
   ExpectMatches(*ref, traces, ContractTolerance());
   for (size_t r = 0; r < traces.size(); ++r) {
     const EngineMemory& m = traces[r].memory;
-    // 3 sets of 37 elements of three fp32 states, plus one fp32 gradient chunk when the engine
-    // updates in backward (UpdateFromGradient: GAS 1, one rank, stages 2/3, no clipping).
+    // 3 sets of 37 elements of three fp32 states (and, with a 16-bit model, of the model buffer
+    // of the host model copy), plus one fp32 gradient chunk when the engine updates in backward
+    // (UpdateFromGradient: GAS 1, one rank, stages 2/3, no clipping).
     const bool in_backward = cell.gas == 1 && cell.world == 1 && cell.stage >= 2 && cell.clip == 0;
-    EXPECT_EQ(m.master_params + m.optimizer_states, 3 * kGpuChunk * 12 + (in_backward ? kGpuChunk * 4 : 0))
+    const size_t set = kGpuChunk * 12 + (cell.dtype == DType::kF32 ? 0 : kGpuChunk * 2);
+    EXPECT_EQ(m.master_params + m.optimizer_states, 3 * set + (in_backward ? kGpuChunk * 4 : 0))
         << "rank " << r << ": the device holds the staging sets only";
     EXPECT_GE(m.host_states, static_cast<size_t>(TotalNumel(ModelDims()) / cell.world) * 12) << "rank " << r;
     EXPECT_EQ(m.nvme_states, 0u) << "rank " << r;
@@ -703,7 +705,9 @@ CellSpec GpuChunkUnmanagedCell(const UnmanagedParam& p, bool overlap) {
 void ExpectOnlyStagingOnTheDevice(const CellSpec& cell, const std::vector<RankTrace>& traces) {
   for (size_t r = 0; r < traces.size(); ++r) {
     const EngineMemory& m = traces[r].memory;
-    EXPECT_EQ(m.master_params + m.optimizer_states, static_cast<size_t>(3 * cell.gpu_update_chunk * 12))
+    // Three states per set, and the model buffer of the host model copy with a 16-bit model.
+    const int64_t per_elem = 12 + (cell.dtype == DType::kF32 ? 0 : 2);
+    EXPECT_EQ(m.master_params + m.optimizer_states, static_cast<size_t>(3 * cell.gpu_update_chunk * per_elem))
         << "rank " << r << ": the device holds the staging sets only";
     EXPECT_GE(m.host_states, static_cast<size_t>(TotalNumel(ModelDims()) / cell.world) * 12) << "rank " << r;
     EXPECT_EQ(m.nvme_states, 0u) << "rank " << r;
