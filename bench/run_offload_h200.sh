@@ -35,6 +35,8 @@
 #   PHASE large:    a 4.29B model (8 blocks of 8192x32768; 51.5 GB of fp32 states, which pinned host memory
 #                   holds and the GPU too): stage 3 without offload, chunked GPU AdamW synchronous and
 #                   overlapped, CPU AdamW, then FSDP2 with CPUOffloadPolicy on the same model (~4 min)
+#   PHASE chunk:    the chunked GPU AdamW alone, synchronous and overlapped, on the 1.07B job and the 4.29B
+#                   model of `large`, plus the trace of one overlapped 1.07B step (~3 min)
 #   PHASE accum:    accumulate_bench: the fp32 accumulation kernels vs a device copy, 256M elements (~10 s)
 # Each run is bounded by `timeout`, and all of them together by BUDGET_S (default 570 s from the start
 # of `run`: a run gets at most what is left, and is skipped under 5 s left), so the log comes back
@@ -115,6 +117,16 @@ case "${1:-}" in
                 --label large_s3_gpuoverlap
             run 90 $SO $B/mlp_bench --stage 3 $L --offload-optimizer cpu --label large_s3_cpuadam
             run 150 python3 bench/fsdp2_reference.py --config fsdp2_offload $L
+            ;;
+          chunk)
+            L="--dim 8192 --ffn 32768 --blocks 8 --steps 4"
+            run 60 $SO $B/mlp_bench --stage 3 --offload-optimizer cpu --update-device gpu --label s3_gpuchunk
+            run 60 $SO $B/mlp_bench --stage 3 --offload-optimizer cpu --update-device gpu --overlap-step 1 --label s3_gpuoverlap
+            run 60 $SO $B/mlp_bench --stage 3 --offload-optimizer cpu --update-device gpu --overlap-step 1 --steps 4 \
+                --trace "$out/trace_gpuoverlap.json" --label s3_gpuoverlap_trace
+            run 90 $SO $B/mlp_bench --stage 3 $L --offload-optimizer cpu --update-device gpu --label large_s3_gpuchunk
+            run 90 $SO $B/mlp_bench --stage 3 $L --offload-optimizer cpu --update-device gpu --overlap-step 1 \
+                --label large_s3_gpuoverlap
             ;;
           accum)
             run 60 $B/accumulate_bench --numel 268435456 --reps 10 ;;
@@ -204,7 +216,7 @@ case "${1:-}" in
     ;;
   *)
     echo "usage: bench/run_offload_h200.sh pack | run OUTDIR" \
-         "[equiv|offload|nvmebench|nvme|headline|pcie|gas|tokens65536|deepspeed|equiv_unmanaged|trace|accum|large ...]" >&2
+         "[equiv|offload|nvmebench|nvme|headline|pcie|gas|tokens65536|deepspeed|equiv_unmanaged|trace|accum|large|chunk ...]" >&2
     exit 2
     ;;
 esac
