@@ -178,11 +178,21 @@ std::vector<Cell> AllCells(int world) {
         o.name = "unmanaged_offload/" + o.spec.Name();
         cells.push_back(o);
         if (world == 1) {
-          o.spec.overlap_step = true;
-          o.schedule.snapshots = false;
-          o.name = "unmanaged_offload/" + o.spec.Name();
-          cells.push_back(o);
+          Cell v = o;
+          v.spec.overlap_step = true;
+          v.schedule.snapshots = false;
+          v.name = "unmanaged_offload/" + v.spec.Name();
+          cells.push_back(v);
         }
+        // NVMe optimizer states (swap files under NvmeTestDir(), real O_DIRECT I/O), and tiered:
+        // half of the rank's states in pinned host memory, the rest on NVMe.
+        o.spec.gpu_update_chunk = 0;
+        o.spec.nvme = true;
+        o.name = "unmanaged_offload/" + o.spec.Name();
+        cells.push_back(o);
+        o.spec.host_memory_budget = 12 * (TotalNumel(ModelDims()) / (2 * world));
+        o.name = "unmanaged_offload/" + o.spec.Name();
+        cells.push_back(o);
       }
       if (stage == 3) {
         Cell o = c;
