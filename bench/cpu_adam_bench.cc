@@ -3,7 +3,7 @@
 // the AdamW's ratio to the memory bandwidth roof comes from one machine state.
 //
 //   cpu_adam_bench [--n 268435456] [--threads 1,8,16] [--paths avx512,avx2,scalar]
-//                  [--outputs none,bf16,bf16nt] [--iters 5] [--tile 65536]
+//                  [--outputs none,bf16,bf16nt] [--iters 5] [--tile 65536] [--slot 4194304]
 //
 // Bytes per parameter, counted as STREAM counts (bytes the kernel reads plus bytes it writes; the
 // read-for-ownership of a written line is not counted, for AdamW as for triad): AdamW reads
@@ -12,6 +12,13 @@
 // (CpuAdamWOptions::stream_model_out), which saves its read-for-ownership; the count stays 30 B. Each figure is the best of --iters timed repetitions
 // after one warm-up. The last line is one summary: the best AdamW path with the bf16 copy at the
 // largest thread count, its params/s and its fraction of the triad bandwidth.
+//
+// Then the engine's update in backward (zero/host_optimizer_states.cc): bf16 gradients arriving
+// in slots of --slot elements (default 4M, the 16 MiB staging slots), widened to fp32 and
+// updated with the bf16 copy written non-temporally: "widen2pass" (WidenToF32 over the slot, then
+// CpuAdamW over it: the engine before 2026-12-01) against "widenfused" (WidenedAdamW: the same per
+// tile, the widened tile read back from cache), same run, same threads; counted 28 B per param
+// (p, m, v read and written, the bf16 gradient and copy 2 B each).
 #include <immintrin.h>
 #include <sys/mman.h>
 
@@ -29,6 +36,7 @@
 #include "offload/thread_pool.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "zero/host_state_kernels.h"
 
 namespace zero {
 namespace {
@@ -40,6 +48,7 @@ struct Flags {
   std::vector<std::string> outputs = {"none", "bf16", "bf16nt"};
   int iters = 5;
   size_t tile = kCpuAdamTileElements;
+  size_t slot = size_t{1} << 22;  // the update-in-backward lines: elements per staging slot
 };
 
 std::vector<std::string> Split(const std::string& s) {
@@ -58,7 +67,7 @@ std::vector<std::string> Split(const std::string& s) {
   std::fprintf(stderr,
                "cpu_adam_bench: %s\nusage: cpu_adam_bench [--n N] [--threads a,b,..] "
                "[--paths avx512,avx2,scalar] [--outputs none,bf16,fp16,fp32,bf16nt,fp16nt] [--iters K] "
-               "[--tile T]\n",
+               "[--tile T] [--slot S]\n",
                why.c_str());
   std::exit(2);
 }
@@ -101,6 +110,9 @@ Flags ParseFlags(int argc, char** argv) {
       if (f.iters < 1) Usage("--iters must be >= 1");
     } else if (a == "--tile") {
       f.tile = std::strtoull(v.c_str(), nullptr, 10);
+    } else if (a == "--slot") {
+      f.slot = std::strtoull(v.c_str(), nullptr, 10);
+      if (f.slot == 0) Usage("--slot must be > 0");
     } else {
       Usage("unknown flag " + a);
     }
@@ -304,6 +316,40 @@ int Main(int argc, char** argv) {
           summary_path = std::string(CpuAdamPathName(path)) + (nt ? " out=bf16nt" : " out=bf16");
           summary_threads = threads;
         }
+      }
+    }
+    // The update in backward from bf16 gradients, slot by slot: two passes against fused.
+    {
+      const size_t slot = std::min(f.slot, n);
+      std::vector<uint16_t> g16(n, 0x3c00);  // bf16 0.0078125
+      std::vector<float> scratch(slot);
+      CpuAdamWOptions options;
+      options.stream_model_out = true;
+      for (const char* mode : {"widen2pass", "widenfused"}) {
+        const bool fused = mode[5] == 'f';
+        Status st = OkStatus();
+        const double t = BestSeconds(f.iters, [&] {
+          for (size_t at = 0; at < n; at += slot) {
+            const size_t len = std::min(slot, n - at);
+            Status s2;
+            if (fused) {
+              s2 = WidenedAdamW(pool, g16.data() + at, DType::kBF16, scratch.data(), p + at, m + at, v + at,
+                                static_cast<int64_t>(len), h, out16 + at, DType::kBF16, options);
+            } else {
+              WidenToF32(pool, g16.data() + at, DType::kBF16, scratch.data(), static_cast<int64_t>(len));
+              s2 = CpuAdamW(p + at, scratch.data(), m + at, v + at, len, h, out16 + at, DType::kBF16, pool, options);
+            }
+            if (!s2.ok()) st = s2;
+          }
+        });
+        if (!st.ok()) {
+          std::fprintf(stderr, "cpu_adam_bench: %s\n", st.ToString().c_str());
+          return 1;
+        }
+        const double params = n / t;
+        std::printf("threads=%-3d update_in_backward=%-10s slot=%zu %7.3f ms  %9.3f Mparams/s  %7.2f GB/s (28 B/param)"
+                    "  %5.1f%% of triad\n",
+                    threads, mode, slot, t * 1e3, params / 1e6, 28.0 * params / 1e9, 100.0 * 28.0 * params / 1e9 / triad_gbs);
       }
     }
   }

@@ -37,6 +37,9 @@
 #                   overlapped, CPU AdamW, then FSDP2 with CPUOffloadPolicy on the same model (~4 min)
 #   PHASE chunk:    the chunked GPU AdamW alone, synchronous and overlapped, on the 1.07B job and the 4.29B
 #                   model of `large`, plus the trace of one overlapped 1.07B step (~3 min)
+#   PHASE cpuadam:  cpu_adam_bench's update-in-backward lines (two passes vs the bf16 gradients widened in
+#                   the kernel), then the 1.07B job with the CPU AdamW at stages 3 and 2 and with parameter
+#                   offload, and FSDP2 with CPUOffloadPolicy in the same call (~90 s)
 #   PHASE accum:    accumulate_bench: the fp32 accumulation kernels vs a device copy, 256M elements (~10 s)
 # Each run is bounded by `timeout`, and all of them together by BUDGET_S (default 570 s from the start
 # of `run`: a run gets at most what is left, and is skipped under 5 s left), so the log comes back
@@ -49,10 +52,10 @@ case "${1:-}" in
   pack)
     set -e
     bazel build //bench:mlp_bench //bench:pcie_bench //bench:aio_bench //bench:nvme_states_bench \
-        //bench:accumulate_bench //tests/equivalence:gpu_equivalence
+        //bench:accumulate_bench //bench:cpu_adam_bench //tests/equivalence:gpu_equivalence
     rm -rf "$CARRY" && mkdir -p "$CARRY/bin" "$CARRY/lib"
     cp -L bazel-bin/bench/mlp_bench bazel-bin/bench/pcie_bench bazel-bin/bench/aio_bench \
-        bazel-bin/bench/nvme_states_bench bazel-bin/bench/accumulate_bench \
+        bazel-bin/bench/nvme_states_bench bazel-bin/bench/accumulate_bench bazel-bin/bench/cpu_adam_bench \
         bazel-bin/tests/equivalence/gpu_equivalence "$CARRY/bin/"
     for lib in /usr/lib/libgloo.so.0 $(ldd /usr/lib/libgloo.so.0 | awk '/=> \//{print $3}' | grep -E 'hiredis|ibverbs|libnl') \
                /usr/lib/x86_64-linux-gnu/libaio.so.1 /usr/lib/x86_64-linux-gnu/libnuma.so.1; do
@@ -127,6 +130,13 @@ case "${1:-}" in
             run 90 $SO $B/mlp_bench --stage 3 $L --offload-optimizer cpu --update-device gpu --label large_s3_gpuchunk
             run 90 $SO $B/mlp_bench --stage 3 $L --offload-optimizer cpu --update-device gpu --overlap-step 1 \
                 --label large_s3_gpuoverlap
+            ;;
+          cpuadam)
+            run 60 $B/cpu_adam_bench --n 268435456 --threads 16 --paths avx512 --outputs bf16nt --iters 3
+            run 60 $B/mlp_bench --stage 3 --offload-optimizer cpu --label s3_cpuadam
+            run 60 $B/mlp_bench --stage 2 --offload-optimizer cpu --label s2_cpuadam
+            run 60 $B/mlp_bench --stage 3 --offload-optimizer cpu --offload-param cpu --label s3_cpuadam_param
+            run 90 python3 bench/fsdp2_reference.py --config fsdp2_offload
             ;;
           accum)
             run 60 $B/accumulate_bench --numel 268435456 --reps 10 ;;
@@ -216,7 +226,7 @@ case "${1:-}" in
     ;;
   *)
     echo "usage: bench/run_offload_h200.sh pack | run OUTDIR" \
-         "[equiv|offload|nvmebench|nvme|headline|pcie|gas|tokens65536|deepspeed|equiv_unmanaged|trace|accum|large|chunk ...]" >&2
+         "[equiv|offload|nvmebench|nvme|headline|pcie|gas|tokens65536|deepspeed|equiv_unmanaged|trace|accum|large|chunk|cpuadam ...]" >&2
     exit 2
     ;;
 esac

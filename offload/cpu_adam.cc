@@ -48,20 +48,28 @@ Consts MakeConsts(const AdamWParams& h) {
 
 inline float CanonicalNaN(float r) { return r != r ? BitsToFloat(0x7fffffffu) : r; }
 
-using RangeFn = void (*)(float* p, const float* g, float* m, float* v, void* out,
+// g: fp32 gradients, or bf16 ones (kBf16G) widened in the kernel as 0.0f + g (WidenToF32's value:
+// -0 becomes +0; a NaN's payload is irrelevant, every NaN result is stored canonical).
+using RangeFn = void (*)(float* p, const void* g, float* m, float* v, void* out,
                          const AdamWParams& h, const Consts& c, size_t b, size_t e);
 
 // The scalar path and the SIMD paths' tails: AdamWReference itself, exactly as CpuDevice's
 // AdamWCastRange runs it.
-template <bool kAdamW, Out kOut>
-void ScalarRange(float* __restrict p, const float* __restrict g, float* __restrict m,
+template <bool kAdamW, Out kOut, bool kBf16G = false>
+void ScalarRange(float* __restrict p, const void* __restrict graw, float* __restrict m,
                  float* __restrict v, void* out, const AdamWParams& params, const Consts&,
                  size_t b, size_t e) {
   AdamWParams h = params;
   h.adam_w_mode = kAdamW;  // a constant, so the branch leaves the loop
   for (size_t i = b; i < e; ++i) {
     float pi = p[i], mi = m[i], vi = v[i];
-    AdamWReference(&pi, g[i], &mi, &vi, h);
+    float gi;
+    if constexpr (kBf16G) {
+      gi = 0.0f + Bf16ToFloat(static_cast<const uint16_t*>(graw)[i]);
+    } else {
+      gi = static_cast<const float*>(graw)[i];
+    }
+    AdamWReference(&pi, gi, &mi, &vi, h);
     pi = CanonicalNaN(pi);
     p[i] = pi;
     m[i] = CanonicalNaN(mi);
@@ -93,10 +101,13 @@ inline void Store128(uint16_t* dst, __m128i x) {
 // --- AVX-512F: 16 lanes --------------------------------------------------------------------------
 
 // kStream: model_out is written with non-temporal stores (REQUIRES: out + b 64-byte aligned).
-template <bool kAdamW, Out kOut, bool kStream>
-__attribute__((target("avx512f"))) void Avx512Range(float* p, const float* g, float* m, float* v,
+template <bool kAdamW, Out kOut, bool kStream, bool kBf16G>
+__attribute__((target("avx512f"))) void Avx512Range(float* p, const void* graw, float* m, float* v,
                                                     void* out, const AdamWParams& h,
                                                     const Consts& c, size_t b, size_t e) {
+  const float* g = static_cast<const float*>(graw);
+  const uint16_t* g16 = static_cast<const uint16_t*>(graw);
+  const __m512 zero = _mm512_setzero_ps();
   const __m512 grad_scale = _mm512_set1_ps(c.grad_scale);
   const __m512 weight_decay = _mm512_set1_ps(c.weight_decay);
   const __m512 beta1 = _mm512_set1_ps(c.beta1);
@@ -114,7 +125,13 @@ __attribute__((target("avx512f"))) void Avx512Range(float* p, const float* g, fl
   size_t i = b;
   for (; i + 16 <= e; i += 16) {
     __m512 pi = _mm512_loadu_ps(p + i);
-    __m512 gi = _mm512_loadu_ps(g + i);
+    __m512 gi;
+    if constexpr (kBf16G) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g16 + i));
+      gi = _mm512_add_ps(zero, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16)));
+    } else {
+      gi = _mm512_loadu_ps(g + i);
+    }
     __m512 mi = _mm512_loadu_ps(m + i);
     __m512 vi = _mm512_loadu_ps(v + i);
     gi = _mm512_mul_ps(gi, grad_scale);
@@ -156,15 +173,18 @@ __attribute__((target("avx512f"))) void Avx512Range(float* p, const float* g, fl
   }
   // Non-temporal stores are weakly ordered: make them visible before the tile counts as done.
   if constexpr (kStream) _mm_sfence();
-  ScalarRange<kAdamW, kOut>(p, g, m, v, out, h, c, i, e);
+  ScalarRange<kAdamW, kOut, kBf16G>(p, graw, m, v, out, h, c, i, e);
 }
 
 // --- AVX2 (+F16C): 8 lanes -----------------------------------------------------------------------
 
-template <bool kAdamW, Out kOut, bool kStream>
-__attribute__((target("avx2,f16c"))) void Avx2Range(float* p, const float* g, float* m, float* v,
+template <bool kAdamW, Out kOut, bool kStream, bool kBf16G>
+__attribute__((target("avx2,f16c"))) void Avx2Range(float* p, const void* graw, float* m, float* v,
                                                    void* out, const AdamWParams& h,
                                                    const Consts& c, size_t b, size_t e) {
+  const float* g = static_cast<const float*>(graw);
+  const uint16_t* g16 = static_cast<const uint16_t*>(graw);
+  const __m256 zero = _mm256_setzero_ps();
   const __m256 grad_scale = _mm256_set1_ps(c.grad_scale);
   const __m256 weight_decay = _mm256_set1_ps(c.weight_decay);
   const __m256 beta1 = _mm256_set1_ps(c.beta1);
@@ -181,7 +201,13 @@ __attribute__((target("avx2,f16c"))) void Avx2Range(float* p, const float* g, fl
   size_t i = b;
   for (; i + 8 <= e; i += 8) {
     __m256 pi = _mm256_loadu_ps(p + i);
-    __m256 gi = _mm256_loadu_ps(g + i);
+    __m256 gi;
+    if constexpr (kBf16G) {
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g16 + i));
+      gi = _mm256_add_ps(zero, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16)));
+    } else {
+      gi = _mm256_loadu_ps(g + i);
+    }
     __m256 mi = _mm256_loadu_ps(m + i);
     __m256 vi = _mm256_loadu_ps(v + i);
     gi = _mm256_mul_ps(gi, grad_scale);
@@ -222,34 +248,34 @@ __attribute__((target("avx2,f16c"))) void Avx2Range(float* p, const float* g, fl
   }
   // Non-temporal stores are weakly ordered: make them visible before the tile counts as done.
   if constexpr (kStream) _mm_sfence();
-  ScalarRange<kAdamW, kOut>(p, g, m, v, out, h, c, i, e);
+  ScalarRange<kAdamW, kOut, kBf16G>(p, graw, m, v, out, h, c, i, e);
 }
 
-template <bool kAdamW, Out kOut>
+template <bool kAdamW, Out kOut, bool kBf16G>
 RangeFn SelectFor(CpuAdamPath path, bool stream) {
   stream = stream && kOut != Out::kNone;
   switch (path) {
     case CpuAdamPath::kAvx512:
-      return stream ? &Avx512Range<kAdamW, kOut, true> : &Avx512Range<kAdamW, kOut, false>;
+      return stream ? &Avx512Range<kAdamW, kOut, true, kBf16G> : &Avx512Range<kAdamW, kOut, false, kBf16G>;
     case CpuAdamPath::kAvx2:
-      return stream ? &Avx2Range<kAdamW, kOut, true> : &Avx2Range<kAdamW, kOut, false>;
+      return stream ? &Avx2Range<kAdamW, kOut, true, kBf16G> : &Avx2Range<kAdamW, kOut, false, kBf16G>;
     default:
-      return &ScalarRange<kAdamW, kOut>;
+      return &ScalarRange<kAdamW, kOut, kBf16G>;
   }
 }
 
-template <bool kAdamW>
+template <bool kAdamW, bool kBf16G>
 RangeFn SelectOut(CpuAdamPath path, void* model_out, DType model_t, bool stream) {
-  if (model_out == nullptr) return SelectFor<kAdamW, Out::kNone>(path, false);
+  if (model_out == nullptr) return SelectFor<kAdamW, Out::kNone, kBf16G>(path, false);
   switch (model_t) {
     case DType::kF32:
-      return SelectFor<kAdamW, Out::kF32>(path, stream);
+      return SelectFor<kAdamW, Out::kF32, kBf16G>(path, stream);
     case DType::kBF16:
-      return SelectFor<kAdamW, Out::kBF16>(path, stream);
+      return SelectFor<kAdamW, Out::kBF16, kBf16G>(path, stream);
     case DType::kF16:
       break;
   }
-  return SelectFor<kAdamW, Out::kF16>(path, stream);
+  return SelectFor<kAdamW, Out::kF16, kBf16G>(path, stream);
 }
 
 struct CpuFeatures {
@@ -325,9 +351,11 @@ void SetCpuAdamPathCeilingForTesting(CpuAdamPath ceiling) {
                      std::memory_order_relaxed);
 }
 
-Status CpuAdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
-                const AdamWParams& h, void* model_out, DType model_t, ThreadPool* pool,
-                const CpuAdamWOptions& options) {
+namespace {
+
+Status RunCpuAdamW(float* param, const void* grad, bool bf16_grad, float* exp_avg, float* exp_avg_sq, size_t n,
+                   const AdamWParams& h, void* model_out, DType model_t, ThreadPool* pool,
+                   const CpuAdamWOptions& options) {
   CpuAdamPath path = options.path;
   if (path == CpuAdamPath::kAuto) path = BestCpuAdamPath();
   if (!CpuAdamPathAvailable(path)) {
@@ -354,8 +382,10 @@ Status CpuAdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_
   // aligned, as the non-temporal stores require.
   const bool stream = options.stream_model_out && model_out != nullptr &&
                       reinterpret_cast<uintptr_t>(model_out) % 64 == 0;
-  const RangeFn fn = h.adam_w_mode ? SelectOut<true>(path, model_out, model_t, stream)
-                                   : SelectOut<false>(path, model_out, model_t, stream);
+  const RangeFn fn = bf16_grad ? (h.adam_w_mode ? SelectOut<true, true>(path, model_out, model_t, stream)
+                                               : SelectOut<false, true>(path, model_out, model_t, stream))
+                               : (h.adam_w_mode ? SelectOut<true, false>(path, model_out, model_t, stream)
+                                                : SelectOut<false, false>(path, model_out, model_t, stream));
   const Consts c = MakeConsts(h);
   const size_t tile = std::max<size_t>(64, (options.tile_elements + 63) & ~size_t{63});
   const size_t num_tiles = (n + tile - 1) / tile;
@@ -368,6 +398,20 @@ Status CpuAdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_
     fn(param, grad, exp_avg, exp_avg_sq, model_out, h, c, b, std::min(n, b + tile));
   });
   return OkStatus();
+}
+
+}  // namespace
+
+Status CpuAdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
+                const AdamWParams& h, void* model_out, DType model_t, ThreadPool* pool,
+                const CpuAdamWOptions& options) {
+  return RunCpuAdamW(param, grad, false, exp_avg, exp_avg_sq, n, h, model_out, model_t, pool, options);
+}
+
+Status CpuAdamWBf16Grad(float* param, const uint16_t* grad, float* exp_avg, float* exp_avg_sq, size_t n,
+                        const AdamWParams& h, void* model_out, DType model_t, ThreadPool* pool,
+                        const CpuAdamWOptions& options) {
+  return RunCpuAdamW(param, grad, true, exp_avg, exp_avg_sq, n, h, model_out, model_t, pool, options);
 }
 
 }  // namespace zero

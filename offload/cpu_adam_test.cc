@@ -313,6 +313,55 @@ TEST(CpuAdamTest, EveryPathIsBitwiseTheReference) {
   EXPECT_EQ(cases, 10 * 2 * 2 * 4 * 2 * 2 * static_cast<int>(AvailablePaths().size()));
 }
 
+// CpuAdamWBf16Grad: the gradients in bf16 (every special of MakeState rounded to bf16: NaNs of
+// several payloads, +-Inf, +-0, subnormals), widened inside the kernel, on every path, threads,
+// tiles and stores: bitwise CpuDevice's widening (AccumulateFirst, 0.0f + g) into fp32 followed
+// by CpuDevice::AdamWCast.
+TEST(CpuAdamTest, Bf16GradientsEveryPathIsBitwiseWidenThenTheReference) {
+  auto pool3 = Pool(3);
+  CpuDevice device;
+  int cases = 0;
+  for (size_t n : {size_t{1}, size_t{7}, size_t{15}, size_t{16}, size_t{17}, size_t{33}, size_t{1000003}}) {
+    for (bool specials : {false, true}) {
+      State in = MakeState(n, static_cast<uint32_t>(n * 3 + specials), specials);
+      std::vector<uint16_t> g16(n);
+      ASSERT_TRUE(device.Cast(in.g.data(), DType::kF32, g16.data(), DType::kBF16, n, nullptr).ok());
+      // The reference's input: the bf16 gradients widened as the engine widens them.
+      ASSERT_TRUE(device.AccumulateFirst(in.g.data(), g16.data(), DType::kBF16, n, 1.0f, nullptr).ok());
+      for (const AdamWParams& h : {DeepSpeedLike(), ClassicAdam()}) {
+        for (const Output& o : kOutputs) {
+          const Result4 want = DeviceReference(in, h, o);
+          for (CpuAdamPath path : AvailablePaths()) {
+            for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), pool3.get()}) {
+              for (bool stream : {false, true}) {
+                SCOPED_TRACE("n=" + std::to_string(n) + " specials=" + std::to_string(specials) + " adam_w_mode=" +
+                             std::to_string(h.adam_w_mode) + " out=" + o.name + " path " + CpuAdamPathName(path) +
+                             (pool ? ", 3 threads" : ", 1 thread") + (stream ? ", non-temporal stores" : ""));
+                Result4 got{in, {}};
+                const size_t bytes = o.present ? n * SizeOf(o.t) : 0;
+                std::unique_ptr<uint8_t, decltype(&std::free)> aligned(
+                    static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64)), &std::free);
+                std::memset(aligned.get(), 0xee, bytes);
+                CpuAdamWOptions options;
+                options.path = path;
+                options.tile_elements = pool == nullptr ? kCpuAdamTileElements : 192;
+                options.stream_model_out = stream;
+                Status st = CpuAdamWBf16Grad(got.s.p.data(), g16.data(), got.s.m.data(), got.s.v.data(), n, h,
+                                             o.present ? aligned.get() : nullptr, o.t, pool, options);
+                ASSERT_TRUE(st.ok()) << st.ToString();
+                got.out.assign(aligned.get(), aligned.get() + bytes);
+                ASSERT_EQ(Diff(in, got, want, o), "");
+                ++cases;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 7 * 2 * 2 * 4 * 2 * 2 * static_cast<int>(AvailablePaths().size()));
+}
+
 // Results do not depend on the thread count or the tile size.
 TEST(CpuAdamTest, IndependentOfThreadsAndTiles) {
   const size_t n = 1000003;

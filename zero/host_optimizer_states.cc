@@ -247,9 +247,13 @@ class HostOptimizerStates final : public OptimizerStates {
     Slot& sl = slots_[t.slot];
     ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(sl.landed.get()));
     TraceHostScope trace(observer_, TraceTrack::kCpuOptimizer, "CPU AdamW (update in backward)");
-    WidenToF32(pool_.get(), t.has_grad ? sl.grad : nullptr, t.grad_t, sl.widened, t.n);
-    return CpuAdamW(state_[0] + t.offset, sl.widened, state_[1] + t.offset, state_[2] + t.offset,
-                    static_cast<size_t>(t.n), t.h, ElementPtr(model_copy_, mdt_, t.offset), mdt_, pool_.get());
+    // The widening and the update fused per tile; the model copy is only read by a DMA to the
+    // GPU, so it is written with non-temporal stores where aligned (cpu_adam.h).
+    CpuAdamWOptions o;
+    o.stream_model_out = true;
+    return WidenedAdamW(pool_.get(), t.has_grad ? sl.grad : nullptr, t.grad_t, sl.widened, state_[0] + t.offset,
+                        state_[1] + t.offset, state_[2] + t.offset, t.n, t.h, ElementPtr(model_copy_, mdt_, t.offset),
+                        mdt_, o);
   }
 
   Status WaitForWorker() { return worker_->WaitIdle(); }

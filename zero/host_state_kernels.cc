@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 
 #include "runtime/cpu_device.h"
 
@@ -49,6 +50,35 @@ void WidenToF32(ThreadPool* pool, const void* src, DType t, float* dst, int64_t 
     // Host memory and valid arguments: cannot fail.
     cpu->AccumulateFirst(dst + b, ElementPtr(src, t, b), t, static_cast<size_t>(e - b), 1.0f, nullptr).IgnoreError();
   });
+}
+
+Status WidenedAdamW(ThreadPool* pool, const void* grad, DType grad_t, float* scratch, float* param, float* exp_avg,
+                    float* exp_avg_sq, int64_t n, const AdamWParams& h, void* model_out, DType model_t,
+                    const CpuAdamWOptions& options) {
+  if (grad != nullptr && grad_t == DType::kBF16) {
+    return CpuAdamWBf16Grad(param, static_cast<const uint16_t*>(grad), exp_avg, exp_avg_sq, static_cast<size_t>(n), h,
+                            model_out, model_t, pool, options);
+  }
+  CpuDevice* const cpu = ReferenceKernels();
+  std::mutex mu;
+  Status first_error;
+  Tiles(pool, n, [&](int64_t b, int64_t e) {
+    const size_t len = static_cast<size_t>(e - b);
+    if (grad == nullptr) {
+      std::memset(scratch + b, 0, len * 4);
+    } else {
+      // Host memory and valid arguments: cannot fail.
+      cpu->AccumulateFirst(scratch + b, ElementPtr(grad, grad_t, b), grad_t, len, 1.0f, nullptr).IgnoreError();
+    }
+    // This tile on this thread (the pool is busy with the other tiles).
+    Status s = CpuAdamW(param + b, scratch + b, exp_avg + b, exp_avg_sq + b, len, h,
+                        model_out != nullptr ? ElementPtr(model_out, model_t, b) : nullptr, model_t, nullptr, options);
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> l(mu);
+      if (first_error.ok()) first_error = s;
+    }
+  });
+  return first_error;
 }
 
 void AccumulateIntoF32(ThreadPool* pool, const void* src, DType t, float* dst, int64_t n, bool first) {

@@ -4,8 +4,10 @@
 
 #include <cstdint>
 
+#include "offload/cpu_adam.h"
 #include "offload/thread_pool.h"
 #include "runtime/dtype.h"
+#include "runtime/status.h"
 
 namespace zero {
 
@@ -17,6 +19,14 @@ void WidenToF32(ThreadPool* pool, const void* src, DType t, float* dst, int64_t 
 // dst[i] = 0.0f + src[i] (first) or dst[i] + src[i], src widened from `t`: exactly
 // CpuDevice::AccumulateFirst / Accumulate with scale 1 (the host gradient partition's adds).
 void AccumulateIntoF32(ThreadPool* pool, const void* src, DType t, float* dst, int64_t n, bool first);
+// Bitwise WidenToF32(grad -> scratch) followed by CpuAdamW over the n elements, in one pass over
+// the states: bf16 gradients are widened inside the AdamW kernel (CpuAdamWBf16Grad: scratch is
+// not touched); fp16 and fp32 ones (and grad null: zeros) per tile, each pool task widening its
+// tile into `scratch` and updating it at once, so the widened values come back from cache.
+// Afterwards `scratch` holds nothing specified. Errors: CpuAdamW's.
+Status WidenedAdamW(ThreadPool* pool, const void* grad, DType grad_t, float* scratch, float* param, float* exp_avg,
+                    float* exp_avg_sq, int64_t n, const AdamWParams& h, void* model_out, DType model_t,
+                    const CpuAdamWOptions& options = {});
 // memcpy of n elements of `t` (byte for byte), split over the pool.
 void CopyElements(ThreadPool* pool, const void* src, DType t, void* dst, int64_t n);
 // The sum of squares of n fp32 values in double, in CpuDevice::SumOfSquares' order (single-threaded:
