@@ -13,6 +13,9 @@ Configurations (--config, one per process: DeepSpeed engines do not come apart c
   ds_z2_offload        ZeRO-2, offload_optimizer cpu (DeepSpeedCPUAdam, JIT-built with ninja on first use)
   ds_z3_offload        ZeRO-3, offload_optimizer cpu
   ds_z3_offload_param  ZeRO-3, offload_optimizer cpu + offload_param cpu
+  ds_z3_nvme           ZeRO-3, offload_optimizer nvme under --nvme-path (ZeRO-Infinity's optimizer side:
+                       buffer_count 4, no pipelining: pipeline_read/write crash in 0.19.8, DEVICE.md);
+                       needs DeepSpeed's async_io op, so libaio (bench/run_offload_h200.sh, dsinfinity)
 
 Each optimizer step is --gas micro steps (DeepSpeed's engine.backward and engine.step per micro step;
 the step applies at the boundary). Prints one line in mlp_bench's format (bench/fsdp_table.py reads it):
@@ -35,7 +38,7 @@ import statistics
 import sys
 import time
 
-CONFIGS = ("ds_z3", "ds_z2_offload", "ds_z3_offload", "ds_z3_offload_param")
+CONFIGS = ("ds_z3", "ds_z2_offload", "ds_z3_offload", "ds_z3_offload_param", "ds_z3_nvme")
 
 
 def ds_config(name, args):
@@ -47,6 +50,9 @@ def ds_config(name, args):
     opt_params = {"lr": args.lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": args.weight_decay}
     if "offload" in name:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    elif name.endswith("_nvme"):
+        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": args.nvme_path, "pin_memory": True,
+                                     "buffer_count": 4}
     else:
         opt_params["torch_adam"] = True
     if name.endswith("_param"):
@@ -75,6 +81,7 @@ def parse_args(argv=None):
     ap.add_argument("--clip", type=float, default=0.0)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--nvme-path", default="/root/zero_nvme/ds", help="ds_z3_nvme: DeepSpeed's swap folder")
     ap.add_argument("--label", default="", help="config= in the BENCH line (default: --config)")
     ap.add_argument("--dry-run", action="store_true", help="print the DeepSpeed config, import nothing")
     args = ap.parse_args(argv)

@@ -28,6 +28,10 @@
 #                   bench/deepspeed_offload.py: ZeRO-3 without offload, ZeRO-2 and ZeRO-3 with
 #                   offload_optimizer cpu, ZeRO-3 with offload_param cpu too, and ZeRO-2 offload at
 #                   65536 tokens, one process each (~230 s, of which ~40 s DeepSpeedCPUAdam's ninja build)
+#   PHASE dsinfinity: DeepSpeed 0.19.8 ZeRO-3 with offload_optimizer nvme (ZeRO-Infinity) on the 4.29B and
+#                   5.37B models (8 and 10 blocks of 8192x32768; 51.5 and 64.4 GB of fp32 states on the 64 GiB
+#                   disk), 2 steps each: the largest model it trains there (issue 9). Needs .whl/ with the
+#                   wheels and libaio1 + libaio-dev .debs (docs/performance.md says which); ~9 min, own call
 #   PHASE equiv_unmanaged: gpu_equivalence --filter unmanaged_offload (~10 s)
 #   PHASE trace:    zero_trace of the last of 4 steps of the 1.07B job with the overlapped chunked step, the
 #                   synchronous one and the CPU AdamW, into OUTDIR/trace_*.json (render here:
@@ -84,6 +88,16 @@ case "${1:-}" in
     SITE=/tmp/site  # the deepspeed phase's install target
     DSENV="env PYTHONPATH=$SITE TORCH_EXTENSIONS_DIR=/tmp/torch_ext"
     deadline=$(( $(date +%s) + ${BUDGET_S:-570} ))
+    ds_install() {  # DeepSpeed 0.19.8 and its wheels into $SITE (../shared/DEVICE.md); 1 if .whl/ lacks it
+      W=${WHL_DIR:-.whl}
+      if [ ! -f "$W/deepspeed-0.19.8.tar.gz" ]; then
+        echo "=== deepspeed: no $W/deepspeed-0.19.8.tar.gz (carry .whl/, ../shared/DEVICE.md); phase skipped"
+        return 1
+      fi
+      run 60 python3 -m pip install --quiet --no-index --no-deps --target "$SITE" "$W"/*.whl
+      run 90 env DS_BUILD_OPS=0 python3 -m pip install --quiet --no-index --no-deps --no-build-isolation \
+          --target "$SITE" "$W/deepspeed-0.19.8.tar.gz"
+    }
     run() {  # SECONDS CMD...: at most SECONDS, and never past the deadline
       local limit=$1; shift
       local left=$(( deadline - $(date +%s) ))
@@ -160,20 +174,29 @@ case "${1:-}" in
             run 90 python3 bench/fsdp2_reference.py --config fsdp2_offload@65536
             ;;
           deepspeed)
-            W=${WHL_DIR:-.whl}
-            if [ ! -f "$W/deepspeed-0.19.8.tar.gz" ]; then
-              echo "=== deepspeed: no $W/deepspeed-0.19.8.tar.gz (carry .whl/, ../shared/DEVICE.md); phase skipped"
-              continue
-            fi
-            run 60 python3 -m pip install --quiet --no-index --no-deps --target "$SITE" "$W"/*.whl
-            run 90 env DS_BUILD_OPS=0 python3 -m pip install --quiet --no-index --no-deps --no-build-isolation \
-                --target "$SITE" "$W/deepspeed-0.19.8.tar.gz"
+            ds_install || continue
             DS="$DSENV python3 bench/deepspeed_offload.py"
             run 60 $DS --config ds_z3
             run 120 $DS --config ds_z2_offload  # first DeepSpeedCPUAdam use: its ninja build (~40 s)
             run 60 $DS --config ds_z3_offload
             run 60 $DS --config ds_z3_offload_param
             run 75 $DS --config ds_z2_offload --tokens 65536
+            ;;
+          dsinfinity)
+            ds_install || continue
+            # DeepSpeed's async_io op JIT-builds against libaio, which the GPU machine lacks: the carried
+            # Debian packages, unpacked (../shared/DEVICE.md).
+            AIO=/tmp/libaio && mkdir -p $AIO && for d in "$W"/libaio*.deb; do dpkg -x "$d" $AIO; done
+            AL=$AIO/usr/lib/x86_64-linux-gnu
+            [ -e $AL/libaio.so ] || ln -sf "$(ls $AL/libaio.so.1* | head -1)" $AL/libaio.so
+            DSA="$DSENV CFLAGS=-I$AIO/usr/include LDFLAGS=-L$AL LIBRARY_PATH=$AL LD_LIBRARY_PATH=$AL:$LD_LIBRARY_PATH"
+            DSA="$DSA TORCH_CUDA_ARCH_LIST=9.0 python3 bench/deepspeed_offload.py --config ds_z3_nvme --nvme-path $NV/ds"
+            for b in 8 10; do
+              mkdir -p "$NV/ds"
+              run 280 $SO $DSA --dim 8192 --ffn 32768 --blocks $b --steps 2 --label ds_infinity_${b}blocks
+              rm -rf "$NV/ds"
+              df -h / | tail -1
+            done
             ;;
           offload)
             run 90 $B/mlp_bench --stage 3 --label s3_none
@@ -226,7 +249,7 @@ case "${1:-}" in
     ;;
   *)
     echo "usage: bench/run_offload_h200.sh pack | run OUTDIR" \
-         "[equiv|offload|nvmebench|nvme|headline|pcie|gas|tokens65536|deepspeed|equiv_unmanaged|trace|accum|large|chunk|cpuadam ...]" >&2
+         "[equiv|offload|nvmebench|nvme|headline|pcie|gas|tokens65536|deepspeed|equiv_unmanaged|trace|accum|large|chunk|cpuadam|dsinfinity ...]" >&2
     exit 2
     ;;
 esac
