@@ -143,8 +143,10 @@ Result4 DeviceReference(const State& in, const AdamWParams& h, const Output& o) 
 
 // stream: non-temporal stores of model_out, into a 64-byte aligned buffer (they are used only
 // for one).
+// g16 non-null: CpuAdamWBf16Grad from those bf16 gradients instead of in.g.
 Result4 RunCpuAdamW(const State& in, const AdamWParams& h, const Output& o, CpuAdamPath path,
-                    ThreadPool* pool, size_t tile = kCpuAdamTileElements, bool stream = false) {
+                    ThreadPool* pool, size_t tile = kCpuAdamTileElements, bool stream = false,
+                    const std::vector<uint16_t>* g16 = nullptr) {
   Result4 r{in, {}};
   const size_t n = in.p.size();
   const size_t bytes = o.present ? n * SizeOf(o.t) : 0;
@@ -155,8 +157,11 @@ Result4 RunCpuAdamW(const State& in, const AdamWParams& h, const Output& o, CpuA
   options.path = path;
   options.tile_elements = tile;
   options.stream_model_out = stream;
-  Status st = CpuAdamW(r.s.p.data(), r.s.g.data(), r.s.m.data(), r.s.v.data(), n, h,
-                       o.present ? aligned.get() : nullptr, o.t, pool, options);
+  void* out = o.present ? aligned.get() : nullptr;
+  Status st = g16 != nullptr ? CpuAdamWBf16Grad(r.s.p.data(), g16->data(), r.s.m.data(), r.s.v.data(), n, h, out, o.t,
+                                                pool, options)
+                             : CpuAdamW(r.s.p.data(), r.s.g.data(), r.s.m.data(), r.s.v.data(), n, h, out, o.t, pool,
+                                        options);
   EXPECT_TRUE(st.ok()) << st.ToString();
   r.out.assign(aligned.get(), aligned.get() + bytes);
   return r;
@@ -337,19 +342,8 @@ TEST(CpuAdamTest, Bf16GradientsEveryPathIsBitwiseWidenThenTheReference) {
                 SCOPED_TRACE("n=" + std::to_string(n) + " specials=" + std::to_string(specials) + " adam_w_mode=" +
                              std::to_string(h.adam_w_mode) + " out=" + o.name + " path " + CpuAdamPathName(path) +
                              (pool ? ", 3 threads" : ", 1 thread") + (stream ? ", non-temporal stores" : ""));
-                Result4 got{in, {}};
-                const size_t bytes = o.present ? n * SizeOf(o.t) : 0;
-                std::unique_ptr<uint8_t, decltype(&std::free)> aligned(
-                    static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64)), &std::free);
-                std::memset(aligned.get(), 0xee, bytes);
-                CpuAdamWOptions options;
-                options.path = path;
-                options.tile_elements = pool == nullptr ? kCpuAdamTileElements : 192;
-                options.stream_model_out = stream;
-                Status st = CpuAdamWBf16Grad(got.s.p.data(), g16.data(), got.s.m.data(), got.s.v.data(), n, h,
-                                             o.present ? aligned.get() : nullptr, o.t, pool, options);
-                ASSERT_TRUE(st.ok()) << st.ToString();
-                got.out.assign(aligned.get(), aligned.get() + bytes);
+                const Result4 got =
+                    RunCpuAdamW(in, h, o, path, pool, pool == nullptr ? kCpuAdamTileElements : 192, stream, &g16);
                 ASSERT_EQ(Diff(in, got, want, o), "");
                 ++cases;
               }

@@ -174,12 +174,7 @@ Status ChunkedOptimizerStates::Pipeline(Kind kind, int64_t offset, int64_t n, co
   }
   const int moved = cast ? 1 : 3;  // a cast needs the masters only
   // The caller's stream up to here: gradients written, model_out no longer read.
-  if (after != nullptr) {
-    ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(update_.get(), after));
-  } else {
-    ZERO_RETURN_IF_ERROR(device_->RecordEvent(entry_.get(), caller));
-    ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(update_.get(), entry_.get()));
-  }
+  ZERO_RETURN_IF_ERROR(WaitForCaller(update_.get(), caller, after));
   Event* last = nullptr;
   for (int64_t at = 0; at < n; at += chunk_) {
     const int64_t len = std::min(chunk_, n - at);
@@ -293,12 +288,7 @@ Status ChunkedOptimizerStates::CastMasterAfter(int64_t offset, int64_t n, void* 
 Status ChunkedOptimizerStates::PublishCopy(int64_t offset, int64_t n, void* model_out, Stream* caller, Event* after) {
   if (n == 0) return OkStatus();
   // The caller's stream up to here (or `after`): model_out is no longer read.
-  if (after != nullptr) {
-    ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(upload_.get(), after));
-  } else {
-    ZERO_RETURN_IF_ERROR(device_->RecordEvent(entry_.get(), caller));
-    ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(upload_.get(), entry_.get()));
-  }
+  ZERO_RETURN_IF_ERROR(WaitForCaller(upload_.get(), caller, after));
   Event* last = nullptr;
   for (int64_t at = 0; at < n; at += chunk_) {
     const int64_t len = std::min(chunk_, n - at);
@@ -320,6 +310,12 @@ Status ChunkedOptimizerStates::PublishCopy(int64_t offset, int64_t n, void* mode
   copy_published_ += n;
   if (caller == nullptr) return OkStatus();
   return device_->StreamWaitEvent(caller, last);
+}
+
+Status ChunkedOptimizerStates::WaitForCaller(Stream* s, Stream* caller, Event* after) {
+  if (after != nullptr) return device_->StreamWaitEvent(s, after);
+  ZERO_RETURN_IF_ERROR(device_->RecordEvent(entry_.get(), caller));
+  return device_->StreamWaitEvent(s, entry_.get());
 }
 
 void ChunkedOptimizerStates::MarkCopy(int64_t b, int64_t e, bool valid) {

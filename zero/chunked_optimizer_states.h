@@ -156,6 +156,8 @@ class ChunkedOptimizerStates final : public OptimizerStates {
   // stream waits at the end.
   Status Pipeline(Kind kind, int64_t offset, int64_t n, const void* grads, DType grad_t, const AdamWParams& h,
                   void* model_out, DType model_t, Stream* caller, Event* after = nullptr);
+  // `s` waits for `after`, or (after null) for `caller` at this point of its queue.
+  Status WaitForCaller(Stream* s, Stream* caller, Event* after);
   // CastMaster from the host model copy: per chunk, host copy -> model_out on the upload stream.
   Status PublishCopy(int64_t offset, int64_t n, void* model_out, Stream* caller, Event* after);
   // The host model copy is current (valid) or stale over [b, e); Current: over all of it.
