@@ -645,7 +645,9 @@ TEST(EngineGradOffloadTest, GradientPartitionOnTheHostAndTheGpuSum) {
       for (int r = 0; r < world; ++r) {
         EXPECT_EQ(gpu[r].memory.gradient_accumulators, none[r].memory.gradient_accumulators)
             << "rank " << r << ": the device sum is 4 bytes per partition element";
-        EXPECT_EQ(gpu[r].memory.host_gradients, cpu[r].memory.host_gradients) << "rank " << r;
+        // The same host partition, without the staging slots (the sums arrive by Store).
+        EXPECT_LT(gpu[r].memory.host_gradients, cpu[r].memory.host_gradients) << "rank " << r;
+        EXPECT_GE(gpu[r].memory.host_gradients, none[r].memory.gradient_accumulators) << "rank " << r;
         std::string where;
         EXPECT_TRUE(BitwiseEqual(gpu[r].master, cpu[r].master, &where)) << "rank " << r << ": " << where;
         EXPECT_TRUE(BitwiseEqual(gpu[r].model, cpu[r].model, &where)) << "rank " << r << ": " << where;

@@ -94,7 +94,8 @@ class HostGradPartition final : public GradPartition {
   Status Init(const HostGradPartitionOptions& o) {
     if (pool_ == nullptr) return InvalidArgumentError("host gradient partition: no thread pool given");
     const size_t part = HostSlab::AlignedSize(static_cast<size_t>(numel_) * 4);
-    const size_t slot = HostSlab::AlignedSize(static_cast<size_t>(chunk_) * 4);
+    // Without device staging (the GPU sum's host side) nothing is staged: no host slots either.
+    const size_t slot = o.device_staging ? HostSlab::AlignedSize(static_cast<size_t>(chunk_) * 4) : 0;
     const size_t partials = HostSlab::AlignedSize(std::max<size_t>(1, pieces_.size()) * sizeof(double));
     ZERO_ASSIGN_OR_RETURN(slab_, HostSlab::Create(device_, part + slots_.size() * slot + partials, o.slab));
     ZERO_ASSIGN_OR_RETURN(HostSpan ps, slab_.Take(static_cast<size_t>(numel_) * 4, "fp32 gradient partition"));
@@ -110,9 +111,11 @@ class HostGradPartition final : public GradPartition {
     }
     for (size_t k = 0; k < slots_.size(); ++k) {
       Slot& sl = slots_[k];
-      ZERO_ASSIGN_OR_RETURN(HostSpan g, slab_.Take(static_cast<size_t>(chunk_) * 4, "gradient staging slot"));
-      sl.data = g.data;
-      if (o.device_staging) sl.dev = static_cast<char*>(device_slots_.data()) + k * static_cast<size_t>(chunk_) * 4;
+      if (o.device_staging) {
+        ZERO_ASSIGN_OR_RETURN(HostSpan g, slab_.Take(static_cast<size_t>(chunk_) * 4, "gradient staging slot"));
+        sl.data = g.data;
+        sl.dev = static_cast<char*>(device_slots_.data()) + k * static_cast<size_t>(chunk_) * 4;
+      }
       ZERO_ASSIGN_OR_RETURN(sl.landed, NewEvent());
       ZERO_ASSIGN_OR_RETURN(sl.staged, NewEvent());
     }
