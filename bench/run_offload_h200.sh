@@ -44,6 +44,9 @@
 #   PHASE cpuadam:  cpu_adam_bench's update-in-backward lines (two passes vs the bf16 gradients widened in
 #                   the kernel), then the 1.07B job with the CPU AdamW at stages 3 and 2 and with parameter
 #                   offload, and FSDP2 with CPUOffloadPolicy in the same call (~90 s)
+#   PHASE chunkclip: the overlapped chunked step without the update in backward (gradient_clipping 1e30:
+#                   the norm is needed first, so every chunk runs after Step() under the next forward, from
+#                   the fp32 gradient partition on the GPU, 12E each way), 1.07B and 4.29B (~2 min)
 #   PHASE accum:    accumulate_bench: the fp32 accumulation kernels vs a device copy, 256M elements (~10 s)
 # Each run is bounded by `timeout`, and all of them together by BUDGET_S (default 570 s from the start
 # of `run`: a run gets at most what is left, and is skipped under 5 s left), so the log comes back
@@ -152,6 +155,13 @@ case "${1:-}" in
             run 60 $B/mlp_bench --stage 3 --offload-optimizer cpu --offload-param cpu --label s3_cpuadam_param
             run 90 python3 bench/fsdp2_reference.py --config fsdp2_offload
             ;;
+          chunkclip)
+            L="--dim 8192 --ffn 32768 --blocks 8 --steps 4"
+            run 60 $SO $B/mlp_bench --stage 3 --offload-optimizer cpu --update-device gpu --overlap-step 1 --clip 1e30 \
+                --label s3_gpuoverlap_noinbwd
+            run 90 $SO $B/mlp_bench --stage 3 $L --offload-optimizer cpu --update-device gpu --overlap-step 1 --clip 1e30 \
+                --label large_s3_gpuoverlap_noinbwd
+            ;;
           accum)
             run 60 $B/accumulate_bench --numel 268435456 --reps 10 ;;
           pcie)
@@ -249,7 +259,7 @@ case "${1:-}" in
     ;;
   *)
     echo "usage: bench/run_offload_h200.sh pack | run OUTDIR" \
-         "[equiv|offload|nvmebench|nvme|headline|pcie|gas|tokens65536|deepspeed|equiv_unmanaged|trace|accum|large|chunk|cpuadam|dsinfinity ...]" >&2
+         "[equiv|offload|nvmebench|nvme|headline|pcie|gas|tokens65536|deepspeed|equiv_unmanaged|trace|accum|large|chunk|cpuadam|dsinfinity|chunkclip ...]" >&2
     exit 2
     ;;
 esac
