@@ -101,6 +101,28 @@ double Checksum(const float* v, int64_t n) {
 
 }  // namespace
 
+// The host slab of an offload section (offload_optimizer or offload_param: both carry
+// pin_memory and pin_memory_fallback): what it holds and the config key its errors name.
+template <typename OffloadSection>
+static HostSlabOptions OffloadSlab(const OffloadSection& section, std::string what, std::string config_key) {
+  HostSlabOptions o;
+  o.pin_memory = section.pin_memory;
+  o.fallback_to_pageable = section.pin_memory_fallback;
+  o.what = std::move(what);
+  o.config_key = std::move(config_key);
+  return o;
+}
+
+// The CPU AdamW's host states (offload_optimizer "cpu", and the host tier of tiered states).
+static HostOptimizerStatesOptions HostStatesOptions(const OffloadOptimizerConfig& oo, DType model_dtype,
+                                                    std::string what) {
+  HostOptimizerStatesOptions ho;
+  ho.slab = OffloadSlab(oo, std::move(what), "zero_optimization.offload_optimizer");
+  ho.cpu_threads = oo.cpu_threads;
+  ho.model_dtype = model_dtype;
+  return ho;
+}
+
 // The aio engine's options from the config's "aio" block (both NVMe swap files use them).
 static AioOptions AioOptionsOf(const AioConfig& a) {
   AioOptions o;
@@ -381,10 +403,7 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
       }
     }
     HostParamStoreOptions ho;
-    ho.slab.pin_memory = po.pin_memory;
-    ho.slab.fallback_to_pageable = po.pin_memory_fallback;
-    ho.slab.what = "parameter shards (offload_param.device \"cpu\")";
-    ho.slab.config_key = "zero_optimization.offload_param";
+    ho.slab = OffloadSlab(po, "parameter shards (offload_param.device \"cpu\")", "zero_optimization.offload_param");
     ho.scratch_numel = int64_t{1} << 20;  // the device side of the writes: 2-4 MiB, chunked
     auto store = HostParamStore::Create(device, compute, mdt, part_total, ho);
     if (!store.ok()) return store.status().WithContext("Initialize");
@@ -401,10 +420,7 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     no.cache_numel = po.max_in_cpu;
     no.aio = AioOptionsOf(config.aio);
     no.aio_engine_factory = env.aio_engine_factory;
-    no.slab.pin_memory = po.pin_memory;
-    no.slab.fallback_to_pageable = po.pin_memory_fallback;
-    no.slab.what = "parameter buffers (offload_param.device \"nvme\")";
-    no.slab.config_key = "zero_optimization.offload_param";
+    no.slab = OffloadSlab(po, "parameter buffers (offload_param.device \"nvme\")", "zero_optimization.offload_param");
     no.scratch_numel = int64_t{1} << 20;
     auto store = NvmeParamStore::Create(device, compute, mdt, part_total, std::move(shards), module_names, no);
     if (!store.ok()) return store.status().WithContext("Initialize");
@@ -418,9 +434,8 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     if (oo.device == OffloadDevice::kCpu && oo.update_device == "gpu") {
       // AdamW on the device over the host states, streamed in chunks (docs/offload.md).
       ChunkedOptimizerStatesOptions co;
-      co.slab.pin_memory = oo.pin_memory;
-      co.slab.fallback_to_pageable = oo.pin_memory_fallback;
-      co.slab.what = "optimizer states (offload_optimizer.update_device \"gpu\")";
+      co.slab = OffloadSlab(oo, "optimizer states (offload_optimizer.update_device \"gpu\")",
+                            "zero_optimization.offload_optimizer");
       co.chunk_numel = oo.chunk_size;
       co.chunk_buffers = static_cast<int>(oo.chunk_buffers);
       co.model_dtype = mdt;  // 16-bit: the update in backward keeps a host model copy for Step's publish
@@ -429,14 +444,8 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
       chunked = c.value().get();
       st = std::unique_ptr<OptimizerStates>(std::move(c).value());
     } else if (oo.device == OffloadDevice::kCpu) {
-      HostOptimizerStatesOptions ho;
-      ho.slab.pin_memory = oo.pin_memory;
-      ho.slab.fallback_to_pageable = oo.pin_memory_fallback;
-      ho.slab.what = "optimizer states (offload_optimizer.device \"cpu\")";
-      ho.slab.config_key = "zero_optimization.offload_optimizer";
-      ho.cpu_threads = oo.cpu_threads;
-      ho.model_dtype = mdt;
-      st = CreateHostOptimizerStates(device, opt_total, compute, ho);
+      st = CreateHostOptimizerStates(device, opt_total, compute,
+                                     HostStatesOptions(oo, mdt, "optimizer states (offload_optimizer.device \"cpu\")"));
     } else if (oo.device == OffloadDevice::kNvme) {
       // One folder per rank under nvme_path; the swap file of a killed run there is refused.
       NvmeOptimizerStatesOptions no;
@@ -445,10 +454,7 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
       no.buffer_count = static_cast<int>(oo.buffer_count);
       no.aio = AioOptionsOf(config.aio);
       no.aio_engine_factory = env.aio_engine_factory;
-      no.slab.pin_memory = oo.pin_memory;
-      no.slab.fallback_to_pageable = oo.pin_memory_fallback;
-      no.slab.what = "NVMe optimizer state buffers";
-      no.slab.config_key = "zero_optimization.offload_optimizer";
+      no.slab = OffloadSlab(oo, "NVMe optimizer state buffers", "zero_optimization.offload_optimizer");
       no.cpu_threads = oo.cpu_threads;
       no.model_dtype = mdt;
       // Tiered: as many elements as host_memory_budget holds (12 bytes each) in pinned host
@@ -457,14 +463,8 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
       if (on_host == 0) {
         st = CreateNvmeOptimizerStates(device, opt_total, compute, no);
       } else {
-        HostOptimizerStatesOptions ho;
-        ho.slab.pin_memory = oo.pin_memory;
-        ho.slab.fallback_to_pageable = oo.pin_memory_fallback;
-        ho.slab.what = "optimizer states (the host tier of host_memory_budget)";
-        ho.slab.config_key = "zero_optimization.offload_optimizer";
-        ho.cpu_threads = oo.cpu_threads;
-        ho.model_dtype = mdt;
-        auto first = CreateHostOptimizerStates(device, on_host, compute, ho);
+        auto first = CreateHostOptimizerStates(
+            device, on_host, compute, HostStatesOptions(oo, mdt, "optimizer states (the host tier of host_memory_budget)"));
         if (!first.ok()) return first.status().WithContext("Initialize");
         auto second = CreateNvmeOptimizerStates(device, opt_total - on_host, compute, no);
         if (!second.ok()) return second.status().WithContext("Initialize");
@@ -722,10 +722,8 @@ Status Engine::Impl::CreateGradPartition() {
   if (states->updates_from_host() && states->host_thread_pool() != nullptr) {
     const OffloadOptimizerConfig& oo = config.zero.offload_optimizer;
     HostGradPartitionOptions ho;
-    ho.slab.pin_memory = oo.pin_memory;
-    ho.slab.fallback_to_pageable = oo.pin_memory_fallback;
-    ho.slab.what = "fp32 gradient partition (offload_optimizer.device \"cpu\")";
-    ho.slab.config_key = "zero_optimization.offload_optimizer";
+    ho.slab = OffloadSlab(oo, "fp32 gradient partition (offload_optimizer.device \"cpu\")",
+                          "zero_optimization.offload_optimizer");
     ho.pool = states->host_thread_pool();
     g = config.zero.offload_grad_accumulation == "gpu"
             ? CreateGpuAccumulatedGradPartition(device, compute, part_total, std::move(pieces), ho)
