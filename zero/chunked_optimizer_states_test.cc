@@ -10,6 +10,7 @@
 #include "runtime/cpu_device.h"
 #include "zero/deferred_device.h"
 #include "zero/optimizer_states.h"
+#include "zero/optimizer_states_testing.h"
 
 namespace zero {
 namespace {
@@ -105,12 +106,7 @@ TEST(ChunkedOptimizerStatesTest, BitwiseEqualToDeviceStatesForAnyChunking) {
           EXPECT_EQ(a, b) << "step " << step << ": the model copy written by Update";
           EXPECT_EQ(ca, cb) << "step " << step << ": CastMaster";
         }
-        for (OptState w : {OptState::kMaster, OptState::kExpAvg, OptState::kExpAvgSq}) {
-          std::vector<float> x(kN), y(kN);
-          ASSERT_TRUE(ch.Read(w, 0, kN, x.data()).ok());
-          ASSERT_TRUE(ref.Read(w, 0, kN, y.data()).ok());
-          EXPECT_EQ(0, std::memcmp(x.data(), y.data(), kN * 4)) << OptStateName(w);
-        }
+        ASSERT_NO_FATAL_FAILURE(testing::ExpectStatesBitwiseEqual(ch, ref, kN));
         EXPECT_GT(ch.bytes().device, static_cast<size_t>(buffers) * 3 * staged * 4)
             << "the update in backward's gradient chunk is counted once allocated";
         EXPECT_GT(dd.ops_run(), 0);
@@ -186,12 +182,7 @@ TEST(ChunkedOptimizerStatesTest, HostModelCopyPublishesTheSameBits) {
       expect_cast(150, 50, true, "a current range between stale ones");
       expect_cast(300, kN - 300, true, "the current tail");
       expect_cast(250, 100, false, "straddling a stale range");
-      for (OptState st : {OptState::kMaster, OptState::kExpAvg, OptState::kExpAvgSq}) {
-        std::vector<float> x(kN), y(kN);
-        ASSERT_TRUE(ch.Read(st, 0, kN, x.data()).ok());
-        ASSERT_TRUE(ref.Read(st, 0, kN, y.data()).ok());
-        EXPECT_EQ(0, std::memcmp(x.data(), y.data(), kN * 4)) << OptStateName(st);
-      }
+      ASSERT_NO_FATAL_FAILURE(testing::ExpectStatesBitwiseEqual(ch, ref, kN));
     }
   }
 }

@@ -8,6 +8,7 @@
 
 #include "runtime/cpu_device.h"
 #include "zero/optimizer_states.h"
+#include "zero/optimizer_states_testing.h"
 
 namespace zero {
 namespace {
@@ -49,12 +50,7 @@ TEST(HostOptimizerStatesTest, BitwiseEqualToDeviceStates) {
       ASSERT_TRUE((*dev)->Update(600, kN - 600, g.data() + 600, h, nullptr, DType::kBF16, s).ok());
       EXPECT_EQ(a, b) << "step " << step;
     }
-    for (OptState w : {OptState::kMaster, OptState::kExpAvg, OptState::kExpAvgSq}) {
-      std::vector<float> x(kN), y(kN);
-      ASSERT_TRUE((*host)->Read(w, 0, kN, x.data()).ok());
-      ASSERT_TRUE((*dev)->Read(w, 0, kN, y.data()).ok());
-      EXPECT_EQ(0, std::memcmp(x.data(), y.data(), kN * 4)) << OptStateName(w);
-    }
+    ASSERT_NO_FATAL_FAILURE(testing::ExpectStatesBitwiseEqual(**host, **dev, kN));
     std::vector<uint16_t> c1(kN), c2(kN);
     ASSERT_TRUE((*host)->CastMaster(5, kN - 5, c1.data(), DType::kBF16, s).ok());
     ASSERT_TRUE((*dev)->CastMaster(5, kN - 5, c2.data(), DType::kBF16, s).ok());
@@ -110,12 +106,7 @@ TEST(HostOptimizerStatesTest, UpdateFromGradientEqualsDeviceStates) {
       ASSERT_TRUE((*dev)->CastMaster(0, kN, b.data(), t, s).ok());
       EXPECT_EQ(a, b) << "step " << step;
     }
-    for (OptState w : {OptState::kMaster, OptState::kExpAvg, OptState::kExpAvgSq}) {
-      std::vector<float> x(kN), y(kN);
-      ASSERT_TRUE((*host)->Read(w, 0, kN, x.data()).ok());
-      ASSERT_TRUE((*dev)->Read(w, 0, kN, y.data()).ok());
-      EXPECT_EQ(0, std::memcmp(x.data(), y.data(), kN * 4)) << OptStateName(w);
-    }
+    ASSERT_NO_FATAL_FAILURE(testing::ExpectStatesBitwiseEqual(**host, **dev, kN));
   }
 }
 

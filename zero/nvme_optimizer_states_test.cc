@@ -11,6 +11,7 @@
 #include "runtime/cpu_device.h"
 #include "zero/host_optimizer_states.h"
 #include "zero/optimizer_states.h"
+#include "zero/optimizer_states_testing.h"
 #include "zero/tiered_optimizer_states.h"
 
 namespace zero {
@@ -66,12 +67,7 @@ TEST(NvmeOptimizerStatesTest, BitwiseEqualToDeviceStatesWithRealSwapIo) {
       }
       EXPECT_EQ(a, b) << "step " << step;
     }
-    for (OptState w : {OptState::kMaster, OptState::kExpAvg, OptState::kExpAvgSq}) {
-      std::vector<float> x(kN), y(kN);
-      ASSERT_TRUE((*nv)->Read(w, 0, kN, x.data()).ok());
-      ASSERT_TRUE((*dev)->Read(w, 0, kN, y.data()).ok());
-      EXPECT_EQ(0, std::memcmp(x.data(), y.data(), kN * 4)) << OptStateName(w);
-    }
+    ASSERT_NO_FATAL_FAILURE(testing::ExpectStatesBitwiseEqual(**nv, **dev, kN));
     std::vector<uint16_t> c1(kN), c2(kN);
     ASSERT_TRUE((*nv)->CastMaster(0, kN, c1.data(), DType::kBF16, s).ok());
     ASSERT_TRUE((*dev)->CastMaster(0, kN, c2.data(), DType::kBF16, s).ok());
@@ -127,12 +123,7 @@ TEST(TieredOptimizerStatesTest, HostThenNvmeEqualsDeviceStates) {
     }
     EXPECT_EQ(a, b) << "step " << step;
   }
-  for (OptState w : {OptState::kMaster, OptState::kExpAvg, OptState::kExpAvgSq}) {
-    std::vector<float> x(kN), y(kN);
-    ASSERT_TRUE(tiered->Read(w, 0, kN, x.data()).ok());
-    ASSERT_TRUE((*dev)->Read(w, 0, kN, y.data()).ok());
-    EXPECT_EQ(0, std::memcmp(x.data(), y.data(), kN * 4)) << OptStateName(w);
-  }
+  ASSERT_NO_FATAL_FAILURE(testing::ExpectStatesBitwiseEqual(*tiered, **dev, kN));
   std::vector<uint16_t> c1(kN), c2(kN);
   ASSERT_TRUE(tiered->CastMaster(1, kN - 1, c1.data(), DType::kBF16, s).ok());
   ASSERT_TRUE((*dev)->CastMaster(1, kN - 1, c2.data(), DType::kBF16, s).ok());
