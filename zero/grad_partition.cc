@@ -111,11 +111,10 @@ class HostGradPartition final : public GradPartition {
     }
     for (size_t k = 0; k < slots_.size(); ++k) {
       Slot& sl = slots_[k];
-      if (o.device_staging) {
-        ZERO_ASSIGN_OR_RETURN(HostSpan g, slab_.Take(static_cast<size_t>(chunk_) * 4, "gradient staging slot"));
-        sl.data = g.data;
-        sl.dev = static_cast<char*>(device_slots_.data()) + k * static_cast<size_t>(chunk_) * 4;
-      }
+      if (!o.device_staging) continue;  // no Add: the slots stay empty
+      ZERO_ASSIGN_OR_RETURN(HostSpan g, slab_.Take(static_cast<size_t>(chunk_) * 4, "gradient staging slot"));
+      sl.data = g.data;
+      sl.dev = static_cast<char*>(device_slots_.data()) + k * static_cast<size_t>(chunk_) * 4;
       ZERO_ASSIGN_OR_RETURN(sl.landed, NewEvent());
       ZERO_ASSIGN_OR_RETURN(sl.staged, NewEvent());
     }
