@@ -48,6 +48,12 @@
 #                   the norm is needed first, so every chunk runs after Step() under the next forward, from
 #                   the fp32 gradient partition on the GPU, 12E each way), 1.07B and 4.29B (~2 min)
 #   PHASE accum:    accumulate_bench: the fp32 accumulation kernels vs a device copy, 256M elements (~10 s)
+#   PHASE issue11:  issue 11's table in one call: the PCIe floor, then per size (the 1.07B job at 8192
+#                   and 65536 tokens, the 4.29B model of `large`) stage 3 without offload, chunked GPU AdamW
+#                   synchronous and overlapped (at chunk_buffers 3, the default, and 16 and 40; the 4.29B
+#                   overlapped steps traced into OUTDIR), CPU AdamW; FSDP2 with CPUOffloadPolicy (~8 min)
+#   PHASE dsoffload: DeepSpeed 0.19.8 ZeRO-2 offload_optimizer cpu on the 4.29B model and the 1.07B job
+#                   (needs .whl/; ~4 min with DeepSpeedCPUAdam's ninja build)
 # Each run is bounded by `timeout`, and all of them together by BUDGET_S (default 570 s from the start
 # of `run`: a run gets at most what is left, and is skipped under 5 s left), so the log comes back
 # before the device call's 10 minutes end. Output in OUTDIR/offload_h200.log.
@@ -162,6 +168,34 @@ case "${1:-}" in
             run 90 $SO $B/mlp_bench --stage 3 $L --offload-optimizer cpu --update-device gpu --overlap-step 1 --clip 1e30 \
                 --label large_s3_gpuoverlap_noinbwd
             ;;
+          issue11)
+            L="--dim 8192 --ffn 32768 --blocks 8 --steps 4"
+            OV="--offload-optimizer cpu --update-device gpu --overlap-step 1"
+            run 20 $B/pcie_bench --sizes-mib 64,256,1024 --reps 5 --warmup 1
+            for T in 8192 65536; do
+              run 30 $SO $B/mlp_bench --stage 3 --tokens $T --label s3_none
+              run 40 $SO $B/mlp_bench --stage 3 --tokens $T --offload-optimizer cpu --update-device gpu --label s3_gpuchunk
+              run 40 $SO $B/mlp_bench --stage 3 --tokens $T $OV --label s3_gpuoverlap
+              run 40 $SO $B/mlp_bench --stage 3 --tokens $T $OV --chunk-buffers 16 --label s3_gpuoverlap_b16
+              [ $T = 8192 ] && run 40 $SO $B/mlp_bench --stage 3 --tokens $T $OV --chunk-buffers 40 --label s3_gpuoverlap_b40
+              run 40 $SO $B/mlp_bench --stage 3 --tokens $T --offload-optimizer cpu --label s3_cpuadam
+            done
+            run 40 $SO $B/mlp_bench --stage 3 $L --label large_s3_none
+            run 80 $SO $B/mlp_bench --stage 3 $L --offload-optimizer cpu --update-device gpu --label large_s3_gpuchunk
+            run 80 $SO $B/mlp_bench --stage 3 $L $OV --trace "$out/trace_large_gpuoverlap.json" --label large_s3_gpuoverlap
+            run 80 $SO $B/mlp_bench --stage 3 $L $OV --chunk-buffers 16 --label large_s3_gpuoverlap_b16
+            run 80 $SO $B/mlp_bench --stage 3 $L $OV --chunk-buffers 40 --trace "$out/trace_large_gpuoverlap_b40.json" \
+                --label large_s3_gpuoverlap_b40
+            run 80 $SO $B/mlp_bench --stage 3 $L --offload-optimizer cpu --label large_s3_cpuadam
+            run 80 $SO python3 bench/fsdp2_reference.py --config fsdp2_offload --config fsdp2_offload@65536
+            run 100 $SO python3 bench/fsdp2_reference.py --config fsdp2_offload $L
+            ;;
+          dsoffload)
+            ds_install || continue
+            DS="$DSENV python3 bench/deepspeed_offload.py"
+            run 200 $SO $DS --config ds_z2_offload --dim 8192 --ffn 32768 --blocks 8 --steps 3
+            run 120 $SO $DS --config ds_z2_offload  # after the 4.29B one: it has no ninja build left
+            ;;
           accum)
             run 60 $B/accumulate_bench --numel 268435456 --reps 10 ;;
           pcie)
@@ -199,7 +233,11 @@ case "${1:-}" in
             AIO=/tmp/libaio && mkdir -p $AIO && for d in "$W"/libaio*.deb; do dpkg -x "$d" $AIO; done
             AL=$AIO/usr/lib/x86_64-linux-gnu
             [ -e $AL/libaio.so ] || ln -sf "$(ls $AL/libaio.so.1* | head -1)" $AL/libaio.so
-            DSA="$DSENV CFLAGS=-I$AIO/usr/include LDFLAGS=-L$AL LIBRARY_PATH=$AL LD_LIBRARY_PATH=$AL:$LD_LIBRARY_PATH"
+            ls -l $AIO/usr/include/libaio.h $AL/libaio.so*
+            # The JIT build's g++ lines take no CFLAGS (run 13 failed on libaio.h): CPATH and LIBRARY_PATH
+            # are gcc's own search paths; CFLAGS/LDFLAGS serve DeepSpeed's is_compatible probe.
+            DSA="$DSENV CPATH=$AIO/usr/include CFLAGS=-I$AIO/usr/include LDFLAGS=-L$AL LIBRARY_PATH=$AL"
+            DSA="$DSA LD_LIBRARY_PATH=$AL:$LD_LIBRARY_PATH"
             DSA="$DSA TORCH_CUDA_ARCH_LIST=9.0 python3 bench/deepspeed_offload.py --config ds_z3_nvme --nvme-path $NV/ds"
             for b in 8 10; do
               mkdir -p "$NV/ds"

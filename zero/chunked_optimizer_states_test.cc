@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -182,6 +183,64 @@ TEST(ChunkedOptimizerStatesTest, HostModelCopyPublishesTheSameBits) {
       expect_cast(150, 50, true, "a current range between stale ones");
       expect_cast(300, kN - 300, true, "the current tail");
       expect_cast(250, 100, false, "straddling a stale range");
+      ASSERT_NO_FATAL_FAILURE(testing::ExpectStatesBitwiseEqual(ch, ref, kN));
+    }
+  }
+}
+
+// The overlapped step's publication from the host model copy (CastMasterAfter) is queued on its
+// own stream and the next step's update in backward is queued right behind it, with no blocking
+// call in between: the next downloads rewrite the copy the publication reads, so each must wait
+// for it (without that wait the deferred device lets a later step's weights into an earlier
+// step's output in some schedules). The update in backward runs the upper half first, as backward
+// reports the last parameters first, so the publication's chunks leave offset order (the
+// lower half's copies came down last). Every step's weights and the final states are bitwise the
+// device states'.
+TEST(ChunkedOptimizerStatesTest, PublicationsFromTheCopyOrderTheNextStepsDownloads) {
+  constexpr int64_t kN = 1031;
+  constexpr int kSteps = 3;
+  for (int64_t chunk : {int64_t{7}, int64_t{100}}) {
+    for (uint32_t seed : {1u, 2u, 3u, 4u, 5u, 6u}) {
+      SCOPED_TRACE("chunk " + std::to_string(chunk) + ", seed " + std::to_string(seed));
+      DeferredDevice dd(seed);
+      CpuDevice cpu;
+      Stream* s = dd.default_stream();
+      ChunkedOptimizerStatesOptions o = Options(chunk, 3);
+      o.model_dtype = DType::kBF16;
+      auto created = ChunkedOptimizerStates::Create(&dd, kN, s, o);
+      ASSERT_TRUE(created.ok()) << created.status().ToString();
+      ChunkedOptimizerStates& ch = **created;
+      auto dev = CreateDeviceOptimizerStates(&cpu, kN, nullptr);
+      ASSERT_TRUE(dev.ok());
+      OptimizerStates& ref = **dev;
+      std::vector<float> init(kN);
+      for (int64_t i = 0; i < kN; ++i) init[i] = 0.5f - 0.001f * static_cast<float>(i % 113);
+      ASSERT_TRUE(ch.Write(OptState::kMaster, 0, kN, init.data()).ok());
+      ASSERT_TRUE(ref.Write(OptState::kMaster, 0, kN, init.data()).ok());
+      std::vector<std::vector<uint16_t>> grads(kSteps), got(kSteps, std::vector<uint16_t>(kN, 3)),
+          want(kSteps, std::vector<uint16_t>(kN, 3));
+      std::vector<std::unique_ptr<Event>> marks;
+      for (int step = 1; step <= kSteps; ++step) {
+        const AdamWParams h = Params(step);
+        std::vector<float> g(kN);
+        for (int64_t i = 0; i < kN; ++i) g[i] = 0.01f * static_cast<float>((i * 5 + step) % 31) - 0.12f;
+        std::vector<uint16_t>& g16 = grads[step - 1];
+        g16 = Bf16(g);
+        ASSERT_TRUE(ch.UpdateFromGradient(500, kN - 500, g16.data() + 500, DType::kBF16, h, s).ok());
+        ASSERT_TRUE(ch.UpdateFromGradient(0, 500, g16.data(), DType::kBF16, h, s).ok());
+        auto mark = dd.CreateEvent();
+        ASSERT_TRUE(mark.ok());
+        ASSERT_TRUE(dd.RecordEvent(mark->get(), s).ok());
+        ASSERT_TRUE(ch.CastMasterAfter(0, kN, got[step - 1].data(), DType::kBF16, mark->get()).ok());
+        marks.push_back(std::move(mark).value());
+        ASSERT_TRUE(ref.UpdateFromGradient(500, kN - 500, g16.data() + 500, DType::kBF16, h, nullptr).ok());
+        ASSERT_TRUE(ref.UpdateFromGradient(0, 500, g16.data(), DType::kBF16, h, nullptr).ok());
+        ASSERT_TRUE(ref.CastMaster(0, kN, want[step - 1].data(), DType::kBF16, nullptr).ok());
+      }
+      EXPECT_EQ(ch.copy_published(), kSteps * kN) << "every publication came from the host copy";
+      ASSERT_TRUE(ch.WaitForUpdates(s).ok());
+      ASSERT_TRUE(dd.SynchronizeStream(s).ok());
+      for (int k = 0; k < kSteps; ++k) EXPECT_EQ(got[k], want[k]) << "step " << k + 1 << "'s weights";
       ASSERT_NO_FATAL_FAILURE(testing::ExpectStatesBitwiseEqual(ch, ref, kN));
     }
   }
