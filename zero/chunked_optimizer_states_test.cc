@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/cpu_device.h"
@@ -41,6 +42,28 @@ std::vector<uint16_t> Bf16(const std::vector<float>& x) {
   CpuDevice d;
   EXPECT_TRUE(d.Cast(x.data(), DType::kF32, out.data(), DType::kBF16, x.size(), nullptr).ok());
   return out;
+}
+
+// Chunked states with a bf16 host model copy (three staging sets) on a deferred device, and
+// DeviceOptimizerStates on the synchronous CPU backend to compare against. `ch` is declared after
+// `dd`, so it is destroyed first.
+struct CopyPair {
+  explicit CopyPair(uint32_t seed) : dd(seed) {}
+  DeferredDevice dd;
+  CpuDevice cpu;
+  std::unique_ptr<ChunkedOptimizerStates> ch;
+  std::unique_ptr<OptimizerStates> ref;
+};
+
+void MakeCopyPair(int64_t n, int64_t chunk, CopyPair* p) {
+  ChunkedOptimizerStatesOptions o = Options(chunk, 3);
+  o.model_dtype = DType::kBF16;
+  auto created = ChunkedOptimizerStates::Create(&p->dd, n, p->dd.default_stream(), o);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  p->ch = std::move(created).value();
+  auto dev = CreateDeviceOptimizerStates(&p->cpu, n, nullptr);
+  ASSERT_TRUE(dev.ok());
+  p->ref = std::move(dev).value();
 }
 
 // The chunked states on a device with real asynchrony against DeviceOptimizerStates on the
@@ -127,17 +150,12 @@ TEST(ChunkedOptimizerStatesTest, HostModelCopyPublishesTheSameBits) {
   for (int64_t chunk : {int64_t{7}, int64_t{100}}) {
     for (uint32_t seed : {1u, 2u, 3u}) {
       SCOPED_TRACE("chunk " + std::to_string(chunk) + ", seed " + std::to_string(seed));
-      DeferredDevice dd(seed);
-      CpuDevice cpu;
+      CopyPair pair(seed);
+      ASSERT_NO_FATAL_FAILURE(MakeCopyPair(kN, chunk, &pair));
+      DeferredDevice& dd = pair.dd;
       Stream* s = dd.default_stream();
-      ChunkedOptimizerStatesOptions o = Options(chunk, 3);
-      o.model_dtype = DType::kBF16;
-      auto created = ChunkedOptimizerStates::Create(&dd, kN, s, o);
-      ASSERT_TRUE(created.ok()) << created.status().ToString();
-      ChunkedOptimizerStates& ch = **created;
-      auto dev = CreateDeviceOptimizerStates(&cpu, kN, nullptr);
-      ASSERT_TRUE(dev.ok());
-      OptimizerStates& ref = **dev;
+      ChunkedOptimizerStates& ch = *pair.ch;
+      OptimizerStates& ref = *pair.ref;
       EXPECT_EQ(ch.bytes().device, 3u * (3 * chunk * 4 + chunk * 2));
       EXPECT_GE(ch.bytes().host, 3u * kN * 4 + kN * 2);
 
@@ -193,8 +211,8 @@ TEST(ChunkedOptimizerStatesTest, HostModelCopyPublishesTheSameBits) {
 // call in between: the next downloads rewrite the copy the publication reads, so each must wait
 // for it (without that wait the deferred device lets a later step's weights into an earlier
 // step's output in some schedules). The update in backward runs the upper half first, as backward
-// reports the last parameters first, so the publication's chunks leave offset order (the
-// lower half's copies came down last). Every step's weights and the final states are bitwise the
+// reports the last parameters first, so the lower half's copies are the last ones down when the
+// publication starts from the bottom. Every step's weights and the final states are bitwise the
 // device states'.
 TEST(ChunkedOptimizerStatesTest, PublicationsFromTheCopyOrderTheNextStepsDownloads) {
   constexpr int64_t kN = 1031;
@@ -202,17 +220,12 @@ TEST(ChunkedOptimizerStatesTest, PublicationsFromTheCopyOrderTheNextStepsDownloa
   for (int64_t chunk : {int64_t{7}, int64_t{100}}) {
     for (uint32_t seed : {1u, 2u, 3u, 4u, 5u, 6u}) {
       SCOPED_TRACE("chunk " + std::to_string(chunk) + ", seed " + std::to_string(seed));
-      DeferredDevice dd(seed);
-      CpuDevice cpu;
+      CopyPair pair(seed);
+      ASSERT_NO_FATAL_FAILURE(MakeCopyPair(kN, chunk, &pair));
+      DeferredDevice& dd = pair.dd;
       Stream* s = dd.default_stream();
-      ChunkedOptimizerStatesOptions o = Options(chunk, 3);
-      o.model_dtype = DType::kBF16;
-      auto created = ChunkedOptimizerStates::Create(&dd, kN, s, o);
-      ASSERT_TRUE(created.ok()) << created.status().ToString();
-      ChunkedOptimizerStates& ch = **created;
-      auto dev = CreateDeviceOptimizerStates(&cpu, kN, nullptr);
-      ASSERT_TRUE(dev.ok());
-      OptimizerStates& ref = **dev;
+      ChunkedOptimizerStates& ch = *pair.ch;
+      OptimizerStates& ref = *pair.ref;
       std::vector<float> init(kN);
       for (int64_t i = 0; i < kN; ++i) init[i] = 0.5f - 0.001f * static_cast<float>(i % 113);
       ASSERT_TRUE(ch.Write(OptState::kMaster, 0, kN, init.data()).ok());
