@@ -61,9 +61,7 @@ Status ChunkedOptimizerStates::Init(const ChunkedOptimizerStatesOptions& o) {
   }
   for (auto [stream, name] : {std::pair<std::unique_ptr<Stream>*, const char*>{&upload_, "upload"},
                               {&update_, "update"},
-                              {&download_, "download"},
-                              {&copy_down_, "model copy download"},
-                              {&publish_, "publish"}}) {
+                              {&download_, "download"}}) {
     auto st = device_->CreateStream();
     if (!st.ok()) return st.status().WithContext(std::string("chunked optimizer states: creating the ") + name + " stream");
     *stream = std::move(st).value();
@@ -119,17 +117,12 @@ Result<std::shared_ptr<Event>> ChunkedOptimizerStates::PooledEvent() {
   return std::shared_ptr<Event>(e.release(), [this](Event* p) { spare_events_.emplace_back(p); });
 }
 
-Status ChunkedOptimizerStates::WaitForHostRange(Stream* s, int64_t b, int64_t e) {
+Status ChunkedOptimizerStates::WaitForHostRange(int64_t b, int64_t e) {
   // The download stream runs in order, so the latest overlapping download covers the earlier
   // ones; cast records wrote no host memory and their uploads precede ours on the upload stream.
-  // Publications (PublishCopy) read the host model copy on their own stream: a later chunk whose
-  // download rewrites that copy is ordered after each overlapping one (through its upload); a
-  // publication waits only for the copy's download (the copy stream), not for the states'.
   const Record* latest = nullptr;
-  std::vector<Event*> reads;
   auto consider = [&](const Record& r) {
     if (r.host_written && (latest == nullptr || r.seq > latest->seq)) latest = &r;
-    if (r.copy_read && s != publish_.get()) reads.push_back(r.stored.get());
   };
   auto it = records_.lower_bound(b);
   if (it != records_.begin()) {
@@ -137,15 +130,12 @@ Status ChunkedOptimizerStates::WaitForHostRange(Stream* s, int64_t b, int64_t e)
     if (prev->second.end > b) consider(prev->second);
   }
   for (; it != records_.end() && it->first < e; ++it) consider(it->second);
-  for (Event* r : reads) ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(s, r));
   if (latest == nullptr) return OkStatus();
-  // A publication reads the host copy only: its download (on its own stream) is enough.
-  Event* landed = s == publish_.get() && latest->copy_stored != nullptr ? latest->copy_stored.get() : latest->stored.get();
-  return device_->StreamWaitEvent(s, landed);
+  return device_->StreamWaitEvent(upload_.get(), latest->stored.get());
 }
 
 void ChunkedOptimizerStates::Note(int64_t b, int64_t e, std::shared_ptr<Event> updated, std::shared_ptr<Event> stored,
-                                  std::shared_ptr<Event> copy_stored, bool host_written, bool copy_read) {
+                                  bool host_written) {
   auto it = records_.lower_bound(b);
   if (it != records_.begin()) {
     auto prev = std::prev(it);
@@ -165,8 +155,7 @@ void ChunkedOptimizerStates::Note(int64_t b, int64_t e, std::shared_ptr<Event> u
     }
     it = records_.erase(it);
   }
-  records_.emplace(b, Record{e, ++seq_, host_written, copy_read, std::move(updated), std::move(stored),
-                             std::move(copy_stored)});
+  records_.emplace(b, Record{e, ++seq_, host_written, std::move(updated), std::move(stored)});
 }
 
 Status ChunkedOptimizerStates::Pipeline(Kind kind, int64_t offset, int64_t n, const void* grads, DType grad_t,
@@ -195,11 +184,10 @@ Status ChunkedOptimizerStates::Pipeline(Kind kind, int64_t offset, int64_t n, co
     next_set_ = (next_set_ + 1) % sets_.size();
     ZERO_ASSIGN_OR_RETURN(std::shared_ptr<Event> updated, PooledEvent());
     ZERO_ASSIGN_OR_RETURN(std::shared_ptr<Event> stored, PooledEvent());
-    std::shared_ptr<Event> copy_stored;  // the host model copy's download (with the copy only)
 
     // 1. Upload: once the set is free and the host range is final.
     ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(upload_.get(), s.free.get()));
-    ZERO_RETURN_IF_ERROR(WaitForHostRange(upload_.get(), b, b + len));
+    ZERO_RETURN_IF_ERROR(WaitForHostRange(b, b + len));
     StreamObserver::SpanId trace = TraceBegin(observer_, TraceTrack::kHostToDevice, "chunk upload", upload_.get());
     for (int k = 0; k < moved; ++k) {
       ZERO_RETURN_IF_ERROR(device_->Copy(s.state[k].data(), state_[k] + b, bytes, CopyKind::kHostToDevice, upload_.get()));
@@ -242,31 +230,21 @@ Status ChunkedOptimizerStates::Pipeline(Kind kind, int64_t offset, int64_t n, co
     if (cast) {
       ZERO_RETURN_IF_ERROR(device_->RecordEvent(s.free.get(), update_.get()));
     } else {
-      if (to_copy) {
-        // The new weights first, on their own stream: the publication at Step() waits for them
-        // only, not behind the states' downloads still queued (docs/offload.md).
-        ZERO_ASSIGN_OR_RETURN(copy_stored, PooledEvent());
-        ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(copy_down_.get(), updated.get()));
-        trace = TraceBegin(observer_, TraceTrack::kDeviceToHost, "chunk model copy download", copy_down_.get());
-        ZERO_RETURN_IF_ERROR(device_->Copy(copy_ + static_cast<size_t>(b) * 2, s.model.data(),
-                                           static_cast<size_t>(len) * 2, CopyKind::kDeviceToHost, copy_down_.get()));
-        TraceEnd(observer_, trace, copy_down_.get());
-        ZERO_RETURN_IF_ERROR(device_->RecordEvent(copy_stored.get(), copy_down_.get()));
-      }
       ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(download_.get(), updated.get()));
       trace = TraceBegin(observer_, TraceTrack::kDeviceToHost, "chunk download", download_.get());
       for (int k = 0; k < 3; ++k) {
         ZERO_RETURN_IF_ERROR(device_->Copy(state_[k] + b, s.state[k].data(), bytes, CopyKind::kDeviceToHost, download_.get()));
       }
+      if (to_copy) {
+        ZERO_RETURN_IF_ERROR(device_->Copy(copy_ + static_cast<size_t>(b) * 2, s.model.data(),
+                                           static_cast<size_t>(len) * 2, CopyKind::kDeviceToHost, download_.get()));
+      }
       TraceEnd(observer_, trace, download_.get());
-      // Host memory (states and copy) final, the set free: after both downloads.
-      if (to_copy) ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(download_.get(), copy_stored.get()));
       ZERO_RETURN_IF_ERROR(device_->RecordEvent(stored.get(), download_.get()));
       ZERO_RETURN_IF_ERROR(device_->RecordEvent(s.free.get(), download_.get()));
     }
     last = cast ? updated.get() : widen ? widened_.get() : stored.get();
-    Note(b, b + len, std::move(updated), std::move(stored), std::move(copy_stored), /*host_written=*/!cast,
-         /*copy_read=*/false);
+    Note(b, b + len, std::move(updated), std::move(stored), !cast);
   }
   if (caller == nullptr) return OkStatus();
   return device_->StreamWaitEvent(caller, last);
@@ -310,23 +288,24 @@ Status ChunkedOptimizerStates::CastMasterAfter(int64_t offset, int64_t n, void* 
 Status ChunkedOptimizerStates::PublishCopy(int64_t offset, int64_t n, void* model_out, Stream* caller, Event* after) {
   if (n == 0) return OkStatus();
   // The caller's stream up to here (or `after`): model_out is no longer read.
-  ZERO_RETURN_IF_ERROR(WaitForCaller(publish_.get(), caller, after));
+  ZERO_RETURN_IF_ERROR(WaitForCaller(upload_.get(), caller, after));
   Event* last = nullptr;
   for (int64_t at = 0; at < n; at += chunk_) {
     const int64_t len = std::min(chunk_, n - at);
     const int64_t b = offset + at;
     ZERO_ASSIGN_OR_RETURN(std::shared_ptr<Event> updated, PooledEvent());
     ZERO_ASSIGN_OR_RETURN(std::shared_ptr<Event> stored, PooledEvent());
-    ZERO_RETURN_IF_ERROR(WaitForHostRange(publish_.get(), b, b + len));  // the copy's download has landed
+    ZERO_RETURN_IF_ERROR(WaitForHostRange(b, b + len));  // the copy's download has landed
     StreamObserver::SpanId trace =
-        TraceBegin(observer_, TraceTrack::kHostToDevice, "chunk model copy upload", publish_.get());
+        TraceBegin(observer_, TraceTrack::kHostToDevice, "chunk model copy upload", upload_.get());
     ZERO_RETURN_IF_ERROR(device_->Copy(ElementPtr(model_out, model_dtype_, at), copy_ + static_cast<size_t>(b) * 2,
-                                       static_cast<size_t>(len) * 2, CopyKind::kHostToDevice, publish_.get()));
-    TraceEnd(observer_, trace, publish_.get());
-    ZERO_RETURN_IF_ERROR(device_->RecordEvent(updated.get(), publish_.get()));
-    ZERO_RETURN_IF_ERROR(device_->RecordEvent(stored.get(), publish_.get()));
+                                       static_cast<size_t>(len) * 2, CopyKind::kHostToDevice, upload_.get()));
+    TraceEnd(observer_, trace, upload_.get());
+    ZERO_RETURN_IF_ERROR(device_->RecordEvent(updated.get(), upload_.get()));
+    ZERO_RETURN_IF_ERROR(device_->RecordEvent(stored.get(), upload_.get()));
     last = updated.get();
-    Note(b, b + len, std::move(updated), std::move(stored), nullptr, /*host_written=*/false, /*copy_read=*/true);
+    // No host memory written: later uploads are ordered after this one (and its wait) anyway.
+    Note(b, b + len, std::move(updated), std::move(stored), false);
   }
   copy_published_ += n;
   if (caller == nullptr) return OkStatus();
@@ -382,7 +361,7 @@ bool ChunkedOptimizerStates::CopyCurrent(int64_t b, int64_t e) const {
 }
 
 Status ChunkedOptimizerStates::Drain() {
-  for (Stream* s : {upload_.get(), update_.get(), download_.get(), copy_down_.get(), publish_.get()}) {
+  for (Stream* s : {upload_.get(), update_.get(), download_.get()}) {
     if (s != nullptr) ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(s));
   }
   records_.clear();
@@ -440,8 +419,8 @@ OptimizerStateBytes ChunkedOptimizerStates::bytes() const {
 }
 
 Status ChunkedOptimizerStates::WaitForUpdates(Stream* stream) {
-  Stream* streams[5] = {upload_.get(), update_.get(), download_.get(), copy_down_.get(), publish_.get()};
-  for (int i = 0; i < 5; ++i) {
+  Stream* streams[3] = {upload_.get(), update_.get(), download_.get()};
+  for (int i = 0; i < 3; ++i) {
     ZERO_RETURN_IF_ERROR(device_->RecordEvent(tail_[i].get(), streams[i]));
     ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(stream, tail_[i].get()));
   }

@@ -4,8 +4,8 @@
 //
 // Owns one HostSlab (offload/host_slab.h: NUMA-local to the device, pinned as the options say)
 // holding the three fp32 states, `chunk_buffers` staging sets of device memory (one set = master,
-// exp_avg and exp_avg_sq of `chunk_numel` elements: chunk_buffers * chunk_numel * 12 bytes), five
-// streams of its own (upload, update, download, model copy download, publish), the events between them and, from the first
+// exp_avg and exp_avg_sq of `chunk_numel` elements: chunk_buffers * chunk_numel * 12 bytes), three
+// streams of its own (upload, update, download), the events between them and, from the first
 // UpdateFromGradient on, one chunk of fp32 device scratch for widened gradients.
 //
 // Update(offset, n, ...) cuts [offset, offset + n) into chunks of chunk_numel elements (the last
@@ -34,21 +34,16 @@
 //     overlapping downloads) and cast into model_out on the update stream; the caller's stream is
 //     ordered after the last cast.
 //   - The host model copy (options.model_dtype 16-bit): UpdateFromGradient's AdamWCast also writes
-//     the new weights in the model dtype into the set's model buffer, downloaded into a host copy
-//     (2 bytes per element in the slab); the set is free once both downloads are done. A later CastMaster (or CastMasterAfter)
+//     the new weights in the model dtype into the set's model buffer, downloaded with the states
+//     into a host copy (2 bytes per element in the slab). A later CastMaster (or CastMasterAfter)
 //     in that dtype over a range whose copy is current uploads the copy straight into model_out
-//     on the publish stream (2 bytes per element instead of the 4 of the masters, and no set),
-//     bitwise what the cast gives (AdamW followed by Cast equals AdamWCast). The copy comes down on
-//     a stream of its own, ahead of the chunk's states, and a publication waits for that download
-//     only: after an update in backward the first parameters' states are the last downloads
-//     queued, and the next forward need not wait behind them (with chunk_buffers sets in flight
-//     they drain under it). A later chunk whose download rewrites the copy waits for the
-//     publication's read (through its upload). The copy is current where the masters have not
-//     changed since it was written: from creation (zeros) and after
+//     on the upload stream (2 bytes per element instead of the 4 of the masters, and no set),
+//     bitwise what the cast gives (AdamW followed by Cast equals AdamWCast). The copy is current
+//     where the masters have not changed since it was written: from creation (zeros) and after
 //     UpdateFromGradient; Update, UpdateAfter, Write and CopyFromDevice of the masters make it
 //     stale there (CastMaster then casts the masters, as without a copy).
 //   - CopyToDevice / CopyFromDevice / Read / Write: blocking. They wait for everything queued
-//     (the five streams), then copy straight between host memory and `dst`/`src` (on the
+//     (the three streams), then copy straight between host memory and `dst`/`src` (on the
 //     caller's stream, synchronized) or `host`; Read/Write are also ordered after the stream the
 //     states were created with.
 // Host memory of the states (what Read returns) is valid for element e once every chunk covering
@@ -88,7 +83,7 @@ struct ChunkEvents {
   // written and its gradients read. A stream that waits on it may read those model_out elements.
   Event* updated = nullptr;
   // Recorded after the chunk's host memory is final (its download; for a cast chunk, which
-  // writes no host memory, its upload; for a publication from the host copy, that upload).
+  // writes no host memory, its upload).
   Event* stored = nullptr;
 };
 
@@ -126,7 +121,7 @@ class ChunkedOptimizerStates final : public OptimizerStates {
   Status CastMasterAfter(int64_t offset, int64_t n, void* model_out, DType model_t, Event* after);
 
   // For overlapping the update with later work. `stream` waits (device-side; the host does not
-  // block) for every chunk queued so far on the five streams: after it, model_out of every
+  // block) for every chunk queued so far on the three streams: after it, model_out of every
   // Update/CastMaster is written and the host states are final.
   Status WaitForUpdates(Stream* stream);
   // The latest chunk queued since the last blocking call that covers element `e`, or nullopt
@@ -150,9 +145,7 @@ class ChunkedOptimizerStates final : public OptimizerStates {
     int64_t end = 0;
     uint64_t seq = 0;           // queue order
     bool host_written = false;  // an update chunk (downloaded), not a cast
-    bool copy_read = false;     // a publication: read the host model copy on the publish stream
     std::shared_ptr<Event> updated, stored;
-    std::shared_ptr<Event> copy_stored;  // an update in backward's host model copy landed (or null)
   };
   enum class Kind { kUpdate, kUpdateFromGradient, kCast };
 
@@ -170,14 +163,12 @@ class ChunkedOptimizerStates final : public OptimizerStates {
   // The host model copy is current (valid) or stale over [b, e); Current: over all of it.
   void MarkCopy(int64_t b, int64_t e, bool valid);
   bool CopyCurrent(int64_t b, int64_t e) const;
-  // `s` (the upload or publish stream) waits for every download queued to a host range
-  // overlapping [b, e) and (the upload stream) for every publication reading the copy there.
-  Status WaitForHostRange(Stream* s, int64_t b, int64_t e);
+  // The upload stream waits for every download queued to a host range overlapping [b, e).
+  Status WaitForHostRange(int64_t b, int64_t e);
   // Records [b, e) as the latest chunk over that range (trimming older records).
-  void Note(int64_t b, int64_t e, std::shared_ptr<Event> updated, std::shared_ptr<Event> stored,
-            std::shared_ptr<Event> copy_stored, bool host_written, bool copy_read);
+  void Note(int64_t b, int64_t e, std::shared_ptr<Event> updated, std::shared_ptr<Event> stored, bool host_written);
   Result<std::shared_ptr<Event>> PooledEvent();
-  // Waits for the five streams; the records are dropped.
+  // Waits for the three streams; the records are dropped.
   Status Drain();
   Status Check(int64_t offset, int64_t n, const char* call) const {
     return CheckStateRange("chunked optimizer states", call, offset, n, numel_);
@@ -194,12 +185,12 @@ class ChunkedOptimizerStates final : public OptimizerStates {
   uint8_t* copy_ = nullptr;                 // the host model copy (16-bit model_dtype_), or null
   std::map<int64_t, int64_t> copy_valid_;   // begin -> end: where copy_ is current; disjoint, merged
   int64_t copy_published_ = 0;
-  std::unique_ptr<Stream> upload_, update_, download_, copy_down_, publish_;
+  std::unique_ptr<Stream> upload_, update_, download_;
   std::vector<Set> sets_;
   size_t next_set_ = 0;
   std::unique_ptr<Event> entry_;    // the caller's stream at the start of a call
   std::unique_ptr<Event> widened_;  // update stream: the last widening of UpdateFromGradient
-  std::unique_ptr<Event> tail_[5];  // WaitForUpdates' marks on the five streams
+  std::unique_ptr<Event> tail_[3];  // WaitForUpdates' marks on the three streams
   DeviceBuffer scratch_;  // the widened gradients of UpdateFromGradient (allocated on first use)
   // Declared before records_: the pooled events' deleters return them here while records_ dies.
   std::vector<std::unique_ptr<Event>> spare_events_;

@@ -206,14 +206,13 @@ TEST(ChunkedOptimizerStatesTest, HostModelCopyPublishesTheSameBits) {
   }
 }
 
-// The overlapped step's publication from the host model copy (CastMasterAfter) is queued on its
-// own stream and the next step's update in backward is queued right behind it, with no blocking
-// call in between: the next downloads rewrite the copy the publication reads, so each must wait
-// for it (without that wait the deferred device lets a later step's weights into an earlier
-// step's output in some schedules). The update in backward runs the upper half first, as backward
-// reports the last parameters first, so the lower half's copies are the last ones down when the
-// publication starts from the bottom. Every step's weights and the final states are bitwise the
-// device states'.
+// The overlapped step's publication from the host model copy (CastMasterAfter) and the next
+// step's update in backward are queued back to back, with no blocking call in between: the next
+// downloads rewrite the copy the publication reads, so they must run after it (the upload
+// stream's order does it: the publication, then the next chunk's upload, its update, its
+// download; a publication moved to a stream of its own without a wait for it failed here on the
+// deferred device). The update in backward runs the upper half first, as backward reports the
+// last parameters first. Every step's weights and the final states are bitwise the device states'.
 TEST(ChunkedOptimizerStatesTest, PublicationsFromTheCopyOrderTheNextStepsDownloads) {
   constexpr int64_t kN = 1031;
   constexpr int kSteps = 3;
