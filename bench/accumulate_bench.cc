@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "runtime/device.h"
+#include "bench/bench_flags.h"
 #include "runtime/status.h"
 
 namespace zero::bench {
@@ -43,15 +44,14 @@ Result<Options> Parse(int argc, char** argv) {
     }
     if (i + 1 >= argc) return InvalidArgumentError(f + ": missing value");
     const std::string v = argv[++i];
-    char* end = nullptr;
+    int64_t n = 0;
     if (f == "--device") {
       o.device = v;
     } else if (f == "--numel") {
-      o.numel = std::strtoll(v.c_str(), &end, 10);
-      if (*end != '\0' || o.numel < 1) return InvalidArgumentError("--numel: expected an integer >= 1, got '" + v + "'");
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, &o.numel));
     } else if (f == "--reps") {
-      o.reps = static_cast<int>(std::strtol(v.c_str(), &end, 10));
-      if (*end != '\0' || o.reps < 1) return InvalidArgumentError("--reps: expected an integer >= 1, got '" + v + "'");
+      ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, 1000000, &n));
+      o.reps = static_cast<int>(n);
     } else {
       return InvalidArgumentError("unknown flag '" + f + "' (usage: accumulate_bench [--device NAME] [--numel N] "
                                   "[--reps N] [--dry-run])");
@@ -121,15 +121,5 @@ Status Run(const Options& o) {
 }  // namespace zero::bench
 
 int main(int argc, char** argv) {
-  auto o = zero::bench::Parse(argc, argv);
-  if (!o.ok()) {
-    std::fprintf(stderr, "accumulate_bench: %s\n", o.status().ToString().c_str());
-    return 2;
-  }
-  const zero::Status s = zero::bench::Run(*o);
-  if (!s.ok()) {
-    std::fprintf(stderr, "accumulate_bench: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return zero::bench::BenchMain("accumulate_bench", nullptr, zero::bench::Parse(argc, argv), zero::bench::Run);
 }

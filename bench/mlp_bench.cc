@@ -66,6 +66,7 @@
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "runtime/device.h"
+#include "bench/bench_flags.h"
 #include "runtime/status.h"
 
 #if defined(ZERO_BENCH_HAS_CUDA)
@@ -126,33 +127,11 @@ const char kUsage[] =
     "                 [--overlap-step 0|1] [--gas N] [--clip X]\n"
     "                 [--offload-grad-accumulation cpu|gpu] [--trace FILE]\n";
 
-Status ParseInt(const std::string& flag, const char* v, int64_t lo, int64_t* out) {
-  char* end = nullptr;
-  errno = 0;
-  const long long x = std::strtoll(v, &end, 10);
-  if (errno != 0 || end == v || *end != '\0' || x < lo) {
-    return InvalidArgumentError(flag + ": expected an integer >= " + std::to_string(lo) + ", got '" + v + "'");
-  }
-  *out = x;
-  return OkStatus();
-}
-
-Status ParseDouble(const std::string& flag, const char* v, double* out) {
-  char* end = nullptr;
-  errno = 0;
-  const double x = std::strtod(v, &end);
-  if (errno != 0 || end == v || *end != '\0' || !(x >= 0.0) || !std::isfinite(x)) {
-    return InvalidArgumentError(flag + ": expected a number >= 0, got '" + v + "'");
-  }
-  *out = x;
-  return OkStatus();
-}
-
 Result<Options> ParseFlags(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
-    if (f == "--help" || f == "-h") return InvalidArgumentError("help");
+    if (f == "--help" || f == "-h") return HelpRequested();
     if (f == "--dry-run") {
       o.dry_run = true;
       continue;
@@ -683,19 +662,8 @@ Status Run(const Options& o) {
 }  // namespace zero::bench
 
 int main(int argc, char** argv) {
-  auto o = zero::bench::ParseFlags(argc, argv);
-  if (!o.ok()) {
-    if (o.status().message() == "help") {
-      std::fputs(zero::bench::kUsage, stdout);
-      return 0;
-    }
-    std::fprintf(stderr, "mlp_bench: %s\n%s", o.status().ToString().c_str(), zero::bench::kUsage);
-    return 2;
-  }
-  const zero::Status s = o->dry_run ? zero::bench::DryRun(*o) : zero::bench::Run(*o);
-  if (!s.ok()) {
-    std::fprintf(stderr, "mlp_bench: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return zero::bench::BenchMain("mlp_bench", zero::bench::kUsage, zero::bench::ParseFlags(argc, argv),
+                                [](const zero::bench::Options& o) {
+                                  return o.dry_run ? zero::bench::DryRun(o) : zero::bench::Run(o);
+                                });
 }

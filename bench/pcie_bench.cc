@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_flags.h"
 #include "runtime/status.h"
 
 #if defined(ZERO_BENCH_HAS_CUDA)
@@ -41,23 +42,11 @@ struct Options {
 
 const char kUsage[] = "usage: pcie_bench [--sizes-mib 64,256,1024] [--reps N>=1] [--warmup N>=0] [--device N] [--dry-run]\n";
 
-Status ParseInt(const std::string& flag, const std::string& v, int64_t lo, int64_t hi, int64_t* out) {
-  char* end = nullptr;
-  errno = 0;
-  const long long x = std::strtoll(v.c_str(), &end, 10);
-  if (errno != 0 || end == v.c_str() || *end != '\0' || x < lo || x > hi) {
-    return InvalidArgumentError(flag + ": expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                                "], got '" + v + "'");
-  }
-  *out = x;
-  return OkStatus();
-}
-
 Result<Options> ParseFlags(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
-    if (f == "--help" || f == "-h") return InvalidArgumentError("help");
+    if (f == "--help" || f == "-h") return HelpRequested();
     if (f == "--dry-run") {
       o.dry_run = true;
       continue;
@@ -172,24 +161,11 @@ Status Run(const Options& o) {
 }  // namespace zero::bench
 
 int main(int argc, char** argv) {
-  auto o = zero::bench::ParseFlags(argc, argv);
-  if (!o.ok()) {
-    if (o.status().message() == "help") {
-      std::fputs(zero::bench::kUsage, stdout);
-      return 0;
-    }
-    std::fprintf(stderr, "pcie_bench: %s\n%s", o.status().ToString().c_str(), zero::bench::kUsage);
-    return 2;
-  }
-  if (o->dry_run) {
-    zero::bench::PrintPlan(*o);
-    std::printf("dry run ok\n");
-    return 0;
-  }
-  const zero::Status s = zero::bench::Run(*o);
-  if (!s.ok()) {
-    std::fprintf(stderr, "pcie_bench: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return zero::bench::BenchMain("pcie_bench", zero::bench::kUsage, zero::bench::ParseFlags(argc, argv),
+                                [](const zero::bench::Options& o) -> zero::Status {
+                                  if (!o.dry_run) return zero::bench::Run(o);
+                                  zero::bench::PrintPlan(o);
+                                  std::printf("dry run ok\n");
+                                  return zero::OkStatus();
+                                });
 }
