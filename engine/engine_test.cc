@@ -944,6 +944,17 @@ std::string OverlapJson(int stage, double clip, bool overlap) {
                         (overlap ? "true" : "false") + "}");
 }
 
+// The overlapped chunked step's engine (OverlapJson at `stage` and `clip`) on rank `r`'s deferred
+// device, into *e (to be destroyed before `r`).
+void MakeOverlapEngine(const TestModel& model, int stage, double clip, DeferredRank* r, std::unique_ptr<Engine>* e) {
+  ASSERT_NE(r->comm, nullptr);
+  auto c = MakeConfig(OverlapJson(stage, clip, true), 1);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto made = MakeEngine(*c, model, &r->device, r->comm.get());
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  *e = std::move(made).value();
+}
+
 // One micro step (GAS 1) of the forward (every module gathered, its parameters read) and the
 // backward (reverse module order), then Step(). With `expect_in_flight` every parameter is first
 // checked to be refused by param() before its module is gathered (the step is still in flight).
@@ -1000,21 +1011,18 @@ TEST(EngineOverlapStepTest, ForwardWaitsOnlyForItsChunksAndEqualsTheSynchronousS
         SCOPED_TRACE("stage " + std::to_string(stage) + " clip " + std::to_string(clip) + " seed " +
                      std::to_string(seed));
         DeferredRank r(seed);
-        ASSERT_NE(r.comm, nullptr);
-        auto c = MakeConfig(OverlapJson(stage, clip, true), 1);
-        ASSERT_TRUE(c.ok()) << c.status().ToString();
-        auto e = MakeEngine(*c, model, &r.device, r.comm.get());
-        ASSERT_TRUE(e.ok()) << e.status().ToString();
+        std::unique_ptr<Engine> e;
+        ASSERT_NO_FATAL_FAILURE(MakeOverlapEngine(model, stage, clip, &r, &e));
         for (int s = 0; s < 4; ++s) {
           double loss = 0;
-          Status st = OverlapMicroStep(e->get(), &r.device, model, /*expect_in_flight=*/s > 0, &loss);
+          Status st = OverlapMicroStep(e.get(), &r.device, model, /*expect_in_flight=*/s > 0, &loss);
           ASSERT_TRUE(st.ok()) << "step " << s << ": " << st.ToString();
           EXPECT_EQ(FloatBits(static_cast<float>(loss)), FloatBits(static_cast<float>(want_losses[s])))
               << "the forward of step " << s << " read other weights than the synchronous step's";
         }
         EXPECT_FALSE(r.device.idle()) << "Step() returned with nothing left in flight: nothing overlaps";
         TrainResult got;
-        ASSERT_TRUE(Snapshot(e->get(), &got).ok());
+        ASSERT_TRUE(Snapshot(e.get(), &got).ok());
         std::string where;
         EXPECT_TRUE(BitwiseEqual(got.master, want.master, &where)) << "master: " << where;
         EXPECT_TRUE(BitwiseEqual(got.model, want.model, &where)) << "model: " << where;
@@ -1048,16 +1056,13 @@ TEST(EngineOverlapStepTest, StateAccessWaitsForTheStepInFlight) {
     // Two overlapped steps on the deferred device; the second is in flight when `probe` runs.
     auto run = [&](uint32_t seed, const std::function<void(Engine*, DeferredDevice*)>& probe) {
       DeferredRank r(seed);
-      ASSERT_NE(r.comm, nullptr);
-      auto c = MakeConfig(OverlapJson(stage, clip, true), 1);
-      ASSERT_TRUE(c.ok()) << c.status().ToString();
-      auto e = MakeEngine(*c, model, &r.device, r.comm.get());
-      ASSERT_TRUE(e.ok()) << e.status().ToString();
+      std::unique_ptr<Engine> e;
+      ASSERT_NO_FATAL_FAILURE(MakeOverlapEngine(model, stage, clip, &r, &e));
       double loss = 0;
-      ASSERT_TRUE(OverlapMicroStep(e->get(), &r.device, model, false, &loss).ok());
-      ASSERT_TRUE(OverlapMicroStep(e->get(), &r.device, model, true, &loss).ok());
+      ASSERT_TRUE(OverlapMicroStep(e.get(), &r.device, model, false, &loss).ok());
+      ASSERT_TRUE(OverlapMicroStep(e.get(), &r.device, model, true, &loss).ok());
       ASSERT_FALSE(r.device.idle()) << "the step is not in flight: the probe tests nothing";
-      probe(e->get(), &r.device);
+      probe(e.get(), &r.device);
     };
     std::string where;
     for (uint32_t seed : {4u, 5u}) {
