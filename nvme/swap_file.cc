@@ -241,4 +241,24 @@ Status SwapFile::Read(size_t i, void* buffer) {
   return Finish(io);
 }
 
+Status WithSwapFaultAdvice(const Status& s, const std::string& data_loss, const std::string& nvme_path_key,
+                           const std::string& doc_section) {
+  std::string advice;
+  switch (s.code()) {
+    case StatusCode::kDataLoss:
+      advice = data_loss;
+      break;
+    case StatusCode::kResourceExhausted:
+      advice = "the disk under " + nvme_path_key + " is full: free space there or move nvme_path to a larger disk";
+      break;
+    default:
+      advice = "the disk under " + nvme_path_key +
+               " failed an I/O (see dmesg): check it or move nvme_path to another disk";
+      break;
+  }
+  return Status(s.code(), s.message() + "; " + advice +
+                              ". This engine cannot continue: create a new one and LoadCheckpoint the last checkpoint "
+                              "(docs/nvme.md, \"" + doc_section + "\")");
+}
+
 }  // namespace zero

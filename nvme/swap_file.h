@@ -21,6 +21,14 @@
 
 namespace zero {
 
+// A SwapFile call's error `s` (not OK) as its owner reports it when it cannot continue after it:
+// what to do, by kind: DataLoss (the file no longer holds what was written) gets `data_loss`
+// (what is lost), ResourceExhausted the disk-full advice and any other code the I/O-error advice,
+// both naming the `nvme_path_key` config key; then that the engine must be recreated from the last
+// checkpoint, pointing at `doc_section` of docs/nvme.md. The code stays s's.
+Status WithSwapFaultAdvice(const Status& s, const std::string& data_loss, const std::string& nvme_path_key,
+                           const std::string& doc_section);
+
 struct SwapRegionSpec {
   std::string name;  // for messages (e.g. the parameter group and state)
   uint64_t bytes = 0;

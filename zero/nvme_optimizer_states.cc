@@ -398,24 +398,10 @@ class NvmeOptimizerStates final : public OptimizerStates {
 
   Status SwapError(Status s) {
     if (s.ok()) return s;
-    std::string advice;
-    switch (s.code()) {
-      case StatusCode::kDataLoss:
-        advice = "the swap file was truncated, corrupted or changed behind the engine's back: its optimizer state is "
-                 "lost";
-        break;
-      case StatusCode::kResourceExhausted:
-        advice = "the disk under zero_optimization.offload_optimizer.nvme_path is full: free space there or move "
-                 "nvme_path to a larger disk";
-        break;
-      default:
-        advice = "the disk under zero_optimization.offload_optimizer.nvme_path failed an I/O (see dmesg): check it or "
-                 "move nvme_path to another disk";
-        break;
-    }
-    s = Status(s.code(), s.message() + "; " + advice +
-                             ". This engine cannot continue: create a new one and LoadCheckpoint the last checkpoint "
-                             "(docs/nvme.md, \"Faults during training\")");
+    s = WithSwapFaultAdvice(s,
+                            "the swap file was truncated, corrupted or changed behind the engine's back: its optimizer "
+                            "state is lost",
+                            "zero_optimization.offload_optimizer.nvme_path", "Faults during training");
     if (failed_.ok()) failed_ = s;
     return s;
   }

@@ -198,24 +198,10 @@ Status NvmeParamStore::WriteIo(size_t region, const void* buffer) {
 // may hold a module whose read failed, a region whose write failed is unreadable).
 Status NvmeParamStore::SwapError(Status s) {
   if (s.ok()) return s;
-  std::string advice;
-  switch (s.code()) {
-    case StatusCode::kDataLoss:
-      advice = "the parameter swap file (under zero_optimization.offload_param.nvme_path) was truncated, corrupted "
-               "or changed behind the engine's back: its weights are lost";
-      break;
-    case StatusCode::kResourceExhausted:
-      advice = "the disk under zero_optimization.offload_param.nvme_path is full: free space there or move nvme_path "
-               "to a larger disk";
-      break;
-    default:
-      advice = "the disk under zero_optimization.offload_param.nvme_path failed an I/O (see dmesg): check it or move "
-               "nvme_path to another disk";
-      break;
-  }
-  s = Status(s.code(), s.message() + "; " + advice +
-                           ". This engine cannot continue: create a new one and LoadCheckpoint the last checkpoint "
-                           "(docs/nvme.md, \"Parameter offload to NVMe\")");
+  s = WithSwapFaultAdvice(s,
+                          "the parameter swap file (under zero_optimization.offload_param.nvme_path) was truncated, "
+                          "corrupted or changed behind the engine's back: its weights are lost",
+                          "zero_optimization.offload_param.nvme_path", "Parameter offload to NVMe");
   if (failed_.ok()) failed_ = s;
   return s;
 }
