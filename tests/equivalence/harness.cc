@@ -84,9 +84,9 @@ Status GatherMoments(Engine* engine, int n, const std::vector<int64_t>& numel, T
   return OkStatus();
 }
 
-bool ModuleUsed(const ModuleInfo& m, Heads heads) {
+bool ModuleUsed(const CellModel& model, const ModuleInfo& m, Heads heads) {
   for (int p : m.params) {
-    if (!ParamUsed(p, heads)) return false;
+    if (!model.ParamUsed(p, heads)) return false;
   }
   return true;
 }
@@ -96,10 +96,16 @@ bool ModuleUsed(const ModuleInfo& m, Heads heads) {
 Status RunEngineRank(const Config& config, const ModelDims& dims, const Schedule& schedule,
                      Device* device, Communicator* comm, RankTrace* out,
                      const DriverOptions& options) {
+  return RunEngineRank(config, MlpCellModel(dims), schedule, device, comm, out, options);
+}
+
+Status RunEngineRank(const Config& config, const CellModel& model, const Schedule& schedule,
+                     Device* device, Communicator* comm, RankTrace* out,
+                     const DriverOptions& options) {
   const int rank = comm->rank();
   const DType dtype = config.model_dtype();
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, device, comm));
-  const std::vector<ParamSpec> specs = ModelParams(dims);
+  const std::vector<ParamSpec> specs = model.Params();
   std::vector<int64_t> numel;
   for (size_t i = 0; i < specs.size(); ++i) {
     ZERO_ASSIGN_OR_RETURN(int index, engine->RegisterParameter(specs[i]));
@@ -109,12 +115,12 @@ Status RunEngineRank(const Config& config, const ModelDims& dims, const Schedule
     }
     numel.push_back(Numel(specs[i]));
   }
-  ZERO_RETURN_IF_ERROR(engine->Initialize([&](int index, float* values) { InitValues(dims, index, values); }));
-  const int n = kNumParams;
+  ZERO_RETURN_IF_ERROR(engine->Initialize([&](int index, float* values) { model.InitValues(index, values); }));
+  const int n = static_cast<int>(specs.size());
   ZERO_RETURN_IF_ERROR(GatherAll(engine.get(), n, numel, true, &out->initial_master));
   ZERO_RETURN_IF_ERROR(GatherAll(engine.get(), n, numel, false, &out->initial_model));
 
-  const std::vector<ModuleInfo> modules = ModelModules();
+  const std::vector<ModuleInfo> modules = model.Modules();
   auto note = [&](const std::string& s) { out->notes.push_back("rank " + std::to_string(rank) + ": " + s); };
 
   for (size_t w = 0; w < schedule.windows.size(); ++w) {
@@ -133,7 +139,7 @@ Status RunEngineRank(const Config& config, const ModelDims& dims, const Schedule
       const Heads any = UnionHeads(micro);
       std::vector<std::vector<float>> params(n);
       for (const ModuleInfo& m : modules) {
-        if (!ModuleUsed(m, any)) continue;
+        if (!ModuleUsed(model, m, any)) continue;
         ZERO_ASSIGN_OR_RETURN(ModuleHandle h, engine->GatherModule(m.name));
         for (int p : m.params) {
           ZERO_RETURN_IF_ERROR(ReadParam(engine.get(), device, dtype, p, numel[p], &params[p], options.sync_device));
@@ -144,10 +150,10 @@ Status RunEngineRank(const Config& config, const ModelDims& dims, const Schedule
         if (params[p].empty()) params[p].assign(numel[p], 0.0f);  // an unused head: never read
       }
       const float target_scale = micro.overflow_rank == rank ? kOverflowTargetScale : 1.0f;
-      const Batch batch = MakeBatch(dims, rank, static_cast<int>(w), static_cast<int>(j), target_scale);
       const float seed = engine->gradient_scale() / micro.loss_divisor;
       std::vector<std::vector<float>> grads;
-      out->losses.back().push_back(ForwardBackward(dims, params, batch, own, seed, &grads));
+      out->losses.back().push_back(model.ForwardBackward(params, rank, static_cast<int>(w), static_cast<int>(j),
+                                                         target_scale, own, seed, &grads));
       // Backward: modules in reverse order, gathered again (stage 3 re-gathers what it released;
       // gathers are collective, so every rank gathers in the same order), each module's
       // gradients written and reported in reverse registration order. With
@@ -156,7 +162,7 @@ Status RunEngineRank(const Config& config, const ModelDims& dims, const Schedule
           (schedule.odd_ranks_report_forward && rank % 2 == 1) || schedule.every_rank_reports_after_gathers;
       const bool params_forward = forward_order || (schedule.odd_ranks_report_params_forward && rank % 2 == 1);
       auto report = [&](const ModuleInfo& m) -> Status {
-        if (!ModuleUsed(m, own)) return OkStatus();
+        if (!ModuleUsed(model, m, own)) return OkStatus();
         std::vector<int> ps(m.params.rbegin(), m.params.rend());
         if (params_forward) ps.assign(m.params.begin(), m.params.end());
         for (int p : ps) {
@@ -165,7 +171,7 @@ Status RunEngineRank(const Config& config, const ModelDims& dims, const Schedule
         return OkStatus();
       };
       for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
-        if (!ModuleUsed(*it, any)) continue;
+        if (!ModuleUsed(model, *it, any)) continue;
         ZERO_ASSIGN_OR_RETURN(ModuleHandle h, engine->GatherModule(it->name));
         for (int p : it->params) {
           std::vector<float> again;
@@ -300,8 +306,10 @@ int CompareRankTrace(const RefTrace& ref, int rank, const RankTrace& got, const 
     out->push_back(n);
     ++bad;
   }
-  std::vector<std::string> names;
-  for (const ParamSpec& p : ModelParams(ModelDims())) names.push_back(p.name);
+  std::vector<std::string> names = ref.names;
+  if (names.empty()) {
+    for (const ParamSpec& p : ModelParams(ModelDims())) names.push_back(p.name);
+  }
 
   if (got.losses.size() != ref.losses.size()) {
     out->push_back(r + "number of windows differs");

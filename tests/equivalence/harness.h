@@ -98,6 +98,7 @@ struct RefTrace {
   Tensors exp_avg, exp_avg_sq;
   std::vector<Tensors> master_snapshots, model_snapshots;
   std::vector<Tensors> exp_avg_snapshots, exp_avg_sq_snapshots;
+  std::vector<std::string> names;  // parameter names (for messages)
   int clipped_steps = 0;   // boundaries whose clip coefficient exceeded 1
   int overflow_steps = 0;  // boundaries skipped for fp16 overflow
 };
@@ -111,6 +112,10 @@ struct DriverOptions {
 // Drives an engine through `schedule` on this rank (every rank calls it; collective). Parameters
 // are read with Device::Copy on the default stream (then synchronized); gradients are written the
 // same way before GradReady.
+Status RunEngineRank(const Config& config, const CellModel& model, const Schedule& schedule,
+                     Device* device, Communicator* comm, RankTrace* out,
+                     const DriverOptions& options = {});
+// The same with the suite's small model (MlpCellModel(dims)).
 Status RunEngineRank(const Config& config, const ModelDims& dims, const Schedule& schedule,
                      Device* device, Communicator* comm, RankTrace* out,
                      const DriverOptions& options = {});

@@ -73,21 +73,27 @@ double ContractSumOfSquares(const Tensors& acc, int stage, int world) {
 
 Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder order,
                               const ModelDims& dims, const Schedule& schedule) {
+  return RunReference(config, world, order, MlpCellModel(dims), schedule);
+}
+
+Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder order,
+                              const CellModel& cell_model, const Schedule& schedule) {
   const DType dtype = config.model_dtype();
   const bool fp16 = config.fp16.enabled;
   const bool managed = config.managed_gradient_accumulation;
   if (managed != schedule.managed) return InvalidArgumentError("schedule and config disagree on managed mode");
   const double gas = managed ? static_cast<double>(config.gradient_accumulation_steps) : 1.0;
-  const std::vector<ParamSpec> specs = ModelParams(dims);
-  const int n = kNumParams;
+  const std::vector<ParamSpec> specs = cell_model.Params();
+  const int n = static_cast<int>(specs.size());
   std::vector<size_t> numel(n);
   for (int p = 0; p < n; ++p) numel[p] = static_cast<size_t>(Numel(specs[p]));
 
   RefTrace trace;
+  for (const ParamSpec& p : specs) trace.names.push_back(p.name);
   Tensors master(n), model(n), exp_avg(n), exp_avg_sq(n);
   for (int p = 0; p < n; ++p) {
     master[p].resize(numel[p]);
-    InitValues(dims, p, master[p].data());
+    cell_model.InitValues(p, master[p].data());
     model[p].resize(numel[p]);
     for (size_t i = 0; i < numel[p]; ++i) model[p][i] = RoundTo(dtype, master[p][i]);
     exp_avg[p].assign(numel[p], 0.0f);
@@ -129,18 +135,18 @@ Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder or
       std::vector<float> losses(world);
       for (int r = 0; r < world; ++r) {
         const float target_scale = micro.overflow_rank == r ? kOverflowTargetScale : 1.0f;
-        const Batch batch = MakeBatch(dims, r, static_cast<int>(w), static_cast<int>(j), target_scale);
         const Heads own = HeadsOf(micro, r);
-        losses[r] = ForwardBackward(dims, model, batch, own, seed, &g[r]);
+        losses[r] = cell_model.ForwardBackward(model, r, static_cast<int>(w), static_cast<int>(j), target_scale,
+                                               own, seed, &g[r]);
         for (int p = 0; p < n; ++p) {
           // A parameter this rank does not use: not reported, it contributes zeros.
-          if (!ParamUsed(p, own)) g[r][p].assign(numel[p], 0.0f);
+          if (!cell_model.ParamUsed(p, own)) g[r][p].assign(numel[p], 0.0f);
           for (float& x : g[r][p]) x = RoundTo(dtype, x);
         }
       }
       trace.losses.back().push_back(losses);
       for (int p = 0; p < n; ++p) {
-        if (!ParamUsed(p, UnionHeads(micro))) continue;  // no rank reported it: zero / inactive
+        if (!cell_model.ParamUsed(p, UnionHeads(micro))) continue;  // no rank reported it: zero / inactive
         active[p] = true;
         if (order == ReductionOrder::kRankFirst) {
           for (int r = 0; r < world; ++r) {

@@ -46,6 +46,9 @@ const char* OrderName(ReductionOrder order);
 
 // Runs the reference for `world` ranks. `config` is the same parsed config the engine gets.
 Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder order,
+                              const CellModel& model, const Schedule& schedule);
+// The same with the suite's small model (MlpCellModel(dims)).
+Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder order,
                               const ModelDims& dims, const Schedule& schedule);
 
 }  // namespace zero::equivalence

@@ -81,4 +81,48 @@ float ForwardBackward(const ModelDims& dims, const std::vector<std::vector<float
 // Whether parameter `index` receives a gradient with these heads.
 bool ParamUsed(int index, Heads heads);
 
+// What the harness and the reference need of a model: its parameters, modules, initial values, and
+// one rank's forward/backward of one micro step. The same object drives the engine run and the
+// reference, so both compute the same bits from the same inputs. Implementations are immutable
+// after construction and thread-safe (engine ranks are threads).
+class CellModel {
+ public:
+  virtual ~CellModel() = default;
+  // Registration order = index.
+  virtual std::vector<ParamSpec> Params() const = 0;
+  // Modules in forward order with their parameter indices.
+  virtual std::vector<ModuleInfo> Modules() const = 0;
+  // Full fp32 initial values of parameter `index` (numel floats).
+  virtual void InitValues(int index, float* out) const = 0;
+  // Whether parameter `index` gets a gradient when `heads` are used (a model without optional
+  // heads returns true).
+  virtual bool ParamUsed(int index, Heads heads) const = 0;
+  // Rank `rank`'s micro step `micro` of window `window`: the loss (not multiplied by `seed`) and
+  // the float gradients of seed * loss (an unused parameter's entry is left empty). `target_scale`
+  // 1 is a normal batch; a huge value (harness.h's kOverflowTargetScale) asks for gradients that overflow fp16 (models
+  // without that case ignore it).
+  virtual float ForwardBackward(const std::vector<std::vector<float>>& params, int rank, int window,
+                                int micro, float target_scale, Heads heads, float seed,
+                                std::vector<std::vector<float>>* grads) const = 0;
+};
+
+// The model above as a CellModel.
+class MlpCellModel final : public CellModel {
+ public:
+  explicit MlpCellModel(const ModelDims& dims = ModelDims()) : dims_(dims) {}
+  std::vector<ParamSpec> Params() const override { return ModelParams(dims_); }
+  std::vector<ModuleInfo> Modules() const override { return ModelModules(); }
+  void InitValues(int index, float* out) const override { equivalence::InitValues(dims_, index, out); }
+  bool ParamUsed(int index, Heads heads) const override { return equivalence::ParamUsed(index, heads); }
+  float ForwardBackward(const std::vector<std::vector<float>>& params, int rank, int window, int micro,
+                        float target_scale, Heads heads, float seed,
+                        std::vector<std::vector<float>>* grads) const override {
+    return equivalence::ForwardBackward(dims_, params, MakeBatch(dims_, rank, window, micro, target_scale),
+                                        heads, seed, grads);
+  }
+
+ private:
+  ModelDims dims_;
+};
+
 }  // namespace zero::equivalence
