@@ -85,7 +85,9 @@ TEST(LlmSafetensorsTest, RoundTripsAllDtypes) {
     EXPECT_EQ(f->Find(t.name), &t);
     std::vector<uint8_t> raw(t.data_end - t.data_begin);
     ASSERT_TRUE(f->ReadRaw(t, raw.data()).ok());
-    if (!raw.empty()) EXPECT_EQ(std::memcmp(raw.data(), tensors[i].data, raw.size()), 0) << t.name;
+    if (!raw.empty()) {
+      EXPECT_EQ(std::memcmp(raw.data(), tensors[i].data, raw.size()), 0) << t.name;
+    }
     std::vector<float> got(t.numel());
     ASSERT_TRUE(f->ReadAsFloat(t, 0, t.numel(), got.data()).ok());
     for (int64_t j = 0; j < t.numel(); ++j) {
@@ -247,7 +249,9 @@ TEST(LlmSafetensorsTest, RefusesHostileHeaders) {
     WriteRaw(path, c.header, c.data_bytes, c.n);
     const std::string err = OpenError(path);
     EXPECT_THAT(err, AllOf(HasSubstr(path), HasSubstr(c.expect))) << c.what;
-    if (!c.tensor.empty()) EXPECT_THAT(err, HasSubstr("'" + c.tensor + "'")) << c.what;
+    if (!c.tensor.empty()) {
+      EXPECT_THAT(err, HasSubstr("'" + c.tensor + "'")) << c.what;
+    }
   }
 }
 

@@ -1,0 +1,101 @@
+// Hugging Face model directories: reading the weights of a transformers checkpoint and writing
+// one that transformers' from_pretrained loads.
+//
+// A directory holds either model.safetensors, or model.safetensors.index.json ({"metadata":
+// {"total_size": bytes}, "weight_map": {tensor: shard file}}) and the shards it names
+// (model-00001-of-00003.safetensors, ...), plus config.json. HfWeights opens every file's header
+// (safetensors.h) and reads tensors, or element ranges of them, on demand, so a ZeRO stage 3 rank
+// reads only its partition. ExportHf writes such a directory from values computed one tensor at a
+// time. Tensors are named as in transformers (LLM_CONTRACT.md); this file knows nothing of the
+// model beyond the ParamSpec list it is given. Each file is written atomically; a directory as a
+// whole is not (a crash mid-export can leave some new shards beside old ones).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "examples/llm/safetensors.h"
+#include "examples/model_api.h"
+#include "runtime/dtype.h"
+#include "runtime/status.h"
+
+namespace zero::llm {
+
+inline constexpr char kHfWeightsFile[] = "model.safetensors";
+inline constexpr char kHfIndexFile[] = "model.safetensors.index.json";
+inline constexpr char kHfConfigFile[] = "config.json";
+
+// The weights of one checkpoint directory, open for reading. Move-only (owns one file descriptor
+// per safetensors file). Reads do not modify it: several threads may read at once.
+class HfWeights {
+ public:
+  // Opens `dir`/model.safetensors, or `dir`/model.safetensors.index.json and every shard it names,
+  // validating every header (SafetensorsFile::Open). Refuses, naming the file: no weights file, both
+  // a single file and an index (ambiguous), an index that is not JSON or has no weight_map object,
+  // a shard name that is empty or holds '/', '\\' or "..", a missing shard, a weight_map entry
+  // whose tensor is not in its shard, a tensor present in two files, a tensor a shard holds that
+  // the weight_map maps elsewhere or does not list.
+  static Result<HfWeights> Open(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  // Every tensor name, sorted.
+  std::vector<std::string> names() const;
+  bool contains(const std::string& name) const { return where_.count(name) != 0; }
+  // nullptr when absent.
+  const TensorInfo* Find(const std::string& name) const;
+  // The file (a name inside dir()) holding `name`. REQUIRES: contains(name).
+  const std::string& file_of(const std::string& name) const;
+  // The stored dtype of `name`. REQUIRES: contains(name).
+  DType dtype_of(const std::string& name) const;
+
+  // OK when the checkpoint holds exactly the model's parameters: every spec's name with exactly
+  // spec.shape, and no other tensor except the ignorable ones. A tensor is ignorable when its name
+  // equals an entry of `ignorable` or ends with "." + entry (so "rotary_emb.inv_freq" covers
+  // "model.layers.3.self_attn.rotary_emb.inv_freq"; a tied model passes "lm_head.weight").
+  // Otherwise INVALID_ARGUMENT listing EVERY missing tensor, wrong shape (expected and got) and
+  // unexpected tensor in one message, each with its file.
+  Status Check(const std::vector<examples::ParamSpec>& specs,
+               const std::set<std::string>& ignorable) const;
+
+  // Reads elements [begin, begin + count) (flat, row-major) of tensor `name` as float into
+  // out[0, count); reads only those bytes. NOT_FOUND for an unknown name; otherwise as
+  // SafetensorsFile::ReadAsFloat.
+  Status ReadSlice(const std::string& name, int64_t begin, int64_t count, float* out) const;
+
+ private:
+  HfWeights() = default;
+
+  std::string dir_;
+  std::vector<std::string> file_names_;  // inside dir_
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, int> where_;  // tensor -> index into files_
+};
+
+// The name of shard `k` (1-based) of `n`, as transformers writes it: "model-00002-of-00005.safetensors".
+std::string HfShardName(int k, int n);
+
+// Writes a checkpoint directory transformers loads: `dir`/config.json (config_json as given; it
+// must be a JSON object) and the weights: model.safetensors when the tensors' bytes total at most
+// max_shard_bytes, else shards model-0000k-of-0000n.safetensors of at most max_shard_bytes each
+// (filled in spec order; a tensor larger than that gets a shard of its own) plus
+// model.safetensors.index.json with total_size (tensor bytes) and weight_map. Every tensor is
+// stored in `dtype` (round to nearest even from float), in spec order, with metadata {"format":
+// "pt"}. values(i, out) fills out[0, specs[i].numel()) with parameter i's values; it is called once
+// per tensor, in spec order, and only one tensor's values are held at a time (plus a small
+// conversion buffer), so exporting never holds the model twice. Each file is written atomically;
+// `dir` is created if missing (INVALID_ARGUMENT/FAILED_PRECONDITION when it exists and is not a
+// directory). Weight files of an earlier save in `dir` that this one does not write
+// (model.safetensors, the index, model-*-of-*.safetensors) are removed afterwards, as
+// transformers' save_pretrained does, so a stale file never shadows the new ones. An error from
+// `values` is returned with the tensor's name; the shard being written is then not published
+// (earlier shards are) and no index, config or clean-up follows.
+Status ExportHf(const std::string& dir, const std::string& config_json,
+                const std::vector<examples::ParamSpec>& specs, DType dtype,
+                const std::function<Status(int index, float* out)>& values,
+                int64_t max_shard_bytes = 5'000'000'000);
+
+}  // namespace zero::llm

@@ -1,0 +1,422 @@
+#include "examples/llm/hf_checkpoint.h"
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/checkpoint_io.h"
+#include "engine/checkpoint_test_util.h"
+#include "examples/llm/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace zero::llm {
+namespace {
+
+using examples::ParamSpec;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using zero::testing::ScratchDir;
+
+const char kConfig[] = R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 4})";
+
+// A small Llama-shaped list; the 10x10 tensor is larger than the sharded tests' shard limit.
+std::vector<ParamSpec> Specs() {
+  return {
+      {"model.embed_tokens.weight", {4, 4}, "embed"},
+      {"model.layers.0.input_layernorm.weight", {8}, "layer0"},
+      {"model.layers.0.self_attn.q_proj.weight", {4, 8}, "layer0"},
+      {"model.layers.0.self_attn.q_norm.weight", {3}, "layer0"},
+      {"model.layers.0.mlp.down_proj.weight", {10, 10}, "layer0"},
+      {"model.norm.weight", {2}, "head"},
+  };
+}
+
+float Value(int param, int64_t j) { return 0.37f * static_cast<float>(param + 1) - 0.011f * j; }
+
+Status FillValues(const std::vector<ParamSpec>& specs, int i, float* out) {
+  for (int64_t j = 0; j < specs[i].numel(); ++j) out[j] = Value(i, j);
+  return OkStatus();
+}
+
+std::function<Status(int, float*)> ValuesOf(const std::vector<ParamSpec>& specs) {
+  return [&specs](int i, float* out) { return FillValues(specs, i, out); };
+}
+
+std::vector<std::string> Listing(const std::string& dir) {
+  auto names = ListDirectory(dir);
+  EXPECT_TRUE(names.ok()) << names.status().ToString();
+  return names.ok() ? *names : std::vector<std::string>{};
+}
+
+// Every value of every spec reads back as Value() rounded to `dtype`.
+void ExpectValues(const HfWeights& w, const std::vector<ParamSpec>& specs, DType dtype) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const int64_t n = specs[i].numel();
+    std::vector<float> got(n);
+    Status st = w.ReadSlice(specs[i].name, 0, n, got.data());
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(w.dtype_of(specs[i].name), dtype);
+    for (int64_t j = 0; j < n; ++j) {
+      uint16_t bits[2];
+      StoreFromFloat(bits, dtype, 0, Value(static_cast<int>(i), j));
+      const float want = dtype == DType::kF32 ? Value(static_cast<int>(i), j)
+                                              : LoadAsFloat(bits, dtype, 0);
+      ASSERT_EQ(got[j], want) << specs[i].name << "[" << j << "]";
+    }
+  }
+}
+
+TEST(HfCheckpointTest, ExportsOneFileAndReadsItBack) {
+  const std::string dir = ScratchDir("hf") + "/new/model";  // created by the export
+  const std::vector<ParamSpec> specs = Specs();
+  Status st = ExportHf(dir, kConfig, specs, DType::kBF16, ValuesOf(specs));
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(Listing(dir), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(*ReadFile(dir + "/config.json"), kConfig);
+
+  auto w = HfWeights::Open(dir);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  st = w->Check(specs, {});
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  ExpectValues(*w, specs, DType::kBF16);
+  EXPECT_EQ(w->file_of("model.norm.weight"), "model.safetensors");
+  EXPECT_EQ(w->names().size(), specs.size());
+
+  auto f = SafetensorsFile::Open(dir + "/model.safetensors");
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->metadata().at("format"), "pt");
+  for (size_t i = 0; i < specs.size(); ++i) EXPECT_EQ(f->tensors()[i].name, specs[i].name);
+
+  // A slice reads only its range (a ZeRO-3 partition).
+  float part[5];
+  ASSERT_TRUE(w->ReadSlice("model.layers.0.mlp.down_proj.weight", 37, 5, part).ok());
+  for (int j = 0; j < 5; ++j) EXPECT_EQ(part[j], Bf16ToFloat(FloatToBf16(Value(4, 37 + j))));
+  Status missing = w->ReadSlice("lm_head.weight", 0, 1, part);
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  EXPECT_THAT(missing.message(), AllOf(HasSubstr(dir), HasSubstr("'lm_head.weight'")));
+}
+
+TEST(HfCheckpointTest, ShardsWithIndexAndRemovesStaleFiles) {
+  const std::string dir = ScratchDir("hf");
+  const std::vector<ParamSpec> specs = Specs();
+  // An earlier unsharded save, which the sharded one must replace.
+  ASSERT_TRUE(ExportHf(dir, kConfig, specs, DType::kF32, ValuesOf(specs)).ok());
+  ASSERT_TRUE(WriteFileAtomic(dir + "/tokenizer.json", "{}").ok());  // not a weights file: kept
+
+  const int64_t max_bytes = 64;
+  Status st = ExportHf(dir, kConfig, specs, DType::kBF16, ValuesOf(specs), max_bytes);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  // BF16 bytes 32 | 16 | 64 | 6 | 200 | 4: greedy in order gives {32+16}, {64}, {6}, {200}, {4}.
+  EXPECT_EQ(Listing(dir), (std::vector<std::string>{
+                              "config.json", "model-00001-of-00005.safetensors",
+                              "model-00002-of-00005.safetensors", "model-00003-of-00005.safetensors",
+                              "model-00004-of-00005.safetensors", "model-00005-of-00005.safetensors",
+                              "model.safetensors.index.json", "tokenizer.json"}));
+  auto index = nlohmann::json::parse(*ReadFile(dir + "/model.safetensors.index.json"));
+  EXPECT_EQ(index["metadata"]["total_size"], 32 + 16 + 64 + 6 + 200 + 4);
+  EXPECT_EQ(index["weight_map"].size(), specs.size());
+  EXPECT_EQ(index["weight_map"]["model.layers.0.input_layernorm.weight"],
+            "model-00001-of-00005.safetensors");
+  EXPECT_EQ(index["weight_map"]["model.norm.weight"], "model-00005-of-00005.safetensors");
+  for (int k = 1; k <= 5; ++k) {
+    auto f = SafetensorsFile::Open(dir + "/" + HfShardName(k, 5));
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    const uint64_t data = *FileSize(dir + "/" + HfShardName(k, 5)) - f->data_start();
+    EXPECT_TRUE(data <= static_cast<uint64_t>(max_bytes) || f->tensors().size() == 1) << k;
+    EXPECT_EQ(f->metadata().at("format"), "pt");
+  }
+
+  auto w = HfWeights::Open(dir);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_TRUE(w->Check(specs, {}).ok());
+  ExpectValues(*w, specs, DType::kBF16);
+  EXPECT_EQ(w->file_of("model.layers.0.mlp.down_proj.weight"), HfShardName(4, 5));
+
+  // Fewer shards, then one file again: the old shards and index go.
+  ASSERT_TRUE(ExportHf(dir, kConfig, specs, DType::kBF16, ValuesOf(specs), 250).ok());
+  EXPECT_EQ(Listing(dir),
+            (std::vector<std::string>{"config.json", "model-00001-of-00002.safetensors",
+                                      "model-00002-of-00002.safetensors",
+                                      "model.safetensors.index.json", "tokenizer.json"}));
+  ASSERT_TRUE(ExportHf(dir, kConfig, specs, DType::kF16, ValuesOf(specs)).ok());
+  EXPECT_EQ(Listing(dir), (std::vector<std::string>{"config.json", "model.safetensors",
+                                                    "tokenizer.json"}));
+  auto w16 = HfWeights::Open(dir);
+  ASSERT_TRUE(w16.ok());
+  ExpectValues(*w16, specs, DType::kF16);
+}
+
+// Random bit patterns of `dtype` (every finite value and the infinities; NaN payloads are not
+// preserved by a float round trip and do not occur in weights).
+std::vector<uint8_t> RandomBits(int64_t numel, DType dtype, std::mt19937& rng) {
+  std::vector<uint8_t> out(numel * SizeOf(dtype));
+  for (int64_t i = 0; i < numel; ++i) {
+    float v;
+    do {
+      const uint32_t r = rng();
+      if (dtype == DType::kF32) {
+        std::memcpy(&out[i * 4], &r, 4);
+      } else {
+        const uint16_t h = static_cast<uint16_t>(r);
+        std::memcpy(&out[i * 2], &h, 2);
+      }
+      v = LoadAsFloat(out.data(), dtype, i);
+    } while (std::isnan(v));
+  }
+  return out;
+}
+
+// Import -> export with no change reproduces every byte, in each dtype, one file and sharded.
+TEST(HfCheckpointTest, ImportExportIsBitwise) {
+  const std::vector<ParamSpec> specs = Specs();
+  std::mt19937 rng(1234);
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int64_t max_bytes : {int64_t{5'000'000'000}, int64_t{100}}) {
+      SCOPED_TRACE(std::string(DTypeName(dtype)) + " max " + std::to_string(max_bytes));
+      const std::string src = ScratchDir("hf_src"), dst = ScratchDir("hf_dst");
+      // The source: written by the export from random bits (so sharded sources have an index).
+      std::vector<std::vector<uint8_t>> bits;
+      for (const ParamSpec& s : specs) bits.push_back(RandomBits(s.numel(), dtype, rng));
+      Status st = ExportHf(
+          src, kConfig, specs, dtype,
+          [&](int i, float* out) {
+            for (int64_t j = 0; j < specs[i].numel(); ++j) out[j] = LoadAsFloat(bits[i].data(), dtype, j);
+            return OkStatus();
+          },
+          max_bytes);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      auto in = HfWeights::Open(src);
+      ASSERT_TRUE(in.ok()) << in.status().ToString();
+      ASSERT_TRUE(in->Check(specs, {}).ok());
+      // Raw bytes are the random bits (the export stored them unchanged).
+      for (size_t i = 0; i < specs.size(); ++i) {
+        std::vector<float> v(specs[i].numel());
+        ASSERT_TRUE(in->ReadSlice(specs[i].name, 0, specs[i].numel(), v.data()).ok());
+        std::vector<uint8_t> back(bits[i].size());
+        for (size_t j = 0; j < v.size(); ++j) StoreFromFloat(back.data(), dtype, j, v[j]);
+        ASSERT_EQ(back, bits[i]) << specs[i].name;
+      }
+      st = ExportHf(
+          dst, kConfig, specs, in->dtype_of(specs[0].name),
+          [&](int i, float* out) {
+            return in->ReadSlice(specs[i].name, 0, specs[i].numel(), out);
+          },
+          max_bytes);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      const std::vector<std::string> files = Listing(src);
+      ASSERT_EQ(Listing(dst), files);
+      if (max_bytes == 100) {  // config, index and at least two shards
+        EXPECT_GT(files.size(), 3u);
+        EXPECT_TRUE(PathExists(dst + "/model.safetensors.index.json"));
+      } else {
+        EXPECT_EQ(files, (std::vector<std::string>{"config.json", "model.safetensors"}));
+      }
+      for (const std::string& f : files) {
+        EXPECT_TRUE(*ReadFile(src + "/" + f) == *ReadFile(dst + "/" + f)) << f << " differs";
+      }
+    }
+  }
+}
+
+// A file written by WriteSafetensors directly (not by the export) exports to the same bytes.
+TEST(HfCheckpointTest, ForeignSingleFileExportsToTheSameBytes) {
+  const std::string src = ScratchDir("hf_src"), dst = ScratchDir("hf_dst");
+  const std::vector<ParamSpec> specs = Specs();
+  std::mt19937 rng(99);
+  std::vector<std::vector<uint8_t>> bits;
+  std::vector<TensorToWrite> tensors;
+  for (const ParamSpec& s : specs) bits.push_back(RandomBits(s.numel(), DType::kBF16, rng));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    tensors.push_back({specs[i].name, DType::kBF16, specs[i].shape, bits[i].data()});
+  }
+  ASSERT_TRUE(WriteSafetensors(src + "/model.safetensors", tensors, {{"format", "pt"}}).ok());
+  auto in = HfWeights::Open(src);
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  Status st = ExportHf(dst, kConfig, specs, DType::kBF16, [&](int i, float* out) {
+    return in->ReadSlice(specs[i].name, 0, specs[i].numel(), out);
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(*ReadFile(src + "/model.safetensors") == *ReadFile(dst + "/model.safetensors"));
+}
+
+TEST(HfCheckpointTest, CheckListsEveryProblemInOneMessage) {
+  const std::string dir = ScratchDir("hf");
+  std::vector<ParamSpec> on_disk = Specs();
+  on_disk.push_back({"lm_head.weight", {4, 4}, "head"});
+  on_disk.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", {2}, "layer0"});
+  on_disk.push_back({"model.layers.0.self_attn.extra_bias", {4}, "layer0"});
+  ASSERT_TRUE(ExportHf(dir, kConfig, on_disk, DType::kBF16, ValuesOf(on_disk), 100).ok());
+  auto w = HfWeights::Open(dir);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+
+  std::vector<ParamSpec> model = Specs();
+  model[2].shape = {8, 4};                                  // transposed q_proj
+  model[3].shape = {4};                                     // q_norm of another head_dim
+  model.push_back({"model.layers.0.self_attn.k_proj.weight", {4, 8}, "layer0"});  // missing
+  model.push_back({"model.layers.1.input_layernorm.weight", {8}, "layer1"});       // missing
+  const std::set<std::string> tied = {"lm_head.weight", "rotary_emb.inv_freq"};
+  Status st = w->Check(model, tied);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  const std::string q_file = w->file_of("model.layers.0.self_attn.q_proj.weight");
+  EXPECT_THAT(
+      st.message(),
+      AllOf(HasSubstr(dir), HasSubstr("2 missing, 2 with the wrong shape, 1 unexpected"),
+            HasSubstr("missing model.layers.0.self_attn.k_proj.weight [4, 8]"),
+            HasSubstr("missing model.layers.1.input_layernorm.weight [8]"),
+            HasSubstr("wrong shape model.layers.0.self_attn.q_proj.weight in " + q_file +
+                      ": expected [8, 4], got [4, 8]"),
+            HasSubstr("wrong shape model.layers.0.self_attn.q_norm.weight in "),
+            HasSubstr("expected [4], got [3]"),
+            HasSubstr("unexpected model.layers.0.self_attn.extra_bias in " +
+                      w->file_of("model.layers.0.self_attn.extra_bias")),
+            Not(HasSubstr("lm_head")), Not(HasSubstr("inv_freq"))));
+  // Without the ignorable names, lm_head and inv_freq are reported too.
+  EXPECT_THAT(w->Check(Specs(), {}).message(),
+              AllOf(HasSubstr("3 unexpected"), HasSubstr("unexpected lm_head.weight in "),
+                    HasSubstr("unexpected model.layers.0.self_attn.rotary_emb.inv_freq")));
+  // A suffix must match whole name components.
+  EXPECT_THAT(w->Check(Specs(), {"head.weight", "inv_freq", "extra_bias"}).message(),
+              AllOf(HasSubstr("1 unexpected"), HasSubstr("unexpected lm_head.weight")));
+}
+
+// Writes `index` as the directory's index and shards a.safetensors {x, y} and b.safetensors {z}.
+std::string ShardedDir(const std::string& index) {
+  const std::string dir = ScratchDir("hf_bad");
+  const float v[2] = {1.0f, 2.0f};
+  EXPECT_TRUE(WriteSafetensors(dir + "/a.safetensors",
+                               {{"x", DType::kF32, {2}, v}, {"y", DType::kF32, {1}, v}})
+                  .ok());
+  EXPECT_TRUE(WriteSafetensors(dir + "/b.safetensors", {{"z", DType::kF32, {2}, v}}).ok());
+  EXPECT_TRUE(WriteFileAtomic(dir + "/model.safetensors.index.json", index).ok());
+  return dir;
+}
+
+std::string OpenError(const std::string& dir) {
+  auto w = HfWeights::Open(dir);
+  return w.ok() ? std::string() : w.status().ToString();
+}
+
+TEST(HfCheckpointTest, RefusesBadDirectoriesAndIndexes) {
+  const std::string good =
+      R"({"metadata": {"total_size": 20}, "weight_map": {"x": "a.safetensors", "y": "a.safetensors", "z": "b.safetensors"}})";
+  {
+    const std::string dir = ShardedDir(good);
+    auto w = HfWeights::Open(dir);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_EQ(w->names(), (std::vector<std::string>{"x", "y", "z"}));
+    EXPECT_EQ(w->file_of("z"), "b.safetensors");
+    float z[2];
+    ASSERT_TRUE(w->ReadSlice("z", 0, 2, z).ok());
+    EXPECT_EQ(z[1], 2.0f);
+  }
+  const std::string index_name = "model.safetensors.index.json";
+  struct Case {
+    const char* what;
+    std::string index, expect;
+  };
+  const std::vector<Case> cases = {
+      {"not JSON", R"({"weight_map": )", index_name + ": not valid JSON"},
+      {"no weight_map", R"({"metadata": {}})", "\"weight_map\""},
+      {"slash", R"({"weight_map": {"x": "sub/a.safetensors"}})", "'sub/a.safetensors' is not a file name"},
+      {"dotdot", R"({"weight_map": {"x": "..a.safetensors"}})", "is not a file name"},
+      {"not a string", R"({"weight_map": {"x": 3}})", "weight_map['x'] is not a file name"},
+      {"missing shard",
+       R"({"weight_map": {"x": "a.safetensors", "y": "a.safetensors", "z": "c.safetensors"}})",
+       "names shard c.safetensors"},
+      {"tensor not in its shard",
+       R"({"weight_map": {"x": "a.safetensors", "y": "a.safetensors", "z": "b.safetensors", "q": "b.safetensors"}})",
+       "maps tensor 'q' to b.safetensors, which does not hold it"},
+      {"mapped elsewhere",
+       R"({"weight_map": {"x": "b.safetensors", "y": "a.safetensors", "z": "b.safetensors"}})",
+       "tensor 'x' is in a.safetensors and also mapped to b.safetensors"},
+      {"unlisted", R"({"weight_map": {"x": "a.safetensors", "z": "b.safetensors"}})",
+       "tensor 'y' is in a.safetensors but"},
+  };
+  for (const Case& c : cases) {
+    const std::string dir = ShardedDir(c.index);
+    EXPECT_THAT(OpenError(dir), AllOf(HasSubstr(dir), HasSubstr(c.expect))) << c.what;
+  }
+  {  // x in both shards
+    const std::string dir = ShardedDir(good);
+    const float v[2] = {1.0f, 2.0f};
+    ASSERT_TRUE(WriteSafetensors(dir + "/b.safetensors",
+                                 {{"z", DType::kF32, {2}, v}, {"x", DType::kF32, {2}, v}})
+                    .ok());
+    EXPECT_THAT(OpenError(dir), HasSubstr("tensor 'x' is in both a.safetensors and b.safetensors"));
+  }
+  {  // a broken shard names the index and the shard's own problem
+    const std::string dir = ShardedDir(good);
+    ASSERT_TRUE(WriteFileAtomic(dir + "/b.safetensors", std::string(3, '\0')).ok());
+    EXPECT_THAT(OpenError(dir), AllOf(HasSubstr("names shard b.safetensors"),
+                                      HasSubstr(dir + "/b.safetensors: truncated")));
+  }
+  {  // both layouts at once
+    const std::string dir = ShardedDir(good);
+    const float v = 1.0f;
+    ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", {{"x", DType::kF32, {1}, &v}}).ok());
+    EXPECT_THAT(OpenError(dir), HasSubstr("ambiguous"));
+  }
+  {  // an index that is a FIFO is refused at once
+    const std::string dir = ScratchDir("hf_bad");
+    ASSERT_EQ(::mkfifo((dir + "/" + index_name).c_str(), 0600), 0);
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_THAT(OpenError(dir), HasSubstr("FIFO"));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  }
+  const std::string empty = ScratchDir("hf_bad");
+  auto none = HfWeights::Open(empty);
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(none.status().message(), AllOf(HasSubstr(empty), HasSubstr("no model.safetensors")));
+  ASSERT_TRUE(WriteFileAtomic(empty + "/file", "x").ok());
+  EXPECT_THAT(OpenError(empty + "/file"), HasSubstr("not a directory"));
+  EXPECT_EQ(HfWeights::Open(empty + "/absent").status().code(), StatusCode::kNotFound);
+}
+
+TEST(HfCheckpointTest, ExportRefusesBadArgumentsAndStopsOnValueErrors) {
+  const std::string dir = ScratchDir("hf");
+  const std::vector<ParamSpec> specs = Specs();
+  ASSERT_TRUE(WriteFileAtomic(dir + "/file", "x").ok());
+  EXPECT_THAT(ExportHf(dir + "/file", kConfig, specs, DType::kBF16, ValuesOf(specs)).message(),
+              AllOf(HasSubstr(dir + "/file"), HasSubstr("not a directory")));
+  EXPECT_THAT(ExportHf(dir + "/m", "{\"a\": ", specs, DType::kBF16, ValuesOf(specs)).message(),
+              HasSubstr("config.json is not valid JSON"));
+  EXPECT_THAT(ExportHf(dir + "/m", "[1]", specs, DType::kBF16, ValuesOf(specs)).message(),
+              HasSubstr("config.json is not a JSON object"));
+  EXPECT_THAT(ExportHf(dir + "/m", kConfig, specs, DType::kBF16, ValuesOf(specs), 0).message(),
+              HasSubstr("max_shard_bytes must be positive"));
+  std::vector<ParamSpec> neg = specs;
+  neg[1].shape = {-8};
+  EXPECT_THAT(ExportHf(dir + "/m", kConfig, neg, DType::kBF16, ValuesOf(specs)).message(),
+              AllOf(HasSubstr("'model.layers.0.input_layernorm.weight'"), HasSubstr("[-8]")));
+  std::vector<ParamSpec> twice = specs;
+  twice[1].name = twice[0].name;
+  EXPECT_THAT(ExportHf(dir + "/m", kConfig, twice, DType::kBF16, ValuesOf(specs)).message(),
+              AllOf(HasSubstr("'model.embed_tokens.weight'"), HasSubstr("used twice")));
+
+  // values fails on tensor 4: the first shards stay, nothing after them is written.
+  const std::string out = dir + "/fail";
+  Status st = ExportHf(
+      out, kConfig, specs, DType::kBF16,
+      [&](int i, float* v) {
+        if (i == 4) return InternalError("device lost");
+        return FillValues(specs, i, v);
+      },
+      64);
+  EXPECT_EQ(st.code(), StatusCode::kInternal);
+  EXPECT_THAT(st.message(),
+              AllOf(HasSubstr("'model.layers.0.mlp.down_proj.weight'"), HasSubstr("device lost")));
+  EXPECT_EQ(Listing(out), (std::vector<std::string>{"model-00001-of-00005.safetensors",
+                                                    "model-00002-of-00005.safetensors",
+                                                    "model-00003-of-00005.safetensors"}));
+}
+
+}  // namespace
+}  // namespace zero::llm
