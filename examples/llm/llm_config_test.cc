@@ -1,0 +1,454 @@
+#include "examples/llm/llm_config.h"
+
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "examples/llm/llm_params.h"
+#include "examples/model_api.h"
+#include "gtest/gtest.h"
+
+namespace zero::llm {
+namespace {
+
+using Json = nlohmann::json;
+
+// Qwen/Qwen3-0.6B's config.json (the published values, transformers 4.51 form).
+const char kQwen3_06B[] = R"({
+  "architectures": ["Qwen3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 1024,
+  "initializer_range": 0.02,
+  "intermediate_size": 3072,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 28,
+  "model_type": "qwen3",
+  "num_attention_heads": 16,
+  "num_hidden_layers": 28,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": null,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
+
+// meta-llama/Llama-3.1-8B-Instruct's config.json (published values), rope_scaling included.
+const char kLlama31_8B[] = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": [128001, 128008, 128009],
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.43.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128256
+})";
+
+LlmConfig PresetOrDie(const char* name) {
+  auto c = Preset(name);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? *c : LlmConfig{};
+}
+
+Result<LlmConfig> ParseEdited(const char* base, const std::function<void(Json&)>& edit) {
+  Json j = Json::parse(base);
+  edit(j);
+  return ParseHfConfig(j.dump(), "edited.json");
+}
+
+std::string TempDir() {
+  const char* d = std::getenv("TEST_TMPDIR");
+  return d != nullptr ? d : "/tmp";
+}
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr) << path;
+  std::fwrite(text.data(), 1, text.size(), f);
+  std::fclose(f);
+}
+
+TEST(LlmConfigTest, ParsesQwen3_06BAsItsPreset) {
+  auto c = ParseHfConfig(kQwen3_06B, "qwen3.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(*c, PresetOrDie("qwen3-0.6b")) << c->ToString();
+  EXPECT_TRUE(c->qk_norm());
+  EXPECT_EQ(c->bos_token_id, 151643);
+  EXPECT_EQ(c->eos_token_id, 151645);
+  EXPECT_EQ(c->rope_theta, 1e6);
+  EXPECT_EQ(c->rms_norm_eps, 1e-6);
+}
+
+TEST(LlmConfigTest, Llama31RefusesRopeScalingAndParsesWithoutIt) {
+  auto refused = ParseHfConfig(kLlama31_8B, "llama.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("llama.json: rope_scaling"), std::string::npos)
+      << refused.status().message();
+  EXPECT_NE(refused.status().message().find("llama3"), std::string::npos);
+
+  auto c = ParseEdited(kLlama31_8B, [](Json& j) { j["rope_scaling"] = nullptr; });
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(*c, PresetOrDie("llama-3.1-8b")) << c->ToString();
+  EXPECT_FALSE(c->qk_norm());
+  EXPECT_EQ(c->head_dim, 128);  // hidden_size / num_attention_heads: the config has no head_dim
+  EXPECT_EQ(c->eos_token_id, 128001);  // the first of the list
+}
+
+TEST(LlmConfigTest, DefaultsFollowTransformersConfigClasses) {
+  auto llama = ParseEdited(kLlama31_8B, [](Json& j) {
+    j.erase("rope_scaling");
+    j.erase("num_key_value_heads");
+    j.erase("tie_word_embeddings");
+    j.erase("rope_theta");
+    j.erase("rms_norm_eps");
+    j.erase("bos_token_id");
+    j.erase("eos_token_id");
+    j.erase("torch_dtype");
+    j.erase("initializer_range");
+  });
+  ASSERT_TRUE(llama.ok()) << llama.status().ToString();
+  EXPECT_EQ(llama->num_key_value_heads, 32);
+  EXPECT_EQ(llama->head_dim, 128);
+  EXPECT_FALSE(llama->tie_word_embeddings);
+  EXPECT_EQ(llama->rope_theta, 10000.0);
+  EXPECT_EQ(llama->rms_norm_eps, 1e-6);
+  EXPECT_EQ(llama->bos_token_id, -1);
+  EXPECT_EQ(llama->eos_token_id, -1);
+  EXPECT_EQ(llama->torch_dtype, "bfloat16");
+  EXPECT_EQ(llama->initializer_range, 0.02);
+
+  // Qwen3Config's head_dim defaults to 128 whatever hidden_size / heads is.
+  auto qwen = ParseEdited(kQwen3_06B, [](Json& j) {
+    j.erase("head_dim");
+    j.erase("tie_word_embeddings");
+    j["hidden_size"] = 512;
+  });
+  ASSERT_TRUE(qwen.ok()) << qwen.status().ToString();
+  EXPECT_EQ(qwen->head_dim, 128);
+  EXPECT_FALSE(qwen->tie_word_embeddings);
+
+  // model_type alone names the class.
+  auto by_type = ParseEdited(kQwen3_06B, [](Json& j) { j.erase("architectures"); });
+  ASSERT_TRUE(by_type.ok()) << by_type.status().ToString();
+  EXPECT_EQ(by_type->architecture, kQwen3Architecture);
+}
+
+// transformers 5.x writes rope_parameters and dtype instead of rope_theta and torch_dtype.
+TEST(LlmConfigTest, ReadsTransformers5Keys) {
+  auto c = ParseEdited(kQwen3_06B, [](Json& j) {
+    j.erase("rope_theta");
+    j.erase("rope_scaling");
+    j.erase("torch_dtype");
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 250000.0}};
+    j["dtype"] = "float32";
+  });
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->rope_theta, 250000.0);
+  EXPECT_EQ(c->torch_dtype, "float32");
+}
+
+struct Refusal {
+  const char* base;
+  std::function<void(Json&)> edit;
+  std::string key;  // must appear as "edited.json: <key>"
+};
+
+TEST(LlmConfigTest, EveryRefusalNamesSourceAndKey) {
+  const std::vector<Refusal> cases = {
+      {kQwen3_06B, [](Json& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; }, "rope_scaling"},
+      {kQwen3_06B, [](Json& j) { j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}}; },
+       "rope_parameters.rope_type"},
+      {kQwen3_06B, [](Json& j) { j["rope_parameters"] = {{"rope_type", "default"}, {"factor", 2.0}}; },
+       "rope_parameters.factor"},
+      {kQwen3_06B, [](Json& j) { j["rope_parameters"] = {{"rope_theta", 5.0}}; }, "rope_parameters.rope_theta"},
+      {kQwen3_06B, [](Json& j) { j["use_sliding_window"] = true; }, "use_sliding_window"},
+      {kQwen3_06B, [](Json& j) { j["layer_types"] = {"full_attention", "sliding_attention"}; }, "layer_types[1]"},
+      {kQwen3_06B, [](Json& j) { j["attention_bias"] = true; }, "attention_bias"},
+      {kLlama31_8B, [](Json& j) { j["rope_scaling"] = nullptr; j["mlp_bias"] = true; }, "mlp_bias"},
+      {kQwen3_06B, [](Json& j) { j["hidden_act"] = "gelu"; }, "hidden_act"},
+      {kQwen3_06B, [](Json& j) { j["attention_dropout"] = 0.1; }, "attention_dropout"},
+      {kQwen3_06B, [](Json& j) { j["quantization_config"] = {{"quant_method", "awq"}}; }, "quantization_config"},
+      {kQwen3_06B, [](Json& j) { j["architectures"] = {"MistralForCausalLM"}; j.erase("model_type"); },
+       "architectures[0]"},
+      {kQwen3_06B, [](Json& j) { j["architectures"] = {"Qwen3ForCausalLM", "X"}; }, "architectures"},
+      {kQwen3_06B, [](Json& j) { j["model_type"] = "llama"; }, "model_type"},
+      {kQwen3_06B, [](Json& j) { j.erase("architectures"); j.erase("model_type"); }, "architectures"},
+      {kQwen3_06B, [](Json& j) { j.erase("hidden_size"); }, "hidden_size"},
+      {kQwen3_06B, [](Json& j) { j.erase("vocab_size"); }, "vocab_size"},
+      {kQwen3_06B, [](Json& j) { j.erase("intermediate_size"); }, "intermediate_size"},
+      {kQwen3_06B, [](Json& j) { j.erase("num_hidden_layers"); }, "num_hidden_layers"},
+      {kQwen3_06B, [](Json& j) { j.erase("num_attention_heads"); }, "num_attention_heads"},
+      {kQwen3_06B, [](Json& j) { j.erase("max_position_embeddings"); }, "max_position_embeddings"},
+      {kQwen3_06B, [](Json& j) { j["hidden_size"] = 0; }, "hidden_size"},
+      {kQwen3_06B, [](Json& j) { j["vocab_size"] = -3; }, "vocab_size"},
+      {kQwen3_06B, [](Json& j) { j["num_hidden_layers"] = 0; }, "num_hidden_layers"},
+      {kQwen3_06B, [](Json& j) { j["intermediate_size"] = 0; }, "intermediate_size"},
+      {kQwen3_06B, [](Json& j) { j["hidden_size"] = "1024"; }, "hidden_size"},
+      {kQwen3_06B, [](Json& j) { j["hidden_size"] = 1024.5; }, "hidden_size"},
+      {kQwen3_06B, [](Json& j) { j["num_key_value_heads"] = 5; }, "num_key_value_heads"},
+      {kQwen3_06B, [](Json& j) { j["head_dim"] = 127; }, "head_dim"},
+      {kLlama31_8B, [](Json& j) { j["rope_scaling"] = nullptr; j["num_attention_heads"] = 24; j["head_dim"] = 128; },
+       "hidden_size"},
+      {kQwen3_06B, [](Json& j) { j["rope_theta"] = -1.0; }, "rope_theta"},
+      {kQwen3_06B, [](Json& j) { j["rms_norm_eps"] = 0.0; }, "rms_norm_eps"},
+      {kQwen3_06B, [](Json& j) { j["tie_word_embeddings"] = 1; }, "tie_word_embeddings"},
+      {kQwen3_06B, [](Json& j) { j["eos_token_id"] = "x"; }, "eos_token_id"},
+      {kQwen3_06B, [](Json& j) { j["eos_token_id"] = {1, "x"}; }, "eos_token_id[1]"},
+      {kQwen3_06B, [](Json& j) { j["torch_dtype"] = "int8"; }, "torch_dtype"},
+      {kQwen3_06B, [](Json& j) { j["dtype"] = "float32"; }, "dtype"},
+  };
+  for (const Refusal& r : cases) {
+    auto c = ParseEdited(r.base, r.edit);
+    ASSERT_FALSE(c.ok()) << r.key;
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << c.status().ToString();
+    EXPECT_NE(c.status().message().find("edited.json: " + r.key + ": expected"), std::string::npos)
+        << "key " << r.key << ": " << c.status().message();
+  }
+  // The unsupported architecture's message lists the supported ones.
+  auto mistral = ParseEdited(kQwen3_06B, [](Json& j) { j["architectures"] = {"MistralForCausalLM"}; j.erase("model_type"); });
+  EXPECT_NE(mistral.status().message().find("LlamaForCausalLM"), std::string::npos);
+  EXPECT_NE(mistral.status().message().find("Qwen3ForCausalLM"), std::string::npos);
+  EXPECT_NE(mistral.status().message().find("MistralForCausalLM"), std::string::npos);
+}
+
+TEST(LlmConfigTest, MalformedTextNamesTheSource) {
+  for (const char* text : {"{\"hidden_size\": ", "", "[1, 2]", "nonsense"}) {
+    auto c = ParseHfConfig(text, "bad.json");
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_EQ(c.status().message().rfind("bad.json: ", 0), 0u) << c.status().message();
+  }
+}
+
+TEST(LlmConfigTest, RoundTripsThroughConfigJson) {
+  std::vector<LlmConfig> configs;
+  for (const std::string& name : PresetNames()) configs.push_back(PresetOrDie(name.c_str()));
+  LlmConfig odd = PresetOrDie("tiny");
+  odd.tie_word_embeddings = false;
+  odd.rope_theta = 123456.789;
+  odd.rms_norm_eps = 3.3e-7;
+  odd.initializer_range = 0.0125;
+  odd.bos_token_id = 7;
+  odd.torch_dtype = "float32";
+  configs.push_back(odd);
+  LlmConfig llama = PresetOrDie("llama-3.2-1b");
+  llama.head_dim = 48;  // explicit head_dim other than hidden / heads
+  llama.eos_token_id = -1;
+  configs.push_back(llama);
+  for (const LlmConfig& c : configs) {
+    const std::string text = ToHfConfigJson(c);
+    auto back = ParseHfConfig(text, "written.json");
+    ASSERT_TRUE(back.ok()) << back.status().ToString() << "\n" << text;
+    EXPECT_EQ(*back, c) << c.ToString() << "\n" << text;
+    const Json j = Json::parse(text);
+    EXPECT_EQ(j["model_type"], c.qk_norm() ? "qwen3" : "llama");
+    EXPECT_EQ(j["hidden_act"], "silu");
+    EXPECT_TRUE(j["rope_scaling"].is_null());
+    EXPECT_EQ(j["attention_bias"], false);
+    EXPECT_EQ(j["use_cache"], true);
+    EXPECT_EQ(j["rope_parameters"]["rope_type"], "default");
+  }
+}
+
+TEST(LlmConfigTest, LoadsFileOrDirectoryWithClearErrors) {
+  const std::string dir = TempDir() + "/llm_config_test_ckpt";
+  ::mkdir(dir.c_str(), 0755);
+  ASSERT_NO_FATAL_FAILURE(WriteText(dir + "/config.json", kQwen3_06B));
+  for (const std::string& path : {dir, dir + "/", dir + "/config.json"}) {
+    auto c = LoadHfConfig(path);
+    ASSERT_TRUE(c.ok()) << path << ": " << c.status().ToString();
+    EXPECT_EQ(*c, PresetOrDie("qwen3-0.6b"));
+  }
+  auto missing = LoadHfConfig(dir + "/nope.json");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("nope.json"), std::string::npos);
+
+  const std::string empty = TempDir() + "/llm_config_test_empty";
+  ::mkdir(empty.c_str(), 0755);
+  auto no_config = LoadHfConfig(empty);
+  EXPECT_EQ(no_config.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(no_config.status().message().find("without config.json"), std::string::npos)
+      << no_config.status().message();
+
+  const std::string junk = TempDir() + "/llm_config_test_junk.json";
+  ASSERT_NO_FATAL_FAILURE(WriteText(junk, "{ not json"));
+  auto bad = LoadHfConfig(junk);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find(junk + ": not valid JSON"), std::string::npos) << bad.status().message();
+
+  // A field error from a file names the file.
+  ASSERT_NO_FATAL_FAILURE(WriteText(junk, "{\"architectures\": [\"Qwen3ForCausalLM\"]}"));
+  auto incomplete = LoadHfConfig(junk);
+  EXPECT_NE(incomplete.status().message().find(junk + ": vocab_size"), std::string::npos)
+      << incomplete.status().message();
+}
+
+TEST(LlmConfigTest, PresetsAndCounts) {
+  // qwen3-0.6b by hand: embedding 151936*1024 = 155582464 (tied: once); per layer q 2048*1024 +
+  // k, v 1024*1024 each + o 1024*2048 = 6291456, MLP 3*3072*1024 = 9437184, norms 2*1024 + 2*128 =
+  // 2304, so 15730944 per layer, 440466432 for 28; plus the final norm 1024: 596049920.
+  EXPECT_EQ(PresetOrDie("qwen3-0.6b").NumParams(), 596049920);
+  EXPECT_EQ(PresetOrDie("llama-3.2-3b").NumParams(), 3212749824);
+  EXPECT_EQ(PresetOrDie("llama-3.1-8b").NumParams(), 8030261248);
+  for (const std::string& name : PresetNames()) {
+    const LlmConfig c = PresetOrDie(name.c_str());
+    ASSERT_TRUE(c.Validate().ok()) << name << ": " << c.Validate().ToString();
+    const std::vector<examples::ParamSpec> specs = LlmParamSpecs(c);
+    EXPECT_EQ(c.NumParams(), examples::TotalNumel(specs)) << name;
+    // MatmulParams: every 2-D tensor but the embedding, plus the embedding once more when tied
+    // (then it is also the lm_head).
+    int64_t matmul = 0;
+    for (size_t i = 1; i < specs.size(); ++i) {
+      if (specs[i].shape.size() == 2) matmul += specs[i].numel();
+    }
+    if (c.tie_word_embeddings) matmul += specs[0].numel();
+    EXPECT_EQ(c.MatmulParams(), matmul) << name;
+  }
+  const LlmConfig tiny = PresetOrDie("tiny");
+  EXPECT_EQ(tiny.NumParams(), 131456);
+  EXPECT_EQ(tiny.TrainFlopsPerToken(128), 6.0 * tiny.MatmulParams() + 6.0 * 2 * 128 * 4 * 16);
+  auto unknown = Preset("gpt-5");
+  EXPECT_EQ(unknown.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(unknown.status().message().find("qwen3-0.6b"), std::string::npos) << unknown.status().message();
+  EXPECT_EQ(tiny.ToString(), "Qwen3ForCausalLM V=512 H=64 I=192 L=2 heads=4/2 head_dim=16 tied params=131456");
+}
+
+TEST(LlmConfigTest, ValidateNamesTheKey) {
+  LlmConfig c = PresetOrDie("tiny");
+  c.num_key_value_heads = 3;
+  EXPECT_NE(c.Validate().message().find("num_key_value_heads"), std::string::npos);
+  c = PresetOrDie("tiny");
+  c.architecture = "GPT2LMHeadModel";
+  EXPECT_NE(c.Validate().message().find("GPT2LMHeadModel"), std::string::npos);
+  c = PresetOrDie("tiny");
+  c.max_position_embeddings = 0;
+  EXPECT_NE(c.Validate().message().find("max_position_embeddings"), std::string::npos);
+}
+
+// ---- Parameter list. -------------------------------------------------------------------------------
+
+std::vector<std::string> Names(const std::vector<examples::ParamSpec>& specs) {
+  std::vector<std::string> n;
+  for (const auto& s : specs) n.push_back(s.name);
+  return n;
+}
+
+TEST(LlmParamsTest, Qwen3TiedNamesShapesModules) {
+  LlmConfig c = PresetOrDie("tiny");
+  const auto specs = LlmParamSpecs(c);
+  ASSERT_EQ(specs.size(), 1u + 2 * 11 + 1);
+  const std::vector<std::string> layer0 = {
+      "model.layers.0.input_layernorm.weight",   "model.layers.0.self_attn.q_proj.weight",
+      "model.layers.0.self_attn.k_proj.weight",  "model.layers.0.self_attn.v_proj.weight",
+      "model.layers.0.self_attn.o_proj.weight",  "model.layers.0.self_attn.q_norm.weight",
+      "model.layers.0.self_attn.k_norm.weight",  "model.layers.0.post_attention_layernorm.weight",
+      "model.layers.0.mlp.gate_proj.weight",     "model.layers.0.mlp.up_proj.weight",
+      "model.layers.0.mlp.down_proj.weight"};
+  const auto names = Names(specs);
+  EXPECT_EQ(names[0], "model.embed_tokens.weight");
+  EXPECT_EQ(std::vector<std::string>(names.begin() + 1, names.begin() + 12), layer0);
+  EXPECT_EQ(names[12], "model.layers.1.input_layernorm.weight");
+  EXPECT_EQ(names.back(), "model.norm.weight");
+  EXPECT_EQ(specs[0].shape, (std::vector<int64_t>{512, 64}));
+  EXPECT_EQ(specs[2].shape, (std::vector<int64_t>{64, 64}));   // q: 4 heads * 16
+  EXPECT_EQ(specs[3].shape, (std::vector<int64_t>{32, 64}));   // k: 2 kv heads * 16
+  EXPECT_EQ(specs[5].shape, (std::vector<int64_t>{64, 64}));   // o
+  EXPECT_EQ(specs[6].shape, (std::vector<int64_t>{16}));       // q_norm
+  EXPECT_EQ(specs[9].shape, (std::vector<int64_t>{192, 64}));  // gate
+  EXPECT_EQ(specs[11].shape, (std::vector<int64_t>{64, 192})); // down
+  EXPECT_EQ(specs[1].init, examples::InitKind::kOnes);
+  EXPECT_EQ(specs[6].init, examples::InitKind::kOnes);
+  EXPECT_EQ(specs[2].init, examples::InitKind::kNormal);
+  EXPECT_FLOAT_EQ(specs[2].init_std, 0.02f);
+  EXPECT_EQ(specs[0].init, examples::InitKind::kNormal);
+
+  const auto modules = examples::GroupByModule(specs);
+  ASSERT_EQ(modules.size(), 4u);
+  EXPECT_EQ(modules[0].name, "embed");
+  EXPECT_EQ(modules[0].params, std::vector<int>{0});
+  EXPECT_EQ(modules[1].name, "layer0");
+  EXPECT_EQ(modules[2].name, "layer1");
+  EXPECT_EQ(modules[3].name, "head");
+  EXPECT_EQ(modules[3].params, std::vector<int>{23});
+  EXPECT_EQ(FinalNormIndex(c), 23);
+  EXPECT_EQ(LmHeadIndex(c), -1);
+  EXPECT_EQ(OutputWeightIndex(c), 0);
+
+  const LayerParamIndex l1 = LayerParams(c, 1);
+  EXPECT_EQ(l1.first, 12);
+  EXPECT_EQ(l1.count, 11);
+  EXPECT_EQ(modules[2].params.front(), l1.first);
+  EXPECT_EQ(names[l1.q_norm], "model.layers.1.self_attn.q_norm.weight");
+  EXPECT_EQ(names[l1.k_norm], "model.layers.1.self_attn.k_norm.weight");
+  EXPECT_EQ(names[l1.post_norm], "model.layers.1.post_attention_layernorm.weight");
+  EXPECT_EQ(names[l1.down], "model.layers.1.mlp.down_proj.weight");
+}
+
+TEST(LlmParamsTest, LlamaUntiedAndTied) {
+  LlmConfig c = PresetOrDie("tiny");
+  c.architecture = kLlamaArchitecture;
+  c.tie_word_embeddings = false;
+  auto specs = LlmParamSpecs(c);
+  ASSERT_EQ(specs.size(), 1u + 2 * 9 + 2);
+  const auto names = Names(specs);
+  EXPECT_EQ(names[5], "model.layers.0.self_attn.o_proj.weight");
+  EXPECT_EQ(names[6], "model.layers.0.post_attention_layernorm.weight");
+  EXPECT_EQ(names[19], "model.norm.weight");
+  EXPECT_EQ(names[20], "lm_head.weight");
+  EXPECT_EQ(specs[20].shape, (std::vector<int64_t>{512, 64}));
+  EXPECT_EQ(specs[20].module, "head");
+  EXPECT_EQ(LmHeadIndex(c), 20);
+  EXPECT_EQ(OutputWeightIndex(c), 20);
+  const LayerParamIndex l0 = LayerParams(c, 0);
+  EXPECT_EQ(l0.q_norm, -1);
+  EXPECT_EQ(l0.k_norm, -1);
+  EXPECT_EQ(names[l0.gate], "model.layers.0.mlp.gate_proj.weight");
+  const auto modules = examples::GroupByModule(specs);
+  EXPECT_EQ(modules.back().params, (std::vector<int>{19, 20}));
+  for (int l = 0; l < 2; ++l) {
+    EXPECT_EQ(modules[1 + l].params.size(), 9u);
+    EXPECT_EQ(modules[1 + l].params.front(), LayerParams(c, l).first);
+  }
+  EXPECT_EQ(c.NumParams(), examples::TotalNumel(specs));
+
+  c.tie_word_embeddings = true;
+  specs = LlmParamSpecs(c);
+  EXPECT_EQ(specs.size(), 1u + 2 * 9 + 1);
+  EXPECT_EQ(specs.back().name, "model.norm.weight");
+  EXPECT_EQ(c.NumParams(), examples::TotalNumel(specs));
+}
+
+}  // namespace
+}  // namespace zero::llm
