@@ -36,10 +36,28 @@ float RankMean(const std::vector<const float*>& per_rank, size_t i, DType t) {
 
 // CpuDevice::SumOfSquares (cpu_device.h): element k squared in double into lane k mod 8, in
 // increasing k, lanes combined as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
+// CpuDevice::SumOfSquares' documented order (cpu_device.h): blocks of 1024 elements, in a block
+// lane k % 8 and a fixed tree over the lanes, block sums combined pairwise like a binary counter.
 double LaneSumOfSquares(const float* x, size_t n) {
-  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (size_t k = 0; k < n; ++k) lane[k % 8] += static_cast<double>(x[k]) * static_cast<double>(x[k]);
-  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  constexpr size_t kBlock = 1024;
+  double level_sum[64];
+  size_t blocks = 0;
+  for (size_t b = 0; b < n; b += kBlock) {
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (size_t k = b; k < std::min(n, b + kBlock); ++k) {
+      lane[(k - b) % 8] += static_cast<double>(x[k]) * static_cast<double>(x[k]);
+    }
+    double carry = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    int level = 0;
+    for (size_t k = blocks; k & 1; k >>= 1, ++level) carry = level_sum[level] + carry;
+    level_sum[level] = carry;
+    ++blocks;
+  }
+  double total = 0.0;
+  for (int level = 0; level < 64; ++level) {
+    if ((blocks >> level) & 1) total = level_sum[level] + total;
+  }
+  return total;
 }
 
 // The contract's norm order: per parameter, the sum of squares of this rank's partition of the
