@@ -419,7 +419,7 @@ std::string CellConfigJson(const CellSpec& c) {
   std::ostringstream j;
   j.precision(17);
   j << "{\n"
-    << "  \"train_micro_batch_size_per_gpu\": " << ModelDims().batch << ",\n"
+    << "  \"train_micro_batch_size_per_gpu\": " << c.micro_batch << ",\n"
     << "  \"gradient_accumulation_steps\": " << c.gas << ",\n"
     << "  \"gradient_clipping\": " << c.clip << ",\n"
     << "  \"managed_gradient_accumulation\": " << (c.managed ? "true" : "false") << ",\n"
@@ -451,7 +451,7 @@ std::string CellConfigJson(const CellSpec& c) {
             : "")
     << (c.gpu_grad_accumulation ? ", \"offload_grad_accumulation\": \"gpu\"" : "")
     << (c.offload_optimizer && c.nvme
-            ? ", \"sub_group_size\": 300, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + NvmeTestDir() +
+            ? ", \"sub_group_size\": " + std::to_string(c.sub_group_size) + ", \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + NvmeTestDir() +
                   "\", \"buffer_count\": 2, \"cpu_threads\": 2, \"host_memory_budget\": " +
                   std::to_string(c.host_memory_budget) + "}"
             : "")

@@ -173,6 +173,8 @@ struct CellSpec {
   int initial_scale_power = 12;
   int64_t persistence_threshold = 16;
   int64_t reduce_bucket_size = 100;
+  int64_t sub_group_size = 300;  // nvme cells: elements per swapped sub-group
+  int micro_batch = 4;           // train_micro_batch_size_per_gpu (the batch arithmetic only)
   std::string Name() const;  // "s2_w3_bf16_gas4_clip"
 };
 std::string CellConfigJson(const CellSpec& cell);
