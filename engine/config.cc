@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/config_keys.h"
+#include "engine/json_input.h"
 
 namespace zero {
 
@@ -836,36 +837,61 @@ std::string ParentOf(const std::string& path) {
   return dot == std::string::npos ? "" : path.substr(0, dot);
 }
 
-// Every name zero knows directly under the block `parent` ("" = top level).
-std::vector<std::string> NamesUnder(const std::string& parent) {
-  std::vector<std::string> all;
-  for (const Key& k : Keys()) all.push_back(k.path);
-  for (const Alias& a : kAliases) all.push_back(a.path);
-  for (const Deprecated& d : kDeprecated) all.push_back(d.path);
-  for (const Ignored& i : kIgnored) all.push_back(i.path);
-  std::vector<std::string> names;
-  const std::string prefix = parent.empty() ? "" : parent + ".";
-  for (const std::string& p : all) {
-    if (p.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::string rest = p.substr(prefix.size());
-    const std::string first = rest.substr(0, rest.find('.'));
-    if (std::find(names.begin(), names.end(), first) == names.end()) names.push_back(first);
-  }
-  return names;
+// Every name zero knows directly under each block ("" = top level), in table order. Built once:
+// an unknown key's suggestion must not rebuild it (a file of 200k unknown keys asks 200k times).
+const std::map<std::string, std::vector<std::string>>& NamesByBlock() {
+  static const auto* names = [] {
+    auto* out = new std::map<std::string, std::vector<std::string>>();
+    std::vector<std::string> all;
+    for (const Key& k : Keys()) all.push_back(k.path);
+    for (const Alias& a : kAliases) all.push_back(a.path);
+    for (const Deprecated& d : kDeprecated) all.push_back(d.path);
+    for (const Ignored& i : kIgnored) all.push_back(i.path);
+    for (const std::string& p : all) {
+      for (size_t start = 0;;) {
+        const size_t dot = p.find('.', start);
+        const std::string parent = start == 0 ? "" : p.substr(0, start - 1);
+        const std::string name = p.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+        std::vector<std::string>& v = (*out)[parent];
+        if (std::find(v.begin(), v.end(), name) == v.end()) v.push_back(name);
+        if (dot == std::string::npos) break;
+        start = dot + 1;
+      }
+    }
+    return out;
+  }();
+  return *names;
 }
 
-std::string Suggestion(const std::string& parent, const std::string& name) {
+const std::vector<std::string>& NamesUnder(const std::string& parent) {
+  static const std::vector<std::string> kNone;
+  const auto it = NamesByBlock().find(parent);
+  return it == NamesByBlock().end() ? kNone : it->second;
+}
+
+// The known name under `parent` closest to `name` (case-insensitive edit distance), and that
+// distance; names further than `limit` are skipped (distance >= length difference, so they are
+// not even compared) and give {"", npos}.
+std::pair<std::string, size_t> Nearest(const std::string& parent, const std::string& name, size_t limit) {
   std::string best;
   size_t best_d = std::string::npos;
+  const std::string lower = Lower(name);
   for (const std::string& n : NamesUnder(parent)) {
-    const size_t d = EditDistance(Lower(name), Lower(n));
-    if (d < best_d) {
+    const size_t gap = n.size() > name.size() ? n.size() - name.size() : name.size() - n.size();
+    if (gap > limit) continue;
+    const size_t d = EditDistance(lower, Lower(n));
+    if (d <= limit && d < best_d) {
       best_d = d;
       best = n;
     }
   }
+  return {best, best_d};
+}
+
+std::string Suggestion(const std::string& parent, const std::string& name) {
   const size_t limit = std::max<size_t>(1, std::min<size_t>(3, name.size() / 3));
-  if (!best.empty() && best_d <= limit) return " (did you mean '" + best + "'?)";
+  const auto [best, best_d] = Nearest(parent, name, limit);
+  if (!best.empty()) return " (did you mean '" + best + "'?)";
   // The right name in the wrong block: suggest the full path.
   for (const Key& k : Keys()) {
     if (LastComponent(k.path) == name && ParentOf(k.path) != parent) {
@@ -889,7 +915,12 @@ struct ParseState {
   std::map<std::string, bool> deprecated;    // deprecated boolean keys as given
   std::vector<std::string> errors;           // every problem, in file order, then the cross-key checks
   std::set<std::string> bad;                 // canonical paths of keys and blocks with a problem
+  int64_t unknown_keys = 0;                  // all of them; only the first kUnknownKeysListed are listed
 };
+
+// A file of many unknown keys (a wrong file, a generated one) lists this many and counts the rest,
+// so that its message stays readable and its size does not grow with the file.
+constexpr int64_t kUnknownKeysListed = 100;
 
 // Records the problem `s` (an error Status) about the key or block `path` ("" for none).
 void Problem(ParseState* st, const std::string& path, const Status& s) {
@@ -989,6 +1020,7 @@ void Walk(const Json& obj, const std::string& canonical_prefix, const std::strin
       handled = true;
     }
     if (handled) continue;
+    if (++st->unknown_keys > kUnknownKeysListed) continue;
     const std::string message = source + ": unknown key '" + user_path + "'" + Suggestion(canonical_prefix, name);
     if (st->options.strict) {
       st->errors.push_back(message);
@@ -1349,31 +1381,6 @@ const std::vector<Rule>& Rules() {
   return *rules;
 }
 
-Status PositionedParseError(const std::string& text, const std::string& source, const Json::parse_error& e) {
-  // e.byte is the 1-based index of the last character read; turn it into line and column.
-  size_t index = e.byte == 0 ? 0 : e.byte - 1;
-  index = std::min(index, text.size());
-  size_t line = 1;
-  size_t line_start = 0;
-  for (size_t i = 0; i < index; ++i) {
-    if (text[i] == '\n') {
-      ++line;
-      line_start = i + 1;
-    }
-  }
-  const size_t column = index - line_start + 1;
-  std::string detail = e.what();
-  const size_t col_pos = detail.find("column ");
-  const size_t colon = col_pos == std::string::npos ? std::string::npos : detail.find(": ", col_pos);
-  if (colon != std::string::npos) {
-    detail = detail.substr(colon + 2);
-  } else if (detail.find("] ") != std::string::npos) {
-    detail = detail.substr(detail.find("] ") + 2);
-  }
-  return InvalidArgumentError(source + ": malformed JSON at line " + std::to_string(line) + ", column " +
-                              std::to_string(column) + ": " + detail);
-}
-
 // One problem: its message alone. Several: a count, then one problem per line. Unknown keys that were
 // only warnings follow as notes, since a misspelt key is often why a value is missing.
 std::string ProblemsMessage(const ParseState& st) {
@@ -1385,7 +1392,7 @@ std::string ProblemsMessage(const ParseState& st) {
     out = source + ": " + std::to_string(st.errors.size()) + " problems in the config:";
     for (const std::string& e : st.errors) out += "\n  " + e;
   }
-  const std::string unknown = source + ": unknown key ";
+  const std::string unknown = source + ": unknown key";  // "unknown key '...'" and "unknown keys: N more"
   for (const std::string& w : st.config.warnings) {
     if (w.compare(0, unknown.size(), unknown) == 0) out += "\n  note: " + w;
   }
@@ -1421,12 +1428,8 @@ Result<Config> ParseConfig(const std::string& json_text, const ParseOptions& opt
     return InvalidArgumentError(source + ": world_size: expected an integer >= 1, got " +
                                 std::to_string(options.world_size));
   }
-  Json root;
-  try {
-    root = Json::parse(json_text);
-  } catch (const Json::parse_error& e) {
-    return PositionedParseError(json_text, source, e);
-  }
+  // Depth, number range, duplicate keys and linear time are ParseJsonText's (engine/json_input.h).
+  ZERO_ASSIGN_OR_RETURN(Json root, ParseJsonText<Json>(json_text, source));
   if (!root.is_object()) {
     return InvalidArgumentError(source + ": expected a JSON object at the top level, got " + ShowValue(root));
   }
@@ -1437,6 +1440,12 @@ Result<Config> ParseConfig(const std::string& json_text, const ParseOptions& opt
   }
   try {
     Walk(root, "", "", &st);
+    if (st.unknown_keys > kUnknownKeysListed) {
+      const std::string more = source + ": unknown keys: " + std::to_string(st.unknown_keys - kUnknownKeysListed) +
+                               " more not listed (" + std::to_string(st.unknown_keys) + " in all; the first " +
+                               std::to_string(kUnknownKeysListed) + " are)";
+      (options.strict ? st.errors : st.config.warnings).push_back(more);
+    }
     ApplyDeprecatedOffload(&st);
     ResolveDependentDefaults(&st);
     ResolveBatch(&st);

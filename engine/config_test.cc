@@ -1,5 +1,6 @@
 #include "engine/config.h"
 
+#include <chrono>
 #include <map>
 #include <string>
 #include <vector>
@@ -625,6 +626,64 @@ TEST(ConfigJsonTest, TrailingCommaAndMissingBrace) {
   r = Parse("");
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(Contains(Message(r), "malformed JSON at line 1, column 1: ")) << Message(r);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hostile input (issue 23): each case is a clear error within seconds, never a signal or an abort.
+
+double SecondsToParse(const std::string& text, Result<Config>* out, bool strict = false) {
+  const auto t0 = std::chrono::steady_clock::now();
+  *out = Parse(text, 1, strict);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+TEST(ConfigHostileTest, DeepNestingIsAnErrorNotACrash) {
+  // A value nested 100k levels used to crash (SIGSEGV) while the error message printed it.
+  std::string text = "{\"train_batch_size\": ";
+  for (int i = 0; i < 100000; ++i) text += "[";
+  text += "8";
+  for (int i = 0; i < 100000; ++i) text += "]";
+  text += "}";
+  Result<Config> r = InvalidArgumentError("unset");
+  EXPECT_LT(SecondsToParse(text, &r), 5.0);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(Message(r), "<config>: JSON nested deeper than 100 levels at line 1, column 121 ")) << Message(r);
+}
+
+TEST(ConfigHostileTest, NumberBeyondDoubleIsAnErrorNamingTheKey) {
+  // 1e400 used to end the process with an uncaught std::out_of_range.
+  auto r = Parse("{\"train_batch_size\": 8,\n \"optimizer\": {\"params\": {\"lr\": 1e400}}}");
+  EXPECT_EQ(Message(r),
+            "<config>: number 1e400 at line 2, column 33 (key 'optimizer.params.lr') is outside the range of a double "
+            "(magnitude at most 1.8e308)");
+  r = Parse("{\"train_batch_size\": -1" + std::string(400, '0') + "}");
+  EXPECT_TRUE(Contains(Message(r), "at line 1, column 22 (key 'train_batch_size') is outside the range of a double"))
+      << Message(r);
+}
+
+TEST(ConfigHostileTest, DuplicateKeyIsAnError) {
+  // nlohmann kept the last of two values silently; DeepSpeed refuses duplicate keys.
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "stage": 0}})")),
+            "<config>: duplicate key 'zero_optimization.stage': JSON gives a key one value (DeepSpeed refuses "
+            "duplicate keys too); remove one of them");
+}
+
+TEST(ConfigHostileTest, ManyUnknownKeysParseInLinearTimeAndAreCounted) {
+  // 200k unknown keys (4.7 MB) took minutes: nlohmann's ordered object searched every earlier key on
+  // each insert, and each key's suggestion rebuilt the list of known names.
+  std::string text = "{\"train_batch_size\": 8";
+  for (int i = 0; i < 200000; ++i) text += ", \"unknown_key_" + std::to_string(i) + "\": 1";
+  text += "}";
+  Result<Config> r = InvalidArgumentError("unset");
+  EXPECT_LT(SecondsToParse(text, &r), 10.0) << text.size() << " bytes";
+  ASSERT_TRUE(r.ok()) << Message(r);
+  ASSERT_EQ(r->warnings.size(), 101u);
+  EXPECT_EQ(r->warnings[0], "<config>: unknown key 'unknown_key_0'");
+  EXPECT_EQ(r->warnings[100], "<config>: unknown keys: 199900 more not listed (200000 in all; the first 100 are)");
+  EXPECT_LT(SecondsToParse(text, &r, /*strict=*/true), 10.0);
+  EXPECT_TRUE(Contains(Message(r), "<config>: 101 problems in the config:\n  <config>: unknown key 'unknown_key_0'"))
+      << Message(r).substr(0, 200);
+  EXPECT_TRUE(Contains(Message(r), "\n  <config>: unknown keys: 199900 more not listed")) << Message(r).size();
 }
 
 TEST(ConfigJsonTest, TopLevelMustBeAnObject) {
