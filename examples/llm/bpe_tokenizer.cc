@@ -14,6 +14,15 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
+// The Split regexes of Llama-3 and of Qwen2 (and its successors) as their tokenizer.json files spell
+// them; a file must match one exactly.
+constexpr char kLlama3Regex[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+constexpr char kQwen2Regex[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
 enum CharClass : uint8_t { kOther = 0, kLetter = 1, kNumber = 2, kSpace = 3 };
 
 // Transitions of the character class over the code points, (first code point << 2) | class: a
@@ -177,13 +186,15 @@ Result<std::string> ByteLevelToBytes(std::string_view text) {
   return out;
 }
 
-std::vector<std::string_view> PreTokenize(std::string_view text) {
-  std::vector<std::string_view> pieces;
+namespace {
+
+// GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+void SplitGpt2(std::string_view text, std::vector<std::string_view>* pieces) {
   const size_t n = text.size();
   size_t i = 0;
   while (i < n) {
     const size_t start = i;
-    // 's|'t|'re|'ve|'m|'ll|'d (case-sensitive, as in GPT-2's pattern)
+    // 's|'t|'re|'ve|'m|'ll|'d (case-sensitive in this pattern)
     if (text[i] == '\'' && i + 1 < n) {
       const char c1 = text[i + 1];
       const char c2 = i + 2 < n ? text[i + 2] : '\0';
@@ -194,7 +205,7 @@ std::vector<std::string_view> PreTokenize(std::string_view text) {
         len = 3;
       }
       if (len > 0) {
-        pieces.push_back(text.substr(i, len));
+        pieces->push_back(text.substr(i, len));
         i += len;
         continue;
       }
@@ -209,12 +220,11 @@ std::vector<std::string_view> PreTokenize(std::string_view text) {
         if (c.cls != cls) break;
         j += c.len;
       }
-      pieces.push_back(text.substr(start, j - start));
+      pieces->push_back(text.substr(start, j - start));
       i = j;
       continue;
     }
     // \s+(?!\S) | \s+ : a whitespace run, less its last character when text follows it
-    c = CharAt(text, i);
     size_t end = i;
     size_t last = i;  // start of the run's last character
     while (end < n) {
@@ -224,8 +234,98 @@ std::vector<std::string_view> PreTokenize(std::string_view text) {
       end += c.len;
     }
     if (end < n && last > start) end = last;
-    pieces.push_back(text.substr(start, end - start));
+    pieces->push_back(text.substr(start, end - start));
     i = end;
+  }
+}
+
+bool IsNewline(char c) { return c == '\r' || c == '\n'; }
+
+// Length of a case-insensitive contraction ('s 't 're 've 'm 'll 'd) at text[i] == '\'', or 0. Case
+// folding also makes U+017F (long s) an 's'.
+size_t ContractionAt(std::string_view text, size_t i) {
+  auto lower = [&](size_t k) -> char {
+    if (k >= text.size()) return '\0';
+    const char c = text[k];
+    return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+  };
+  const char c1 = lower(i + 1), c2 = lower(i + 2);
+  if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return 2;
+  if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) return 3;
+  if (text.substr(i + 1, 2) == "\xC5\xBF") return 3;
+  return 0;
+}
+
+// Llama-3 (max_digits 3) and Qwen2 (max_digits 1):
+// (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+// \s*[\r\n]+|\s+(?!\S)|\s+
+void SplitTiktokenStyle(std::string_view text, int max_digits, std::vector<std::string_view>* pieces) {
+  const size_t n = text.size();
+  size_t i = 0;
+  auto run = [&](size_t j, CharClass cls) {  // end of the run of `cls` starting at j
+    while (j < n) {
+      const Char c = CharAt(text, j);
+      if (c.cls != cls) break;
+      j += c.len;
+    }
+    return j;
+  };
+  while (i < n) {
+    const size_t start = i;
+    const Char c = CharAt(text, i);
+    size_t end = 0;
+    if (text[i] == '\'' && (end = ContractionAt(text, i)) > 0) {
+      end += i;
+    } else if (c.cls == kLetter) {
+      end = run(i, kLetter);
+    } else if (c.cls != kNumber && !IsNewline(text[i]) && i + c.len < n &&
+               CharAt(text, i + c.len).cls == kLetter) {
+      end = run(i + c.len, kLetter);  // one leading non-letter, non-digit, non-newline character
+    } else if (c.cls == kNumber) {
+      end = i;
+      for (int d = 0; d < max_digits && end < n; ++d) {
+        const Char digit = CharAt(text, end);
+        if (digit.cls != kNumber) break;
+        end += digit.len;
+      }
+    } else if (c.cls == kOther || (text[i] == ' ' && i + 1 < n && CharAt(text, i + 1).cls == kOther)) {
+      end = run(text[i] == ' ' ? i + 1 : i, kOther);
+      while (end < n && IsNewline(text[end])) ++end;
+    } else {  // white space
+      size_t last = i, last_newline = std::string_view::npos;
+      end = i;
+      while (end < n) {
+        const Char w = CharAt(text, end);
+        if (w.cls != kSpace) break;
+        if (IsNewline(text[end])) last_newline = end;
+        last = end;
+        end += w.len;
+      }
+      if (last_newline != std::string_view::npos) {
+        end = last_newline + 1;  // \s*[\r\n]+ : through the run's last newline
+      } else if (end < n && last > start) {
+        end = last;  // \s+(?!\S)
+      }
+    }
+    pieces->push_back(text.substr(start, end - start));
+    i = end;
+  }
+}
+
+}  // namespace
+
+std::vector<std::string_view> PreTokenize(std::string_view text, SplitPattern pattern) {
+  std::vector<std::string_view> pieces;
+  switch (pattern) {
+    case SplitPattern::kGpt2:
+      SplitGpt2(text, &pieces);
+      break;
+    case SplitPattern::kLlama3:
+      SplitTiktokenStyle(text, 3, &pieces);
+      break;
+    case SplitPattern::kQwen2:
+      SplitTiktokenStyle(text, 1, &pieces);
+      break;
   }
   return pieces;
 }
@@ -464,7 +564,7 @@ void BpeTokenizer::EncodeWord(std::string_view word, std::vector<int32_t>* out) 
 void BpeTokenizer::EncodeSegment(std::string_view segment,
                                  std::unordered_map<std::string_view, std::vector<int32_t>>* cache,
                                  std::vector<int32_t>* out) const {
-  for (std::string_view piece : PreTokenize(segment)) {
+  for (std::string_view piece : PreTokenize(segment, pattern_)) {
     auto [it, inserted] = cache->try_emplace(piece);
     if (inserted) EncodeWord(piece, &it->second);
     out->insert(out->end(), it->second.begin(), it->second.end());
@@ -551,13 +651,18 @@ std::string BpeTokenizer::ToJson() const {
                          {"special", t.special}});
   }
   j["added_tokens"] = std::move(added);
-  j["normalizer"] = nullptr;
-  j["pre_tokenizer"] = Json{{"type", "ByteLevel"},
-                            {"add_prefix_space", add_prefix_space_},
-                            {"trim_offsets", true},
-                            {"use_regex", true}};
-  j["post_processor"] = nullptr;
-  j["decoder"] = Json{{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+  j["normalizer"] = normalizer_json_.empty() ? Json() : Json::parse(normalizer_json_);
+  j["pre_tokenizer"] = pre_tokenizer_json_.empty() ? Json{{"type", "ByteLevel"},
+                                                          {"add_prefix_space", add_prefix_space_},
+                                                          {"trim_offsets", true},
+                                                          {"use_regex", true}}
+                                                   : Json::parse(pre_tokenizer_json_);
+  j["post_processor"] = post_processor_json_.empty() ? Json() : Json::parse(post_processor_json_);
+  j["decoder"] = decoder_json_.empty() ? Json{{"type", "ByteLevel"},
+                                              {"add_prefix_space", true},
+                                              {"trim_offsets", true},
+                                              {"use_regex", true}}
+                                       : Json::parse(decoder_json_);
   Json model = Json::object();
   model["type"] = "BPE";
   model["dropout"] = nullptr;
@@ -566,6 +671,10 @@ std::string BpeTokenizer::ToJson() const {
   model["end_of_word_suffix"] = nullptr;
   model["fuse_unk"] = false;
   model["byte_fallback"] = false;
+  if (!model_extras_json_.empty()) {
+    const Json extras = Json::parse(model_extras_json_);
+    for (const auto& [key, value] : extras.items()) model[key] = value;
+  }
   model["ignore_merges"] = ignore_merges_;
   Json vocab = Json::object();
   for (size_t id = 0; id < tokens_.size(); ++id) {
@@ -626,21 +735,44 @@ Result<BpeTokenizer> BpeTokenizer::FromJson(std::string_view json_text, const st
     if (model["type"] != "BPE") {
       return bad("model.type", "expected \"BPE\" (byte-level BPE), got " + Shown(model["type"]));
     }
-    if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-      return bad("normalizer", "expected null (the byte-level scheme normalizes nothing), got " +
-                                   Shown(j["normalizer"]));
-    }
     BpeTokenizer t;
-    if (!j.contains("pre_tokenizer") || !j["pre_tokenizer"].is_object()) {
-      return bad("pre_tokenizer", "expected {\"type\": \"ByteLevel\", \"use_regex\": true}, got " +
-                                      Shown(j.value("pre_tokenizer", Json())));
+    const Json normalizer = j.value("normalizer", Json());
+    if (!normalizer.is_null()) {
+      if (normalizer != Json{{"type", "NFC"}}) {
+        return bad("normalizer", "expected null or {\"type\": \"NFC\"} (byte-level BPE), got " + Shown(normalizer));
+      }
+      t.normalizer_json_ = normalizer.dump();
     }
-    const Json& pre = j["pre_tokenizer"];
-    if (pre.value("type", Json()) != "ByteLevel" || !pre.value("use_regex", true)) {
-      return bad("pre_tokenizer", "only ByteLevel with use_regex true (the GPT-2 split) is supported, got " +
-                                      Shown(pre));
+    const Json pre = j.value("pre_tokenizer", Json());
+    const std::string supported =
+        "expected ByteLevel with use_regex true, or a Sequence of a Split by Llama-3's or Qwen2's regex "
+        "(behavior Isolated) and ByteLevel with use_regex false and add_prefix_space false; got ";
+    if (pre.is_object() && pre.value("type", Json()) == "ByteLevel" && pre.value("use_regex", true) == true) {
+      t.pattern_ = SplitPattern::kGpt2;
+      t.add_prefix_space_ = pre.value("add_prefix_space", true);
+    } else if (pre.is_object() && pre.value("type", Json()) == "Sequence" &&
+               pre.value("pretokenizers", Json()).is_array() && pre["pretokenizers"].size() == 2) {
+      const Json& split = pre["pretokenizers"][0];
+      const Json& level = pre["pretokenizers"][1];
+      const Json regex = split.is_object() ? split.value("pattern", Json()).value("Regex", Json()) : Json();
+      if (split.value("type", Json()) != "Split" || split.value("behavior", Json()) != "Isolated" ||
+          split.value("invert", false) || level.value("type", Json()) != "ByteLevel" ||
+          level.value("use_regex", true) || level.value("add_prefix_space", true) ||
+          (regex != kLlama3Regex && regex != kQwen2Regex)) {
+        return bad("pre_tokenizer", supported + Shown(pre));
+      }
+      t.pattern_ = regex == kLlama3Regex ? SplitPattern::kLlama3 : SplitPattern::kQwen2;
+    } else {
+      return bad("pre_tokenizer", supported + Shown(pre));
     }
-    t.add_prefix_space_ = pre.value("add_prefix_space", true);
+    t.pre_tokenizer_json_ = pre.dump();
+    if (j.contains("post_processor") && !j["post_processor"].is_null()) t.post_processor_json_ = j["post_processor"].dump();
+    if (j.contains("decoder") && !j["decoder"].is_null()) t.decoder_json_ = j["decoder"].dump();
+    Json extras = Json::object();
+    for (const char* key : {"unk_token", "fuse_unk", "byte_fallback"}) {
+      if (model.contains(key)) extras[key] = model[key];
+    }
+    t.model_extras_json_ = extras.dump();
     const Json dropout = model.value("dropout", Json());
     if (!dropout.is_null() && !(dropout.is_number() && dropout.get<double>() == 0.0)) {
       return bad("model.dropout", "expected null (deterministic encoding), got " + Shown(dropout));
@@ -669,6 +801,11 @@ Result<BpeTokenizer> BpeTokenizer::FromJson(std::string_view json_text, const st
         if (!list[k].is_object() || !list[k].contains("content") || !list[k]["content"].is_string() ||
             list[k]["content"].get<std::string>().empty()) {
           return bad(key, "expected {\"id\": ..., \"content\": \"...\"}, got " + Shown(list[k]));
+        }
+        for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
+          if (list[k].value(flag, false)) {
+            return bad(key + "." + flag, "true is not supported (added tokens are matched exactly)");
+          }
         }
         int32_t id;
         ZERO_RETURN_IF_ERROR(take_id(key + ".id", list[k].value("id", Json()), &id));

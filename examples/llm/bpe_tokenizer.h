@@ -8,13 +8,17 @@
 // the added tokens ("<|endoftext|>"), which become their ids; (2) each remaining segment is split by
 // GPT-2's pre-tokenizer regex
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// written here by hand; (3) each piece's bytes become the 256 base tokens and the merges are applied
-// lowest rank first (leftmost first among equal ranks). Character classes: \p{L}, \p{N} and \s are
-// looked up, per code point, in a table taken from the behavior of tokenizers 0.23's ByteLevel
-// pre-tokenizer (Oniguruma, Unicode 16; \s = Unicode White_Space), so the split agrees with the
-// library for ASCII exactly and for other text up to that table. Caveats for non-ASCII text: a code
-// point assigned after Unicode 16 may be classed differently by a later library; bytes that are not
-// valid UTF-8 (which the Python libraries cannot be given at all) are each taken as a letter.
+// written here by hand (loaded files may instead name Llama-3's or Qwen2's regex, see SplitPattern);
+// (3) each piece's bytes become the 256 base tokens and the merges are applied lowest rank first
+// (leftmost first among equal ranks). No post-processing: Encode adds no BOS/EOS (the Python
+// libraries' add_special_tokens=False for a file with a template). Character classes: \p{L}, \p{N}
+// and \s are looked up, per code point, in a table taken from the behavior of tokenizers 0.23's
+// ByteLevel pre-tokenizer (Oniguruma, Unicode 16; \s = Unicode White_Space), so the split agrees with
+// the library for ASCII exactly and for other text up to that table (checked on megabytes of text and
+// random Unicode). Caveats for non-ASCII text: a code point assigned after Unicode 16 may be classed
+// differently by a later library; bytes that are not valid UTF-8 (which the Python libraries cannot
+// be given at all) are each taken as a letter; a loaded file's NFC normalizer is not applied (text is
+// taken as already NFC, which most text is).
 //
 // Token ids 0..255 are the bytes in the order of their GPT-2 byte-to-unicode characters' code points
 // (the order of GPT-2's own vocabulary: '!' is 0, the space byte is 220), merges follow in creation
@@ -46,8 +50,15 @@ std::string BytesToByteLevel(std::string_view bytes);
 // The inverse; fails naming the first character outside the 256 and its byte offset.
 Result<std::string> ByteLevelToBytes(std::string_view text);
 
-// GPT-2's pre-tokenizer split (above) of `text`: consecutive pieces that concatenate to `text`.
-std::vector<std::string_view> PreTokenize(std::string_view text);
+// The pre-tokenizer regexes implemented (a loaded file must name one of them exactly).
+enum class SplitPattern {
+  kGpt2,    // ByteLevel's own (use_regex true): GPT-2, and the tokenizers trained here
+  kLlama3,  // Split + ByteLevel(use_regex false): Llama-3's (tiktoken cl100k's), digits in 1..3
+  kQwen2,   // the same with single digits: Qwen2, Qwen2.5, Qwen3
+};
+
+// The split of `text` by the pattern: consecutive pieces that concatenate to `text`.
+std::vector<std::string_view> PreTokenize(std::string_view text, SplitPattern pattern = SplitPattern::kGpt2);
 
 class BpeTokenizer {
  public:
@@ -60,9 +71,12 @@ class BpeTokenizer {
                                     int64_t min_frequency = 2);
   static Result<BpeTokenizer> Train(std::string_view text, int vocab_size, int64_t min_frequency = 2);
 
-  // Reads a tokenizer.json: ours, or any Hugging Face BPE model whose pre_tokenizer is ByteLevel
-  // with use_regex true and whose normalizer is null (GPT-2 style). Every other kind is refused with
-  // an error naming the file and the key (e.g. "model.type: expected \"BPE\", got \"WordPiece\"").
+  // Reads a tokenizer.json (or the one in a directory): ours, or a Hugging Face byte-level BPE
+  // file: GPT-2 style (pre_tokenizer ByteLevel with use_regex true), or Llama-3 / Qwen style
+  // (Sequence of a Split by one of the SplitPattern regexes and ByteLevel with use_regex false);
+  // normalizer null or NFC (see the caveat above). Every other kind is refused with an error naming
+  // the file and the key (e.g. "model.type: expected \"BPE\", got \"WordPiece\""). The decoder,
+  // post_processor and the model's unk/fuse/byte-fallback settings are kept as read for Save.
   static Result<BpeTokenizer> Load(const std::string& path);
   // The same from the file's text; `name` stands for the file in errors.
   static Result<BpeTokenizer> FromJson(std::string_view json_text, const std::string& name);
@@ -120,8 +134,12 @@ class BpeTokenizer {
   std::array<int32_t, 256> byte_ids_{};
   std::vector<int32_t> added_ids_;  // longest text first: the match taken at one position
   int32_t eos_id_ = -1;
+  SplitPattern pattern_ = SplitPattern::kGpt2;
   bool add_prefix_space_ = false;  // pre_tokenizer.add_prefix_space
   bool ignore_merges_ = false;     // model.ignore_merges: a piece that is a token is taken whole
+  // As read from a loaded file, written back by Save (JSON text; empty: our defaults). An NFC
+  // normalizer is kept here but not applied.
+  std::string normalizer_json_, pre_tokenizer_json_, decoder_json_, post_processor_json_, model_extras_json_;
 };
 
 }  // namespace zero::llm

@@ -97,6 +97,33 @@ TEST(PreTokenizeTest, SplitsLikeGpt2sRegex) {
   }
 }
 
+TEST(PreTokenizeTest, SplitsLikeLlama3AndQwen2Regexes) {
+  // Expected pieces are what tokenizers 0.23's Split(Regex(pattern), "isolated") gives.
+  const std::string text =
+      "'S 'LL x'\xc5\xbf 'hello \"quoted\" 12345 a1b  \n\n  x \t\nfoo\r\n\r\n  \tbar!!\n\n end  ";
+  const std::vector<std::string> head = {"'S", " '", "LL", " x", "'\xc5\xbf", " '", "hello", " \"", "quoted", "\"", " "};
+  const std::vector<std::string> tail = {" a", "1", "b", "  \n\n", " ", " x", " \t\n", "foo", "\r\n\r\n", "  ",
+                                         "\tbar", "!!\n\n", " end", "  "};
+  auto expect = [&](std::vector<std::string> digits) {
+    std::vector<std::string> v = head;
+    v.insert(v.end(), digits.begin(), digits.end());
+    v.insert(v.end(), tail.begin(), tail.end());
+    return v;
+  };
+  auto split = [&](SplitPattern p) {
+    std::vector<std::string> got;
+    for (std::string_view piece : PreTokenize(text, p)) got.emplace_back(piece);
+    return got;
+  };
+  EXPECT_EQ(split(SplitPattern::kLlama3), expect({"123", "45"}));
+  EXPECT_EQ(split(SplitPattern::kQwen2), expect({"1", "2", "3", "4", "5"}));
+  std::vector<std::string> nbsp;
+  for (std::string_view piece : PreTokenize(" \xc2\xa0word\tword\n word 1234567", SplitPattern::kLlama3)) {
+    nbsp.emplace_back(piece);
+  }
+  EXPECT_EQ(nbsp, (std::vector<std::string>{" ", "\xc2\xa0word", "\tword", "\n", " word", " ", "123", "456", "7"}));
+}
+
 TEST(BpeTokenizerTest, MergesMostFrequentPairLowestIdsOnTies) {
   // One word "aaabdaaabac": aa (4) first; then ab and (aa, a) tie at 2 and ab has the lower ids;
   // then aaab (2); every pair left occurs once, below min_frequency 2.
@@ -189,6 +216,48 @@ TEST(BpeTokenizerTest, LoadsHuggingFaceStyleFile) {
   EXPECT_EQ(t->Decode({257, 258}), " hi<|im_end|>");
 }
 
+// Qwen2-style: NFC normalizer (kept, not applied), Split + ByteLevel(use_regex false), a template
+// post-processor kept for Save.
+TEST(BpeTokenizerTest, LoadsQwenStyleFileAndKeepsItsSettings) {
+  std::string vocab;
+  for (int b = 0; b < 256; ++b) {
+    std::string key = BytesToByteLevel(std::string(1, static_cast<char>(b)));
+    if (key == "\"" || key == "\\") key = "\\" + key;
+    vocab += "\"" + key + "\": " + std::to_string(b) + ", ";
+  }
+  vocab += "\"12\": 256";
+  const std::string regex =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|)"
+      R"(\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+)";
+  auto make = [&](const std::string& re) {
+    return R"({"version": "1.0", "added_tokens": [{"id": 257, "content": "<|endoftext|>", "special": true}],
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+          {"type": "Split", "pattern": {"Regex": ")" + re + R"("}, "behavior": "Isolated", "invert": false},
+          {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]},
+        "post_processor": {"type": "TemplateProcessing", "single": []},
+        "model": {"type": "BPE", "vocab": {)" + vocab + R"(}, "merges": ["1 2"]}})";
+  };
+  auto t = BpeTokenizer::FromJson(make(regex), "qwen.json");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  // Single digits: "12" is never a piece, so its merge never applies.
+  EXPECT_EQ(t->Encode("x12"), (std::vector<int32_t>{t->TokenId("x"), t->TokenId("1"), t->TokenId("2")}));
+  EXPECT_EQ(t->eos_id(), 257);
+  const std::string saved = t->ToJson();
+  EXPECT_NE(saved.find("\"NFC\""), std::string::npos);
+  EXPECT_NE(saved.find("TemplateProcessing"), std::string::npos);
+  auto again = BpeTokenizer::FromJson(saved, "saved.json");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->ToJson(), saved);
+  // Any other regex is refused, naming the key.
+  std::string other = regex;
+  other.replace(other.find("\\\\p{N}|"), 7, "\\\\p{N}{1,2}|");
+  auto refused = BpeTokenizer::FromJson(make(other), "other.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("other.json: pre_tokenizer"), std::string::npos)
+      << refused.status().message();
+}
+
 TEST(BpeTokenizerTest, RefusesOtherKindsNamingFileAndKey) {
   const std::string path = TempPath("wordpiece.json");
   {
@@ -208,7 +277,7 @@ TEST(BpeTokenizerTest, RefusesOtherKindsNamingFileAndKey) {
   EXPECT_NE(m.status().message().find("x.json: pre_tokenizer"), std::string::npos) << m.status().message();
 
   auto n = BpeTokenizer::FromJson(R"({"model": {"type": "BPE", "vocab": {}, "merges": []},
-      "normalizer": {"type": "NFC"}, "pre_tokenizer": {"type": "ByteLevel"}})", "y.json");
+      "normalizer": {"type": "Lowercase"}, "pre_tokenizer": {"type": "ByteLevel"}})", "y.json");
   ASSERT_FALSE(n.ok());
   EXPECT_NE(n.status().message().find("y.json: normalizer"), std::string::npos) << n.status().message();
 
