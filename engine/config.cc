@@ -51,6 +51,9 @@ struct Key {
   Json default_value;        // null: no default (derived or required) unless `nullable`
   bool nullable = false;     // null is a value: "not set"
   std::optional<double> min, max;
+  // kInt: the field's own type limits; a min/max at them is not shown as a bound.
+  double type_min = -std::numeric_limits<double>::infinity();
+  double type_max = std::numeric_limits<double>::infinity();
   bool min_exclusive = false;
   bool max_exclusive = false;
   std::vector<std::string> choices;  // kString: allowed values (canonical spelling)
@@ -70,6 +73,7 @@ struct Key {
   Key& AtLeast(double lo) { min = lo; min_exclusive = false; return *this; }
   Key& Above(double lo) { min = lo; min_exclusive = true; return *this; }
   Key& Below(double hi) { max = hi; max_exclusive = true; return *this; }
+  Key& AtMost(double hi) { max = hi; max_exclusive = false; return *this; }
   Key& Choices(std::vector<std::string> c) { choices = std::move(c); return *this; }
   Key& CaseInsensitive() { case_insensitive = true; return *this; }
   Key& Nullable() { nullable = true; return *this; }
@@ -92,6 +96,8 @@ Key IntKey(std::string path, T& (*field)(Config&), int64_t def) {
   k.default_value = def;
   k.min = static_cast<double>(std::numeric_limits<T>::min());
   k.max = static_cast<double>(std::numeric_limits<T>::max());
+  k.type_min = *k.min;
+  k.type_max = *k.max;
   k.set = [field](Config& c, const Json& v) { field(c) = static_cast<T>(v.get<int64_t>()); };
   k.get = [field](const Config& c) { return Json(static_cast<int64_t>(field(const_cast<Config&>(c)))); };
   return k;
@@ -178,6 +184,20 @@ Key BetasKey(std::string path) {
   return k;
 }
 
+// Upper bounds (issue 23): every number has one, derived from what the code that reads it can hold,
+// so that an absurd value is an error naming its key here rather than an overflow, a bad_alloc or a
+// NaN later.
+// Counts of elements, bytes and steps: the largest integer a JSON number (a double) holds exactly;
+// 16 bytes per element of optimizer state still fit int64 far below it.
+constexpr double kMaxCount = 9007199254740991.0;  // 2^53 - 1
+// Counts handed to int (micro batch rows, micro steps, buffer and thread counts).
+constexpr double kMaxInt = 2147483647.0;
+// Reals used in the fp32 arithmetic of the update (lr, eps, weight decay, loss scale, clipping):
+// within fp32's range (3.4e38; eps at least fp32's smallest normal 1.2e-38, below which the
+// update's division may be by zero).
+constexpr double kMaxReal = 1e38;
+constexpr double kMinEps = 1e-37;
+
 const char* const kWarmupLR = "WarmupLR";
 const char* const kWarmupDecayLR = "WarmupDecayLR";
 const char* const kWarmupCosineLR = "WarmupCosineLR";
@@ -187,23 +207,28 @@ std::vector<Key> BuildKeys() {
 
   // Batch arithmetic: any two derive the third (see ResolveBatch).
   t.push_back(IntKey("train_batch_size", FIELD(train_batch_size), 0)
+                  .AtMost(kMaxCount)
                   .AtLeast(1)
                   .NoDefault("derived")
                   .Doc("Samples per optimizer step over all ranks: train_micro_batch_size_per_gpu x "
                        "gradient_accumulation_steps x world size."));
   t.push_back(IntKey("train_micro_batch_size_per_gpu", FIELD(train_micro_batch_size_per_gpu), 0)
+                  .AtMost(kMaxInt)
                   .AtLeast(1)
                   .NoDefault("derived")
                   .Doc("Samples per rank in one forward/backward (one micro step)."));
   t.push_back(IntKey("gradient_accumulation_steps", FIELD(gradient_accumulation_steps), 0)
+                  .AtMost(kMaxInt)
                   .AtLeast(1)
                   .NoDefault("derived")
                   .Doc("Micro steps per optimizer step in managed accumulation; backward divides "
                        "gradients by it."));
   t.push_back(NumberKey("gradient_clipping", FIELD(gradient_clipping), 1.0)
+                  .AtMost(kMaxReal)
                   .AtLeast(0)
                   .Doc("Clip the global gradient norm to this value; 0 turns clipping off."));
   t.push_back(IntKey("steps_per_print", FIELD(steps_per_print), 10)
+                  .AtMost(kMaxCount)
                   .AtLeast(1)
                   .Doc("Log progress every this many optimizer steps."));
   t.push_back(BoolKey("wall_clock_breakdown", FIELD(wall_clock_breakdown), false)
@@ -218,9 +243,11 @@ std::vector<Key> BuildKeys() {
                   .Doc("The trace file of rank 0 (rank r writes <path>.rank<r>), written atomically after "
                        "last_step; its directory must exist."));
   t.push_back(IntKey("zero_trace.first_step", FIELD(zero_trace.first_step), 2)
+                  .AtMost(kMaxCount)
                   .AtLeast(1)
                   .Doc("The first traced optimizer step of the run (from 1; the first step warms up)."));
   t.push_back(IntKey("zero_trace.last_step", FIELD(zero_trace.last_step), 4)
+                  .AtMost(kMaxCount)
                   .AtLeast(1)
                   .Doc("The last traced optimizer step (>= first_step)."));
   t.push_back(StringKey("gradient_allreduce_op", FIELD(gradient_allreduce_op), "mean")
@@ -229,6 +256,7 @@ std::vector<Key> BuildKeys() {
   t.push_back(BoolKey("prescale_gradients", FIELD(prescale_gradients), false)
                   .Doc("Divide gradients by the world size before the reduction instead of after."));
   t.push_back(NumberKey("gradient_predivide_factor", FIELD(gradient_predivide_factor), 1.0)
+                  .AtMost(kMaxReal)
                   .Above(0)
                   .Doc("Divide gradients by this factor before the reduction and by world size / "
                        "factor after it."));
@@ -252,6 +280,7 @@ std::vector<Key> BuildKeys() {
   t.push_back(BoolKey("fp16.enabled", FIELD(fp16.enabled), false)
                   .Doc("Train with fp16 parameters and gradients, fp32 master weights and loss scaling."));
   t.push_back(NumberKey("fp16.loss_scale", FIELD(fp16.loss_scale), 0.0)
+                  .AtMost(kMaxReal)
                   .AtLeast(0)
                   .Doc("Static loss scale; 0 selects dynamic loss scaling."));
   t.push_back(IntKey("fp16.initial_scale_power", FIELD(fp16.initial_scale_power), 16)
@@ -267,6 +296,7 @@ std::vector<Key> BuildKeys() {
                   .Doc("Refill the hysteresis after every step without overflow, not only when the scale "
                        "grows."));
   t.push_back(NumberKey("fp16.min_loss_scale", FIELD(fp16.min_loss_scale), 1.0)
+                  .AtMost(kMaxReal)
                   .Above(0)
                   .Doc("The dynamic scale never goes below this."));
   t.push_back(BoolKey("bf16.enabled", FIELD(bf16_enabled), false)
@@ -282,14 +312,16 @@ std::vector<Key> BuildKeys() {
                   .Doc("\"AdamW\", or \"Adam\": decoupled weight decay (AdamW) unless "
                        "optimizer.params.adam_w_mode is false."));
   t.push_back(NumberKey("optimizer.params.lr", FIELD(optimizer.lr), 1e-3)
+                  .AtMost(kMaxReal)
                   .AtLeast(0)
                   .Doc("Learning rate (the base the scheduler scales)."));
   t.push_back(BetasKey("optimizer.params.betas")
                   .Doc("[beta1, beta2]: decay rates of the first and second moment estimates."));
   t.push_back(NumberKey("optimizer.params.eps", FIELD(optimizer.eps), 1e-8)
-                  .Above(0)
+                  .Range(kMinEps, kMaxReal)
                   .Doc("Added to the denominator for numerical stability."));
   t.push_back(NumberKey("optimizer.params.weight_decay", FIELD(optimizer.weight_decay), 0.0)
+                  .AtMost(kMaxReal)
                   .AtLeast(0)
                   .Doc("Weight decay: decoupled (AdamW) or added to the gradient as L2 (classic Adam). 0 for "
                        "both types, as DeepSpeed's FusedAdam (torch.optim.AdamW's 0.01 applies in DeepSpeed only "
@@ -305,21 +337,23 @@ std::vector<Key> BuildKeys() {
                   .DefaultDoc("\"\" (constant lr)")
                   .Doc("Learning-rate schedule; \"\" or no scheduler block keeps optimizer.params.lr."));
   t.push_back(NumberKey("scheduler.params.warmup_min_lr", FIELD(scheduler.warmup_min_lr), 0.0)
+                  .AtMost(kMaxReal)
                   .AtLeast(0)
                   .OnlyFor({kWarmupLR, kWarmupDecayLR})
                   .Doc("Learning rate at the start of warmup."));
   {
     Key k = NumberKey("scheduler.params.warmup_max_lr", FIELD(scheduler.warmup_max_lr), -1.0)
-                .AtLeast(-1)
+                .Range(-1, kMaxReal)
                 .OnlyFor({kWarmupLR, kWarmupDecayLR})
                 .DependsOn("optimizer.params.lr for WarmupLR; 0.001 for WarmupDecayLR (as DeepSpeed)")
                 .Doc("Learning rate at the end of warmup; -1 means optimizer.params.lr.");
-    k.expected_override = "a number >= 0, or -1 for optimizer.params.lr";
+    k.expected_override = "a number in [0, 1e+38], or -1 for optimizer.params.lr";
     k.also_ok = [](double v) { return v == -1.0 || v >= 0.0; };
     k.extra_bad = {"-0.5"};
     t.push_back(std::move(k));
   }
   t.push_back(IntKey("scheduler.params.warmup_num_steps", FIELD(scheduler.warmup_num_steps), 1000)
+                  .AtMost(kMaxCount)
                   .AtLeast(1)
                   .OnlyFor({kWarmupLR, kWarmupDecayLR, kWarmupCosineLR})
                   .Doc("Optimizer steps of warmup (values below 2 act as 2, as in DeepSpeed)."));
@@ -328,6 +362,7 @@ std::vector<Key> BuildKeys() {
                   .OnlyFor({kWarmupLR, kWarmupDecayLR, kWarmupCosineLR})
                   .Doc("Warmup curve: log(step + 1) / log(warmup_num_steps), or step / warmup_num_steps."));
   t.push_back(IntKey("scheduler.params.total_num_steps", FIELD(scheduler.total_num_steps), 0)
+                  .AtMost(kMaxCount)
                   .AtLeast(1)
                   .NoDefault("required")
                   .OnlyFor({kWarmupDecayLR, kWarmupCosineLR})
@@ -353,9 +388,11 @@ std::vector<Key> BuildKeys() {
                   .Doc("Reduce gradients with reduce-scatter (stages 1-3); false: all-reduce and keep the own shard "
                        "(same values, more traffic)."));
   t.push_back(IntKey("zero_optimization.reduce_bucket_size", FIELD(zero.reduce_bucket_size), 500000000)
+                  .AtMost(kMaxCount)
                   .AtLeast(1)
                   .Doc("Elements reduced at once (gradient bucket)."));
   t.push_back(IntKey("zero_optimization.allgather_bucket_size", FIELD(zero.allgather_bucket_size), 500000000)
+                  .AtMost(kMaxCount)
                   .AtLeast(1)
                   .Doc("Gathered elements per all-gather of updated weights (stages 1/2); a larger parameter is "
                        "gathered alone."));
@@ -363,23 +400,28 @@ std::vector<Key> BuildKeys() {
                   .DependsOn("true at stage 3, false otherwise")
                   .Doc("Reduce gradient buckets on a communication stream, overlapped with backward."));
   t.push_back(IntKey("zero_optimization.sub_group_size", FIELD(zero.sub_group_size), 1000000000)
+                  .AtMost(kMaxCount)
                   .AtLeast(1)
                   .Doc("Elements per optimizer sub-group (the unit of the optimizer step and of NVMe "
                        "swapping)."));
   t.push_back(IntKey("zero_optimization.stage3_prefetch_bucket_size",
                      FIELD(zero.stage3_prefetch_bucket_size), 50000000)
+                  .AtMost(kMaxCount)
                   .AtLeast(0)
                   .Doc("Stage 3: elements of parameters fetched ahead of use."));
   t.push_back(IntKey("zero_optimization.stage3_param_persistence_threshold",
                      FIELD(zero.stage3_param_persistence_threshold), 100000)
+                  .AtMost(kMaxCount)
                   .AtLeast(0)
                   .Doc("Stage 3: parameters with fewer elements stay gathered."));
   t.push_back(IntKey("zero_optimization.stage3_max_live_parameters",
                      FIELD(zero.stage3_max_live_parameters), 1000000000)
+                  .AtMost(kMaxCount)
                   .AtLeast(0)
                   .Doc("Stage 3: most elements kept gathered at once."));
   t.push_back(IntKey("zero_optimization.stage3_max_reuse_distance",
                      FIELD(zero.stage3_max_reuse_distance), 1000000000)
+                  .AtMost(kMaxCount)
                   .AtLeast(0)
                   .Doc("Stage 3: a parameter reused within this many elements is not released."));
   t.push_back(BoolKey("zero_optimization.stage3_gather_16bit_weights_on_model_save",
@@ -403,6 +445,7 @@ std::vector<Key> BuildKeys() {
                   .Doc("Directory for the swap files when device is \"nvme\"."));
   t.push_back(IntKey("zero_optimization.offload_optimizer.buffer_count",
                      FIELD(zero.offload_optimizer.buffer_count), 4)
+                  .AtMost(kMaxInt)
                   .AtLeast(1)
                   .Doc("Pinned buffers for NVMe swapping of optimizer states."));
   t.push_back(BoolKey("zero_optimization.offload_optimizer.pin_memory",
@@ -423,6 +466,7 @@ std::vector<Key> BuildKeys() {
                   .Doc("Stage 3: fraction of the optimizer step offloaded to the CPU."));
   t.push_back(IntKey("zero_optimization.offload_optimizer.cpu_threads",
                      FIELD(zero.offload_optimizer.cpu_threads), 0)
+                  .AtMost(1024)
                   .AtLeast(0)
                   .DefaultDoc("`0` (the hardware threads)")
                   .Doc("Threads of the CPU AdamW that updates offloaded states (device \"cpu\" or \"nvme\"), the "
@@ -435,6 +479,7 @@ std::vector<Key> BuildKeys() {
                        "create. Pageable copies are slower and do not overlap."));
   t.push_back(IntKey("zero_optimization.offload_optimizer.host_memory_budget",
                      FIELD(zero.offload_optimizer.host_memory_budget), 0)
+                  .AtMost(kMaxCount)
                   .AtLeast(0)
                   .DefaultDoc("`0` (all states on NVMe)")
                   .Doc("Tiered state, device \"nvme\" only: bytes of this rank's optimizer state (FP32 master "
@@ -453,11 +498,13 @@ std::vector<Key> BuildKeys() {
                        "no offload."));
   t.push_back(IntKey("zero_optimization.offload_optimizer.chunk_size",
                      FIELD(zero.offload_optimizer.chunk_size), int64_t{1} << 24)
+                  .AtMost(kMaxCount)
                   .AtLeast(1)
                   .Doc("update_device \"gpu\": elements per streamed chunk (each of the three states). The "
                        "result does not depend on it."));
   t.push_back(IntKey("zero_optimization.offload_optimizer.chunk_buffers",
                      FIELD(zero.offload_optimizer.chunk_buffers), 3)
+                  .AtMost(1024)
                   .AtLeast(2)
                   .Doc("update_device \"gpu\": GPU staging sets the chunks rotate through (2: upload and "
                        "update overlap; 3: the download overlaps too)."));
@@ -478,14 +525,17 @@ std::vector<Key> BuildKeys() {
   t.push_back(StringKey("zero_optimization.offload_param.nvme_path", FIELD(zero.offload_param.nvme_path), "")
                   .Doc("Directory for the swap files when device is \"nvme\"."));
   t.push_back(IntKey("zero_optimization.offload_param.buffer_count", FIELD(zero.offload_param.buffer_count), 5)
+                  .AtMost(kMaxInt)
                   .AtLeast(1)
                   .Doc("device \"cpu\": the most stage-3 gathers whose shard uploads are in flight at once (docs/offload.md)."));
   t.push_back(IntKey("zero_optimization.offload_param.buffer_size", FIELD(zero.offload_param.buffer_size),
                      100000000)
+                  .AtMost(kMaxCount)
                   .AtLeast(1)
                   .Doc("device \"cpu\": the largest shard (elements) of one parameter; a larger one is an Initialize error."));
   t.push_back(IntKey("zero_optimization.offload_param.max_in_cpu", FIELD(zero.offload_param.max_in_cpu),
                      1000000000)
+                  .AtMost(kMaxCount)
                   .AtLeast(0)
                   .Doc("Elements of parameters kept in host memory when device is \"nvme\"."));
   t.push_back(BoolKey("zero_optimization.offload_param.pin_memory", FIELD(zero.offload_param.pin_memory), false)
@@ -497,12 +547,15 @@ std::vector<Key> BuildKeys() {
 
   // Asynchronous I/O for NVMe.
   t.push_back(IntKey("aio.block_size", FIELD(aio.block_size), 1048576)
+                  .AtMost(1 << 30)
                   .AtLeast(1)
                   .Doc("Bytes per I/O request."));
   t.push_back(IntKey("aio.queue_depth", FIELD(aio.queue_depth), 8)
+                  .AtMost(65536)
                   .AtLeast(1)
                   .Doc("Requests in flight per I/O thread."));
   t.push_back(IntKey("aio.intra_op_parallelism", FIELD(aio.intra_op_parallelism), 1)
+                  .AtMost(1024)
                   .AtLeast(1)
                   .Doc("I/O threads per read or write (older name: thread_count)."));
   t.push_back(BoolKey("aio.single_submit", FIELD(aio.single_submit), false)
@@ -697,16 +750,17 @@ bool IsIntType(const Key& k) { return k.kind == Kind::kInt; }
 
 std::string RangeText(const Key& k) {
   const bool is_int = IsIntType(k);
-  const double lim = is_int ? 2147483647.0 : std::numeric_limits<double>::infinity();
-  const bool has_min = k.min && *k.min > -lim - 1;
-  const bool has_max = k.max && *k.max < lim;
+  const bool has_min = k.min && *k.min > k.type_min;
+  const bool has_max = k.max && *k.max < k.type_max;
+  // Integer bounds in full (2^53 - 1, not 9.007e+15).
+  auto show = [&](double v) { return is_int ? std::to_string(static_cast<int64_t>(v)) : FormatNumber(v); };
   if (has_min && has_max) {
-    if (is_int) return " in " + FormatNumber(*k.min) + ".." + FormatNumber(*k.max);
-    return std::string(" in ") + (k.min_exclusive ? "(" : "[") + FormatNumber(*k.min) + ", " +
-           FormatNumber(*k.max) + (k.max_exclusive ? ")" : "]");
+    if (is_int) return " in " + show(*k.min) + ".." + show(*k.max);
+    return std::string(" in ") + (k.min_exclusive ? "(" : "[") + show(*k.min) + ", " + show(*k.max) +
+           (k.max_exclusive ? ")" : "]");
   }
-  if (has_min) return (k.min_exclusive ? " > " : " >= ") + FormatNumber(*k.min);
-  if (has_max) return (k.max_exclusive ? " < " : " <= ") + FormatNumber(*k.max);
+  if (has_min) return (k.min_exclusive ? " > " : " >= ") + show(*k.min);
+  if (has_max) return (k.max_exclusive ? " < " : " <= ") + show(*k.max);
   return "";
 }
 
@@ -1126,7 +1180,29 @@ std::string Product(int64_t a, int64_t b, int64_t w) {
   return std::to_string(a) + " x " + std::to_string(b) + " x " + std::to_string(w);
 }
 
+// a x b x c, or nullopt when it does not fit int64 (each key is bounded, their product is not).
+std::optional<int64_t> CheckedProduct(int64_t a, int64_t b, int64_t c) {
+  int64_t ab = 0, abc = 0;
+  if (__builtin_mul_overflow(a, b, &ab) || __builtin_mul_overflow(ab, c, &abc)) return std::nullopt;
+  return abc;
+}
+
+std::string ProductText(int64_t a, int64_t b, int64_t c) {
+  const std::optional<int64_t> p = CheckedProduct(a, b, c);
+  return Product(a, b, c) + " = " + (p ? std::to_string(*p) : std::string("more than 9223372036854775807"));
+}
+
+// A batch value derived from the other two must be within its own key's bounds, like a given one.
+Status CheckDerived(const std::string& source, const std::string& path, std::optional<int64_t> value,
+                    const std::string& how) {
+  const Key* k = FindKey(path);
+  if (value && *value >= *k->min && *value <= *k->max) return OkStatus();
+  return KeyError(source, path, Expected(*k) + " (it is derived: " + how + ")",
+                  value ? std::to_string(*value) : "more than 9223372036854775807");
+}
+
 // DeepSpeed's batch arithmetic: any two of the three derive the third, then the identity must hold.
+// Every product is checked for overflow and every derived value against its key's bounds.
 Status ResolveBatchSizes(ParseState* st) {
   const std::string& source = st->options.source;
   Config& c = st->config;
@@ -1138,12 +1214,14 @@ Status ResolveBatchSizes(ParseState* st) {
   int64_t& micro = c.train_micro_batch_size_per_gpu;
   int64_t& gas = c.gradient_accumulation_steps;
   const std::string w = std::to_string(world);
+  // Each of micro, gas and world is below 2^31, so a product of two of them fits int64.
 
   if (has_train && has_micro && has_gas) {
-    if (train != micro * gas * world) {
+    const std::optional<int64_t> product = CheckedProduct(micro, gas, world);
+    if (!product || train != *product) {
       return KeyError(source, "train_batch_size",
                       "train_micro_batch_size_per_gpu x gradient_accumulation_steps x world_size = " +
-                          Product(micro, gas, world) + " = " + std::to_string(micro * gas * world),
+                          ProductText(micro, gas, world),
                       std::to_string(train));
     }
     return OkStatus();
@@ -1157,7 +1235,9 @@ Status ResolveBatchSizes(ParseState* st) {
                       std::to_string(train));
     }
     gas = train / (micro * world);
-    return OkStatus();
+    return CheckDerived(source, "gradient_accumulation_steps", gas,
+                        "train_batch_size / (train_micro_batch_size_per_gpu x world_size) = " + std::to_string(train) +
+                            " / (" + std::to_string(micro) + " x " + w + ")");
   }
   if (has_train && has_gas) {
     if (train % (gas * world) != 0) {
@@ -1168,11 +1248,16 @@ Status ResolveBatchSizes(ParseState* st) {
                       std::to_string(train));
     }
     micro = train / (gas * world);
-    return OkStatus();
+    return CheckDerived(source, "train_micro_batch_size_per_gpu", micro,
+                        "train_batch_size / (gradient_accumulation_steps x world_size) = " + std::to_string(train) +
+                            " / (" + std::to_string(gas) + " x " + w + ")");
   }
   if (has_micro && has_gas) {
-    train = micro * gas * world;
-    return OkStatus();
+    const std::optional<int64_t> product = CheckedProduct(micro, gas, world);
+    if (product) train = *product;
+    return CheckDerived(source, "train_batch_size", product,
+                        "train_micro_batch_size_per_gpu x gradient_accumulation_steps x world_size = " +
+                            Product(micro, gas, world));
   }
   if (has_train) {
     if (train % world != 0) {
@@ -1184,12 +1269,15 @@ Status ResolveBatchSizes(ParseState* st) {
     }
     micro = train / world;
     gas = 1;
-    return OkStatus();
+    return CheckDerived(source, "train_micro_batch_size_per_gpu", micro,
+                        "train_batch_size / world_size = " + std::to_string(train) + " / " + w);
   }
   if (has_micro) {
     gas = 1;
-    train = micro * world;
-    return OkStatus();
+    const std::optional<int64_t> product = CheckedProduct(micro, 1, world);
+    if (product) train = *product;
+    return CheckDerived(source, "train_batch_size", product,
+                        "train_micro_batch_size_per_gpu x world_size = " + std::to_string(micro) + " x " + w);
   }
   return KeyError(source, "train_batch_size",
                   "train_batch_size or train_micro_batch_size_per_gpu to be given (any two of train_batch_size, "
@@ -1509,7 +1597,15 @@ std::string ConfigReferenceMarkdown() {
      << "- `\"auto\"` (a Hugging Face Trainer placeholder the Trainer fills in) is an error for every key:\n"
      << "  replace it with a value.\n"
      << "- Unknown keys are warnings with a suggestion (`unknown key 'zero_optimization.stge' (did you mean\n"
-     << "  'stage'?)`), or errors with `ParseOptions::strict`.\n"
+     << "  'stage'?)`), or errors with `ParseOptions::strict`. Past 100 unknown keys, one line counts the rest.\n"
+     << "- Hostile or broken files end in an error, in time linear in the file's size: JSON nested deeper than\n"
+     << "  100 levels and a number beyond a double's range (`1e400`) name the line and column (and the key);\n"
+     << "  a key given twice in one object is an error naming it (as DeepSpeed refuses duplicate keys).\n"
+     << "- Every number has an upper bound as well (the Accepts column): counts of elements, bytes and steps at\n"
+     << "  most 2^53 - 1 (the largest integer a double holds exactly), counts kept in an `int` (micro batch,\n"
+     << "  accumulation steps, buffer counts) at most 2^31 - 1, thread counts at most 1024, reals of the fp32\n"
+     << "  update at most 1e38 (`eps` at least 1e-37: fp32 flushes smaller values to 0). A batch size derived from\n"
+     << "  the other two is checked against the same bounds, and their product for overflow.\n"
      << "- Every problem in a file is reported at once, in file order and then the rules between keys: one\n"
      << "  error whose first line counts them (`ds_config.json: 3 problems in the config:`) and then one line\n"
      << "  per problem, each as above. A key whose value is refused keeps its default and the checks that\n"
@@ -1605,17 +1701,23 @@ const std::vector<ConfigKeyInfo>& ConfigKeyTable() {
         case Kind::kBetas: info.wrong_type_values = {"0.9", "\"0.9,0.999\"", "null", "{}"}; break;
       }
       info.wrong_type_values.push_back("\"auto\"");
-      const double lim = k.kind == Kind::kInt ? 2147483647.0 : std::numeric_limits<double>::infinity();
-      if (k.kind == Kind::kInt || k.kind == Kind::kNumber) {
-        if (k.min && *k.min > -lim - 1) {
-          const double below = k.kind == Kind::kInt ? *k.min - 1 : (k.min_exclusive ? *k.min : *k.min - 0.5);
+      if (k.kind == Kind::kInt) {
+        // Integers as integer texts: max + 1 of a bound near 2^53 is not a distinct double.
+        if (k.min && *k.min > k.type_min) {
+          info.out_of_range_values.push_back(std::to_string(static_cast<int64_t>(*k.min) - 1));
+        }
+        if (k.max && *k.max < k.type_max) {
+          info.out_of_range_values.push_back(std::to_string(static_cast<int64_t>(*k.max) + 1));
+        }
+      } else if (k.kind == Kind::kNumber) {
+        if (k.min) {
+          const double below = k.min_exclusive ? *k.min : *k.min > 0 && *k.min < 1e-6 ? *k.min / 2 : *k.min - 0.5;
           info.out_of_range_values.push_back(FormatNumber(below));
         }
-        if (k.max && *k.max < lim) {
-          const double above = k.kind == Kind::kInt ? *k.max + 1 : (k.max_exclusive ? *k.max : *k.max + 0.5);
+        if (k.max) {
+          const double above = k.max_exclusive ? *k.max : *k.max > 1e6 ? *k.max * 2 : *k.max + 0.5;
           info.out_of_range_values.push_back(FormatNumber(above));
         }
-        for (const std::string& s : k.extra_bad) info.out_of_range_values.push_back(s);
       } else if (k.kind == Kind::kString && !k.choices.empty()) {
         info.out_of_range_values = {"\"bogus\"", "\"\""};
         if (std::find(k.choices.begin(), k.choices.end(), "") != k.choices.end()) {
@@ -1626,6 +1728,7 @@ const std::vector<ConfigKeyInfo>& ConfigKeyTable() {
       } else if (k.kind == Kind::kBetas) {
         info.out_of_range_values = {"[0.9]", "[0.9,1.0]", "[-0.1,0.9]", "[0.9,0.99,0.999]"};
       }
+      for (const std::string& s : k.extra_bad) info.out_of_range_values.push_back(s);
       out->push_back(std::move(info));
     }
     return out;

@@ -443,10 +443,10 @@ TEST(ConfigDefaultsTest, OffloadKeysOfZeros) {
   // Bad types and values name the full path.
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"offload_optimizer":
                               {"cpu_threads": 2.5}}})")),
-            "<config>: zero_optimization.offload_optimizer.cpu_threads: expected an integer >= 0, got 2.5");
+            "<config>: zero_optimization.offload_optimizer.cpu_threads: expected an integer in 0..1024, got 2.5");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"offload_optimizer":
                               {"host_memory_budget": "64GB"}}})")),
-            "<config>: zero_optimization.offload_optimizer.host_memory_budget: expected an integer >= 0, got "
+            "<config>: zero_optimization.offload_optimizer.host_memory_budget: expected an integer in 0..9007199254740991, got "
             "\"64GB\"");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "aio": {"allow_buffered_fallback": 1}})")),
             "<config>: aio.allow_buffered_fallback: expected true or false, got 1");
@@ -479,8 +479,8 @@ TEST(ConfigDefaultsTest, ChunkedGpuUpdateKeys) {
   const std::string bad = Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
       "offload_optimizer": {"device": "cpu", "update_device": "GPU", "chunk_size": 0, "chunk_buffers": 1}}})"));
   EXPECT_TRUE(Contains(bad, "zero_optimization.offload_optimizer.update_device")) << bad;
-  EXPECT_TRUE(Contains(bad, "zero_optimization.offload_optimizer.chunk_size: expected an integer >= 1, got 0")) << bad;
-  EXPECT_TRUE(Contains(bad, "zero_optimization.offload_optimizer.chunk_buffers: expected an integer >= 2, got 1"))
+  EXPECT_TRUE(Contains(bad, "zero_optimization.offload_optimizer.chunk_size: expected an integer in 1..9007199254740991, got 0")) << bad;
+  EXPECT_TRUE(Contains(bad, "zero_optimization.offload_optimizer.chunk_buffers: expected an integer in 2..1024, got 1"))
       << bad;
   const std::string md = ConfigReferenceMarkdown();
   EXPECT_TRUE(Contains(md, "| `zero_optimization.offload_optimizer.update_device` |")) << "docs/config.md";
@@ -553,9 +553,9 @@ TEST(ConfigValuesTest, IntegralFloatsAreIntegers) {
 
 TEST(ConfigValuesTest, NonIntegralOrHugeNumbersAreNotIntegers) {
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8.5})")),
-            "<config>: train_batch_size: expected an integer >= 1, got 8.5");
+            "<config>: train_batch_size: expected an integer in 1..9007199254740991, got 8.5");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"reduce_bucket_size": 1e30}})")),
-            "<config>: zero_optimization.reduce_bucket_size: expected an integer >= 1, got 1e+30");
+            "<config>: zero_optimization.reduce_bucket_size: expected an integer in 1..9007199254740991, got 1e+30");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "fp16": {"hysteresis": 3000000000}})")),
             "<config>: fp16.hysteresis: expected an integer >= 1, got 3000000000");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 7}})")),
@@ -566,7 +566,7 @@ TEST(ConfigValuesTest, NonIntegralOrHugeNumbersAreNotIntegers) {
 
 TEST(ConfigValuesTest, TypeErrorsShowTheValue) {
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": "8"})")),
-            "<config>: train_batch_size: expected an integer >= 1, got \"8\"");
+            "<config>: train_batch_size: expected an integer in 1..9007199254740991, got \"8\"");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "fp16": {"enabled": 1}})")),
             "<config>: fp16.enabled: expected true or false, got 1");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": 2})")),
@@ -597,7 +597,7 @@ TEST(ConfigValuesTest, DtypesAcceptAliasesAndNull) {
 
 TEST(ConfigValuesTest, AutoNamesTheHuggingFaceTrainer) {
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": "auto"})")),
-            "<config>: train_batch_size: expected an integer >= 1, got \"auto\" (\"auto\" is a Hugging Face "
+            "<config>: train_batch_size: expected an integer in 1..9007199254740991, got \"auto\" (\"auto\" is a Hugging Face "
             "Trainer placeholder: the Trainer replaces it with a number before DeepSpeed reads the config; "
             "replace it with the value you want)");
   EXPECT_TRUE(Contains(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": "auto"})")),
@@ -686,6 +686,59 @@ TEST(ConfigHostileTest, ManyUnknownKeysParseInLinearTimeAndAreCounted) {
   EXPECT_TRUE(Contains(Message(r), "\n  <config>: unknown keys: 199900 more not listed")) << Message(r).size();
 }
 
+TEST(ConfigHostileTest, BatchArithmeticIsCheckedNamingTheKey) {
+  // gradient_accumulation_steps 2^62 at world size 4 overflowed train_batch_size to 0 and the job ran
+  // forever making no progress.
+  EXPECT_EQ(Message(Parse(R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4611686018427387904})",
+                          4)),
+            "<config>: gradient_accumulation_steps: expected an integer in 1..2147483647, got 4611686018427387904");
+  // Each key within its bounds, their product beyond int64.
+  EXPECT_EQ(Message(Parse(R"({"train_micro_batch_size_per_gpu": 2147483647, "gradient_accumulation_steps": 2147483647})",
+                          4)),
+            "<config>: train_batch_size: expected an integer in 1..9007199254740991 (it is derived: "
+            "train_micro_batch_size_per_gpu x gradient_accumulation_steps x world_size = 2147483647 x 2147483647 x 4), "
+            "got more than 9223372036854775807");
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2147483647,
+                              "gradient_accumulation_steps": 2147483647})",
+                          4)),
+            "<config>: train_batch_size: expected train_micro_batch_size_per_gpu x gradient_accumulation_steps x "
+            "world_size = 2147483647 x 2147483647 x 4 = more than 9223372036854775807, got 4");
+  // train_batch_size 2^62 failed at the first batch with "batch must be >= 1 and step >= 0", naming no
+  // key; 2^63 - 2 ended the ranks with length_error.
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 4611686018427387904})")),
+            "<config>: train_batch_size: expected an integer in 1..9007199254740991, got 4611686018427387904");
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 9223372036854775806})")),
+            "<config>: train_batch_size: expected an integer in 1..9007199254740991, got 9223372036854775806");
+  // Within its own bounds, train_batch_size derives a micro batch beyond its bounds.
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 9007199254740990})", 2)),
+            "<config>: train_micro_batch_size_per_gpu: expected an integer in 1..2147483647 (it is derived: "
+            "train_batch_size / world_size = 9007199254740990 / 2), got 4503599627370495");
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 4294967296, "train_micro_batch_size_per_gpu": 1})")),
+            "<config>: gradient_accumulation_steps: expected an integer in 1..2147483647 (it is derived: "
+            "train_batch_size / (train_micro_batch_size_per_gpu x world_size) = 4294967296 / (1 x 1)), got 4294967296");
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 4294967296, "gradient_accumulation_steps": 1})")),
+            "<config>: train_micro_batch_size_per_gpu: expected an integer in 1..2147483647 (it is derived: "
+            "train_batch_size / (gradient_accumulation_steps x world_size) = 4294967296 / (1 x 1)), got 4294967296");
+  // The largest values that fit still parse.
+  auto r = Parse(R"({"train_micro_batch_size_per_gpu": 2147483647, "gradient_accumulation_steps": 4194304})");
+  ASSERT_TRUE(r.ok()) << Message(r);
+  EXPECT_EQ(r->train_batch_size, int64_t{2147483647} * 4194304);
+}
+
+TEST(ConfigHostileTest, AbsurdValuesAreRefusedAtTheirUpperBound) {
+  // Each used to pass and then abort the ranks (bad_alloc starting 1e9 threads) or train into NaN
+  // (eps 1e-320 is 0 in fp32; lr 1e308 is inf in fp32).
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 1,
+                              "offload_optimizer": {"device": "cpu", "cpu_threads": 1000000000}}})")),
+            "<config>: zero_optimization.offload_optimizer.cpu_threads: expected an integer in 0..1024, got 1000000000");
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "optimizer": {"params": {"eps": 1e-320}}})")),
+            "<config>: optimizer.params.eps: expected a number in [1e-37, 1e+38], got 1e-320");
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "optimizer": {"params": {"lr": 1e308}}})")),
+            "<config>: optimizer.params.lr: expected a number in [0, 1e+38], got 1e+308");
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "aio": {"queue_depth": 1000000}})")),
+            "<config>: aio.queue_depth: expected an integer in 1..65536, got 1000000");
+}
+
 TEST(ConfigJsonTest, TopLevelMustBeAnObject) {
   EXPECT_EQ(Message(Parse("[1, 2]")), "<config>: expected a JSON object at the top level, got [1,2]");
 }
@@ -694,7 +747,7 @@ TEST(ConfigJsonTest, SourceNamesTheFile) {
   ParseOptions options;
   options.source = "ds_config.json";
   auto r = ParseConfig(R"({"train_batch_size": 0})", options);
-  EXPECT_EQ(Message(r), "ds_config.json: train_batch_size: expected an integer >= 1, got 0");
+  EXPECT_EQ(Message(r), "ds_config.json: train_batch_size: expected an integer in 1..9007199254740991, got 0");
 }
 
 TEST(ConfigJsonTest, LoadConfigFileUsesThePathAsSource) {
@@ -846,9 +899,9 @@ TEST(ConfigBatchTest, NeitherBatchKeyIsAnError) {
 
 TEST(ConfigBatchTest, ZeroAndNegativeSizesAndBadWorldSize) {
   EXPECT_EQ(Message(Parse(R"({"train_micro_batch_size_per_gpu": 0})")),
-            "<config>: train_micro_batch_size_per_gpu: expected an integer >= 1, got 0");
+            "<config>: train_micro_batch_size_per_gpu: expected an integer in 1..2147483647, got 0");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "gradient_accumulation_steps": -2})")),
-            "<config>: gradient_accumulation_steps: expected an integer >= 1, got -2");
+            "<config>: gradient_accumulation_steps: expected an integer in 1..2147483647, got -2");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8})", 0)),
             "<config>: world_size: expected an integer >= 1, got 0");
 }
@@ -1034,7 +1087,7 @@ TEST(ConfigProblemsTest, EveryProblemIsListedInOneError) {
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Message(r),
             "ds_config.json: 6 problems in the config:\n"
-            "  ds_config.json: gradient_clipping: expected a number >= 0, got \"1.0\"\n"
+            "  ds_config.json: gradient_clipping: expected a number in [0, 1e+38], got \"1.0\"\n"
             "  ds_config.json: unknown key 'zero_optimization.stge' (did you mean 'stage'?)\n"
             "  ds_config.json: fp16.hysteresis: expected an integer >= 1, got 0\n"
             "  ds_config.json: scheduler.params.warmup_num_steps: expected no value with scheduler.type \"\" (it is "
@@ -1071,11 +1124,11 @@ TEST(ConfigProblemsTest, ARefusedValueIsNotReportedAgainAsAConsequence) {
             "<config>: zero_optimization.stage: expected an integer in 0..3, got 4");
   // A bad batch key is not reported again by the batch arithmetic.
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 0, "gradient_accumulation_steps": 3})", 2)),
-            "<config>: train_batch_size: expected an integer >= 1, got 0");
+            "<config>: train_batch_size: expected an integer in 1..9007199254740991, got 0");
   // A bad total_num_steps is not also "required"; a bad scheduler type does not judge its parameters.
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "scheduler": {"type": "WarmupDecayLR",
                               "params": {"total_num_steps": -1}}})")),
-            "<config>: scheduler.params.total_num_steps: expected an integer >= 1, got -1");
+            "<config>: scheduler.params.total_num_steps: expected an integer in 1..9007199254740991, got -1");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "scheduler": {"type": "Cosine",
                               "params": {"total_num_steps": 10, "warmup_min_ratio": 0.1}}})")),
             "<config>: scheduler.type: expected one of \"\", \"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\", "
@@ -1106,8 +1159,8 @@ TEST(ConfigProblemsTest, OffloadContradictionsAreListedTogether) {
                               "offload_param": {"device": "cpu", "buffer_size": 0},
                               "offload_grad_accumulation": "gpu"}})")),
             "<config>: 4 problems in the config:\n"
-            "  <config>: zero_optimization.offload_optimizer.cpu_threads: expected an integer >= 0, got -1\n"
-            "  <config>: zero_optimization.offload_param.buffer_size: expected an integer >= 1, got 0\n"
+            "  <config>: zero_optimization.offload_optimizer.cpu_threads: expected an integer in 0..1024, got -1\n"
+            "  <config>: zero_optimization.offload_param.buffer_size: expected an integer in 1..9007199254740991, got 0\n"
             "  <config>: zero_optimization.offload_param.device: expected \"none\" below stage 3 (parameter offload "
             "needs zero_optimization.stage 3; stage is 2), got \"cpu\"\n"
             "  <config>: zero_optimization.offload_optimizer.host_memory_budget: expected 0 unless "
@@ -1197,18 +1250,18 @@ TEST(ConfigRulesTest, Contradictions) {
        "host memory and NVMe; device is \"none\"), got 4096"},
       // Single-key checks of the offload blocks, named with their full path.
       {R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "cpu_threads": -2}}})",
-       "<config>: zero_optimization.offload_optimizer.cpu_threads: expected an integer >= 0, got -2"},
+       "<config>: zero_optimization.offload_optimizer.cpu_threads: expected an integer in 0..1024, got -2"},
       {R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "buffer_count": 0}}})",
-       "<config>: zero_optimization.offload_optimizer.buffer_count: expected an integer >= 1, got 0"},
+       "<config>: zero_optimization.offload_optimizer.buffer_count: expected an integer in 1..2147483647, got 0"},
       {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "buffer_count": 0}}})",
-       "<config>: zero_optimization.offload_param.buffer_count: expected an integer >= 1, got 0"},
+       "<config>: zero_optimization.offload_param.buffer_count: expected an integer in 1..2147483647, got 0"},
       {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "buffer_size": 0}}})",
-       "<config>: zero_optimization.offload_param.buffer_size: expected an integer >= 1, got 0"},
+       "<config>: zero_optimization.offload_param.buffer_size: expected an integer in 1..9007199254740991, got 0"},
       {R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0}}})",
        "<config>: zero_optimization.offload_optimizer.ratio: expected a number in (0, 1], got 0"},
       {R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/n",
            "host_memory_budget": -1}}})",
-       "<config>: zero_optimization.offload_optimizer.host_memory_budget: expected an integer >= 0, got -1"},
+       "<config>: zero_optimization.offload_optimizer.host_memory_budget: expected an integer in 0..9007199254740991, got -1"},
       {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memory_fallback": "yes"}}})",
        "<config>: zero_optimization.offload_param.pin_memory_fallback: expected true or false, got \"yes\""},
   };
@@ -1469,20 +1522,20 @@ TEST(ConfigFilesTest, HuggingFaceAutoValuesAreRejected) {
   const std::vector<std::string> keys = {
       "fp16.enabled: expected true or false",
       "bf16.enabled: expected true or false",
-      "optimizer.params.lr: expected a number >= 0",
+      "optimizer.params.lr: expected a number in [0, 1e+38]",
       "optimizer.params.betas: expected [beta1, beta2] with each in [0, 1)",
-      "optimizer.params.eps: expected a number > 0",
-      "optimizer.params.weight_decay: expected a number >= 0",
-      "scheduler.params.warmup_min_lr: expected a number >= 0",
-      "scheduler.params.warmup_max_lr: expected a number >= 0, or -1 for optimizer.params.lr",
-      "scheduler.params.warmup_num_steps: expected an integer >= 1",
-      "zero_optimization.reduce_bucket_size: expected an integer >= 1",
-      "zero_optimization.stage3_prefetch_bucket_size: expected an integer >= 0",
-      "zero_optimization.stage3_param_persistence_threshold: expected an integer >= 0",
-      "gradient_accumulation_steps: expected an integer >= 1",
-      "gradient_clipping: expected a number >= 0",
-      "train_batch_size: expected an integer >= 1",
-      "train_micro_batch_size_per_gpu: expected an integer >= 1",
+      "optimizer.params.eps: expected a number in [1e-37, 1e+38]",
+      "optimizer.params.weight_decay: expected a number in [0, 1e+38]",
+      "scheduler.params.warmup_min_lr: expected a number in [0, 1e+38]",
+      "scheduler.params.warmup_max_lr: expected a number in [0, 1e+38], or -1 for optimizer.params.lr",
+      "scheduler.params.warmup_num_steps: expected an integer in 1..9007199254740991",
+      "zero_optimization.reduce_bucket_size: expected an integer in 1..9007199254740991",
+      "zero_optimization.stage3_prefetch_bucket_size: expected an integer in 0..9007199254740991",
+      "zero_optimization.stage3_param_persistence_threshold: expected an integer in 0..9007199254740991",
+      "gradient_accumulation_steps: expected an integer in 1..2147483647",
+      "gradient_clipping: expected a number in [0, 1e+38]",
+      "train_batch_size: expected an integer in 1..9007199254740991",
+      "train_micro_batch_size_per_gpu: expected an integer in 1..2147483647",
   };
   std::string want = src + std::to_string(keys.size()) + " problems in the config:";
   for (const std::string& k : keys) want += "\n  " + src + k + note;
