@@ -22,83 +22,25 @@
 #include <thread>
 #include <vector>
 
+#include "examples/run_binary_testing.h"
+
 namespace {
 
-std::string Binary() {
-  std::vector<std::string> candidates = {"examples/zero_train"};
-  if (const char* srcdir = std::getenv("TEST_SRCDIR")) {
-    candidates.insert(candidates.begin(), std::string(srcdir) + "/zero/examples/zero_train");
-  }
-  for (const auto& c : candidates) {
-    if (access(c.c_str(), X_OK) == 0) return c;
-  }
-  return "";
-}
+std::string Binary() { return zero::testing::DataBinary("examples/zero_train"); }
 
-std::string TmpDir() {
-  const char* t = std::getenv("TEST_TMPDIR");
-  return t != nullptr ? t : "/tmp";
-}
+std::string TmpDir() { return zero::testing::TestTmpDir(); }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string ReadFile(const std::string& path) { return zero::testing::ReadWholeFile(path); }
 
 void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
-struct RunResult {
-  int exit_code = -1;  // -1: killed by the timeout or a signal
-  double seconds = 0;
-  std::string output;  // stdout and stderr together
-};
+using zero::testing::RunResult;
 
 // Runs the binary with `args` and extra "K=V" environment entries (RANK etc. removed first so the
 // binary launches its own ranks), stdout+stderr to a file; kills it after timeout_s.
 RunResult RunZeroTrain(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
                        double timeout_s = 60) {
-  static std::atomic<int> counter{0};
-  const std::string log =
-      TmpDir() + "/zero_train_run_" + std::to_string(getpid()) + "_" + std::to_string(counter++) + ".log";
-  const auto t0 = std::chrono::steady_clock::now();
-  pid_t pid = fork();
-  if (pid == 0) {
-    setpgid(0, 0);
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "MASTER_PORT"}) {
-      unsetenv(v);
-    }
-    for (const auto& kv : env) putenv(const_cast<char*>(kv.c_str()));
-    std::vector<std::string> all = {Binary()};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  RunResult r;
-  int status = 0;
-  while (true) {
-    const pid_t done = waitpid(pid, &status, WNOHANG);
-    if (done == pid) break;
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (r.seconds > timeout_s) {
-      kill(-pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      r.output = ReadFile(log) + "\n[killed after " + std::to_string(timeout_s) + " s]";
-      return r;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.output = ReadFile(log);
-  return r;
+  return zero::testing::RunBinary(Binary(), args, env, timeout_s);
 }
 
 // The small model and short run every training test uses.
