@@ -1204,3 +1204,141 @@ INSTANTIATE_TEST_SUITE_P(Worlds, MemoryTest, ::testing::Values(2, 3, 4),
 
 }  // namespace
 }  // namespace zero::equivalence
+
+// ---------------------------------------------------------------------------------------------
+// The same-device communicator (comm/same_device_communicator.h): the engine's ranks as threads on
+// one device (here one CpuDevice per rank, the reductions run by its rank-order kernel instead of
+// Gloo's point-to-point exchange), bitwise as the reference. A sample of the cells: the matrix
+// (stages 0-3 x worlds 2-4 x dtypes, GAS 1 without and GAS 4 with clipping), optimizer offload
+// (stages 1-3) and its chunked GPU update, parameter offload (stage 3), fp16 overflows (world 3,
+// the last rank overflowing), and ranks using different heads, managed and unmanaged (stages 0-3).
+// gpu_equivalence --comm same_device runs every cell this way on one GPU.
+#include "comm/same_device_communicator.h"
+
+namespace zero::equivalence {
+namespace {
+
+struct SameDeviceCell {
+  CellSpec spec;
+  bool different_heads = false;
+  bool overflow = false;
+  std::string Name() const { return spec.Name() + (different_heads ? "_diffheads" : "") + (overflow ? "_overflow" : ""); }
+};
+
+std::vector<SameDeviceCell> SameDeviceCells() {
+  std::vector<SameDeviceCell> cells;
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (int world : {2, 3, 4}) {
+      for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+        for (int gas : {1, 4}) {
+          SameDeviceCell c;
+          c.spec = MatrixCell({stage, world, dt, gas, gas == 4});
+          cells.push_back(c);
+        }
+      }
+    }
+    if (stage >= 1) {
+      for (int world : {2, 3}) {
+        SameDeviceCell c;
+        c.spec = MatrixCell({stage, world, DType::kBF16, 2, true});
+        c.spec.offload_optimizer = true;
+        cells.push_back(c);
+        c.spec.gpu_update_chunk = 37;
+        cells.push_back(c);
+      }
+    }
+    if (stage == 3) {
+      SameDeviceCell c;
+      c.spec = MatrixCell({3, 3, DType::kF32, 1, true});
+      c.spec.offload_param = true;
+      cells.push_back(c);
+      c.spec.offload_optimizer = true;
+      cells.push_back(c);
+    }
+    SameDeviceCell o;
+    o.spec = MatrixCell({stage, 3, DType::kF16, 2, true});
+    o.spec.loss_scale_window = 2;
+    o.overflow = true;
+    cells.push_back(o);
+    for (bool managed : {true, false}) {
+      SameDeviceCell h;
+      h.spec.stage = stage;
+      h.spec.world = 3;
+      h.spec.dtype = DType::kBF16;
+      h.spec.managed = managed;
+      h.spec.gas = managed ? 2 : 1;
+      h.spec.clip = kClip;
+      h.different_heads = true;
+      cells.push_back(h);
+    }
+  }
+  return cells;
+}
+
+// Ranks using different heads (rank 0 A, rank 1 B, rank 2 both; swapped between micro steps), odd
+// ranks reporting in forward order: the CPU suite's DifferentHeads schedule.
+Schedule DifferentHeadsSchedule(const CellSpec& cell) {
+  Schedule s;
+  s.managed = cell.managed;
+  s.odd_ranks_report_forward = cell.stage < 3;
+  s.odd_ranks_report_params_forward = cell.stage == 3;
+  const Heads a{true, false}, b{false, true}, both{true, true};
+  const std::vector<std::vector<std::vector<Heads>>> windows = {
+      {{a, b, both}, {b, a, a}}, {{a, b, b}, {a, b, both}}, {{b, a, both}, {both, b, a}}};
+  for (const auto& win : windows) {
+    Window w;
+    for (const auto& per_rank : win) {
+      MicroSpec m;
+      m.rank_heads = per_rank;
+      if (!cell.managed) m.loss_divisor = static_cast<float>(win.size());
+      w.micros.push_back(m);
+    }
+    s.windows.push_back(w);
+  }
+  return s;
+}
+
+class SameDeviceCommTest : public ::testing::TestWithParam<SameDeviceCell> {};
+
+TEST_P(SameDeviceCommTest, EngineEqualsReferenceBitwise) {
+  const SameDeviceCell& cell = GetParam();
+  const Config config = ParseCell(cell.spec);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  Schedule schedule = cell.different_heads ? DifferentHeadsSchedule(cell.spec) : ManagedSchedule(kSteps, cell.spec.gas);
+  if (cell.overflow) {
+    // As the Overflow cells: the last rank's first micro batch overflows in windows 1 and 2.
+    schedule = ManagedSchedule(7, cell.spec.gas);
+    schedule.windows[1].micros[0].overflow_rank = cell.spec.world - 1;
+    schedule.windows[2].micros[0].overflow_rank = cell.spec.world - 1;
+  }
+  Result<RefTrace> ref = RunReference(config, cell.spec.world, OrderOfStage(cell.spec.stage), ModelDims(), schedule);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  if (cell.overflow) {
+    EXPECT_EQ(ref->overflow_steps, 2);
+  } else {
+    EXPECT_EQ(ref->overflow_steps, 0);
+    if (!cell.different_heads) {
+      EXPECT_EQ(ref->clipped_steps, cell.spec.clip > 0 ? kSteps : 0);
+    }
+  }
+  std::vector<RankTrace> traces(cell.spec.world);
+  std::vector<std::string> backends(cell.spec.world);
+  Status st = RunSameDeviceRanks(cell.spec.world, [&](int rank, Communicator* comm, Device* device) -> Status {
+    backends[rank] = comm->backend();
+    return RunEngineRank(config, ModelDims(), schedule, device, comm, &traces[rank]);
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  for (const std::string& b : backends) EXPECT_EQ(b, "same_device");
+  ExpectMatches(*ref, traces, ContractTolerance());
+  // (The chunked GPU update stages its chunks on the device.)
+  if (cell.spec.offload_optimizer && cell.spec.gpu_update_chunk == 0) ExpectStatesOffTheDevice(traces);
+  for (size_t r = 0; r < traces.size() && cell.spec.offload_param; ++r) {
+    EXPECT_GT(traces[r].memory.host_params, 0u) << "rank " << r << ": no shards in host memory";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(SameDevice, SameDeviceCommTest, ::testing::ValuesIn(SameDeviceCells()),
+                         [](const ::testing::TestParamInfo<SameDeviceCell>& info) { return info.param.Name(); });
+
+}  // namespace
+}  // namespace zero::equivalence

@@ -1,14 +1,21 @@
 // gpu_equivalence: the equivalence suite on the CUDA backend (docs/equivalence.md, "GPU").
 //
-// Runs the engine on `--world` GPUs (one thread per rank, device cuda:r, an NCCL communicator per
-// rank from comm/rendezvous.h; world 1 needs no store) through the same cells as the CPU suite at
-// that world size: stages 0-3 x {fp32, bf16, fp16} x GAS {1, 4} x clipping {off, 0.05}, the fp16
-// overflow cells and the unmanaged-accumulation cells (with and without offload). The model math stays on the host: the
+// Runs the engine on `--world` ranks, one thread each, through the same cells as the CPU suite at
+// that world size. --comm nccl (the default): rank r on GPU cuda:r with an NCCL communicator from
+// comm/rendezvous.h (world 1 needs no store). --comm same_device: every rank on the one GPU
+// cuda:0 (each rank its own CudaDevice object, so its own default/compute stream and streams),
+// connected by comm/same_device_communicator.h (collectives built from device copies and the
+// rank-order reduction kernel on each rank's comm stream; worlds up to 64 on one GPU, where NCCL
+// takes one rank per GPU). The cells: stages 0-3 x {fp32, bf16, fp16} x GAS {1, 4} x clipping {off, 0.05}, the fp16
+// overflow cells and the unmanaged-accumulation cells (with and without offload), and at world > 1
+// the different-heads cells (ranks using different parameters in one micro step, managed and
+// unmanaged, stages 0-3, stage 3 also with param/optimizer offload). The model math stays on the host: the
 // harness copies parameters device->host and gradients host->device with Device::Copy. Each rank
 // is compared with the host reference (reference.h).
 //
-// World 1: bitwise (weights, moments, losses, counters, loss scale, lr); the grad norm within 2(n-1)2^-53
-// relative (CUDA's SumOfSquares sums in its own order). World > 1: NCCL sums in its own order, so
+// World 1, and any world with --comm same_device (rank-order fp32 sums, as the reference): bitwise
+// (weights, moments, losses, counters, loss scale, lr); the grad norm within 2(n-1)2^-53 relative
+// (CUDA's SumOfSquares sums in its own order). World > 1 with NCCL: NCCL sums in its own order, so
 // weights and losses are compared with the dtype-derived tolerance of the cross-order check (the
 // change of each tensor over the run within 4u (16-bit) or 2^-18 (fp32) relative in norm, losses
 // and norms within the same relative bound); step decisions and counters stay exact.
@@ -17,12 +24,14 @@
 // a usage error (a bad flag, or a --filter that matches no cell). Under `bazel test`
 // (XML_OUTPUT_FILE set) it also writes one JUnit test case per cell there, so tools/count_tests.py
 // counts cells, not one pass for the whole binary.
-// Flags: --world N (default 1), --device_prefix cuda (cuda:r per rank; "cpu" runs the same
-// driver on the CPU backend for a dry run), --filter SUBSTRING (cells whose name contains it),
+// Flags: --world N (default 1), --comm nccl|same_device (default nccl; see above), --device_prefix
+// cuda (cuda:r per rank, cuda:0 for every rank with same_device; "cpu" runs the same driver on the
+// CPU backend for a dry run, over Gloo, or over the same-device communicator with --comm
+// same_device), --filter SUBSTRING (cells whose name contains it),
 // --list (print the selected cells' names and exit; touches no device), --sync_device
 // (synchronize the whole device around host reads/writes; for diagnosing an ordering problem),
-// --port P (TCP store port for world > 1, default 29517), --skip_without_gpu (with fewer than
-// --world CUDA devices, report every cell skipped and exit 0 instead of failing at set-up; the
+// --port P (TCP store port for world > 1 with NCCL, default 29517), --skip_without_gpu (with fewer
+// than the CUDA devices the run needs (--world, or 1 with same_device), report every cell skipped and exit 0 instead of failing at set-up; the
 // `bazel test` target passes it; ZERO_REQUIRE_GPU=1 overrides it, as in runtime/gpu_test_util.h).
 #include <atomic>
 #include <chrono>
@@ -37,6 +46,7 @@
 #include <vector>
 
 #include "comm/rendezvous.h"
+#include "comm/same_device_communicator.h"
 #include "engine/config.h"
 #include "runtime/device.h"
 #include "runtime/gpu_test_util.h"
@@ -49,6 +59,7 @@ namespace {
 
 struct Flags {
   int world = 1;
+  std::string comm = "nccl";  // or "same_device"
   std::string device_prefix = "cuda";
   std::string filter;
   bool list = false;
@@ -207,6 +218,47 @@ std::vector<Cell> AllCells(int world) {
       }
     }
   }
+  if (world > 1) {
+    // Ranks using different heads in one micro step (rank r: pattern r mod 3), odd ranks reporting
+    // in forward order (stage 3: each module's parameters while it is gathered), managed (GAS 2)
+    // and unmanaged; stage 3 also with offload_param "cpu", offload_optimizer "cpu" and both. As the
+    // CPU suite's DifferentHeads cells.
+    const Heads a{true, false}, b{false, true}, both{true, true};
+    const std::vector<std::vector<std::vector<Heads>>> windows = {
+        {{a, b, both}, {b, a, a}}, {{a, b, b}, {a, b, both}}, {{b, a, both}, {both, b, a}}};
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        for (bool managed : {true, false}) {
+          for (int offload = 0; offload < (stage == 3 ? 4 : 1); ++offload) {
+            Cell c;
+            c.spec.stage = stage;
+            c.spec.world = world;
+            c.spec.dtype = dt;
+            c.spec.managed = managed;
+            c.spec.gas = managed ? 2 : 1;
+            c.spec.clip = 0.05;
+            c.spec.offload_param = offload == 1 || offload == 3;
+            c.spec.offload_optimizer = offload == 2 || offload == 3;
+            c.schedule.managed = managed;
+            c.schedule.odd_ranks_report_forward = stage < 3;
+            c.schedule.odd_ranks_report_params_forward = stage == 3;
+            for (const auto& win : windows) {
+              Window w;
+              for (const auto& per_rank : win) {
+                MicroSpec m;
+                m.rank_heads = per_rank;
+                if (!managed) m.loss_divisor = static_cast<float>(win.size());
+                w.micros.push_back(m);
+              }
+              c.schedule.windows.push_back(w);
+            }
+            c.name = "diffheads/" + c.spec.Name();
+            cells.push_back(c);
+          }
+        }
+      }
+    }
+  }
   return cells;
 }
 
@@ -341,8 +393,9 @@ int Main(const Flags& flags) {
     for (const Cell& c : cells) std::printf("%s\n", c.name.c_str());
     return 0;
   }
+  const bool same_device = flags.comm == "same_device";
   if (flags.skip_without_gpu && flags.device_prefix == "cuda" && !zero::testing::GpuRequired()) {
-    const std::string missing = zero::testing::MissingCudaDevices(world);
+    const std::string missing = zero::testing::MissingCudaDevices(same_device ? 1 : world);
     if (!missing.empty()) {
       std::vector<CellResult> results;
       for (const Cell& c : cells) results.push_back({c.name, "", missing});
@@ -351,7 +404,22 @@ int Main(const Flags& flags) {
       return WriteJUnitReport(results) ? 0 : 1;
     }
   }
-  // Devices and communicators once, reused by every cell (the engine owns neither).
+  // Devices and communicators once, reused by every cell (the engine owns neither). With
+  // same_device, one group; each rank opens its own Device object on the one GPU (cuda:0), so each
+  // has its own default (compute) stream and creates its own streams.
+  std::shared_ptr<SameDeviceGroup> group;
+  if (same_device) {
+    SameDeviceOptions o;
+    // A collective that waits a minute for a rank is a hang: fail it, naming the rank.
+    o.comm.timeout = std::chrono::milliseconds(60000);
+    Result<std::shared_ptr<SameDeviceGroup>> g = SameDeviceGroup::Create(world, o);
+    if (!g.ok()) {
+      std::printf("set-up failed: %s\n0 passed, 1 failed\n", g.status().ToString().c_str());
+      WriteJUnitReport({{"set-up", g.status().ToString(), ""}});
+      return 1;
+    }
+    group = *g;
+  }
   std::vector<std::unique_ptr<Device>> devices(world);
   std::vector<std::unique_ptr<Communicator>> comms(world);
   std::vector<Status> init(world);
@@ -359,13 +427,25 @@ int Main(const Flags& flags) {
     std::vector<std::thread> threads;
     for (int r = 0; r < world; ++r) {
       threads.emplace_back([&, r] {
-        const std::string name = flags.device_prefix == "cpu" ? "cpu" : flags.device_prefix + ":" + std::to_string(r);
+        const std::string name = flags.device_prefix == "cpu" ? "cpu"
+                                 : same_device                ? flags.device_prefix + ":0"
+                                                              : flags.device_prefix + ":" + std::to_string(r);
         Result<std::unique_ptr<Device>> d = CreateDevice(name);
         if (!d.ok()) {
           init[r] = d.status();
+          if (group != nullptr) group->Fail(UnavailableError("rank " + std::to_string(r) + " has no device"));
           return;
         }
         devices[r] = std::move(*d);
+        if (same_device) {
+          Result<std::unique_ptr<SameDeviceCommunicator>> c = group->Join(r, devices[r].get());
+          if (!c.ok()) {
+            init[r] = c.status();
+            return;
+          }
+          comms[r] = std::move(*c);
+          return;
+        }
         RendezvousOptions o;
         o.rank = r;
         o.world_size = world;
@@ -393,8 +473,9 @@ int Main(const Flags& flags) {
   std::printf("gpu_equivalence: world %d, device %s, communicator %s\n", world, devices[0]->name().c_str(),
               comms[0]->backend().c_str());
 
-  // Rank-order sums (Gloo) or a single rank: bitwise; NCCL's own summation order: tolerance.
-  const bool exact = world == 1 || comms[0]->backend() == "gloo";
+  // Rank-order sums (Gloo, same_device) or a single rank: bitwise; NCCL's own summation order:
+  // tolerance.
+  const bool exact = world == 1 || comms[0]->backend() == "gloo" || comms[0]->backend() == "same_device";
   int passed = 0, failed = 0;
   std::vector<CellResult> results;
   const auto start = std::chrono::steady_clock::now();
@@ -475,6 +556,12 @@ int main(int argc, char** argv) {
     };
     if (a == "--world") {
       flags.world = std::atoi(value("--world"));
+    } else if (a == "--comm") {
+      flags.comm = value("--comm");
+      if (flags.comm != "nccl" && flags.comm != "same_device") {
+        std::fprintf(stderr, "--comm must be nccl or same_device, got \"%s\"\n", flags.comm.c_str());
+        return 2;
+      }
     } else if (a == "--device_prefix") {
       flags.device_prefix = value("--device_prefix");
     } else if (a == "--filter") {
@@ -488,8 +575,8 @@ int main(int argc, char** argv) {
     } else if (a == "--port") {
       flags.port = std::atoi(value("--port"));
     } else {
-      std::fprintf(stderr, "unknown flag %s (flags: --world N --device_prefix cuda|cpu --filter S --list --sync_device --port P "
-                   "--skip_without_gpu)\n",
+      std::fprintf(stderr, "unknown flag %s (flags: --world N --comm nccl|same_device --device_prefix cuda|cpu --filter S "
+                   "--list --sync_device --port P --skip_without_gpu)\n",
                    a.c_str());
       return 2;
     }
