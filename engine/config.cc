@@ -1074,6 +1074,16 @@ void Walk(const Json& obj, const std::string& canonical_prefix, const std::strin
       handled = true;
     }
     if (handled) continue;
+    if (canonical_prefix.empty() && st->options.top_level_typos_are_errors) {
+      const std::string near = Nearest("", name, 1).first;
+      if (!near.empty()) {
+        Problem(st, "",
+                InvalidArgumentError(source + ": unknown key '" + user_path + "' (did you mean '" + near +
+                                     "'?): a top-level key one edit from a known one is an error, since "
+                                     "everything under it would be ignored"));
+        continue;
+      }
+    }
     if (++st->unknown_keys > kUnknownKeysListed) continue;
     const std::string message = source + ": unknown key '" + user_path + "'" + Suggestion(canonical_prefix, name);
     if (st->options.strict) {
@@ -1598,6 +1608,9 @@ std::string ConfigReferenceMarkdown() {
      << "  replace it with a value.\n"
      << "- Unknown keys are warnings with a suggestion (`unknown key 'zero_optimization.stge' (did you mean\n"
      << "  'stage'?)`), or errors with `ParseOptions::strict`. Past 100 unknown keys, one line counts the rest.\n"
+     << "  A top-level unknown key one edit from a known one (`zero_optimisation`, `FP16`) is an error even so,\n"
+     << "  since everything under it would be ignored (`ParseOptions::top_level_typos_are_errors = false` makes\n"
+     << "  it a warning).\n"
      << "- Hostile or broken files end in an error, in time linear in the file's size: JSON nested deeper than\n"
      << "  100 levels and a number beyond a double's range (`1e400`) name the line and column (and the key);\n"
      << "  a key given twice in one object is an error naming it (as DeepSpeed refuses duplicate keys).\n"

@@ -187,6 +187,10 @@ struct ParseOptions {
   int world_size = 1;     // for the batch identity
   bool strict = false;    // unknown keys are errors rather than warnings
   std::string source = "<config>";  // file name used in messages
+  // A top-level unknown key one edit (case aside) from a known one ("zero_optimisation", "FP16") is an
+  // error even without `strict`: everything under it would be ignored and the job would train with
+  // the defaults (stage 0). false makes it a warning like other unknown keys.
+  bool top_level_typos_are_errors = true;
 };
 
 // Parses and validates `json_text`. On failure the InvalidArgument error lists every problem: one

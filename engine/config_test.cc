@@ -795,6 +795,20 @@ TEST(ConfigUnknownKeysTest, NoSuggestionForUnrelatedNames) {
 TEST(ConfigUnknownKeysTest, TyposInARealisticFile) {
   ParseOptions options;
   options.world_size = 2;
+  // By default the top-level 'gradient_accumulation_step' (one edit from a key) is an error.
+  EXPECT_EQ(Message(LoadConfigFile("engine/testdata/typos.json", options)),
+            "engine/testdata/typos.json: unknown key 'gradient_accumulation_step' (did you mean "
+            "'gradient_accumulation_steps'?): a top-level key one edit from a known one is an error, since everything "
+            "under it would be ignored\n"
+            "  note: engine/testdata/typos.json: unknown key 'zero_optimization.reduce_bucket_sze' (did you mean "
+            "'reduce_bucket_size'?)\n"
+            "  note: engine/testdata/typos.json: unknown key 'zero_optimization.overlap_com' (did you mean "
+            "'overlap_comm'?)\n"
+            "  note: engine/testdata/typos.json: unknown key 'optimizer.params.weight_decy' (did you mean "
+            "'weight_decay'?)\n"
+            "  note: engine/testdata/typos.json: unknown key 'stage3_prefetch_bucket_size' (did you mean "
+            "'zero_optimization.stage3_prefetch_bucket_size'?)");
+  options.top_level_typos_are_errors = false;
   auto r = LoadConfigFile("engine/testdata/typos.json", options);
   ASSERT_TRUE(r.ok()) << Message(r);
   const std::string src = "engine/testdata/typos.json: ";
@@ -812,7 +826,7 @@ TEST(ConfigUnknownKeysTest, TyposInARealisticFile) {
   EXPECT_EQ(r->train_batch_size, 8);
   EXPECT_FALSE(r->zero.overlap_comm);
   // Strict: all five in one error.
-  auto strict = LoadConfigFile("engine/testdata/typos.json", ParseOptions{2, true, "typos.json"});
+  auto strict = LoadConfigFile("engine/testdata/typos.json", ParseOptions{2, true, "typos.json", false});
   EXPECT_EQ(Message(strict),
             "typos.json: 5 problems in the config:\n"
             "  typos.json: unknown key 'zero_optimization.reduce_bucket_sze' (did you mean 'reduce_bucket_size'?)\n"
@@ -821,6 +835,28 @@ TEST(ConfigUnknownKeysTest, TyposInARealisticFile) {
             "  typos.json: unknown key 'stage3_prefetch_bucket_size' (did you mean "
             "'zero_optimization.stage3_prefetch_bucket_size'?)\n"
             "  typos.json: unknown key 'gradient_accumulation_step' (did you mean 'gradient_accumulation_steps'?)");
+}
+
+TEST(ConfigUnknownKeysTest, TopLevelKeyOneEditFromAKnownOneIsAnError) {
+  // 'zero_optimisation' only warned, and the job trained at stage 0.
+  const std::string text = R"({"train_batch_size": 8, "zero_optimisation": {"stage": 3}})";
+  EXPECT_EQ(Message(Parse(text)),
+            "<config>: unknown key 'zero_optimisation' (did you mean 'zero_optimization'?): a top-level key one edit "
+            "from a known one is an error, since everything under it would be ignored");
+  EXPECT_TRUE(Contains(Message(Parse(R"({"train_batch_size": 8, "FP16": {"enabled": true}})")),
+                       "unknown key 'FP16' (did you mean 'fp16'?): a top-level key one edit"));
+  EXPECT_TRUE(Contains(Message(Parse(R"({"train_batch_size": 8, "steps_per_prnt": 5})")),
+                       "unknown key 'steps_per_prnt' (did you mean 'steps_per_print'?): a top-level key one edit"));
+  // The opt-out makes it a warning; farther names and nested typos stay warnings.
+  ParseOptions lenient;
+  lenient.top_level_typos_are_errors = false;
+  auto r = ParseConfig(text, lenient);
+  ASSERT_TRUE(r.ok()) << Message(r);
+  EXPECT_EQ(r->zero.stage, 0);
+  EXPECT_EQ(r->warnings, std::vector<std::string>{"<config>: unknown key 'zero_optimisation' (did you mean "
+                                                  "'zero_optimization'?)"});
+  EXPECT_TRUE(Parse(R"({"train_batch_size": 8, "zero_optimisaton": {}, "my_block": {}})").ok());
+  EXPECT_TRUE(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stag": 1}})").ok());
 }
 
 TEST(ConfigUnknownKeysTest, IgnoredDeepSpeedKeysWarnEvenWhenStrict) {
@@ -1111,10 +1147,10 @@ TEST(ConfigProblemsTest, UnknownKeysThatAreWarningsFollowAsNotes) {
             "  <config>: bf16.enabled: expected false when fp16.enabled is true (pick one 16-bit type), got true\n"
             "  note: <config>: unknown key 'train_bacth_size' (did you mean 'train_batch_size'?)");
   // One problem keeps its one-line form, notes after it.
-  r = Parse(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimizaton": {"stage": 2}, "fp16": {"enabled": 3}})");
+  r = Parse(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimisaton": {"stage": 2}, "fp16": {"enabled": 3}})");
   EXPECT_EQ(Message(r),
             "<config>: fp16.enabled: expected true or false, got 3\n"
-            "  note: <config>: unknown key 'zero_optimizaton' (did you mean 'zero_optimization'?)");
+            "  note: <config>: unknown key 'zero_optimisaton' (did you mean 'zero_optimization'?)");
 }
 
 TEST(ConfigProblemsTest, ARefusedValueIsNotReportedAgainAsAConsequence) {
