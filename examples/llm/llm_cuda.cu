@@ -1,0 +1,928 @@
+// LlmCuda (contract in llm_cuda.h): the module protocol, the activation buffers, and the cuBLAS
+// products; the other kernels are llm_kernels.cu's.
+#include "examples/llm/llm_cuda.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <utility>
+
+#include "examples/llm/llm_cpu.h"
+#include "examples/llm/llm_kernels.cuh"
+#include "examples/llm/llm_params.h"
+#include "runtime/cuda_status.h"
+
+namespace zero::llm {
+
+using examples::GradSink;
+using examples::GradView;
+using examples::ModuleScope;
+using examples::ModuleSpec;
+using examples::ParamProvider;
+using examples::ParamSpec;
+using examples::ParamView;
+
+namespace {
+
+Status CublasStatus(cublasStatus_t s, const char* call, const char* file, int line) {
+  return InternalError(std::string("cuBLAS error: ") + call + " at " + file + ":" + std::to_string(line) + ": " +
+                       cublasGetStatusString(s) + " (" + cublasGetStatusName(s) + ")");
+}
+
+#define LLM_CUBLAS_RETURN_IF_ERROR(call)                                              \
+  do {                                                                                \
+    cublasStatus_t _llm_cublas_s = (call);                                            \
+    if (_llm_cublas_s != CUBLAS_STATUS_SUCCESS) {                                     \
+      return ::zero::llm::CublasStatus(_llm_cublas_s, #call, __FILE__, __LINE__);     \
+    }                                                                                 \
+  } while (0)
+
+// ZERO_CUDA_RETURN_IF_ERROR that also consumes the error it reports, so the next launch check
+// (cudaGetLastError) names its own launch, not this call.
+#define LLM_CUDA_RETURN_IF_ERROR(call)                                         \
+  do {                                                                         \
+    cudaError_t _llm_cuda_e = (call);                                          \
+    if (_llm_cuda_e != cudaSuccess) {                                          \
+      cudaGetLastError();                                                      \
+      return ::zero::CudaStatus(_llm_cuda_e, #call, __FILE__, __LINE__);       \
+    }                                                                          \
+  } while (0)
+
+struct DeviceFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+using DevicePtr = std::unique_ptr<void, DeviceFree>;
+
+struct HostFree {
+  void operator()(void* p) const { cudaFreeHost(p); }
+};
+using PinnedPtr = std::unique_ptr<void, HostFree>;
+
+struct EventDestroy {
+  void operator()(CUevent_st* e) const { cudaEventDestroy(e); }
+};
+using EventPtr = std::unique_ptr<CUevent_st, EventDestroy>;
+
+Result<DevicePtr> DeviceAlloc(size_t bytes, const std::string& what) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // cudaMalloc's failure is not sticky; clear it for the next launch check
+    return ResourceExhaustedError("llm_cuda: cudaMalloc of " + std::to_string(bytes) + " bytes for " + what +
+                                  ": " + cudaGetErrorString(e));
+  }
+  return DevicePtr(p);
+}
+
+constexpr size_t kAlign = 256;
+size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// Slices of one device allocation: Add() records where each pointer goes, Allocate() sets them.
+class Arena {
+ public:
+  template <typename T>
+  void Add(T** ptr, int64_t count) {
+    AddBytes(reinterpret_cast<void**>(ptr), static_cast<size_t>(std::max<int64_t>(count, 0)) * sizeof(T));
+  }
+  void AddBytes(void** ptr, size_t bytes) {
+    slots_.push_back({ptr, offset_});
+    offset_ += AlignUp(bytes);
+  }
+  Status Allocate(const std::string& what) {
+    ZERO_ASSIGN_OR_RETURN(mem_, DeviceAlloc(offset_, what));
+    char* base = static_cast<char*>(mem_.get());
+    for (const Slot& s : slots_) *s.ptr = base + s.offset;
+    return OkStatus();
+  }
+  size_t bytes() const { return mem_ ? offset_ : 0; }
+
+ private:
+  struct Slot {
+    void** ptr;
+    size_t offset;
+  };
+  std::vector<Slot> slots_;
+  size_t offset_ = 0;
+  DevicePtr mem_;
+};
+
+cudaDataType_t CudaType(DType t) {
+  switch (t) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kBF16: return CUDA_R_16BF;
+    default: return CUDA_R_16F;
+  }
+}
+
+inline void* At(void* base, DType t, int64_t i) { return ElementPtr(base, t, i); }
+
+// What one layer's forward saves (compute dtype unless fp32 is named).
+struct LayerBuffers {
+  float* rstd1 = nullptr;  // [N]
+  void* xn1 = nullptr;     // [N, H] input_layernorm output
+  void* q_raw = nullptr;   // [N, QD] qk_norm only: before the per-head norm
+  void* k_raw = nullptr;   // [N, KVD]
+  float* q_rstd = nullptr;  // [N * nh]
+  float* k_rstd = nullptr;  // [N * nkv]
+  void* q = nullptr;        // [N, QD] after norm and RoPE
+  void* k = nullptr;        // [N, KVD]
+  void* v = nullptr;        // [N, KVD]
+  void* o = nullptr;        // [N, QD] attention output
+  float* lse = nullptr;     // [B, nh, S]
+  float* h_mid = nullptr;   // [N, H] fp32 residual after attention
+  float* rstd2 = nullptr;   // [N]
+  void* xn2 = nullptr;      // [N, H]
+  void* g = nullptr;        // [N, I] gate projection
+  void* u = nullptr;        // [N, I] up projection
+};
+
+// A module's parameters as the kernels take them.
+struct Weights {
+  std::vector<const void*> data;
+  std::vector<DType> dtype;
+};
+
+}  // namespace
+
+// ---- Activations. ---------------------------------------------------------------------------------
+
+struct LlmCudaActivations::State {
+  // The shape the buffers were made for.
+  const void* owner = nullptr;
+  int batch = 0, seq = 0;
+  DType compute = DType::kF32;
+  bool checkpointing = false;
+  int64_t chunk_rows = 0;
+  bool allocated = false;
+
+  bool has_forward = false;
+  bool loss_ready = false;
+  int64_t counted = 0;
+  int64_t num_unique = 0;
+
+  Arena arena;
+  PinnedPtr pinned;  // staging of the ids: [inputs N][targets N][positions N][unique ids N][starts N+1]
+  EventPtr upload_done;
+  std::vector<float> rope_cos_host, rope_sin_host;
+
+  int32_t *inputs = nullptr, *targets = nullptr, *positions = nullptr, *unique_ids = nullptr, *starts = nullptr;
+  float *rope_cos = nullptr, *rope_sin = nullptr;
+  float* hs = nullptr;  // [L + 1, N, H] fp32: each layer's input, then the final norm's input
+  std::vector<LayerBuffers> layers;  // L, or 1 reused by every layer with checkpointing
+
+  // Workspace.
+  void* act = nullptr;    // [N, I] silu(g) * u
+  float* dh = nullptr;    // [N, H] gradient of the residual stream
+  void* dh_t = nullptr;   // [N, H] dh in the compute dtype (= dh for fp32)
+  float* dxn = nullptr;   // [N, H] gradient of a norm's output
+  float* da = nullptr;    // [N, I]
+  void* dg = nullptr;     // [N, I]
+  void* du = nullptr;     // [N, I]
+  void* dout = nullptr;   // [N, QD] gradient of the attention output
+  float* delta = nullptr;  // [B, nh, S]
+  float *dq = nullptr, *dk = nullptr, *dv = nullptr;  // [N, QD], [N, KVD], [N, KVD]
+  void *dq_t = nullptr, *dk_t = nullptr, *dv_t = nullptr;
+  float* partial = nullptr;  // column-reduction partial sums
+
+  // Head.
+  void* xnF = nullptr;        // [N, H] final norm output
+  float* rstdF = nullptr;     // [N]
+  float* logits = nullptr;    // [chunk_rows, V] fp32
+  void* dlogits = nullptr;    // [chunk_rows, V]
+  float* row_loss = nullptr;  // [N]
+  double* loss_sum = nullptr;
+
+  // [V, H] fp32: the tied embedding's gradient while it is assembled, or the lm_head's gradient
+  // summed over chunks when its buffer is 16-bit.
+  DevicePtr vh_mem;
+  float* vh = nullptr;
+  int64_t vh_elems = 0;
+
+  int64_t Bytes() const { return static_cast<int64_t>(arena.bytes()) + (vh ? vh_elems * 4 : 0); }
+};
+
+LlmCudaActivations::LlmCudaActivations() : state_(std::make_unique<State>()) {}
+LlmCudaActivations::~LlmCudaActivations() = default;
+LlmCudaActivations::LlmCudaActivations(LlmCudaActivations&&) noexcept = default;
+LlmCudaActivations& LlmCudaActivations::operator=(LlmCudaActivations&&) noexcept = default;
+int LlmCudaActivations::batch() const { return state_ ? state_->batch : 0; }
+int LlmCudaActivations::seq() const { return state_ ? state_->seq : 0; }
+int64_t LlmCudaActivations::counted_targets() const { return state_ ? state_->counted : 0; }
+int64_t LlmCudaActivations::bytes() const { return state_ ? state_->Bytes() : 0; }
+
+// ---- The model. -----------------------------------------------------------------------------------
+
+class LlmCuda::Impl {
+ public:
+  using State = LlmCudaActivations::State;
+
+  Impl(const LlmConfig& c, const std::vector<ParamSpec>& specs, const std::vector<ModuleSpec>& modules,
+       cudaStream_t stream, const LlmCudaOptions& options)
+      : c_(c),
+        specs_(specs),
+        modules_(modules),
+        stream_(stream),
+        options_(options),
+        H_(c.hidden_size),
+        I_(c.intermediate_size),
+        V_(c.vocab_size),
+        L_(c.num_hidden_layers),
+        nh_(c.num_attention_heads),
+        nkv_(c.num_key_value_heads),
+        hd_(c.head_dim),
+        qd_(nh_ * hd_),
+        kvd_(nkv_ * hd_),
+        eps_(static_cast<float>(c.rms_norm_eps)),
+        scale_(1.0f / std::sqrt(static_cast<float>(c.head_dim))) {
+    head_module_ = static_cast<int>(L_) + 1;
+    final_norm_ = FinalNormIndex(c);
+    lm_head_ = LmHeadIndex(c);
+    const LayerParamIndex x = LayerParams(c, 0);
+    auto rel = [&](int i) { return i < 0 ? -1 : i - x.first; };
+    local_ = Local{rel(x.input_norm), rel(x.q),         rel(x.k),    rel(x.v),  rel(x.o),   rel(x.q_norm),
+                   rel(x.k_norm),     rel(x.post_norm), rel(x.gate), rel(x.up), rel(x.down)};
+  }
+
+  ~Impl() {
+    if (cublas_ != nullptr) cublasDestroy(cublas_);
+  }
+
+  Status Init() {
+    LLM_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
+    LLM_CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_));
+    // No TF32 for fp32 products; bf16 products reduce in fp32 (no reduced-precision split-K).
+    LLM_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(
+        cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    // The largest set of converted matrices one phase holds: a module's, plus the tied embedding
+    // in the head phase; and the largest matrix gradient staged in fp32.
+    for (size_t m = 0; m < modules_.size(); ++m) {
+      size_t bytes = 0;
+      for (int i : modules_[m].params) {
+        if (specs_[i].shape.size() == 2) {
+          bytes += AlignUp(specs_[i].numel() * 4);
+          if (i != EmbedIndex() && i != lm_head_) max_grad_stage_ = std::max(max_grad_stage_, specs_[i].numel());
+        }
+      }
+      if (static_cast<int>(m) == head_module_ && c_.tie_word_embeddings) {
+        bytes += AlignUp(specs_[EmbedIndex()].numel() * 4);
+      }
+      max_convert_bytes_ = std::max(max_convert_bytes_, bytes);
+    }
+    return OkStatus();
+  }
+
+  Result<double> Forward(ParamProvider& params, const LlmBatch& batch, State& st, bool want_loss) {
+    ZERO_RETURN_IF_ERROR(batch.Validate(V_, c_.max_position_embeddings));
+    st.has_forward = false;
+    st.loss_ready = false;
+    const int64_t N = int64_t(batch.batch) * batch.seq;
+    {
+      ModuleScope scope(params, kEmbedModule);
+      ZERO_ASSIGN_OR_RETURN(std::vector<ParamView> views, scope.Acquire());
+      ZERO_RETURN_IF_ERROR(CheckViews(0, views));
+      DType compute = views[0].dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
+      if (options_.compute) compute = *options_.compute;
+      ZERO_RETURN_IF_ERROR(Prepare(st, batch, compute));
+      ZERO_RETURN_IF_ERROR(
+          kernels::EmbeddingForward(st.inputs, N, H_, views[0].data, views[0].dtype, st.hs, stream_));
+      ZERO_RETURN_IF_ERROR(scope.Close());
+    }
+    for (int64_t l = 0; l < L_; ++l) {
+      ModuleScope scope(params, LayerModule(l));
+      Weights w;
+      int64_t used = 0;
+      ZERO_RETURN_IF_ERROR(Load(scope, static_cast<int>(1 + l), st.compute, true, &used, &w));
+      ZERO_RETURN_IF_ERROR(LayerForward(st, l, w, /*recompute=*/false));
+      ZERO_RETURN_IF_ERROR(scope.Close());
+    }
+    {
+      ModuleScope head(params, kHeadModule);
+      ModuleScope embed(params, kEmbedModule);
+      Weights hw;
+      const void* w_out = nullptr;
+      ZERO_RETURN_IF_ERROR(LoadHead(head, embed, st.compute, &hw, &w_out));
+      const DType T = st.compute;
+      ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(st.hs + L_ * N * H_, DType::kF32, hw.data[0], hw.dtype[0], N,
+                                                   static_cast<int>(H_), eps_, st.xnF, T, st.rstdF, stream_));
+      if (want_loss) {
+        for (int64_t r0 = 0; r0 < N; r0 += st.chunk_rows) {
+          const int64_t rows = std::min(st.chunk_rows, N - r0);
+          ZERO_RETURN_IF_ERROR(LinearForward(T, At(st.xnF, T, r0 * H_), w_out, rows, V_, H_, st.logits,
+                                             DType::kF32, 0.0f));
+          ZERO_RETURN_IF_ERROR(kernels::CrossEntropy(st.logits, st.targets + r0, rows, V_, 0.0f,
+                                                     st.row_loss + r0, nullptr, T, stream_));
+        }
+        ZERO_RETURN_IF_ERROR(kernels::SumToDouble(st.row_loss, N, st.loss_sum, stream_));
+      }
+      ZERO_RETURN_IF_ERROR(embed.Close());
+      ZERO_RETURN_IF_ERROR(head.Close());
+    }
+    st.has_forward = true;
+    if (!want_loss) return std::numeric_limits<double>::quiet_NaN();
+    st.loss_ready = true;
+    return ReadLoss(st);
+  }
+
+  Result<double> ReadLoss(const State& st) {
+    if (!st.has_forward || !st.loss_ready) {
+      return FailedPreconditionError(
+          "llm_cuda: no loss on these activations (Forward with want_loss, or Backward, computes it)");
+    }
+    double sum = 0.0;
+    LLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&sum, st.loss_sum, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    LLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return st.counted > 0 ? sum / static_cast<double>(st.counted) : 0.0;
+  }
+
+  Status Backward(ParamProvider& params, State& st, float loss_scale, GradSink& grads) {
+    if (!st.has_forward || st.owner != this) {
+      return FailedPreconditionError("llm_cuda backward: no forward of this model on these activations");
+    }
+    const int64_t N = int64_t(st.batch) * st.seq;
+    const DType T = st.compute;
+    // dL/dlogits of loss_scale * mean loss, as LlmCpu: (softmax - onehot) * (loss_scale / counted).
+    const float coef = st.counted > 0 ? loss_scale / static_cast<float>(st.counted) : 0.0f;
+    {
+      ModuleScope head(params, kHeadModule);
+      ModuleScope embed(params, kEmbedModule);
+      Weights hw;
+      const void* w_out = nullptr;
+      ZERO_RETURN_IF_ERROR(LoadHead(head, embed, T, &hw, &w_out));
+      const int64_t chunks = (N + st.chunk_rows - 1) / st.chunk_rows;
+      // Where the output weight's gradient is summed over chunks.
+      GradView head_view;
+      void* dw_out = nullptr;
+      DType dw_t = DType::kF32;
+      if (c_.tie_word_embeddings) {
+        ZERO_RETURN_IF_ERROR(EnsureVh(st));
+        dw_out = st.vh;
+      } else {
+        ZERO_ASSIGN_OR_RETURN(head_view, GradBufferChecked(grads, lm_head_));
+        if (head_view.dtype == DType::kF32 || (chunks == 1 && head_view.dtype == T)) {
+          dw_out = head_view.data;
+          dw_t = head_view.dtype;
+        } else {
+          ZERO_RETURN_IF_ERROR(EnsureVh(st));
+          dw_out = st.vh;
+        }
+      }
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t r0 = c * st.chunk_rows;
+        const int64_t rows = std::min(st.chunk_rows, N - r0);
+        const void* xn = At(st.xnF, T, r0 * H_);
+        ZERO_RETURN_IF_ERROR(LinearForward(T, xn, w_out, rows, V_, H_, st.logits, DType::kF32, 0.0f));
+        ZERO_RETURN_IF_ERROR(kernels::CrossEntropy(st.logits, st.targets + r0, rows, V_, coef, st.row_loss + r0,
+                                                   st.dlogits, T, stream_));
+        ZERO_RETURN_IF_ERROR(
+            LinearBackwardWeight(T, st.dlogits, xn, rows, V_, H_, dw_out, dw_t, c == 0 ? 0.0f : 1.0f));
+        ZERO_RETURN_IF_ERROR(
+            LinearBackwardInput(T, st.dlogits, w_out, rows, V_, H_, st.dxn + r0 * H_, DType::kF32, 0.0f));
+      }
+      ZERO_RETURN_IF_ERROR(kernels::SumToDouble(st.row_loss, N, st.loss_sum, stream_));
+      st.loss_ready = true;
+      const float* h_final = st.hs + L_ * N * H_;
+      ZERO_RETURN_IF_ERROR(NormWeightGrad(grads, final_norm_, h_final, DType::kF32, st.rstdF, st.dxn, DType::kF32,
+                                          N, H_, st));
+      ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(h_final, DType::kF32, st.rstdF, hw.data[0], hw.dtype[0], st.dxn,
+                                                    DType::kF32, N, static_cast<int>(H_), false, st.dh,
+                                                    DType::kF32, stream_));
+      if (!c_.tie_word_embeddings) {
+        if (dw_out == st.vh) {
+          ZERO_RETURN_IF_ERROR(
+              kernels::Convert(st.vh, DType::kF32, head_view.data, head_view.dtype, V_ * H_, stream_));
+        }
+        ZERO_RETURN_IF_ERROR(grads.GradReady(lm_head_));
+      }
+      ZERO_RETURN_IF_ERROR(embed.Close());
+      ZERO_RETURN_IF_ERROR(head.Close());
+    }
+    for (int64_t l = L_ - 1; l >= 0; --l) {
+      ModuleScope scope(params, LayerModule(l));
+      Weights w;
+      int64_t used = 0;
+      ZERO_RETURN_IF_ERROR(Load(scope, static_cast<int>(1 + l), T, true, &used, &w));
+      if (st.checkpointing) ZERO_RETURN_IF_ERROR(LayerForward(st, l, w, /*recompute=*/true));
+      ZERO_RETURN_IF_ERROR(LayerBackward(st, l, w, grads));
+      ZERO_RETURN_IF_ERROR(scope.Close());
+    }
+    {
+      ModuleScope scope(params, kEmbedModule);
+      ZERO_ASSIGN_OR_RETURN(std::vector<ParamView> views, scope.Acquire());
+      ZERO_RETURN_IF_ERROR(CheckViews(0, views));
+      ZERO_ASSIGN_OR_RETURN(GradView g, GradBufferChecked(grads, EmbedIndex()));
+      if (c_.tie_word_embeddings) {
+        ZERO_RETURN_IF_ERROR(kernels::EmbeddingBackward(st.positions, st.unique_ids, st.starts, st.num_unique, H_,
+                                                        st.dh, /*accumulate=*/true, st.vh, DType::kF32, stream_));
+        ZERO_RETURN_IF_ERROR(kernels::Convert(st.vh, DType::kF32, g.data, g.dtype, V_ * H_, stream_));
+      } else {
+        LLM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(g.data, 0, V_ * H_ * SizeOf(g.dtype), stream_));
+        ZERO_RETURN_IF_ERROR(kernels::EmbeddingBackward(st.positions, st.unique_ids, st.starts, st.num_unique, H_,
+                                                        st.dh, /*accumulate=*/false, g.data, g.dtype, stream_));
+      }
+      ZERO_RETURN_IF_ERROR(grads.GradReady(EmbedIndex()));
+      ZERO_RETURN_IF_ERROR(scope.Close());
+    }
+    return OkStatus();
+  }
+
+ private:
+  // Positions of a layer's parameters in its module's views.
+  struct Local {
+    int in_norm, q, k, v, o, q_norm, k_norm, post_norm, gate, up, down;
+  };
+
+  // ---- Buffers. ----
+
+  int64_t ChunkRows(int64_t N) const {
+    const int64_t per_row = V_ * static_cast<int64_t>(sizeof(float));
+    return std::clamp<int64_t>(options_.logits_chunk_bytes / per_row, 1, N);
+  }
+
+  // Sizes the buffers for the batch (reallocating only when the shape changes) and uploads its ids
+  // and the embedding backward's order: positions sorted by input id (then by position), the
+  // distinct ids and where each one's run starts.
+  Status Prepare(State& st, const LlmBatch& batch, DType compute) {
+    if (compute != DType::kF32 && compute != DType::kBF16) {
+      return InvalidArgumentError(std::string("llm_cuda: compute dtype ") + DTypeName(compute) +
+                                  ", expected fp32 or bf16");
+    }
+    const int64_t B = batch.batch, S = batch.seq, N = B * S;
+    if (N > INT32_MAX / 2) return InvalidArgumentError("llm_cuda: batch * seq = " + std::to_string(N) + " too large");
+    const bool ckpt = options_.activation_checkpointing;
+    if (!st.allocated || st.owner != this || st.batch != batch.batch || st.seq != batch.seq ||
+        st.compute != compute || st.checkpointing != ckpt) {
+      // The old buffers may still be read by enqueued work.
+      LLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+      st.allocated = false;
+      st.arena = Arena();
+      st.pinned.reset();
+      st.owner = this;
+      st.batch = batch.batch;
+      st.seq = batch.seq;
+      st.compute = compute;
+      st.checkpointing = ckpt;
+      st.chunk_rows = ChunkRows(N);
+      ZERO_RETURN_IF_ERROR(Plan(st, B, S, compute, ckpt));
+      ZERO_RETURN_IF_ERROR(st.arena.Allocate("the activations of batch " + std::to_string(B) + " x seq " +
+                                             std::to_string(S)));
+      void* pinned = nullptr;
+      LLM_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&pinned, (5 * N + 1) * sizeof(int32_t), cudaHostAllocDefault));
+      st.pinned.reset(pinned);
+      if (!st.upload_done) {
+        cudaEvent_t e = nullptr;
+        LLM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        st.upload_done.reset(e);
+      }
+      RopeTables(hd_, c_.rope_theta, static_cast<int>(S), &st.rope_cos_host, &st.rope_sin_host);
+      const size_t table = st.rope_cos_host.size() * sizeof(float);
+      LLM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(st.rope_cos, st.rope_cos_host.data(), table, cudaMemcpyHostToDevice, stream_));
+      LLM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(st.rope_sin, st.rope_sin_host.data(), table, cudaMemcpyHostToDevice, stream_));
+      st.allocated = true;
+    }
+    // The previous batch's upload must have left the staging buffer.
+    LLM_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(st.upload_done.get()));
+    int32_t* host = static_cast<int32_t*>(st.pinned.get());
+    int32_t* h_inputs = host;
+    int32_t* h_targets = host + N;
+    int32_t* h_positions = host + 2 * N;
+    int32_t* h_unique = host + 3 * N;
+    int32_t* h_starts = host + 4 * N;
+    std::copy(batch.inputs.begin(), batch.inputs.end(), h_inputs);
+    std::copy(batch.targets.begin(), batch.targets.end(), h_targets);
+    st.counted = 0;
+    for (int64_t n = 0; n < N; ++n) st.counted += h_targets[n] != kIgnoreIndex ? 1 : 0;
+    std::iota(h_positions, h_positions + N, 0);
+    std::stable_sort(h_positions, h_positions + N,
+                     [&](int32_t a, int32_t b) { return h_inputs[a] < h_inputs[b]; });
+    int64_t u = 0;
+    for (int64_t p = 0; p < N; ++p) {
+      if (p == 0 || h_inputs[h_positions[p]] != h_inputs[h_positions[p - 1]]) {
+        h_unique[u] = h_inputs[h_positions[p]];
+        h_starts[u] = static_cast<int32_t>(p);
+        ++u;
+      }
+    }
+    h_starts[u] = static_cast<int32_t>(N);
+    st.num_unique = u;
+    // inputs, targets and positions are contiguous in both buffers; unique ids and starts too.
+    LLM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(st.inputs, h_inputs, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    LLM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(st.targets, h_targets, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    LLM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(st.positions, h_positions, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    LLM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(st.unique_ids, h_unique, u * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    LLM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(st.starts, h_starts, (u + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    LLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(st.upload_done.get(), stream_));
+    return OkStatus();
+  }
+
+  Status Plan(State& st, int64_t B, int64_t S, DType T, bool ckpt) {
+    const int64_t N = B * S;
+    const size_t ts = SizeOf(T);
+    const bool f32 = T == DType::kF32;
+    const bool qk = c_.qk_norm();
+    Arena& a = st.arena;
+    auto act = [&](void** p, int64_t elems) { a.AddBytes(p, static_cast<size_t>(elems) * ts); };
+    a.Add(&st.inputs, N);
+    a.Add(&st.targets, N);
+    a.Add(&st.positions, N);
+    a.Add(&st.unique_ids, N);
+    a.Add(&st.starts, N + 1);
+    a.Add(&st.rope_cos, S * (hd_ / 2));
+    a.Add(&st.rope_sin, S * (hd_ / 2));
+    a.Add(&st.hs, (L_ + 1) * N * H_);
+    st.layers.assign(ckpt ? 1 : L_, LayerBuffers{});
+    for (LayerBuffers& lb : st.layers) {
+      a.Add(&lb.rstd1, N);
+      act(&lb.xn1, N * H_);
+      if (qk) {
+        act(&lb.q_raw, N * qd_);
+        act(&lb.k_raw, N * kvd_);
+        a.Add(&lb.q_rstd, N * nh_);
+        a.Add(&lb.k_rstd, N * nkv_);
+      }
+      act(&lb.q, N * qd_);
+      act(&lb.k, N * kvd_);
+      act(&lb.v, N * kvd_);
+      act(&lb.o, N * qd_);
+      a.Add(&lb.lse, N * nh_);
+      a.Add(&lb.h_mid, N * H_);
+      a.Add(&lb.rstd2, N);
+      act(&lb.xn2, N * H_);
+      act(&lb.g, N * I_);
+      act(&lb.u, N * I_);
+    }
+    act(&st.act, N * I_);
+    a.Add(&st.dh, N * H_);
+    if (!f32) act(&st.dh_t, N * H_);
+    a.Add(&st.dxn, N * H_);
+    a.Add(&st.da, N * I_);
+    act(&st.dg, N * I_);
+    act(&st.du, N * I_);
+    act(&st.dout, N * qd_);
+    a.Add(&st.delta, N * nh_);
+    a.Add(&st.dq, N * qd_);
+    a.Add(&st.dk, N * kvd_);
+    a.Add(&st.dv, N * kvd_);
+    if (!f32) {
+      act(&st.dq_t, N * qd_);
+      act(&st.dk_t, N * kvd_);
+      act(&st.dv_t, N * kvd_);
+    }
+    int64_t partial = kernels::RmsNormWeightGradScratch(N, static_cast<int>(H_));
+    if (qk) {
+      partial = std::max(partial, kernels::RmsNormWeightGradScratch(N * nh_, static_cast<int>(hd_)));
+      partial = std::max(partial, kernels::RmsNormWeightGradScratch(N * nkv_, static_cast<int>(hd_)));
+    }
+    a.Add(&st.partial, partial);
+    act(&st.xnF, N * H_);
+    a.Add(&st.rstdF, N);
+    a.Add(&st.logits, st.chunk_rows * V_);
+    act(&st.dlogits, st.chunk_rows * V_);
+    a.Add(&st.row_loss, N);
+    a.Add(&st.loss_sum, 1);
+    if (f32) {
+      // fp32 compute: the products read the fp32 gradients themselves; the qk-norm backward
+      // may write its output over its input (llm_kernels.cuh).
+      st.dh_t = nullptr;
+      st.dq_t = nullptr;
+      st.dk_t = nullptr;
+      st.dv_t = nullptr;
+    }
+    return OkStatus();
+  }
+
+  // Aliases set after allocation (Plan leaves the fp32 case's *_t pointers unset).
+  void* DhT(State& st) const { return st.compute == DType::kF32 ? static_cast<void*>(st.dh) : st.dh_t; }
+  void* DqT(State& st) const { return st.compute == DType::kF32 ? static_cast<void*>(st.dq) : st.dq_t; }
+  void* DkT(State& st) const { return st.compute == DType::kF32 ? static_cast<void*>(st.dk) : st.dk_t; }
+  void* DvT(State& st) const { return st.compute == DType::kF32 ? static_cast<void*>(st.dv) : st.dv_t; }
+
+  Status EnsureVh(State& st) {
+    if (st.vh != nullptr) return OkStatus();
+    ZERO_ASSIGN_OR_RETURN(st.vh_mem, DeviceAlloc(V_ * H_ * sizeof(float), "the fp32 [vocab, hidden] gradient scratch"));
+    st.vh = static_cast<float*>(st.vh_mem.get());
+    st.vh_elems = V_ * H_;
+    return OkStatus();
+  }
+
+  // ---- Parameters and gradients. ----
+
+  Status CheckViews(int m, const std::vector<ParamView>& views) const {
+    const ModuleSpec& mod = modules_[m];
+    if (views.size() != mod.params.size()) {
+      return InvalidArgumentError("module " + mod.name + ": provider returned " + std::to_string(views.size()) +
+                                  " views, expected " + std::to_string(mod.params.size()));
+    }
+    for (size_t j = 0; j < views.size(); ++j) {
+      if (views[j].data == nullptr) {
+        return InvalidArgumentError("parameter " + specs_[mod.params[j]].name + ": null data");
+      }
+    }
+    return OkStatus();
+  }
+
+  // Acquires module m through `scope`: linear weights (2-D) in the compute dtype (the provider's
+  // memory, or converted copies in weight_scratch_ from byte *used on), others as provided.
+  Status Load(ModuleScope& scope, int m, DType compute, bool convert, int64_t* used, Weights* out) {
+    ZERO_ASSIGN_OR_RETURN(std::vector<ParamView> views, scope.Acquire());
+    ZERO_RETURN_IF_ERROR(CheckViews(m, views));
+    const ModuleSpec& mod = modules_[m];
+    out->data.clear();
+    out->dtype.clear();
+    for (size_t j = 0; j < views.size(); ++j) {
+      const ParamSpec& spec = specs_[mod.params[j]];
+      const ParamView& v = views[j];
+      if (convert && spec.shape.size() == 2 && v.dtype != compute) {
+        if (!weight_scratch_) {
+          ZERO_ASSIGN_OR_RETURN(weight_scratch_, DeviceAlloc(max_convert_bytes_, "converted weights"));
+        }
+        void* dst = static_cast<char*>(weight_scratch_.get()) + *used;
+        ZERO_RETURN_IF_ERROR(kernels::Convert(v.data, v.dtype, dst, compute, spec.numel(), stream_));
+        *used += static_cast<int64_t>(AlignUp(spec.numel() * SizeOf(compute)));
+        out->data.push_back(dst);
+        out->dtype.push_back(compute);
+      } else {
+        out->data.push_back(v.data);
+        out->dtype.push_back(v.dtype);
+      }
+    }
+    return OkStatus();
+  }
+
+  // The head's weights, and when tied the embedding acquired while the head is held. *w_out: the
+  // output projection in the compute dtype.
+  Status LoadHead(ModuleScope& head, ModuleScope& embed, DType T, Weights* hw, const void** w_out) {
+    int64_t used = 0;
+    ZERO_RETURN_IF_ERROR(Load(head, head_module_, T, true, &used, hw));
+    if (c_.tie_word_embeddings) {
+      Weights ew;
+      ZERO_RETURN_IF_ERROR(Load(embed, 0, T, true, &used, &ew));
+      *w_out = ew.data[0];
+    } else {
+      *w_out = hw->data[1];
+    }
+    return OkStatus();
+  }
+
+  Result<GradView> GradBufferChecked(GradSink& sink, int index) {
+    ZERO_ASSIGN_OR_RETURN(GradView view, sink.GradBuffer(index));
+    if (view.data == nullptr) return InvalidArgumentError("gradient of " + specs_[index].name + ": null buffer");
+    return view;
+  }
+
+  // dW = dy^T x for a linear weight [out, in], written into the sink's buffer directly when its
+  // dtype is fp32 or the compute dtype, else through an fp32 stage; then GradReady.
+  Status MatrixGrad(GradSink& sink, int index, DType T, const void* dy, const void* x, int64_t M, int64_t out,
+                    int64_t in) {
+    ZERO_ASSIGN_OR_RETURN(GradView view, GradBufferChecked(sink, index));
+    if (view.dtype == DType::kF32 || view.dtype == T) {
+      ZERO_RETURN_IF_ERROR(LinearBackwardWeight(T, dy, x, M, out, in, view.data, view.dtype, 0.0f));
+    } else {
+      if (!grad_stage_) {
+        ZERO_ASSIGN_OR_RETURN(grad_stage_, DeviceAlloc(max_grad_stage_ * sizeof(float), "the fp32 gradient stage"));
+      }
+      ZERO_RETURN_IF_ERROR(LinearBackwardWeight(T, dy, x, M, out, in, grad_stage_.get(), DType::kF32, 0.0f));
+      ZERO_RETURN_IF_ERROR(
+          kernels::Convert(grad_stage_.get(), DType::kF32, view.data, view.dtype, out * in, stream_));
+    }
+    return sink.GradReady(index);
+  }
+
+  Status NormWeightGrad(GradSink& sink, int index, const void* x, DType xt, const float* rstd, const void* dy,
+                        DType dyt, int64_t rows, int64_t cols, State& st) {
+    ZERO_ASSIGN_OR_RETURN(GradView view, GradBufferChecked(sink, index));
+    ZERO_RETURN_IF_ERROR(kernels::RmsNormWeightGrad(x, xt, rstd, dy, dyt, rows, static_cast<int>(cols), st.partial,
+                                                    view.data, view.dtype, stream_));
+    return sink.GradReady(index);
+  }
+
+  // ---- Products: row-major C[m, n] = op(A)[m, k] op(B)[k, n] + beta C. ----
+
+  Status Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, DType at, int64_t lda, const void* b,
+              DType bt, int64_t ldb, void* c, DType ct, int64_t ldc, float beta) {
+    if (m <= 0 || n <= 0) return OkStatus();
+    for (int64_t d : {m, n, k, lda, ldb, ldc}) {
+      if (d > INT_MAX) {
+        return InvalidArgumentError("llm_cuda: matrix product dimension " + std::to_string(d) + " above 2^31 - 1");
+      }
+    }
+    const float one = 1.0f;
+    // cuBLAS is column-major, where a row-major X is X^T: compute C^T = op(B)^T op(A)^T.
+    LLM_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                            static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &one, b,
+                                            CudaType(bt), static_cast<int>(ldb), a, CudaType(at),
+                                            static_cast<int>(lda), &beta, c, CudaType(ct), static_cast<int>(ldc),
+                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return OkStatus();
+  }
+
+  // y[M, out] = x[M, in] W^T (+ beta y), W [out, in].
+  Status LinearForward(DType T, const void* x, const void* w, int64_t M, int64_t out, int64_t in, void* y,
+                       DType yt, float beta) {
+    return Gemm(false, true, M, out, in, x, T, in, w, T, in, y, yt, out, beta);
+  }
+  // dx[M, in] = dy[M, out] W (+ beta dx).
+  Status LinearBackwardInput(DType T, const void* dy, const void* w, int64_t M, int64_t out, int64_t in, void* dx,
+                             DType dxt, float beta) {
+    return Gemm(false, false, M, in, out, dy, T, out, w, T, in, dx, dxt, in, beta);
+  }
+  // dW[out, in] = dy[M, out]^T x[M, in] (+ beta dW).
+  Status LinearBackwardWeight(DType T, const void* dy, const void* x, int64_t M, int64_t out, int64_t in, void* dw,
+                              DType dwt, float beta) {
+    return Gemm(true, false, out, in, M, dy, T, out, x, T, in, dw, dwt, in, beta);
+  }
+
+  // ---- One decoder layer. ----
+
+  // Forward of layer l from st.hs[l]. recompute (checkpointing's backward): refills the layer's
+  // buffers only, leaving out the MLP's output (the backward needs its inputs, not its result).
+  Status LayerForward(State& st, int64_t l, const Weights& w, bool recompute) {
+    const int64_t N = int64_t(st.batch) * st.seq;
+    const DType T = st.compute;
+    const Local& p = local_;
+    LayerBuffers& b = st.layers[st.checkpointing ? 0 : l];
+    const float* h_in = st.hs + l * N * H_;
+    const int H = static_cast<int>(H_), hd = static_cast<int>(hd_);
+    ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(h_in, DType::kF32, w.data[p.in_norm], w.dtype[p.in_norm], N, H,
+                                                 eps_, b.xn1, T, b.rstd1, stream_));
+    if (c_.qk_norm()) {
+      ZERO_RETURN_IF_ERROR(LinearForward(T, b.xn1, w.data[p.q], N, qd_, H_, b.q_raw, T, 0.0f));
+      ZERO_RETURN_IF_ERROR(LinearForward(T, b.xn1, w.data[p.k], N, kvd_, H_, b.k_raw, T, 0.0f));
+      ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(b.q_raw, T, w.data[p.q_norm], w.dtype[p.q_norm], N * nh_, hd,
+                                                   eps_, b.q, T, b.q_rstd, stream_));
+      ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(b.k_raw, T, w.data[p.k_norm], w.dtype[p.k_norm], N * nkv_, hd,
+                                                   eps_, b.k, T, b.k_rstd, stream_));
+    } else {
+      ZERO_RETURN_IF_ERROR(LinearForward(T, b.xn1, w.data[p.q], N, qd_, H_, b.q, T, 0.0f));
+      ZERO_RETURN_IF_ERROR(LinearForward(T, b.xn1, w.data[p.k], N, kvd_, H_, b.k, T, 0.0f));
+    }
+    ZERO_RETURN_IF_ERROR(LinearForward(T, b.xn1, w.data[p.v], N, kvd_, H_, b.v, T, 0.0f));
+    ZERO_RETURN_IF_ERROR(kernels::Rope(b.q, T, N, st.seq, static_cast<int>(nh_), hd, st.rope_cos, st.rope_sin,
+                                       /*inverse=*/false, stream_));
+    ZERO_RETURN_IF_ERROR(kernels::Rope(b.k, T, N, st.seq, static_cast<int>(nkv_), hd, st.rope_cos, st.rope_sin,
+                                       /*inverse=*/false, stream_));
+    ZERO_RETURN_IF_ERROR(kernels::AttentionForward(b.q, b.k, b.v, T, st.batch, st.seq, static_cast<int>(nh_),
+                                                   static_cast<int>(nkv_), hd, scale_, b.o, b.lse, stream_));
+    // h_mid = h_in + o Wo^T: the residual add is the product's beta = 1.
+    LLM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(b.h_mid, h_in, N * H_ * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    ZERO_RETURN_IF_ERROR(LinearForward(T, b.o, w.data[p.o], N, H_, qd_, b.h_mid, DType::kF32, 1.0f));
+    ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(b.h_mid, DType::kF32, w.data[p.post_norm], w.dtype[p.post_norm], N,
+                                                 H, eps_, b.xn2, T, b.rstd2, stream_));
+    ZERO_RETURN_IF_ERROR(LinearForward(T, b.xn2, w.data[p.gate], N, I_, H_, b.g, T, 0.0f));
+    ZERO_RETURN_IF_ERROR(LinearForward(T, b.xn2, w.data[p.up], N, I_, H_, b.u, T, 0.0f));
+    if (recompute) return OkStatus();
+    ZERO_RETURN_IF_ERROR(kernels::SwiGluForward(b.g, b.u, T, N * I_, st.act, stream_));
+    float* h_out = st.hs + (l + 1) * N * H_;
+    LLM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(h_out, b.h_mid, N * H_ * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    return LinearForward(T, st.act, w.data[p.down], N, H_, I_, h_out, DType::kF32, 1.0f);
+  }
+
+  // On entry st.dh holds dL/d(layer output); on return dL/d(layer input). Emits the layer's
+  // gradients as they are finished.
+  Status LayerBackward(State& st, int64_t l, const Weights& w, GradSink& grads) {
+    const int64_t N = int64_t(st.batch) * st.seq;
+    const DType T = st.compute;
+    const DType F = DType::kF32;
+    const Local& p = local_;
+    const LayerParamIndex gi = LayerParams(c_, l);
+    const LayerBuffers& b = st.layers[st.checkpointing ? 0 : l];
+    const float* h_in = st.hs + l * N * H_;
+    const int H = static_cast<int>(H_), hd = static_cast<int>(hd_);
+    void* dh_t = DhT(st);
+
+    // MLP: out = h_mid + act Wd^T, act = silu(g) * u.
+    ZERO_RETURN_IF_ERROR(kernels::Convert(st.dh, F, dh_t, T, N * H_, stream_));
+    ZERO_RETURN_IF_ERROR(LinearBackwardInput(T, dh_t, w.data[p.down], N, H_, I_, st.da, F, 0.0f));
+    ZERO_RETURN_IF_ERROR(kernels::SwiGluForward(b.g, b.u, T, N * I_, st.act, stream_));
+    ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.down, T, dh_t, st.act, N, H_, I_));
+    ZERO_RETURN_IF_ERROR(kernels::SwiGluBackward(b.g, b.u, T, st.da, N * I_, st.dg, st.du, stream_));
+    ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.gate, T, st.dg, b.xn2, N, I_, H_));
+    ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.up, T, st.du, b.xn2, N, I_, H_));
+    ZERO_RETURN_IF_ERROR(LinearBackwardInput(T, st.dg, w.data[p.gate], N, I_, H_, st.dxn, F, 0.0f));
+    ZERO_RETURN_IF_ERROR(LinearBackwardInput(T, st.du, w.data[p.up], N, I_, H_, st.dxn, F, 1.0f));
+    ZERO_RETURN_IF_ERROR(NormWeightGrad(grads, gi.post_norm, b.h_mid, F, b.rstd2, st.dxn, F, N, H_, st));
+    ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(b.h_mid, F, b.rstd2, w.data[p.post_norm], w.dtype[p.post_norm],
+                                                  st.dxn, F, N, H, /*accumulate=*/true, st.dh, F, stream_));
+
+    // Attention: h_mid = h_in + o Wo^T.
+    ZERO_RETURN_IF_ERROR(kernels::Convert(st.dh, F, dh_t, T, N * H_, stream_));
+    ZERO_RETURN_IF_ERROR(LinearBackwardInput(T, dh_t, w.data[p.o], N, H_, qd_, st.dout, T, 0.0f));
+    ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.o, T, dh_t, b.o, N, H_, qd_));
+    ZERO_RETURN_IF_ERROR(kernels::AttentionBackward(b.q, b.k, b.v, b.o, st.dout, T, b.lse, st.batch, st.seq,
+                                                    static_cast<int>(nh_), static_cast<int>(nkv_), hd, scale_,
+                                                    st.delta, st.dq, st.dk, st.dv, stream_));
+    void* dv_t = DvT(st);
+    ZERO_RETURN_IF_ERROR(kernels::Convert(st.dv, F, dv_t, T, N * kvd_, stream_));
+    ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.v, T, dv_t, b.xn1, N, kvd_, H_));
+    ZERO_RETURN_IF_ERROR(kernels::Rope(st.dq, F, N, st.seq, static_cast<int>(nh_), hd, st.rope_cos, st.rope_sin,
+                                       /*inverse=*/true, stream_));
+    ZERO_RETURN_IF_ERROR(kernels::Rope(st.dk, F, N, st.seq, static_cast<int>(nkv_), hd, st.rope_cos, st.rope_sin,
+                                       /*inverse=*/true, stream_));
+    void* dq_t = DqT(st);
+    void* dk_t = DkT(st);
+    if (c_.qk_norm()) {
+      // The weight gradients read dq/dk before the input gradients may overwrite them (fp32).
+      ZERO_RETURN_IF_ERROR(NormWeightGrad(grads, gi.q_norm, b.q_raw, T, b.q_rstd, st.dq, F, N * nh_, hd_, st));
+      ZERO_RETURN_IF_ERROR(NormWeightGrad(grads, gi.k_norm, b.k_raw, T, b.k_rstd, st.dk, F, N * nkv_, hd_, st));
+      ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(b.q_raw, T, b.q_rstd, w.data[p.q_norm], w.dtype[p.q_norm], st.dq,
+                                                    F, N * nh_, hd, false, dq_t, T, stream_));
+      ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(b.k_raw, T, b.k_rstd, w.data[p.k_norm], w.dtype[p.k_norm], st.dk,
+                                                    F, N * nkv_, hd, false, dk_t, T, stream_));
+    } else {
+      ZERO_RETURN_IF_ERROR(kernels::Convert(st.dq, F, dq_t, T, N * qd_, stream_));
+      ZERO_RETURN_IF_ERROR(kernels::Convert(st.dk, F, dk_t, T, N * kvd_, stream_));
+    }
+    ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.q, T, dq_t, b.xn1, N, qd_, H_));
+    ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.k, T, dk_t, b.xn1, N, kvd_, H_));
+    ZERO_RETURN_IF_ERROR(LinearBackwardInput(T, dq_t, w.data[p.q], N, qd_, H_, st.dxn, F, 0.0f));
+    ZERO_RETURN_IF_ERROR(LinearBackwardInput(T, dk_t, w.data[p.k], N, kvd_, H_, st.dxn, F, 1.0f));
+    ZERO_RETURN_IF_ERROR(LinearBackwardInput(T, dv_t, w.data[p.v], N, kvd_, H_, st.dxn, F, 1.0f));
+    ZERO_RETURN_IF_ERROR(NormWeightGrad(grads, gi.input_norm, h_in, F, b.rstd1, st.dxn, F, N, H_, st));
+    return kernels::RmsNormBackward(h_in, F, b.rstd1, w.data[p.in_norm], w.dtype[p.in_norm], st.dxn, F, N, H,
+                                    /*accumulate=*/true, st.dh, F, stream_);
+  }
+
+  const LlmConfig c_;
+  const std::vector<ParamSpec>& specs_;
+  const std::vector<ModuleSpec>& modules_;
+  cudaStream_t stream_;
+  const LlmCudaOptions options_;
+  const int64_t H_, I_, V_, L_, nh_, nkv_, hd_, qd_, kvd_;
+  const float eps_, scale_;
+  int head_module_ = 0, final_norm_ = 0, lm_head_ = -1;
+  Local local_{};
+  cublasContext* cublas_ = nullptr;
+  size_t max_convert_bytes_ = 0;
+  int64_t max_grad_stage_ = 0;
+  DevicePtr weight_scratch_;  // converted linear weights of the module(s) held
+  DevicePtr grad_stage_;      // one matrix gradient in fp32 before its conversion
+};
+
+// ---- Public API. ----------------------------------------------------------------------------------
+
+LlmCuda::LlmCuda(const LlmConfig& config, cudaStream_t stream, LlmCudaOptions options)
+    : config_(config),
+      stream_(stream),
+      options_(std::move(options)),
+      specs_(LlmParamSpecs(config)),
+      modules_(examples::GroupByModule(specs_)) {}
+
+LlmCuda::~LlmCuda() = default;
+
+Result<std::unique_ptr<LlmCuda>> LlmCuda::Create(const LlmConfig& config, cudaStream_t stream,
+                                                 LlmCudaOptions options) {
+  ZERO_RETURN_IF_ERROR(config.Validate());
+  if (config.head_dim > kernels::kMaxHeadDim) {
+    return UnimplementedError("llm_cuda: head_dim " + std::to_string(config.head_dim) +
+                              " above the attention kernels' limit " + std::to_string(kernels::kMaxHeadDim));
+  }
+  if (config.num_attention_heads > 65535) {
+    return UnimplementedError("llm_cuda: num_attention_heads " + std::to_string(config.num_attention_heads) +
+                              " above 65535");
+  }
+  if (options.compute && *options.compute != DType::kF32 && *options.compute != DType::kBF16) {
+    return InvalidArgumentError(std::string("llm_cuda options: compute dtype ") + DTypeName(*options.compute) +
+                                ", expected fp32 or bf16");
+  }
+  if (options.logits_chunk_bytes < 1) {
+    return InvalidArgumentError("llm_cuda options: logits_chunk_bytes must be >= 1, got " +
+                                std::to_string(options.logits_chunk_bytes));
+  }
+  std::unique_ptr<LlmCuda> model(new LlmCuda(config, stream, std::move(options)));
+  model->impl_ = std::make_unique<Impl>(model->config_, model->specs_, model->modules_, stream, model->options_);
+  ZERO_RETURN_IF_ERROR(model->impl_->Init());
+  return std::move(model);
+}
+
+Result<double> LlmCuda::Forward(ParamProvider& params, const LlmBatch& batch, LlmCudaActivations* acts,
+                                bool want_loss) {
+  if (acts == nullptr) return InvalidArgumentError("llm_cuda forward: null activations");
+  if (!acts->state_) acts->state_ = std::make_unique<LlmCudaActivations::State>();
+  return impl_->Forward(params, batch, *acts->state_, want_loss);
+}
+
+Result<double> LlmCuda::ReadLoss(const LlmCudaActivations& acts) {
+  if (!acts.state_) return FailedPreconditionError("llm_cuda: no forward on these activations");
+  return impl_->ReadLoss(*acts.state_);
+}
+
+Status LlmCuda::Backward(ParamProvider& params, LlmCudaActivations* acts, float loss_scale, GradSink& grads) {
+  if (acts == nullptr || !acts->state_) return FailedPreconditionError("llm_cuda backward: no forward on these activations");
+  return impl_->Backward(params, *acts->state_, loss_scale, grads);
+}
+
+}  // namespace zero::llm

@@ -1,0 +1,145 @@
+// LlmCuda: the transformer of examples/llm (Hugging Face LlamaForCausalLM / Qwen3ForCausalLM) on
+// one GPU, computing what LlmCpu (llm_cpu.h) computes, with the same parameter list, module
+// protocol, gradient protocol and loss scaling.
+//
+// Numerics. Parameter and gradient views are device pointers on the current device, each in its
+// own dtype (bf16, the main case, fp32 or fp16). The model computes in a compute dtype, bf16 or
+// fp32 (LlmCudaOptions::compute; by default the embedding's dtype, fp32 for fp16): matrix-product
+// inputs (normalized activations, q/k/v, attention output, SwiGLU product, gradients fed to the
+// products) are stored in it, and every product runs on cuBLAS with fp32 accumulation
+// (CUBLAS_COMPUTE_32F, reduced-precision reductions disallowed; plain fp32 arithmetic, no TF32, in
+// fp32). A linear weight whose dtype is not the compute dtype is converted into a scratch copy
+// while its module is held. The residual stream and its gradient stay in fp32 (unlike Hugging
+// Face's bf16 stream: one rounding fewer per layer, 4 bytes per element of each saved layer
+// input); the residual adds are fused into the products (beta = 1). Norm statistics, softmax
+// statistics, attention scores and accumulators are fp32; RMSNorm, RoPE (LlmCpu's tables), SwiGLU
+// and cross-entropy follow LlmCpu's formulas operation by operation, so with fp32 compute the two
+// differ only by summation order and libm ulps. Gradients are computed with fp32 accumulation and
+// rounded once into the sink's dtype (round to nearest even).
+//
+// Memory and work. Attention is flash style: the seq x seq scores never reach global memory (the
+// forward saves each row's log-sum-exp; the backward recomputes scores tile by tile). The lm_head
+// and cross-entropy run over row chunks whose fp32 logits stay under
+// LlmCudaOptions::logits_chunk_bytes; the forward keeps no logits (the backward recomputes them,
+// fused with dlogits), and Forward(want_loss = false) skips them altogether (the loss is then
+// available through ReadLoss after Backward). With activation_checkpointing each layer keeps only
+// its input and the backward recomputes the layer's forward from it.
+//
+// Protocol (examples/llm's contract): Forward acquires "embed", "layer0".."layer<L-1>", "head"
+// (plus "embed" while "head" is held when tie_word_embeddings, released embed then head);
+// Backward acquires "head" (+ "embed" when tied), the layers in reverse, "embed". When tied, the
+// lm_head's part of the embedding gradient is kept in an fp32 [V, H] scratch owned by the
+// activations, the lookup's part is added to it in a fixed order, and it is converted into
+// GradBuffer(0) with one GradReady(0) at the end. Every gradient's GradReady comes after its writes
+// are enqueued and before its module is released.
+//
+// Ordering and determinism: all work is enqueued on the stream given at creation (which the
+// caller owns and which must outlive the model); nothing waits for the device except Forward with
+// want_loss and ReadLoss. Every reduction has a fixed order (no float atomics; the embedding
+// gradient sums token positions sorted by id on the host), so two runs give identical bits on one
+// GPU model and toolkit. Not thread-safe; one model per stream.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "examples/llm/llm_batch.h"
+#include "examples/llm/llm_config.h"
+#include "examples/model_api.h"
+#include "runtime/dtype.h"
+#include "runtime/status.h"
+
+struct cublasContext;
+
+namespace zero::llm {
+
+struct LlmCudaOptions {
+  // Keep only each layer's input in Forward; Backward recomputes the layer's forward.
+  bool activation_checkpointing = false;
+  // The compute dtype (kF32 or kBF16); unset: bf16 when the embedding parameter is bf16, else fp32.
+  std::optional<DType> compute;
+  // Upper bound of the fp32 logits of one lm_head/cross-entropy chunk (at least one row a chunk).
+  int64_t logits_chunk_bytes = int64_t{1} << 30;
+};
+
+// Device memory for what Forward saves for Backward and Backward's scratch, sized by Forward for
+// its batch and reused while the shape stays the same; also the tied embedding's gradient scratch.
+// Belongs to one LlmCuda at a time.
+class LlmCudaActivations {
+ public:
+  LlmCudaActivations();
+  ~LlmCudaActivations();
+  LlmCudaActivations(LlmCudaActivations&&) noexcept;
+  LlmCudaActivations& operator=(LlmCudaActivations&&) noexcept;
+
+  int batch() const;
+  int seq() const;
+  // The number of targets that are not kIgnoreIndex in the last Forward's batch.
+  int64_t counted_targets() const;
+  // Device bytes held now.
+  int64_t bytes() const;
+
+  struct State;  // defined in llm_cuda.cu
+
+ private:
+  friend class LlmCuda;
+  std::unique_ptr<State> state_;
+};
+
+class LlmCuda {
+ public:
+  // Validates the config and options, creates the cuBLAS handle on the current device bound to
+  // `stream`. Errors: an invalid config, options (compute not fp32/bf16, chunk bytes < 1), a head_dim
+  // above the attention kernels' limit (256), a cuBLAS failure.
+  static Result<std::unique_ptr<LlmCuda>> Create(const LlmConfig& config, cudaStream_t stream,
+                                                 LlmCudaOptions options = {});
+  ~LlmCuda();
+  LlmCuda(const LlmCuda&) = delete;
+  LlmCuda& operator=(const LlmCuda&) = delete;
+
+  const LlmConfig& config() const { return config_; }
+  const LlmCudaOptions& options() const { return options_; }
+  const std::vector<examples::ParamSpec>& specs() const { return specs_; }
+  const std::vector<examples::ModuleSpec>& modules() const { return modules_; }
+  cudaStream_t stream() const { return stream_; }
+
+  // Runs the forward of `batch` (host memory, copied before this returns), saving what Backward
+  // needs in `acts`. With want_loss, computes the mean cross-entropy (nats) over the targets that
+  // are not kIgnoreIndex (0 when none is), waits for the stream and returns it. Without, it leaves
+  // out the logits, does not wait, and returns NaN; Backward then computes the loss, which ReadLoss
+  // returns. Errors: a batch that fails batch.Validate(vocab_size, max_position_embeddings)
+  // (naming row and position), provider errors, views that do not match their module (count,
+  // null data), CUDA/cuBLAS errors (naming the call), device memory exhausted.
+  Result<double> Forward(examples::ParamProvider& params, const LlmBatch& batch, LlmCudaActivations* acts,
+                         bool want_loss = true);
+
+  // Waits for the stream and returns the loss of the last Forward(want_loss) or Backward on
+  // `acts`. FailedPrecondition when neither has run since the last Forward.
+  Result<double> ReadLoss(const LlmCudaActivations& acts);
+
+  // Gradients of loss_scale * loss for the batch of the last Forward on `acts` (not consumed:
+  // calling it twice gives the same gradients). Each gradient buffer is overwritten (never
+  // accumulated) and reported ready once. Returns once the work is enqueued. On error some
+  // gradients may have been written and reported ready. REQUIRES: Forward on `acts` by this model
+  // (checked: FailedPrecondition).
+  Status Backward(examples::ParamProvider& params, LlmCudaActivations* acts, float loss_scale,
+                  examples::GradSink& grads);
+
+  class Impl;  // llm_cuda.cu
+
+ private:
+  LlmCuda(const LlmConfig& config, cudaStream_t stream, LlmCudaOptions options);
+
+  LlmConfig config_;
+  cudaStream_t stream_;
+  LlmCudaOptions options_;
+  std::vector<examples::ParamSpec> specs_;
+  std::vector<examples::ModuleSpec> modules_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zero::llm
