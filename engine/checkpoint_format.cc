@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "engine/checkpoint_io.h"
+#include "engine/json_input.h"
 
 namespace zero {
 
@@ -337,12 +338,12 @@ Status GetObject(const json& j, const std::string& key, const json** out,
   return OkStatus();
 }
 
+// The config and client state embedded in metadata.json: one level less than kMaxJsonDepth, so that
+// the metadata holding them is within it when read back.
 Result<json> ParseJson(const std::string& text, const std::string& what) {
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    return InvalidArgumentError(what + ": not valid JSON: " + e.what());
-  }
+  auto parsed = ParseJsonText<json>(text, what + " (embedded in metadata.json)", kMaxJsonDepth - 1);
+  if (!parsed.ok()) return InvalidArgumentError(what + ": not valid JSON: " + parsed.status().message());
+  return parsed;
 }
 
 Status CheckParamTable(const std::vector<CheckpointParam>& params, int world,
@@ -906,17 +907,20 @@ Result<CheckpointMeta> ReadMetadata(const std::string& dir, const std::string& t
                            " (the file is corrupt or was edited)");
     }
   }
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
+  // Nesting, numbers beyond double and duplicate keys are refused before anything recursive runs
+  // (the saved config and client state are dumped below).
+  auto parsed = ParseJsonText<json>(text, path);
+  if (!parsed.ok()) {
+    std::string what = parsed.status().message();
+    if (what.compare(0, path.size() + 2, path + ": ") == 0) what = what.substr(path.size() + 2);
     if (!sealed) {
       return DataLossError(path + ": truncated or corrupt: it does not end with its " +
                            "\"metadata_crc32c\" entry and is not valid JSON (" +
-                           std::to_string(text.size()) + " bytes): " + e.what());
+                           std::to_string(text.size()) + " bytes): " + what);
     }
-    return DataLossError(path + ": not valid JSON (the file is corrupt): " + e.what());
+    return DataLossError(path + ": not valid JSON (the file is corrupt): " + what);
   }
+  json j = std::move(parsed).value();
   if (!j.is_object()) return DataLossError(path + ": not a JSON object");
   CheckpointMeta m;
   std::string format;

@@ -1,5 +1,7 @@
 #include "engine/checkpoint_format.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <fstream>
 #include <random>
@@ -15,6 +17,7 @@ namespace zero {
 namespace {
 
 using ::testing::HasSubstr;
+using zero::testing::InChild;
 using zero::testing::SameBits;
 using zero::testing::SaveSynthetic;
 using zero::testing::ScratchDir;
@@ -555,6 +558,66 @@ TEST_F(CorruptionTest, MalformedMetadataNamesTheKey) {
   Spit(path, SealMetadataText(bad));
   EXPECT_THAT(ReadMetadata(dir_, "t").status().message(),
               HasSubstr("parameter 'block0.fc.weight': shape [11, 13], numel 144"));
+}
+
+// --- hostile files (issue 23): a clear error within seconds, never a hang or a crash
+// -------------------------------------------------------------------------------------------
+
+TEST_F(CorruptionTest, NamedPipesInPlaceOfCheckpointFilesAreRefusedNamingThem) {
+  // Each used to hang the resume forever in open().
+  for (const std::string& path : {path1_, dir_ + "/t/metadata.json", dir_ + "/latest"}) {
+    const std::string saved = Slurp(path);
+    ASSERT_EQ(::unlink(path.c_str()), 0);
+    ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+    const std::string message = InChild(
+        [&] {
+          auto tag = ReadLatest(dir_);
+          if (!tag.ok()) return tag.status().ToString();
+          return LoadFullState(dir_, *tag).status().ToString();
+        },
+        5);
+    EXPECT_THAT(message, HasSubstr("FAILED_PRECONDITION: ")) << path;
+    EXPECT_THAT(message, HasSubstr(path + ": not a regular file (it is a named pipe)")) << message;
+    ASSERT_EQ(::unlink(path.c_str()), 0);
+    Spit(path, saved);
+    ASSERT_TRUE(LoadFullState(dir_, "t").ok());
+  }
+}
+
+TEST_F(CorruptionTest, DeeplyNestedMetadataIsRefusedNotACrash) {
+  // 100k levels in the saved config crashed (SIGSEGV) when the loader dumped it.
+  const std::string path = dir_ + "/t/metadata.json";
+  std::string text = Slurp(path);
+  const std::string config = "\"config\": {";
+  const size_t at = text.find(config);
+  ASSERT_NE(at, std::string::npos);
+  std::string deep;
+  for (int i = 0; i < 100000; ++i) deep += "[";
+  for (int i = 0; i < 100000; ++i) deep += "]";
+  text.insert(at + config.size(), "\"deep\": " + deep + ", ");
+  Spit(path, SealMetadataText(text.substr(0, text.rfind(",\n \"metadata_crc32c\"")) + "\n}\n"));
+  const std::string message = InChild([&] { return ReadMetadata(dir_, "t").status().ToString(); }, 10);
+  EXPECT_THAT(message, HasSubstr("DATA_LOSS: " + path + ": not valid JSON (the file is corrupt): JSON nested deeper "
+                                 "than 100 levels at line "))
+      << message.substr(0, 300);
+}
+
+TEST(CheckpointJsonTest, EmbeddedJsonLeavesRoomForTheMetadataLevel) {
+  // The client state sits one level down in metadata.json: 99 levels of its own at most, checked at
+  // save time rather than found unreadable at load.
+  auto nested = [](int levels) {
+    std::string s;
+    for (int i = 0; i < levels; ++i) s += "[";
+    for (int i = 0; i < levels; ++i) s += "]";
+    return s;
+  };
+  EXPECT_TRUE(CheckJsonText(nested(99), "client_state_json").ok());
+  const Status st = CheckJsonText(nested(100), "client_state_json");
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("client_state_json: not valid JSON: client_state_json (embedded in "
+                                      "metadata.json): JSON nested deeper than 99 levels at line 1, column 100"));
+  EXPECT_THAT(CheckJsonText("{\"a\": 1e400}", "client_state_json").message(),
+              HasSubstr("number 1e400 at line 1, column 7 (key 'a') is outside the range of a double"));
 }
 
 // --- metadata.json's checksum

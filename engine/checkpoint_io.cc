@@ -60,6 +60,37 @@ std::string DirName(const std::string& path) {
   return path.substr(0, slash);
 }
 
+const char* FileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a named pipe";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a regular file";
+}
+
+// Opens `path` for reading. O_NONBLOCK: opening a named pipe with no writer would otherwise block
+// forever (and reading one without data too); anything but a regular file is refused, naming it.
+// Regular files ignore O_NONBLOCK; it is cleared all the same.
+Result<int> OpenRegularFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) return ErrnoError("open", path, errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoError("stat", path, err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return FailedPreconditionError(path + ": not a regular file (it is " + FileKind(st.st_mode) +
+                                   "); checkpoint files are read only from regular files");
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
 uint64_t RandomSuffix() {
   static thread_local std::mt19937_64 gen([] {
     std::random_device rd;
@@ -220,8 +251,7 @@ Status WriteFileAtomic(const std::string& path, std::string_view contents) {
 }
 
 Result<std::string> ReadFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("open", path, errno);
+  ZERO_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     int err = errno;
@@ -268,8 +298,7 @@ Result<std::string> ReadFileVerified(const std::string& path, uint64_t expected_
 }
 
 Result<std::string> ReadFileRange(const std::string& path, uint64_t offset, size_t size) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("open", path, errno);
+  ZERO_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
   std::string out(size, '\0');
   size_t got = 0;
   while (got < size) {
@@ -294,6 +323,10 @@ Result<std::string> ReadFileRange(const std::string& path, uint64_t offset, size
 Result<uint64_t> FileSize(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return ErrnoError("stat", path, errno);
+  if (!S_ISREG(st.st_mode)) {
+    return FailedPreconditionError(path + ": not a regular file (it is " + FileKind(st.st_mode) +
+                                   "); checkpoint files are read only from regular files");
+  }
   return static_cast<uint64_t>(st.st_size);
 }
 

@@ -74,6 +74,10 @@ class AtomicFileWriter {
 // Writes `contents` to `path` atomically.
 Status WriteFileAtomic(const std::string& path, std::string_view contents);
 
+// Every read below opens without blocking and refuses anything but a regular file (a named pipe,
+// a directory, a device): FAILED_PRECONDITION "<path>: not a regular file (it is a named pipe); ...".
+// A pipe in place of a checkpoint file used to hang the resume forever.
+
 // Reads a whole file. Missing file: NOT_FOUND naming it.
 Result<std::string> ReadFile(const std::string& path);
 

@@ -1,6 +1,7 @@
 #include "engine/checkpoint_io.h"
 
 #include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@ namespace zero {
 namespace {
 
 using ::testing::HasSubstr;
+using zero::testing::InChild;
 using zero::testing::ScratchDir;
 
 uint32_t Crc32cBitwise(const std::string& s) {
@@ -43,6 +45,29 @@ std::vector<std::string> ListDir(const std::string& dir) {
 
 void WritePlain(const std::string& path, const std::string& data) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << data;
+}
+
+TEST(CheckpointIoTest, NonRegularFilesAreRefusedWithoutBlocking) {
+  // A named pipe in place of a checkpoint file used to block open() forever.
+  const std::string dir = ScratchDir("nonregular");
+  const std::string fifo = dir + "/pipe";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string refused = fifo + ": not a regular file (it is a named pipe); checkpoint files are read only "
+                                     "from regular files";
+  EXPECT_EQ(InChild([&] { return ReadFile(fifo).status().message(); }, 5), refused);
+  EXPECT_EQ(InChild([&] { return ReadFileRange(fifo, 0, 48).status().message(); }, 5), refused);
+  EXPECT_EQ(InChild([&] { return ReadFileVerified(fifo, 0, 0).status().message(); }, 5), refused);
+  EXPECT_EQ(InChild([&] { return FileSize(fifo).status().message(); }, 5), refused);
+  EXPECT_EQ(InChild([&] { return ReadFile(fifo).status().ToString(); }, 5), "FAILED_PRECONDITION: " + refused);
+  // A directory: no longer "read: Is a directory".
+  EXPECT_EQ(ReadFile(dir).status().message(),
+            dir + ": not a regular file (it is a directory); checkpoint files are read only from regular files");
+  EXPECT_EQ(FileSize(dir).status().code(), StatusCode::kFailedPrecondition);
+  // Regular files still read.
+  WritePlain(dir + "/f", "abc");
+  EXPECT_EQ(*ReadFile(dir + "/f"), "abc");
+  EXPECT_EQ(*ReadFileRange(dir + "/f", 1, 2), "bc");
+  EXPECT_EQ(*FileSize(dir + "/f"), 3u);
 }
 
 TEST(Crc32cTest, KnownVectors) {

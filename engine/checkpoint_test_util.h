@@ -3,12 +3,17 @@
 // padding math. Test-only.
 #pragma once
 
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/checkpoint_format.h"
@@ -92,6 +97,45 @@ inline void SaveSynthetic(const std::string& dir, const std::string& tag, const 
   }
   Status st = FinalizeCheckpoint(dir, tag, meta);
   ASSERT_TRUE(st.ok()) << st.ToString();
+}
+
+// Runs `fn` in a fork()ed child and returns the text it returned; "(hung)" when it did not finish
+// within `seconds` (the child is killed), "(signal N)" when it died of a signal. A hang or a crash
+// must fail the test, not block or end it.
+inline std::string InChild(const std::function<std::string()>& fn, double seconds) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "(pipe failed)";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    const std::string out = fn();
+    size_t done = 0;
+    while (done < out.size()) {
+      const ssize_t n = ::write(fds[1], out.data() + done, out.size() - done);
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      ::close(fds[0]);
+      return "(hung)";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  if (WIFSIGNALED(status)) return "(signal " + std::to_string(WTERMSIG(status)) + ")";
+  return out;
 }
 
 inline bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
