@@ -1,5 +1,9 @@
 #include "engine/config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -1561,15 +1565,41 @@ Result<Config> ParseConfig(const std::string& json_text, const ParseOptions& opt
 }
 
 Result<Config> LoadConfigFile(const std::string& path, const ParseOptions& options) {
-  errno = 0;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return ErrnoError("open config", path, errno == 0 ? ENOENT : errno);
-  std::stringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) return ErrnoError("read config", path, errno == 0 ? EIO : errno);
+  // O_NONBLOCK and fstat: a named pipe would block open() forever, and a directory used to be read
+  // as empty text ("malformed JSON").
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) return ErrnoError("open config", path, errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoError("stat config", path, err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    const char* kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a named pipe" : "not a regular file";
+    return InvalidArgumentError("config " + path + ": not a regular file (it is " + std::string(kind) +
+                                "); give the path of the JSON config file");
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  std::string text;
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return ErrnoError("read config", path, err);
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
   ParseOptions opts = options;
   if (opts.source == ParseOptions().source) opts.source = path;
-  return ParseConfig(buf.str(), opts);
+  return ParseConfig(text, opts);
 }
 
 std::string ConfigToJson(const Config& config) {

@@ -1,8 +1,14 @@
 #include "engine/config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -758,6 +764,27 @@ TEST(ConfigJsonTest, LoadConfigFileUsesThePathAsSource) {
   r = LoadConfigFile("engine/testdata/hf_trainer_auto.json", ParseOptions());
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(Contains(Message(r), "engine/testdata/hf_trainer_auto.json: fp16.enabled: ")) << Message(r);
+}
+
+TEST(ConfigJsonTest, ADirectoryOrAPipeIsNotAConfigFile) {
+  // A directory was reported as malformed JSON; a named pipe blocked open() forever.
+  auto r = LoadConfigFile("engine/testdata", ParseOptions());
+  EXPECT_EQ(Message(r),
+            "config engine/testdata: not a regular file (it is a directory); give the path of the JSON config file");
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string fifo = std::string(tmp != nullptr ? tmp : "/tmp") + "/config_fifo." + std::to_string(::getpid());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string message = "(hung)";
+  std::thread reader([&] { message = Message(LoadConfigFile(fifo, ParseOptions())); });
+  for (int i = 0; i < 500 && message == "(hung)"; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (message == "(hung)") {
+    // Unblock the reader (an old build opened the pipe blocking) so that the test can end.
+    const int fd = ::open(fifo.c_str(), O_WRONLY);
+    if (fd >= 0) ::close(fd);
+  }
+  reader.join();
+  ::unlink(fifo.c_str());
+  EXPECT_EQ(message, "config " + fifo + ": not a regular file (it is a named pipe); give the path of the JSON config file");
 }
 
 // ---------------------------------------------------------------------------------------------
