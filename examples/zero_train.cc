@@ -580,8 +580,12 @@ Status RunRank(const TrainOptions& o, RankContext* ctx) {
       if (lead) {
         window.mean_loss /= static_cast<double>(window.steps);
         window.skipped = engine->counters().skipped_steps;
-        window.memory_max =
-            EngineMemory{size_t(mem[0]), size_t(mem[1]), size_t(mem[2]), size_t(mem[3]), size_t(mem[4])};
+        // By name: EngineMemory's fifth field is gradient_accumulators, not device_peak.
+        window.memory_max = EngineMemory{.model_params = size_t(mem[0]),
+                                         .master_params = size_t(mem[1]),
+                                         .optimizer_states = size_t(mem[2]),
+                                         .gradients = size_t(mem[3]),
+                                         .device_peak = size_t(mem[4])};
         bar.Clear();
         std::printf("%s\n", FormatWindow(window).c_str());
         std::fflush(stdout);

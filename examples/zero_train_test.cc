@@ -132,6 +132,9 @@ TEST(ZeroTrain, DefaultConfigTrainsOnTwoRanks) {
   EXPECT_NE(r.output.find("step 30/30"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("tok/s"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("mem/rank"), std::string::npos) << r.output;
+  // The device peak is the memory_stats() peak, not another field (it printed 'peak 0 B' always).
+  EXPECT_NE(r.output.find(", peak "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(", peak 0 B"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("held-out loss"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("The GNU General Public License"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("\r"), std::string::npos) << "progress bar drawn on a pipe";
@@ -210,6 +213,12 @@ TEST(ZeroTrain, UserMistakesNameWhatToFix) {
   r = RunZeroTrain({"--config", TmpDir() + "/no_such_config.json"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("no_such_config.json"), std::string::npos) << r.output;
+
+  // A directory was reported as malformed JSON.
+  r = RunZeroTrain({"--config", TmpDir()});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("config " + TmpDir() + ": not a regular file (it is a directory)"), std::string::npos)
+      << r.output;
 
   r = RunZeroTrain({"--help"});
   EXPECT_EQ(r.exit_code, 0) << r.output;
