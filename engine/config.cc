@@ -276,6 +276,12 @@ std::vector<Key> BuildKeys() {
                        "(DeepSpeed's behaviour) steps it with a zero gradient (its moments decay; weight decay and "
                        "momentum move it); true keeps its weights and AdamW moments unchanged (PyTorch's "
                        "set_to_none behaviour). The same in managed and unmanaged mode."));
+  t.push_back(BoolKey("stop_on_nonfinite", FIELD(stop_on_nonfinite), true)
+                  .Doc("A NaN or inf global gradient norm on a step that would be applied (fp16's overflow steps are "
+                       "skipped as before) ends Step() with an error naming the step. With gradient_clipping or fp16 "
+                       "the norm is known before the update and nothing is changed; otherwise the step was applied "
+                       "and the engine is unusable. false: DeepSpeed's behaviour (the step is applied and training "
+                       "goes on). examples/zero_train also stops on a NaN or inf loss."));
   t.push_back(DTypeKey("data_types.grad_accum_dtype", FIELD(grad_accum_dtype), FIELD(has_grad_accum_dtype))
                   .DefaultDoc("null (fp32)")
                   .Doc("Element type gradients are accumulated in across micro steps; null: fp32."));
@@ -668,6 +674,11 @@ const std::vector<ConfigDifference>& Differences() {
       {"zero_optimization.cpu_offload_use_pin_memory", "read and ignored (the deprecated key sets nothing)",
        "sets pin_memory of the blocks that cpu_offload / cpu_offload_param turn on",
        "The file asks for it; a warning names the new spelling either way."},
+      {"stop_on_nonfinite", "no such key (a NaN or inf gradient outside fp16 is applied and training goes on)",
+       "`true`",
+       "zero's own key: a NaN or inf global gradient norm on a step that would be applied stops the job with an "
+       "error naming the step (before the update when clipping or fp16 reads the norm first); false is "
+       "DeepSpeed's behaviour."},
       {"zero_optimization.offload_grad_accumulation", "no such key (host accumulation)", "`\"cpu\"`",
        "zero's own key; its default is DeepSpeed's behaviour."},
       {"freeze_inactive_parameters", "no such key (inactive parameters are stepped with a zero gradient)",

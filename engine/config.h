@@ -162,6 +162,10 @@ struct Config {
   // A parameter no rank reported a gradient for in an accumulation window: false (DeepSpeed) steps it
   // with a zero gradient; true leaves its weights and optimizer moments unchanged.
   bool freeze_inactive_parameters = false;
+  // A NaN or inf global gradient norm on a step that would be applied (fp16's overflow steps are
+  // skipped instead) ends Step() with an error naming the step. false: DeepSpeed's behaviour (the
+  // step is applied and training goes on).
+  bool stop_on_nonfinite = true;
   bool has_communication_data_type = false;
   DType communication_data_type = DType::kF32;
   bool has_grad_accum_dtype = false;

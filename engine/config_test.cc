@@ -275,6 +275,7 @@ const std::map<std::string, std::string>& DeepSpeedDefaults() {
       {"communication_data_type", "null"},
       {"managed_gradient_accumulation", "true"},
       {"freeze_inactive_parameters", ""},
+      {"stop_on_nonfinite", ""},
       {"data_types.grad_accum_dtype", "null (the model dtype)"},  // same spelling, other meaning: ours is fp32
       {"fp16.enabled", "false"},
       {"fp16.loss_scale", "0.0"},

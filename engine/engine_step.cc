@@ -92,6 +92,22 @@ Status Engine::Impl::ReadNormImpl(double* total) {
   return OkStatus();
 }
 
+namespace {
+
+// stop_on_nonfinite: the error of a step whose global gradient norm is NaN or inf.
+Status NonFiniteNormError(double total, int64_t step, bool applied) {
+  return FailedPreconditionError(
+      "the global gradient norm of optimizer step " + std::to_string(step) + " is " +
+      (std::isnan(total) ? "nan" : "inf") + " (a NaN or inf in some rank's gradients); " +
+      (applied ? "the step was applied (without gradient_clipping or fp16 the norm is read after the update), so "
+                 "the weights hold it now"
+               : "the step was not applied (the weights are as before)") +
+      ". Stopping rather than training on it: load the last checkpoint and look at the loss and the learning "
+      "rate, or set stop_on_nonfinite: false to train on as DeepSpeed does");
+}
+
+}  // namespace
+
 Status Engine::Impl::BoundaryImpl() {
   const int n_params = static_cast<int>(params.size());
   // Every parameter is updated (one without a gradient in the window with a zero gradient, as
@@ -167,6 +183,10 @@ Status Engine::Impl::BoundaryImpl() {
       }
       return OkStatus();
     }
+    if (overflow && config.stop_on_nonfinite) {
+      grad_norm = std::sqrt(total) / s;
+      return NonFiniteNormError(total, counters.global_steps + 1, /*applied=*/false);
+    }
     if (clip > 0.0) {
       const double c = (std::sqrt(total) / s + 1e-6) / clip;
       if (c > 1.0) clip_coef = c;
@@ -193,7 +213,13 @@ Status Engine::Impl::BoundaryImpl() {
   ZERO_RETURN_IF_ERROR(timeline.Timed(EngineTimeline::Kind::kCommunication, kTrackCommunication,
                                       "publish weights", [&] { return PublishWeights(update, /*cast=*/false); }));
 
-  if (!norm_first) ZERO_RETURN_IF_ERROR(ReadNorm(&total));
+  if (!norm_first) {
+    ZERO_RETURN_IF_ERROR(ReadNorm(&total));
+    if (!std::isfinite(total) && config.stop_on_nonfinite) {
+      grad_norm = std::sqrt(total) / s;
+      return NonFiniteNormError(total, counters.global_steps + 1, /*applied=*/true);
+    }
+  }
   ZERO_RETURN_IF_ERROR(ZeroAccumulators());
   grad_norm = std::sqrt(total) / s;
   step_applied = true;

@@ -462,6 +462,51 @@ TEST(EngineTrainingTest, Fp16OverflowSkipsTheStep) {
   EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
+// stop_on_nonfinite (issue 23): a NaN or inf gradient on a step that would be applied ends Step()
+// on every rank with an error naming the step (with clipping before the update, without it after);
+// false is DeepSpeed's behaviour (applied, training goes on). World 1 without clipping updates in
+// backward, world 2 at the boundary.
+TEST(EngineTrainingTest, NonFiniteGradientNormStopsTheStep) {
+  for (const int world : {1, 2}) {
+    for (const double clip : {1.0, 0.0}) {
+      for (const bool stop : {true, false}) {
+        const std::string what = "world " + std::to_string(world) + " clip " + std::to_string(clip) + " stop " +
+                                 std::to_string(stop);
+        Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) -> Status {
+          ZERO_ASSIGN_OR_RETURN(
+              Config config, MakeConfig(ConfigJson(2, 1, clip, stop ? "" : "\"stop_on_nonfinite\": false"), world));
+          ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, device, comm));
+          ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"w", {5}, "m"}).status());
+          ZERO_RETURN_IF_ERROR(engine->Initialize([](int, float* v) {
+            for (int k = 0; k < 5; ++k) v[k] = 0.25f * k;
+          }));
+          std::vector<float> g(5, 1.0f);
+          if (rank == world - 1) g[3] = std::numeric_limits<float>::quiet_NaN();
+          ZERO_RETURN_IF_ERROR(WriteGrad(engine.get(), device, 0, g));
+          ZERO_RETURN_IF_ERROR(engine->Backward());
+          const Status st = engine->Step();
+          if (!std::isnan(engine->global_grad_norm())) return InternalError("norm not NaN");
+          if (!stop) {
+            ZERO_RETURN_IF_ERROR(st);
+            if (!engine->was_step_applied() || engine->counters().adam_step != 1) return InternalError("not applied");
+            return OkStatus();
+          }
+          ZERO_RETURN_IF_ERROR(Expect(st, StatusCode::kFailedPrecondition,
+                                      "the global gradient norm of optimizer step 1 is nan (a NaN or inf in some "
+                                      "rank's gradients); "));
+          ZERO_RETURN_IF_ERROR(Expect(st, StatusCode::kFailedPrecondition,
+                                      clip > 0 ? "the step was not applied (the weights are as before)"
+                                               : "the step was applied (without gradient_clipping or fp16"));
+          ZERO_RETURN_IF_ERROR(Expect(st, StatusCode::kFailedPrecondition, "set stop_on_nonfinite: false"));
+          if (engine->counters().adam_step != 0) return InternalError("adam_step counted");
+          return Expect(engine->Step(), StatusCode::kFailedPrecondition, "the engine is unusable after an earlier error");
+        });
+        EXPECT_TRUE(s.ok()) << what << ": " << s.ToString();
+      }
+    }
+  }
+}
+
 TEST(EngineTrainingTest, WorldOneAllStages) {
   const TestModel model = SmallModel();
   const auto ref = TrainAll(ConfigJson(0, 2, 1.0), 1, model);

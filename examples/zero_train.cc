@@ -544,6 +544,14 @@ Status RunRank(const TrainOptions& o, RankContext* ctx) {
     double mean_loss = loss_sum / static_cast<double>(gas);
     ZERO_RETURN_IF_ERROR(comm->AllReduceHost(&mean_loss, 1, ReduceOp::kSum).WithContext("averaging the loss"));
     mean_loss /= ro.world_size;
+    // Every rank holds the same mean, so every rank stops at the same step.
+    if (config.stop_on_nonfinite && engine->was_step_applied() && !std::isfinite(mean_loss)) {
+      return FailedPreconditionError("step " + std::to_string(step + 1) + ": the mean loss is " +
+                                     (std::isnan(mean_loss) ? "nan" : "inf") +
+                                     " (some rank's batch gave a NaN or inf loss); stopping rather than training on "
+                                     "it: look at optimizer.params.lr, or set stop_on_nonfinite: false to train on "
+                                     "as DeepSpeed does");
+    }
     const double step_seconds = Since(t0);
 
     StepRecord rec;

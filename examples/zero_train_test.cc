@@ -229,6 +229,22 @@ TEST(ZeroTrain, UserMistakesNameWhatToFix) {
   EXPECT_EQ(nlohmann::json::parse(r.output)["zero_optimization"]["stage"].get<int>(), 3);
 }
 
+// An lr that blows the weights up: the first NaN/inf gradient norm (or loss) on an applied step ends
+// the job with an error naming the step (it used to train into NaN and exit 0).
+TEST(ZeroTrain, NonFiniteTrainingStops) {
+  const std::string config = TmpDir() + "/explode.json";
+  WriteFile(config, R"({"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0,
+                        "optimizer": {"params": {"lr": 1e30}}, "zero_optimization": {"stage": 1}})");
+  RunResult r = RunZeroTrain(Small({"--steps", "20", "--plot", "none", "--config", config}));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(r.seconds, 30) << r.output;
+  const bool norm = r.output.find("the global gradient norm of optimizer step ") != std::string::npos;
+  const bool loss = r.output.find(": the mean loss is ") != std::string::npos;
+  EXPECT_TRUE(norm || loss) << r.output;
+  EXPECT_NE(r.output.find("stop_on_nonfinite: false"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 20/20"), std::string::npos) << r.output;
+}
+
 // A rank that dies mid-run ends the job promptly with a message naming it, both when zero_train
 // launched the ranks and when an outside launcher did (the survivor sees the broken connection
 // instead of waiting out the timeout).
