@@ -278,6 +278,8 @@ class Engine {
   // --- step ----------------------------------------------------------------------------------
   // True when the next Backward() is (managed) / the next Step() is (unmanaged) a boundary.
   bool is_gradient_accumulation_boundary() const;
+  // With stop_on_nonfinite (the default), a NaN or inf global gradient norm on a step that would be
+  // applied is FAILED_PRECONDITION naming the step, and the engine is unusable afterwards.
   Status Step();
   bool was_step_applied() const;       // false off-boundary or on fp16 overflow
   // Unscaled global norm of the last boundary (-1 if none); a plain read, valid when Step()
