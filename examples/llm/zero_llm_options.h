@@ -1,0 +1,74 @@
+// zero_llm's command line: the flags, their defaults and checks, the built-in engine config, and the
+// Config a run uses (built in, or --config FILE) for a world size.
+//
+// Owns only parsing and validation of user input, so every mistake is reported before any rank
+// starts, naming the flag (or the config key path) and what was expected. Touches no device,
+// communicator or file other than reading --config. Pure functions; thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "runtime/status.h"
+
+namespace zero::llm {
+
+struct LlmTrainOptions {
+  // Model: a preset (from scratch) or a Hugging Face directory (config.json + safetensors).
+  std::string preset = "tiny";
+  std::string model_dir;
+  // Data: --data FILE (.bin of little-endian uint32 token ids, or text tokenized with the
+  // tokenizer), or --task reverse-text; neither: the built-in corpus (examples/llm/token_data.h).
+  std::string data;
+  std::string task;            // "" or "reverse-text"
+  std::string tokenizer;       // tokenizer.json; "": the model directory's, else trained on the text
+  int tokenizer_vocab = 0;     // vocabulary of a trained tokenizer; 0: min(model vocab, 4096)
+  int64_t corpus_bytes = 4 << 20;
+  double holdout = 0.05;       // the text's last share held out for eval (training runs only)
+
+  int seq = 128;
+  int batch = 8;      // micro batch per rank (the built-in config's train_micro_batch_size_per_gpu)
+  int gas = 1;        // gradient_accumulation_steps of the built-in config
+  int stage = 3;      // zero_optimization.stage of the built-in config
+  double lr = 3e-3;   // the built-in config's peak lr
+  std::string config_path;  // a DeepSpeed-style JSON instead of the built-in config
+  std::string device = "cpu";
+  int nproc = 0;      // 0: 2 on cpu, every visible GPU on cuda
+  int steps = 400;
+  uint64_t seed = 1;
+  double timeout_s = 0;
+  bool activation_checkpointing = false;
+  // Training rows in file order instead of sampled: step s, rank r, row i reads window
+  // ((s * GAS + m) * world + r) * batch + i of the consecutive seq+1 windows (wrapping), so an outside
+  // script (bench/, the Hugging Face comparison) can feed another trainer the same rows.
+  bool sequential_data = false;
+  // After training, print master_weights_hash=<16 hex digits> (SplitMix64 over the fp32 master bits of
+  // every parameter in order): two runs that must agree bitwise compare one line.
+  bool hash_weights = false;
+
+  bool eval_only = false;
+  int64_t eval_windows = 64;  // windows of the held-out text evaluated after training (0: none)
+  std::string export_hf;      // write the trained model as an HF directory here
+  std::string save_dir, resume_dir;
+  int save_every = 0;
+  std::string log_json;
+  std::string plot = "zero_llm_loss.svg";
+  int print_every = 10;
+  bool print_config = false;
+  bool help = false;
+};
+
+Result<LlmTrainOptions> ParseLlmTrainOptions(const std::vector<std::string>& args);
+std::string LlmUsageText();
+
+// The built-in engine config: ZeRO `stage`, bf16 on cuda and fp32 on cpu, AdamW(lr, betas 0.9/0.95,
+// wd 0.1), WarmupCosineLR over `steps` (warmup a tenth), clipping 1.0, micro batch and GAS from
+// the flags.
+std::string LlmBuiltinConfigJson(const LlmTrainOptions& o);
+
+// --config FILE parsed for `world_size` (batch keys resolved against it) or the built-in one.
+Result<Config> ResolveLlmConfig(const LlmTrainOptions& o, int world_size);
+
+}  // namespace zero::llm
