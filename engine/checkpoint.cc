@@ -142,8 +142,11 @@ Status SaveCheckpoint(Communicator* comm, const std::string& dir, const std::str
   // (2) Rank 0 removes what earlier interrupted saves left and makes this save's staging
   // directory; everyone learns its name.
   WireStatus staging;
+  DirectoryLock dir_lock;  // rank 0, until the save is done: no other job saves into `dir` meanwhile
   if (rank == 0) {
-    Status cleaned = CleanStaleSaves(dir).status();
+    auto lock = DirectoryLock::Acquire(dir);
+    if (lock.ok()) dir_lock = std::move(lock).value();
+    Status cleaned = lock.ok() ? CleanStaleSaves(dir).status() : lock.status();
     auto root = cleaned.ok() ? CreateStagingRoot(dir, tag) : Result<std::string>(cleaned);
     if (root.ok() && root->size() > sizeof(staging.message)) {
       RemoveTree(*root).IgnoreError();

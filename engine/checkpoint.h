@@ -28,7 +28,9 @@ namespace zero {
 // Collective. Saves <dir>/<tag>: (1) all ranks agree on the tag, world size and parameter table
 // (an all-reduce, which also detects ranks that did not call save); (2) rank 0 removes staging
 // directories that interrupted saves left in <dir> (CleanStaleSaves) and creates this save's,
-// <dir>/.zero_save.<pid>.<random>/, and broadcasts its name; (3) every rank writes its file into
+// <dir>/.zero_save.<pid>.<random>/, and broadcasts its name (first it locks <dir>, DirectoryLock in
+// checkpoint_io.h, for the rest of the save: another job holding it fails the save on every rank
+// with FAILED_PRECONDITION naming the holder, before anything is written or removed); (3) every rank writes its file into
 // <staging>/<tag>/; (4) all ranks agree that every write succeeded; (5) rank 0 writes
 // metadata.json there, swaps <staging>/<tag> into <dir>/<tag> atomically (an existing tag is
 // exchanged, never deleted first), writes `latest`, removes the staging directory (holding the old

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -115,6 +116,44 @@ Status RenamePath(const std::string& from, const std::string& to);
 // what the other held, and no moment exists where either name is missing. UNIMPLEMENTED when the
 // kernel or filesystem cannot do it (the caller then falls back, see checkpoint_format.h).
 Status ExchangePaths(const std::string& a, const std::string& b);
+
+// --- the checkpoint directory's lock --------------------------------------------------------------
+// An advisory lock (flock) on <dir>/.zero_lock saying that one job saves into `dir`: two jobs saving
+// into one directory would remove each other's staging directories and overwrite each other's tags
+// and `latest`. The save holds it on rank 0 (checkpoint.h); the Engine keeps holding it after its
+// first save, and zero_train from the start of the job. Acquire in another process fails while a
+// holder lives: FAILED_PRECONDITION naming the directory and the holder ("pid 1234 on host h", as
+// it wrote into the file). Within one process acquisitions of the same directory share one lock
+// (thread ranks in tests; zero_train's lock and the save's), released with the last holder. The
+// kernel releases it when the holding process dies, however it dies. Thread-safe.
+class DirectoryLock {
+ public:
+  // Creates `dir` when missing, then locks it.
+  static Result<DirectoryLock> Acquire(const std::string& dir);
+
+  DirectoryLock() = default;
+  DirectoryLock(DirectoryLock&&) noexcept = default;
+  DirectoryLock& operator=(DirectoryLock&&) noexcept = default;
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+  ~DirectoryLock() = default;
+
+  bool held() const { return held_ != nullptr; }
+
+  struct Held;  // the open, flocked lock file (checkpoint_io.cc)
+
+ private:
+  explicit DirectoryLock(std::shared_ptr<Held> held) : held_(std::move(held)) {}
+  std::shared_ptr<Held> held_;
+};
+
+// Creates `dir` when missing and creates and removes a file in it: the check that a save will be
+// able to write there, made when a job starts rather than at its first save (access(2) says yes to
+// root on a read-only filesystem; creating a file does not). Errors name the directory.
+Status CheckWritableDirectory(const std::string& dir);
+
+// The lock file's name inside a checkpoint directory.
+inline constexpr const char* kDirectoryLockFile = ".zero_lock";
 
 // --- crash points (tests only) --------------------------------------------------------------------
 // The checkpoint save calls CrashPoint(name, rank) at named points of its protocol

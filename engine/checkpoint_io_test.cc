@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -68,6 +69,51 @@ TEST(CheckpointIoTest, NonRegularFilesAreRefusedWithoutBlocking) {
   EXPECT_EQ(*ReadFile(dir + "/f"), "abc");
   EXPECT_EQ(*ReadFileRange(dir + "/f", 1, 2), "bc");
   EXPECT_EQ(*FileSize(dir + "/f"), 3u);
+}
+
+TEST(DirectoryLockTest, SharedInAProcessRefusedToAnotherNamingIt) {
+  const std::string dir = ScratchDir("lock") + "/ckpt";  // created by Acquire
+  {
+    auto a = DirectoryLock::Acquire(dir);
+    auto b = DirectoryLock::Acquire(dir);  // thread ranks, a job's lock and its save's: one lock
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+  }
+  int ready[2], done[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(done), 0);
+  const pid_t other = ::fork();
+  if (other == 0) {
+    auto lock = DirectoryLock::Acquire(dir);
+    const char c = lock.ok() ? '1' : '0';
+    if (::write(ready[1], &c, 1) != 1) ::_exit(2);
+    char x;
+    if (::read(done[0], &x, 1) < 0) ::_exit(3);
+    ::_exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ASSERT_EQ(c, '1');
+  auto refused = DirectoryLock::Acquire(dir);
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("checkpoint directory " + dir + " is in use by another job (pid " + std::to_string(other) +
+                        " on host "));
+  EXPECT_THAT(refused.status().message(), HasSubstr(" holds " + dir + "/.zero_lock)"));
+  ASSERT_EQ(::write(done[1], "x", 1), 1);
+  int status = 0;
+  ::waitpid(other, &status, 0);
+  EXPECT_TRUE(DirectoryLock::Acquire(dir).ok());
+}
+
+TEST(DirectoryLockTest, WritableDirectoryCheck) {
+  const std::string dir = ScratchDir("writable");
+  EXPECT_TRUE(CheckWritableDirectory(dir + "/new/sub").ok());
+  EXPECT_TRUE(PathExists(dir + "/new/sub"));
+  WritePlain(dir + "/file", "x");
+  const Status st = CheckWritableDirectory(dir + "/file/sub");
+  EXPECT_FALSE(st.ok());
+  EXPECT_THAT(st.message(), HasSubstr(dir + "/file")) << st.ToString();
 }
 
 TEST(Crc32cTest, KnownVectors) {

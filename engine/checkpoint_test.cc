@@ -1,6 +1,9 @@
 // SaveCheckpoint/LoadCheckpoint as collectives over real communicators (Gloo, ranks as threads).
 #include "engine/checkpoint.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <string>
 #include <vector>
@@ -94,6 +97,43 @@ TEST(CollectiveCheckpointTest, Stage0SlicesOfFullStateSaveTheSameBytes) {
       EXPECT_TRUE(SameBits(s.exp_avg_sq, want[i].exp_avg_sq));
     }
   }
+}
+
+// A second job saving into the same directory (issue 23): it used to remove the first job's staging
+// directory (as an interrupted save's) and fail with an unexplained rename error. The directory is
+// locked by the job saving into it; here a fork()ed child plays the first job.
+TEST(CollectiveCheckpointTest, SecondJobSavingIntoTheSameDirectoryIsRefused) {
+  const std::string dir = ScratchDir("two_jobs");
+  FullState full = SyntheticState(SyntheticModel(), 2);
+  ASSERT_TRUE(SaveAll(dir, "first", full, 2).ok());
+  int ready[2], done[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(done), 0);
+  const pid_t other = ::fork();
+  if (other == 0) {
+    auto lock = DirectoryLock::Acquire(dir);
+    const char c = lock.ok() ? '1' : '0';
+    if (::write(ready[1], &c, 1) != 1) ::_exit(2);
+    char x;
+    if (::read(done[0], &x, 1) < 0) ::_exit(3);
+    ::_exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ASSERT_EQ(c, '1');
+  const Status st = SaveAll(dir, "second", full, 2);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  EXPECT_THAT(st.message(), HasSubstr("checkpoint directory " + dir + " is in use by another job (pid " +
+                                      std::to_string(other) + " on host "));
+  EXPECT_THAT(st.message(), HasSubstr("nothing was written; `latest` is unchanged"));
+  EXPECT_FALSE(PathExists(dir + "/second"));
+  EXPECT_EQ(*ReadLatest(dir), "first");
+  ASSERT_EQ(::write(done[1], "x", 1), 1);
+  int status = 0;
+  ::waitpid(other, &status, 0);
+  // The other job gone, however it ended, the directory is free again.
+  EXPECT_TRUE(SaveAll(dir, "second", full, 2).ok());
+  EXPECT_EQ(*ReadLatest(dir), "second");
 }
 
 TEST(CollectiveCheckpointTest, SaveOnRank0OnlyTimesOutWithAClearMessage) {

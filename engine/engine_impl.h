@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/checkpoint_io.h"
 #include "engine/engine.h"
 #include "engine/engine_timeline.h"
 #include "engine/lr_scheduler.h"
@@ -141,6 +142,9 @@ struct Engine::Impl {
   bool step_applied = false;
   double grad_norm = -1.0;
   Status broken;
+  // Rank 0: the checkpoint directories this engine saved into, locked until it is destroyed
+  // (DirectoryLock, checkpoint_io.h).
+  std::map<std::string, DirectoryLock> save_locks;
 
   float* f32(const DeviceBuffer& b, int64_t off) const { return b.as<float>() + off; }
   // Stages 2/3 without contiguous_gradients: the gradient buffer is the padded parameter (its own
@@ -234,7 +238,11 @@ struct Engine::Impl {
     return device->Fill(out->data(), t, static_cast<size_t>(numel), 0.0f, compute);
   }
 
-  Status InitializeImpl(const std::function<void(int index, float* values)>& init);
+  // fill(index, begin, count, values): elements [begin, begin + count) of the parameter's initial
+  // values. partition_reads: Engine::InitializeFromSlices (stage 3 asks for the rank's shard only,
+  // ranks are not compared); else Engine::Initialize (whole parameters, compared across ranks).
+  using InitFill = std::function<Status(int index, int64_t begin, int64_t count, float* values)>;
+  Status InitializeImpl(const InitFill& fill, bool partition_reads);
   Status GradReadyImpl(int index);
   Status BackwardImpl();
   Status QueueBoundaryReduction(int index);

@@ -215,8 +215,14 @@ Status Engine::Impl::SaveCheckpointImpl(const std::string& dir, const std::strin
   }
   // Not Guarded: saving changes no training state, and an I/O error (or a rank that did not join)
   // leaves the engine as it was.
-  return ::zero::SaveCheckpoint(comm, dir, tag, std::move(meta), shards)
-      .WithContext("SaveCheckpoint");
+  Status st = ::zero::SaveCheckpoint(comm, dir, tag, std::move(meta), shards).WithContext("SaveCheckpoint");
+  // Rank 0 keeps the directory locked for the engine's life, so that another job's save into it
+  // fails even between this job's saves (the save itself held the lock while it ran).
+  if (st.ok() && comm->rank() == 0 && save_locks.count(dir) == 0) {
+    auto lock = DirectoryLock::Acquire(dir);
+    if (lock.ok()) save_locks.emplace(dir, std::move(lock).value());
+  }
+  return st;
 }
 
 Result<std::string> Engine::LoadCheckpoint(const std::string& dir, const std::string& tag) {

@@ -28,6 +28,7 @@
 
 #include "comm/communicator.h"
 #include "comm/rendezvous.h"
+#include "engine/checkpoint_io.h"
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "examples/byte_lm.h"
@@ -135,6 +136,12 @@ Result<std::unique_ptr<ModelRunner>> CreateModelRunner(const TrainOptions& o, De
 // batches continue exactly as if the run had not stopped).
 
 Status CheckCheckpointFlags(const TrainOptions& o) {
+  if (!o.save_dir.empty()) {
+    // At the start, not at the first save: the directory must take a file, and no other job may be
+    // saving into it (the lock is only probed here; rank 0 holds it for the run, LockSaveDirectory).
+    ZERO_RETURN_IF_ERROR(CheckWritableDirectory(o.save_dir).WithContext("--save " + o.save_dir));
+    ZERO_RETURN_IF_ERROR(DirectoryLock::Acquire(o.save_dir).status().WithContext("--save " + o.save_dir));
+  }
   if (!o.resume_dir.empty()) {
     const std::string latest = o.resume_dir + "/latest";
     if (access(latest.c_str(), R_OK) != 0) {
@@ -426,6 +433,13 @@ Status RunRank(const TrainOptions& o, RankContext* ctx) {
   const ByteDataset& train = data.first;
   const ByteDataset& holdout = data.second;
   ZERO_RETURN_IF_ERROR(CheckCheckpointFlags(o));
+  // Rank 0 holds the --save directory's lock for the whole run: a second job fails at its start.
+  DirectoryLock save_lock;
+  if (lead && !o.save_dir.empty()) {
+    auto lock = DirectoryLock::Acquire(o.save_dir);
+    if (!lock.ok()) return lock.status().WithContext("--save " + o.save_dir);
+    save_lock = std::move(lock).value();
+  }
 
   // Device and communicator: one GPU per rank, picked by the local rank.
   // A launcher that gives each rank one visible GPU (CUDA_VISIBLE_DEVICES per task) leaves only

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/checkpoint_io.h"
 #include "examples/run_binary_testing.h"
 
 namespace {
@@ -227,6 +228,27 @@ TEST(ZeroTrain, UserMistakesNameWhatToFix) {
   r = RunZeroTrain({"--print-config"});
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(nlohmann::json::parse(r.output)["zero_optimization"]["stage"].get<int>(), 3);
+}
+
+// --save is checked when the job starts (issue 23): a directory that cannot take a file, or one
+// that another job saves into, ends the job before training (it used to fail at the first save, or
+// let the two jobs overwrite each other).
+TEST(ZeroTrain, SaveDirectoryIsCheckedAtTheStart) {
+  WriteFile(TmpDir() + "/a_file", "x");
+  const std::string bad = TmpDir() + "/a_file/ckpt";
+  RunResult r = RunZeroTrain(Small({"--steps", "5", "--plot", "none", "--save", bad}));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--save " + bad), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("training"), std::string::npos) << "trained before checking --save:\n" << r.output;
+
+  const std::string dir = TmpDir() + "/locked_ckpt";
+  auto lock = zero::DirectoryLock::Acquire(dir);  // this test process is the other job
+  ASSERT_TRUE(lock.ok()) << lock.status().ToString();
+  r = RunZeroTrain(Small({"--steps", "5", "--plot", "none", "--save", dir}));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("is in use by another job (pid " + std::to_string(getpid())), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("training"), std::string::npos) << r.output;
 }
 
 // An lr that blows the weights up: the first NaN/inf gradient norm (or loss) on an applied step ends
