@@ -171,8 +171,10 @@ Status SaveCheckpoint(Communicator* comm, const std::string& dir, const std::str
   if (!info.ok() || !RankList(failed).empty()) {
     if (rank == 0) RemoveTree(root).IgnoreError();  // every rank is past its write
     if (!info.ok()) return info.status().WithContext(what + ": `latest` is unchanged");
-    return DataLossError(what + ": writing failed on rank(s) " + RankList(failed) +
-                         " (see their errors); `latest` is unchanged");
+    // Not DATA_LOSS: this rank lost nothing, and the failed save changed no checkpoint.
+    return UnavailableError(what + ": writing failed on rank(s) " + RankList(failed) +
+                            " (see their errors); nothing was lost: the previous checkpoints and `latest` "
+                            "are unchanged");
   }
 
   // (5) Rank 0: metadata.json, the swap into place, then latest; (6) its result to everyone.

@@ -181,6 +181,9 @@ TEST(CollectiveCheckpointTest, DisagreementAndFailedWritesFailEveryRank) {
   });
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_THAT(results[0].message(), HasSubstr("writing failed on rank(s) 1"));
+  // Nothing was lost (issue 23: the healthy rank said DATA_LOSS, as for a corrupt checkpoint).
+  EXPECT_EQ(results[0].code(), StatusCode::kUnavailable) << results[0].ToString();
+  EXPECT_THAT(results[0].message(), HasSubstr("nothing was lost: the previous checkpoints and `latest` are unchanged"));
   EXPECT_THAT(results[1].message(), HasSubstr("'embed.weight'"));
   EXPECT_EQ(*ReadLatest(dir), "good");
 
