@@ -353,11 +353,27 @@ Result<int> Engine::RegisterParameter(const ParamSpec& spec) {
 }
 
 Status Engine::Initialize(const std::function<void(int index, float* values)>& init) {
+  if (!init) return InvalidArgumentError("Initialize: init function is empty");
+  return InitializeWith(
+      [&init](int index, int64_t, int64_t, float* values) {
+        init(index, values);
+        return OkStatus();
+      },
+      false);
+}
+
+Status Engine::InitializeFromSlices(
+    const std::function<Status(int index, int64_t begin, int64_t count, float* values)>& read) {
+  if (!read) return InvalidArgumentError("InitializeFromSlices: read function is empty");
+  return InitializeWith(read, true);
+}
+
+Status Engine::InitializeWith(const std::function<Status(int, int64_t, int64_t, float*)>& fill,
+                              bool partition_reads) {
   Impl& m = *impl_;
   if (!m.broken.ok()) return m.broken;
   if (m.initialized) return FailedPreconditionError("Initialize() called twice");
-  if (!init) return InvalidArgumentError("Initialize: init function is empty");
-  Status s = m.InitializeImpl(init);
+  Status s = m.InitializeImpl(fill, partition_reads);
   if (!s.ok()) {
     // Nothing half-built stays usable.
     m.broken = s;
@@ -367,7 +383,7 @@ Status Engine::Initialize(const std::function<void(int index, float* values)>& i
   return OkStatus();
 }
 
-Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* values)>& init) {
+Status Engine::Impl::InitializeImpl(const InitFill& fill, bool partition_reads) {
   const int n_params = static_cast<int>(params.size());
   std::vector<int64_t> full_sizes;
   std::vector<int64_t> part_sizes;
@@ -511,8 +527,18 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
   for (int i = 0; i < n_params; ++i) {
     const ParamInfo& p = params[i];
     values.assign(static_cast<size_t>(p.numel), 0.0f);
-    init(i, values.data());
-    if (world > 1) {  // one rank has nothing to compare with
+    // Stage 3 with several ranks uses only the shard (staging from p.shard.begin): with
+    // partition_reads only that range is read; the rest of `values` stays zero and is never used.
+    int64_t lo = 0, hi = p.numel;
+    if (partition_reads && stage == 3 && world > 1) {
+      lo = std::min(p.shard.begin, p.numel);
+      hi = std::min(p.shard.begin + p.shard.shard, p.numel);
+    }
+    if (hi > lo) {
+      ZERO_RETURN_IF_ERROR(fill(i, lo, hi - lo, values.data() + lo)
+                               .WithContext("Initialize: initial values of " + ParamName(p)));
+    }
+    if (world > 1 && !partition_reads) {  // one rank has nothing to compare with
       sums[i] = Checksum(values.data(), p.numel);
       sums[params.size() + i] = -sums[i];
     }
@@ -545,7 +571,7 @@ Status Engine::Impl::InitializeImpl(const std::function<void(int index, float* v
     // The host vector is refilled for the next parameter.
     ZERO_RETURN_IF_ERROR(device->SynchronizeStream(compute));
   }
-  if (world > 1 && !params.empty()) {
+  if (world > 1 && !partition_reads && !params.empty()) {
     ZERO_RETURN_IF_ERROR(comm->AllReduceHost(sums.data(), sums.size(), ReduceOp::kMax)
                              .WithContext("Initialize: comparing initial values across ranks"));
     for (int i = 0; i < n_params; ++i) {

@@ -248,6 +248,14 @@ class Engine {
   // values, taken over 64-bit words, is compared across ranks, and an error names the first
   // parameter that differs; with one rank nothing is hashed or compared).
   Status Initialize(const std::function<void(int index, float* values)>& init);
+  // Initialize for values read from files (a Hugging Face checkpoint): read(index, begin, count,
+  // values) writes elements [begin, begin + count) of parameter `index` (fp32) into values[0, count)
+  // and returns an error naming what it could not read (Initialize then fails with it). At stage 3
+  // with several ranks only this rank's shard of each parameter is asked for, so a rank reads only
+  // its partition; otherwise the whole parameter (begin 0, count numel). Ranks are not compared:
+  // every rank must read the same files.
+  Status InitializeFromSlices(
+      const std::function<Status(int index, int64_t begin, int64_t count, float* values)>& read);
 
   // --- forward -------------------------------------------------------------------------------
   Result<ModuleHandle> GatherModule(const std::string& module);
@@ -363,6 +371,7 @@ class Engine {
   friend class ModuleHandle;
   explicit Engine(std::unique_ptr<Impl> impl);
   Status ReleaseModule(int module_id);
+  Status InitializeWith(const std::function<Status(int, int64_t, int64_t, float*)>& fill, bool partition_reads);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -297,8 +297,8 @@ double HostPeakBytes() {
   return static_cast<double>(ru.ru_maxrss) * 1024.0;
 }
 
-// Initial values: the HF directory's tensors (every rank reads each tensor; the engine keeps its
-// partition) or the preset's deterministic initialization.
+// Initial values: the HF directory's tensors (at stage 3 with several ranks a rank reads only its
+// partition: Engine::InitializeFromSlices) or the preset's deterministic initialization.
 Status InitializeWeights(Engine* engine, const LlmTrainOptions& o, const LlmConfig& c,
                          const std::vector<examples::ParamSpec>& specs) {
   if (o.model_dir.empty()) return examples::RegisterAndInitialize(engine, specs, o.seed);
@@ -313,12 +313,10 @@ Status InitializeWeights(Engine* engine, const LlmTrainOptions& o, const LlmConf
     ZERO_ASSIGN_OR_RETURN(int index, engine->RegisterParameter({specs[i].name, specs[i].shape, specs[i].module}));
     if (index != static_cast<int>(i)) return InternalError("registration order");
   }
-  Status read_error;
-  ZERO_RETURN_IF_ERROR(engine->Initialize([&](int index, float* values) {
-    if (!read_error.ok()) return;
-    read_error = weights.ReadSlice(specs[index].name, 0, specs[index].numel(), values);
-  }));
-  return read_error;
+  // At stage 3 with several ranks each rank reads only its shard of every tensor.
+  return engine->InitializeFromSlices([&](int index, int64_t begin, int64_t count, float* values) {
+    return weights.ReadSlice(specs[index].name, begin, count, values);
+  });
 }
 
 Status Export(Engine* engine, const LlmTrainOptions& o, const LlmConfig& c, const std::vector<examples::ParamSpec>& specs,
