@@ -727,7 +727,8 @@ int Launch(const TrainOptions& o, int argc, char** argv) {
   std::fflush(stdout);
   Status st = LaunchLocal(child_argv, lo);
   if (!st.ok()) {
-    std::fprintf(stderr, "zero_train: %s (the failing rank's message is above)\n", st.ToString().c_str());
+    // The launcher's message says where the rank's reason is (above, or none: killed by a signal).
+    std::fprintf(stderr, "zero_train: %s\n", st.ToString().c_str());
     return 1;
   }
   return 0;

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -64,9 +65,19 @@ Result<std::string> GenerateJobSecret() {
 
 namespace {
 
+// How a rank ended, and where its reason is: a rank that exited printed its error (above, on the
+// shared stderr); one killed by a signal printed nothing.
 std::string DescribeExit(int status) {
-  if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return std::string("signal ") + strsignal(WTERMSIG(status));
+  if (WIFEXITED(status)) {
+    return "exit status " + std::to_string(WEXITSTATUS(status)) + " (its error is above)";
+  }
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    std::string s = std::string("signal ") + strsignal(sig) + " (" + std::to_string(sig) +
+                    "): it was killed and printed no error of its own";
+    if (sig == SIGKILL) s += " (the kernel's out-of-memory killer sends SIGKILL: dmesg may say)";
+    return s;
+  }
   return "status " + std::to_string(status);
 }
 
@@ -121,6 +132,7 @@ Status LaunchLocal(const std::vector<std::string>& argv, const LaunchOptions& op
   }
   std::vector<pid_t> pids;
   std::vector<bool> done;
+  const pid_t launcher = getpid();
   for (int r = 0; r < options.nproc; ++r) {
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
@@ -147,6 +159,11 @@ Status LaunchLocal(const std::vector<std::string>& argv, const LaunchOptions& op
       return ErrnoError("fork", argv[0], e);
     }
     if (pid == 0) {
+      // The rank dies with the launcher, however the launcher dies (SIGKILL included): a rank left
+      // behind would train on alone. PDEATHSIG survives execve; the getppid() check covers a
+      // launcher that died before the prctl.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher) _exit(128 + SIGKILL);
       std::vector<char*> cargv, cenv;
       for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
       cargv.push_back(nullptr);

@@ -4,7 +4,9 @@
 // Each job gets a secret for its rendezvous store (ZERO_JOB_SECRET, docs/comm.md): the launcher's own
 // ZERO_JOB_SECRET if set, else 32 fresh bytes from /dev/urandom as hex. Used by `tools/launch` and
 // `zero_train --nproc N`. Owns the child processes it starts: they are
-// killed (SIGTERM, then SIGKILL after a grace period) if the launcher returns early.
+// killed (SIGTERM, then SIGKILL after a grace period) if the launcher returns early, and the kernel
+// kills them (PR_SET_PDEATHSIG, SIGKILL) when the thread that called LaunchLocal dies, however it
+// dies. Only the ranks themselves: processes a rank starts are its own to end.
 #pragma once
 
 #include <string>
@@ -28,7 +30,8 @@ struct LaunchOptions {
 Result<std::string> GenerateJobSecret();
 
 // Runs argv (argv[0] is the program path) as nproc ranks. OK when every rank exits 0; otherwise an
-// error naming the first rank that failed and its exit status or signal.
+// error naming the first rank that failed and its exit status ("(its error is above)") or signal
+// ("it was killed and printed no error of its own").
 Status LaunchLocal(const std::vector<std::string>& argv, const LaunchOptions& options);
 
 // A free TCP port on 127.0.0.1 (bind to port 0 and read it back).

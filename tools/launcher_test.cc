@@ -2,12 +2,18 @@
 
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
 
 namespace zero {
 namespace {
@@ -69,6 +75,70 @@ TEST(LauncherTest, FailingRankStopsTheOthersAndIsNamed) {
   EXPECT_NE(st.message().find("rank 1 of 3"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("exit status 7"), std::string::npos) << st.message();
   EXPECT_LT(secs, 30.0);
+}
+
+// A rank killed by a signal printed nothing: the message says so instead of pointing above.
+TEST(LauncherTest, RankKilledByASignalIsNamedAsSuch) {
+  LaunchOptions o;
+  o.nproc = 2;
+  o.grace_seconds = 1;
+  Status st = LaunchLocal({"/bin/sh", "-c", "if [ \"$RANK\" = 0 ]; then kill -9 $$; fi; sleep 60"}, o);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("rank 0 of 2"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("signal Killed (9): it was killed and printed no error of its own"), std::string::npos)
+      << st.message();
+  EXPECT_EQ(st.message().find("above"), std::string::npos) << st.message();
+  st = LaunchLocal({"/bin/sh", "-c", "exit 3"}, o);
+  EXPECT_NE(st.message().find("exit status 3 (its error is above)"), std::string::npos) << st.message();
+}
+
+// Killing the launcher (SIGKILL: no cleanup of its own) ends its ranks within seconds; they used to
+// train on alone.
+TEST(LauncherTest, RanksDieWithTheLauncher) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/pdeath." + std::to_string(getpid());
+  ASSERT_EQ(system(("mkdir -p " + dir).c_str()), 0);
+  const pid_t launcher = fork();
+  if (launcher == 0) {
+    LaunchOptions o;
+    o.nproc = 2;
+    // Each rank records its pid, then sleeps as a training rank would run.
+    LaunchLocal({"/bin/sh", "-c", "echo $$ > " + dir + "/rank$RANK.tmp && mv " + dir + "/rank$RANK.tmp " + dir +
+                                      "/rank$RANK && exec sleep 60"},
+                o)
+        .IgnoreError();
+    _exit(0);
+  }
+  std::vector<pid_t> ranks;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (ranks.size() < 2 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
+    ranks.clear();
+    for (int r = 0; r < 2; ++r) {
+      std::ifstream in(dir + "/rank" + std::to_string(r));
+      pid_t p = 0;
+      if (in >> p) ranks.push_back(p);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(ranks.size(), 2u) << "the ranks did not start";
+  ASSERT_EQ(kill(launcher, SIGKILL), 0);
+  waitpid(launcher, nullptr, 0);
+  // A rank is gone when it no longer exists or is a zombie (its reaper is not this test).
+  auto alive = [](pid_t p) {
+    std::ifstream stat("/proc/" + std::to_string(p) + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) return false;
+    const size_t close = line.rfind(')');
+    return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+  };
+  const auto t1 = std::chrono::steady_clock::now();
+  bool any = true;
+  while (any && std::chrono::steady_clock::now() - t1 < std::chrono::seconds(5)) {
+    any = alive(ranks[0]) || alive(ranks[1]);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_FALSE(any) << "ranks " << ranks[0] << ", " << ranks[1] << " outlived their launcher by 5 s";
+  for (pid_t p : ranks) kill(p, SIGKILL);  // an old build's ranks: not left behind by the test
 }
 
 TEST(LauncherTest, MissingProgramIsReported) {
