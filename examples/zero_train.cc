@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -369,6 +370,30 @@ struct RankContext {
   int rank = 0;
   int world = 1;
 };
+
+// The rank and world size as the launcher set them, read before RendezvousFromEnv (which may refuse
+// the environment, e.g. a short ZERO_JOB_SECRET), so that each rank's error names its own rank
+// instead of "rank 0 of 1". -1: not set, or not a number.
+RankContext RankFromEnv() {
+  auto first = [](std::initializer_list<const char*> names) -> int {
+    for (const char* n : names) {
+      const char* v = std::getenv(n);
+      if (v == nullptr || *v == '\0') continue;
+      char* end = nullptr;
+      errno = 0;
+      const long x = std::strtol(v, &end, 10);
+      return *end == '\0' && errno == 0 && x >= 0 && x <= INT_MAX ? static_cast<int>(x) : -1;
+    }
+    return -1;
+  };
+  return RankContext{first({"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}),
+                     first({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"})};
+}
+
+std::string RankName(const RankContext& c) {
+  auto n = [](int v) { return v < 0 ? std::string("?") : std::to_string(v); };
+  return "rank " + n(c.rank) + " of " + n(c.world);
+}
 
 void PrintHeader(const TrainOptions& o, const Config& c, const ByteDataset& train, const ByteDataset& holdout,
                  const Communicator& comm, const Device& device) {
@@ -768,10 +793,10 @@ int Main(int argc, char** argv) {
     std::printf("%s\n", ConfigToJson(*config).c_str());
     return 0;
   }
-  RankContext ctx;
+  RankContext ctx = RankFromEnv();
   Status st = RunRank(o, &ctx);
   if (!st.ok()) {
-    std::fprintf(stderr, "zero_train: rank %d of %d: %s\n", ctx.rank, ctx.world, st.ToString().c_str());
+    std::fprintf(stderr, "zero_train: %s: %s\n", RankName(ctx).c_str(), st.ToString().c_str());
     return 1;
   }
   return 0;

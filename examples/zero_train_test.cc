@@ -230,6 +230,18 @@ TEST(ZeroTrain, UserMistakesNameWhatToFix) {
   EXPECT_EQ(nlohmann::json::parse(r.output)["zero_optimization"]["stage"].get<int>(), 3);
 }
 
+// A rank whose environment is refused before the rendezvous (here a short ZERO_JOB_SECRET) names its
+// own rank; every rank used to say "rank 0 of 1".
+TEST(ZeroTrain, EnvironmentErrorNamesTheRank) {
+  RunResult r = RunZeroTrain(Small({"--steps", "3"}), {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1",
+                                                       "MASTER_ADDR=127.0.0.1", "MASTER_PORT=29999",
+                                                       "ZERO_JOB_SECRET=short"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(r.seconds, 10) << r.output;
+  EXPECT_NE(r.output.find("zero_train: rank 1 of 2: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ZERO_JOB_SECRET is 5 characters long"), std::string::npos) << r.output;
+}
+
 // --save is checked when the job starts (issue 23): a directory that cannot take a file, or one
 // that another job saves into, ends the job before training (it used to fail at the first save, or
 // let the two jobs overwrite each other).
