@@ -24,6 +24,8 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <memory>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -138,10 +140,9 @@ Result<std::unique_ptr<ModelRunner>> CreateModelRunner(const TrainOptions& o, De
 
 Status CheckCheckpointFlags(const TrainOptions& o) {
   if (!o.save_dir.empty()) {
-    // At the start, not at the first save: the directory must take a file, and no other job may be
-    // saving into it (the lock is only probed here; rank 0 holds it for the run, LockSaveDirectory).
+    // At the start, not at the first save: the directory must take a file. (Its lock: rank 0 holds
+    // it for the run, see RunRank; the launching process probes it in ValidateInputs.)
     ZERO_RETURN_IF_ERROR(CheckWritableDirectory(o.save_dir).WithContext("--save " + o.save_dir));
-    ZERO_RETURN_IF_ERROR(DirectoryLock::Acquire(o.save_dir).status().WithContext("--save " + o.save_dir));
   }
   if (!o.resume_dir.empty()) {
     const std::string latest = o.resume_dir + "/latest";
@@ -335,8 +336,37 @@ Result<std::pair<ByteDataset, ByteDataset>> LoadData(const TrainOptions& o) {
   return split;
 }
 
+// A lower bound of the host memory one micro batch takes (the rows' bytes and the fp32 activations
+// Forward keeps per row), against the machine's memory: an absurd micro batch that passes the
+// config's bounds (1e9 rows) is an error naming the key instead of a bad_alloc in every rank.
+Status CheckBatchFitsInMemory(const TrainOptions& o, const Config& c) {
+  const ByteLmConfig& m = o.model;
+  const int64_t floats_per_row = int64_t{m.context} * m.embed_dim + 2 * int64_t{m.hidden} +
+                                 int64_t{m.layers} * (3 * int64_t{m.hidden} + 2 * int64_t{m.ffn}) + 2 * kByteVocab;
+  const int64_t row_bytes = 4 * floats_per_row + m.context + 1;
+  int64_t need = 0;
+  const bool overflow = __builtin_mul_overflow(c.train_micro_batch_size_per_gpu, row_bytes, &need);
+  const int64_t pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  const int64_t have = pages > 0 && page > 0 ? pages * page : 0;
+  if (overflow || (have > 0 && need > have)) {
+    return InvalidArgumentError(
+        "train_micro_batch_size_per_gpu " + std::to_string(c.train_micro_batch_size_per_gpu) + " rows of at least " +
+        std::to_string(row_bytes) + " bytes each (the batch and the activations of " + m.ToString() + ") need " +
+        (overflow ? std::string("more than 2^63 bytes") : FormatBytes(static_cast<double>(need))) +
+        " per rank, more than this machine's " + FormatBytes(static_cast<double>(have)) +
+        " of memory; lower train_micro_batch_size_per_gpu (and raise gradient_accumulation_steps)");
+  }
+  return OkStatus();
+}
+
+// In the launching process, before any rank starts.
 Status ValidateInputs(const TrainOptions& o) {
   ZERO_RETURN_IF_ERROR(CheckCheckpointFlags(o));
+  if (!o.save_dir.empty()) {
+    // Another job saving into --save: refused now rather than at rank 0's start (probed and released:
+    // the ranks are other processes).
+    ZERO_RETURN_IF_ERROR(DirectoryLock::Acquire(o.save_dir).status().WithContext("--save " + o.save_dir));
+  }
   ZERO_RETURN_IF_ERROR(LoadData(o).status());
   ZERO_RETURN_IF_ERROR(CheckWritable("--log-json", o.log_json));
   ZERO_RETURN_IF_ERROR(CheckWritable("--plot", o.plot));
@@ -454,6 +484,7 @@ Status RunRank(const TrainOptions& o, RankContext* ctx) {
   auto config_or = ResolveConfig(o, ro.world_size);
   if (!config_or.ok()) return config_or.status().WithContext("config");
   const Config config = std::move(config_or).value();
+  ZERO_RETURN_IF_ERROR(CheckBatchFitsInMemory(o, config).WithContext("config"));
   ZERO_ASSIGN_OR_RETURN(auto data, LoadData(o));
   const ByteDataset& train = data.first;
   const ByteDataset& holdout = data.second;
@@ -732,6 +763,10 @@ int Launch(const TrainOptions& o, int argc, char** argv) {
     std::fprintf(stderr, "zero_train: %s\n", st.ToString().c_str());
     return 2;
   }
+  if (Status st = CheckBatchFitsInMemory(o, *config); !st.ok()) {
+    std::fprintf(stderr, "zero_train: config error: %s\n", st.ToString().c_str());
+    return 2;
+  }
   if (nproc == 1) {
     // One rank: run in this process (a world of one needs no rendezvous).
     RankContext ctx;
@@ -805,4 +840,17 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace zero::examples
 
-int main(int argc, char** argv) { return zero::examples::Main(argc, argv); }
+// The last net under absurd input that passes every check (issue 23): an allocation the machine
+// cannot satisfy ends the rank with a message and exit status 1, not an abort without one.
+int main(int argc, char** argv) {
+  try {
+    return zero::examples::Main(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "zero_train: out of host memory (std::bad_alloc): the model, --context or "
+                 "train_micro_batch_size_per_gpu is too large for this machine\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero_train: unexpected exception: %s\n", e.what());
+  }
+  return 1;
+}

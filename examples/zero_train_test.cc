@@ -242,6 +242,19 @@ TEST(ZeroTrain, EnvironmentErrorNamesTheRank) {
   EXPECT_NE(r.output.find("ZERO_JOB_SECRET is 5 characters long"), std::string::npos) << r.output;
 }
 
+// A micro batch within the config's bounds but beyond this machine's memory (1e9 rows) is an error
+// naming the key before training; it used to end every rank with an uncaught bad_alloc.
+TEST(ZeroTrain, MicroBatchBeyondMemoryNamesTheKey) {
+  const std::string config = TmpDir() + "/huge_batch.json";
+  WriteFile(config, R"({"train_micro_batch_size_per_gpu": 1000000000})");
+  RunResult r = RunZeroTrain(Small({"--steps", "3", "--config", config}));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_LT(r.seconds, 10) << r.output;
+  EXPECT_NE(r.output.find("train_micro_batch_size_per_gpu 1000000000 rows of at least "), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("of memory; lower train_micro_batch_size_per_gpu"), std::string::npos) << r.output;
+}
+
 // --save is checked when the job starts (issue 23): a directory that cannot take a file, or one
 // that another job saves into, ends the job before training (it used to fail at the first save, or
 // let the two jobs overwrite each other).
