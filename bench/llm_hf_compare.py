@@ -85,6 +85,25 @@ def hf_loss(model, w, batch=8):
     return tot / cnt, cnt
 
 
+def hf_train(model, tw, a, vocab, lr, wd, clip, autocast):
+    """a.steps AdamW steps of `model` on rows s * batch + i of `tw` (zero_llm --sequential-data's order)."""
+    model = model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=wd)
+    losses = []
+    for s in range(a.steps):
+        rows = [(s * a.batch + i) % tw.shape[0] for i in range(a.batch)]
+        x = tw[rows].cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            logits = model(input_ids=x[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, vocab), x[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 def run(cmd):
     log("$ " + " ".join(cmd))
     t0 = time.time()
@@ -111,6 +130,8 @@ def main():
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--eval-windows", type=int, default=64)
+    ap.add_argument("--noise-floor", action="store_true",
+                    help="only transformers against itself: bf16 autocast vs fp32 over the same steps")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -132,6 +153,24 @@ def main():
     train_ids.tofile(os.path.join(a.out, "train.bin"))
     tw = windows(train_ids, a.seq)
 
+    lr, wd, clip = 1e-3, 0.1, 1.0
+    if a.noise_floor:
+        # Two transformers runs from the same weights on the same rows, bf16 autocast and fp32: how far
+        # bf16 rounding alone moves the 100-step curve (the scale of zero_llm vs transformers).
+        bf = hf_train(Qwen3ForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).cuda(), tw, a, vocab, lr, wd,
+                      clip, autocast=True)
+        fp = hf_train(Qwen3ForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).cuda(), tw, a, vocab, lr, wd,
+                      clip, autocast=False)
+        rel = [abs(x - y) / y for x, y in zip(bf, fp)]
+        res = {"hf_bf16_first_last": [bf[0], bf[-1]], "hf_fp32_first_last": [fp[0], fp[-1]],
+               "max_rel_loss_diff": max(rel), "mean_rel_loss_diff_last10": sum(rel[-10:]) / 10}
+        with open(os.path.join(a.out, "noise.csv"), "w") as f:
+            f.write("step,hf_bf16_loss,hf_fp32_loss\n")
+            for s, (x, y) in enumerate(zip(bf, fp)):
+                f.write(f"{s + 1},{x:.6f},{y:.6f}\n")
+        log("NOISE " + json.dumps(res))
+        return
+
     # --- step-1 loss -------------------------------------------------------------------------
     res = {}
     m16 = Qwen3ForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
@@ -149,7 +188,6 @@ def main():
     log(json.dumps(res, indent=1))
 
     # --- 100 steps ----------------------------------------------------------------------------
-    lr, wd, clip = 1e-3, 0.1, 1.0
     ds = {"train_micro_batch_size_per_gpu": a.batch, "gradient_accumulation_steps": 1, "gradient_clipping": clip,
           "bf16": {"enabled": True}, "steps_per_print": 10,
           "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": wd}},
@@ -163,21 +201,8 @@ def main():
                "--print-every", "10", "--export-hf", zero_dir])
     zero_losses = [json.loads(l)["loss"] for l in open(os.path.join(a.out, "zero.jsonl"))]
 
-    model = m32.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=wd)
-    hf_losses = []
     t0 = time.time()
-    for s in range(a.steps):
-        rows = [(s * a.batch + i) % tw.shape[0] for i in range(a.batch)]
-        x = tw[rows].cuda()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(input_ids=x[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, vocab), x[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        opt.step()
-        hf_losses.append(loss.item())
+    hf_losses = hf_train(m32, tw, a, vocab, lr, wd, clip, autocast=True)
     log(f"hf: {a.steps} steps in {time.time() - t0:.1f} s")
     with open(os.path.join(a.out, "curves.csv"), "w") as f:
         f.write("step,hf_loss,zero_loss\n")
