@@ -298,13 +298,6 @@ class LoopTiming {
 
 // --- checks shared by the launcher process and every rank ---------------------------------------
 
-bool UnderLauncher() {
-  for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
-    if (std::getenv(v) != nullptr) return true;
-  }
-  return false;
-}
-
 std::string DirOf(const std::string& path) {
   const size_t slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
@@ -777,15 +770,9 @@ int Launch(const TrainOptions& o, int argc, char** argv) {
     }
     return 0;
   }
-  char self[PATH_MAX];
-  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  std::vector<std::string> child_argv;
-  child_argv.push_back(len > 0 ? std::string(self, static_cast<size_t>(len)) : std::string(argv[0]));
-  for (int i = 1; i < argc; ++i) child_argv.push_back(argv[i]);
   LaunchOptions lo;
   lo.nproc = nproc;
-  std::fflush(stdout);
-  Status st = LaunchLocal(child_argv, lo);
+  Status st = LaunchSelf(argc, argv, lo);
   if (!st.ok()) {
     // The launcher's message says where the rank's reason is (above, or none: killed by a signal).
     std::fprintf(stderr, "zero_train: %s\n", st.ToString().c_str());

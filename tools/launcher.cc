@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
+#include <cstdio>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -202,6 +204,23 @@ Status LaunchLocal(const std::vector<std::string>& argv, const LaunchOptions& op
     }
   }
   return OkStatus();
+}
+
+Status LaunchSelf(int argc, char** argv, const LaunchOptions& options) {
+  char self[PATH_MAX];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::vector<std::string> child_argv;
+  child_argv.push_back(len > 0 ? std::string(self, static_cast<size_t>(len)) : std::string(argv[0]));
+  for (int i = 1; i < argc; ++i) child_argv.push_back(argv[i]);
+  std::fflush(stdout);
+  return LaunchLocal(child_argv, options);
+}
+
+bool UnderLauncher() {
+  for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
+    if (std::getenv(v) != nullptr) return true;
+  }
+  return false;
 }
 
 }  // namespace zero

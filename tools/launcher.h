@@ -34,6 +34,14 @@ Result<std::string> GenerateJobSecret();
 // ("it was killed and printed no error of its own").
 Status LaunchLocal(const std::vector<std::string>& argv, const LaunchOptions& options);
 
+// This program again (/proc/self/exe, else argv[0]) with argv[1..argc), as options.nproc ranks:
+// LaunchLocal after flushing stdout (what a trainer that launches its own ranks does).
+Status LaunchSelf(int argc, char** argv, const LaunchOptions& options);
+
+// True in a process started as a rank: RANK (torchrun, LaunchLocal), OMPI_COMM_WORLD_RANK (mpirun)
+// or SLURM_PROCID (srun) is set.
+bool UnderLauncher();
+
 // A free TCP port on 127.0.0.1 (bind to port 0 and read it back).
 Result<int> PickFreePort();
 

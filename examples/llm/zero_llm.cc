@@ -7,7 +7,6 @@
 //
 // Process model (as zero_train): without RANK in the environment this process checks the flags and
 // config, then starts --nproc ranks of itself (tools/launcher.h); with it, it is one rank.
-#include <limits.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -286,11 +285,6 @@ Result<std::pair<double, int64_t>> Evaluate(const Data& d, const LlmTrainOptions
 
 // --- one rank ----------------------------------------------------------------------------------------
 
-bool UnderLauncher() {
-  return std::getenv("RANK") != nullptr || std::getenv("OMPI_COMM_WORLD_RANK") != nullptr ||
-         std::getenv("SLURM_PROCID") != nullptr;
-}
-
 double HostPeakBytes() {
   struct rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -567,15 +561,9 @@ int Launch(const LlmTrainOptions& o, int argc, char** argv) {
     }
     return 0;
   }
-  char self[PATH_MAX];
-  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  std::vector<std::string> child_argv;
-  child_argv.push_back(len > 0 ? std::string(self, static_cast<size_t>(len)) : std::string(argv[0]));
-  for (int i = 1; i < argc; ++i) child_argv.push_back(argv[i]);
   LaunchOptions lo;
   lo.nproc = nproc;
-  std::fflush(stdout);
-  Status st = LaunchLocal(child_argv, lo);
+  Status st = LaunchSelf(argc, argv, lo);
   if (!st.ok()) {
     std::fprintf(stderr, "zero_llm: %s\n", st.ToString().c_str());
     return 1;
