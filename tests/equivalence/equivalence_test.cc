@@ -48,6 +48,7 @@
 
 #include "comm/thread_ranks.h"
 #include "engine/config.h"
+#include "tests/equivalence/cell_checks.h"
 #include "tests/equivalence/harness.h"
 #include "tests/equivalence/reference.h"
 #include "tests/equivalence/test_model.h"
@@ -57,19 +58,6 @@ namespace {
 
 constexpr int kSteps = 4;
 constexpr double kClip = 0.05;
-
-Config ParseCell(const CellSpec& cell) {
-  ParseOptions o;
-  o.world_size = cell.world;
-  o.strict = true;
-  o.source = cell.Name();
-  Result<Config> c = ParseConfig(CellConfigJson(cell), o);
-  if (!c.ok()) {
-    ADD_FAILURE() << "config of " << cell.Name() << ": " << c.status().ToString() << "\n" << CellConfigJson(cell);
-    return Config();
-  }
-  return *c;
-}
 
 // Runs the engine on `world` thread ranks; every rank's trace.
 Status RunEngine(const Config& config, int world, const Schedule& schedule, std::vector<RankTrace>* traces,
@@ -83,16 +71,6 @@ Status RunEngine(const Config& config, int world, const Schedule& schedule, std:
 // On the CPU backend everything is bitwise, the grad norm included: the reference sums the
 // squares in the contract's order with CpuDevice's lane order (reference.h).
 Tolerance ContractTolerance() { return Tolerance(); }
-
-void ExpectMatches(const RefTrace& ref, const std::vector<RankTrace>& traces, const Tolerance& tol) {
-  for (size_t r = 0; r < traces.size(); ++r) {
-    std::vector<std::string> lines;
-    int bad = CompareRankTrace(ref, static_cast<int>(r), traces[r], tol, &lines);
-    std::string all;
-    for (size_t i = 0; i < lines.size() && i < 40; ++i) all += "  " + lines[i] + "\n";
-    EXPECT_EQ(bad, 0) << "rank " << r << " differs from the reference:\n" << all;
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // The 192-cell matrix.

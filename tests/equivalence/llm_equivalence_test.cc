@@ -26,6 +26,7 @@
 #include "examples/llm/llm_cpu.h"
 #include "examples/llm/llm_params.h"
 #include "examples/zero_train_adapters.h"
+#include "tests/equivalence/cell_checks.h"
 #include "tests/equivalence/harness.h"
 #include "tests/equivalence/llm_cell_model.h"
 #include "tests/equivalence/reference.h"
@@ -97,34 +98,11 @@ Schedule LlmSchedule(const CellSpec& cell) {
   return s;
 }
 
-Config ParseLlmCell(const CellSpec& cell) {
-  ParseOptions o;
-  o.world_size = cell.world;
-  o.strict = true;
-  o.source = cell.Name();
-  Result<Config> c = ParseConfig(CellConfigJson(cell), o);
-  if (!c.ok()) {
-    ADD_FAILURE() << "config of " << cell.Name() << ": " << c.status().ToString() << "\n" << CellConfigJson(cell);
-    return Config();
-  }
-  return *c;
-}
-
-void ExpectMatches(const RefTrace& ref, const std::vector<RankTrace>& traces) {
-  for (size_t r = 0; r < traces.size(); ++r) {
-    std::vector<std::string> lines;
-    const int bad = CompareRankTrace(ref, static_cast<int>(r), traces[r], Tolerance(), &lines);
-    std::string all;
-    for (size_t i = 0; i < lines.size() && i < 40; ++i) all += "  " + lines[i] + "\n";
-    EXPECT_EQ(bad, 0) << "rank " << r << " differs from the reference:\n" << all;
-  }
-}
-
 class LlmCellTest : public ::testing::TestWithParam<LlmParam> {};
 
 TEST_P(LlmCellTest, EngineEqualsReferenceBitwise) {
   const CellSpec cell = LlmCell(GetParam());
-  const Config config = ParseLlmCell(cell);
+  const Config config = ParseCell(cell);
   ASSERT_FALSE(::testing::Test::HasFailure());
   const Schedule schedule = LlmSchedule(cell);
   Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), TinyModel(), schedule);
@@ -137,7 +115,7 @@ TEST_P(LlmCellTest, EngineEqualsReferenceBitwise) {
     return RunEngineRank(config, TinyModel(), schedule, device, comm, &traces[rank]);
   });
   ASSERT_TRUE(st.ok()) << st.ToString();
-  ExpectMatches(*ref, traces);
+  ExpectMatches(*ref, traces, Tolerance());
 }
 
 std::vector<LlmParam> LlmCells() {
@@ -220,7 +198,7 @@ class LlmModelApiTest : public ::testing::TestWithParam<LlmParam> {};
 TEST_P(LlmModelApiTest, TiedEmbeddingThroughTheModelApiEqualsReference) {
   const CellSpec cell = LlmCell(GetParam());
   ASSERT_TRUE(TinyModel().config().tie_word_embeddings);
-  const Config config = ParseLlmCell(cell);
+  const Config config = ParseCell(cell);
   ASSERT_FALSE(::testing::Test::HasFailure());
   const Schedule schedule = LlmSchedule(cell);
   Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), TinyModel(), schedule);
