@@ -1,0 +1,576 @@
+#!/usr/bin/env python3
+"""The transformer benchmark's plan and its peers (issue 21; bench/run_llm_bench.sh runs it).
+
+One process trains one configuration for a few steps and writes one JSON file. The peers build the
+model with Hugging Face transformers' own classes (Qwen3ForCausalLM / LlamaForCausalLM) from a config
+with the shape of a zero_llm preset, random weights from a fixed seed, and train it on the rows
+zero_llm --sequential-data reads:
+
+  --peer fsdp2                 PyTorch FSDP2: fully_shard on every decoder layer and on the model,
+                               MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), fp32 parameters
+                               (the master weights), torch.optim.AdamW(fused=True) on the GPU
+  --peer fsdp2_offload         the same with CPUOffloadPolicy(pin_memory=True): parameters, gradients and
+                               AdamW(fused=True) on the CPU
+  --peer deepspeed_z3          DeepSpeed ZeRO-3, bf16 with fp32 master weights, torch.optim.AdamW on the GPU
+                               ("torch_adam": true; FusedAdam would JIT-build with nvcc)
+  --peer deepspeed_z2_offload  DeepSpeed ZeRO-2, offload_optimizer cpu (DeepSpeedCPUAdam, built by ninja on
+                               first use)
+  --peer deepspeed_z3_offload  DeepSpeed ZeRO-3, offload_optimizer cpu
+
+Our side is zero_llm; `--ours NAME --prefix P` writes its DeepSpeed-style config (P.ds.json) and the
+row's description (P.meta.json, read by bench/llm_table.py) and prints zero_llm's flags (the caller adds
+--device and --nproc). The configurations (OURS below): none, cpuadam, cpuadam_param, gpuchunk,
+gpuoverlap, gas8_acccpu, gas8_accgpu.
+
+Shared by every configuration: seq 2048 (--seq), AdamW lr 1e-4, betas (0.9, 0.95), eps 1e-8, weight
+decay 0.01, constant lr, no gradient clipping (--clip 0; the same value goes to every side), bf16
+compute with fp32 master weights, one process of world size 1 over NCCL. Step s reads rows
+s*batch .. s*batch+batch-1 of the token file cut into consecutive windows of seq+1 tokens (wrapping),
+inputs the first seq tokens of a window and targets the last seq: zero_llm --sequential-data's order
+(examples/llm/zero_llm.cc, TrainRows), with --holdout 0 so that its rows start at the file's start.
+The loss is the mean cross-entropy over every target, in fp32.
+
+Each step is timed from a device synchronize to one after the optimizer step (host->device copy of the
+rows, forward, loss, backward, step); tokens/s = tokens per step / step time; model TFLOPS with
+zero's formula (LlmConfig::TrainFlopsPerToken, examples/llm/llm_config.h): tokens/s x (6 x matmul
+parameters + 6 x layers x seq x heads x head_dim). Peak GPU memory: torch.cuda.max_memory_allocated()
+from the first step on (set-up excluded); host: the process's peak resident set (ru_maxrss). The
+summary is the median of the steps after the first. The JSON (--out) is rewritten after every step, so
+a run cut by a timeout still leaves its steps; an exception (out of memory) is recorded in it.
+
+--dry-run checks the arguments and the token file and prints the plan without importing torch (the
+imports are lazy), so it runs on a machine without PyTorch. --make-tokens FILE writes random token
+ids (little-endian uint32, Python's Mersenne Twister from --seed: the same bytes on every machine).
+"""
+
+import argparse
+import array
+import json
+import os
+import random
+import resource
+import statistics
+import sys
+import time
+
+# The presets of examples/llm/llm_config.cc (Presets()), field by field in its order:
+# architecture, vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+# num_key_value_heads, head_dim, rope_theta, rms_norm_eps, tie_word_embeddings,
+# max_position_embeddings, bos_token_id, eos_token_id. bench/llm_bench_scripts_test.py parses the C++
+# file and fails when the two differ.
+QWEN3 = "Qwen3ForCausalLM"
+LLAMA = "LlamaForCausalLM"
+PRESET_FIELDS = ("architecture", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads", "num_key_value_heads", "head_dim", "rope_theta", "rms_norm_eps",
+                 "tie_word_embeddings", "max_position_embeddings", "bos_token_id", "eos_token_id")
+PRESETS = {
+    name: dict(zip(PRESET_FIELDS, values)) for name, values in (
+        ("tiny", (QWEN3, 512, 64, 192, 2, 4, 2, 16, 10000.0, 1e-6, True, 512, -1, -1)),
+        ("qwen3-0.6b", (QWEN3, 151936, 1024, 3072, 28, 16, 8, 128, 1e6, 1e-6, True, 40960, 151643, 151645)),
+        ("qwen3-8b", (QWEN3, 151936, 4096, 12288, 36, 32, 8, 128, 1e6, 1e-6, False, 40960, 151643, 151645)),
+        ("qwen3-14b", (QWEN3, 151936, 5120, 17408, 40, 40, 8, 128, 1e6, 1e-6, False, 40960, 151643, 151645)),
+        ("llama-3.2-1b", (LLAMA, 128256, 2048, 8192, 16, 32, 8, 64, 500000.0, 1e-5, True, 131072, 128000, 128001)),
+        ("llama-3.2-3b", (LLAMA, 128256, 3072, 8192, 28, 24, 8, 128, 500000.0, 1e-5, True, 131072, 128000, 128001)),
+        ("llama-3.1-8b", (LLAMA, 128256, 4096, 14336, 32, 32, 8, 128, 500000.0, 1e-5, False, 131072, 128000, 128001)),
+    )
+}
+
+# The smallest vocabulary of the real-size presets: a token file of ids below it serves all of them.
+TOKEN_VOCAB = min(p["vocab_size"] for n, p in PRESETS.items() if n != "tiny")
+
+PEERS = {
+    "fsdp2": "PyTorch FSDP2",
+    "fsdp2_offload": "PyTorch FSDP2 + CPUOffloadPolicy",
+    "deepspeed_z3": "DeepSpeed ZeRO-3",
+    "deepspeed_z2_offload": "DeepSpeed ZeRO-2 + offload_optimizer cpu",
+    "deepspeed_z3_offload": "DeepSpeed ZeRO-3 + offload_optimizer cpu",
+}
+
+# Our configurations: label, the zero_optimization keys beyond stage 3, GAS, the peer the row is
+# compared with, the configuration of ours it must beat (counterpart) and issue 21's target.
+OURS = {
+    "none": dict(label="ours: ZeRO-3, no offload", zero={}, gas=1, match="deepspeed_z3", counterpart=None,
+                 target="fsdp2"),
+    "cpuadam": dict(label="ours: ZeRO-3, offload_optimizer cpu (CPU AdamW)",
+                    zero={"offload_optimizer": {"device": "cpu", "pin_memory": True}}, gas=1,
+                    match="deepspeed_z3_offload", counterpart=None, target="fsdp2_offload"),
+    "cpuadam_param": dict(label="ours: ZeRO-3, offload_optimizer + offload_param cpu",
+                          zero={"offload_optimizer": {"device": "cpu", "pin_memory": True},
+                                "offload_param": {"device": "cpu", "pin_memory": True}}, gas=1,
+                          match="fsdp2_offload", counterpart=None, target="fsdp2_offload"),
+    "gpuchunk": dict(label="ours: ZeRO-3, offload_optimizer cpu, chunked GPU AdamW (synchronous)",
+                     zero={"offload_optimizer": {"device": "cpu", "pin_memory": True, "update_device": "gpu",
+                                                 "overlap_step": False}}, gas=1,
+                     match="deepspeed_z3_offload", counterpart=None, target="fsdp2_offload"),
+    "gpuoverlap": dict(label="ours: ZeRO-3, offload_optimizer cpu, chunked GPU AdamW, overlap_step",
+                       zero={"offload_optimizer": {"device": "cpu", "pin_memory": True, "update_device": "gpu",
+                                                   "overlap_step": True}}, gas=1,
+                       match="deepspeed_z3_offload", counterpart="gpuchunk", target="fsdp2_offload"),
+    "gas8_acccpu": dict(label="ours: ZeRO-3, offload_optimizer + param cpu, GAS 8, offload_grad_accumulation cpu",
+                        zero={"offload_optimizer": {"device": "cpu", "pin_memory": True},
+                              "offload_param": {"device": "cpu", "pin_memory": True},
+                              "offload_grad_accumulation": "cpu"}, gas=8,
+                        match="fsdp2_offload", counterpart=None, target=None),
+    "gas8_accgpu": dict(label="ours: ZeRO-3, offload_optimizer + param cpu, GAS 8, offload_grad_accumulation gpu",
+                        zero={"offload_optimizer": {"device": "cpu", "pin_memory": True},
+                              "offload_param": {"device": "cpu", "pin_memory": True},
+                              "offload_grad_accumulation": "gpu"}, gas=8,
+                        match="fsdp2_offload", counterpart="gas8_acccpu", target=None),
+}
+
+# Issue 21's targets: tokens/s of ours over the named peer's, per preset (no entry: no target).
+TARGETS = {
+    "fsdp2": {"qwen3-0.6b": 1.3, "llama-3.2-3b": 1.1},
+    "fsdp2_offload": {"qwen3-0.6b": 2.0, "llama-3.2-3b": 2.0},
+}
+
+BETAS = (0.9, 0.95)
+EPS = 1e-8
+H200_PEAK_TFLOPS = 989.0  # dense bf16: the MFU denominator (zero_llm.cc's kPeakTflopsPerGpu)
+
+
+# --- the model's counts: LlmConfig::NumParams, MatmulParams, TrainFlopsPerToken -------------------
+
+def num_params(p):
+    H, q, kv = p["hidden_size"], p["num_attention_heads"] * p["head_dim"], p["num_key_value_heads"] * p["head_dim"]
+    qk_norm = 2 * p["head_dim"] if p["architecture"] == QWEN3 else 0
+    per_layer = 2 * H + H * q + 2 * H * kv + q * H + qk_norm + 3 * H * p["intermediate_size"]
+    return p["vocab_size"] * H * (1 if p["tie_word_embeddings"] else 2) + p["num_hidden_layers"] * per_layer + H
+
+
+def matmul_params(p):
+    H, q, kv = p["hidden_size"], p["num_attention_heads"] * p["head_dim"], p["num_key_value_heads"] * p["head_dim"]
+    per_layer = H * q + 2 * H * kv + q * H + 3 * H * p["intermediate_size"]
+    return p["num_hidden_layers"] * per_layer + p["vocab_size"] * H
+
+
+def train_flops_per_token(p, seq):
+    return 6.0 * matmul_params(p) + 6.0 * p["num_hidden_layers"] * seq * (p["num_attention_heads"] * p["head_dim"])
+
+
+def largest_param(p):
+    """Elements of the largest parameter (the embedding, or an MLP matrix): offload_param's buffer_size."""
+    return max(p["vocab_size"] * p["hidden_size"], p["hidden_size"] * p["intermediate_size"])
+
+
+# --- configs -------------------------------------------------------------------------------------
+
+def optimizer_params(a):
+    return {"lr": a.lr, "betas": list(BETAS), "eps": EPS, "weight_decay": a.weight_decay}
+
+
+def deepspeed_config(peer, a):
+    """The DeepSpeed config of a deepspeed_* peer (DeepSpeed's defaults for everything not named)."""
+    zero = {"stage": 2 if peer.startswith("deepspeed_z2") else 3}
+    opt = optimizer_params(a)
+    if peer.endswith("_offload"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    else:
+        opt["torch_adam"] = True
+    return {"train_micro_batch_size_per_gpu": a.batch, "gradient_accumulation_steps": 1,
+            "gradient_clipping": a.clip, "bf16": {"enabled": True},
+            "optimizer": {"type": "AdamW", "params": opt}, "zero_optimization": zero,
+            "steps_per_print": 1 << 30, "wall_clock_breakdown": False}
+
+
+def ours_config(name, a):
+    """zero_llm's config for our configuration `name` at --batch rows per step (split over its GAS)."""
+    o = OURS[name]
+    zero = {"stage": 3}
+    zero.update(json.loads(json.dumps(o["zero"])))
+    if "offload_param" in zero:
+        # The largest parameter's shard must fit one buffer (an Initialize error otherwise).
+        zero["offload_param"]["buffer_size"] = max(100000000, largest_param(PRESETS[a.preset]))
+    return {"train_micro_batch_size_per_gpu": a.batch // o["gas"], "gradient_accumulation_steps": o["gas"],
+            "gradient_clipping": a.clip, "bf16": {"enabled": True}, "communication_data_type": "fp32",
+            "steps_per_print": 1000, "optimizer": {"type": "AdamW", "params": optimizer_params(a)},
+            "zero_optimization": zero}
+
+
+def fsdp2_plan(peer):
+    offload = " + CPUOffloadPolicy(pin_memory=True)" if peer == "fsdp2_offload" else ""
+    where = "CPU" if offload else "GPU"
+    return (f"fully_shard(each decoder layer, then the model; MixedPrecisionPolicy(param_dtype=bfloat16, "
+            f"reduce_dtype=float32){offload}); fp32 parameters; torch.optim.AdamW(fused=True) on the {where}")
+
+
+# --- token file ----------------------------------------------------------------------------------
+
+def make_tokens(path, vocab, count, seed):
+    rng = random.Random(seed)
+    ids = array.array("I", (rng.randrange(vocab) for _ in range(count)))
+    if sys.byteorder != "little":
+        ids.byteswap()
+    with open(path, "wb") as f:
+        ids.tofile(f)
+    return count
+
+
+def check_tokens(path, vocab):
+    """(number of ids) of a .bin token file, or raise ValueError naming the file and what is wrong."""
+    try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise ValueError(f"--tokens {path}: cannot read ({e.strerror})") from None
+    if size % 4:
+        raise ValueError(f"--tokens {path}: {size} bytes, not a multiple of 4 (little-endian uint32 ids)")
+    n = size // 4
+    with open(path, "rb") as f:
+        pos = 0
+        while True:
+            chunk = array.array("I")
+            try:
+                chunk.fromfile(f, 1 << 20)
+            except EOFError:
+                pass  # a short last chunk: fromfile keeps what it read
+            if not chunk:
+                break
+            if sys.byteorder != "little":
+                chunk.byteswap()
+            top = max(chunk)
+            if top >= vocab:
+                i = next(k for k, v in enumerate(chunk) if v >= vocab)
+                raise ValueError(f"--tokens {path}: id {chunk[i]} at position {pos + i} is outside the "
+                                 f"preset's vocabulary of {vocab}")
+            pos += len(chunk)
+    return n
+
+
+def window_rows(step, batch, windows):
+    """Window indices of step `step` (0-based): zero_llm --sequential-data at world 1, any GAS."""
+    return [(step * batch + i) % windows for i in range(batch)]
+
+
+# --- arguments -----------------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--peer", help="|".join(PEERS))
+    mode.add_argument("--ours", help="write zero_llm's config and print its flags: " + "|".join(OURS))
+    mode.add_argument("--make-tokens", metavar="FILE", help="write random token ids to FILE and exit")
+    ap.add_argument("--preset", default="qwen3-0.6b", help="|".join(PRESETS))
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=8, help="rows per optimizer step")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--tokens", help="token file (.bin, little-endian uint32 ids)")
+    ap.add_argument("--out", help="--peer: the result JSON")
+    ap.add_argument("--prefix", help="--ours: PREFIX.ds.json, PREFIX.meta.json, PREFIX.jsonl, PREFIX.log")
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--clip", type=float, default=0.0, help="gradient clipping (0: off)")
+    ap.add_argument("--seed", type=int, default=0, help="initial weights (--peer) or the ids (--make-tokens)")
+    ap.add_argument("--activation-checkpointing", action="store_true",
+                    help="recompute each layer in backward (HF gradient_checkpointing / zero_llm's flag)")
+    ap.add_argument("--vocab", type=int, default=TOKEN_VOCAB, help="--make-tokens: ids below this")
+    ap.add_argument("--windows", type=int, default=128, help="--make-tokens: windows of --seq + 1 tokens")
+    ap.add_argument("--dry-run", action="store_true", help="check and print the plan; import no torch")
+    a = ap.parse_args(argv)
+
+    def bad(msg):
+        ap.error(msg)
+
+    if a.make_tokens:
+        if a.vocab < 1 or a.windows < 1 or a.seq < 1:
+            bad("--make-tokens needs --vocab, --windows and --seq >= 1")
+        return a
+    if a.peer is not None and a.peer not in PEERS:
+        bad(f"--peer {a.peer!r}: expected one of {', '.join(PEERS)}")
+    if a.ours is not None and a.ours not in OURS:
+        bad(f"--ours {a.ours!r}: expected one of {', '.join(OURS)}")
+    if a.preset not in PRESETS:
+        bad(f"--preset {a.preset!r}: expected one of {', '.join(PRESETS)} (examples/llm/llm_config.cc)")
+    p = PRESETS[a.preset]
+    if not 1 <= a.seq <= p["max_position_embeddings"]:
+        bad(f"--seq {a.seq}: expected 1..{p['max_position_embeddings']} (max_position_embeddings of {a.preset})")
+    if a.batch < 1:
+        bad(f"--batch {a.batch}: expected >= 1")
+    if a.ours and a.batch % OURS[a.ours]["gas"]:
+        bad(f"--batch {a.batch}: --ours {a.ours} splits it over GAS {OURS[a.ours]['gas']}: expected a multiple")
+    if a.steps < 2:
+        bad(f"--steps {a.steps}: expected >= 2 (the first step is not in the median)")
+    if not a.lr > 0 or a.weight_decay < 0 or a.clip < 0:
+        bad("--lr must be > 0, --weight-decay and --clip >= 0")
+    if not a.tokens:
+        bad("--tokens FILE is required (bench/llm_peers.py --make-tokens FILE writes one)")
+    if a.peer and not a.out:
+        bad("--peer needs --out FILE.json")
+    if a.ours and not a.prefix:
+        bad("--ours needs --prefix PATH")
+    for what, path in (("--out", a.out), ("--prefix", a.prefix)):
+        if path:
+            d = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(d):
+                bad(f"{what} {path}: folder {d} does not exist")
+    try:
+        a.token_count = check_tokens(a.tokens, p["vocab_size"])
+    except ValueError as e:
+        bad(str(e))
+    a.windows_in_file = a.token_count // (a.seq + 1)
+    if a.windows_in_file < 1:
+        bad(f"--tokens {a.tokens}: {a.token_count} ids, fewer than --seq + 1 = {a.seq + 1}")
+    return a
+
+
+def plan_text(a):
+    p = PRESETS[a.preset]
+    need = a.steps * a.batch
+    wrap = "" if need <= a.windows_in_file else f" (wraps: the file holds {a.windows_in_file})"
+    lines = [
+        f"# model: {a.preset}: {p['architecture']} V={p['vocab_size']} H={p['hidden_size']} "
+        f"I={p['intermediate_size']} L={p['num_hidden_layers']} heads={p['num_attention_heads']}/"
+        f"{p['num_key_value_heads']} head_dim={p['head_dim']} {'tied' if p['tie_word_embeddings'] else 'untied'} "
+        f"params={num_params(p)}",
+        f"# model FLOPs per token at seq {a.seq}: {train_flops_per_token(p, a.seq):.6g} "
+        f"(matmul parameters {matmul_params(p)})",
+        f"# data: {a.tokens}: {a.token_count} ids, {a.windows_in_file} windows of {a.seq + 1}; windows "
+        f"0..{need - 1} in order, {a.batch} per step{wrap}",
+        f"# {a.steps} steps of {a.batch * a.seq} tokens; AdamW lr {a.lr:g} betas {BETAS} eps {EPS:g} "
+        f"wd {a.weight_decay:g}, clip {a.clip:g}{', activation checkpointing' if a.activation_checkpointing else ''}",
+    ]
+    return lines
+
+
+# --- our side: files for zero_llm ----------------------------------------------------------------
+
+def write_ours(a):
+    """PREFIX.ds.json and PREFIX.meta.json; returns zero_llm's flags (without --device/--nproc)."""
+    o = OURS[a.ours]
+    cfg = ours_config(a.ours, a)
+    base = os.path.basename(a.prefix)
+    meta = {"kind": "ours", "impl": "zero", "name": a.ours, "label": o["label"], "preset": a.preset,
+            "seq": a.seq, "batch": a.batch, "gas": o["gas"], "tokens_per_step": a.batch * a.seq,
+            "steps_planned": a.steps, "activation_checkpointing": a.activation_checkpointing,
+            "match": o["match"], "counterpart": o["counterpart"], "target": o["target"],
+            "jsonl": base + ".jsonl", "log": base + ".log", "config": cfg}
+    flags = ["--preset", a.preset, "--seq", str(a.seq), "--config", a.prefix + ".ds.json", "--steps", str(a.steps),
+             "--data", a.tokens, "--sequential-data", "--holdout", "0", "--eval-windows", "0", "--plot", "none",
+             "--print-every", "1", "--seed", str(a.seed), "--log-json", a.prefix + ".jsonl"]
+    if a.activation_checkpointing:
+        flags.append("--activation-checkpointing")
+    if not a.dry_run:
+        with open(a.prefix + ".ds.json", "w") as f:
+            json.dump(cfg, f, indent=1)
+        with open(a.prefix + ".meta.json", "w") as f:
+            json.dump(meta, f, indent=1)
+    return flags, cfg
+
+
+# --- the peers (torch imported here only) --------------------------------------------------------
+
+def gib(b):
+    return b / float(1 << 30)
+
+
+def host_peak_bytes():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0  # KiB on Linux
+
+
+def hf_model(torch, a, device):
+    import transformers
+    p = PRESETS[a.preset]
+    qwen = p["architecture"] == QWEN3
+    cls_cfg = transformers.Qwen3Config if qwen else transformers.LlamaConfig
+    cls = transformers.Qwen3ForCausalLM if qwen else transformers.LlamaForCausalLM
+    kw = dict(vocab_size=p["vocab_size"], hidden_size=p["hidden_size"], intermediate_size=p["intermediate_size"],
+              num_hidden_layers=p["num_hidden_layers"], num_attention_heads=p["num_attention_heads"],
+              num_key_value_heads=p["num_key_value_heads"], head_dim=p["head_dim"],
+              max_position_embeddings=p["max_position_embeddings"], rope_theta=p["rope_theta"],
+              rms_norm_eps=p["rms_norm_eps"], tie_word_embeddings=p["tie_word_embeddings"], use_cache=False)
+    if p["bos_token_id"] >= 0:
+        kw.update(bos_token_id=p["bos_token_id"], eos_token_id=p["eos_token_id"])
+    cfg = cls_cfg(**kw)
+    try:
+        cfg._attn_implementation = "sdpa"  # torch's scaled_dot_product_attention (flash kernels on the H200)
+    except Exception:  # noqa: BLE001 - older/newer spellings: transformers then picks its default
+        pass
+    torch.manual_seed(a.seed)
+    with torch.device(device):  # random init runs on the GPU: seconds, not minutes, for billions of weights
+        model = cls(cfg)
+    model = model.to(torch.float32)
+    if a.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model, transformers.__version__, getattr(model.config, "_attn_implementation", "?")
+
+
+def run_peer(a):
+    p = PRESETS[a.preset]
+    ds = a.peer.startswith("deepspeed")
+    result = {"kind": "peer", "impl": "deepspeed" if ds else "fsdp2", "name": a.peer, "label": PEERS[a.peer],
+              "preset": a.preset, "seq": a.seq, "batch": a.batch, "gas": 1, "tokens_per_step": a.batch * a.seq,
+              "steps_planned": a.steps, "activation_checkpointing": a.activation_checkpointing, "clip": a.clip,
+              "lr": a.lr, "weight_decay": a.weight_decay, "betas": list(BETAS), "tokens": a.tokens,
+              "flops_per_token": train_flops_per_token(p, a.seq), "params_formula": num_params(p),
+              "status": "starting", "steps": []}
+
+    def save():
+        tmp = a.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(tmp, a.out)
+
+    def fail(msg):
+        result["status"] = "error"
+        result["error"] = msg
+        save()
+        print(f"llm_peers: {a.peer} on {a.preset} failed: {msg}", file=sys.stderr, flush=True)
+        return 1
+
+    save()  # a run that dies before its first step still leaves a row
+    try:
+        import numpy as np
+        import torch
+        import torch.nn.functional as F
+    except ImportError as e:
+        return fail(f"PyTorch/numpy are not importable here ({e}); run it on the GPU machine")
+    if not torch.cuda.is_available():
+        return fail("no CUDA device")
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+                 ("MASTER_PORT", str(29500 + os.getpid() % 1000))):
+        os.environ.setdefault(k, v)
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    ids = np.fromfile(a.tokens, dtype="<u4")
+    windows = len(ids) // (a.seq + 1)
+    rows = torch.from_numpy(ids[: windows * (a.seq + 1)].astype(np.int64)).view(windows, a.seq + 1)
+    engine = opt = model = None
+    try:
+        if ds:
+            import deepspeed
+            deepspeed.init_distributed(dist_backend="nccl")
+            result["versions"] = {"deepspeed": deepspeed.__version__}
+        else:
+            import tempfile
+            import torch.distributed as dist
+            store = tempfile.mktemp(prefix="llm_peers_store_")
+            dist.init_process_group("nccl", init_method=f"file://{store}", rank=0, world_size=1, device_id=device)
+            result["versions"] = {}
+        result["versions"].update(torch=torch.__version__, gpu=torch.cuda.get_device_name(device))
+        t_start = time.perf_counter()
+        model, tv, attn = hf_model(torch, a, device)
+        result["versions"]["transformers"] = tv
+        result["attn_implementation"] = attn
+        result["params"] = sum(q.numel() for q in model.parameters())
+        if ds:
+            cfg = deepspeed_config(a.peer, a)
+            result["config"] = cfg
+            engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+            model = None
+            opt_name = type(getattr(engine.optimizer, "optimizer", engine.optimizer)).__name__
+        else:
+            try:
+                from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+            except ImportError:
+                from torch.distributed._composable.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+            kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
+            if a.peer == "fsdp2_offload":
+                kw["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+            for layer in model.model.layers:
+                fully_shard(layer, **kw)
+            fully_shard(model, **kw)
+            opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=BETAS, eps=EPS,
+                                    weight_decay=a.weight_decay, fused=True)
+            result["config"] = fsdp2_plan(a.peer)
+            opt_name = "AdamW(fused=True)"
+        torch.cuda.synchronize()
+        result["init_s"] = time.perf_counter() - t_start
+        result["optimizer"] = opt_name
+        print(f"# {a.peer} on {a.preset}: {result['params']} parameters (zero's count {num_params(p)}), "
+              f"attention {attn}, optimizer {opt_name}, set-up {result['init_s']:.1f} s; "
+              f"versions {json.dumps(result['versions'])}", flush=True)
+        import gc
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        result["status"] = "running"
+        V = p["vocab_size"]
+        fpt = result["flops_per_token"]
+        tokens = a.batch * a.seq
+        for s in range(a.steps):
+            batch_rows = rows[window_rows(s, a.batch, windows)]
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            x = batch_rows.to(device, non_blocking=False)
+            inp, tgt = x[:, :-1], x[:, 1:]
+            net = engine if ds else model
+            logits = net(input_ids=inp, use_cache=False).logits
+            loss = F.cross_entropy(logits.float().reshape(-1, V), tgt.reshape(-1))
+            if ds:
+                engine.backward(loss)
+            else:
+                loss.backward()
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            if ds:
+                engine.step()
+            else:
+                if a.clip > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            dt = t2 - t0
+            rec = {"step": s + 1, "loss": loss.item(), "step_s": dt, "fwd_bwd_s": t1 - t0, "opt_s": t2 - t1,
+                   "tokens": tokens, "tokens_per_s": tokens / dt, "model_tflops": tokens * fpt / dt / 1e12,
+                   "gpu_peak_gib": gib(torch.cuda.max_memory_allocated()), "host_peak_gib": gib(host_peak_bytes())}
+            del logits, loss, x
+            result["steps"].append(rec)
+            save()
+            print(f"# step {s + 1}: {dt:.3f} s (fwd+bwd {rec['fwd_bwd_s']:.3f}, step {rec['opt_s']:.3f}), "
+                  f"{rec['tokens_per_s']:.0f} tok/s, {rec['model_tflops']:.1f} TFLOPS, loss {rec['loss']:.4f}, "
+                  f"peak {rec['gpu_peak_gib']:.2f} GiB GPU, {rec['host_peak_gib']:.2f} GiB host", flush=True)
+        timed = [r["step_s"] for r in result["steps"][1:]]
+        med = statistics.median(timed)
+        result["median"] = {"step_s": med, "tokens_per_s": tokens / med, "model_tflops": tokens * fpt / med / 1e12}
+        result["peak_gpu_gib"] = gib(torch.cuda.max_memory_allocated())
+        result["host_peak_gib"] = gib(host_peak_bytes())
+        result["status"] = "ok"
+        save()
+        print("LLMPEER " + json.dumps({k: result[k] for k in ("name", "preset", "tokens_per_step", "median",
+                                                              "peak_gpu_gib", "host_peak_gib")}), flush=True)
+        return 0
+    except Exception as e:  # noqa: BLE001 - recorded (out of memory is a result), then exit 1
+        result["peak_gpu_gib"] = gib(torch.cuda.max_memory_allocated())
+        result["host_peak_gib"] = gib(host_peak_bytes())
+        return fail(f"{type(e).__name__}: {str(e)[:2000]}")
+    finally:
+        try:
+            import torch.distributed as dist
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - the numbers are out; teardown is best effort
+            pass
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    if a.make_tokens:
+        n = make_tokens(a.make_tokens, a.vocab, a.windows * (a.seq + 1), a.seed)
+        print(f"llm_peers: {a.make_tokens}: {n} random ids below {a.vocab} (seed {a.seed}), "
+              f"{a.windows} windows of {a.seq + 1}")
+        return 0
+    for line in plan_text(a):
+        print(line)
+    if a.ours:
+        flags, cfg = write_ours(a)
+        print(f"# ours {a.ours}: {OURS[a.ours]['label']}; config {json.dumps(cfg, sort_keys=True)}")
+        print(" ".join(flags))
+        if a.dry_run:
+            print("dry run ok")
+        return 0
+    if a.peer.startswith("deepspeed"):
+        print(f"# {a.peer}: {PEERS[a.peer]}; config {json.dumps(deepspeed_config(a.peer, a), sort_keys=True)}")
+    else:
+        print(f"# {a.peer}: {PEERS[a.peer]}; {fsdp2_plan(a.peer)}")
+    print(f"# result: {a.out}")
+    if a.dry_run:
+        print("dry run ok")
+        return 0
+    return run_peer(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
