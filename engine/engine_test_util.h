@@ -62,13 +62,15 @@ inline Result<Config> MakeConfig(const std::string& json, int world) {
   return ParseConfig(json, o);
 }
 
+// `zero_extra` may set reduce_bucket_size itself (a key given twice is an error).
 inline std::string ConfigJson(int stage, int gas, double clip, const std::string& extra = "",
                               const std::string& zero_extra = "") {
+  const bool own_bucket = zero_extra.find("\"reduce_bucket_size\"") != std::string::npos;
   return "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": " +
          std::to_string(gas) + ", \"gradient_clipping\": " + std::to_string(clip) +
          ", \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.1}}" +
          (extra.empty() ? "" : ", " + extra) + ", \"zero_optimization\": {\"stage\": " +
-         std::to_string(stage) + ", \"reduce_bucket_size\": 40" +
+         std::to_string(stage) + (own_bucket ? "" : ", \"reduce_bucket_size\": 40") +
          (zero_extra.empty() ? "" : ", " + zero_extra) + "}}";
 }
 
