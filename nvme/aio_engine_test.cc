@@ -4,7 +4,9 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -406,6 +408,54 @@ TEST_F(AioEngineTest, MissingAndUnusablePaths) {
   r = engine->Open(File("f"), AioOpenMode::kCreate);
   EXPECT_NE(r.status().message().find("Permission denied"), std::string::npos) << r.status().ToString();
   EXPECT_NE(r.status().message().find(File("f")), std::string::npos);
+}
+
+// A named pipe or a directory at a swap file's path (issue 23): refused naming it; opening the pipe
+// for reading used to block forever. The open runs in a fork()ed child that is killed if it hangs.
+TEST_F(AioEngineTest, NonRegularFilesAreRefusedWithoutBlocking) {
+  ASSERT_EQ(::mkfifo(File("pipe").c_str(), 0600), 0);
+  ASSERT_EQ(::mkdir(File("dir").c_str(), 0755), 0);
+  for (const AioOpenMode mode : {AioOpenMode::kRead, AioOpenMode::kReadWrite, AioOpenMode::kCreate}) {
+    for (const std::string name : {"pipe", "dir"}) {
+      int fds[2];
+      ASSERT_EQ(::pipe(fds), 0);
+      const pid_t child = ::fork();
+      if (child == 0) {
+        ::close(fds[0]);
+        AioOptions o;
+        o.allow_buffered_fallback = true;
+        auto engine = LibaioEngine::Create(o);
+        std::string msg = engine.ok() ? (*engine)->Open(File(name), mode).status().ToString() : "no engine";
+        if (::write(fds[1], msg.data(), msg.size()) < 0) ::_exit(2);
+        ::_exit(0);
+      }
+      ::close(fds[1]);
+      int status = 0;
+      bool hung = true;
+      for (int i = 0; i < 500; ++i) {
+        if (::waitpid(child, &status, WNOHANG) == child) {
+          hung = false;
+          break;
+        }
+        ::usleep(10000);
+      }
+      if (hung) {
+        ::kill(child, SIGKILL);
+        ::waitpid(child, &status, 0);
+      }
+      std::string msg(4096, '\0');
+      const ssize_t n = ::read(fds[0], msg.data(), msg.size());
+      msg.resize(n > 0 ? static_cast<size_t>(n) : 0);
+      ::close(fds[0]);
+      EXPECT_FALSE(hung) << name << " mode " << static_cast<int>(mode);
+      if (name == "pipe") {
+        EXPECT_NE(msg.find("FAILED_PRECONDITION: "), std::string::npos) << msg;
+        EXPECT_NE(msg.find(File(name) + ": not a regular file (it is a named pipe)"), std::string::npos) << msg;
+      } else {
+        EXPECT_FALSE(msg.empty() || msg == "OK") << msg;  // EISDIR from open, or refused
+      }
+    }
+  }
 }
 
 TEST_F(AioEngineTest, ReadOnlyFilesystemIsFailedPrecondition) {

@@ -533,7 +533,9 @@ Result<std::unique_ptr<LibaioEngine>> LibaioEngine::Create(const AioOptions& opt
 }
 
 Result<std::unique_ptr<AioFile>> LibaioEngine::Open(const std::string& path, AioOpenMode mode) {
-  int flags = O_CLOEXEC | (mode == AioOpenMode::kRead ? O_RDONLY : O_RDWR);
+  // O_NONBLOCK: a named pipe at `path` would block open() forever; it is refused below by fstat and
+  // the flag is cleared on the regular file.
+  int flags = O_CLOEXEC | O_NONBLOCK | (mode == AioOpenMode::kRead ? O_RDONLY : O_RDWR);
   if (mode == AioOpenMode::kCreate) flags |= O_CREAT | O_TRUNC;
   struct stat st;
   const bool existed = ::stat(path.c_str(), &st) == 0;
@@ -561,6 +563,16 @@ Result<std::unique_ptr<AioFile>> LibaioEngine::Open(const std::string& path, Aio
     const int err = errno;
     return Status(CodeForErrno(err), std::string(what) + " " + path + ": " + ErrnoText(err));
   }
+  struct stat fst {};
+  if (::fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode)) {
+    const bool fifo = S_ISFIFO(fst.st_mode), dir = S_ISDIR(fst.st_mode);
+    ::close(fd);
+    return FailedPreconditionError(std::string(what) + " " + path + ": not a regular file (it is " +
+                                   (fifo ? "a named pipe" : dir ? "a directory" : "not a regular file") +
+                                   "); swap files are regular files");
+  }
+  const int fl = ::fcntl(fd, F_GETFL);
+  if (fl >= 0) ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
   return std::unique_ptr<AioFile>(new PosixAioFile(path, fd, direct, FilesystemType(path)));
 }
 
