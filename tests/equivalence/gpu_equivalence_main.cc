@@ -51,6 +51,7 @@
 #include "runtime/device.h"
 #include "runtime/gpu_test_util.h"
 #include "tests/equivalence/harness.h"
+#include "tests/equivalence/llm_cell_model.h"
 #include "tests/equivalence/reference.h"
 #include "tests/equivalence/test_model.h"
 
@@ -72,9 +73,39 @@ struct Cell {
   CellSpec spec;
   Schedule schedule;
   std::string name;
+  bool llm = false;  // the transformer (TinyLlmCellModel) instead of the small MLP
 };
 
-std::vector<Cell> AllCells(int world) {
+// The transformer's cells ("llm/..."): its tensors (a 32768-element embedding, 64-element norms)
+// through the engine's device paths at every stage and with each offload mode; bf16.
+void AddLlmCells(int world, std::vector<Cell>* cells) {
+  auto add = [&](int stage, int gas, const std::string& mode, bool managed) {
+    Cell c;
+    c.spec = LlmCellSpec(stage, world, gas, mode, managed, DType::kBF16);
+    c.schedule = LlmCellSchedule(c.spec, 3);
+    c.name = "llm/" + c.spec.Name() + "_" + mode;
+    c.llm = true;
+    cells->push_back(c);
+  };
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (int gas : {1, 4}) add(stage, gas, "none", true);
+    add(stage, 1, "none", false);
+  }
+  for (int stage = 1; stage <= 3; ++stage) {
+    add(stage, 4, "cpu", true);
+    add(stage, 4, "gpuchunk", true);
+    add(stage, 1, "cpu", false);
+    if (world == 1) add(stage, 4, "overlap", true);
+  }
+  add(2, 4, "nvme", true);
+  add(3, 4, "tiered", true);
+  for (const char* mode : {"paramcpu", "paramnvme", "gpuacc"}) {
+    add(3, 4, mode, true);
+    add(3, 1, mode, false);
+  }
+}
+
+std::vector<Cell> AllCells(int world, bool with_llm) {
   std::vector<Cell> cells;
   for (int stage = 0; stage <= 3; ++stage) {
     for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
@@ -259,13 +290,15 @@ std::vector<Cell> AllCells(int world) {
       }
     }
   }
+  if (with_llm) AddLlmCells(world, &cells);
   return cells;
 }
 
-// The cells whose name contains `filter` (all of them for an empty filter).
-std::vector<Cell> SelectCells(int world, const std::string& filter) {
+// The cells whose name contains `filter` (all of them for an empty filter). The transformer's cells
+// are compared bitwise only (one rank, or rank-order sums): with_llm is false over NCCL at world > 1.
+std::vector<Cell> SelectCells(int world, bool with_llm, const std::string& filter) {
   std::vector<Cell> out;
-  for (Cell& c : AllCells(world)) {
+  for (Cell& c : AllCells(world, with_llm)) {
     if (filter.empty() || c.name.find(filter) != std::string::npos) out.push_back(std::move(c));
   }
   return out;
@@ -381,12 +414,15 @@ void CompareLoose(const RefTrace& ref, int rank, const RankTrace& got, DType dty
 
 int Main(const Flags& flags) {
   const int world = flags.world;
-  const std::vector<Cell> cells = SelectCells(world, flags.filter);
+  // The transformer's cells where the comparison is bitwise (see `exact` below).
+  const bool with_llm = world == 1 || flags.comm == "same_device" || flags.device_prefix == "cpu";
+  const std::vector<Cell> cells = SelectCells(world, with_llm, flags.filter);
   if (cells.empty()) {
     std::fprintf(stderr,
                  "gpu_equivalence: --filter \"%s\" matches none of the %zu cells at world %d (names look like "
                  "\"%s\"; --list prints them all)\n",
-                 flags.filter.c_str(), AllCells(world).size(), world, AllCells(world)[0].name.c_str());
+                 flags.filter.c_str(), AllCells(world, with_llm).size(), world,
+                 AllCells(world, with_llm)[0].name.c_str());
     return 2;
   }
   if (flags.list) {
@@ -488,7 +524,11 @@ int Main(const Flags& flags) {
     if (!config.ok()) {
       lines.push_back("config: " + config.status().ToString());
     } else {
-      Result<RefTrace> ref = RunReference(*config, world, OrderOfStage(cell.spec.stage), ModelDims(), cell.schedule);
+      const MlpCellModel mlp;
+      const CellModel& model = cell.llm ? static_cast<const CellModel&>(TinyLlmCellModel()) : mlp;
+      int64_t total_numel = 0;
+      for (const ParamSpec& p : model.Params()) total_numel += Numel(p);
+      Result<RefTrace> ref = RunReference(*config, world, OrderOfStage(cell.spec.stage), model, cell.schedule);
       if (!ref.ok()) {
         lines.push_back("reference: " + ref.status().ToString());
       } else {
@@ -497,7 +537,7 @@ int Main(const Flags& flags) {
         std::vector<std::thread> threads;
         for (int r = 0; r < world; ++r) {
           threads.emplace_back([&, r] {
-            st[r] = RunEngineRank(*config, ModelDims(), cell.schedule, devices[r].get(), comms[r].get(), &traces[r],
+            st[r] = RunEngineRank(*config, model, cell.schedule, devices[r].get(), comms[r].get(), &traces[r],
                                   flags.driver);
           });
         }
@@ -509,7 +549,7 @@ int Main(const Flags& flags) {
           // CPU backend: bitwise, the norm included. CUDA: SumOfSquares sums in its own order.
           Tolerance tol;
           if (devices[0]->kind() != DeviceKind::kCpu) {
-            tol.norm_rel = 2.0 * static_cast<double>(TotalNumel(ModelDims()) - 1) * std::ldexp(1.0, -53);
+            tol.norm_rel = 2.0 * static_cast<double>(total_numel - 1) * std::ldexp(1.0, -53);
           }
           for (int r = 0; r < world; ++r) {
             if (exact) {

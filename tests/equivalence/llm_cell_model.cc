@@ -5,6 +5,7 @@
 #include "examples/hash.h"
 #include "examples/llm/llm_cpu.h"
 #include "examples/llm/llm_params.h"
+#include "runtime/status.h"
 
 namespace zero::equivalence {
 
@@ -77,6 +78,55 @@ float LlmCellModel::ForwardBackward(const std::vector<std::vector<float>>& param
   Status st = model.Backward(provider, &acts, seed, sink);
   ZERO_CHECK_MSG(st.ok(), st.ToString().c_str());
   return static_cast<float>(*loss);
+}
+
+const LlmCellModel& TinyLlmCellModel() {
+  static const LlmCellModel* model = [] {
+    Result<llm::LlmConfig> c = llm::Preset("tiny");
+    ZERO_CHECK_MSG(c.ok(), c.status().ToString().c_str());
+    return new LlmCellModel(*c, /*batch=*/2, /*seq=*/16, /*seed=*/1234);
+  }();
+  return *model;
+}
+
+CellSpec LlmCellSpec(int stage, int world, int gas, const std::string& mode, bool managed, DType dtype) {
+  CellSpec c;
+  c.stage = stage;
+  c.world = world;
+  c.managed = managed;
+  c.gas = managed ? gas : 1;
+  c.dtype = dtype;
+  c.clip = c.gas > 1 ? 1.0 : 0.0;
+  c.micro_batch = 2;
+  c.reduce_bucket_size = 20000;
+  c.persistence_threshold = 64;
+  c.sub_group_size = 16384;
+  const int64_t numel = TinyLlmCellModel().TotalNumel();
+  if (mode == "cpu" || mode == "gpuacc" || mode == "gpuchunk" || mode == "overlap") c.offload_optimizer = true;
+  if (mode == "nvme" || mode == "tiered") c.offload_optimizer = c.nvme = true;
+  if (mode == "tiered") c.host_memory_budget = 12 * (numel / (2 * c.world));
+  if (mode == "paramcpu" || mode == "paramnvme" || mode == "gpuacc") c.offload_param = true;
+  if (mode == "paramnvme") c.nvme_param = true;
+  if (mode == "gpuacc") c.gpu_grad_accumulation = true;
+  if (mode == "gpuchunk" || mode == "overlap") c.gpu_update_chunk = 4096;
+  if (mode == "overlap") c.overlap_step = true;
+  return c;
+}
+
+Schedule LlmCellSchedule(const CellSpec& cell, int steps) {
+  if (cell.managed) return ManagedSchedule(steps, cell.gas);
+  Schedule s;
+  s.managed = false;
+  for (int count : {2, 5, 3}) {
+    Window w;
+    for (int i = 0; i < count; ++i) {
+      MicroSpec m;
+      m.loss_divisor = static_cast<float>(count);
+      w.micros.push_back(m);
+    }
+    s.windows.push_back(w);
+  }
+  return s;
 }
 
 }  // namespace zero::equivalence

@@ -11,11 +11,13 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "examples/llm/llm_batch.h"
 #include "examples/llm/llm_config.h"
 #include "examples/model_api.h"
+#include "tests/equivalence/harness.h"
 #include "tests/equivalence/test_model.h"
 
 namespace zero::equivalence {
@@ -44,5 +46,19 @@ class LlmCellModel final : public CellModel {
   uint64_t seed_;
   std::vector<examples::ParamSpec> specs_;
 };
+
+// The model of the transformer cells: the tiny preset, 2 rows of 16 tokens per rank and micro step.
+const LlmCellModel& TinyLlmCellModel();
+
+// A transformer cell: stage, world, GAS (1 when unmanaged), dtype, and `mode`: "none", "cpu" (CPU
+// AdamW over host states), "nvme", "tiered", "gpuchunk" (chunked GPU AdamW, 4096 elements),
+// "overlap" (the same with overlap_step), "paramcpu", "paramnvme", "gpuacc" (parameters and
+// optimizer on the CPU, the fp32 gradient sum on the device). Clipping 1.0 at GAS > 1; buckets,
+// persistence threshold and NVMe sub-groups sized for the transformer's tensors.
+CellSpec LlmCellSpec(int stage, int world, int gas, const std::string& mode, bool managed, DType dtype);
+
+// Managed: `steps` windows of GAS micro steps; unmanaged: windows of 2, 5 and 3 backwards, the user
+// dividing the loss by the count.
+Schedule LlmCellSchedule(const CellSpec& cell, int steps);
 
 }  // namespace zero::equivalence

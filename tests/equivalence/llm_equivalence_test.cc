@@ -35,68 +35,20 @@ namespace zero::equivalence {
 namespace {
 
 constexpr int kSteps = 3;
-constexpr int kBatch = 2;
-constexpr int kSeq = 16;
-constexpr uint64_t kInitSeed = 1234;
+constexpr uint64_t kInitSeed = 1234;  // TinyLlmCellModel's
 
-const LlmCellModel& TinyModel() {
-  static const LlmCellModel* model = [] {
-    Result<llm::LlmConfig> c = llm::Preset("tiny");
-    ZERO_CHECK_MSG(c.ok(), c.status().ToString().c_str());
-    return new LlmCellModel(*c, kBatch, kSeq, kInitSeed);
-  }();
-  return *model;
-}
+const LlmCellModel& TinyModel() { return TinyLlmCellModel(); }
 
 // stage, world, GAS, mode, managed, dtype
 using LlmParam = std::tuple<int, int, int, std::string, bool, DType>;
 
 CellSpec LlmCell(const LlmParam& p) {
-  CellSpec c;
-  c.stage = std::get<0>(p);
-  c.world = std::get<1>(p);
-  c.gas = std::get<2>(p);
-  const std::string& mode = std::get<3>(p);
-  c.managed = std::get<4>(p);
-  c.dtype = std::get<5>(p);
-  if (!c.managed) c.gas = 1;
-  c.clip = c.gas > 1 ? 1.0 : 0.0;
-  c.micro_batch = kBatch;
-  c.reduce_bucket_size = 20000;
-  c.persistence_threshold = 64;
-  c.sub_group_size = 16384;
-  const int64_t numel = TinyModel().TotalNumel();
-  if (mode == "cpu" || mode == "gpuacc" || mode == "gpuchunk" || mode == "overlap") c.offload_optimizer = true;
-  if (mode == "nvme" || mode == "tiered") c.offload_optimizer = c.nvme = true;
-  if (mode == "tiered") c.host_memory_budget = 12 * (numel / (2 * c.world));
-  if (mode == "paramcpu" || mode == "paramnvme" || mode == "gpuacc") c.offload_param = true;
-  if (mode == "paramnvme") c.nvme_param = true;
-  if (mode == "gpuacc") c.gpu_grad_accumulation = true;
-  if (mode == "gpuchunk" || mode == "overlap") c.gpu_update_chunk = 4096;
-  if (mode == "overlap") c.overlap_step = true;
-  return c;
+  return LlmCellSpec(std::get<0>(p), std::get<1>(p), std::get<2>(p), std::get<3>(p), std::get<4>(p), std::get<5>(p));
 }
 
-std::string LlmCellName(const LlmParam& p) {
-  std::string mode = std::get<3>(p);
-  return LlmCell(p).Name() + "_" + mode;
-}
+std::string LlmCellName(const LlmParam& p) { return LlmCell(p).Name() + "_" + std::get<3>(p); }
 
-Schedule LlmSchedule(const CellSpec& cell) {
-  if (cell.managed) return ManagedSchedule(kSteps, cell.gas);
-  Schedule s;
-  s.managed = false;
-  for (int count : {2, 5, 3}) {
-    Window w;
-    for (int i = 0; i < count; ++i) {
-      MicroSpec m;
-      m.loss_divisor = static_cast<float>(count);
-      w.micros.push_back(m);
-    }
-    s.windows.push_back(w);
-  }
-  return s;
-}
+Schedule LlmSchedule(const CellSpec& cell) { return LlmCellSchedule(cell, kSteps); }
 
 class LlmCellTest : public ::testing::TestWithParam<LlmParam> {};
 
