@@ -957,6 +957,18 @@ std::pair<std::string, size_t> Nearest(const std::string& parent, const std::str
   return {best, best_d};
 }
 
+// A block directly under `parent` (not a scalar key) one edit (case aside) from `name`, or "".
+// Cheap for the many unknown keys of a hostile file: IsBlock runs only for names one edit away.
+std::string NearestBlock(const std::string& parent, const std::string& name) {
+  const std::string lower = Lower(name);
+  for (const std::string& n : NamesUnder(parent)) {
+    const size_t gap = n.size() > name.size() ? n.size() - name.size() : name.size() - n.size();
+    if (gap > 1 || EditDistance(lower, Lower(n)) > 1) continue;
+    if (IsBlock(parent + "." + n)) return n;
+  }
+  return "";
+}
+
 std::string Suggestion(const std::string& parent, const std::string& name) {
   const size_t limit = std::max<size_t>(1, std::min<size_t>(3, name.size() / 3));
   const auto [best, best_d] = Nearest(parent, name, limit);
@@ -1096,6 +1108,16 @@ void Walk(const Json& obj, const std::string& canonical_prefix, const std::strin
                 InvalidArgumentError(source + ": unknown key '" + user_path + "' (did you mean '" + near +
                                      "'?): a top-level key one edit from a known one is an error, since "
                                      "everything under it would be ignored"));
+        continue;
+      }
+    }
+    if (!canonical_prefix.empty() && st->options.nested_block_typos_are_errors) {
+      const std::string near = NearestBlock(canonical_prefix, name);
+      if (!near.empty()) {
+        Problem(st, "",
+                InvalidArgumentError(source + ": unknown key '" + user_path + "' (did you mean '" + near +
+                                     "'?): a key one edit from a known block is an error, since everything "
+                                     "under it would be ignored"));
         continue;
       }
     }
@@ -1651,7 +1673,9 @@ std::string ConfigReferenceMarkdown() {
      << "  'stage'?)`), or errors with `ParseOptions::strict`. Past 100 unknown keys, one line counts the rest.\n"
      << "  A top-level unknown key one edit from a known one (`zero_optimisation`, `FP16`) is an error even so,\n"
      << "  since everything under it would be ignored (`ParseOptions::top_level_typos_are_errors = false` makes\n"
-     << "  it a warning).\n"
+     << "  it a warning). So is a nested key one edit from a known block (`zero_optimization.offload_optimiser`)\n"
+     << "  (`ParseOptions::nested_block_typos_are_errors = false` makes it a warning); a nested key one edit\n"
+     << "  from a known scalar key (`zero_optimization.stge`) is a warning.\n"
      << "- Hostile or broken files end in an error, in time linear in the file's size: JSON nested deeper than\n"
      << "  100 levels and a number beyond a double's range (`1e400`) name the line and column (and the key);\n"
      << "  a key given twice in one object is an error naming it (as DeepSpeed refuses duplicate keys).\n"

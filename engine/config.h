@@ -195,6 +195,11 @@ struct ParseOptions {
   // error even without `strict`: everything under it would be ignored and the job would train with
   // the defaults (stage 0). false makes it a warning like other unknown keys.
   bool top_level_typos_are_errors = true;
+  // Likewise a nested unknown key one edit (case aside) from a block under the same parent
+  // ("zero_optimization.offload_optimiser", "optimizer.param"): the block's settings would be ignored.
+  // false makes it a warning. A nested key one edit from a scalar key ("zero_optimization.stge")
+  // stays a warning (an error only with `strict`).
+  bool nested_block_typos_are_errors = true;
 };
 
 // Parses and validates `json_text`. On failure the InvalidArgument error lists every problem: one

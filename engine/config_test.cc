@@ -887,6 +887,29 @@ TEST(ConfigUnknownKeysTest, TopLevelKeyOneEditFromAKnownOneIsAnError) {
   EXPECT_TRUE(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stag": 1}})").ok());
 }
 
+TEST(ConfigUnknownKeysTest, NestedBlockOneEditFromAKnownOneIsAnError) {
+  // 'offload_optimiser' only warned, and the optimizer state stayed on the device.
+  const std::string text =
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_optimiser": {"device": "cpu"}}})";
+  EXPECT_EQ(Message(Parse(text)),
+            "<config>: unknown key 'zero_optimization.offload_optimiser' (did you mean 'offload_optimizer'?): a key "
+            "one edit from a known block is an error, since everything under it would be ignored");
+  EXPECT_TRUE(Contains(Message(Parse(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "param": {}}})")),
+                       "unknown key 'optimizer.param' (did you mean 'params'?): a key one edit from a known block"));
+  // Under an alias of a block, the message names the user's spelling.
+  EXPECT_TRUE(Contains(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"Offload_Param": {}}})")),
+                       "unknown key 'zero_optimization.Offload_Param' (did you mean 'offload_param'?)"));
+  // The opt-out makes it a warning; a nested key one edit from a known scalar key stays a warning.
+  ParseOptions lenient;
+  lenient.nested_block_typos_are_errors = false;
+  auto r = ParseConfig(text, lenient);
+  ASSERT_TRUE(r.ok()) << Message(r);
+  EXPECT_EQ(r->zero.offload_optimizer.device, OffloadDevice::kNone);
+  EXPECT_EQ(r->warnings, std::vector<std::string>{"<config>: unknown key 'zero_optimization.offload_optimiser' (did "
+                                                  "you mean 'offload_optimizer'?)"});
+  EXPECT_TRUE(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stag": 1, "offload_optimizers_x": {}}})").ok());
+}
+
 TEST(ConfigUnknownKeysTest, IgnoredDeepSpeedKeysWarnEvenWhenStrict) {
   auto r = Parse(R"({"train_batch_size": 8, "zero_optimization": {"allgather_partitions": true},
                      "tensorboard": {"enabled": true, "whatever": 1}})",
