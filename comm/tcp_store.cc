@@ -30,6 +30,7 @@ namespace {
 constexpr uint8_t kSet = 1;
 constexpr uint8_t kGet = 2;
 constexpr uint8_t kWait = 3;
+constexpr uint8_t kPing = 4;
 constexpr uint8_t kReplyOk = 0;
 constexpr uint8_t kReplyMalformed = 1;
 constexpr uint8_t kReplyOverLimit = 2;
@@ -304,13 +305,20 @@ class TcpStore::Server {
 
   std::string Describe() const { return "TcpStore server on " + HostPort(bind_addr_, port_); }
 
-  // Replies waiting to be read hold back further requests from the same client.
+  // Replies waiting to be read hold back further requests from the same client (Process stops,
+  // then reading stops), so a client that pipelines requests and never reads costs at most about
+  // two replies and one request.
   size_t OutCap() const { return options_.max_value_bytes + 64; }
+  // The largest valid request: a SET of the longest key and value, or a WAIT for kMaxFields keys.
+  size_t InCap() const {
+    return 5 + std::max(16 + options_.max_key_bytes + options_.max_value_bytes,
+                        kMaxFields * (8 + options_.max_key_bytes));
+  }
 
   bool WantsInput(const Client& c) const {
     if (c.close_after_flush) return false;
     if (!c.authenticated) return c.in.size() < kNonceBytes + kMacBytes;
-    return !c.parked && c.out.size() < OutCap();
+    return !c.parked && c.out.size() < OutCap() && c.in.size() < InCap();
   }
 
   void Loop() {
@@ -345,7 +353,10 @@ class TcpStore::Server {
         } else if (re & (POLLRDHUP | POLLHUP | POLLERR)) {
           c->dead = true;  // gone while we were not reading (parked, or backpressured)
         }
-        if (!c->dead && (re & POLLOUT)) Flush(c);
+        if (!c->dead && (re & POLLOUT)) {
+          Flush(c);
+          Process(c);  // requests held back while the replies were unread
+        }
       }
       if (fds[1].revents & POLLIN) Accept();
       const auto now = Clock::now();
@@ -428,8 +439,8 @@ class TcpStore::Server {
   void ReadFrom(Client* c) {
     char buf[65536];
     while (WantsInput(*c)) {
-      // Before authentication, read no more than the proof.
-      size_t want = c->authenticated ? sizeof(buf) : kNonceBytes + kMacBytes - c->in.size();
+      // Before authentication, read no more than the proof; after, no more than InCap().
+      size_t want = (c->authenticated ? InCap() : kNonceBytes + kMacBytes) - c->in.size();
       ssize_t r = recv(c->fd, buf, std::min(want, sizeof(buf)), 0);
       if (r > 0) {
         c->in.append(buf, static_cast<size_t>(r));
@@ -475,24 +486,34 @@ class TcpStore::Server {
     c->close_after_flush = true;
   }
 
-  // Handles every complete request buffered for `c` unless one is parked.
+  // Handles every complete request buffered for `c` unless one is parked or its unread replies
+  // reached OutCap(). A header that cannot start a valid request (an unknown command, a field count
+  // the command does not take) is refused as soon as it arrives, before any of its fields.
   void Process(Client* c) {
-    while (c->authenticated && !c->dead && !c->close_after_flush && !c->parked) {
+    while (c->authenticated && !c->dead && !c->close_after_flush && !c->parked && c->out.size() < OutCap()) {
       const std::string& in = c->in;
+      if (in.empty()) return;
+      const uint8_t cmd = static_cast<uint8_t>(in[0]);
+      if (cmd != kSet && cmd != kGet && cmd != kWait && cmd != kPing) {
+        return RejectAndClose(c, kReplyMalformed, "malformed request: unknown command " + std::to_string(cmd));
+      }
       if (in.size() < 5) return;
-      uint8_t cmd = static_cast<uint8_t>(in[0]);
       uint32_t nfields;
       std::memcpy(&nfields, in.data() + 1, 4);
-      if (nfields > kMaxFields) {
-        return RejectAndClose(c, kReplyMalformed, "a request with " + std::to_string(nfields) +
-                                                      " fields (at most " + std::to_string(kMaxFields) + ")");
+      const bool count_ok = cmd == kSet    ? nfields == 2
+                            : cmd == kGet  ? nfields == 1
+                            : cmd == kWait ? nfields >= 1 && nfields <= kMaxFields
+                                           : nfields == 0;
+      if (!count_ok) {
+        return RejectAndClose(c, kReplyMalformed, "malformed request: command " + std::to_string(cmd) + " with " +
+                                                      std::to_string(nfields) + " fields");
       }
       size_t pos = 5;
       std::vector<std::string> fields;
       for (uint32_t f = 0; f < nfields; ++f) {
         if (in.size() < pos + 8) return;
         uint64_t len = ReadU64(in.data() + pos);
-        const bool is_value = (cmd == kSet && f == 1) || (cmd != kSet && cmd != kGet && cmd != kWait);
+        const bool is_value = cmd == kSet && f == 1;
         const uint64_t limit = is_value ? options_.max_value_bytes : options_.max_key_bytes;
         if (len > limit) {
           return RejectAndClose(c, kReplyOverLimit,
@@ -532,6 +553,10 @@ class TcpStore::Server {
       map_[fields[0]] = std::vector<char>(fields[1].begin(), fields[1].end());
       Reply(c, kReplyOk, {});
       WakeParked();
+      return;
+    }
+    if (cmd == kPing) {
+      Reply(c, kReplyOk, {});
       return;
     }
     if ((cmd == kGet && fields.size() == 1) || (cmd == kWait && !fields.empty())) {

@@ -20,13 +20,20 @@
 //   server -> client  0x00 + HMAC-SHA256(secret, "zero-tcpstore-v1 server" || sn || cn), or 0x01
 //                     (refused) and close
 // An empty secret is the empty HMAC key: it keeps out nothing (loopback jobs without a secret).
-// Requests: u8 command (1 set, 2 get, 3 wait), u32 field count, per field u64 length + bytes
-// (little-endian). Replies: u8 code (0 ok, 1 malformed, 2 over a limit), u64 length + bytes.
+// Requests: u8 command (1 set: key, value; 2 get: key; 3 wait: 1..64 keys; 4 ping: no fields), u32
+// field count, per field u64 length + bytes (little-endian). Replies: u8 code (0 ok, 1 malformed,
+// 2 over a limit), u64 length + bytes.
 //
 // The server never blocks on one client (one poll loop, non-blocking sockets) and bounds what
 // each may cost: key and value sizes, keys stored, connections (the oldest unauthenticated one is
 // dropped first), and a deadline for the handshake and for each request once its first byte
-// arrived. A connection that breaks a rule is closed and logged on stderr once per peer address.
+// arrived. A connection that breaks a rule is answered (malformed, over a limit) when the rule is
+// about a request, then closed, and logged on stderr once per peer address. A request header that
+// cannot start a valid request (unknown command, wrong field count) or announces a field over its
+// limit is refused as soon as it arrives. Per connection the server buffers at most one largest
+// valid request unread and about two replies unsent: a client that pipelines requests without
+// reading the replies is held back, then closed at the request deadline
+// (comm/tcp_store_fuzz_test.cc).
 //
 // Thread safety: all methods may be called from several threads; requests on one TcpStore are
 // serialized over its single connection. Owns one socket (plus, on the host, the listening socket,
