@@ -4,6 +4,8 @@
 #                                        with the shared libraries the GPU machine lacks into .carry/llm/
 # There:  bash bench/run_llm_h200.sh run OUTDIR [PHASE...]   (device tool: carry [".carry/llm"])
 #   PHASE kernels:  llm_cuda_test: every kernel and the whole CUDA model against the CPU model
+#   PHASE profile:  llm_cuda_bench (model only, no engine) on qwen3-0.6b: tokens/s and the device time of
+#                   each operation, the model's own attention kernels against cuDNN's, at seq 2048 and 512
 #   PHASE equiv:    gpu_equivalence at world 1, then --world 2, 4, 8 (ranks as threads on the one GPU)
 #   PHASE hf:       bench/llm_hf_compare.py: the same HF directory and tokens in transformers and zero_llm
 #                   (step-1 loss, 100 AdamW steps, our export loaded by from_pretrained)
@@ -20,9 +22,10 @@ CARRY=.carry/llm
 
 case "${1:-}" in
   pack)
-    bazel build //examples/llm:llm_cuda_test //examples/llm:zero_llm //tests/equivalence:gpu_equivalence || exit 1
+    bazel build //examples/llm:llm_cuda_test //examples/llm:zero_llm //examples/llm:llm_cuda_bench \
+                //tests/equivalence:gpu_equivalence || exit 1
     rm -rf "$CARRY" && mkdir -p "$CARRY/bin" "$CARRY/lib"
-    cp -L bazel-bin/examples/llm/llm_cuda_test bazel-bin/examples/llm/zero_llm \
+    cp -L bazel-bin/examples/llm/llm_cuda_test bazel-bin/examples/llm/zero_llm bazel-bin/examples/llm/llm_cuda_bench \
           bazel-bin/tests/equivalence/gpu_equivalence "$CARRY/bin/"
     for lib in /usr/lib/libgloo.so.0 $(ldd /usr/lib/libgloo.so.0 | awk '/=> \//{print $3}' | grep -E 'hiredis|ibverbs|libnl') \
                /usr/lib/x86_64-linux-gnu/libnuma.so.1 /usr/lib/x86_64-linux-gnu/libaio.so.1; do
@@ -77,6 +80,11 @@ PY
         echo "##### phase $p"
         case $p in
           kernels) step 120 $B/llm_cuda_test ;;
+          profile)
+            for a in kernel cudnn; do
+              step 90 $B/llm_cuda_bench --preset=qwen3-0.6b --seq=2048 --batch=8 --steps=5 --attention=$a --profile
+            done
+            step 90 $B/llm_cuda_bench --preset=qwen3-0.6b --seq=512 --batch=32 --steps=5 --attention=cudnn --profile ;;
           equiv)
             step 120 $B/gpu_equivalence
             for w in 2 4 8; do step 120 $B/gpu_equivalence --world $w --comm same_device; done ;;

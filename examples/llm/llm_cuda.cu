@@ -13,6 +13,7 @@
 #include <string>
 #include <utility>
 
+#include "examples/llm/llm_attention_cudnn.h"
 #include "examples/llm/llm_cpu.h"
 #include "examples/llm/llm_kernels.cuh"
 #include "examples/llm/llm_params.h"
@@ -150,6 +151,67 @@ struct Weights {
 
 }  // namespace
 
+// The device time of each kind of operation (LlmCudaOptions::profile): Begin() records an event
+// that starts a segment, each Mark(name) records one after the operation it names was enqueued, so
+// on the one stream the time between an event and the one before it is that operation's. Disabled,
+// each call is one branch.
+class OpProfiler {
+ public:
+  void Init(bool enabled, cudaStream_t stream) {
+    enabled_ = enabled;
+    stream_ = stream;
+  }
+  bool enabled() const { return enabled_; }
+  void Begin() { Record(nullptr); }
+  void Mark(const char* name) { Record(name); }
+
+  // Waits for the stream and sums the marks since the last call by name (first-seen order).
+  Result<std::vector<LlmOpTime>> Take() {
+    std::vector<LlmOpTime> out;
+    if (!enabled_) return out;
+    LLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    for (size_t i = 1; i < marks_.size(); ++i) {
+      if (marks_[i].name == nullptr) continue;
+      float ms = 0.0f;
+      LLM_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, events_[i - 1].get(), events_[i].get()));
+      auto it = std::find_if(out.begin(), out.end(), [&](const LlmOpTime& t) { return t.name == marks_[i].name; });
+      if (it == out.end()) it = out.insert(out.end(), LlmOpTime{marks_[i].name, 0.0, 0});
+      it->ms += ms;
+      ++it->count;
+    }
+    marks_.clear();
+    return out;
+  }
+
+ private:
+  struct MarkAt {
+    const char* name;
+  };
+  void Record(const char* name) {
+    if (!enabled_ || failed_) return;
+    if (marks_.size() == events_.size()) {
+      cudaEvent_t e = nullptr;
+      if (cudaEventCreate(&e) != cudaSuccess) {
+        cudaGetLastError();
+        failed_ = true;  // profiling stops; the model goes on
+        return;
+      }
+      events_.emplace_back(e);
+    }
+    if (cudaEventRecord(events_[marks_.size()].get(), stream_) != cudaSuccess) {
+      cudaGetLastError();
+      failed_ = true;
+      return;
+    }
+    marks_.push_back({name});
+  }
+
+  bool enabled_ = false, failed_ = false;
+  cudaStream_t stream_ = nullptr;
+  std::vector<EventPtr> events_;  // reused: events_[i] belongs to marks_[i]
+  std::vector<MarkAt> marks_;
+};
+
 // ---- Activations. ---------------------------------------------------------------------------------
 
 struct LlmCudaActivations::State {
@@ -254,6 +316,17 @@ class LlmCuda::Impl {
   }
 
   Status Init() {
+    prof_.Init(options_.profile, stream_);
+    if (options_.attention != LlmAttention::kKernel) {
+      Result<std::unique_ptr<CudnnAttention>> a = CudnnAttention::Create(stream_);
+      if (a.ok()) {
+        cudnn_ = std::move(a).value();
+      } else if (options_.attention == LlmAttention::kCudnn) {
+        return a.status();
+      } else {
+        attention_note_ = a.status().message();
+      }
+    }
     LLM_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
     LLM_CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_));
     // No TF32 for fp32 products; bf16 products reduce in fp32 (no reduced-precision split-K).
@@ -279,6 +352,7 @@ class LlmCuda::Impl {
 
   Result<double> Forward(ParamProvider& params, const LlmBatch& batch, State& st, bool want_loss) {
     ZERO_RETURN_IF_ERROR(batch.Validate(V_, c_.max_position_embeddings));
+    prof_.Begin();
     st.has_forward = false;
     st.loss_ready = false;
     const int64_t N = int64_t(batch.batch) * batch.seq;
@@ -289,8 +363,10 @@ class LlmCuda::Impl {
       DType compute = views[0].dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
       if (options_.compute) compute = *options_.compute;
       ZERO_RETURN_IF_ERROR(Prepare(st, batch, compute));
+      prof_.Mark("prepare");
       ZERO_RETURN_IF_ERROR(
           kernels::EmbeddingForward(st.inputs, N, H_, views[0].data, views[0].dtype, st.hs, stream_));
+      prof_.Mark("embedding_forward");
       ZERO_RETURN_IF_ERROR(scope.Close());
     }
     for (int64_t l = 0; l < L_; ++l) {
@@ -298,6 +374,7 @@ class LlmCuda::Impl {
       Weights w;
       int64_t used = 0;
       ZERO_RETURN_IF_ERROR(Load(scope, static_cast<int>(1 + l), st.compute, true, &used, &w));
+      prof_.Mark("load");
       ZERO_RETURN_IF_ERROR(LayerForward(st, l, w, /*recompute=*/false));
       ZERO_RETURN_IF_ERROR(scope.Close());
     }
@@ -307,18 +384,23 @@ class LlmCuda::Impl {
       Weights hw;
       const void* w_out = nullptr;
       ZERO_RETURN_IF_ERROR(LoadHead(head, embed, st.compute, &hw, &w_out));
+      prof_.Mark("load");
       const DType T = st.compute;
       ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(st.hs + L_ * N * H_, DType::kF32, hw.data[0], hw.dtype[0], N,
                                                    static_cast<int>(H_), eps_, st.xnF, T, st.rstdF, stream_));
+      prof_.Mark("rms_norm_forward");
       if (want_loss) {
         for (int64_t r0 = 0; r0 < N; r0 += st.chunk_rows) {
           const int64_t rows = std::min(st.chunk_rows, N - r0);
           ZERO_RETURN_IF_ERROR(LinearForward(T, At(st.xnF, T, r0 * H_), w_out, rows, V_, H_, st.logits,
                                              DType::kF32, 0.0f));
+          prof_.Mark("gemm_fwd");
           ZERO_RETURN_IF_ERROR(kernels::CrossEntropy(st.logits, st.targets + r0, rows, V_, 0.0f,
                                                      st.row_loss + r0, nullptr, T, stream_));
+          prof_.Mark("cross_entropy");
         }
         ZERO_RETURN_IF_ERROR(kernels::SumToDouble(st.row_loss, N, st.loss_sum, stream_));
+        prof_.Mark("sum_to_double");
       }
       ZERO_RETURN_IF_ERROR(embed.Close());
       ZERO_RETURN_IF_ERROR(head.Close());
@@ -344,6 +426,7 @@ class LlmCuda::Impl {
     if (!st.has_forward || st.owner != this) {
       return FailedPreconditionError("llm_cuda backward: no forward of this model on these activations");
     }
+    prof_.Begin();
     const int64_t N = int64_t(st.batch) * st.seq;
     const DType T = st.compute;
     // dL/dlogits of loss_scale * mean loss, as LlmCpu: (softmax - onehot) * (loss_scale / counted).
@@ -354,6 +437,7 @@ class LlmCuda::Impl {
       Weights hw;
       const void* w_out = nullptr;
       ZERO_RETURN_IF_ERROR(LoadHead(head, embed, T, &hw, &w_out));
+      prof_.Mark("load");
       const int64_t chunks = (N + st.chunk_rows - 1) / st.chunk_rows;
       // Where the output weight's gradient is summed over chunks.
       GradView head_view;
@@ -377,25 +461,33 @@ class LlmCuda::Impl {
         const int64_t rows = std::min(st.chunk_rows, N - r0);
         const void* xn = At(st.xnF, T, r0 * H_);
         ZERO_RETURN_IF_ERROR(LinearForward(T, xn, w_out, rows, V_, H_, st.logits, DType::kF32, 0.0f));
+        prof_.Mark("gemm_fwd");
         ZERO_RETURN_IF_ERROR(kernels::CrossEntropy(st.logits, st.targets + r0, rows, V_, coef, st.row_loss + r0,
                                                    st.dlogits, T, stream_));
+        prof_.Mark("cross_entropy");
         ZERO_RETURN_IF_ERROR(
             LinearBackwardWeight(T, st.dlogits, xn, rows, V_, H_, dw_out, dw_t, c == 0 ? 0.0f : 1.0f));
+        prof_.Mark("gemm_wgrad");
         ZERO_RETURN_IF_ERROR(
             LinearBackwardInput(T, st.dlogits, w_out, rows, V_, H_, st.dxn + r0 * H_, DType::kF32, 0.0f));
+        prof_.Mark("gemm_dgrad");
       }
       ZERO_RETURN_IF_ERROR(kernels::SumToDouble(st.row_loss, N, st.loss_sum, stream_));
+      prof_.Mark("sum_to_double");
       st.loss_ready = true;
       const float* h_final = st.hs + L_ * N * H_;
       ZERO_RETURN_IF_ERROR(NormWeightGrad(grads, final_norm_, h_final, DType::kF32, st.rstdF, st.dxn, DType::kF32,
                                           N, H_, st));
+      prof_.Mark("rmsnorm_wgrad");
       ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(h_final, DType::kF32, st.rstdF, hw.data[0], hw.dtype[0], st.dxn,
                                                     DType::kF32, N, static_cast<int>(H_), false, st.dh,
                                                     DType::kF32, stream_));
+      prof_.Mark("rms_norm_backward");
       if (!c_.tie_word_embeddings) {
         if (dw_out == st.vh) {
           ZERO_RETURN_IF_ERROR(
               kernels::Convert(st.vh, DType::kF32, head_view.data, head_view.dtype, V_ * H_, stream_));
+          prof_.Mark("convert");
         }
         ZERO_RETURN_IF_ERROR(grads.GradReady(lm_head_));
       }
@@ -407,6 +499,7 @@ class LlmCuda::Impl {
       Weights w;
       int64_t used = 0;
       ZERO_RETURN_IF_ERROR(Load(scope, static_cast<int>(1 + l), T, true, &used, &w));
+      prof_.Mark("load");
       if (st.checkpointing) ZERO_RETURN_IF_ERROR(LayerForward(st, l, w, /*recompute=*/true));
       ZERO_RETURN_IF_ERROR(LayerBackward(st, l, w, grads));
       ZERO_RETURN_IF_ERROR(scope.Close());
@@ -419,11 +512,15 @@ class LlmCuda::Impl {
       if (c_.tie_word_embeddings) {
         ZERO_RETURN_IF_ERROR(kernels::EmbeddingBackward(st.positions, st.unique_ids, st.starts, st.num_unique, H_,
                                                         st.dh, /*accumulate=*/true, st.vh, DType::kF32, stream_));
+        prof_.Mark("embedding_backward");
         ZERO_RETURN_IF_ERROR(kernels::Convert(st.vh, DType::kF32, g.data, g.dtype, V_ * H_, stream_));
+        prof_.Mark("convert");
       } else {
         LLM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(g.data, 0, V_ * H_ * SizeOf(g.dtype), stream_));
+        prof_.Mark("memset");
         ZERO_RETURN_IF_ERROR(kernels::EmbeddingBackward(st.positions, st.unique_ids, st.starts, st.num_unique, H_,
                                                         st.dh, /*accumulate=*/false, g.data, g.dtype, stream_));
+        prof_.Mark("embedding_backward");
       }
       ZERO_RETURN_IF_ERROR(grads.GradReady(EmbedIndex()));
       ZERO_RETURN_IF_ERROR(scope.Close());
@@ -650,6 +747,7 @@ class LlmCuda::Impl {
         }
         void* dst = static_cast<char*>(weight_scratch_.get()) + *used;
         ZERO_RETURN_IF_ERROR(kernels::Convert(v.data, v.dtype, dst, compute, spec.numel(), stream_));
+        prof_.Mark("convert");
         *used += static_cast<int64_t>(AlignUp(spec.numel() * SizeOf(compute)));
         out->data.push_back(dst);
         out->dtype.push_back(compute);
@@ -666,9 +764,11 @@ class LlmCuda::Impl {
   Status LoadHead(ModuleScope& head, ModuleScope& embed, DType T, Weights* hw, const void** w_out) {
     int64_t used = 0;
     ZERO_RETURN_IF_ERROR(Load(head, head_module_, T, true, &used, hw));
+    prof_.Mark("load");
     if (c_.tie_word_embeddings) {
       Weights ew;
       ZERO_RETURN_IF_ERROR(Load(embed, 0, T, true, &used, &ew));
+      prof_.Mark("load");
       *w_out = ew.data[0];
     } else {
       *w_out = hw->data[1];
@@ -689,13 +789,16 @@ class LlmCuda::Impl {
     ZERO_ASSIGN_OR_RETURN(GradView view, GradBufferChecked(sink, index));
     if (view.dtype == DType::kF32 || view.dtype == T) {
       ZERO_RETURN_IF_ERROR(LinearBackwardWeight(T, dy, x, M, out, in, view.data, view.dtype, 0.0f));
+      prof_.Mark("gemm_wgrad");
     } else {
       if (!grad_stage_) {
         ZERO_ASSIGN_OR_RETURN(grad_stage_, DeviceAlloc(max_grad_stage_ * sizeof(float), "the fp32 gradient stage"));
       }
       ZERO_RETURN_IF_ERROR(LinearBackwardWeight(T, dy, x, M, out, in, grad_stage_.get(), DType::kF32, 0.0f));
+      prof_.Mark("gemm_wgrad");
       ZERO_RETURN_IF_ERROR(
           kernels::Convert(grad_stage_.get(), DType::kF32, view.data, view.dtype, out * in, stream_));
+      prof_.Mark("convert");
     }
     return sink.GradReady(index);
   }
@@ -706,6 +809,33 @@ class LlmCuda::Impl {
     ZERO_RETURN_IF_ERROR(kernels::RmsNormWeightGrad(x, xt, rstd, dy, dyt, rows, static_cast<int>(cols), st.partial,
                                                     view.data, view.dtype, stream_));
     return sink.GradReady(index);
+  }
+
+  // ---- Attention. ----
+
+  AttentionShape Shape(const State& st) const {
+    return AttentionShape{st.batch, st.seq, static_cast<int>(nh_), static_cast<int>(nkv_), static_cast<int>(hd_),
+                          scale_};
+  }
+
+  // Whether this batch's attention runs on cuDNN (LlmAttention's rule); builds its plans first.
+  Result<bool> UseCudnn(const State& st) {
+    bool use = false;
+    if (st.compute == DType::kBF16 && cudnn_) {
+      const Status prepared = cudnn_->Prepare(Shape(st));
+      if (prepared.ok()) {
+        use = true;
+      } else if (options_.attention == LlmAttention::kCudnn) {
+        return prepared;
+      } else {
+        attention_note_ = prepared.message();
+      }
+    } else if (options_.attention == LlmAttention::kCudnn) {
+      return InvalidArgumentError(std::string("llm_cuda: cuDNN attention needs bf16 compute, the model computes in ") +
+                                  DTypeName(st.compute));
+    }
+    attention_backend_ = use ? "cudnn" : "kernel";
+    return use;
   }
 
   // ---- Products: row-major C[m, n] = op(A)[m, k] op(B)[k, n] + beta C. ----
@@ -757,37 +887,60 @@ class LlmCuda::Impl {
     const int H = static_cast<int>(H_), hd = static_cast<int>(hd_);
     ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(h_in, DType::kF32, w.data[p.in_norm], w.dtype[p.in_norm], N, H,
                                                  eps_, b.xn1, T, b.rstd1, stream_));
+    prof_.Mark("rms_norm_forward");
     if (c_.qk_norm()) {
       ZERO_RETURN_IF_ERROR(LinearForward(T, b.xn1, w.data[p.q], N, qd_, H_, b.q_raw, T, 0.0f));
+      prof_.Mark("gemm_fwd");
       ZERO_RETURN_IF_ERROR(LinearForward(T, b.xn1, w.data[p.k], N, kvd_, H_, b.k_raw, T, 0.0f));
+      prof_.Mark("gemm_fwd");
       ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(b.q_raw, T, w.data[p.q_norm], w.dtype[p.q_norm], N * nh_, hd,
                                                    eps_, b.q, T, b.q_rstd, stream_));
+      prof_.Mark("rms_norm_forward");
       ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(b.k_raw, T, w.data[p.k_norm], w.dtype[p.k_norm], N * nkv_, hd,
                                                    eps_, b.k, T, b.k_rstd, stream_));
+      prof_.Mark("rms_norm_forward");
     } else {
       ZERO_RETURN_IF_ERROR(LinearForward(T, b.xn1, w.data[p.q], N, qd_, H_, b.q, T, 0.0f));
+      prof_.Mark("gemm_fwd");
       ZERO_RETURN_IF_ERROR(LinearForward(T, b.xn1, w.data[p.k], N, kvd_, H_, b.k, T, 0.0f));
+      prof_.Mark("gemm_fwd");
     }
     ZERO_RETURN_IF_ERROR(LinearForward(T, b.xn1, w.data[p.v], N, kvd_, H_, b.v, T, 0.0f));
+    prof_.Mark("gemm_fwd");
     ZERO_RETURN_IF_ERROR(kernels::Rope(b.q, T, N, st.seq, static_cast<int>(nh_), hd, st.rope_cos, st.rope_sin,
                                        /*inverse=*/false, stream_));
+    prof_.Mark("rope");
     ZERO_RETURN_IF_ERROR(kernels::Rope(b.k, T, N, st.seq, static_cast<int>(nkv_), hd, st.rope_cos, st.rope_sin,
                                        /*inverse=*/false, stream_));
-    ZERO_RETURN_IF_ERROR(kernels::AttentionForward(b.q, b.k, b.v, T, st.batch, st.seq, static_cast<int>(nh_),
-                                                   static_cast<int>(nkv_), hd, scale_, b.o, b.lse, stream_));
+    prof_.Mark("rope");
+    ZERO_ASSIGN_OR_RETURN(const bool use_cudnn, UseCudnn(st));
+    if (use_cudnn) {
+      ZERO_RETURN_IF_ERROR(cudnn_->Forward(Shape(st), b.q, b.k, b.v, b.o, b.lse));
+    } else {
+      ZERO_RETURN_IF_ERROR(kernels::AttentionForward(b.q, b.k, b.v, T, st.batch, st.seq, static_cast<int>(nh_),
+                                                     static_cast<int>(nkv_), hd, scale_, b.o, b.lse, stream_));
+    }
+    prof_.Mark("attention_forward");
     // h_mid = h_in + o Wo^T: the residual add is the product's beta = 1.
     LLM_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(b.h_mid, h_in, N * H_ * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    prof_.Mark("copy");
     ZERO_RETURN_IF_ERROR(LinearForward(T, b.o, w.data[p.o], N, H_, qd_, b.h_mid, DType::kF32, 1.0f));
+    prof_.Mark("gemm_fwd");
     ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(b.h_mid, DType::kF32, w.data[p.post_norm], w.dtype[p.post_norm], N,
                                                  H, eps_, b.xn2, T, b.rstd2, stream_));
+    prof_.Mark("rms_norm_forward");
     ZERO_RETURN_IF_ERROR(LinearForward(T, b.xn2, w.data[p.gate], N, I_, H_, b.g, T, 0.0f));
+    prof_.Mark("gemm_fwd");
     ZERO_RETURN_IF_ERROR(LinearForward(T, b.xn2, w.data[p.up], N, I_, H_, b.u, T, 0.0f));
+    prof_.Mark("gemm_fwd");
     if (recompute) return OkStatus();
     ZERO_RETURN_IF_ERROR(kernels::SwiGluForward(b.g, b.u, T, N * I_, st.act, stream_));
+    prof_.Mark("swi_glu_forward");
     float* h_out = st.hs + (l + 1) * N * H_;
     LLM_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(h_out, b.h_mid, N * H_ * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    prof_.Mark("copy");
     return LinearForward(T, st.act, w.data[p.down], N, H_, I_, h_out, DType::kF32, 1.0f);
   }
 
@@ -806,52 +959,95 @@ class LlmCuda::Impl {
 
     // MLP: out = h_mid + act Wd^T, act = silu(g) * u.
     ZERO_RETURN_IF_ERROR(kernels::Convert(st.dh, F, dh_t, T, N * H_, stream_));
+    prof_.Mark("convert");
     ZERO_RETURN_IF_ERROR(LinearBackwardInput(T, dh_t, w.data[p.down], N, H_, I_, st.da, F, 0.0f));
+    prof_.Mark("gemm_dgrad");
     ZERO_RETURN_IF_ERROR(kernels::SwiGluForward(b.g, b.u, T, N * I_, st.act, stream_));
+    prof_.Mark("swi_glu_forward");
     ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.down, T, dh_t, st.act, N, H_, I_));
+    prof_.Mark("gemm_wgrad");
     ZERO_RETURN_IF_ERROR(kernels::SwiGluBackward(b.g, b.u, T, st.da, N * I_, st.dg, st.du, stream_));
+    prof_.Mark("swi_glu_backward");
     ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.gate, T, st.dg, b.xn2, N, I_, H_));
+    prof_.Mark("gemm_wgrad");
     ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.up, T, st.du, b.xn2, N, I_, H_));
+    prof_.Mark("gemm_wgrad");
     ZERO_RETURN_IF_ERROR(LinearBackwardInput(T, st.dg, w.data[p.gate], N, I_, H_, st.dxn, F, 0.0f));
+    prof_.Mark("gemm_dgrad");
     ZERO_RETURN_IF_ERROR(LinearBackwardInput(T, st.du, w.data[p.up], N, I_, H_, st.dxn, F, 1.0f));
+    prof_.Mark("gemm_dgrad");
     ZERO_RETURN_IF_ERROR(NormWeightGrad(grads, gi.post_norm, b.h_mid, F, b.rstd2, st.dxn, F, N, H_, st));
+    prof_.Mark("rmsnorm_wgrad");
     ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(b.h_mid, F, b.rstd2, w.data[p.post_norm], w.dtype[p.post_norm],
                                                   st.dxn, F, N, H, /*accumulate=*/true, st.dh, F, stream_));
+    prof_.Mark("rms_norm_backward");
 
     // Attention: h_mid = h_in + o Wo^T.
     ZERO_RETURN_IF_ERROR(kernels::Convert(st.dh, F, dh_t, T, N * H_, stream_));
+    prof_.Mark("convert");
     ZERO_RETURN_IF_ERROR(LinearBackwardInput(T, dh_t, w.data[p.o], N, H_, qd_, st.dout, T, 0.0f));
+    prof_.Mark("gemm_dgrad");
     ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.o, T, dh_t, b.o, N, H_, qd_));
-    ZERO_RETURN_IF_ERROR(kernels::AttentionBackward(b.q, b.k, b.v, b.o, st.dout, T, b.lse, st.batch, st.seq,
-                                                    static_cast<int>(nh_), static_cast<int>(nkv_), hd, scale_,
-                                                    st.delta, st.dq, st.dk, st.dv, stream_));
+    prof_.Mark("gemm_wgrad");
+    ZERO_ASSIGN_OR_RETURN(const bool use_cudnn, UseCudnn(st));
+    if (use_cudnn) {
+      // cuDNN writes bf16 gradients; the steps below start from fp32 ones.
+      ZERO_RETURN_IF_ERROR(
+          cudnn_->Backward(Shape(st), b.q, b.k, b.v, b.o, st.dout, b.lse, DqT(st), DkT(st), DvT(st)));
+      prof_.Mark("attention_backward");
+      ZERO_RETURN_IF_ERROR(kernels::Convert(DqT(st), T, st.dq, F, N * qd_, stream_));
+      ZERO_RETURN_IF_ERROR(kernels::Convert(DkT(st), T, st.dk, F, N * kvd_, stream_));
+      ZERO_RETURN_IF_ERROR(kernels::Convert(DvT(st), T, st.dv, F, N * kvd_, stream_));
+      prof_.Mark("convert");
+    } else {
+      ZERO_RETURN_IF_ERROR(kernels::AttentionBackward(b.q, b.k, b.v, b.o, st.dout, T, b.lse, st.batch, st.seq,
+                                                      static_cast<int>(nh_), static_cast<int>(nkv_), hd, scale_,
+                                                      st.delta, st.dq, st.dk, st.dv, stream_));
+      prof_.Mark("attention_backward");
+    }
     void* dv_t = DvT(st);
     ZERO_RETURN_IF_ERROR(kernels::Convert(st.dv, F, dv_t, T, N * kvd_, stream_));
+    prof_.Mark("convert");
     ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.v, T, dv_t, b.xn1, N, kvd_, H_));
+    prof_.Mark("gemm_wgrad");
     ZERO_RETURN_IF_ERROR(kernels::Rope(st.dq, F, N, st.seq, static_cast<int>(nh_), hd, st.rope_cos, st.rope_sin,
                                        /*inverse=*/true, stream_));
+    prof_.Mark("rope");
     ZERO_RETURN_IF_ERROR(kernels::Rope(st.dk, F, N, st.seq, static_cast<int>(nkv_), hd, st.rope_cos, st.rope_sin,
                                        /*inverse=*/true, stream_));
+    prof_.Mark("rope");
     void* dq_t = DqT(st);
     void* dk_t = DkT(st);
     if (c_.qk_norm()) {
       // The weight gradients read dq/dk before the input gradients may overwrite them (fp32).
       ZERO_RETURN_IF_ERROR(NormWeightGrad(grads, gi.q_norm, b.q_raw, T, b.q_rstd, st.dq, F, N * nh_, hd_, st));
+      prof_.Mark("rmsnorm_wgrad");
       ZERO_RETURN_IF_ERROR(NormWeightGrad(grads, gi.k_norm, b.k_raw, T, b.k_rstd, st.dk, F, N * nkv_, hd_, st));
+      prof_.Mark("rmsnorm_wgrad");
       ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(b.q_raw, T, b.q_rstd, w.data[p.q_norm], w.dtype[p.q_norm], st.dq,
                                                     F, N * nh_, hd, false, dq_t, T, stream_));
+      prof_.Mark("rms_norm_backward");
       ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(b.k_raw, T, b.k_rstd, w.data[p.k_norm], w.dtype[p.k_norm], st.dk,
                                                     F, N * nkv_, hd, false, dk_t, T, stream_));
+      prof_.Mark("rms_norm_backward");
     } else {
       ZERO_RETURN_IF_ERROR(kernels::Convert(st.dq, F, dq_t, T, N * qd_, stream_));
+      prof_.Mark("convert");
       ZERO_RETURN_IF_ERROR(kernels::Convert(st.dk, F, dk_t, T, N * kvd_, stream_));
+      prof_.Mark("convert");
     }
     ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.q, T, dq_t, b.xn1, N, qd_, H_));
+    prof_.Mark("gemm_wgrad");
     ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.k, T, dk_t, b.xn1, N, kvd_, H_));
+    prof_.Mark("gemm_wgrad");
     ZERO_RETURN_IF_ERROR(LinearBackwardInput(T, dq_t, w.data[p.q], N, qd_, H_, st.dxn, F, 0.0f));
+    prof_.Mark("gemm_dgrad");
     ZERO_RETURN_IF_ERROR(LinearBackwardInput(T, dk_t, w.data[p.k], N, kvd_, H_, st.dxn, F, 1.0f));
+    prof_.Mark("gemm_dgrad");
     ZERO_RETURN_IF_ERROR(LinearBackwardInput(T, dv_t, w.data[p.v], N, kvd_, H_, st.dxn, F, 1.0f));
+    prof_.Mark("gemm_dgrad");
     ZERO_RETURN_IF_ERROR(NormWeightGrad(grads, gi.input_norm, h_in, F, b.rstd1, st.dxn, F, N, H_, st));
+    prof_.Mark("rmsnorm_wgrad");
     return kernels::RmsNormBackward(h_in, F, b.rstd1, w.data[p.in_norm], w.dtype[p.in_norm], st.dxn, F, N, H,
                                     /*accumulate=*/true, st.dh, F, stream_);
   }
@@ -870,6 +1066,14 @@ class LlmCuda::Impl {
   int64_t max_grad_stage_ = 0;
   DevicePtr weight_scratch_;  // converted linear weights of the module(s) held
   DevicePtr grad_stage_;      // one matrix gradient in fp32 before its conversion
+  OpProfiler prof_;
+  std::unique_ptr<CudnnAttention> cudnn_;  // null: the model's own attention kernels only
+  std::string attention_backend_, attention_note_;
+
+ public:
+  Result<std::vector<LlmOpTime>> TakeProfile() { return prof_.Take(); }
+  const std::string& attention_backend() const { return attention_backend_; }
+  const std::string& attention_note() const { return attention_note_; }
 };
 
 // ---- Public API. ----------------------------------------------------------------------------------
@@ -919,6 +1123,10 @@ Result<double> LlmCuda::ReadLoss(const LlmCudaActivations& acts) {
   if (!acts.state_) return FailedPreconditionError("llm_cuda: no forward on these activations");
   return impl_->ReadLoss(*acts.state_);
 }
+
+Result<std::vector<LlmOpTime>> LlmCuda::TakeProfile() { return impl_->TakeProfile(); }
+std::string LlmCuda::attention_backend() const { return impl_->attention_backend(); }
+std::string LlmCuda::attention_note() const { return impl_->attention_note(); }
 
 Status LlmCuda::Backward(ParamProvider& params, LlmCudaActivations* acts, float loss_scale, GradSink& grads) {
   if (acts == nullptr || !acts->state_) return FailedPreconditionError("llm_cuda backward: no forward on these activations");

@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "examples/llm/llm_batch.h"
@@ -57,6 +58,12 @@ struct cublasContext;
 
 namespace zero::llm {
 
+// Which attention kernels run: kAuto takes cuDNN's fused attention (llm_attention_cudnn.h) for bf16
+// compute when this build has cuDNN and cuDNN has a deterministic plan for the shape, else the
+// model's own kernels (llm_kernels.cuh); kCudnn insists (an error where it cannot); kKernel never
+// uses cuDNN. fp32 compute always runs the model's own kernels.
+enum class LlmAttention { kAuto, kKernel, kCudnn };
+
 struct LlmCudaOptions {
   // Keep only each layer's input in Forward; Backward recomputes the layer's forward.
   bool activation_checkpointing = false;
@@ -64,6 +71,16 @@ struct LlmCudaOptions {
   std::optional<DType> compute;
   // Upper bound of the fp32 logits of one lm_head/cross-entropy chunk (at least one row a chunk).
   int64_t logits_chunk_bytes = int64_t{1} << 30;
+  // Time every operation on the device (one event after each; TakeProfile reports them).
+  bool profile = false;
+  LlmAttention attention = LlmAttention::kAuto;
+};
+
+// The device time of one kind of operation (LlmCuda::TakeProfile).
+struct LlmOpTime {
+  std::string name;  // "gemm_fwd", "attention_backward", "load" (acquire + convert), ...
+  double ms = 0.0;
+  int64_t count = 0;
 };
 
 // Device memory for what Forward saves for Backward and Backward's scratch, sized by Forward for
@@ -128,6 +145,16 @@ class LlmCuda {
   // (checked: FailedPrecondition).
   Status Backward(examples::ParamProvider& params, LlmCudaActivations* acts, float loss_scale,
                   examples::GradSink& grads);
+
+  // With LlmCudaOptions::profile: waits for the stream and returns the device time of each kind of
+  // operation since the last call, summed (the time from one operation's end to the next one's,
+  // so gaps while the stream idles count to the operation after them). Empty without profile.
+  Result<std::vector<LlmOpTime>> TakeProfile();
+
+  // "cudnn" or "kernel": the attention the last Forward ran ("" before any); with kAuto, why cuDNN
+  // was not used is in attention_note().
+  std::string attention_backend() const;
+  std::string attention_note() const;
 
   class Impl;  // llm_cuda.cu
 

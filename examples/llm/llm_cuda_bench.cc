@@ -4,7 +4,7 @@
 // TFLOPS of LlmConfig::TrainFlopsPerToken (recomputation not counted).
 //
 //   llm_cuda_bench --preset=qwen3-0.6b --seq=2048 --batch=4 [--layers=N] [--dtype=bf16|fp32]
-//                  [--checkpointing] [--steps=10] [--warmup=2] [--logits-chunk-mib=1024]
+//                  [--checkpointing] [--profile] [--steps=10] [--warmup=2] [--logits-chunk-mib=1024]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -28,17 +28,21 @@ namespace {
 
 const char kUsage[] =
     "usage: llm_cuda_bench [--preset=NAME] [--seq=S] [--batch=B] [--layers=L] [--dtype=bf16|fp32]\n"
-    "                      [--checkpointing] [--steps=N] [--warmup=N] [--logits-chunk-mib=M]\n"
+    "                      [--checkpointing] [--profile] [--attention=auto|kernel|cudnn] [--steps=N] [--warmup=N] [--logits-chunk-mib=M]\n"
     "  --preset           a preset of llm_config.h (default tiny)\n"
     "  --layers           override num_hidden_layers (to fit a large preset on one GPU)\n"
     "  --dtype            parameters, gradients and compute (default bf16)\n"
-    "  --checkpointing    recompute each layer's forward in backward\n";
+    "  --checkpointing    recompute each layer's forward in backward\n"
+    "  --attention        auto (cuDNN's fused attention where it can, default), kernel (the model's own), cudnn\n"
+    "  --profile          after the timed steps, one more step with every operation timed on the device\n";
 
 struct Options {
   std::string preset = "tiny";
   int64_t seq = 512, batch = 8, layers = 0, steps = 10, warmup = 2, chunk_mib = 1024;
   DType dtype = DType::kBF16;
   bool checkpointing = false;
+  bool profile = false;
+  LlmAttention attention = LlmAttention::kAuto;
 };
 
 Result<Options> Parse(int argc, char** argv) {
@@ -48,6 +52,10 @@ Result<Options> Parse(int argc, char** argv) {
     if (arg == "--help" || arg == "-h") return bench::HelpRequested();
     if (arg == "--checkpointing") {
       o.checkpointing = true;
+      continue;
+    }
+    if (arg == "--profile") {
+      o.profile = true;
       continue;
     }
     const size_t eq = arg.find('=');
@@ -69,6 +77,16 @@ Result<Options> Parse(int argc, char** argv) {
       ZERO_RETURN_IF_ERROR(bench::ParseInt(flag, v, 0, 100000, &o.warmup));
     } else if (flag == "--logits-chunk-mib") {
       ZERO_RETURN_IF_ERROR(bench::ParseInt(flag, v, 1, 1 << 20, &o.chunk_mib));
+    } else if (flag == "--attention") {
+      if (v == "auto") {
+        o.attention = LlmAttention::kAuto;
+      } else if (v == "kernel") {
+        o.attention = LlmAttention::kKernel;
+      } else if (v == "cudnn") {
+        o.attention = LlmAttention::kCudnn;
+      } else {
+        return InvalidArgumentError("--attention: expected auto, kernel or cudnn, got '" + v + "'");
+      }
     } else if (flag == "--dtype") {
       if (!ParseDType(v, &o.dtype) || o.dtype == DType::kF16) {
         return InvalidArgumentError("--dtype: expected bf16 or fp32, got '" + v + "'");
@@ -163,6 +181,8 @@ Status Run(const Options& o) {
   LlmCudaOptions options;
   options.activation_checkpointing = o.checkpointing;
   options.logits_chunk_bytes = o.chunk_mib << 20;
+  options.profile = o.profile;
+  options.attention = o.attention;
   Status status = [&]() -> Status {
     ZERO_ASSIGN_OR_RETURN(auto model, LlmCuda::Create(c, stream, options));
     LlmCudaActivations acts;
@@ -187,12 +207,27 @@ Status Run(const Options& o) {
     const double tflops = tps * c.TrainFlopsPerToken(static_cast<int>(o.seq)) / 1e12;
     std::printf("%s\n", c.ToString().c_str());
     std::printf(
-        "dtype %s batch %lld seq %lld checkpointing %s: %.2f ms/step, %.0f tokens/s, %.1f model TFLOPS "
+        "dtype %s batch %lld seq %lld checkpointing %s attention %s: %.2f ms/step, %.0f tokens/s, %.1f model TFLOPS "
         "(%.3g FLOPs/token); activations %.2f GiB, device memory in use %.2f GiB; loss %.4f\n",
         DTypeName(o.dtype), static_cast<long long>(o.batch), static_cast<long long>(o.seq),
-        o.checkpointing ? "on" : "off", 1e3 * secs / o.steps, tps, tflops,
+        o.checkpointing ? "on" : "off", model->attention_backend().c_str(), 1e3 * secs / o.steps, tps, tflops,
         c.TrainFlopsPerToken(static_cast<int>(o.seq)), acts.bytes() / 1073741824.0,
         (total_bytes - free_bytes) / 1073741824.0, loss);
+    if (!model->attention_note().empty()) std::printf("attention note: %s\n", model->attention_note().c_str());
+    if (o.profile) {
+      // The timed steps' marks are dropped; one more step is profiled on its own.
+      ZERO_RETURN_IF_ERROR(model->TakeProfile().status());
+      ZERO_RETURN_IF_ERROR(step());
+      ZERO_ASSIGN_OR_RETURN(std::vector<LlmOpTime> ops, model->TakeProfile());
+      double total = 0;
+      for (const LlmOpTime& op : ops) total += op.ms;
+      std::sort(ops.begin(), ops.end(), [](const LlmOpTime& a, const LlmOpTime& b) { return a.ms > b.ms; });
+      std::printf("profile of one step (device time between marks, %.2f ms in all):\n", total);
+      for (const LlmOpTime& op : ops) {
+        std::printf("  %-20s %9.3f ms %5.1f%% %6lld calls\n", op.name.c_str(), op.ms, 100.0 * op.ms / total,
+                    static_cast<long long>(op.count));
+      }
+    }
     return OkStatus();
   }();
   cudaStreamDestroy(stream);

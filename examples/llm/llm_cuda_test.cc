@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/llm/llm_attention_cudnn.h"
 #include "examples/llm/llm_batch.h"
 #include "examples/llm/llm_config.h"
 #include "examples/llm/llm_cpu.h"
@@ -369,6 +370,61 @@ TEST_P(LlmKernelTest, FlashAttentionMatchesTheDirectSoftmax) {
   }
 }
 
+// cuDNN's fused attention (bf16 in and out, fp32 statistics) against the same double reference:
+// o and the gradients within bf16's rounding (their own storage and P rounded to bf16 before P V
+// on tensor cores), lse as fp32; the deterministic backward gives the same bits twice.
+TEST(CudnnAttentionTest, MatchesTheDirectSoftmaxAndRepeatsBitwise) {
+  ZERO_SKIP_WITHOUT_CUDA_DEVICES(1);
+  if (!CudnnAttention::Built()) GTEST_SKIP() << "this build has no cuDNN";
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  auto attn = CudnnAttention::Create(stream);
+  ASSERT_TRUE(attn.ok()) << attn.status().ToString();
+  std::printf("cuDNN %ld at run time\n", CudnnAttention::RuntimeVersion());
+  const DType t = DType::kBF16;
+  struct Shape {
+    int B, S, nh, nkv, hd;
+  };
+  for (const Shape& sh : {Shape{2, 77, 4, 2, 64}, Shape{1, 128, 8, 2, 128}, Shape{1, 300, 4, 4, 128},
+                          Shape{2, 64, 4, 1, 32}}) {
+    SCOPED_TRACE("B=" + std::to_string(sh.B) + " S=" + std::to_string(sh.S) + " heads=" + std::to_string(sh.nh) +
+                 "/" + std::to_string(sh.nkv) + " hd=" + std::to_string(sh.hd));
+    const int64_t N = int64_t(sh.B) * sh.S, qn = N * sh.nh * sh.hd, kn = N * sh.nkv * sh.hd;
+    const auto q = Rounded(RandomNormal(qn, 1.5f, 20 + sh.hd), t);
+    const auto k = Rounded(RandomNormal(kn, 1.5f, 21 + sh.hd), t);
+    const auto v = Rounded(RandomNormal(kn, 1.0f, 22 + sh.hd), t);
+    const auto dout = Rounded(RandomNormal(qn, 1.0f, 23 + sh.hd), t);
+    DeviceArray d_q(q, t), d_k(k, t), d_v(v, t), d_do(dout, t), d_o(qn, t), d_lse(N * sh.nh, DType::kF32);
+    DeviceArray d_dq(qn, t), d_dk(kn, t), d_dv(kn, t);
+    const AttentionShape shape{sh.B, sh.S, sh.nh, sh.nkv, sh.hd, 1.0f / std::sqrt(static_cast<float>(sh.hd))};
+    const Status prepared = (*attn)->Prepare(shape);
+    ASSERT_TRUE(prepared.ok()) << prepared.ToString();
+    EXPECT_OK((*attn)->Forward(shape, d_q.get(), d_k.get(), d_v.get(), d_o.get(), d_lse.f()));
+    EXPECT_OK((*attn)->Backward(shape, d_q.get(), d_k.get(), d_v.get(), d_o.get(), d_do.get(), d_lse.f(),
+                                d_dq.get(), d_dk.get(), d_dv.get()));
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const std::vector<float> dq1 = d_dq.Download(), dk1 = d_dk.Download(), dv1 = d_dv.Download();
+    EXPECT_OK((*attn)->Backward(shape, d_q.get(), d_k.get(), d_v.get(), d_o.get(), d_do.get(), d_lse.f(),
+                                d_dq.get(), d_dk.get(), d_dv.get()));
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(dq1, d_dq.Download()) << "dq differs between two runs";
+    EXPECT_EQ(dk1, d_dk.Download()) << "dk differs between two runs";
+    EXPECT_EQ(dv1, d_dv.Download()) << "dv differs between two runs";
+    const AttnRef ref = AttentionReference(q, k, v, dout, sh.B, sh.S, sh.nh, sh.nkv, sh.hd);
+    const double e_o = RelL2(d_o.Download(), ref.o), e_lse = RelL2(d_lse.Download(), ref.lse);
+    const double e_dq = RelL2(dq1, ref.dq), e_dk = RelL2(dk1, ref.dk), e_dv = RelL2(dv1, ref.dv);
+    std::printf("cudnn attention B=%d S=%d heads=%d/%d hd=%d: o %.2g lse %.2g dq %.2g dk %.2g dv %.2g\n", sh.B,
+                sh.S, sh.nh, sh.nkv, sh.hd, e_o, e_lse, e_dq, e_dk, e_dv);
+    EXPECT_LE(e_o, 1e-2);
+    EXPECT_LE(e_lse, 1e-5);
+    EXPECT_LE(e_dq, 1e-2);
+    EXPECT_LE(e_dk, 1e-2);
+    EXPECT_LE(e_dv, 1e-2);
+  }
+  attn->reset();
+  cudaStreamDestroy(stream);
+}
+
 TEST_P(LlmKernelTest, CrossEntropyLossAndGradient) {
   const int64_t rows = 6, vocab = 3001;
   const std::vector<int32_t> targets = {5, kIgnoreIndex, 3000, 0, 17, 2999};
@@ -679,6 +735,60 @@ TEST_F(LlmCudaModelTest, Bf16MatchesCpu) {
     const LlmBatch batch = RandomBatch(m.config, m.batch, m.seq, 6);
     ExpectClose("bf16 " + m.name, specs, GpuRun(m.config, params, batch, 1.0f),
                 CpuRun(m.config, params, batch, 1.0f), 1e-2, 5e-2);
+  }
+}
+
+TEST_F(LlmCudaModelTest, CudnnAttentionMatchesTheModelsOwnKernels) {
+  // bf16, kAuto (cuDNN where it has a plan: head_dim 32 here; 12 falls back) against kKernel.
+  LlmCudaOptions own;
+  own.attention = LlmAttention::kKernel;
+  for (const ModelCase& m : ModelCases()) {
+    SCOPED_TRACE(m.name);
+    const auto specs = LlmParamSpecs(m.config);
+    const HostTensors params = RandomParams(specs, DType::kBF16, 5, 0.1f);
+    const LlmBatch batch = RandomBatch(m.config, m.batch, m.seq, 6);
+    const RunResult kernel = GpuRun(m.config, params, batch, 1.0f, own);
+    RunResult as_ref{kernel.loss, HostTensors(specs, DType::kF32)};
+    for (int i = 0; i < kernel.grads.size(); ++i) as_ref.grads.SetAll(i, kernel.grads.GetAll(i));
+    ExpectClose("auto (cuDNN) vs own attention, bf16 " + m.name, specs, GpuRun(m.config, params, batch, 1.0f),
+                as_ref, 1e-2, 5e-2);
+  }
+  if (CudnnAttention::Built()) {
+    // The backend the model reports, and kCudnn's refusals.
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+    const ModelCase m = ModelCases()[1];  // head_dim 32
+    LlmCudaOptions force;
+    force.attention = LlmAttention::kCudnn;
+    auto model = LlmCuda::Create(m.config, stream, force);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    const auto specs = LlmParamSpecs(m.config);
+    const HostTensors params = RandomParams(specs, DType::kBF16, 5, 0.1f);
+    {
+      DeviceTensors dparams(params);
+      ResidentParams provider(specs, dparams.ParamViews());
+      LlmCudaActivations acts;
+      auto loss = (*model)->Forward(provider, RandomBatch(m.config, m.batch, m.seq, 6), &acts);
+      EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+      EXPECT_EQ((*model)->attention_backend(), "cudnn");
+    }
+    const ModelCase odd = ModelCases()[3];  // head_dim 12: no cuDNN plan, named
+    auto model12 = LlmCuda::Create(odd.config, stream, force);
+    ASSERT_TRUE(model12.ok()) << model12.status().ToString();
+    {
+      const auto specs12 = LlmParamSpecs(odd.config);
+      const HostTensors params12 = RandomParams(specs12, DType::kBF16, 5, 0.1f);
+      DeviceTensors dparams(params12);
+      ResidentParams provider(specs12, dparams.ParamViews());
+      LlmCudaActivations acts;
+      auto loss = (*model12)->Forward(provider, RandomBatch(odd.config, odd.batch, odd.seq, 6), &acts);
+      EXPECT_FALSE(loss.ok());
+      EXPECT_NE(loss.status().message().find("head_dim 12"), std::string::npos) << loss.status().ToString();
+      EXPECT_EQ(provider.held(), 0);
+    }
+    model->reset();
+    model12->reset();
+    cudaStreamDestroy(stream);
   }
 }
 

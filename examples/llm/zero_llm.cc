@@ -91,13 +91,17 @@ class CpuRunner final : public ModelRunner {
 // The CUDA model on the engine's compute stream (the CudaDevice's default stream).
 class CudaRunner final : public ModelRunner {
  public:
-  static Result<std::unique_ptr<ModelRunner>> Create(const LlmConfig& c, Device* device, bool checkpointing) {
+  static Result<std::unique_ptr<ModelRunner>> Create(const LlmConfig& c, Device* device, bool checkpointing,
+                                                     const std::string& attention) {
     auto* cuda = dynamic_cast<CudaDevice*>(device);
     if (cuda == nullptr) return InternalError("--device cuda: the rank's device is not a CudaDevice");
     if (cudaSetDevice(cuda->ordinal()) != cudaSuccess) return InternalError("cudaSetDevice failed");
     auto r = std::unique_ptr<CudaRunner>(new CudaRunner());
     LlmCudaOptions opts;
     opts.activation_checkpointing = checkpointing;
+    opts.attention = attention == "cudnn"    ? LlmAttention::kCudnn
+                     : attention == "kernel" ? LlmAttention::kKernel
+                                             : LlmAttention::kAuto;
     ZERO_ASSIGN_OR_RETURN(r->model_, LlmCuda::Create(c, cuda->native_stream(nullptr), opts));
     return std::unique_ptr<ModelRunner>(std::move(r));
   }
@@ -122,7 +126,7 @@ class CudaRunner final : public ModelRunner {
 Result<std::unique_ptr<ModelRunner>> CreateRunner(const LlmTrainOptions& o, const LlmConfig& c, Device* device) {
   if (o.device == "cpu") return std::unique_ptr<ModelRunner>(new CpuRunner(c));
 #if defined(ZERO_EXAMPLES_HAS_CUDA)
-  return CudaRunner::Create(c, device, o.activation_checkpointing);
+  return CudaRunner::Create(c, device, o.activation_checkpointing, o.attention);
 #else
   return UnimplementedError("--device cuda: this zero_llm was built without the CUDA toolkit");
 #endif

@@ -31,6 +31,8 @@ const examples::FlagSet<LlmTrainOptions>& Flags() {
         .Int("seed", "N", &O::seed, 0, INT64_MAX, "initial weights and data order")
         .Double("timeout", "S", &O::timeout_s, 0.0, 86400.0, "communicator timeout in seconds")
         .Switch("activation-checkpointing", &O::activation_checkpointing, "recompute each layer in backward (cuda)")
+        .Choice("attention", &O::attention, {"auto", "kernel", "cudnn"},
+                "cuda attention: cuDNN's fused kernels where they can (auto), the model's own, or cuDNN only")
         .Switch("sequential-data", &O::sequential_data, "training rows in file order (for outside comparisons)")
         .Switch("hash-weights", &O::hash_weights, "print a hash of the fp32 master weights after training")
         .Switch("eval-only", &O::eval_only, "print eval_loss over --data and exit")

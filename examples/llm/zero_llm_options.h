@@ -40,6 +40,7 @@ struct LlmTrainOptions {
   uint64_t seed = 1;
   double timeout_s = 0;
   bool activation_checkpointing = false;
+  std::string attention = "auto";  // LlmAttention: auto, kernel or cudnn
   // Training rows in file order instead of sampled: step s, rank r, row i reads window
   // ((s * GAS + m) * world + r) * batch + i of the consecutive seq+1 windows (wrapping), so an outside
   // script (bench/, the Hugging Face comparison) can feed another trainer the same rows.
