@@ -75,6 +75,59 @@ Status MakeDirs(const std::string& path) {
   return OkStatus();
 }
 
+// The communicator of a TcpStore rendezvous: the backend's, aborted by the store's heartbeat when
+// rank 0's process is gone. The heartbeat is stopped before the backend's communicator is
+// destroyed (it calls its Abort).
+class StoreWatchedCommunicator final : public Communicator {
+ public:
+  StoreWatchedCommunicator(std::unique_ptr<Communicator> inner, std::shared_ptr<TcpStore> store)
+      : inner_(std::move(inner)), store_(std::move(store)) {}
+  ~StoreWatchedCommunicator() override { store_->StopHeartbeat(); }
+
+  Status StartHeartbeat() {
+    Communicator* comm = inner_.get();
+    return store_->StartHeartbeat([comm](const Status& lost) { comm->Abort(lost.message()); });
+  }
+
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::string backend() const override { return inner_->backend(); }
+  Device* device() const override { return inner_->device(); }
+  Result<std::unique_ptr<Work>> AllReduce(void* buf, size_t count, DType t, ReduceOp op, Stream* after) override {
+    return inner_->AllReduce(buf, count, t, op, after);
+  }
+  Result<std::unique_ptr<Work>> ReduceScatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op,
+                                              Stream* after) override {
+    return inner_->ReduceScatter(send, recv, recv_count, t, op, after);
+  }
+  Result<std::unique_ptr<Work>> AllGather(const void* send, void* recv, size_t send_count, DType t,
+                                          Stream* after) override {
+    return inner_->AllGather(send, recv, send_count, t, after);
+  }
+  Result<std::unique_ptr<Work>> Broadcast(void* buf, size_t count, DType t, int root, Stream* after) override {
+    return inner_->Broadcast(buf, count, t, root, after);
+  }
+  Status Barrier() override { return inner_->Barrier(); }
+  Status AllReduceHost(double* values, size_t n, ReduceOp op) override { return inner_->AllReduceHost(values, n, op); }
+  Status BroadcastHost(void* data, size_t bytes, int root) override { return inner_->BroadcastHost(data, bytes, root); }
+  Status CheckHealth() override { return inner_->CheckHealth(); }
+  void Abort(const std::string& reason) override { inner_->Abort(reason); }
+
+ private:
+  std::unique_ptr<Communicator> inner_;
+  std::shared_ptr<TcpStore> store_;
+};
+
+// `comm` watched by the heartbeat of `store` when it is a TcpStore of a rank other than 0.
+Result<std::unique_ptr<Communicator>> WatchStore(std::unique_ptr<Communicator> comm,
+                                                 const std::shared_ptr<gloo::rendezvous::Store>& store) {
+  auto tcp = std::dynamic_pointer_cast<TcpStore>(store);
+  if (tcp == nullptr || !tcp->bind_address().empty() || comm->rank() == 0) return comm;
+  auto watched = std::make_unique<StoreWatchedCommunicator>(std::move(comm), std::move(tcp));
+  ZERO_RETURN_IF_ERROR(watched->StartHeartbeat().WithContext("starting the store heartbeat"));
+  return std::unique_ptr<Communicator>(std::move(watched));
+}
+
 }  // namespace
 
 Result<RendezvousOptions> RendezvousFromEnv() {
@@ -129,6 +182,10 @@ Result<RendezvousOptions> RendezvousFromEnv() {
     ZERO_RETURN_IF_ERROR(ParseInt(name, value, 1024, 1L << 30, &v));
     opts.store_max_value_bytes = static_cast<size_t>(v);
   }
+  if (FirstSet({"ZERO_STORE_HEARTBEAT_MS"}, &name, &value)) {
+    ZERO_RETURN_IF_ERROR(ParseInt(name, value, 0, 86400000L, &v));
+    opts.store_heartbeat = std::chrono::milliseconds(v);
+  }
   return opts;
 }
 
@@ -152,6 +209,18 @@ Result<std::shared_ptr<gloo::rendezvous::Store>> CreateStore(const RendezvousOpt
   t.bind_addr = opts.store_bind_addr;
   t.world_size = opts.world_size;
   t.max_value_bytes = opts.store_max_value_bytes;
+  t.heartbeat = opts.store_heartbeat;
+  if (t.is_server && t.secret.empty() && IsLoopbackHost(opts.master_addr)) {
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      std::fprintf(stderr,
+                   "warning: ZERO_JOB_SECRET is not set: any user of this machine can connect to this job's "
+                   "rendezvous store on %s:%d and read or write it. Set ZERO_JOB_SECRET to the same random "
+                   "value on every rank (e.g. `export ZERO_JOB_SECRET=$(head -c 32 /dev/urandom | xxd -p -c 64)`); "
+                   "tools/launch and zero_train --nproc set one.\n",
+                   opts.master_addr.c_str(), opts.master_port);
+    });
+  }
   if (t.is_server && t.secret.empty() && !IsLoopbackHost(opts.master_addr)) {
     static std::once_flag warned;
     std::call_once(warned, [&] {
@@ -207,7 +276,7 @@ Result<std::unique_ptr<Communicator>> CreateCommunicator(const std::string& back
     }
     ZERO_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,
                           GlooCommunicator::Create(opts.rank, opts.world_size, store, device, g));
-    return std::unique_ptr<Communicator>(std::move(comm));
+    return WatchStore(std::move(comm), store);
   }
 #if defined(ZERO_HAS_NCCL)
   auto* cuda = dynamic_cast<CudaDevice*>(device);
@@ -220,7 +289,7 @@ Result<std::unique_ptr<Communicator>> CreateCommunicator(const std::string& back
   n.prefix = prefix;
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> comm,
                         NcclCommunicator::Create(opts.rank, opts.world_size, store, cuda, n));
-  return std::unique_ptr<Communicator>(std::move(comm));
+  return WatchStore(std::move(comm), store);
 #else
   return InternalError("unreachable");
 #endif

@@ -16,8 +16,9 @@
 //   (address for gloo's sockets), ZERO_JOB_SECRET (the secret every store connection proves; at
 //   least 16 characters; tools/launch and zero_train --nproc set one), ZERO_STORE_BIND_ADDR (where
 //   rank 0's store listens; default from MASTER_ADDR, tcp_store.h), ZERO_STORE_MAX_VALUE_BYTES
-//   (default 1048576). A malformed or inconsistent value is an InvalidArgument naming the variable
-//   and its value (never the secret's value).
+//   (default 1048576), ZERO_STORE_HEARTBEAT_MS (default 5000; 0: none; see CreateCommunicator). A
+//   malformed or inconsistent value is an InvalidArgument naming the variable and its value (never
+//   the secret's value).
 #pragma once
 
 #include <memory>
@@ -55,14 +56,19 @@ struct RendezvousOptions {
   std::string job_secret;
   std::string store_bind_addr;
   size_t store_max_value_bytes = size_t{1} << 20;
+  // How soon ranks other than 0 notice that rank 0's process (the TcpStore's server) is gone
+  // (TcpStoreOptions::heartbeat); 0: not at all.
+  std::chrono::milliseconds store_heartbeat{5000};
 };
 
 // Reads the variables listed above. Errors name the variable and the value.
 Result<RendezvousOptions> RendezvousFromEnv();
 
 // The store the ranks meet through: a FileStore when store_path is set, else a TcpStore (rank 0
-// hosts the server; others connect with retry until opts.comm.timeout). Rank 0 warns once per
-// process on stderr when MASTER_ADDR is not a loopback address and no job secret is set.
+// hosts the server; others connect with retry until opts.comm.timeout). With no job secret, rank 0
+// warns once per process on stderr, saying how to set one: when MASTER_ADDR is not a loopback
+// address, that any host that can reach it can join; on loopback, that any user of this machine can
+// (tools/launch and zero_train --nproc set a secret, so only ranks started by hand warn).
 Result<std::shared_ptr<gloo::rendezvous::Store>> CreateStore(const RendezvousOptions& opts);
 
 // Creates the communicator of `backend` ("gloo": `device` is a cpu Device; "nccl": `device` is
@@ -70,6 +76,11 @@ Result<std::shared_ptr<gloo::rendezvous::Store>> CreateStore(const RendezvousOpt
 // a rank that does not arrive within opts.comm.timeout gives kDeadlineExceeded naming it. "nccl"
 // on a build without CUDA and NCCL gives kUnimplemented; an unknown backend, kInvalidArgument.
 // A world of one needs no store and binds no port.
+// Through a TcpStore, every rank but 0 keeps a heartbeat to the store (opts.store_heartbeat): when
+// rank 0's process exits, is killed, stops or hangs, the communicator is aborted (Abort) within
+// about 1.5 x store_heartbeat (at once for an exit or a kill), so the collective in progress and
+// every later call fail with kUnavailable naming the store's address and what happened, instead of
+// waiting for opts.comm.timeout. The returned communicator forwards to the backend's.
 Result<std::unique_ptr<Communicator>> CreateCommunicator(const std::string& backend, Device* device,
                                                          const RendezvousOptions& opts);
 

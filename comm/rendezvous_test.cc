@@ -7,8 +7,14 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <stdlib.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include <initializer_list>
 #include <string>
@@ -25,7 +31,7 @@ const char* kVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK
                        "SLURM_NTASKS", "SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT",
                        "ZERO_STORE_PATH", "ZERO_COMM_TIMEOUT_MS", "ZERO_GLOO_IFACE",
                        "GLOO_SOCKET_IFNAME", "ZERO_GLOO_HOSTNAME", "ZERO_JOB_SECRET",
-                       "ZERO_STORE_BIND_ADDR", "ZERO_STORE_MAX_VALUE_BYTES"};
+                       "ZERO_STORE_BIND_ADDR", "ZERO_STORE_MAX_VALUE_BYTES", "ZERO_STORE_HEARTBEAT_MS"};
 
 class RendezvousEnvTest : public ::testing::Test {
  protected:
@@ -142,6 +148,12 @@ TEST_F(RendezvousEnvTest, StoreSecurityVariables) {
   SetUp();
   Set({{"ZERO_STORE_MAX_VALUE_BYTES", "12"}});
   ExpectError("ZERO_STORE_MAX_VALUE_BYTES", "12");
+  SetUp();
+  EXPECT_EQ(RendezvousFromEnv()->store_heartbeat.count(), 5000);
+  Set({{"ZERO_STORE_HEARTBEAT_MS", "0"}});
+  EXPECT_EQ(RendezvousFromEnv()->store_heartbeat.count(), 0);
+  Set({{"ZERO_STORE_HEARTBEAT_MS", "-5"}});
+  ExpectError("ZERO_STORE_HEARTBEAT_MS", "-5");
 }
 
 int FreeLoopbackPort() {
@@ -223,6 +235,91 @@ TEST(CreateCommunicatorTest, NonLoopbackMasterWithoutSecretWarnsOnce) {
   ASSERT_NE(first, std::string::npos) << log;
   EXPECT_EQ(log.find("ZERO_JOB_SECRET is not set", first + 1), std::string::npos) << "warned twice: " << log;
   EXPECT_NE(log.find(addr), std::string::npos) << log;
+}
+
+// Ranks started by hand on loopback without a secret: rank 0 warns once per process that any user
+// of this machine can join, and how to set the secret. (No earlier test in this binary creates a
+// loopback TCP store without a secret; the warning is once per process.)
+TEST(CreateCommunicatorTest, LoopbackMasterWithoutSecretWarnsOnce) {
+  RendezvousOptions o;
+  o.world_size = 2;
+  o.master_port = FreeLoopbackPort();
+  o.comm.timeout = std::chrono::milliseconds(5000);
+  ::testing::internal::CaptureStderr();
+  auto store = CreateStore(o);
+  RendezvousOptions again = o;
+  again.master_port = FreeLoopbackPort();
+  auto store2 = CreateStore(again);
+  RendezvousOptions with_secret = o;
+  with_secret.master_port = FreeLoopbackPort();
+  with_secret.job_secret = "5e1f0c3a9b8d7e6f5a4b3c2d1e0f9a8b";
+  auto store3 = CreateStore(with_secret);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  ASSERT_TRUE(store2.ok()) << store2.status().ToString();
+  ASSERT_TRUE(store3.ok()) << store3.status().ToString();
+  const std::string warning = "warning: ZERO_JOB_SECRET is not set: any user of this machine can connect";
+  size_t first = log.find(warning);
+  ASSERT_NE(first, std::string::npos) << log;
+  EXPECT_EQ(log.find(warning, first + 1), std::string::npos) << "warned twice: " << log;
+  EXPECT_NE(log.find("127.0.0.1:" + std::to_string(o.master_port)), std::string::npos) << log;
+  EXPECT_NE(log.find("export ZERO_JOB_SECRET="), std::string::npos) << log;
+}
+
+// Rank 0's process stops (SIGSTOP: its sockets stay open, so gloo sees nothing) while rank 1 waits
+// in a collective: rank 1's store heartbeat aborts the communicator, and the collective fails within
+// about 1.5 x the heartbeat (0.5 s here) naming the store's address, instead of after the
+// communicator's timeout (20 s here, 300 s by default).
+TEST(CreateCommunicatorTest, StoppedRankZeroFailsTheOthersWithinTheHeartbeat) {
+  RendezvousOptions o;
+  o.world_size = 2;
+  o.master_port = FreeLoopbackPort();
+  o.job_secret = "5e1f0c3a9b8d7e6f5a4b3c2d1e0f9a8b";
+  o.comm.timeout = std::chrono::milliseconds(20000);
+  o.store_heartbeat = std::chrono::milliseconds(500);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t rank0 = fork();  // before this process starts any thread
+  if (rank0 == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    CpuDevice d;
+    auto c = CreateCommunicator("gloo", &d, o);
+    char b = c.ok() ? 1 : 0;
+    if (write(ready[1], &b, 1) != 1 || !c.ok()) _exit(1);
+    while (true) pause();  // never joins a collective
+  }
+  ASSERT_GT(rank0, 0);
+  CpuDevice d1;
+  RendezvousOptions o1 = o;
+  o1.rank = 1;
+  auto c1 = CreateCommunicator("gloo", &d1, o1);
+  char b = 0;
+  const bool rank0_ok = read(ready[0], &b, 1) == 1 && b == 1;
+  close(ready[0]);
+  close(ready[1]);
+  if (!c1.ok() || !rank0_ok) kill(rank0, SIGKILL);
+  ASSERT_TRUE(c1.ok()) << c1.status().ToString();
+  ASSERT_TRUE(rank0_ok) << "rank 0 did not create its communicator";
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    kill(rank0, SIGSTOP);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  double v = 1;
+  Status s = (*c1)->AllReduceHost(&v, 1, ReduceOp::kSum);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stopper.join();
+  kill(rank0, SIGKILL);
+  waitpid(rank0, nullptr, 0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_LT(secs, 4.0) << s.ToString();
+  EXPECT_NE(s.message().find("TcpStore 127.0.0.1:" + std::to_string(o.master_port) + " (rank 1)"), std::string::npos)
+      << s.ToString();
+  EXPECT_NE(s.message().find("did not answer a heartbeat within 500 ms"), std::string::npos) << s.ToString();
+  // The communicator stays failed with the same error; destroying it is prompt.
+  EXPECT_EQ((*c1)->CheckHealth().code(), StatusCode::kUnavailable);
+  c1->reset();
 }
 
 TEST(CreateCommunicatorTest, UnknownBackendAndSingleRank) {

@@ -634,6 +634,7 @@ class TcpStore::Server {
 TcpStore::TcpStore(const TcpStoreOptions& options) : options_(options), port_(options.port) {}
 
 TcpStore::~TcpStore() {
+  StopHeartbeat();
   {
     std::lock_guard<std::mutex> lock(mu_);
     CloseLocked();
@@ -724,6 +725,11 @@ Status TcpStore::HandshakeLocked(int fd, Clock::time_point deadline) {
 }
 
 Status TcpStore::ConnectLocked(Clock::time_point deadline) {
+  ZERO_ASSIGN_OR_RETURN(fd_, Connect(deadline));
+  return OkStatus();
+}
+
+Result<int> TcpStore::Connect(Clock::time_point deadline) {
   std::string last_error = "no address";
   const std::string port = std::to_string(port_);
   while (true) {
@@ -759,9 +765,8 @@ Status TcpStore::ConnectLocked(Clock::time_point deadline) {
         SetNoDelay(fd);
         Status hs = HandshakeLocked(fd, deadline);
         if (hs.ok()) {
-          fd_ = fd;
           freeaddrinfo(res);
-          return OkStatus();
+          return fd;
         }
         close(fd);
         if (hs.code() != StatusCode::kUnavailable) {
@@ -833,6 +838,86 @@ Result<std::vector<char>> TcpStore::Request(uint8_t cmd, const std::vector<std::
     return InternalError(Describe() + ": unknown reply code " + std::to_string(header[0]) + ": " + m);
   }
   return payload;
+}
+
+Status TcpStore::StartHeartbeat(std::function<void(const Status&)> on_lost) {
+  if (server_ != nullptr || options_.heartbeat.count() <= 0) return OkStatus();
+  ZERO_ASSIGN_OR_RETURN(heartbeat_fd_, Connect(Clock::now() + options_.timeout));
+  if (pipe2(heartbeat_wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
+    const int err = errno;
+    close(heartbeat_fd_);
+    heartbeat_fd_ = -1;
+    return ErrnoError("pipe2", Describe() + " heartbeat", err);
+  }
+  heartbeat_ = std::thread([this, f = std::move(on_lost)] { HeartbeatMain(f); });
+  return OkStatus();
+}
+
+void TcpStore::StopHeartbeat() {
+  if (heartbeat_.joinable()) {
+    char b = 1;
+    ssize_t ignored = write(heartbeat_wake_[1], &b, 1);
+    (void)ignored;
+    heartbeat_.join();
+  }
+  for (int* fd : {&heartbeat_fd_, &heartbeat_wake_[0], &heartbeat_wake_[1]}) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+  }
+}
+
+void TcpStore::HeartbeatMain(std::function<void(const Status&)> on_lost) {
+  const auto bound = options_.heartbeat;
+  const auto period = std::max(bound / 2, std::chrono::milliseconds(1));
+  std::string ping(1, static_cast<char>(kPing));
+  ping.append(4, '\0');  // no fields
+  char reply[9];
+  size_t have = 0;
+  auto next_ping = Clock::now() + period;
+  auto sent_at = Clock::time_point::max();  // of the ping not yet answered
+  std::string lost;
+  while (lost.empty()) {
+    const auto until = sent_at == Clock::time_point::max() ? next_ping : sent_at + bound;
+    pollfd p[2] = {{heartbeat_wake_[0], POLLIN, 0}, {heartbeat_fd_, POLLIN | POLLRDHUP, 0}};
+    if (poll(p, 2, RemainingMs(until)) < 0 && errno != EINTR) {
+      lost = "polling the heartbeat connection failed (" + ErrnoText(errno) + ")";
+      break;
+    }
+    if (p[0].revents != 0) return;  // StopHeartbeat
+    if (p[1].revents != 0) {
+      ssize_t r = recv(heartbeat_fd_, reply + have, sizeof(reply) - have, MSG_DONTWAIT);
+      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        lost = "the store's server closed the heartbeat connection" +
+               (r < 0 ? " (" + ErrnoText(errno) + ")" : std::string()) +
+               ": rank 0's process, which hosts it, has exited or was killed";
+        break;
+      }
+      if (r > 0 && (have += static_cast<size_t>(r)) == sizeof(reply)) {
+        if (reply[0] != kReplyOk || ReadU64(reply + 1) != 0) {
+          lost = "the store's server answered a heartbeat with code " + std::to_string(reply[0]);
+          break;
+        }
+        have = 0;
+        sent_at = Clock::time_point::max();
+      }
+    }
+    const auto now = Clock::now();
+    if (sent_at != Clock::time_point::max() && now >= sent_at + bound) {
+      lost = "the store's server did not answer a heartbeat within " + std::to_string(bound.count()) +
+             " ms: rank 0's process, which hosts it, is stopped or hung, or its host is unreachable "
+             "(ZERO_STORE_HEARTBEAT_MS sets this bound)";
+    } else if (sent_at == Clock::time_point::max() && now >= next_ping) {
+      // 5 bytes into an idle socket's buffer: a short write means the connection is broken.
+      if (send(heartbeat_fd_, ping.data(), ping.size(), MSG_NOSIGNAL | MSG_DONTWAIT) !=
+          static_cast<ssize_t>(ping.size())) {
+        lost = "sending a heartbeat to the store's server failed (" + ErrnoText(errno) +
+               "): rank 0's process, which hosts it, has exited or was killed";
+      }
+      sent_at = now;
+      next_ping = now + period;
+    }
+  }
+  on_lost(UnavailableError(Describe() + ": " + lost));
 }
 
 Status TcpStore::CheckSizes(const std::string& key, const std::vector<char>* value) const {

@@ -35,15 +35,23 @@
 // reading the replies is held back, then closed at the request deadline
 // (comm/tcp_store_fuzz_test.cc).
 //
+// Heartbeat (StartHeartbeat, other ranks only): a second connection on which a thread pings the
+// server, so that a rank notices within seconds that rank 0's process (the server) exited, was
+// killed or hangs, instead of waiting for a collective's timeout. rendezvous.h aborts the
+// communicator with it.
+//
 // Thread safety: all methods may be called from several threads; requests on one TcpStore are
 // serialized over its single connection. Owns one socket (plus, on the host, the listening socket,
-// the accepted connections and the server thread), closed on destruction.
+// the accepted connections and the server thread; with a heartbeat, its socket and thread), closed
+// on destruction.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gloo/rendezvous/store.h>
@@ -61,6 +69,9 @@ struct TcpStoreOptions {
   std::chrono::milliseconds timeout{300000};
   // The job secret every connection proves (ZERO_JOB_SECRET); empty: no protection.
   std::string secret;
+  // StartHeartbeat's bound (ZERO_STORE_HEARTBEAT_MS): a ping every heartbeat / 2, and the server is
+  // lost when one stays unanswered for `heartbeat`. 0: no heartbeat.
+  std::chrono::milliseconds heartbeat{5000};
   // --- server only ------------------------------------------------------------------------------
   // Where to listen (ZERO_STORE_BIND_ADDR); empty: StoreBindAddress(host).
   std::string bind_addr;
@@ -122,6 +133,21 @@ class TcpStore final : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
 
+  // --- Heartbeat --------------------------------------------------------------------------------
+  // Opens and authenticates a second connection (as Create does, within options.timeout) and starts
+  // a thread that pings the server on it every heartbeat / 2 and otherwise sleeps in poll(): one
+  // wakeup, 5 bytes out and 9 back per period, nothing on the request path. When the server closes
+  // that connection (rank 0's process exited or was killed: noticed at once) or leaves a ping
+  // unanswered for `heartbeat` (stopped, hung or unreachable: noticed within 1.5 x heartbeat),
+  // `on_lost` is called once, on that thread, with kUnavailable naming the store's address and what
+  // happened, and the thread ends. OK and nothing started on the host (the server is this process)
+  // or when options.heartbeat is 0. Errors: those of Create's connection (kUnavailable,
+  // kFailedPrecondition). REQUIRES: called at most once.
+  Status StartHeartbeat(std::function<void(const Status& lost)> on_lost);
+  // Ends the heartbeat: when it returns, on_lost is not running and will not be called. Idempotent;
+  // the destructor calls it. REQUIRES: not called from on_lost.
+  void StopHeartbeat();
+
  private:
   class Server;
   explicit TcpStore(const TcpStoreOptions& options);
@@ -130,6 +156,10 @@ class TcpStore final : public gloo::rendezvous::Store {
   Result<std::vector<char>> Request(uint8_t cmd, const std::vector<std::string>& fields,
                                     std::chrono::milliseconds timeout);
   Status ConnectLocked(std::chrono::steady_clock::time_point deadline);
+  // A new authenticated connection to the server (ConnectLocked's retry loop); touches no member
+  // but the options.
+  Result<int> Connect(std::chrono::steady_clock::time_point deadline);
+  void HeartbeatMain(std::function<void(const Status&)> on_lost);
   // The client half of the handshake on a fresh connection; kUnavailable to retry (server busy or
   // gone), kFailedPrecondition for a secret mismatch.
   Status HandshakeLocked(int fd, std::chrono::steady_clock::time_point deadline);
@@ -143,6 +173,11 @@ class TcpStore final : public gloo::rendezvous::Store {
   std::unique_ptr<Server> server_;
   std::mutex mu_;  // serializes requests; guards fd_
   int fd_ = -1;
+  // Heartbeat: its connection and a pipe that wakes its thread to stop (set up by StartHeartbeat,
+  // closed by StopHeartbeat after the join).
+  int heartbeat_fd_ = -1;
+  int heartbeat_wake_[2] = {-1, -1};
+  std::thread heartbeat_;
 };
 
 }  // namespace zero

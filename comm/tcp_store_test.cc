@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -529,6 +531,98 @@ TEST(TcpStoreSecurityTest, ConnectionLimitDropsUnauthenticatedFirst) {
   EXPECT_TRUE(c1->Wait({"a"}, milliseconds(1000)).ok());
 }
 
+
+// What a heartbeat reported, and when.
+struct LostReport {
+  std::mutex mu;
+  std::condition_variable cv;
+  int calls = 0;
+  Status status;
+  Clock::time_point at;
+  void Report(const Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++calls;
+    status = s;
+    at = Clock::now();
+    cv.notify_all();
+  }
+  bool WaitFor(milliseconds limit) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, limit, [&] { return calls > 0; });
+  }
+};
+
+std::unique_ptr<TcpStore> WatchingClient(int port, int heartbeat_ms, LostReport* report) {
+  TcpStoreOptions o;
+  o.port = port;
+  o.rank = 1;
+  o.secret = kSecret;
+  o.timeout = milliseconds(5000);
+  o.heartbeat = milliseconds(heartbeat_ms);
+  auto c = TcpStore::Create(o);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  if (!c.ok()) return nullptr;
+  Status hb = (*c)->StartHeartbeat([report](const Status& s) { report->Report(s); });
+  EXPECT_TRUE(hb.ok()) << hb.ToString();
+  return std::move(c).value();
+}
+
+// The server (rank 0's process, here a child process) killed: noticed at once through the closed
+// heartbeat connection; stopped (SIGSTOP: its sockets stay open): noticed when a ping stays
+// unanswered for the heartbeat. A healthy server is never reported, and StopHeartbeat is prompt.
+TEST(TcpStoreHeartbeatTest, ServerKilledOrStoppedIsNoticedWithinTheHeartbeat) {
+  TcpStoreOptions so;
+  so.secret = kSecret;
+  {
+    ServerProcess server(so);
+    ASSERT_GT(server.port(), 0);
+    LostReport report;
+    auto c = WatchingClient(server.port(), 300, &report);
+    ASSERT_TRUE(c);
+    EXPECT_FALSE(report.WaitFor(milliseconds(1500))) << "a healthy server was reported: " << report.status.ToString();
+    ASSERT_EQ(kill(server.pid(), SIGSTOP), 0);
+    const auto stopped = Clock::now();
+    ASSERT_TRUE(report.WaitFor(milliseconds(5000))) << "a stopped server was not noticed within 5 s";
+    EXPECT_LT(report.at - stopped, milliseconds(450 + 1000)) << "1.5 x heartbeat, and 1 s of slack";
+    EXPECT_EQ(report.status.code(), StatusCode::kUnavailable) << report.status.ToString();
+    EXPECT_NE(report.status.message().find("TcpStore 127.0.0.1:" + std::to_string(server.port()) + " (rank 1)"),
+              std::string::npos)
+        << report.status.ToString();
+    EXPECT_NE(report.status.message().find("did not answer a heartbeat within 300 ms"), std::string::npos)
+        << report.status.ToString();
+    EXPECT_NE(report.status.message().find("rank 0's process"), std::string::npos) << report.status.ToString();
+  }
+  {
+    ServerProcess server(so);
+    ASSERT_GT(server.port(), 0);
+    LostReport report;
+    auto c = WatchingClient(server.port(), 2000, &report);
+    ASSERT_TRUE(c);
+    ASSERT_EQ(kill(server.pid(), SIGKILL), 0);
+    const auto killed = Clock::now();
+    ASSERT_TRUE(report.WaitFor(milliseconds(5000))) << "a killed server was not noticed within 5 s";
+    EXPECT_LT(report.at - killed, milliseconds(1000)) << "a closed connection is noticed at once, not at the ping";
+    EXPECT_NE(report.status.message().find("closed the heartbeat connection"), std::string::npos)
+        << report.status.ToString();
+    EXPECT_NE(report.status.message().find("has exited or was killed"), std::string::npos) << report.status.ToString();
+    c.reset();
+    EXPECT_EQ(report.calls, 1);
+  }
+  {
+    // Stopping a healthy heartbeat returns at once and reports nothing; the host has none.
+    ServerProcess server(so);
+    LostReport report;
+    auto c = WatchingClient(server.port(), 60000, &report);
+    ASSERT_TRUE(c);
+    const auto t0 = Clock::now();
+    c->StopHeartbeat();
+    EXPECT_LT(Clock::now() - t0, milliseconds(1000));
+    EXPECT_EQ(report.calls, 0);
+    auto host = Host();
+    ASSERT_TRUE(host);
+    EXPECT_TRUE(host->StartHeartbeat([&](const Status& s) { report.Report(s); }).ok());
+  }
+}
 
 TEST(TcpStoreBindTest, LoopbackMasterBindsLoopbackOnly) {
   EXPECT_EQ(*StoreBindAddress("127.0.0.1"), "127.0.0.1");
