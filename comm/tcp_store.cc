@@ -634,6 +634,7 @@ class TcpStore::Server {
 TcpStore::TcpStore(const TcpStoreOptions& options) : options_(options), port_(options.port) {}
 
 TcpStore::~TcpStore() {
+  StopWatch();
   StopHeartbeat();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -920,6 +921,74 @@ void TcpStore::HeartbeatMain(std::function<void(const Status&)> on_lost) {
   on_lost(UnavailableError(Describe() + ": " + lost));
 }
 
+Status TcpStore::WatchKey(const std::string& key,
+                          std::function<void(Result<std::vector<char>>)> on_event) {
+  ZERO_RETURN_IF_ERROR(CheckSizes(key, nullptr));
+  ZERO_ASSIGN_OR_RETURN(watch_fd_, Connect(Clock::now() + options_.timeout));
+  if (pipe2(watch_wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
+    const int err = errno;
+    close(watch_fd_);
+    watch_fd_ = -1;
+    return ErrnoError("pipe2", Describe() + " watch", err);
+  }
+  watch_ = std::thread([this, key, f = std::move(on_event)] { WatchMain(key, f); });
+  return OkStatus();
+}
+
+void TcpStore::StopWatch() {
+  if (watch_.joinable()) {
+    char b = 1;
+    ssize_t ignored = write(watch_wake_[1], &b, 1);
+    (void)ignored;
+    watch_.join();
+  }
+  for (int* fd : {&watch_fd_, &watch_wake_[0], &watch_wake_[1]}) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+  }
+}
+
+void TcpStore::WatchMain(const std::string& key,
+                         const std::function<void(Result<std::vector<char>>)>& on_event) {
+  auto lost = [&](const std::string& what, int err) {
+    on_event(UnavailableError(Describe() + ": the watch of key '" + key + "' ended: " + what +
+                              (err != 0 ? " (" + ErrnoText(err) + ")" : std::string())));
+  };
+  std::string frame(1, static_cast<char>(kGet));
+  const uint32_t one = 1;
+  frame.append(reinterpret_cast<const char*>(&one), 4);
+  AppendU64(&frame, key.size());
+  frame.append(key);
+  int err = 0;
+  if (SendAll(watch_fd_, frame.data(), frame.size(), Clock::now() + options_.timeout, &err) != Io::kOk) {
+    return lost("sending the request failed", err);
+  }
+  while (true) {
+    pollfd p[2] = {{watch_wake_[0], POLLIN, 0}, {watch_fd_, POLLIN | POLLRDHUP, 0}};
+    if (poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return lost("poll failed", errno);
+    }
+    if (p[0].revents != 0) return;  // StopWatch
+    if (p[1].revents != 0) break;
+  }
+  // The reply has started: the rest follows at once (bounded by the request timeout).
+  const auto deadline = Clock::now() + options_.request_timeout;
+  char header[9];
+  if (RecvExact(watch_fd_, header, 9, deadline, &err) != Io::kOk) {
+    return lost("the store's server closed the connection: rank 0's process may have exited", err);
+  }
+  const uint64_t len = ReadU64(header + 1);
+  if (header[0] != kReplyOk || len > options_.max_value_bytes + 65536) {
+    return lost("the server answered with code " + std::to_string(header[0]), 0);
+  }
+  std::vector<char> value(len);
+  if (len > 0 && RecvExact(watch_fd_, value.data(), len, deadline, &err) != Io::kOk) {
+    return lost("reading the value failed", err);
+  }
+  on_event(std::move(value));
+}
+
 Status TcpStore::CheckSizes(const std::string& key, const std::vector<char>* value) const {
   if (key.size() > options_.max_key_bytes) {
     return ResourceExhaustedError(Describe() + ": key of " + std::to_string(key.size()) +
@@ -935,8 +1004,12 @@ Status TcpStore::CheckSizes(const std::string& key, const std::vector<char>* val
 }
 
 Status TcpStore::Set(const std::string& key, const std::vector<char>& value) {
+  return Set(key, value, options_.timeout);
+}
+
+Status TcpStore::Set(const std::string& key, const std::vector<char>& value, std::chrono::milliseconds timeout) {
   ZERO_RETURN_IF_ERROR(CheckSizes(key, &value));
-  auto r = Request(kSet, {key, std::string(value.begin(), value.end())}, options_.timeout);
+  auto r = Request(kSet, {key, std::string(value.begin(), value.end())}, timeout);
   if (!r.ok()) return r.status().WithContext("set '" + key + "'");
   return OkStatus();
 }

@@ -40,10 +40,14 @@
 // killed or hangs, instead of waiting for a collective's timeout. rendezvous.h aborts the
 // communicator with it.
 //
+// Watch (WatchKey, every rank, the host included): a third connection on which a GET of one key
+// stays parked at the server until some client sets the key, so that every rank learns of it at
+// once without polling (rendezvous.h publishes one rank's fault through it).
+//
 // Thread safety: all methods may be called from several threads; requests on one TcpStore are
 // serialized over its single connection. Owns one socket (plus, on the host, the listening socket,
 // the accepted connections and the server thread; with a heartbeat, its socket and thread), closed
-// on destruction.
+// on destruction; with a watch, its socket and thread).
 #pragma once
 
 #include <chrono>
@@ -122,6 +126,8 @@ class TcpStore final : public gloo::rendezvous::Store {
   // kResourceExhausted naming the key when the key or value is over the server's limits or the
   // store holds as many keys (or bytes) as it may.
   Status Set(const std::string& key, const std::vector<char>& value);
+  // Set within `timeout` instead of options.timeout (kDeadlineExceeded after it).
+  Status Set(const std::string& key, const std::vector<char>& value, std::chrono::milliseconds timeout);
   // Blocks until `key` exists; kDeadlineExceeded after `timeout` naming the key.
   Result<std::vector<char>> Get(const std::string& key, std::chrono::milliseconds timeout);
   // Blocks until every key exists; kDeadlineExceeded after `timeout` naming the missing keys.
@@ -148,6 +154,19 @@ class TcpStore final : public gloo::rendezvous::Store {
   // the destructor calls it. REQUIRES: not called from on_lost.
   void StopHeartbeat();
 
+  // --- Watch -------------------------------------------------------------------------------------
+  // Opens and authenticates another connection (as Create does, within options.timeout) and starts
+  // a thread that sends one GET of `key` on it and sleeps in poll() until the reply: the server
+  // answers when some client sets `key` (at once if it exists), so nothing is sent or woken while it
+  // is absent. on_event is called once, on that thread: with the key's value, or with kUnavailable
+  // naming the store when the connection ends first (the server exited or was killed; the heartbeat
+  // is what reports that) - then the thread ends. Also on the host (a client of its own server).
+  // Errors: those of Create's connection. REQUIRES: called at most once.
+  Status WatchKey(const std::string& key, std::function<void(Result<std::vector<char>> event)> on_event);
+  // Ends the watch: when it returns, on_event is not running and will not be called. Idempotent; the
+  // destructor calls it. REQUIRES: not called from on_event.
+  void StopWatch();
+
  private:
   class Server;
   explicit TcpStore(const TcpStoreOptions& options);
@@ -160,6 +179,7 @@ class TcpStore final : public gloo::rendezvous::Store {
   // but the options.
   Result<int> Connect(std::chrono::steady_clock::time_point deadline);
   void HeartbeatMain(std::function<void(const Status&)> on_lost);
+  void WatchMain(const std::string& key, const std::function<void(Result<std::vector<char>>)>& on_event);
   // The client half of the handshake on a fresh connection; kUnavailable to retry (server busy or
   // gone), kFailedPrecondition for a secret mismatch.
   Status HandshakeLocked(int fd, std::chrono::steady_clock::time_point deadline);
@@ -178,6 +198,10 @@ class TcpStore final : public gloo::rendezvous::Store {
   int heartbeat_fd_ = -1;
   int heartbeat_wake_[2] = {-1, -1};
   std::thread heartbeat_;
+  // Watch: its connection and stop pipe (as the heartbeat's).
+  int watch_fd_ = -1;
+  int watch_wake_[2] = {-1, -1};
+  std::thread watch_;
 };
 
 }  // namespace zero

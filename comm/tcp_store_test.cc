@@ -147,6 +147,69 @@ TEST(TcpStoreTest, ServerGoneIsUnavailable) {
   EXPECT_TRUE(s.code() == StatusCode::kUnavailable) << s.ToString();
 }
 
+// WatchKey: the watcher hears of a set at once (the host watches its own server too), of a key
+// that was set before the watch began at once, nothing while the key is absent (StopWatch then
+// ends it promptly), and that the server is gone when it is.
+TEST(TcpStoreTest, WatchKeyReportsTheSetAtOnceAndTheServerGone) {
+  auto host = Host();
+  auto c1 = Client(host->port(), 1);
+  auto c2 = Client(host->port(), 2);
+  ASSERT_TRUE(c1 && c2);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> heard(3);
+  auto watcher = [&](int who) {
+    return [&, who](Result<std::vector<char>> e) {
+      std::lock_guard<std::mutex> lock(mu);
+      heard[who] = e.ok() ? "value " + std::string(e->begin(), e->end()) : "ended " + e.status().ToString();
+      cv.notify_all();
+    };
+  };
+  ASSERT_TRUE(host->WatchKey("job/fault", watcher(0)).ok());
+  ASSERT_TRUE(c1->WatchKey("job/fault", watcher(1)).ok());
+  std::this_thread::sleep_for(milliseconds(200));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(heard[0], "");
+    EXPECT_EQ(heard[1], "");
+  }
+  const auto set_at = Clock::now();
+  ASSERT_TRUE(c2->Set("job/fault", Bytes("2\nINTERNAL: disk on fire")).ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, milliseconds(2000), [&] { return !heard[0].empty() && !heard[1].empty(); }));
+    EXPECT_LT(Clock::now() - set_at, milliseconds(500));
+    EXPECT_EQ(heard[0], "value 2\nINTERNAL: disk on fire");
+    EXPECT_EQ(heard[1], "value 2\nINTERNAL: disk on fire");
+  }
+  // Set before the watch: heard at once.
+  ASSERT_TRUE(c2->WatchKey("job/fault", watcher(2)).ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, milliseconds(2000), [&] { return !heard[2].empty(); }));
+    EXPECT_EQ(heard[2], "value 2\nINTERNAL: disk on fire");
+  }
+  // A watch of an absent key stops promptly; one whose server goes reports it.
+  auto c3 = Client(host->port(), 3);
+  auto c4 = Client(host->port(), 4);
+  ASSERT_TRUE(c3 && c4);
+  std::string c4_heard;
+  ASSERT_TRUE(c3->WatchKey("never", [&](Result<std::vector<char>>) { ADD_FAILURE() << "stopped watch called"; }).ok());
+  ASSERT_TRUE(c4->WatchKey("never", [&](Result<std::vector<char>> e) {
+                  std::lock_guard<std::mutex> lock(mu);
+                  c4_heard = e.ok() ? "value" : e.status().ToString();
+                  cv.notify_all();
+                }).ok());
+  const auto stop_at = Clock::now();
+  c3->StopWatch();
+  EXPECT_LT(Clock::now() - stop_at, milliseconds(500));
+  host.reset();
+  std::unique_lock<std::mutex> lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, milliseconds(2000), [&] { return !c4_heard.empty(); }));
+  EXPECT_NE(c4_heard.find("UNAVAILABLE"), std::string::npos) << c4_heard;
+  EXPECT_NE(c4_heard.find("the watch of key 'never' ended"), std::string::npos) << c4_heard;
+}
+
 TEST(TcpStoreTest, PortInUseIsReported) {
   auto host = Host();
   TcpStoreOptions o;
