@@ -108,6 +108,17 @@ class Communicator {
   // progress and every later call fail, and the peers' pending collectives fail promptly (their
   // connections close / NCCL kernels exit). Idempotent; the first error stays the sticky one.
   virtual void Abort(const std::string& reason) = 0;
+
+  // Fault propagation: this rank failed with `error` (in the user's code, a local I/O or device
+  // error, a collective) and will take no further part in the job's collectives. Tells every rank
+  // where the communicator has a channel for it, so that their pending and next collectives fail
+  // within seconds with kUnavailable naming this rank and `error`, instead of waiting for `timeout`;
+  // this communicator is then aborted too. Communicators made by CreateCommunicator over a TcpStore
+  // have that channel (rendezvous.h); the default has none and does nothing (the peers learn of the
+  // fault when this rank's process exits or, failing that, at their timeout). A rank whose own
+  // failure was caused by a fault another rank reported does not report it again. Never blocks for
+  // long (bounded by a few seconds when the store is unreachable); idempotent.
+  virtual void ReportFault(const Status& error);
 };
 
 }  // namespace zero

@@ -78,6 +78,7 @@ class FaultyCommunicator final : public Communicator {
   Status BroadcastHost(void* data, size_t bytes, int root) override;
   Status CheckHealth() override;
   void Abort(const std::string& reason) override;
+  void ReportFault(const Status& error) override { inner_->ReportFault(error); }
 
  private:
   struct State;  // one collective's, shared by its Work and the watchdog

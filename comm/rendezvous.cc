@@ -5,6 +5,9 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -75,18 +78,37 @@ Status MakeDirs(const std::string& path) {
   return OkStatus();
 }
 
-// The communicator of a TcpStore rendezvous: the backend's, aborted by the store's heartbeat when
-// rank 0's process is gone. The heartbeat is stopped before the backend's communicator is
-// destroyed (it calls its Abort).
+// The communicator of a TcpStore rendezvous: the backend's, plus two uses of the store.
+//  - Heartbeat (ranks but 0): aborted when rank 0's process is gone (TcpStore::StartHeartbeat).
+//  - Faults (every rank): ReportFault sets the key "<prefix>/fault" to "<rank>\n<error>" and every
+//    rank's watch of that key (TcpStore::WatchKey: a GET parked at the server, no polling) aborts its
+//    communicator with "rank R failed: <error>" as soon as it is set, so the collective in progress
+//    fails then. The first report wins: the watches fire on it, and a rank that learned of a fault
+//    does not report its own failure, which that fault caused. A failure of the backend (a
+//    collective's error, a sync operation's) is given the reporter's name and message: another
+//    rank's abort or exit can end a collective here a moment before this rank's own watch fires, so
+//    on the first error it waits up to a second for the watch.
+// Costs nothing on the hot path: one parked request per rank, a forwarding call per operation, and
+// each Work wrapped once. Both threads are stopped before the backend's communicator is destroyed
+// (they call its Abort).
 class StoreWatchedCommunicator final : public Communicator {
  public:
-  StoreWatchedCommunicator(std::unique_ptr<Communicator> inner, std::shared_ptr<TcpStore> store)
-      : inner_(std::move(inner)), store_(std::move(store)) {}
-  ~StoreWatchedCommunicator() override { store_->StopHeartbeat(); }
+  StoreWatchedCommunicator(std::unique_ptr<Communicator> inner, std::shared_ptr<TcpStore> store,
+                           std::string fault_key, std::chrono::milliseconds timeout)
+      : inner_(std::move(inner)), store_(std::move(store)), fault_key_(std::move(fault_key)), timeout_(timeout) {}
+  ~StoreWatchedCommunicator() override {
+    store_->StopWatch();
+    store_->StopHeartbeat();
+  }
 
-  Status StartHeartbeat() {
+  Status Start() {
     Communicator* comm = inner_.get();
-    return store_->StartHeartbeat([comm](const Status& lost) { comm->Abort(lost.message()); });
+    if (comm->rank() != 0) {
+      ZERO_RETURN_IF_ERROR(store_->StartHeartbeat([comm](const Status& lost) { comm->Abort(lost.message()); })
+                               .WithContext("starting the store heartbeat"));
+    }
+    return store_->WatchKey(fault_key_, [this](Result<std::vector<char>> event) { OnFaultKey(std::move(event)); })
+        .WithContext("starting the watch of the ranks' faults");
   }
 
   int rank() const override { return inner_->rank(); }
@@ -94,37 +116,121 @@ class StoreWatchedCommunicator final : public Communicator {
   std::string backend() const override { return inner_->backend(); }
   Device* device() const override { return inner_->device(); }
   Result<std::unique_ptr<Work>> AllReduce(void* buf, size_t count, DType t, ReduceOp op, Stream* after) override {
-    return inner_->AllReduce(buf, count, t, op, after);
+    return Wrap(inner_->AllReduce(buf, count, t, op, after));
   }
   Result<std::unique_ptr<Work>> ReduceScatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op,
                                               Stream* after) override {
-    return inner_->ReduceScatter(send, recv, recv_count, t, op, after);
+    return Wrap(inner_->ReduceScatter(send, recv, recv_count, t, op, after));
   }
   Result<std::unique_ptr<Work>> AllGather(const void* send, void* recv, size_t send_count, DType t,
                                           Stream* after) override {
-    return inner_->AllGather(send, recv, send_count, t, after);
+    return Wrap(inner_->AllGather(send, recv, send_count, t, after));
   }
   Result<std::unique_ptr<Work>> Broadcast(void* buf, size_t count, DType t, int root, Stream* after) override {
-    return inner_->Broadcast(buf, count, t, root, after);
+    return Wrap(inner_->Broadcast(buf, count, t, root, after));
   }
-  Status Barrier() override { return inner_->Barrier(); }
-  Status AllReduceHost(double* values, size_t n, ReduceOp op) override { return inner_->AllReduceHost(values, n, op); }
-  Status BroadcastHost(void* data, size_t bytes, int root) override { return inner_->BroadcastHost(data, bytes, root); }
-  Status CheckHealth() override { return inner_->CheckHealth(); }
+  Status Barrier() override { return Explain(inner_->Barrier()); }
+  Status AllReduceHost(double* values, size_t n, ReduceOp op) override {
+    return Explain(inner_->AllReduceHost(values, n, op));
+  }
+  Status BroadcastHost(void* data, size_t bytes, int root) override {
+    return Explain(inner_->BroadcastHost(data, bytes, root));
+  }
+  Status CheckHealth() override { return Explain(inner_->CheckHealth()); }
   void Abort(const std::string& reason) override { inner_->Abort(reason); }
 
+  void ReportFault(const Status& error) override {
+    const std::string mine = "rank " + std::to_string(rank()) + " failed: " + error.ToString();
+    std::string known;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (reported_) return;
+      reported_ = true;
+      known = fault_;
+    }
+    if (!known.empty()) {  // a consequence of the fault another rank reported
+      inner_->Abort(known);
+      return;
+    }
+    // The store's value limit is 1 MiB by default; a message is rarely over a few hundred bytes.
+    std::string value = std::to_string(rank()) + "\n" + error.ToString().substr(0, 16384);
+    const auto bound = std::min<std::chrono::milliseconds>(timeout_, std::chrono::milliseconds(5000));
+    Status told = store_->Set(fault_key_, std::vector<char>(value.begin(), value.end()), bound);
+    if (!told.ok()) {
+      std::fprintf(stderr, "rank %d: telling the other ranks of this rank's failure through the store failed: %s\n",
+                   rank(), told.ToString().c_str());
+    }
+    inner_->Abort(mine);
+  }
+
  private:
+  class ExplainedWork final : public Work {
+   public:
+    ExplainedWork(std::unique_ptr<Work> inner, StoreWatchedCommunicator* comm)
+        : inner_(std::move(inner)), comm_(comm) {}
+    Status Wait() override { return comm_->Explain(inner_->Wait()); }
+    bool IsCompleted() override { return inner_->IsCompleted(); }
+    Status StreamWait(Stream* stream) override { return comm_->Explain(inner_->StreamWait(stream)); }
+
+   private:
+    std::unique_ptr<Work> inner_;
+    StoreWatchedCommunicator* comm_;
+  };
+
+  Result<std::unique_ptr<Work>> Wrap(Result<std::unique_ptr<Work>> work) {
+    if (!work.ok()) return Explain(work.status());
+    return std::unique_ptr<Work>(new ExplainedWork(std::move(work).value(), this));
+  }
+
+  void OnFaultKey(Result<std::vector<char>> event) {
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      watch_ended_ = true;
+      if (event.ok()) {
+        const std::string v(event->begin(), event->end());
+        const size_t nl = v.find('\n');
+        fault_ = "rank " + v.substr(0, nl) + " failed: " + (nl == std::string::npos ? v : v.substr(nl + 1));
+        reason = fault_;
+      }
+    }
+    cv_.notify_all();
+    if (!reason.empty()) inner_->Abort(reason);
+  }
+
+  // `s` naming the reported fault when there is one (see the class comment).
+  Status Explain(Status s) {
+    if (s.ok()) return s;
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!waited_) {
+      waited_ = true;
+      cv_.wait_for(lock, std::chrono::seconds(1), [this] { return watch_ended_; });
+    }
+    if (fault_.empty() || s.message().find(fault_) != std::string::npos) return s;
+    return UnavailableError(fault_ + " (this rank stopped as a consequence: " + s.message() + ")");
+  }
+
   std::unique_ptr<Communicator> inner_;
   std::shared_ptr<TcpStore> store_;
+  const std::string fault_key_;
+  const std::chrono::milliseconds timeout_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string fault_;          // guarded by mu_: "rank R failed: <error>" once the key is set
+  bool watch_ended_ = false;   // guarded by mu_
+  bool waited_ = false;        // guarded by mu_: Explain waited for the watch once
+  bool reported_ = false;      // guarded by mu_
 };
 
-// `comm` watched by the heartbeat of `store` when it is a TcpStore of a rank other than 0.
+// `comm` watched through `store` when it is a TcpStore: every rank watches the fault key, every rank
+// but 0 keeps a heartbeat.
 Result<std::unique_ptr<Communicator>> WatchStore(std::unique_ptr<Communicator> comm,
-                                                 const std::shared_ptr<gloo::rendezvous::Store>& store) {
+                                                 const std::shared_ptr<gloo::rendezvous::Store>& store,
+                                                 const std::string& prefix, std::chrono::milliseconds timeout) {
   auto tcp = std::dynamic_pointer_cast<TcpStore>(store);
-  if (tcp == nullptr || !tcp->bind_address().empty() || comm->rank() == 0) return comm;
-  auto watched = std::make_unique<StoreWatchedCommunicator>(std::move(comm), std::move(tcp));
-  ZERO_RETURN_IF_ERROR(watched->StartHeartbeat().WithContext("starting the store heartbeat"));
+  if (tcp == nullptr) return comm;
+  auto watched = std::make_unique<StoreWatchedCommunicator>(std::move(comm), std::move(tcp), prefix + "/fault", timeout);
+  ZERO_RETURN_IF_ERROR(watched->Start());
   return std::unique_ptr<Communicator>(std::move(watched));
 }
 
@@ -276,7 +382,7 @@ Result<std::unique_ptr<Communicator>> CreateCommunicator(const std::string& back
     }
     ZERO_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,
                           GlooCommunicator::Create(opts.rank, opts.world_size, store, device, g));
-    return WatchStore(std::move(comm), store);
+    return WatchStore(std::move(comm), store, prefix, opts.comm.timeout);
   }
 #if defined(ZERO_HAS_NCCL)
   auto* cuda = dynamic_cast<CudaDevice*>(device);
@@ -289,7 +395,7 @@ Result<std::unique_ptr<Communicator>> CreateCommunicator(const std::string& back
   n.prefix = prefix;
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> comm,
                         NcclCommunicator::Create(opts.rank, opts.world_size, store, cuda, n));
-  return WatchStore(std::move(comm), store);
+  return WatchStore(std::move(comm), store, prefix, opts.comm.timeout);
 #else
   return InternalError("unreachable");
 #endif

@@ -80,7 +80,12 @@ Result<std::shared_ptr<gloo::rendezvous::Store>> CreateStore(const RendezvousOpt
 // rank 0's process exits, is killed, stops or hangs, the communicator is aborted (Abort) within
 // about 1.5 x store_heartbeat (at once for an exit or a kill), so the collective in progress and
 // every later call fail with kUnavailable naming the store's address and what happened, instead of
-// waiting for opts.comm.timeout. The returned communicator forwards to the backend's.
+// waiting for opts.comm.timeout. Through a TcpStore, every rank also watches the key
+// "<prefix>/<backend>/fault" (TcpStore::WatchKey) and ReportFault sets it: when one rank reports a
+// fault, every rank's communicator is aborted at once (milliseconds), so their collectives fail
+// with kUnavailable "rank R failed: <R's error>" instead of waiting for the timeout; the first
+// report wins. A FileStore (store_path) has no such channel: ReportFault does nothing there. The
+// returned communicator forwards to the backend's.
 Result<std::unique_ptr<Communicator>> CreateCommunicator(const std::string& backend, Device* device,
                                                          const RendezvousOptions& opts);
 

@@ -19,6 +19,7 @@
 #include <initializer_list>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "comm/tcp_store.h"
 #include "runtime/cpu_device.h"
@@ -320,6 +321,64 @@ TEST(CreateCommunicatorTest, StoppedRankZeroFailsTheOthersWithinTheHeartbeat) {
   // The communicator stays failed with the same error; destroying it is prompt.
   EXPECT_EQ((*c1)->CheckHealth().code(), StatusCode::kUnavailable);
   c1->reset();
+}
+
+// One rank's fault reaches every rank (issue 23): three thread ranks over the real TcpStore; ranks 0
+// and 1 wait in a collective while rank 2 reports a fault (Communicator::ReportFault) and never
+// joins. Both fail at once (not after the communicator's timeout, 30 s here) with UNAVAILABLE naming
+// rank 2 and its error; rank 2's own communicator is aborted too; rank 0, whose failure is a
+// consequence, reporting again changes nothing.
+TEST(CreateCommunicatorTest, ReportedFaultFailsEveryRankAtOnceNamingIt) {
+  RendezvousOptions o;
+  o.world_size = 3;
+  o.master_port = FreeLoopbackPort();
+  o.job_secret = "5e1f0c3a9b8d7e6f5a4b3c2d1e0f9a8b";
+  o.comm.timeout = std::chrono::milliseconds(30000);
+  CpuDevice devices[3];
+  std::unique_ptr<Communicator> comms[3];
+  Status made[3];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      RendezvousOptions mine = o;
+      mine.rank = r;
+      auto c = CreateCommunicator("gloo", &devices[r], mine);
+      made[r] = c.status();
+      if (c.ok()) comms[r] = std::move(c).value();
+    });
+  }
+  for (auto& t : threads) t.join();
+  threads.clear();
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(made[r].ok()) << made[r].ToString();
+
+  Status waited[2];
+  double secs[2] = {0, 0};
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      double v = r;
+      waited[r] = comms[r]->AllReduceHost(&v, 1, ReduceOp::kSum);
+      secs[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  comms[2]->ReportFault(InternalError("swap file /nvme/rank2/params.swp: read failed: Input/output error"));
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_FALSE(waited[r].ok());
+    EXPECT_EQ(waited[r].code(), StatusCode::kUnavailable) << waited[r].ToString();
+    EXPECT_LT(secs[r], 3.0) << waited[r].ToString();
+    EXPECT_NE(waited[r].message().find("rank 2 failed: INTERNAL: swap file /nvme/rank2/params.swp: read failed"),
+              std::string::npos)
+        << waited[r].ToString();
+  }
+  double v = 0;
+  EXPECT_EQ(comms[2]->AllReduceHost(&v, 1, ReduceOp::kSum).code(), StatusCode::kUnavailable);
+  comms[0]->ReportFault(waited[0]);
+  Status later = comms[1]->CheckHealth();
+  EXPECT_NE(later.message().find("rank 2 failed"), std::string::npos) << later.ToString();
+  for (auto& c : comms) c.reset();
 }
 
 TEST(CreateCommunicatorTest, UnknownBackendAndSingleRank) {
