@@ -5,7 +5,10 @@
 # There:  bash bench/run_llm_h200.sh run OUTDIR [PHASE...]   (device tool: carry [".carry/llm"])
 #   PHASE kernels:  llm_cuda_test: every kernel and the whole CUDA model against the CPU model
 #   PHASE profile:  llm_cuda_bench (model only, no engine) on qwen3-0.6b: tokens/s and the device time of
-#                   each operation, the model's own attention kernels against cuDNN's, at seq 2048 and 512
+#                   each operation with cuDNN's attention (PROFILE_ATTENTION="kernel cudnn" adds the
+#                   model's own kernels), at seq 2048 and 512
+#   PHASE breakdown: zero_llm on qwen3-0.6b (16384 tokens per step) with wall_clock_breakdown and a
+#                   zero_trace Chrome trace of step 3: no offload, and the optimizer offloaded (CPU AdamW)
 #   PHASE equiv:    gpu_equivalence at world 1, then --world 2, 4, 8 (ranks as threads on the one GPU)
 #   PHASE hf:       bench/llm_hf_compare.py: the same HF directory and tokens in transformers and zero_llm
 #                   (step-1 loss, 100 AdamW steps, our export loaded by from_pretrained)
@@ -81,10 +84,19 @@ PY
         case $p in
           kernels) step 120 $B/llm_cuda_test ;;
           profile)
-            for a in kernel cudnn; do
+            for a in ${PROFILE_ATTENTION:-cudnn}; do
               step 90 $B/llm_cuda_bench --preset=qwen3-0.6b --seq=2048 --batch=8 --steps=5 --attention=$a --profile
             done
             step 90 $B/llm_cuda_bench --preset=qwen3-0.6b --seq=512 --batch=32 --steps=5 --attention=cudnn --profile ;;
+          breakdown)
+            for cfg in none cpuadam; do
+              extra=()
+              [ $cfg = cpuadam ] && extra=('zero_optimization.offload_optimizer={"device": "cpu"}')
+              ds "$out/wcb_$cfg.json" wall_clock_breakdown=true steps_per_print=1 "${extra[@]}" \
+                 "zero_trace={\"enabled\": true, \"path\": \"$out/trace_$cfg.json\", \"first_step\": 3, \"last_step\": 3}"
+              step 90 $B/zero_llm $Q --corpus-bytes 2000000 --config "$out/wcb_$cfg.json" --steps 5 \
+                   --log-json "$out/wcb_$cfg.jsonl"
+            done ;;
           equiv)
             step 120 $B/gpu_equivalence
             for w in 2 4 8; do step 120 $B/gpu_equivalence --world $w --comm same_device; done ;;

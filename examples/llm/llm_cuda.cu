@@ -141,6 +141,7 @@ struct LayerBuffers {
   void* xn2 = nullptr;      // [N, H]
   void* g = nullptr;        // [N, I] gate projection
   void* u = nullptr;        // [N, I] up projection
+  void* act = nullptr;      // [N, I] silu(g) * u (with checkpointing, refilled by the backward)
 };
 
 // A module's parameters as the kernels take them.
@@ -239,7 +240,6 @@ struct LlmCudaActivations::State {
   std::vector<LayerBuffers> layers;  // L, or 1 reused by every layer with checkpointing
 
   // Workspace.
-  void* act = nullptr;    // [N, I] silu(g) * u
   float* dh = nullptr;    // [N, H] gradient of the residual stream
   void* dh_t = nullptr;   // [N, H] dh in the compute dtype (= dh for fp32)
   float* dxn = nullptr;   // [N, H] gradient of a norm's output
@@ -659,8 +659,8 @@ class LlmCuda::Impl {
       act(&lb.xn2, N * H_);
       act(&lb.g, N * I_);
       act(&lb.u, N * I_);
+      act(&lb.act, N * I_);
     }
-    act(&st.act, N * I_);
     a.Add(&st.dh, N * H_);
     if (!f32) act(&st.dh_t, N * H_);
     a.Add(&st.dxn, N * H_);
@@ -935,13 +935,15 @@ class LlmCuda::Impl {
     ZERO_RETURN_IF_ERROR(LinearForward(T, b.xn2, w.data[p.up], N, I_, H_, b.u, T, 0.0f));
     prof_.Mark("gemm_fwd");
     if (recompute) return OkStatus();
-    ZERO_RETURN_IF_ERROR(kernels::SwiGluForward(b.g, b.u, T, N * I_, st.act, stream_));
+    ZERO_RETURN_IF_ERROR(kernels::SwiGluForward(b.g, b.u, T, N * I_, b.act, stream_));
     prof_.Mark("swi_glu_forward");
     float* h_out = st.hs + (l + 1) * N * H_;
     LLM_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(h_out, b.h_mid, N * H_ * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
     prof_.Mark("copy");
-    return LinearForward(T, st.act, w.data[p.down], N, H_, I_, h_out, DType::kF32, 1.0f);
+    ZERO_RETURN_IF_ERROR(LinearForward(T, b.act, w.data[p.down], N, H_, I_, h_out, DType::kF32, 1.0f));
+    prof_.Mark("gemm_fwd");
+    return OkStatus();
   }
 
   // On entry st.dh holds dL/d(layer output); on return dL/d(layer input). Emits the layer's
@@ -962,9 +964,11 @@ class LlmCuda::Impl {
     prof_.Mark("convert");
     ZERO_RETURN_IF_ERROR(LinearBackwardInput(T, dh_t, w.data[p.down], N, H_, I_, st.da, F, 0.0f));
     prof_.Mark("gemm_dgrad");
-    ZERO_RETURN_IF_ERROR(kernels::SwiGluForward(b.g, b.u, T, N * I_, st.act, stream_));
-    prof_.Mark("swi_glu_forward");
-    ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.down, T, dh_t, st.act, N, H_, I_));
+    if (st.checkpointing) {  // the recomputed forward stopped before the product
+      ZERO_RETURN_IF_ERROR(kernels::SwiGluForward(b.g, b.u, T, N * I_, b.act, stream_));
+      prof_.Mark("swi_glu_forward");
+    }
+    ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.down, T, dh_t, b.act, N, H_, I_));
     prof_.Mark("gemm_wgrad");
     ZERO_RETURN_IF_ERROR(kernels::SwiGluBackward(b.g, b.u, T, st.da, N * I_, st.dg, st.du, stream_));
     prof_.Mark("swi_glu_backward");
@@ -991,13 +995,13 @@ class LlmCuda::Impl {
     prof_.Mark("gemm_wgrad");
     ZERO_ASSIGN_OR_RETURN(const bool use_cudnn, UseCudnn(st));
     if (use_cudnn) {
-      // cuDNN writes bf16 gradients; the steps below start from fp32 ones.
+      // cuDNN writes bf16 gradients; RoPE's inverse and the q/k-norm backward start from fp32 ones
+      // (dv is used as it is).
       ZERO_RETURN_IF_ERROR(
           cudnn_->Backward(Shape(st), b.q, b.k, b.v, b.o, st.dout, b.lse, DqT(st), DkT(st), DvT(st)));
       prof_.Mark("attention_backward");
       ZERO_RETURN_IF_ERROR(kernels::Convert(DqT(st), T, st.dq, F, N * qd_, stream_));
       ZERO_RETURN_IF_ERROR(kernels::Convert(DkT(st), T, st.dk, F, N * kvd_, stream_));
-      ZERO_RETURN_IF_ERROR(kernels::Convert(DvT(st), T, st.dv, F, N * kvd_, stream_));
       prof_.Mark("convert");
     } else {
       ZERO_RETURN_IF_ERROR(kernels::AttentionBackward(b.q, b.k, b.v, b.o, st.dout, T, b.lse, st.batch, st.seq,
@@ -1006,8 +1010,10 @@ class LlmCuda::Impl {
       prof_.Mark("attention_backward");
     }
     void* dv_t = DvT(st);
-    ZERO_RETURN_IF_ERROR(kernels::Convert(st.dv, F, dv_t, T, N * kvd_, stream_));
-    prof_.Mark("convert");
+    if (!use_cudnn) {  // cuDNN wrote dv in the compute dtype already
+      ZERO_RETURN_IF_ERROR(kernels::Convert(st.dv, F, dv_t, T, N * kvd_, stream_));
+      prof_.Mark("convert");
+    }
     ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.v, T, dv_t, b.xn1, N, kvd_, H_));
     prof_.Mark("gemm_wgrad");
     ZERO_RETURN_IF_ERROR(kernels::Rope(st.dq, F, N, st.seq, static_cast<int>(nh_), hd, st.rope_cos, st.rope_sin,
@@ -1048,8 +1054,10 @@ class LlmCuda::Impl {
     prof_.Mark("gemm_dgrad");
     ZERO_RETURN_IF_ERROR(NormWeightGrad(grads, gi.input_norm, h_in, F, b.rstd1, st.dxn, F, N, H_, st));
     prof_.Mark("rmsnorm_wgrad");
-    return kernels::RmsNormBackward(h_in, F, b.rstd1, w.data[p.in_norm], w.dtype[p.in_norm], st.dxn, F, N, H,
-                                    /*accumulate=*/true, st.dh, F, stream_);
+    ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(h_in, F, b.rstd1, w.data[p.in_norm], w.dtype[p.in_norm], st.dxn, F,
+                                                  N, H, /*accumulate=*/true, st.dh, F, stream_));
+    prof_.Mark("rms_norm_backward");
+    return OkStatus();
   }
 
   const LlmConfig c_;

@@ -85,14 +85,67 @@ struct BF16 {
   static __device__ __forceinline__ uint16_t Store(float v) { return FloatToBf16(v); }
 };
 
+// V consecutive elements i .. i+V-1 of a buffer of dtype t, as floats (V = 1, or 4 with one 16-byte
+// fp32 or 8-byte bf16 access). REQUIRES for V = 4: i % 4 == 0 and the buffer aligned to 4 elements
+// (VecOk). fp16 goes element by element. The values and roundings are LoadAsFloat/StoreFromFloat's.
+template <int V>
+__device__ __forceinline__ void LoadV(const void* p, DType t, int64_t i, float* v) {
+  if constexpr (V == 4) {
+    if (t == DType::kF32) {
+      const float4 x = *reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
+      v[0] = x.x;
+      v[1] = x.y;
+      v[2] = x.z;
+      v[3] = x.w;
+      return;
+    }
+    if (t == DType::kBF16) {
+      const uint2 x = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p) + i);
+      v[0] = Bf16ToFloat(static_cast<uint16_t>(x.x & 0xffffu));
+      v[1] = Bf16ToFloat(static_cast<uint16_t>(x.x >> 16));
+      v[2] = Bf16ToFloat(static_cast<uint16_t>(x.y & 0xffffu));
+      v[3] = Bf16ToFloat(static_cast<uint16_t>(x.y >> 16));
+      return;
+    }
+  }
+  for (int k = 0; k < V; ++k) v[k] = LoadAsFloat(p, t, i + k);
+}
+
+template <int V>
+__device__ __forceinline__ void StoreV(void* p, DType t, int64_t i, const float* v) {
+  if constexpr (V == 4) {
+    if (t == DType::kF32) {
+      *reinterpret_cast<float4*>(static_cast<float*>(p) + i) = make_float4(v[0], v[1], v[2], v[3]);
+      return;
+    }
+    if (t == DType::kBF16) {
+      uint2 x;
+      x.x = uint32_t(FloatToBf16(v[0])) | (uint32_t(FloatToBf16(v[1])) << 16);
+      x.y = uint32_t(FloatToBf16(v[2])) | (uint32_t(FloatToBf16(v[3])) << 16);
+      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p) + i) = x;
+      return;
+    }
+  }
+  for (int k = 0; k < V; ++k) StoreFromFloat(p, t, i + k, v[k]);
+}
+
+// Whether a buffer of dtype t can be accessed 4 elements at a time.
+bool VecOk(const void* p, DType t) { return reinterpret_cast<uintptr_t>(p) % (4 * SizeOf(t)) == 0; }
+
+// Grid for n / V vectors.
+unsigned GridForVec(int64_t n, int v) { return GridFor((n + v - 1) / v); }
+
 }  // namespace
 
 // ---- Conversion -------------------------------------------------------------------------------
 
 namespace {
+template <int V>
 __global__ void ConvertKernel(const void* src, DType st, void* dst, DType dt, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    StoreFromFloat(dst, dt, i, LoadAsFloat(src, st, i));
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V; i < n; i += int64_t(gridDim.x) * blockDim.x * V) {
+    float v[V];
+    LoadV<V>(src, st, i, v);
+    StoreV<V>(dst, dt, i, v);
   }
 }
 }  // namespace
@@ -109,7 +162,11 @@ Status Convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t n, 
     }
     return OkStatus();
   }
-  ConvertKernel<<<GridFor(n), kThreads, 0, stream>>>(src, src_t, dst, dst_t, n);
+  if (n % 4 == 0 && VecOk(src, src_t) && VecOk(dst, dst_t)) {
+    ConvertKernel<4><<<GridForVec(n, 4), kThreads, 0, stream>>>(src, src_t, dst, dst_t, n);
+  } else {
+    ConvertKernel<1><<<GridFor(n), kThreads, 0, stream>>>(src, src_t, dst, dst_t, n);
+  }
   return LaunchStatus("ConvertKernel");
 }
 
@@ -166,24 +223,31 @@ Status EmbeddingBackward(const int32_t* positions, const int32_t* unique_ids, co
 namespace {
 constexpr int kRowWarps = 8;
 
+template <int V>
 __global__ void RmsNormForwardKernel(const void* x, DType xt, const void* w, DType wt, int64_t rows, int cols,
                                      float eps, void* y, DType yt, float* rstd) {
   const int64_t row = int64_t(blockIdx.x) * kRowWarps + threadIdx.y;
   if (row >= rows) return;
   const int64_t base = row * cols;
   float ss = 0.0f;
-  for (int c = threadIdx.x; c < cols; c += 32) {
-    const float v = LoadAsFloat(x, xt, base + c);
-    ss += v * v;
+  for (int c = threadIdx.x * V; c < cols; c += 32 * V) {
+    float v[V];
+    LoadV<V>(x, xt, base + c, v);
+    for (int k = 0; k < V; ++k) ss += v[k] * v[k];
   }
   ss = WarpSum(ss);
   const float r = 1.0f / sqrtf(ss / float(cols) + eps);
-  for (int c = threadIdx.x; c < cols; c += 32) {
-    StoreFromFloat(y, yt, base + c, (LoadAsFloat(x, xt, base + c) * r) * LoadAsFloat(w, wt, c));
+  for (int c = threadIdx.x * V; c < cols; c += 32 * V) {
+    float v[V], wv[V], out[V];
+    LoadV<V>(x, xt, base + c, v);
+    LoadV<V>(w, wt, c, wv);
+    for (int k = 0; k < V; ++k) out[k] = (v[k] * r) * wv[k];
+    StoreV<V>(y, yt, base + c, out);
   }
   if (threadIdx.x == 0) rstd[row] = r;
 }
 
+template <int V>
 __global__ void RmsNormBackwardKernel(const void* x, DType xt, const float* rstd, const void* w, DType wt,
                                       const void* dy, DType dyt, int64_t rows, int cols, int accumulate, void* dx,
                                       DType dxt) {
@@ -192,17 +256,27 @@ __global__ void RmsNormBackwardKernel(const void* x, DType xt, const float* rstd
   const int64_t base = row * cols;
   const float r = rstd[row];
   float dot = 0.0f;
-  for (int c = threadIdx.x; c < cols; c += 32) {
-    const float g = LoadAsFloat(dy, dyt, base + c) * LoadAsFloat(w, wt, c);
-    dot += g * (LoadAsFloat(x, xt, base + c) * r);
+  for (int c = threadIdx.x * V; c < cols; c += 32 * V) {
+    float dv[V], wv[V], xv[V];
+    LoadV<V>(dy, dyt, base + c, dv);
+    LoadV<V>(w, wt, c, wv);
+    LoadV<V>(x, xt, base + c, xv);
+    for (int k = 0; k < V; ++k) dot += (dv[k] * wv[k]) * (xv[k] * r);
   }
   const float mean = WarpSum(dot) / float(cols);
-  for (int c = threadIdx.x; c < cols; c += 32) {
-    const float g = LoadAsFloat(dy, dyt, base + c) * LoadAsFloat(w, wt, c);
-    const float xhat = LoadAsFloat(x, xt, base + c) * r;
-    float v = r * (g - xhat * mean);
-    if (accumulate) v = LoadAsFloat(dx, dxt, base + c) + v;
-    StoreFromFloat(dx, dxt, base + c, v);
+  for (int c = threadIdx.x * V; c < cols; c += 32 * V) {
+    float dv[V], wv[V], xv[V], out[V];
+    LoadV<V>(dy, dyt, base + c, dv);
+    LoadV<V>(w, wt, c, wv);
+    LoadV<V>(x, xt, base + c, xv);
+    if (accumulate) LoadV<V>(dx, dxt, base + c, out);
+    for (int k = 0; k < V; ++k) {
+      const float g = dv[k] * wv[k];
+      const float xhat = xv[k] * r;
+      const float v = r * (g - xhat * mean);
+      out[k] = accumulate ? out[k] + v : v;
+    }
+    StoreV<V>(dx, dxt, base + c, out);
   }
 }
 
@@ -215,25 +289,34 @@ int64_t ChunkRows(int64_t rows) {
   return (chunk + kRowGroups - 1) / kRowGroups * kRowGroups;
 }
 
+// Thread x of a block owns columns (blockIdx.x * kColTile + x) * V .. + V - 1.
+template <int V>
 __global__ void RmsNormWeightPartialKernel(const void* x, DType xt, const float* rstd, const void* dy, DType dyt,
                                            int64_t rows, int cols, int64_t chunk_rows, float* partial) {
-  __shared__ float part[kRowGroups][kColTile];
-  const int c = blockIdx.x * kColTile + threadIdx.x;
+  __shared__ float part[kRowGroups][kColTile * V];
+  const int c = (blockIdx.x * kColTile + threadIdx.x) * V;
   const int64_t r0 = int64_t(blockIdx.y) * chunk_rows;
   const int64_t r1 = std::min(rows, r0 + chunk_rows);
-  float acc = 0.0f;
+  float acc[V];
+  for (int k = 0; k < V; ++k) acc[k] = 0.0f;
   if (c < cols) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowGroups) {
       const int64_t at = r * cols + c;
-      acc += LoadAsFloat(dy, dyt, at) * (LoadAsFloat(x, xt, at) * rstd[r]);
+      float dv[V], xv[V];
+      LoadV<V>(dy, dyt, at, dv);
+      LoadV<V>(x, xt, at, xv);
+      const float rr = rstd[r];
+      for (int k = 0; k < V; ++k) acc[k] += dv[k] * (xv[k] * rr);
     }
   }
-  part[threadIdx.y][threadIdx.x] = acc;
+  for (int k = 0; k < V; ++k) part[threadIdx.y][threadIdx.x * V + k] = acc[k];
   __syncthreads();
   if (threadIdx.y == 0 && c < cols) {
-    float s = 0.0f;
-    for (int g = 0; g < kRowGroups; ++g) s += part[g][threadIdx.x];
-    partial[int64_t(blockIdx.y) * cols + c] = s;
+    for (int k = 0; k < V; ++k) {
+      float s = 0.0f;
+      for (int g = 0; g < kRowGroups; ++g) s += part[g][threadIdx.x * V + k];
+      partial[int64_t(blockIdx.y) * cols + c + k] = s;
+    }
   }
 }
 
@@ -250,8 +333,12 @@ Status RmsNormForward(const void* x, DType x_t, const void* w, DType w_t, int64_
                       void* y, DType y_t, float* rstd, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return OkStatus();
   const dim3 block(32, kRowWarps);
-  RmsNormForwardKernel<<<static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps), block, 0, stream>>>(
-      x, x_t, w, w_t, rows, cols, eps, y, y_t, rstd);
+  const unsigned grid = static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps);
+  if (cols % 4 == 0 && VecOk(x, x_t) && VecOk(w, w_t) && VecOk(y, y_t)) {
+    RmsNormForwardKernel<4><<<grid, block, 0, stream>>>(x, x_t, w, w_t, rows, cols, eps, y, y_t, rstd);
+  } else {
+    RmsNormForwardKernel<1><<<grid, block, 0, stream>>>(x, x_t, w, w_t, rows, cols, eps, y, y_t, rstd);
+  }
   return LaunchStatus("RmsNormForwardKernel");
 }
 
@@ -260,8 +347,14 @@ Status RmsNormBackward(const void* x, DType x_t, const float* rstd, const void* 
                        cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return OkStatus();
   const dim3 block(32, kRowWarps);
-  RmsNormBackwardKernel<<<static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps), block, 0, stream>>>(
-      x, x_t, rstd, w, w_t, dy, dy_t, rows, cols, accumulate ? 1 : 0, dx, dx_t);
+  const unsigned grid = static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps);
+  if (cols % 4 == 0 && VecOk(x, x_t) && VecOk(w, w_t) && VecOk(dy, dy_t) && VecOk(dx, dx_t)) {
+    RmsNormBackwardKernel<4><<<grid, block, 0, stream>>>(x, x_t, rstd, w, w_t, dy, dy_t, rows, cols,
+                                                         accumulate ? 1 : 0, dx, dx_t);
+  } else {
+    RmsNormBackwardKernel<1><<<grid, block, 0, stream>>>(x, x_t, rstd, w, w_t, dy, dy_t, rows, cols,
+                                                         accumulate ? 1 : 0, dx, dx_t);
+  }
   return LaunchStatus("RmsNormBackwardKernel");
 }
 
@@ -275,10 +368,16 @@ Status RmsNormWeightGrad(const void* x, DType x_t, const float* rstd, const void
   if (cols <= 0) return OkStatus();
   const int64_t chunk = ChunkRows(rows);
   const int64_t chunks = std::max<int64_t>(1, (rows + chunk - 1) / chunk);
-  const dim3 grid((cols + kColTile - 1) / kColTile, static_cast<unsigned>(chunks));
   const dim3 block(kColTile, kRowGroups);
-  RmsNormWeightPartialKernel<<<grid, block, 0, stream>>>(x, x_t, rstd, dy, dy_t, std::max<int64_t>(rows, 0), cols,
-                                                         chunk, partial);
+  if (cols % 4 == 0 && VecOk(x, x_t) && VecOk(dy, dy_t)) {
+    const dim3 grid((cols + 4 * kColTile - 1) / (4 * kColTile), static_cast<unsigned>(chunks));
+    RmsNormWeightPartialKernel<4><<<grid, block, 0, stream>>>(x, x_t, rstd, dy, dy_t, std::max<int64_t>(rows, 0),
+                                                              cols, chunk, partial);
+  } else {
+    const dim3 grid((cols + kColTile - 1) / kColTile, static_cast<unsigned>(chunks));
+    RmsNormWeightPartialKernel<1><<<grid, block, 0, stream>>>(x, x_t, rstd, dy, dy_t, std::max<int64_t>(rows, 0),
+                                                              cols, chunk, partial);
+  }
   ZERO_RETURN_IF_ERROR(LaunchStatus("RmsNormWeightPartialKernel"));
   ColumnFinishKernel<<<(cols + kThreads - 1) / kThreads, kThreads, 0, stream>>>(partial, chunks, cols, dw, dw_t);
   return LaunchStatus("ColumnFinishKernel");
@@ -287,27 +386,33 @@ Status RmsNormWeightGrad(const void* x, DType x_t, const float* rstd, const void
 // ---- RoPE -------------------------------------------------------------------------------------
 
 namespace {
+// Thread i rotates the V pairs (k, k + half) .. (k + V - 1, k + V - 1 + half) of one row and head.
+template <int V>
 __global__ void RopeKernel(void* x, DType xt, int64_t rows, int seq, int heads, int head_dim,
                            const float* cos_table, const float* sin_table, int inverse) {
   const int half = head_dim / 2;
   const int64_t n = rows * heads * half;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V; i < n; i += int64_t(gridDim.x) * blockDim.x * V) {
     const int64_t row_head = i / half;
     const int k = static_cast<int>(i - row_head * half);
     const int64_t t = (row_head / heads) % seq;
-    const float c = cos_table[t * half + k], s = sin_table[t * half + k];
     const int64_t a = row_head * head_dim + k, b = a + half;
-    const float x0 = LoadAsFloat(x, xt, a), x1 = LoadAsFloat(x, xt, b);
-    float y0, y1;
-    if (!inverse) {
-      y0 = x0 * c - x1 * s;
-      y1 = x1 * c + x0 * s;
-    } else {
-      y0 = x0 * c + x1 * s;
-      y1 = x1 * c - x0 * s;
+    float c[V], s[V], x0[V], x1[V], y0[V], y1[V];
+    LoadV<V>(cos_table, DType::kF32, t * half + k, c);
+    LoadV<V>(sin_table, DType::kF32, t * half + k, s);
+    LoadV<V>(x, xt, a, x0);
+    LoadV<V>(x, xt, b, x1);
+    for (int j = 0; j < V; ++j) {
+      if (!inverse) {
+        y0[j] = x0[j] * c[j] - x1[j] * s[j];
+        y1[j] = x1[j] * c[j] + x0[j] * s[j];
+      } else {
+        y0[j] = x0[j] * c[j] + x1[j] * s[j];
+        y1[j] = x1[j] * c[j] - x0[j] * s[j];
+      }
     }
-    StoreFromFloat(x, xt, a, y0);
-    StoreFromFloat(x, xt, b, y1);
+    StoreV<V>(x, xt, a, y0);
+    StoreV<V>(x, xt, b, y1);
   }
 }
 }  // namespace
@@ -317,8 +422,13 @@ Status Rope(void* x, DType x_t, int64_t rows, int seq, int heads, int head_dim, 
   if (rows <= 0 || heads <= 0 || head_dim < 2) return OkStatus();
   if (seq <= 0) return InvalidArgumentError("Rope: seq must be positive");
   const int64_t n = rows * heads * (head_dim / 2);
-  RopeKernel<<<GridFor(n), kThreads, 0, stream>>>(x, x_t, rows, seq, heads, head_dim, cos_table, sin_table,
-                                                 inverse ? 1 : 0);
+  if ((head_dim / 2) % 4 == 0 && VecOk(x, x_t) && VecOk(cos_table, DType::kF32) && VecOk(sin_table, DType::kF32)) {
+    RopeKernel<4><<<GridForVec(n, 4), kThreads, 0, stream>>>(x, x_t, rows, seq, heads, head_dim, cos_table,
+                                                             sin_table, inverse ? 1 : 0);
+  } else {
+    RopeKernel<1><<<GridFor(n), kThreads, 0, stream>>>(x, x_t, rows, seq, heads, head_dim, cos_table, sin_table,
+                                                       inverse ? 1 : 0);
+  }
   return LaunchStatus("RopeKernel");
 }
 
@@ -327,34 +437,54 @@ Status Rope(void* x, DType x_t, int64_t rows, int seq, int heads, int head_dim, 
 namespace {
 __device__ __forceinline__ float Sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
+template <int V>
 __global__ void SwiGluForwardKernel(const void* g, const void* u, DType t, int64_t n, void* a) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float gv = LoadAsFloat(g, t, i);
-    StoreFromFloat(a, t, i, (gv / (1.0f + expf(-gv))) * LoadAsFloat(u, t, i));  // LlmCpu's silu
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V; i < n; i += int64_t(gridDim.x) * blockDim.x * V) {
+    float gv[V], uv[V], av[V];
+    LoadV<V>(g, t, i, gv);
+    LoadV<V>(u, t, i, uv);
+    for (int k = 0; k < V; ++k) av[k] = (gv[k] / (1.0f + expf(-gv[k]))) * uv[k];  // LlmCpu's silu
+    StoreV<V>(a, t, i, av);
   }
 }
 
+template <int V>
 __global__ void SwiGluBackwardKernel(const void* g, const void* u, DType t, const float* da, int64_t n, void* dg,
                                      void* du) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float gv = LoadAsFloat(g, t, i), uv = LoadAsFloat(u, t, i), d = da[i];
-    const float s = Sigmoid(gv);
-    StoreFromFloat(dg, t, i, d * uv * s * (1.0f + gv * (1.0f - s)));
-    StoreFromFloat(du, t, i, d * gv * s);
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V; i < n; i += int64_t(gridDim.x) * blockDim.x * V) {
+    float gv[V], uv[V], d[V], dgv[V], duv[V];
+    LoadV<V>(g, t, i, gv);
+    LoadV<V>(u, t, i, uv);
+    LoadV<V>(da, DType::kF32, i, d);
+    for (int k = 0; k < V; ++k) {
+      const float s = Sigmoid(gv[k]);
+      dgv[k] = d[k] * uv[k] * s * (1.0f + gv[k] * (1.0f - s));
+      duv[k] = d[k] * gv[k] * s;
+    }
+    StoreV<V>(dg, t, i, dgv);
+    StoreV<V>(du, t, i, duv);
   }
 }
 }  // namespace
 
 Status SwiGluForward(const void* g, const void* u, DType t, int64_t n, void* a, cudaStream_t stream) {
   if (n <= 0) return OkStatus();
-  SwiGluForwardKernel<<<GridFor(n), kThreads, 0, stream>>>(g, u, t, n, a);
+  if (n % 4 == 0 && VecOk(g, t) && VecOk(u, t) && VecOk(a, t)) {
+    SwiGluForwardKernel<4><<<GridForVec(n, 4), kThreads, 0, stream>>>(g, u, t, n, a);
+  } else {
+    SwiGluForwardKernel<1><<<GridFor(n), kThreads, 0, stream>>>(g, u, t, n, a);
+  }
   return LaunchStatus("SwiGluForwardKernel");
 }
 
 Status SwiGluBackward(const void* g, const void* u, DType t, const float* da, int64_t n, void* dg, void* du,
                       cudaStream_t stream) {
   if (n <= 0) return OkStatus();
-  SwiGluBackwardKernel<<<GridFor(n), kThreads, 0, stream>>>(g, u, t, da, n, dg, du);
+  if (n % 4 == 0 && VecOk(g, t) && VecOk(u, t) && VecOk(da, DType::kF32) && VecOk(dg, t) && VecOk(du, t)) {
+    SwiGluBackwardKernel<4><<<GridForVec(n, 4), kThreads, 0, stream>>>(g, u, t, da, n, dg, du);
+  } else {
+    SwiGluBackwardKernel<1><<<GridFor(n), kThreads, 0, stream>>>(g, u, t, da, n, dg, du);
+  }
   return LaunchStatus("SwiGluBackwardKernel");
 }
 
