@@ -188,22 +188,22 @@ class GlooCommunicator::Exchange {
 
   void Send(int peer, const void* ptr, size_t bytes) {
     if (bytes == 0) return;
-    auto buf = Make(const_cast<void*>(ptr), bytes);
+    // Listed before it is posted: a post that throws (a broken pair) leaves it to ~Exchange, which
+    // unregisters it from active_ (a later Abort would touch it otherwise).
+    sends_.push_back({peer, Make(const_cast<void*>(ptr), bytes), false});
     comm_->waiting_peer_ = peer;
     comm_->waiting_what_ = "posting a send to";
-    buf->send(peer, slot_);
+    sends_.back().buf->send(peer, slot_);
     comm_->waiting_peer_ = -1;
-    sends_.push_back({peer, std::move(buf), false});
   }
 
   void Recv(int peer, void* ptr, size_t bytes) {
     if (bytes == 0) return;
-    auto buf = Make(ptr, bytes);
+    recvs_.push_back({peer, Make(ptr, bytes), false});  // listed first, as in Send
     comm_->waiting_peer_ = peer;
     comm_->waiting_what_ = "posting a receive from";
-    buf->recv(peer, slot_);
+    recvs_.back().buf->recv(peer, slot_);
     comm_->waiting_peer_ = -1;
-    recvs_.push_back({peer, std::move(buf), false});
   }
 
   // Waits for the receive posted from `peer` (no-op if none was posted).
