@@ -375,9 +375,8 @@ Status Engine::InitializeWith(const std::function<Status(int, int64_t, int64_t, 
   if (m.initialized) return FailedPreconditionError("Initialize() called twice");
   Status s = m.InitializeImpl(fill, partition_reads);
   if (!s.ok()) {
-    // Nothing half-built stays usable.
-    m.broken = s;
-    return s;
+    // Nothing half-built stays usable; the other ranks are told (Guard).
+    return m.Guard(s);
   }
   m.initialized = true;
   return OkStatus();
@@ -576,10 +575,10 @@ Status Engine::Impl::InitializeImpl(const InitFill& fill, bool partition_reads) 
                              .WithContext("Initialize: comparing initial values across ranks"));
     for (int i = 0; i < n_params; ++i) {
       if (sums[i] != -sums[params.size() + i]) {
-        return InvalidArgumentError(
+        return Agreed(InvalidArgumentError(
             "Initialize: parameter " + ParamName(params[i]) + " (index " + std::to_string(i) +
             ") has different initial values on different ranks; init(index, values) must give "
-            "every rank the same values");
+            "every rank the same values"));
       }
     }
   }

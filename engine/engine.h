@@ -118,6 +118,17 @@
 //
 // Threading: an Engine is used from one thread. Errors: every call returns a Status naming the
 // parameter, module, key or rank at fault; after a communication error the engine is unusable.
+// One rank's fault reaches every rank: an error that makes the engine unusable on one rank only (a
+// swap file's read in a stage-3 gather, a device error in GradReady or Step, a state read in
+// SaveCheckpoint, LoadCheckpoint's install), and an error of the user's own forward or backward
+// given to ReportFault, is reported through Communicator::ReportFault. With a communicator from
+// CreateCommunicator over a TcpStore, every other rank's collective in progress, or its next one,
+// then fails within milliseconds with kUnavailable "rank R failed: <R's error>" (instead of after
+// the communicator's timeout), while rank R returns its own error. Errors every rank returns at the
+// same call (a non-finite norm, a failed optimizer update agreed on with offload, a late gradient
+// report, initial values that differ, a failed collective checkpoint save or load) are not
+// reported: every rank already knows. A checkpoint save interrupted this way publishes nothing
+// (the tag and `latest` stay as they were; checkpoint.h).
 #pragma once
 
 #include <cstdint>
@@ -317,6 +328,12 @@ class Engine {
   // ZeroGrad and the destructor. The next backward's first grad_buffer()/GradReady() and the next
   // Step() queue what is left and order the compute stream after it without a host wait.
   Status WaitForOptimizerStep();
+
+  // Local. For the user's own failures between engine calls (an error in the forward or the backward
+  // on this rank): makes the engine unusable and tells the other ranks (see Errors above), so that
+  // they stop within seconds naming this rank and `error` instead of waiting in their next
+  // collective for the communicator's timeout. Returns `error`. REQUIRES: !error.ok().
+  Status ReportFault(Status error);
 
   const Config& config() const;
   const EngineCounters& counters() const;

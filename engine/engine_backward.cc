@@ -308,7 +308,8 @@ Status Engine::Impl::BackwardImpl() {
           for (const std::string& n : late_reports) names += (names.empty() ? "" : ", ") + n;
           s = s.WithContext("this rank reported " + names + " after their modules were reduced");
         }
-        return s;
+        // A late report is found by an all-reduce: every rank fails here with it.
+        return s.code() == StatusCode::kFailedPrecondition ? Agreed(s) : s;
       }
       ZERO_RETURN_IF_ERROR(ReduceModules(*rest));
     }

@@ -142,6 +142,7 @@ struct Engine::Impl {
   bool step_applied = false;
   double grad_norm = -1.0;
   Status broken;
+  bool failure_agreed = false;  // the error in flight is one every rank returns (Agreed)
   // Rank 0: the checkpoint directories this engine saved into, locked until it is destroyed
   // (DirectoryLock, checkpoint_io.h).
   std::map<std::string, DirectoryLock> save_locks;
@@ -208,8 +209,21 @@ struct Engine::Impl {
            config.gradient_clipping <= 0.0;
   }
 
+  // A failure that makes the engine unusable. Unless every rank fails together (Agreed), it is
+  // reported to the other ranks (Communicator::ReportFault), so they stop within seconds, naming
+  // this rank, instead of waiting in their next collective for the communicator's timeout.
   Status Guard(Status s) {
-    if (!s.ok() && broken.ok()) broken = s;
+    if (!s.ok() && broken.ok()) {
+      broken = s;
+      if (!failure_agreed) comm->ReportFault(s);
+    }
+    return s;
+  }
+  // Marks `s` as an error every rank returns at the same call (a global decision: a non-finite
+  // norm, an agreement's outcome): Guard does not report it, since reporting would abort a rank
+  // still finishing the collective that decided it.
+  Status Agreed(Status s) {
+    if (!s.ok()) failure_agreed = true;
     return s;
   }
   Status CheckUsable(const char* call) const {

@@ -44,6 +44,11 @@ Status Engine::Step() {
   return m.timeline.EndStep(m.counters.global_steps);
 }
 
+Status Engine::ReportFault(Status error) {
+  if (error.ok()) return InvalidArgumentError("ReportFault: the error to report is OK");
+  return impl_->Guard(std::move(error));
+}
+
 Status Engine::Impl::UnionActive() {
   if (world == 1) return OkStatus();
   std::vector<double> flags(active.begin(), active.end());
@@ -177,15 +182,15 @@ Status Engine::Impl::BoundaryImpl() {
       scaler.Update(true);
       ZERO_RETURN_IF_ERROR(ZeroAccumulators());
       if (scaler.overflow_at_min_scale()) {
-        return FailedPreconditionError(
+        return Agreed(FailedPreconditionError(
             "fp16 gradients overflowed with the loss scale already at fp16.min_loss_scale (" +
-            std::to_string(config.fp16.min_loss_scale) + "); cannot decrease it further");
+            std::to_string(config.fp16.min_loss_scale) + "); cannot decrease it further"));
       }
       return OkStatus();
     }
     if (overflow && config.stop_on_nonfinite) {
       grad_norm = std::sqrt(total) / s;
-      return NonFiniteNormError(total, counters.global_steps + 1, /*applied=*/false);
+      return Agreed(NonFiniteNormError(total, counters.global_steps + 1, /*applied=*/false));
     }
     if (clip > 0.0) {
       const double c = (std::sqrt(total) / s + 1e-6) / clip;
@@ -217,7 +222,7 @@ Status Engine::Impl::BoundaryImpl() {
     ZERO_RETURN_IF_ERROR(ReadNorm(&total));
     if (!std::isfinite(total) && config.stop_on_nonfinite) {
       grad_norm = std::sqrt(total) / s;
-      return NonFiniteNormError(total, counters.global_steps + 1, /*applied=*/true);
+      return Agreed(NonFiniteNormError(total, counters.global_steps + 1, /*applied=*/true));
     }
   }
   ZERO_RETURN_IF_ERROR(ZeroAccumulators());
@@ -299,12 +304,13 @@ Status Engine::Impl::AgreeOnUpdate(Status local) {
   if (world == 1 || !offloaded) return local;
   double failed = local.ok() ? -1.0 : static_cast<double>(comm->rank());
   Status agree = comm->AllReduceHost(&failed, 1, ReduceOp::kMax).WithContext("agreeing on the optimizer update");
-  if (!local.ok()) return local;
+  // Every rank took part: the outcome is known everywhere, so it is not reported as a fault.
+  if (!local.ok()) return agree.ok() ? Agreed(local) : local;
   ZERO_RETURN_IF_ERROR(agree);
   if (failed < 0) return OkStatus();
-  return UnavailableError("rank " + std::to_string(static_cast<int>(failed)) +
+  return Agreed(UnavailableError("rank " + std::to_string(static_cast<int>(failed)) +
                           " failed in the optimizer update (its error says why, e.g. a swap file fault); every rank "
-                          "stops here: create new engines and LoadCheckpoint the last checkpoint");
+                          "stops here: create new engines and LoadCheckpoint the last checkpoint"));
 }
 
 // The fp32 master weights (of the parameters in `update`) in the model dtype, where the forward
