@@ -120,6 +120,18 @@ TEST(InitTest, SlicesEqualTheWholeAndSeedsDiffer) {
   EXPECT_EQ(InitParam(ones, 1), std::vector<float>(5, 1.0f));
 }
 
+TEST(InitTest, ThreadedSlicesEqualSmallOnes) {
+  // 5M elements: filled by several threads where the machine has them; each 4096-element slice
+  // below is filled on one thread.
+  ParamSpec spec{"big", {5000, 1000}, "m", InitKind::kNormal, 0.02f};
+  std::vector<float> all = InitParam(spec, 3);
+  std::vector<float> part(4096);
+  for (int64_t at : {int64_t{0}, int64_t{1} << 20, int64_t{2500000}, spec.numel() - 4096}) {
+    InitParamSlice(spec, 3, at, 4096, part.data());
+    for (int j = 0; j < 4096; ++j) ASSERT_EQ(part[j], all[at + j]) << "element " << at + j;
+  }
+}
+
 // Analytic gradients (double math) against central differences of the double loss, for every
 // element of every parameter. Parameters are fp32, so the step actually taken is measured
 // (fl(p + eps) - fl(p - eps)) rather than assumed.

@@ -1,8 +1,10 @@
 #include "examples/model_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <thread>
 #include <utility>
 
 #include "examples/hash.h"
@@ -52,15 +54,33 @@ void InitParamSlice(const ParamSpec& spec, uint64_t seed, int64_t begin, int64_t
     return;
   }
   const uint64_t key = SplitMix64(seed ^ SplitMix64(Fnv1a(spec.name)));
-  constexpr double kTwoPi = 6.283185307179586476925;
-  for (int64_t j = 0; j < count; ++j) {
-    // Box-Muller from the two 32-bit halves of one hash of the element index.
-    uint64_t h = SplitMix64(key ^ SplitMix64(static_cast<uint64_t>(begin + j)));
-    double u1 = (static_cast<double>(h >> 32) + 1.0) * (1.0 / 4294967296.0);    // (0, 1]
-    double u2 = static_cast<double>(h & 0xffffffffull) * (1.0 / 4294967296.0);  // [0, 1)
-    double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(kTwoPi * u2);
-    out[j] = static_cast<float>(z * spec.init_std);
+  auto fill = [&](int64_t from, int64_t to) {
+    constexpr double kTwoPi = 6.283185307179586476925;
+    for (int64_t j = from; j < to; ++j) {
+      // Box-Muller from the two 32-bit halves of one hash of the element index.
+      uint64_t h = SplitMix64(key ^ SplitMix64(static_cast<uint64_t>(begin + j)));
+      double u1 = (static_cast<double>(h >> 32) + 1.0) * (1.0 / 4294967296.0);    // (0, 1]
+      double u2 = static_cast<double>(h & 0xffffffffull) * (1.0 / 4294967296.0);  // [0, 1)
+      double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(kTwoPi * u2);
+      out[j] = static_cast<float>(z * spec.init_std);
+    }
+  };
+  // Each element is a function of its index alone, so threads give the same values (about 35 ns
+  // an element: a 3.2B-parameter model took 2 minutes on one thread).
+  constexpr int64_t kPerThread = int64_t{1} << 20;
+  const int64_t threads =
+      std::min<int64_t>({count / kPerThread, int64_t{std::max(1u, std::thread::hardware_concurrency())}, 32});
+  if (threads <= 1) {
+    fill(0, count);
+    return;
   }
+  std::vector<std::thread> pool;
+  const int64_t per = (count + threads - 1) / threads;
+  for (int64_t t = 1; t < threads; ++t) {
+    pool.emplace_back(fill, std::min(count, t * per), std::min(count, (t + 1) * per));
+  }
+  fill(0, std::min(count, per));
+  for (std::thread& th : pool) th.join();
 }
 
 std::vector<float> InitParam(const ParamSpec& spec, uint64_t seed) {

@@ -47,7 +47,9 @@ int64_t TotalNumel(const std::vector<ParamSpec>& specs);
 
 // Fills out[0, count) with elements [begin, begin + count) of parameter `spec` for `seed`. Each
 // element is a pure function of (seed, spec.name, element index), so every rank produces the same
-// values and a rank may initialize only its own partition. REQUIRES: begin + count <= numel.
+// values and a rank may initialize only its own partition. Slices of more than 2^21 elements are
+// filled by several threads (up to hardware_concurrency, 32 at most): the same values. REQUIRES:
+// begin + count <= numel.
 void InitParamSlice(const ParamSpec& spec, uint64_t seed, int64_t begin, int64_t count, float* out);
 std::vector<float> InitParam(const ParamSpec& spec, uint64_t seed);
 
