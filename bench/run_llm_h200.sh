@@ -9,6 +9,9 @@
 #                   model's own kernels), at seq 2048 and 512
 #   PHASE breakdown: zero_llm on qwen3-0.6b (16384 tokens per step) with wall_clock_breakdown and a
 #                   zero_trace Chrome trace of step 3: no offload, and the optimizer offloaded (CPU AdamW)
+#   PHASE trace:    the zero_trace Chrome trace of step 3 alone (no breakdown timers, so nothing is
+#                   serialized) with the optimizer offloaded into pinned memory (pin_memory true, as in
+#                   run_llm_bench.sh; run 7 traced the unpinned default): OUTDIR/trace_cpuadam_step3.json
 #   PHASE equiv:    gpu_equivalence at world 1, then --world 2, 4, 8 (ranks as threads on the one GPU)
 #   PHASE hf:       bench/llm_hf_compare.py: the same HF directory and tokens in transformers and zero_llm
 #                   (step-1 loss, 100 AdamW steps, our export loaded by from_pretrained)
@@ -91,12 +94,16 @@ PY
           breakdown)
             for cfg in none cpuadam; do
               extra=()
-              [ $cfg = cpuadam ] && extra=('zero_optimization.offload_optimizer={"device": "cpu"}')
+              [ $cfg = cpuadam ] && extra=('zero_optimization.offload_optimizer={"device": "cpu", "pin_memory": true}')
               ds "$out/wcb_$cfg.json" wall_clock_breakdown=true steps_per_print=1 "${extra[@]}" \
                  "zero_trace={\"enabled\": true, \"path\": \"$out/trace_$cfg.json\", \"first_step\": 3, \"last_step\": 3}"
               step 90 $B/zero_llm $Q --corpus-bytes 2000000 --config "$out/wcb_$cfg.json" --steps 5 \
                    --log-json "$out/wcb_$cfg.jsonl"
             done ;;
+          trace)
+            ds "$out/trace_cpuadam.json.cfg" steps_per_print=1 'zero_optimization.offload_optimizer={"device": "cpu", "pin_memory": true}' \
+               "zero_trace={\"enabled\": true, \"path\": \"$out/trace_cpuadam_step3.json\", \"first_step\": 3, \"last_step\": 3}"
+            step 90 $B/zero_llm $Q --corpus-bytes 2000000 --config "$out/trace_cpuadam.json.cfg" --steps 4 ;;
           equiv)
             step 120 $B/gpu_equivalence
             for w in 2 4 8; do step 120 $B/gpu_equivalence --world $w --comm same_device; done ;;
