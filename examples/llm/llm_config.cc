@@ -68,6 +68,26 @@ Status ValidateFrom(const LlmConfig& c, const std::string& source) {
   if (!(c.rope_theta > 0.0) || !std::isfinite(c.rope_theta)) {
     return KeyError(source, "rope_theta", "a positive number", std::to_string(c.rope_theta));
   }
+  if (c.rope_scaling.rope_type == "llama3") {
+    const RopeScaling& rs = c.rope_scaling;
+    if (!(rs.factor >= 1.0) || !std::isfinite(rs.factor)) {
+      return KeyError(source, "rope_scaling.factor", "a number >= 1", std::to_string(rs.factor));
+    }
+    if (!(rs.low_freq_factor > 0.0) || !std::isfinite(rs.low_freq_factor)) {
+      return KeyError(source, "rope_scaling.low_freq_factor", "a positive number", std::to_string(rs.low_freq_factor));
+    }
+    if (!(rs.high_freq_factor > rs.low_freq_factor) || !std::isfinite(rs.high_freq_factor)) {
+      return KeyError(source, "rope_scaling.high_freq_factor",
+                      "a number above low_freq_factor (" + std::to_string(rs.low_freq_factor) + ")",
+                      std::to_string(rs.high_freq_factor));
+    }
+    if (rs.original_max_position_embeddings < 1) {
+      return KeyError(source, "rope_scaling.original_max_position_embeddings", "a positive integer",
+                      std::to_string(rs.original_max_position_embeddings));
+    }
+  } else if (!c.rope_scaling.rope_type.empty()) {
+    return KeyError(source, "rope_scaling.rope_type", "\"llama3\" or none", "\"" + c.rope_scaling.rope_type + "\"");
+  }
   if (!(c.rms_norm_eps > 0.0) || !std::isfinite(c.rms_norm_eps)) {
     return KeyError(source, "rms_norm_eps", "a positive number", std::to_string(c.rms_norm_eps));
   }
@@ -164,27 +184,33 @@ const char* ModelTypeOf(const std::string& architecture) {
 }
 
 // The rope settings: rope_theta at the top level (transformers 4.x) and/or rope_parameters
-// {"rope_type": "default", "rope_theta": ...} (5.x). Any other rope type or key changes the math.
-Status ReadRope(const Reader& r, const std::string& source, double* theta) {
-  if (r.Has("rope_scaling")) {
-    return KeyError(source, "rope_scaling",
-                    "null (RoPE scaling such as Llama 3's \"llama3\" or YaRN is not implemented)",
-                    Shown(r.At("rope_scaling")));
-  }
-  bool top_given = r.Has("rope_theta");
-  ZERO_RETURN_IF_ERROR(r.Double("rope_theta", theta));
-  if (!r.Has("rope_parameters")) return OkStatus();
-  const Json& p = r.At("rope_parameters");
-  if (!p.is_object()) return KeyError(source, "rope_parameters", "an object", Shown(p));
+// {"rope_type": "default" | "llama3", "rope_theta": ..., llama3's keys} (5.x), and 4.x's
+// rope_scaling {"rope_type" (or "type"): "llama3", ...}. Any other rope type or key changes the
+// math and is refused by name.
+Status ReadRopeObject(const Reader& r, const std::string& source, const char* name, const Json& p, bool top_given,
+                      double* theta, RopeScaling* scaling) {
+  if (!p.is_object()) return KeyError(source, name, "an object", Shown(p));
+  const std::string prefix = std::string(name) + ".";
   // The type first: it says more than whichever unknown key sorts before it.
+  std::string type = "default";
   for (const char* k : {"rope_type", "type"}) {
-    if (p.contains(k) && p.at(k) != "default") {
-      return KeyError(source, std::string("rope_parameters.") + k,
-                      "\"default\" (other RoPE types are not implemented)", Shown(p.at(k)));
+    if (!p.contains(k)) continue;
+    if (!p.at(k).is_string() || (p.at(k) != "default" && p.at(k) != "llama3")) {
+      return KeyError(source, prefix + k, "\"default\" or \"llama3\" (other RoPE types are not implemented)",
+                      Shown(p.at(k)));
     }
+    type = p.at(k).get<std::string>();
   }
+  const bool llama3 = type == "llama3";
+  if (std::string(name) == "rope_scaling" && !llama3) {
+    return KeyError(source, "rope_scaling.rope_type", "\"llama3\" (or rope_scaling null)",
+                    p.contains("rope_type") ? Shown(p.at("rope_type")) : "nothing");
+  }
+  RopeScaling rs;
+  if (llama3) rs.rope_type = "llama3";
+  bool seen[4] = {false, false, false, false};
   for (const auto& [k, v] : p.items()) {
-    const std::string key = "rope_parameters." + k;
+    const std::string key = prefix + k;
     if (k == "rope_type" || k == "type") {
       // checked above
     } else if (k == "rope_theta") {
@@ -196,9 +222,51 @@ Status ReadRope(const Reader& r, const std::string& source, double* theta) {
       *theta = t;
     } else if (k == "partial_rotary_factor" && v.is_number() && v.get<double>() == 1.0) {
       // the whole head rotates: the default
+    } else if (llama3 && k == "factor") {
+      ZERO_RETURN_IF_ERROR(r.DoubleValue(key, v, &rs.factor));
+      seen[0] = true;
+    } else if (llama3 && k == "low_freq_factor") {
+      ZERO_RETURN_IF_ERROR(r.DoubleValue(key, v, &rs.low_freq_factor));
+      seen[1] = true;
+    } else if (llama3 && k == "high_freq_factor") {
+      ZERO_RETURN_IF_ERROR(r.DoubleValue(key, v, &rs.high_freq_factor));
+      seen[2] = true;
+    } else if (llama3 && k == "original_max_position_embeddings") {
+      ZERO_RETURN_IF_ERROR(r.IntValue(key, v, &rs.original_max_position_embeddings));
+      seen[3] = true;
     } else {
-      return KeyError(source, key, "no such key (only rope_type \"default\" and rope_theta are implemented)",
+      return KeyError(source, key,
+                      llama3 ? "no such key (llama3 RoPE takes rope_type, rope_theta, factor, low_freq_factor, "
+                               "high_freq_factor, original_max_position_embeddings)"
+                             : "no such key (only rope_type \"default\" and rope_theta are implemented)",
                       Shown(v));
+    }
+  }
+  if (llama3) {
+    const char* keys[4] = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
+    for (int i = 0; i < 4; ++i) {
+      if (!seen[i]) return KeyError(source, prefix + keys[i], "a number (llama3 RoPE needs it)", "nothing");
+    }
+    if (!scaling->rope_type.empty() && !(*scaling == rs)) {
+      return KeyError(source, name, "the same llama3 scaling as rope_scaling", Shown(p));
+    }
+    *scaling = rs;
+  }
+  return OkStatus();
+}
+
+Status ReadRope(const Reader& r, const std::string& source, double* theta, RopeScaling* scaling) {
+  const bool top_given = r.Has("rope_theta");
+  ZERO_RETURN_IF_ERROR(r.Double("rope_theta", theta));
+  if (r.Has("rope_scaling")) {
+    ZERO_RETURN_IF_ERROR(ReadRopeObject(r, source, "rope_scaling", r.At("rope_scaling"), top_given, theta, scaling));
+  }
+  if (r.Has("rope_parameters")) {
+    const RopeScaling before = *scaling;
+    ZERO_RETURN_IF_ERROR(
+        ReadRopeObject(r, source, "rope_parameters", r.At("rope_parameters"), top_given, theta, scaling));
+    if (!before.rope_type.empty() && scaling->rope_type.empty()) {
+      return KeyError(source, "rope_parameters.rope_type", "\"llama3\" like rope_scaling", "\"default\"");
     }
   }
   return OkStatus();
@@ -267,7 +335,7 @@ Result<LlmConfig> ParseObject(const Json& j, const std::string& source) {
       }
     }
   }
-  ZERO_RETURN_IF_ERROR(ReadRope(r, source, &c.rope_theta));
+  ZERO_RETURN_IF_ERROR(ReadRope(r, source, &c.rope_theta, &c.rope_scaling));
 
   // Shapes.
   ZERO_RETURN_IF_ERROR(r.Int("vocab_size", true, &c.vocab_size));
@@ -392,6 +460,7 @@ std::string LlmConfig::ToString() const {
   s << architecture << " V=" << vocab_size << " H=" << hidden_size << " I=" << intermediate_size
     << " L=" << num_hidden_layers << " heads=" << num_attention_heads << "/" << num_key_value_heads
     << " head_dim=" << head_dim << (tie_word_embeddings ? " tied" : " untied") << " params=" << NumParams();
+  if (!rope_scaling.rope_type.empty()) s << " rope=" << rope_scaling.rope_type << "x" << rope_scaling.factor;
   return s.str();
 }
 
@@ -456,8 +525,23 @@ std::string ToHfConfigJson(const LlmConfig& c) {
   j["initializer_range"] = c.initializer_range;
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["rope_theta"] = c.rope_theta;
-  j["rope_scaling"] = nullptr;
-  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
+  if (c.rope_scaling.rope_type == "llama3") {
+    const RopeScaling& rs = c.rope_scaling;
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", rs.factor},
+                         {"low_freq_factor", rs.low_freq_factor},
+                         {"high_freq_factor", rs.high_freq_factor},
+                         {"original_max_position_embeddings", rs.original_max_position_embeddings}};
+    j["rope_parameters"] = {{"rope_type", "llama3"},
+                            {"rope_theta", c.rope_theta},
+                            {"factor", rs.factor},
+                            {"low_freq_factor", rs.low_freq_factor},
+                            {"high_freq_factor", rs.high_freq_factor},
+                            {"original_max_position_embeddings", rs.original_max_position_embeddings}};
+  } else {
+    j["rope_scaling"] = nullptr;
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
+  }
   j["attention_bias"] = false;
   j["attention_dropout"] = 0.0;
   if (c.qk_norm()) {

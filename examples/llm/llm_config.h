@@ -21,6 +21,21 @@ namespace zero::llm {
 inline constexpr char kLlamaArchitecture[] = "LlamaForCausalLM";
 inline constexpr char kQwen3Architecture[] = "Qwen3ForCausalLM";
 
+// RoPE frequency scaling. rope_type "" is none (transformers' "default"); "llama3" is Llama 3.1/3.2's:
+// inverse frequencies whose wavelength 2 pi / f exceeds original_max_position_embeddings /
+// low_freq_factor are divided by factor, those under original_max_position_embeddings /
+// high_freq_factor kept, those between interpolated smoothly (transformers'
+// _compute_llama3_parameters, in fp32 and its order of operations); no attention factor.
+struct RopeScaling {
+  std::string rope_type;  // "" or "llama3"
+  double factor = 0.0;
+  double low_freq_factor = 0.0;
+  double high_freq_factor = 0.0;
+  int64_t original_max_position_embeddings = 0;
+
+  bool operator==(const RopeScaling&) const = default;
+};
+
 struct LlmConfig {
   std::string architecture;  // kLlamaArchitecture or kQwen3Architecture
   int64_t vocab_size = 0;
@@ -32,6 +47,7 @@ struct LlmConfig {
   int64_t head_dim = 0;
   int64_t max_position_embeddings = 0;
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
   double rms_norm_eps = 1e-6;
   double initializer_range = 0.02;
   bool tie_word_embeddings = false;
@@ -79,8 +95,10 @@ struct LlmConfig {
 // initializer_range (default 0.02), tie_word_embeddings (default false for both classes),
 // bos/eos_token_id (an int, null, or for eos a list whose first id is kept) and torch_dtype or
 // dtype. Required: vocab_size, hidden_size, intermediate_size, num_hidden_layers,
-// num_attention_heads, max_position_embeddings. Refused by key: rope_scaling not null,
-// rope_parameters other than the default rope, use_sliding_window true, layer_types with a sliding
+// num_attention_heads, max_position_embeddings. rope_scaling (4.x) or rope_parameters (5.x) of
+// rope_type "llama3" with factor, low_freq_factor, high_freq_factor and
+// original_max_position_embeddings is read into rope_scaling. Refused by key: any other RoPE type
+// (linear, dynamic, yarn, longrope, ...) or key, use_sliding_window true, layer_types with a sliding
 // layer, attention_bias or mlp_bias true, hidden_act other than "silu", attention_dropout not 0,
 // quantization_config, an unsupported architecture, and everything Validate() refuses. Other keys
 // are ignored (transformers_version, max_window_layers, an unused sliding_window, ...).
@@ -90,16 +108,16 @@ Result<LlmConfig> ParseHfConfig(std::string_view json_text, const std::string& s
 Result<LlmConfig> LoadHfConfig(const std::string& path);
 
 // A config.json that transformers (4.4x and 5.x) from_pretrained loads as the config's class:
-// model_type, architectures, every size, hidden_act "silu", no biases, rope_scaling null and
-// rope_parameters {rope_type "default", rope_theta} (5.x's form) next to the top-level rope_theta
-// (4.x's), use_cache, both dtype keys. ParseHfConfig(ToHfConfigJson(c)) == c for every valid c.
+// model_type, architectures, every size, hidden_act "silu", no biases, rope_scaling (null, or the
+// llama3 object) and rope_parameters {rope_type, rope_theta, and llama3's keys} (5.x's form) next to
+// the top-level rope_theta (4.x's), use_cache, both dtype keys. ParseHfConfig(ToHfConfigJson(c)) == c for every valid c.
 // REQUIRES: config.Validate().ok().
 std::string ToHfConfigJson(const LlmConfig& config);
 
 // Published model shapes (the numbers of each model's config.json) and "tiny", a 131k-parameter
-// Qwen3-shaped model for CI and CPU tests. The real Llama 3.x checkpoints also carry rope_scaling
-// {"rope_type": "llama3", ...}, which ParseHfConfig refuses for now: the llama presets describe
-// the shapes (for memory and speed runs from random initial values), not a loadable checkpoint.
+// Qwen3-shaped model for CI and CPU tests. The llama presets leave out the checkpoints' rope_scaling
+// ("llama3"): they describe the shapes for runs from random initial values (and the benchmark's
+// peers build the same model); a checkpoint's own config.json (--model DIR) brings its scaling.
 Result<LlmConfig> Preset(std::string_view name);
 std::vector<std::string> PresetNames();
 

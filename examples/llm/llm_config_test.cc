@@ -112,19 +112,69 @@ TEST(LlmConfigTest, ParsesQwen3_06BAsItsPreset) {
   EXPECT_EQ(c->rms_norm_eps, 1e-6);
 }
 
-TEST(LlmConfigTest, Llama31RefusesRopeScalingAndParsesWithoutIt) {
-  auto refused = ParseHfConfig(kLlama31_8B, "llama.json");
-  ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("llama.json: rope_scaling"), std::string::npos)
-      << refused.status().message();
-  EXPECT_NE(refused.status().message().find("llama3"), std::string::npos);
-
-  auto c = ParseEdited(kLlama31_8B, [](Json& j) { j["rope_scaling"] = nullptr; });
+TEST(LlmConfigTest, Llama31ReadsItsLlama3RopeScalingAndWritesItBack) {
+  auto c = ParseHfConfig(kLlama31_8B, "llama.json");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_EQ(*c, PresetOrDie("llama-3.1-8b")) << c->ToString();
+  EXPECT_EQ(c->rope_scaling.rope_type, "llama3");
+  EXPECT_EQ(c->rope_scaling.factor, 8.0);
+  EXPECT_EQ(c->rope_scaling.low_freq_factor, 1.0);
+  EXPECT_EQ(c->rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 8192);
   EXPECT_FALSE(c->qk_norm());
   EXPECT_EQ(c->head_dim, 128);  // hidden_size / num_attention_heads: the config has no head_dim
   EXPECT_EQ(c->eos_token_id, 128001);  // the first of the list
+  // The preset is the shape without the scaling.
+  LlmConfig unscaled = *c;
+  unscaled.rope_scaling = RopeScaling{};
+  EXPECT_EQ(unscaled, PresetOrDie("llama-3.1-8b")) << c->ToString();
+  // Written back in both of transformers' forms, and read back equal.
+  const std::string text = ToHfConfigJson(*c);
+  const Json j = Json::parse(text);
+  EXPECT_EQ(j["rope_scaling"]["rope_type"], "llama3");
+  EXPECT_EQ(j["rope_parameters"]["rope_type"], "llama3");
+  EXPECT_EQ(j["rope_parameters"]["factor"], 8.0);
+  auto back = ParseHfConfig(text, "written");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, *c);
+  // 5.x's form alone (rope_parameters, no rope_scaling) reads the same.
+  auto v5 = ParseEdited(kLlama31_8B, [](Json& e) {
+    e["rope_parameters"] = e["rope_scaling"];
+    e["rope_parameters"]["rope_theta"] = e["rope_theta"];
+    e.erase("rope_scaling");
+  });
+  ASSERT_TRUE(v5.ok()) << v5.status().ToString();
+  EXPECT_EQ(*v5, *c);
+  // Without rope_scaling: the preset itself.
+  auto plain = ParseEdited(kLlama31_8B, [](Json& e) { e["rope_scaling"] = nullptr; });
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(*plain, PresetOrDie("llama-3.1-8b"));
+}
+
+TEST(LlmConfigTest, Llama3RopeScalingErrorsNameTheKey) {
+  struct Case {
+    std::function<void(Json&)> edit;
+    std::string key, expected;
+  };
+  const std::vector<Case> cases = {
+      {[](Json& j) { j["rope_scaling"].erase("factor"); }, "rope_scaling.factor", "llama3 RoPE needs it"},
+      {[](Json& j) { j["rope_scaling"]["factor"] = 0.5; }, "rope_scaling.factor", ">= 1"},
+      {[](Json& j) { j["rope_scaling"]["high_freq_factor"] = 0.5; }, "rope_scaling.high_freq_factor", "above"},
+      {[](Json& j) { j["rope_scaling"]["beta_fast"] = 32; }, "rope_scaling.beta_fast", "no such key"},
+      {[](Json& j) { j["rope_scaling"]["rope_type"] = "dynamic"; }, "rope_scaling.rope_type", "llama3"},
+      {[](Json& j) { j["rope_scaling"]["original_max_position_embeddings"] = 0; },
+       "rope_scaling.original_max_position_embeddings", "positive"},
+      {[](Json& j) {
+         j["rope_parameters"] = j["rope_scaling"];
+         j["rope_parameters"]["factor"] = 16.0;
+       },
+       "rope_parameters", "the same llama3 scaling"},
+  };
+  for (const Case& k : cases) {
+    auto c = ParseEdited(kLlama31_8B, k.edit);
+    ASSERT_FALSE(c.ok()) << k.key;
+    EXPECT_NE(c.status().message().find("edited.json: " + k.key), std::string::npos) << c.status().message();
+    EXPECT_NE(c.status().message().find(k.expected), std::string::npos) << c.status().message();
+  }
 }
 
 TEST(LlmConfigTest, DefaultsFollowTransformersConfigClasses) {
@@ -188,7 +238,8 @@ struct Refusal {
 
 TEST(LlmConfigTest, EveryRefusalNamesSourceAndKey) {
   const std::vector<Refusal> cases = {
-      {kQwen3_06B, [](Json& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; }, "rope_scaling"},
+      {kQwen3_06B, [](Json& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; },
+       "rope_scaling.rope_type"},
       {kQwen3_06B, [](Json& j) { j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}}; },
        "rope_parameters.rope_type"},
       {kQwen3_06B, [](Json& j) { j["rope_parameters"] = {{"rope_type", "default"}, {"factor", 2.0}}; },

@@ -22,7 +22,7 @@ using examples::ParamView;
 
 // ---- RoPE tables. ---------------------------------------------------------------------------------
 
-std::vector<float> RopeInverseFrequencies(int64_t head_dim, double theta) {
+std::vector<float> RopeInverseFrequencies(int64_t head_dim, double theta, const RopeScaling& scaling) {
   const int64_t half = head_dim / 2;
   std::vector<float> inv(half);
   const float base = static_cast<float>(theta);
@@ -32,12 +32,33 @@ std::vector<float> RopeInverseFrequencies(int64_t head_dim, double theta) {
     const float power = static_cast<float>(std::pow(static_cast<double>(base), static_cast<double>(exponent)));
     inv[i] = 1.0f / power;
   }
+  if (scaling.rope_type == "llama3") {
+    const float factor = static_cast<float>(scaling.factor);
+    const float low = static_cast<float>(scaling.low_freq_factor);
+    const float old_len = static_cast<float>(scaling.original_max_position_embeddings);
+    const double low_wavelen = static_cast<double>(scaling.original_max_position_embeddings) / scaling.low_freq_factor;
+    const double high_wavelen = static_cast<double>(scaling.original_max_position_embeddings) / scaling.high_freq_factor;
+    const float two_pi = static_cast<float>(2.0 * 3.14159265358979323846);
+    const float span = static_cast<float>(scaling.high_freq_factor - scaling.low_freq_factor);
+    for (int64_t i = 0; i < half; ++i) {
+      const float f = inv[i];
+      const float wavelen = (1.0f / f) * two_pi;  // torch: scalar / tensor is reciprocal() * scalar
+      const float scaled = wavelen > low_wavelen ? f / factor : f;
+      if (wavelen < high_wavelen || wavelen > low_wavelen) {
+        inv[i] = scaled;
+        continue;
+      }
+      const float smooth = ((1.0f / wavelen) * old_len - low) / span;
+      inv[i] = (1.0f - smooth) * scaled / factor + smooth * scaled;
+    }
+  }
   return inv;
 }
 
-void RopeTables(int64_t head_dim, double theta, int seq, std::vector<float>* cos, std::vector<float>* sin) {
+void RopeTables(int64_t head_dim, double theta, int seq, std::vector<float>* cos, std::vector<float>* sin,
+                const RopeScaling& scaling) {
   const int64_t half = head_dim / 2;
-  const std::vector<float> inv = RopeInverseFrequencies(head_dim, theta);
+  const std::vector<float> inv = RopeInverseFrequencies(head_dim, theta, scaling);
   cos->resize(static_cast<size_t>(seq) * half);
   sin->resize(static_cast<size_t>(seq) * half);
   for (int pos = 0; pos < seq; ++pos) {
@@ -318,7 +339,7 @@ class ModelT final : public LlmCpu::Impl {
     a.layers.resize(L_);
     {
       std::vector<float> cs, sn;
-      RopeTables(hd_, c_.rope_theta, static_cast<int>(S), &cs, &sn);
+      RopeTables(hd_, c_.rope_theta, static_cast<int>(S), &cs, &sn, c_.rope_scaling);
       a.rope_cos.assign(cs.begin(), cs.end());
       a.rope_sin.assign(sn.begin(), sn.end());
     }

@@ -47,8 +47,12 @@ enum class CpuMath { kFloat, kDouble };
 // inv_freq[i] = 1 / theta^(float(2i) / head_dim) in fp32, angle = float(pos) * inv_freq[i] in
 // fp32, cos/sin of that angle correctly rounded to fp32. Tables are [seq, head_dim / 2] row-major.
 // The CUDA model uses the same tables, so both rotate by identical numbers.
-std::vector<float> RopeInverseFrequencies(int64_t head_dim, double theta);
-void RopeTables(int64_t head_dim, double theta, int seq, std::vector<float>* cos, std::vector<float>* sin);
+// With a RopeScaling of rope_type "llama3" the inverse frequencies are then adjusted as
+// transformers' _compute_llama3_parameters does, in fp32 and in its order of operations
+// (wavelength = fp32(1 / f) * fp32(2 pi), ...).
+std::vector<float> RopeInverseFrequencies(int64_t head_dim, double theta, const RopeScaling& scaling = {});
+void RopeTables(int64_t head_dim, double theta, int seq, std::vector<float>* cos, std::vector<float>* sin,
+                const RopeScaling& scaling = {});
 // Rotates one head vector x[head_dim] in place by one position's table row (rotate-half layout:
 // element i pairs with i + head_dim / 2).
 void ApplyRope(int64_t head_dim, const float* cos_row, const float* sin_row, float* x);

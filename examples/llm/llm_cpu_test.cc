@@ -627,6 +627,55 @@ TEST(LlmCpuTest, LogitsAndCausality) {
   }
 }
 
+// Llama 3.1's scaling (factor 8, low 1, high 4, original 8192, theta 500000, head_dim 128) against
+// the published formula evaluated in double: frequencies of wavelength under 2048 unchanged (the
+// bits of the default rope), over 8192 divided by 8 exactly, those between interpolated; fp32
+// against double within 4 ulps of the value. The torch evaluation itself was not run here.
+TEST(LlmRopeTest, Llama3ScalingFollowsTheFormula) {
+  const int64_t hd = 128;
+  const double theta = 500000.0;
+  RopeScaling rs;
+  rs.rope_type = "llama3";
+  rs.factor = 8.0;
+  rs.low_freq_factor = 1.0;
+  rs.high_freq_factor = 4.0;
+  rs.original_max_position_embeddings = 8192;
+  const std::vector<float> plain = RopeInverseFrequencies(hd, theta);
+  const std::vector<float> scaled = RopeInverseFrequencies(hd, theta, rs);
+  int high = 0, low = 0, mid = 0;
+  for (int64_t i = 0; i < hd / 2; ++i) {
+    const double f = plain[i];
+    const double wavelen = 2.0 * M_PI / f;
+    double want;
+    if (wavelen < 2048.0) {
+      EXPECT_EQ(scaled[i], plain[i]) << i;
+      want = f;
+      ++high;
+    } else if (wavelen > 8192.0) {
+      EXPECT_EQ(scaled[i], plain[i] / 8.0f) << i;
+      want = f / 8.0;
+      ++low;
+    } else {
+      const double smooth = (8192.0 / wavelen - 1.0) / 3.0;
+      want = (1.0 - smooth) * f / 8.0 + smooth * f;
+      EXPECT_GT(scaled[i], plain[i] / 8.0f) << i;
+      EXPECT_LT(scaled[i], plain[i]) << i;
+      ++mid;
+    }
+    EXPECT_NEAR(scaled[i], want, 4 * 1.2e-7 * want) << i;
+  }
+  // Llama 3.1's 64 frequencies fall in all three bands.
+  EXPECT_GT(high, 0);
+  EXPECT_GT(low, 0);
+  EXPECT_GT(mid, 0);
+  std::printf("llama3 rope: %d unchanged, %d divided, %d interpolated\n", high, low, mid);
+  // The tables use the scaled frequencies.
+  std::vector<float> cos, sin;
+  RopeTables(hd, theta, 3000, &cos, &sin, rs);
+  const float angle = 2999.0f * scaled[40];
+  EXPECT_EQ(cos[2999 * 64 + 40], static_cast<float>(std::cos(static_cast<double>(angle))));
+}
+
 TEST(LlmRopeTest, TablesAndRotationMatchTheFormula) {
   const int64_t hd = 16;
   const double theta = 10000.0;

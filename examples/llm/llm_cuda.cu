@@ -576,7 +576,7 @@ class LlmCuda::Impl {
         LLM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         st.upload_done.reset(e);
       }
-      RopeTables(hd_, c_.rope_theta, static_cast<int>(S), &st.rope_cos_host, &st.rope_sin_host);
+      RopeTables(hd_, c_.rope_theta, static_cast<int>(S), &st.rope_cos_host, &st.rope_sin_host, c_.rope_scaling);
       const size_t table = st.rope_cos_host.size() * sizeof(float);
       LLM_CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(st.rope_cos, st.rope_cos_host.data(), table, cudaMemcpyHostToDevice, stream_));
