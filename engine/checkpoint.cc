@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "engine/checkpoint_io.h"
+#include "runtime/crc32c.h"
 
 namespace zero {
 namespace {

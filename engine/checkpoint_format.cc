@@ -19,6 +19,7 @@
 
 #include "engine/checkpoint_io.h"
 #include "engine/json_input.h"
+#include "runtime/crc32c.h"
 
 namespace zero {
 

@@ -12,6 +12,7 @@
 #include "engine/checkpoint_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/crc32c.h"
 
 namespace zero {
 namespace {

@@ -9,8 +9,6 @@
 
 #include <algorithm>
 #include <atomic>
-
-#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -19,27 +17,10 @@
 #include <random>
 #include <utility>
 
+#include "runtime/crc32c.h"
+
 namespace zero {
 namespace {
-
-constexpr uint32_t kCrc32cPoly = 0x82F63B78u;  // reflected Castagnoli polynomial
-
-using CrcTables = std::array<std::array<uint32_t, 256>, 8>;
-
-constexpr CrcTables MakeCrcTables() {
-  CrcTables t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1u) ? (c >> 1) ^ kCrc32cPoly : c >> 1;
-    t[0][i] = c;
-  }
-  for (uint32_t i = 0; i < 256; ++i) {
-    for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xffu];
-  }
-  return t;
-}
-
-constexpr CrcTables kCrcTables = MakeCrcTables();
 
 // Appends stay in a user-space buffer up to this size; bigger ones are written directly.
 constexpr size_t kBufferSize = 1 << 20;
@@ -104,38 +85,6 @@ uint64_t RandomSuffix() {
 }
 
 }  // namespace
-
-uint32_t Crc32c(const void* data, size_t size, uint32_t crc) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  uint32_t c = ~crc;
-  while (size > 0 && (reinterpret_cast<uintptr_t>(p) & 7u) != 0) {
-    c = kCrcTables[0][(c ^ *p++) & 0xffu] ^ (c >> 8);
-    --size;
-  }
-  while (size >= 8) {
-    uint32_t lo, hi;
-    std::memcpy(&lo, p, 4);
-    std::memcpy(&hi, p + 4, 4);
-    lo ^= c;  // little-endian host (checked in checkpoint_format.cc)
-    c = kCrcTables[7][lo & 0xffu] ^ kCrcTables[6][(lo >> 8) & 0xffu] ^
-        kCrcTables[5][(lo >> 16) & 0xffu] ^ kCrcTables[4][lo >> 24] ^ kCrcTables[3][hi & 0xffu] ^
-        kCrcTables[2][(hi >> 8) & 0xffu] ^ kCrcTables[1][(hi >> 16) & 0xffu] ^
-        kCrcTables[0][hi >> 24];
-    p += 8;
-    size -= 8;
-  }
-  while (size > 0) {
-    c = kCrcTables[0][(c ^ *p++) & 0xffu] ^ (c >> 8);
-    --size;
-  }
-  return ~c;
-}
-
-std::string Crc32cHex(uint32_t crc) {
-  char buf[16];
-  std::snprintf(buf, sizeof(buf), "0x%08x", crc);
-  return buf;
-}
 
 // --- AtomicFileWriter ------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-// Checkpoint file I/O: crash-safe whole-file writes, CRC32C checksums, and verified reads.
+// Checkpoint file I/O: crash-safe whole-file writes, and reads verified against a CRC32C
+// (runtime/crc32c.h).
 //
 // A file is never visible half-written under its final name: AtomicFileWriter writes to
 // `<path>.tmp.<pid>.<random>` in the same directory, fsyncs it, renames it over `<path>` and fsyncs
@@ -21,12 +22,6 @@
 #include "runtime/status.h"
 
 namespace zero {
-
-// CRC32C (Castagnoli, the iSCSI/ext4 polynomial), software slice-by-8. Chainable:
-// Crc32c(b, nb, Crc32c(a, na)) == Crc32c(a followed by b). Crc32c("123456789") == 0xE3069283.
-uint32_t Crc32c(const void* data, size_t size, uint32_t crc = 0);
-// "0x1a2b3c4d" (8 hex digits), as checkpoint files and messages print checksums.
-std::string Crc32cHex(uint32_t crc);
 
 // Writes one file atomically (see the header comment). Move-only; owns the temporary file's fd.
 // Destroying a writer that was not committed closes and unlinks its temporary file.

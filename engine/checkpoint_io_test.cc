@@ -14,6 +14,7 @@
 #include "engine/checkpoint_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/crc32c.h"
 
 namespace zero {
 namespace {
@@ -21,15 +22,6 @@ namespace {
 using ::testing::HasSubstr;
 using zero::testing::InChild;
 using zero::testing::ScratchDir;
-
-uint32_t Crc32cBitwise(const std::string& s) {
-  uint32_t c = ~0u;
-  for (unsigned char b : s) {
-    c ^= b;
-    for (int k = 0; k < 8; ++k) c = (c & 1u) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-  }
-  return ~c;
-}
 
 std::vector<std::string> ListDir(const std::string& dir) {
   std::vector<std::string> names;
@@ -114,31 +106,6 @@ TEST(DirectoryLockTest, WritableDirectoryCheck) {
   const Status st = CheckWritableDirectory(dir + "/file/sub");
   EXPECT_FALSE(st.ok());
   EXPECT_THAT(st.message(), HasSubstr(dir + "/file")) << st.ToString();
-}
-
-TEST(Crc32cTest, KnownVectors) {
-  EXPECT_EQ(Crc32c("123456789", 9), 0xE3069283u);
-  EXPECT_EQ(Crc32c("", 0), 0u);
-  std::string zeros(32, '\0');
-  EXPECT_EQ(Crc32c(zeros.data(), zeros.size()), 0x8A9136AAu);  // RFC 3720 B.4
-  std::string ones(32, '\xff');
-  EXPECT_EQ(Crc32c(ones.data(), ones.size()), 0x62A8AB43u);
-  EXPECT_EQ(Crc32cHex(0xE3069283u), "0xe3069283");
-}
-
-TEST(Crc32cTest, SliceBy8MatchesBitwiseAtEveryAlignmentAndChains) {
-  std::mt19937 gen(7);
-  std::string data(1000, '\0');
-  for (char& c : data) c = static_cast<char>(gen());
-  for (size_t off : {0, 1, 3, 7, 8, 13}) {
-    for (size_t len : {0, 1, 7, 8, 9, 63, 64, 65, 500, 987}) {
-      std::string s = data.substr(off, len);
-      EXPECT_EQ(Crc32c(data.data() + off, len), Crc32cBitwise(s)) << off << " " << len;
-      for (size_t split : {size_t{0}, len / 3, len}) {
-        EXPECT_EQ(Crc32c(s.data() + split, len - split, Crc32c(s.data(), split)), Crc32cBitwise(s));
-      }
-    }
-  }
 }
 
 TEST(AtomicFileTest, WriteReadOverwriteLeavesNoTemporaries) {

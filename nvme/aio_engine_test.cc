@@ -18,7 +18,6 @@
 
 #include "engine/checkpoint_io.h"
 #include "nvme/aligned_buffer.h"
-#include "nvme/crc32c.h"
 #include "nvme/faulty_aio_engine.h"
 #include "nvme/libaio_engine.h"
 #include "nvme/nvme_test_util.h"
@@ -103,17 +102,6 @@ TEST(AlignedBufferTest, AlignsAndPads) {
   ASSERT_TRUE(big.ok());
   EXPECT_EQ(reinterpret_cast<uintptr_t>(big->data()) % (1 << 20), 0u);
   EXPECT_EQ(AlignedBuffer::Allocate(10, 3000).status().code(), StatusCode::kInvalidArgument);
-}
-
-TEST(Crc32cFastTest, EqualsTheSoftwareCrc) {
-  EXPECT_EQ(Crc32cFast("123456789", 9), 0xE3069283u);
-  AlignedBuffer b = Pattern(1 << 16, 7);
-  for (size_t off : {0u, 1u, 3u, 8u}) {
-    for (size_t n : {0u, 1u, 7u, 8u, 9u, 4096u, 65000u}) {
-      EXPECT_EQ(Crc32cFast(b.bytes() + off, n), Crc32c(b.bytes() + off, n)) << off << " " << n;
-    }
-  }
-  EXPECT_EQ(Crc32cFast(b.bytes() + 100, 900, Crc32cFast(b.bytes(), 100)), Crc32c(b.bytes(), 1000));
 }
 
 struct RoundTripCase {

@@ -6,20 +6,13 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 
 #include "nvme/aligned_buffer.h"
-#include "nvme/crc32c.h"
+#include "runtime/crc32c.h"
 
 namespace zero {
 namespace {
-
-std::string Hex(uint32_t v) {
-  char buf[16];
-  std::snprintf(buf, sizeof(buf), "0x%08x", v);
-  return buf;
-}
 
 std::string DirOf(const std::string& path) {
   size_t slash = path.find_last_of('/');
@@ -179,7 +172,7 @@ Result<SwapFile::Io> SwapFile::StartWrite(size_t i, const void* buffer) {
   Io io;
   io.region = i;
   io.buffer = buffer;
-  io.crc = Crc32cFast(buffer, r.layout.bytes);
+  io.crc = Crc32c(buffer, r.layout.bytes);
   auto t = engine_->SubmitWrite(*file_, r.layout.offset, buffer, r.layout.padded_bytes);
   if (!t.ok()) return t.status().WithContext(Describe(i));
   io.ticket = *t;
@@ -222,10 +215,10 @@ Status SwapFile::Finish(const Io& io) {
     r.written = true;
     return OkStatus();
   }
-  const uint32_t got = Crc32cFast(io.buffer, r.layout.bytes);
+  const uint32_t got = Crc32c(io.buffer, r.layout.bytes);
   if (got != r.crc) {
     return DataLossError(Describe(io.region) + ": checksum mismatch: expected crc32c " +
-                         Hex(r.crc) + ", got " + Hex(got) +
+                         Crc32cHex(r.crc) + ", got " + Crc32cHex(got) +
                          " (the file was changed or corrupted after it was written)");
   }
   return OkStatus();
