@@ -22,6 +22,7 @@
 #include <gloo/common/error.h>
 
 #include "comm/hmac_sha256.h"
+#include "runtime/errno_text.h"
 
 namespace zero {
 namespace {
@@ -45,11 +46,6 @@ constexpr char kServerContext[] = "zero-tcpstore-v1 server";
 constexpr size_t kMaxLoggedPeers = 1024;
 
 using Clock = std::chrono::steady_clock;
-
-std::string ErrnoText(int err) {
-  char buf[256];
-  return std::string(strerror_r(err, buf, sizeof(buf)));
-}
 
 int RemainingMs(Clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();

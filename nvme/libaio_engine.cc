@@ -17,6 +17,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/errno_text.h"
+
 namespace zero {
 namespace {
 
@@ -37,12 +39,6 @@ StatusCode CodeForErrno(int err) {
     case EINVAL: return StatusCode::kInvalidArgument;
     default: return StatusCode::kInternal;
   }
-}
-
-std::string ErrnoText(int err) {
-  char buf[256];
-  const char* text = strerror_r(err, buf, sizeof(buf));
-  return std::string(text) + " (errno " + std::to_string(err) + ")";
 }
 
 class PosixAioFile final : public AioFile {
@@ -285,7 +281,7 @@ class LibaioEngine::Impl::Worker {
       engine_->retries_++;
       return;
     }
-    ZERO_CHECK_MSG(n >= 0, "io_getevents: " + ErrnoText(-n));
+    ZERO_CHECK_MSG(n >= 0, "io_getevents: " + ErrnoTextAndNumber(-n));
     for (int k = 0; k < n; ++k) {
       Piece* p = static_cast<Piece*>(events_[k].data);
       --inflight_;
@@ -349,7 +345,7 @@ class LibaioEngine::Impl::Worker {
     Fail(p, Status(CodeForErrno(err), std::string(what) + " " + *r.path + " offset " +
                                           std::to_string(at) + " length " +
                                           std::to_string(p->length - p->done) + ": " +
-                                          ErrnoText(err) + " [" + r.Describe() + "]"));
+                                          ErrnoTextAndNumber(err) + " [" + r.Describe() + "]"));
   }
   void Fail(Piece* p, Status s) {
     p->part->request->Fail(std::move(s));
@@ -399,7 +395,7 @@ Status LibaioEngine::Impl::Start() {
     int rc = io_setup(static_cast<int>(options_.queue_depth), &ctx);
     if (rc < 0) {
       std::string msg = "aio: io_setup(queue_depth " + std::to_string(options_.queue_depth) +
-                        ") for worker " + std::to_string(i) + ": " + ErrnoText(-rc);
+                        ") for worker " + std::to_string(i) + ": " + ErrnoTextAndNumber(-rc);
       if (rc == -EAGAIN) {
         msg += "; the system-wide limit /proc/sys/fs/aio-max-nr is too small for queue_depth x "
                "intra_op_parallelism x processes";
@@ -475,7 +471,8 @@ Status LibaioEngine::Impl::PreallocateIfExtending(const PosixAioFile& file, uint
   struct stat st;
   if (::fstat(file.fd(), &st) != 0) {
     const int err = errno;
-    return Status(CodeForErrno(err), "aio write " + file.path() + ": fstat: " + ErrnoText(err));
+    return Status(CodeForErrno(err),
+                  "aio write " + file.path() + ": fstat: " + ErrnoTextAndNumber(err));
   }
   const uint64_t end = offset + length;
   if (end <= static_cast<uint64_t>(st.st_size)) return OkStatus();
@@ -490,7 +487,7 @@ Status LibaioEngine::Impl::PreallocateIfExtending(const PosixAioFile& file, uint
     return Status(CodeForErrno(err),
                   "preallocate " + file.path() + " offset " + std::to_string(from) + " length " +
                       std::to_string(end - from) + " (a write past the end of the file): " +
-                      ErrnoText(err) + " [write " + file.path() + " offset " +
+                      ErrnoTextAndNumber(err) + " [write " + file.path() + " offset " +
                       std::to_string(offset) + " length " + std::to_string(length) + "]");
   }
   extend_preallocations_++;
@@ -561,7 +558,8 @@ Result<std::unique_ptr<AioFile>> LibaioEngine::Open(const std::string& path, Aio
   }
   if (fd < 0) {
     const int err = errno;
-    return Status(CodeForErrno(err), std::string(what) + " " + path + ": " + ErrnoText(err));
+    return Status(CodeForErrno(err),
+                  std::string(what) + " " + path + ": " + ErrnoTextAndNumber(err));
   }
   struct stat fst {};
   if (::fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode)) {
