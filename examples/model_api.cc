@@ -159,11 +159,6 @@ Status GradBuffers::GradReady(int param_index) {
   return OkStatus();
 }
 
-void GradBuffers::ResetCounts() {
-  ready_count_.assign(views_.size(), 0);
-  ready_order_.clear();
-}
-
 HostTensors::HostTensors(const std::vector<ParamSpec>& specs, DType dtype) : dtype_(dtype) {
   for (const ParamSpec& s : specs) {
     numel_.push_back(s.numel());

@@ -149,7 +149,6 @@ class GradBuffers : public GradSink {
 
   const std::vector<int>& ready_count() const { return ready_count_; }
   const std::vector<int>& ready_order() const { return ready_order_; }
-  void ResetCounts();
 
  private:
   std::vector<GradView> views_;

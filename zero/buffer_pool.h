@@ -40,10 +40,8 @@ class BufferPool {
   Status Release(DeviceBuffer buffer, Stream* stream);
   // Frees free buffers until at most `max_free_bytes` remain (waiting for their events).
   Status Trim(size_t max_free_bytes);
-  void set_max_free_bytes(size_t bytes) { max_free_bytes_ = bytes; }
 
   size_t free_bytes() const { return free_bytes_; }
-  size_t outstanding_bytes() const { return outstanding_bytes_; }
   // Bytes of device memory this pool accounts for: free + handed out.
   size_t bytes() const { return free_bytes_ + outstanding_bytes_; }
 

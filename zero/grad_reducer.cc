@@ -13,7 +13,7 @@ GradientReducer::GradientReducer(Device* device, Communicator* comm, Stream* com
       compute_(compute),
       options_(options),
       consumer_(std::move(consumer)),
-      // Keeps up to max_in_flight idle staging buffers for reuse; TrimStaging frees them.
+      // Keeps up to max_in_flight idle staging buffers for reuse.
       staging_(device, ~size_t{0}) {
   ZERO_CHECK(options_.max_in_flight >= 1);
 }

@@ -118,8 +118,6 @@ class GradientReducer {
   bool idle() const { return open_.empty() && in_flight_.empty() && next_bucket_ == 0; }
   // Device bytes of staging buffers held (in flight and free).
   size_t staging_bytes() const { return staging_.bytes(); }
-  // Frees idle staging buffers (all of them when `keep` is 0).
-  Status TrimStaging(size_t keep_bytes) { return staging_.Trim(keep_bytes); }
   // Reductions launched (buckets; parameters in per-parameter mode), with or without a collective.
   int64_t buckets_launched() const { return buckets_launched_; }
   // Collectives issued (none with one rank or for empty buckets).

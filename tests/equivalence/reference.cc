@@ -15,10 +15,6 @@ ReductionOrder OrderOfStage(int stage) {
   return stage <= 1 ? ReductionOrder::kRankFirst : ReductionOrder::kMicroFirst;
 }
 
-const char* OrderName(ReductionOrder order) {
-  return order == ReductionOrder::kRankFirst ? "rank-first (stages 0/1)" : "micro-first (stages 2/3)";
-}
-
 namespace {
 
 float RoundTo(DType t, float v) {

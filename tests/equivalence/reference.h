@@ -42,7 +42,6 @@ enum class ReductionOrder {
   kMicroFirst,  // stages 2/3: per micro step mean over ranks in the model dtype, then fp32 sum
 };
 ReductionOrder OrderOfStage(int stage);
-const char* OrderName(ReductionOrder order);
 
 // Runs the reference for `world` ranks. `config` is the same parsed config the engine gets.
 Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder order,
