@@ -873,6 +873,7 @@ void TcpStore::HeartbeatMain(std::function<void(const Status&)> on_lost) {
   auto next_ping = Clock::now() + period;
   auto sent_at = Clock::time_point::max();  // of the ping not yet answered
   std::string lost;
+  bool closed = false;  // the server's end closed: rank 0's process exited (normally or not)
   while (lost.empty()) {
     const auto until = sent_at == Clock::time_point::max() ? next_ping : sent_at + bound;
     pollfd p[2] = {{heartbeat_wake_[0], POLLIN, 0}, {heartbeat_fd_, POLLIN | POLLRDHUP, 0}};
@@ -887,6 +888,7 @@ void TcpStore::HeartbeatMain(std::function<void(const Status&)> on_lost) {
         lost = "the store's server closed the heartbeat connection" +
                (r < 0 ? " (" + ErrnoText(errno) + ")" : std::string()) +
                ": rank 0's process, which hosts it, has exited or was killed";
+        closed = true;
         break;
       }
       if (r > 0 && (have += static_cast<size_t>(r)) == sizeof(reply)) {
@@ -909,9 +911,25 @@ void TcpStore::HeartbeatMain(std::function<void(const Status&)> on_lost) {
           static_cast<ssize_t>(ping.size())) {
         lost = "sending a heartbeat to the store's server failed (" + ErrnoText(errno) +
                "): rank 0's process, which hosts it, has exited or was killed";
+        closed = true;
       }
       sent_at = now;
       next_ping = now + period;
+    }
+  }
+  if (closed) {
+    // Rank 0 exits as soon as its own part of the last collective is done, while the other ranks
+    // may still be receiving theirs: aborting at once failed a job's final barrier (multiprocess
+    // test, 4 ranks on 2 cores). A rank that was done stops the heartbeat within this grace (its
+    // communicator is destroyed); one still waiting on rank 0 is aborted after it. A crashed rank 0
+    // also closes its gloo connections, which fail on their own.
+    const auto grace = std::max(bound / 4, std::chrono::milliseconds(1));
+    pollfd w = {heartbeat_wake_[0], POLLIN, 0};
+    const auto until = Clock::now() + grace;
+    while (Clock::now() < until) {
+      const int n = poll(&w, 1, RemainingMs(until));
+      if (n > 0) return;  // StopHeartbeat
+      if (n < 0 && errno != EINTR) break;
     }
   }
   on_lost(UnavailableError(Describe() + ": " + lost));

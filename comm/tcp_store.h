@@ -74,7 +74,8 @@ struct TcpStoreOptions {
   // The job secret every connection proves (ZERO_JOB_SECRET); empty: no protection.
   std::string secret;
   // StartHeartbeat's bound (ZERO_STORE_HEARTBEAT_MS): a ping every heartbeat / 2, and the server is
-  // lost when one stays unanswered for `heartbeat`. 0: no heartbeat.
+  // lost when one stays unanswered for `heartbeat`, or heartbeat / 4 after its connection closed
+  // (the grace lets ranks finish the collective rank 0 left at a normal exit). 0: no heartbeat.
   std::chrono::milliseconds heartbeat{5000};
   // --- server only ------------------------------------------------------------------------------
   // Where to listen (ZERO_STORE_BIND_ADDR); empty: StoreBindAddress(host).

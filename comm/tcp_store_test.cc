@@ -664,6 +664,7 @@ TEST(TcpStoreHeartbeatTest, ServerKilledOrStoppedIsNoticedWithinTheHeartbeat) {
     ASSERT_EQ(kill(server.pid(), SIGKILL), 0);
     const auto killed = Clock::now();
     ASSERT_TRUE(report.WaitFor(milliseconds(5000))) << "a killed server was not noticed within 5 s";
+    // Noticed at the closure plus the grace (heartbeat / 4 = 500 ms), before the next ping (1000 ms).
     EXPECT_LT(report.at - killed, milliseconds(1000)) << "a closed connection is noticed at once, not at the ping";
     EXPECT_NE(report.status.message().find("closed the heartbeat connection"), std::string::npos)
         << report.status.ToString();
