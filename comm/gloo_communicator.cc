@@ -24,6 +24,8 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include "comm/store_join.h"
+
 namespace zero {
 namespace {
 
@@ -37,17 +39,12 @@ constexpr size_t kKeepStagingBytes = size_t{64} << 20;
 // Slots of this communicator's transfers: a tag byte, then a sequence number shared by all ranks.
 constexpr uint64_t kSlotBase = uint64_t{0x5a} << 56;
 
-// A wait that gave up this close to its deadline counts as timed out (waits round to ms).
-constexpr std::chrono::milliseconds kDeadlineSlack{20};
-
 // Thrown on the comm thread when Abort() interrupted a wait.
 struct AbortedError {};
 
 std::string DescribeCount(size_t count, DType t) {
   return std::to_string(count) + " x " + DTypeName(t);
 }
-
-std::string TimeoutText(std::chrono::milliseconds t) { return std::to_string(t.count()) + " ms"; }
 
 // acc[i] (op)= element i of src, in fp32. `first` initializes acc (rank 0's contribution).
 void AccumulateFloat(float* acc, const void* src, DType t, size_t n, ReduceOp op, bool first) {
@@ -336,36 +333,11 @@ Status GlooCommunicator::Rendezvous(std::shared_ptr<gloo::rendezvous::Store> sto
   if (world_size_ == 1) return OkStatus();
   const std::string who = "gloo rendezvous of rank " + std::to_string(rank_) + " of " +
                           std::to_string(world_size_);
-  const auto timeout = options_.comm.timeout;
-  const auto deadline = Clock::now() + timeout;
-  auto remaining = [&] {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    return std::max(left, std::chrono::milliseconds(1));
-  };
+  const RendezvousDeadline deadline(options_.comm.timeout);
   gloo::rendezvous::PrefixStore pstore(options_.prefix.empty() ? "zero" : options_.prefix, *store_);
 
-  // 1. Join: every rank announces itself, then waits for each other one, so a missing rank is
-  //    named rather than reported as a gloo key.
-  int waiting_for = -1;
-  try {
-    pstore.set("join/" + std::to_string(rank_), std::vector<char>{1});
-    for (int r = 0; r < world_size_; ++r) {
-      if (r == rank_) continue;
-      waiting_for = r;
-      pstore.wait({"join/" + std::to_string(r)}, remaining());
-    }
-  } catch (const std::exception& e) {
-    if (waiting_for >= 0 && Clock::now() + kDeadlineSlack >= deadline) {
-      return DeadlineExceededError(who + ": rank " + std::to_string(waiting_for) +
-                                   " did not join within " + TimeoutText(timeout) + " (" +
-                                   e.what() + ")");
-    }
-    if (waiting_for >= 0) {
-      return UnavailableError(who + ": store error while waiting for rank " +
-                              std::to_string(waiting_for) + " to join: " + e.what());
-    }
-    return UnavailableError(who + ": store error: " + e.what());
-  }
+  // 1. Join: every rank announces itself and waits for the others (comm/store_join.h).
+  ZERO_RETURN_IF_ERROR(JoinThroughStore(pstore, rank_, world_size_, who, deadline));
 
   // 2. Connect a full mesh of TCP pairs.
   try {
@@ -399,14 +371,13 @@ Status GlooCommunicator::Rendezvous(std::shared_ptr<gloo::rendezvous::Store> sto
   }
   try {
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, world_size_);
-    ctx->setTimeout(remaining());
+    ctx->setTimeout(deadline.Remaining());
     ctx->connectFullMesh(pstore, gloo_device_);
-    ctx->setTimeout(timeout);
+    ctx->setTimeout(deadline.timeout());
     context_ = std::move(ctx);
     kicker_->Stop();
   } catch (const std::exception& e) {
-    bool late = Clock::now() + kDeadlineSlack >= deadline;
-    return Status(late ? StatusCode::kDeadlineExceeded : StatusCode::kUnavailable,
+    return Status(deadline.Passed() ? StatusCode::kDeadlineExceeded : StatusCode::kUnavailable,
                   who + ": connecting to the other ranks failed: " + e.what());
   }
 

@@ -9,12 +9,12 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 
+#include "comm/store_join.h"
+
 namespace zero {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string TimeoutText(std::chrono::milliseconds t) { return std::to_string(t.count()) + " ms"; }
 
 ncclDataType_t ToNccl(DType t) {
   switch (t) {
@@ -232,12 +232,7 @@ Status NcclCommunicator::Init(std::shared_ptr<gloo::rendezvous::Store> store) {
   store_ = std::move(store);
   const std::string who = "nccl rendezvous of rank " + std::to_string(rank_) + " of " +
                           std::to_string(world_size_);
-  const auto timeout = options_.comm.timeout;
-  const auto deadline = Clock::now() + timeout;
-  auto remaining = [&] {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    return std::max(left, std::chrono::milliseconds(1));
-  };
+  const RendezvousDeadline deadline(options_.comm.timeout);
   ZERO_RETURN_IF_ERROR(CudaCheck(cudaSetDevice(shared_->ordinal), who + ": cudaSetDevice"));
 
   ncclUniqueId id;
@@ -246,22 +241,16 @@ Status NcclCommunicator::Init(std::shared_ptr<gloo::rendezvous::Store> store) {
     if (r != ncclSuccess) return InternalError(who + ": ncclGetUniqueId: " + ncclGetErrorString(r));
   } else {
     gloo::rendezvous::PrefixStore pstore(options_.prefix, *store_);
-    int waiting_for = -1;
+    ZERO_RETURN_IF_ERROR(JoinThroughStore(pstore, rank_, world_size_, who, deadline));
+    // Rank 0 publishes the unique id, the last step of its join: a store failure here names rank 0.
     try {
-      pstore.set("join/" + std::to_string(rank_), std::vector<char>{1});
-      for (int r = 0; r < world_size_; ++r) {
-        if (r == rank_) continue;
-        waiting_for = r;
-        pstore.wait({"join/" + std::to_string(r)}, remaining());
-      }
-      waiting_for = 0;
       if (rank_ == 0) {
         ncclResult_t r = ncclGetUniqueId(&id);
         if (r != ncclSuccess) return InternalError(who + ": ncclGetUniqueId: " + ncclGetErrorString(r));
         const char* p = reinterpret_cast<const char*>(&id);
         pstore.set("unique_id", std::vector<char>(p, p + sizeof(id)));
       } else {
-        pstore.wait({"unique_id"}, remaining());
+        pstore.wait({"unique_id"}, deadline.Remaining());
         std::vector<char> v = pstore.get("unique_id");
         if (v.size() != sizeof(id)) {
           return InternalError(who + ": the NCCL unique id in the store has " +
@@ -271,16 +260,7 @@ Status NcclCommunicator::Init(std::shared_ptr<gloo::rendezvous::Store> store) {
         std::memcpy(&id, v.data(), sizeof(id));
       }
     } catch (const std::exception& e) {
-      if (waiting_for >= 0 && Clock::now() + std::chrono::milliseconds(20) >= deadline) {
-        return DeadlineExceededError(who + ": rank " + std::to_string(waiting_for) +
-                                     " did not join within " + TimeoutText(timeout) + " (" +
-                                     e.what() + ")");
-      }
-      if (waiting_for >= 0) {
-        return UnavailableError(who + ": store error while waiting for rank " +
-                                std::to_string(waiting_for) + ": " + e.what());
-      }
-      return UnavailableError(who + ": store error: " + e.what());
+      return StoreErrorStatus(who, 0, e.what(), deadline);
     }
   }
 
@@ -299,7 +279,7 @@ Status NcclCommunicator::Init(std::shared_ptr<gloo::rendezvous::Store> store) {
       }
       return UnavailableError(msg);
     }
-    ZERO_RETURN_IF_ERROR(shared_->SettleLocked("init", r, deadline));
+    ZERO_RETURN_IF_ERROR(shared_->SettleLocked("init", r, deadline.at()));
   }
   ZERO_RETURN_IF_ERROR(
       CudaCheck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), who + ": cudaStreamCreate"));
