@@ -20,7 +20,7 @@
 #include "engine/engine_test_util.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
-#include "zero/deferred_device.h"
+#include "testing/deferred_device.h"
 #include "zero/partition.h"
 
 namespace zero {
@@ -970,7 +970,7 @@ TEST(EngineTrainingTest, LargerModelEveryStage) {
 
 // --- offload_optimizer.overlap_step ------------------------------------------------------------
 
-// One rank on a DeferredDevice (zero/deferred_device.h: the streams run late, in a random legal
+// One rank on a DeferredDevice (testing/deferred_device.h: the streams run late, in a random legal
 // order), so a missing stream wait in the overlapped step shows up as a wrong value.
 struct DeferredRank {
   explicit DeferredRank(uint32_t seed) : device(seed) {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "runtime/cpu_device.h"
-#include "zero/deferred_device.h"
+#include "testing/deferred_device.h"
 #include "zero/optimizer_states.h"
 #include "zero/optimizer_states_testing.h"
 

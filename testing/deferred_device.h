@@ -1,7 +1,7 @@
 // DeferredDevice: a test Device (CPU backend) whose streams really are asynchronous, so a missing
 // stream wait in the code under test shows up on CI (the synchronous CpuDevice runs everything at
-// once and hides it). Used by the chunked optimizer states' tests and the engine's overlap tests.
-// Test-only.
+// once and hides it). Used by the chunked optimizer states' and gradient partition's tests and the
+// engine's overlap tests. Test-only.
 #pragma once
 
 #include <cstdint>
