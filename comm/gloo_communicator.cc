@@ -24,6 +24,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include "comm/host_reduce.h"
 #include "comm/store_join.h"
 
 namespace zero {
@@ -685,21 +686,10 @@ void GlooCommunicator::DoAllReduceHost(double* values, size_t n, ReduceOp op) {
   acc_double_.assign(n, 0.0);
   for (int s = 0; s < world_size_; ++s) {
     if (s != rank_) ex.WaitRecv(s);
-    const double* src = s == rank_ ? values : staged(s);
-    for (size_t i = 0; i < n; ++i) {
-      if (s == 0) {
-        acc_double_[i] = src[i];
-      } else if (op == ReduceOp::kMax) {
-        if (src[i] > acc_double_[i] || src[i] != src[i]) acc_double_[i] = src[i];
-      } else {
-        acc_double_[i] += src[i];
-      }
-    }
+    AccumulateHostValues(acc_double_.data(), s == rank_ ? values : staged(s), n, op, s == 0);
   }
   ex.WaitAll();
-  for (size_t i = 0; i < n; ++i) {
-    values[i] = op == ReduceOp::kAvg ? acc_double_[i] / world_size_ : acc_double_[i];
-  }
+  FinishHostValues(acc_double_.data(), values, n, op, world_size_);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 
+#include "comm/host_reduce.h"
 #include "comm/store_join.h"
 
 namespace zero {
@@ -490,18 +491,8 @@ Status NcclCommunicator::AllReduceHost(double* values, size_t n, ReduceOp op) {
   if (!work.ok()) return work.status();
   ZERO_RETURN_IF_ERROR((*work)->Wait());
   const double* all = static_cast<const double*>(host_scratch_);
-  for (size_t i = 0; i < n; ++i) {
-    double acc = all[i];
-    for (int r = 1; r < world_size_; ++r) {
-      double v = all[r * n + i];
-      if (op == ReduceOp::kMax) {
-        if (v > acc || v != v) acc = v;
-      } else {
-        acc += v;
-      }
-    }
-    values[i] = op == ReduceOp::kAvg ? acc / world_size_ : acc;
-  }
+  for (int r = 0; r < world_size_; ++r) AccumulateHostValues(values, all + r * n, n, op, r == 0);
+  FinishHostValues(values, values, n, op, world_size_);
   return OkStatus();
 }
 

@@ -5,6 +5,7 @@
 #include <thread>
 #include <utility>
 
+#include "comm/host_reduce.h"
 #include "runtime/cpu_device.h"
 
 #if defined(ZERO_HAS_CUDA)
@@ -654,22 +655,13 @@ Status SameDeviceCommunicator::AllReduceHost(double* values, size_t n, ReduceOp 
   // every rank has read them.
   PhaseFn sum = [&](const std::vector<const void*>& in, const std::vector<void*>&) -> Status {
     for (int q = 0; q < world_size_; ++q) {
-      const double* src = static_cast<const double*>(in[q]);
-      for (size_t i = 0; i < n; ++i) {
-        if (q == 0) {
-          acc[i] = src[i];
-        } else if (op == ReduceOp::kMax) {
-          if (src[i] > acc[i] || src[i] != src[i]) acc[i] = src[i];
-        } else {
-          acc[i] += src[i];
-        }
-      }
+      AccumulateHostValues(acc.data(), static_cast<const double*>(in[q]), n, op, q == 0);
     }
     return OkStatus();
   };
   PhaseFn none = [](const std::vector<const void*>&, const std::vector<void*>&) { return OkStatus(); };
   ZERO_ASSIGN_OR_RETURN(auto work, Run(call, values, values, nullptr, {sum, none}, true));
-  for (size_t i = 0; i < n; ++i) values[i] = op == ReduceOp::kAvg ? acc[i] / world_size_ : acc[i];
+  FinishHostValues(acc.data(), values, n, op, world_size_);
   return work->Wait();
 }
 
