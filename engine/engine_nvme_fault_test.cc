@@ -27,6 +27,8 @@
 #include "nvme/faulty_aio_engine.h"
 #include "nvme/nvme_test_util.h"
 #include "offload/host_slab.h"
+#include "testing/scratch_dir.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -274,7 +276,7 @@ void RunFault(const Case& c, Fault fault, const std::string& dir, const Weights&
 }
 
 void RunAllFaults(const Case& c, const std::vector<Fault>& faults) {
-  auto scratch = ::zero::ScratchDir::Create("engine_nvme_faults");  // on a filesystem with O_DIRECT
+  auto scratch = ::zero::ScratchDir::CreateWithDirectIo("engine_nvme_faults");
   ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
   const Weights reference = Reference(c, scratch->File("reference"));
   ASSERT_FALSE(reference.empty());
@@ -328,7 +330,7 @@ Result<uint64_t> FillDisk(const std::string& path) {
 // saved onto the full disk fails and leaves the engine usable and unchanged; a second engine
 // cannot create its swap file there and says so at Initialize, naming the bytes.
 TEST(EngineNvmeFaultTest, RealDiskFullDuringTraining) {
-  auto scratch = ::zero::ScratchDir::Create("engine_nvme_full");
+  auto scratch = ::zero::ScratchDir::CreateWithDirectIo("engine_nvme_full");
   ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
   auto disk = ScopedMount::CreateExt4Image(scratch->File("disk"), scratch->File("disk.img"), 16 << 20);
   if (!disk.ok()) GTEST_SKIP() << "no loop-mounted ext4 here: " << disk.status().ToString();
@@ -379,7 +381,7 @@ TEST(EngineNvmeFaultTest, RealDiskFullDuringTraining) {
 // collective), instead of waiting in the weight all-gather for the communicator's timeout (set far
 // above this test's own time limit, so a rank left waiting fails the test).
 TEST(EngineNvmeFaultTest, AFaultOnOneRankStopsEveryRankAtOnce) {
-  auto scratch = ScratchDir::Create("nvme_fault_two_ranks");
+  auto scratch = ScratchDir::CreateWithDirectIo("nvme_fault_two_ranks");
   ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
   const std::string nvme = scratch->File("nvme");
   const Case c{2, false, 0.05};

@@ -14,6 +14,7 @@
 #include "engine/engine_test_util.h"
 #include "nvme/nvme_test_util.h"
 #include "offload/host_slab.h"
+#include "testing/scratch_dir.h"
 
 namespace zero {
 namespace {
@@ -34,7 +35,7 @@ Status InitializeWith(const std::string& zero_extra) {
 }
 
 TEST(EngineOffloadFaultsTest, NvmePathProblemsAreClearErrorsAtInitialize) {
-  auto scratch = ::zero::ScratchDir::Create("offload_faults");  // on a filesystem with O_DIRECT
+  auto scratch = ::zero::ScratchDir::CreateWithDirectIo("offload_faults");
   ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
   const std::string dir = scratch->path();
   // A path under a regular file cannot be created.
@@ -73,7 +74,7 @@ TEST(EngineOffloadFaultsTest, NvmePathProblemsAreClearErrorsAtInitialize) {
 }
 
 TEST(EngineOffloadFaultsTest, OffloadingEnginesReturnTheirPinnedMemory) {
-  auto scratch = ::zero::ScratchDir::Create("offload_leaks");
+  auto scratch = ::zero::ScratchDir::CreateWithDirectIo("offload_leaks");
   ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
   const std::string dir = scratch->path();
   const size_t before = HostSlab::live_bytes();

@@ -20,7 +20,7 @@
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
 #include "engine/engine_timeline.h"
-#include "nvme/nvme_test_util.h"
+#include "testing/scratch_dir.h"
 
 namespace zero {
 namespace {
@@ -204,7 +204,7 @@ TEST(EngineTimelineTest, TraceOfTheChosenStepsWithOneTrackPerStream) {
 }
 
 TEST(EngineTimelineTest, NvmeRunsHaveIoSpansOfTheirAioWaits) {
-  auto scratch = ScratchDir::Create("engine_timeline_nvme");
+  auto scratch = ScratchDir::CreateWithDirectIo("engine_timeline_nvme");
   ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
   const std::string cpu_opt = "\"offload_optimizer\": {\"device\": \"cpu\"}";
   // NVMe optimizer states; then CPU states with the parameters on NVMe (the param store).

@@ -21,6 +21,9 @@
 #include "nvme/faulty_aio_engine.h"
 #include "nvme/libaio_engine.h"
 #include "nvme/nvme_test_util.h"
+#include "testing/same_bits.h"
+#include "testing/scratch_dir.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -39,8 +42,10 @@ std::string FileBytes(const std::string& path, uint64_t offset, size_t size) {
   return *r;
 }
 
-bool Same(const AlignedBuffer& a, const AlignedBuffer& b, size_t n) {
-  return std::memcmp(a.data(), b.data(), n) == 0;
+// The first n bytes, byte for byte; a failure names the first differing byte.
+::testing::AssertionResult Same(const AlignedBuffer& a, const AlignedBuffer& b, size_t n) {
+  return ::zero::testing::SameBits(static_cast<const uint8_t*>(a.data()),
+                                   static_cast<const uint8_t*>(b.data()), n);
 }
 
 AioOptions Opts(int64_t block, int64_t depth, int64_t threads = 1, bool single = false,
@@ -57,8 +62,9 @@ AioOptions Opts(int64_t block, int64_t depth, int64_t threads = 1, bool single =
 class AioEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto d = ScratchDir::Create(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    auto d = ScratchDir::CreateWithDirectIo(
+        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_OK(d);
     dir_.emplace(std::move(d).value());
   }
   std::string File(const std::string& n) { return dir_->File(n); }
@@ -66,7 +72,7 @@ class AioEngineTest : public ::testing::Test {
 };
 
 TEST(AioOptionsTest, ValidationNamesTheKey) {
-  EXPECT_TRUE(ValidateAioOptions(AioOptions()).ok());
+  EXPECT_OK(ValidateAioOptions(AioOptions()));
   AioOptions o;
   o.block_size = 1000;
   Status st = ValidateAioOptions(o);
@@ -94,12 +100,12 @@ TEST(AioOptionsTest, DefaultsMirrorDeepSpeedAioBlock) {
 
 TEST(AlignedBufferTest, AlignsAndPads) {
   auto b = AlignedBuffer::Allocate(5000);
-  ASSERT_TRUE(b.ok());
+  ASSERT_OK(b);
   EXPECT_EQ(b->size(), 8192u);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(b->data()) % 4096, 0u);
   EXPECT_EQ(b->bytes()[8191], 0);
   auto big = AlignedBuffer::Allocate(3 << 20, 1 << 20);
-  ASSERT_TRUE(big.ok());
+  ASSERT_OK(big);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(big->data()) % (1 << 20), 0u);
   EXPECT_EQ(AlignedBuffer::Allocate(10, 3000).status().code(), StatusCode::kInvalidArgument);
 }
@@ -300,7 +306,9 @@ TEST_P(ShortTransferTest, RestIsResubmittedAndDataExact) {
     ASSERT_OK(engine->Write(*file, 0, out.data(), out.size()));
     engine->ShortenNthRead(2, c.reported);
   }
-  if (c.write) ASSERT_OK(engine->Write(*file, 0, out.data(), out.size()));
+  if (c.write) {
+    ASSERT_OK(engine->Write(*file, 0, out.data(), out.size()));
+  }
   ASSERT_OK(engine->Read(*file, 0, in.data(), in.size()));
   EXPECT_TRUE(Same(out, in, out.size()));
   EXPECT_EQ(FileBytes(File("f"), 0, out.size()),

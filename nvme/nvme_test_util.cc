@@ -10,46 +10,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <initializer_list>
 
-#include "nvme/aio_engine.h"
-
 namespace zero {
-
-Result<ScratchDir> ScratchDir::Create(const std::string& name) {
-  std::string tried;
-  for (const char* env : {"ZERO_TEST_TMPDIR", "TEST_TMPDIR", "", "."}) {
-    std::string base;
-    if (std::strcmp(env, "") == 0) {
-      base = "/var/tmp";
-    } else if (std::strcmp(env, ".") == 0) {
-      base = std::filesystem::current_path().string();
-    } else if (const char* v = std::getenv(env); v != nullptr && *v != '\0') {
-      base = v;
-    } else {
-      continue;
-    }
-    std::string dir = base + "/nvme_" + name + "." + std::to_string(::getpid());
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-    if (!std::filesystem::create_directories(dir, ec)) {
-      tried += " " + dir + " (" + ec.message() + ")";
-      continue;
-    }
-    Status st = ProbeDirectIo(dir);
-    if (st.ok()) return ScratchDir(dir);
-    tried += " " + dir + " (" + st.message() + ")";
-    std::filesystem::remove_all(dir, ec);
-  }
-  return FailedPreconditionError("no scratch directory with O_DIRECT; tried:" + tried);
-}
-
-ScratchDir::~ScratchDir() {
-  if (path_.empty()) return;
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
 
 Result<ScopedMount> ScopedMount::Create(const std::string& dir, const std::string& fstype,
                                         const std::string& options, bool read_only) {

@@ -1,9 +1,8 @@
-// Test helpers for nvme/: a scratch directory on a filesystem that supports O_DIRECT, and small
-// mounted filesystems (tmpfs of a fixed size, ramfs, read-only, a loop-mounted ext4) made inside it when the test may
-// mount (root in the container); each is unmounted and removed by its owner.
+// Test helpers for nvme/: pseudo-random aligned buffers, and small mounted filesystems (tmpfs of a
+// fixed size, ramfs, read-only, a loop-mounted ext4) made inside a scratch directory
+// (testing/scratch_dir.h, CreateWithDirectIo) when the test may mount (root in the container); each
+// is unmounted and removed by its owner.
 #pragma once
-
-#include <gtest/gtest.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -12,39 +11,10 @@
 #include "nvme/aligned_buffer.h"
 #include "runtime/status.h"
 
-// Assertions on Status / Result (gtest), for nvme/'s tests.
-#define ASSERT_OK(expr)                      \
-  do {                                       \
-    const ::zero::Status _st = (expr);       \
-    ASSERT_TRUE(_st.ok()) << _st.ToString(); \
-  } while (0)
-
-#define ASSERT_OK_AND_ASSIGN(lhs, expr)                        \
-  auto ZERO_STATUS_CONCAT(_r, __LINE__) = (expr);              \
-  ASSERT_TRUE(ZERO_STATUS_CONCAT(_r, __LINE__).ok())           \
-      << ZERO_STATUS_CONCAT(_r, __LINE__).status().ToString(); \
-  lhs = std::move(ZERO_STATUS_CONCAT(_r, __LINE__)).value()
-
 namespace zero {
 
 // `size` bytes (aligned, as AlignedBuffer::Allocate pads them) of pseudo-random data from `seed`.
 AlignedBuffer Pattern(size_t size, uint32_t seed);
-
-// A fresh directory for one test under ZERO_TEST_TMPDIR, TEST_TMPDIR, /var/tmp or the working
-// directory: the first whose filesystem accepts O_DIRECT. Removed (recursively) by the owner.
-class ScratchDir {
- public:
-  static Result<ScratchDir> Create(const std::string& name);
-  ScratchDir(ScratchDir&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
-  ScratchDir(const ScratchDir&) = delete;
-  ~ScratchDir();
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  explicit ScratchDir(std::string path) : path_(std::move(path)) {}
-  std::string path_;
-};
 
 // A filesystem mounted at a new directory `dir` (mount(2)); unmounted and the directory removed by
 // the owner. Create fails (the caller skips with the message) when mounting is not permitted.

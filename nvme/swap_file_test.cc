@@ -18,6 +18,8 @@
 #include "nvme/faulty_aio_engine.h"
 #include "nvme/libaio_engine.h"
 #include "nvme/nvme_test_util.h"
+#include "testing/scratch_dir.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -37,15 +39,16 @@ uint64_t Blocks(const std::string& p) {
 class SwapFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto d = ScratchDir::Create(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    auto d = ScratchDir::CreateWithDirectIo(
+        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_OK(d);
     dir_.emplace(std::move(d).value());
     AioOptions o;
     o.block_size = 65536;
     o.queue_depth = 4;
     o.intra_op_parallelism = 2;
     auto e = FaultyAioEngine::Create(o);
-    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    ASSERT_OK(e);
     engine_ = std::move(e).value();
   }
   std::string File(const std::string& n) { return dir_->File(n); }

@@ -23,21 +23,20 @@ const Status& StatusOf(const Result<T>& r) {
   return r.status();
 }
 
+// A predicate-formatter for gtest's {ASSERT,EXPECT}_PRED_FORMAT1: "<expr> is not OK: <status>".
+template <typename T>
+::testing::AssertionResult IsOk(const char* expr_text, const T& status_or_result) {
+  const Status& st = StatusOf(status_or_result);
+  if (st.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << expr_text << " is not OK: " << st.ToString();
+}
+
 }  // namespace zero::testing::internal
 
-// switch (0) case 0: default: keeps a dangling `else` after the macro from binding to our `if`
-// (gtest's own GTEST_AMBIGUOUS_ELSE_BLOCKER_).
-#define ZERO_TESTING_EXPECT_OK_IMPL(expr, fail)                                                  \
-  switch (0)                                                                                     \
-  case 0:                                                                                        \
-  default:                                                                                       \
-    if (const ::zero::Status zero_testing_status = ::zero::testing::internal::StatusOf(expr);  \
-        zero_testing_status.ok()) {                                                              \
-    } else                                                                                       \
-      fail() << #expr << " is not OK: " << zero_testing_status.ToString()
-
-#define ASSERT_OK(expr) ZERO_TESTING_EXPECT_OK_IMPL(expr, FAIL)
-#define EXPECT_OK(expr) ZERO_TESTING_EXPECT_OK_IMPL(expr, ADD_FAILURE)
+// Built on gtest's own macros: the same evaluation, streaming and dangling-else protection as
+// ASSERT_TRUE.
+#define ASSERT_OK(expr) ASSERT_PRED_FORMAT1(::zero::testing::internal::IsOk, expr)
+#define EXPECT_OK(expr) EXPECT_PRED_FORMAT1(::zero::testing::internal::IsOk, expr)
 
 #define ZERO_TESTING_ASSIGN_OK_IMPL(tmp, lhs, expr)                                    \
   auto tmp = (expr);                                                                   \

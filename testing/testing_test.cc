@@ -44,7 +44,7 @@ TEST(StatusMatchersTest, PassOnOk) {
 
 TEST(StatusMatchersTest, FailuresPrintTheExpressionAndTheStatus) {
   EXPECT_FATAL_FAILURE(AssertOkOnError(),
-                       "Fails() is not OK: DATA_LOSS: checksum mismatch in shard 3while saving");
+                       "Fails() is not OK: DATA_LOSS: checksum mismatch in shard 3\nwhile saving");
   EXPECT_NONFATAL_FAILURE(EXPECT_OK(FailsWithResult()),
                           "FailsWithResult() is not OK: NOT_FOUND: no such tag: step_7");
   EXPECT_FATAL_FAILURE(AssertOkAndAssignOnError(), "FailsWithResult() is not OK: NOT_FOUND");

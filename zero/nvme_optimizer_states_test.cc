@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <vector>
 
-#include "nvme/nvme_test_util.h"
 #include "runtime/cpu_device.h"
+#include "testing/scratch_dir.h"
 #include "zero/host_optimizer_states.h"
 #include "zero/optimizer_states.h"
 #include "zero/optimizer_states_testing.h"
@@ -21,7 +21,7 @@ namespace {
 // them, two group buffers) against device states: the same bits after several updates of both
 // kinds, reads and writes across group boundaries; the swap file and folder go with the states.
 TEST(NvmeOptimizerStatesTest, BitwiseEqualToDeviceStatesWithRealSwapIo) {
-  auto scratch = ScratchDir::Create("nvme_states");
+  auto scratch = ScratchDir::CreateWithDirectIo("nvme_states");
   ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
   CpuDevice device;
   Stream* s = device.default_stream();
@@ -79,7 +79,7 @@ TEST(NvmeOptimizerStatesTest, BitwiseEqualToDeviceStatesWithRealSwapIo) {
 // Tiered: the first 1234 elements in host states, the rest on NVMe; calls that straddle the split
 // give the same bits as device states.
 TEST(TieredOptimizerStatesTest, HostThenNvmeEqualsDeviceStates) {
-  auto scratch = ScratchDir::Create("tiered_states");
+  auto scratch = ScratchDir::CreateWithDirectIo("tiered_states");
   ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
   CpuDevice device;
   Stream* s = device.default_stream();

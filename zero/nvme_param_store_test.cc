@@ -12,8 +12,9 @@
 
 #include <gtest/gtest.h>
 
-#include "nvme/nvme_test_util.h"
 #include "runtime/cpu_device.h"
+#include "testing/scratch_dir.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -71,7 +72,7 @@ void ExpectAll(NvmeParamStore* s, float step) {
 }
 
 TEST(NvmeParamStoreTest, RoundTripsThroughOneBufferAndTheFile) {
-  ASSERT_OK_AND_ASSIGN(ScratchDir dir, ScratchDir::Create("param_store"));
+  ASSERT_OK_AND_ASSIGN(ScratchDir dir, ScratchDir::CreateWithDirectIo("param_store"));
   CpuDevice device;
   const std::string rank_dir = dir.path() + "/zero_swap/rank0";
   {
@@ -102,7 +103,7 @@ TEST(NvmeParamStoreTest, RoundTripsThroughOneBufferAndTheFile) {
 }
 
 TEST(NvmeParamStoreTest, PrefetchReadsAheadWithinTheBuffers) {
-  ASSERT_OK_AND_ASSIGN(ScratchDir dir, ScratchDir::Create("param_store_prefetch"));
+  ASSERT_OK_AND_ASSIGN(ScratchDir dir, ScratchDir::CreateWithDirectIo("param_store_prefetch"));
   CpuDevice device;
   ASSERT_OK_AND_ASSIGN(auto s, NvmeParamStore::Create(&device, device.default_stream(), DType::kF32, kNumel,
                                                       Shards(), kModules, Options(dir.path(), 2, 0)));
@@ -135,7 +136,7 @@ TEST(NvmeParamStoreTest, PrefetchReadsAheadWithinTheBuffers) {
 }
 
 TEST(NvmeParamStoreTest, CacheKeepsModulesInHostMemoryLeastRecentlyUsedFirst) {
-  ASSERT_OK_AND_ASSIGN(ScratchDir dir, ScratchDir::Create("param_store_cache"));
+  ASSERT_OK_AND_ASSIGN(ScratchDir dir, ScratchDir::CreateWithDirectIo("param_store_cache"));
   CpuDevice device;
   // A cache of 1024 elements (4096 bytes): module 2 (100 elements, 4096 bytes padded) lives
   // there; modules 0 (1900) and 1 (1500) do not fit and go through the one buffer.
@@ -157,7 +158,7 @@ TEST(NvmeParamStoreTest, CacheKeepsModulesInHostMemoryLeastRecentlyUsedFirst) {
 }
 
 TEST(NvmeParamStoreTest, ModuleLargerThanBufferSizeIsRefusedNamingTheKey) {
-  ASSERT_OK_AND_ASSIGN(ScratchDir dir, ScratchDir::Create("param_store_size"));
+  ASSERT_OK_AND_ASSIGN(ScratchDir dir, ScratchDir::CreateWithDirectIo("param_store_size"));
   CpuDevice device;
   NvmeParamStoreOptions o = Options(dir.path(), 2, 0);
   o.buffer_numel = 1500;
@@ -171,7 +172,7 @@ TEST(NvmeParamStoreTest, ModuleLargerThanBufferSizeIsRefusedNamingTheKey) {
 }
 
 TEST(NvmeParamStoreTest, StaleSwapFileIsRefused) {
-  ASSERT_OK_AND_ASSIGN(ScratchDir dir, ScratchDir::Create("param_store_stale"));
+  ASSERT_OK_AND_ASSIGN(ScratchDir dir, ScratchDir::CreateWithDirectIo("param_store_stale"));
   CpuDevice device;
   { std::FILE* f = std::fopen((dir.path() + "/params.swp").c_str(), "w"); ASSERT_NE(f, nullptr); std::fclose(f); }
   auto s = NvmeParamStore::Create(&device, device.default_stream(), DType::kF32, kNumel, Shards(), kModules,
@@ -182,7 +183,7 @@ TEST(NvmeParamStoreTest, StaleSwapFileIsRefused) {
 }
 
 TEST(NvmeParamStoreTest, CorruptionIsCaughtByTheChecksumAndEndsTheStore) {
-  ASSERT_OK_AND_ASSIGN(ScratchDir dir, ScratchDir::Create("param_store_crc"));
+  ASSERT_OK_AND_ASSIGN(ScratchDir dir, ScratchDir::CreateWithDirectIo("param_store_crc"));
   CpuDevice device;
   ASSERT_OK_AND_ASSIGN(auto s, NvmeParamStore::Create(&device, device.default_stream(), DType::kF32, kNumel,
                                                       Shards(), kModules, Options(dir.path(), 1, 0)));
