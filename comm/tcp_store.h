@@ -48,6 +48,10 @@
 // serialized over its single connection. Owns one socket (plus, on the host, the listening socket,
 // the accepted connections and the server thread; with a heartbeat, its socket and thread), closed
 // on destruction; with a watch, its socket and thread).
+//
+// Files: tcp_store.cc is the client; tcp_store_server.h the server; tcp_store_protocol.h the wire
+// format's constants, encoding and handshake proofs, shared by both; tcp_socket.h the socket
+// utilities under them. Only this header is for users.
 #pragma once
 
 #include <chrono>

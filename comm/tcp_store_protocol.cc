@@ -1,0 +1,44 @@
+#include "comm/tcp_store_protocol.h"
+
+#include <sys/random.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "comm/hmac_sha256.h"
+
+namespace zero::tcp_store_protocol {
+
+void AppendU64(std::string* out, uint64_t v) {
+  char b[8];
+  std::memcpy(b, &v, 8);
+  out->append(b, 8);
+}
+
+uint64_t ReadU64(const char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+bool RandomBytes(size_t n, std::string* out) {
+  out->resize(n);
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = getrandom(out->data() + got, n - got, 0);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+    } else if (r < 0 && errno != EINTR) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string Mac(const std::string& secret, const char* context, const std::string& server_nonce,
+                const std::string& client_nonce) {
+  Sha256Digest d = HmacSha256(secret, context + server_nonce + client_nonce);
+  return std::string(reinterpret_cast<const char*>(d.data()), d.size());
+}
+
+}  // namespace zero::tcp_store_protocol
