@@ -29,7 +29,7 @@ using net::RecvExact;
 using net::RemainingMs;
 using net::SendAll;
 using net::SetNoDelay;
-using tcp_store_protocol::AppendU64;
+using tcp_store_protocol::EncodeRequest;
 using tcp_store_protocol::Mac;
 using tcp_store_protocol::RandomBytes;
 using tcp_store_protocol::ReadU64;
@@ -48,6 +48,34 @@ using tcp_store_protocol::kSet;
 using tcp_store_protocol::kWait;
 
 using Clock = std::chrono::steady_clock;
+
+// The heartbeat's and the watch's side threads: each has its own connection `*fd` and a pipe
+// `wake` that wakes it to stop.
+
+// Opens `wake`; on failure closes *fd as well (sets it to -1) and names `who`.
+Status OpenWakePipe(int* fd, int wake[2], const std::string& who) {
+  if (pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+    const int err = errno;
+    close(*fd);
+    *fd = -1;
+    return ErrnoError("pipe2", who, err);
+  }
+  return OkStatus();
+}
+
+// Wakes and joins `thread` if it runs, then closes its connection and pipe. Idempotent.
+void StopSideThread(std::thread* thread, int* fd, int wake[2]) {
+  if (thread->joinable()) {
+    char b = 1;
+    ssize_t ignored = write(wake[1], &b, 1);
+    (void)ignored;
+    thread->join();
+  }
+  for (int* f : {fd, &wake[0], &wake[1]}) {
+    if (*f >= 0) close(*f);
+    *f = -1;
+  }
+}
 
 }  // namespace
 
@@ -216,14 +244,7 @@ Result<std::vector<char>> TcpStore::Request(uint8_t cmd, const std::vector<std::
   const auto deadline = Clock::now() + timeout;
   if (fd_ < 0) ZERO_RETURN_IF_ERROR(ConnectLocked(deadline));
 
-  std::string frame;
-  frame.push_back(static_cast<char>(cmd));
-  uint32_t n = static_cast<uint32_t>(fields.size());
-  frame.append(reinterpret_cast<const char*>(&n), 4);
-  for (const auto& f : fields) {
-    AppendU64(&frame, f.size());
-    frame.append(f);
-  }
+  const std::string frame = EncodeRequest(cmd, fields);
 
   auto fail = [&](Io io, const std::string& what, int err) -> Status {
     CloseLocked();  // after a timeout a late reply would desynchronize the connection
@@ -264,34 +285,17 @@ Result<std::vector<char>> TcpStore::Request(uint8_t cmd, const std::vector<std::
 Status TcpStore::StartHeartbeat(std::function<void(const Status&)> on_lost) {
   if (server_ != nullptr || options_.heartbeat.count() <= 0) return OkStatus();
   ZERO_ASSIGN_OR_RETURN(heartbeat_fd_, Connect(Clock::now() + options_.timeout));
-  if (pipe2(heartbeat_wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
-    const int err = errno;
-    close(heartbeat_fd_);
-    heartbeat_fd_ = -1;
-    return ErrnoError("pipe2", Describe() + " heartbeat", err);
-  }
+  ZERO_RETURN_IF_ERROR(OpenWakePipe(&heartbeat_fd_, heartbeat_wake_, Describe() + " heartbeat"));
   heartbeat_ = std::thread([this, f = std::move(on_lost)] { HeartbeatMain(f); });
   return OkStatus();
 }
 
-void TcpStore::StopHeartbeat() {
-  if (heartbeat_.joinable()) {
-    char b = 1;
-    ssize_t ignored = write(heartbeat_wake_[1], &b, 1);
-    (void)ignored;
-    heartbeat_.join();
-  }
-  for (int* fd : {&heartbeat_fd_, &heartbeat_wake_[0], &heartbeat_wake_[1]}) {
-    if (*fd >= 0) close(*fd);
-    *fd = -1;
-  }
-}
+void TcpStore::StopHeartbeat() { StopSideThread(&heartbeat_, &heartbeat_fd_, heartbeat_wake_); }
 
 void TcpStore::HeartbeatMain(std::function<void(const Status&)> on_lost) {
   const auto bound = options_.heartbeat;
   const auto period = std::max(bound / 2, std::chrono::milliseconds(1));
-  std::string ping(1, static_cast<char>(kPing));
-  ping.append(4, '\0');  // no fields
+  const std::string ping = EncodeRequest(kPing, {});
   char reply[9];
   size_t have = 0;
   auto next_ping = Clock::now() + period;
@@ -363,28 +367,12 @@ Status TcpStore::WatchKey(const std::string& key,
                           std::function<void(Result<std::vector<char>>)> on_event) {
   ZERO_RETURN_IF_ERROR(CheckSizes(key, nullptr));
   ZERO_ASSIGN_OR_RETURN(watch_fd_, Connect(Clock::now() + options_.timeout));
-  if (pipe2(watch_wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
-    const int err = errno;
-    close(watch_fd_);
-    watch_fd_ = -1;
-    return ErrnoError("pipe2", Describe() + " watch", err);
-  }
+  ZERO_RETURN_IF_ERROR(OpenWakePipe(&watch_fd_, watch_wake_, Describe() + " watch"));
   watch_ = std::thread([this, key, f = std::move(on_event)] { WatchMain(key, f); });
   return OkStatus();
 }
 
-void TcpStore::StopWatch() {
-  if (watch_.joinable()) {
-    char b = 1;
-    ssize_t ignored = write(watch_wake_[1], &b, 1);
-    (void)ignored;
-    watch_.join();
-  }
-  for (int* fd : {&watch_fd_, &watch_wake_[0], &watch_wake_[1]}) {
-    if (*fd >= 0) close(*fd);
-    *fd = -1;
-  }
-}
+void TcpStore::StopWatch() { StopSideThread(&watch_, &watch_fd_, watch_wake_); }
 
 void TcpStore::WatchMain(const std::string& key,
                          const std::function<void(Result<std::vector<char>>)>& on_event) {
@@ -392,11 +380,7 @@ void TcpStore::WatchMain(const std::string& key,
     on_event(UnavailableError(Describe() + ": the watch of key '" + key + "' ended: " + what +
                               (err != 0 ? " (" + ErrnoText(err) + ")" : std::string())));
   };
-  std::string frame(1, static_cast<char>(kGet));
-  const uint32_t one = 1;
-  frame.append(reinterpret_cast<const char*>(&one), 4);
-  AppendU64(&frame, key.size());
-  frame.append(key);
+  const std::string frame = EncodeRequest(kGet, {key});
   int err = 0;
   if (SendAll(watch_fd_, frame.data(), frame.size(), Clock::now() + options_.timeout, &err) != Io::kOk) {
     return lost("sending the request failed", err);

@@ -21,6 +21,18 @@ uint64_t ReadU64(const char* p) {
   return v;
 }
 
+std::string EncodeRequest(uint8_t cmd, const std::vector<std::string>& fields) {
+  std::string frame;
+  frame.push_back(static_cast<char>(cmd));
+  uint32_t n = static_cast<uint32_t>(fields.size());
+  frame.append(reinterpret_cast<const char*>(&n), 4);
+  for (const auto& f : fields) {
+    AppendU64(&frame, f.size());
+    frame.append(f);
+  }
+  return frame;
+}
+
 bool RandomBytes(size_t n, std::string* out) {
   out->resize(n);
   size_t got = 0;

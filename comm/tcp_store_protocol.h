@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace zero::tcp_store_protocol {
 
@@ -33,6 +34,9 @@ constexpr char kServerContext[] = "zero-tcpstore-v1 server";
 void AppendU64(std::string* out, uint64_t v);
 // The 8 bytes at `p` as a u64.
 uint64_t ReadU64(const char* p);
+
+// A request's bytes: `cmd`, the field count, then each field's length and bytes.
+std::string EncodeRequest(uint8_t cmd, const std::vector<std::string>& fields);
 
 // `n` bytes from the kernel's CSPRNG into *out; false if it cannot be read.
 bool RandomBytes(size_t n, std::string* out);
