@@ -15,6 +15,7 @@
 #include "runtime/faulty_device.h"
 #include "runtime/kernel_test_util.h"
 #include "runtime/status.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -34,10 +35,9 @@ std::string Where(DType t, size_t n) {
 // A device buffer holding `bytes`.
 DeviceBuffer Upload(Device& dev, const std::vector<uint8_t>& bytes) {
   Result<DeviceBuffer> buf = dev.Allocate(bytes.size());
-  EXPECT_TRUE(buf.ok()) << buf.status().ToString();
+  EXPECT_OK(buf);
   if (!bytes.empty()) {
-    EXPECT_TRUE(
-        dev.Copy(buf->data(), bytes.data(), bytes.size(), CopyKind::kHostToDevice, nullptr).ok());
+    EXPECT_OK(dev.Copy(buf->data(), bytes.data(), bytes.size(), CopyKind::kHostToDevice, nullptr));
   }
   return std::move(buf).value();
 }
@@ -45,10 +45,9 @@ DeviceBuffer Upload(Device& dev, const std::vector<uint8_t>& bytes) {
 std::vector<uint8_t> Download(Device& dev, const DeviceBuffer& buf) {
   std::vector<uint8_t> out(buf.bytes());
   if (!out.empty()) {
-    EXPECT_TRUE(
-        dev.Copy(out.data(), buf.data(), out.size(), CopyKind::kDeviceToHost, nullptr).ok());
+    EXPECT_OK(dev.Copy(out.data(), buf.data(), out.size(), CopyKind::kDeviceToHost, nullptr));
   }
-  EXPECT_TRUE(dev.Synchronize().ok());
+  EXPECT_OK(dev.Synchronize());
   return out;
 }
 
@@ -66,7 +65,7 @@ TEST_P(CpuKernelTest, Fill) {
         std::vector<uint8_t> expect(n * SizeOf(t));
         testing::RefFill(expect.data(), t, n, value);
         DeviceBuffer buf = Upload(dev_, RandomBytes(t, n, 1, false));
-        ASSERT_TRUE(dev_.Fill(buf.data(), t, n, value, nullptr).ok());
+        ASSERT_OK(dev_.Fill(buf.data(), t, n, value, nullptr));
         ASSERT_EQ(Diff(Download(dev_, buf), expect, SizeOf(t)), "")
             << Where(t, n) << " value " << value;
       }
@@ -83,7 +82,7 @@ TEST_P(CpuKernelTest, CastAllPairs) {
         testing::RefCast(src.data(), st, expect.data(), dt, n);
         DeviceBuffer in = Upload(dev_, src);
         DeviceBuffer out = Upload(dev_, std::vector<uint8_t>(n * SizeOf(dt)));
-        ASSERT_TRUE(dev_.Cast(in.data(), st, out.data(), dt, n, nullptr).ok());
+        ASSERT_OK(dev_.Cast(in.data(), st, out.data(), dt, n, nullptr));
         ASSERT_EQ(Diff(Download(dev_, out), expect, SizeOf(dt)), "")
             << DTypeName(st) << "->" << Where(dt, n);
       }
@@ -98,13 +97,13 @@ TEST_P(CpuKernelTest, CastEvery16BitPattern) {
   for (uint32_t i = 0; i < 65536; ++i) all[i] = static_cast<uint16_t>(i);
   for (DType t : {DType::kBF16, DType::kF16}) {
     std::vector<float> f(65536);
-    ASSERT_TRUE(dev_.Cast(all.data(), t, f.data(), DType::kF32, 65536, nullptr).ok());
+    ASSERT_OK(dev_.Cast(all.data(), t, f.data(), DType::kF32, 65536, nullptr));
     for (uint32_t i = 0; i < 65536; ++i) {
       float expect = LoadAsFloat(all.data(), t, i);
       ASSERT_EQ(std::memcmp(&f[i], &expect, 4), 0) << DTypeName(t) << " pattern " << i;
     }
     std::vector<uint16_t> back(65536);
-    ASSERT_TRUE(dev_.Cast(f.data(), DType::kF32, back.data(), t, 65536, nullptr).ok());
+    ASSERT_OK(dev_.Cast(f.data(), DType::kF32, back.data(), t, 65536, nullptr));
     for (uint32_t i = 0; i < 65536; ++i) {
       uint16_t expect = t == DType::kBF16 ? FloatToBf16(f[i]) : FloatToHalf(f[i]);
       ASSERT_EQ(back[i], expect) << DTypeName(t) << " pattern " << i;
@@ -124,7 +123,7 @@ TEST_P(CpuKernelTest, Accumulate) {
         std::memcpy(acc_bytes.data(), acc.data(), n * 4);
         DeviceBuffer a = Upload(dev_, acc_bytes);
         DeviceBuffer s = Upload(dev_, src);
-        ASSERT_TRUE(dev_.Accumulate(a.as<float>(), s.data(), st, n, scale, nullptr).ok());
+        ASSERT_OK(dev_.Accumulate(a.as<float>(), s.data(), st, n, scale, nullptr));
         std::vector<uint8_t> got = Download(dev_, a);
         ASSERT_EQ(std::memcmp(got.data(), expect.data(), n * 4), 0)
             << Where(st, n) << " scale " << scale;
@@ -149,14 +148,14 @@ TEST_P(CpuKernelTest, AccumulateFirstEqualsFillAndAccumulate) {
         // Stale contents (random, with NaN and Inf) must not matter.
         DeviceBuffer a = Upload(dev_, RandomBytes(DType::kF32, n, 15 + n, true));
         DeviceBuffer s = Upload(dev_, src);
-        ASSERT_TRUE(dev_.AccumulateFirst(a.as<float>(), s.data(), st, n, scale, nullptr).ok());
+        ASSERT_OK(dev_.AccumulateFirst(a.as<float>(), s.data(), st, n, scale, nullptr));
         std::vector<uint8_t> got = Download(dev_, a);
         ASSERT_EQ(std::memcmp(got.data(), expect.data(), n * 4), 0)
             << Where(st, n) << " scale " << scale;
         // The same through the device's own Fill + Accumulate.
         DeviceBuffer b = Upload(dev_, std::vector<uint8_t>(n * 4, 0x5a));
-        ASSERT_TRUE(dev_.Fill(b.data(), DType::kF32, n, 0.0f, nullptr).ok());
-        ASSERT_TRUE(dev_.Accumulate(b.as<float>(), s.data(), st, n, scale, nullptr).ok());
+        ASSERT_OK(dev_.Fill(b.data(), DType::kF32, n, 0.0f, nullptr));
+        ASSERT_OK(dev_.Accumulate(b.as<float>(), s.data(), st, n, scale, nullptr));
         ASSERT_EQ(Download(dev_, b), got) << Where(st, n) << " scale " << scale;
         if (n > 2 && scale == 1.0f) {
           float first;
@@ -176,7 +175,7 @@ TEST_P(CpuKernelTest, Scale) {
         std::vector<uint8_t> expect = x;
         testing::RefScale(expect.data(), t, n, s);
         DeviceBuffer buf = Upload(dev_, x);
-        ASSERT_TRUE(dev_.Scale(buf.data(), t, n, s, nullptr).ok());
+        ASSERT_OK(dev_.Scale(buf.data(), t, n, s, nullptr));
         ASSERT_EQ(Diff(Download(dev_, buf), expect, SizeOf(t)), "") << Where(t, n) << " s " << s;
       }
     }
@@ -223,7 +222,7 @@ TEST_P(CpuKernelTest, SumOfSquares) {
       std::vector<uint8_t> x = RandomBytes(t, n, 6 + n, false, 2.0f);
       DeviceBuffer buf = Upload(dev_, x);
       DeviceBuffer out = Upload(dev_, std::vector<uint8_t>(8, 0xff));
-      ASSERT_TRUE(dev_.SumOfSquares(buf.data(), t, n, out.as<double>(), nullptr).ok());
+      ASSERT_OK(dev_.SumOfSquares(buf.data(), t, n, out.as<double>(), nullptr));
       double got = *out.as<double>();
       ASSERT_EQ(got, DocumentedSumOfSquares(x.data(), t, n)) << Where(t, n);
       double ref = testing::RefSumOfSquaresLongDouble(x.data(), t, n);
@@ -244,8 +243,8 @@ TEST_P(CpuKernelTest, SumOfSquaresIgnoresAlignment) {
   DeviceBuffer shifted = Upload(dev_, std::vector<uint8_t>((n + 1) * 2));
   std::memcpy(shifted.as<uint16_t>() + 1, x.data(), n * 2);
   double a = 0, b = 0;
-  ASSERT_TRUE(dev_.SumOfSquares(buf.data(), DType::kBF16, n, &a, nullptr).ok());
-  ASSERT_TRUE(dev_.SumOfSquares(shifted.as<uint16_t>() + 1, DType::kBF16, n, &b, nullptr).ok());
+  ASSERT_OK(dev_.SumOfSquares(buf.data(), DType::kBF16, n, &a, nullptr));
+  ASSERT_OK(dev_.SumOfSquares(shifted.as<uint16_t>() + 1, DType::kBF16, n, &b, nullptr));
   EXPECT_EQ(a, b);
 }
 
@@ -257,10 +256,10 @@ TEST_P(CpuKernelTest, FiniteCheck) {
       ASSERT_FALSE(testing::RefAnyNonFinite(x.data(), t, n));
       DeviceBuffer buf = Upload(dev_, x);
       int32_t flag = 0;
-      ASSERT_TRUE(dev_.FiniteCheck(buf.data(), t, n, &flag, nullptr).ok());
+      ASSERT_OK(dev_.FiniteCheck(buf.data(), t, n, &flag, nullptr));
       EXPECT_EQ(flag, 0) << Where(t, n);
       flag = 1;  // never cleared by the kernel
-      ASSERT_TRUE(dev_.FiniteCheck(buf.data(), t, n, &flag, nullptr).ok());
+      ASSERT_OK(dev_.FiniteCheck(buf.data(), t, n, &flag, nullptr));
       EXPECT_EQ(flag, 1) << Where(t, n);
       for (size_t at : {size_t{0}, n / 2, n - 1}) {
         for (float bad : {INFINITY, -INFINITY, NAN}) {
@@ -268,7 +267,7 @@ TEST_P(CpuKernelTest, FiniteCheck) {
           StoreFromFloat(y.data(), t, at, bad);
           DeviceBuffer b2 = Upload(dev_, y);
           flag = 0;
-          ASSERT_TRUE(dev_.FiniteCheck(b2.data(), t, n, &flag, nullptr).ok());
+          ASSERT_OK(dev_.FiniteCheck(b2.data(), t, n, &flag, nullptr));
           EXPECT_EQ(flag, 1) << Where(t, n) << " at " << at << " " << bad;
         }
       }
@@ -295,9 +294,8 @@ TEST_P(CpuKernelTest, AdamWSeveralSteps) {
         AdamWParams h = testing::AdamWStep(step, w_mode, step == 3 ? 0.25f : 1.0f);
         testing::RefAdamW(rp.data(), g.data(), rm.data(), rv.data(), n, h);
         if (n > 0) std::memcpy(dg->data(), g.data(), n * 4);
-        ASSERT_TRUE(dev_.AdamW(dp->as<float>(), dg->as<float>(), dm->as<float>(), dv->as<float>(),
-                               n, h, nullptr)
-                        .ok());
+        ASSERT_OK(dev_.AdamW(dp->as<float>(), dg->as<float>(), dm->as<float>(), dv->as<float>(), n,
+                             h, nullptr));
       }
       if (n == 0) continue;
       EXPECT_EQ(std::memcmp(dp->data(), rp.data(), n * 4), 0) << "param n=" << n << " w " << w_mode;
@@ -324,13 +322,11 @@ TEST_P(CpuKernelTest, AdamWCastEqualsAdamWThenCast) {
         for (int step = 1; step <= 3; ++step) {
           DeviceBuffer g = Upload(dev_, RandomBytes(DType::kF32, n, 200 * step + n, step == 3, 3.0f));
           AdamWParams h = testing::AdamWStep(step, w_mode, step == 2 ? 0.25f : 1.0f);
-          ASSERT_TRUE(dev_.AdamWCast(fp.as<float>(), g.as<float>(), fm.as<float>(), fv.as<float>(), n,
-                                     h, out.data(), mt, nullptr)
-                          .ok());
-          ASSERT_TRUE(dev_.AdamW(rp.as<float>(), g.as<float>(), rm.as<float>(), rv.as<float>(), n, h,
-                                 nullptr)
-                          .ok());
-          ASSERT_TRUE(dev_.Cast(rp.data(), DType::kF32, ref_out.data(), mt, n, nullptr).ok());
+          ASSERT_OK(dev_.AdamWCast(fp.as<float>(), g.as<float>(), fm.as<float>(), fv.as<float>(), n,
+                                   h, out.data(), mt, nullptr));
+          ASSERT_OK(dev_.AdamW(rp.as<float>(), g.as<float>(), rm.as<float>(), rv.as<float>(), n, h,
+                               nullptr));
+          ASSERT_OK(dev_.Cast(rp.data(), DType::kF32, ref_out.data(), mt, n, nullptr));
           const std::string where = Where(mt, n) + " w " + std::to_string(w_mode) + " step " +
                                     std::to_string(step);
           ASSERT_EQ(Diff(Download(dev_, fp), Download(dev_, rp), 4), "") << "param " << where;
@@ -346,10 +342,9 @@ TEST_P(CpuKernelTest, AdamWCastEqualsAdamWThenCast) {
   std::vector<float> p = {1.0f, -2.0f}, g = {0.5f, 0.25f}, m(2, 0.0f), v(2, 0.0f);
   std::vector<float> p2 = p, m2 = m, v2 = v;
   AdamWParams h = testing::AdamWStep(1, true, 1.0f);
-  ASSERT_TRUE(dev_.AdamWCast(p.data(), g.data(), m.data(), v.data(), 2, h, nullptr, DType::kBF16,
-                             nullptr)
-                  .ok());
-  ASSERT_TRUE(dev_.AdamW(p2.data(), g.data(), m2.data(), v2.data(), 2, h, nullptr).ok());
+  ASSERT_OK(
+      dev_.AdamWCast(p.data(), g.data(), m.data(), v.data(), 2, h, nullptr, DType::kBF16, nullptr));
+  ASSERT_OK(dev_.AdamW(p2.data(), g.data(), m2.data(), v2.data(), 2, h, nullptr));
   EXPECT_EQ(std::memcmp(p.data(), p2.data(), 8), 0);
   EXPECT_EQ(std::memcmp(m.data(), m2.data(), 8), 0);
 }
@@ -360,14 +355,13 @@ TEST_P(CpuKernelTest, CopyLargeAndOverlapping) {
   src.resize(bytes);
   DeviceBuffer a = Upload(dev_, src);
   DeviceBuffer b = Upload(dev_, std::vector<uint8_t>(bytes));
-  ASSERT_TRUE(dev_.Copy(b.data(), a.data(), bytes, CopyKind::kDeviceToDevice, nullptr).ok());
+  ASSERT_OK(dev_.Copy(b.data(), a.data(), bytes, CopyKind::kDeviceToDevice, nullptr));
   EXPECT_EQ(Download(dev_, b), src);
   // Overlapping ranges behave like memmove.
   std::vector<uint8_t> expect = src;
   std::memmove(expect.data() + 1000, expect.data(), bytes - 1000);
-  ASSERT_TRUE(
-      dev_.Copy(a.as<uint8_t>() + 1000, a.data(), bytes - 1000, CopyKind::kDeviceToDevice, nullptr)
-          .ok());
+  ASSERT_OK(dev_.Copy(a.as<uint8_t>() + 1000, a.data(), bytes - 1000, CopyKind::kDeviceToDevice,
+                      nullptr));
   EXPECT_EQ(Download(dev_, a), expect);
 }
 
@@ -385,13 +379,13 @@ TEST(CpuDeviceTest, MemoryStatsAndAlignment) {
   EXPECT_EQ(dev.memory_stats().in_use, 0u);
   {
     Result<DeviceBuffer> a = dev.Allocate(1000);
-    ASSERT_TRUE(a.ok());
+    ASSERT_OK(a);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(a->data()) % 256, 0u);
     EXPECT_EQ(a->bytes(), 1000u);
     EXPECT_EQ(dev.memory_stats().in_use, 1000u);
     {
       Result<DeviceBuffer> b = dev.Allocate(3000);
-      ASSERT_TRUE(b.ok());
+      ASSERT_OK(b);
       EXPECT_EQ(dev.memory_stats().in_use, 4000u);
       EXPECT_EQ(dev.memory_stats().peak, 4000u);
     }
@@ -401,7 +395,7 @@ TEST(CpuDeviceTest, MemoryStatsAndAlignment) {
     EXPECT_EQ(dev.memory_stats().peak, 1000u);
     // Pinned memory is page aligned and not counted as device memory.
     Result<PinnedBuffer> p = dev.AllocatePinned(10000);
-    ASSERT_TRUE(p.ok());
+    ASSERT_OK(p);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(p->data()) % 4096, 0u);
     EXPECT_EQ(dev.memory_stats().in_use, 1000u);
     // Move keeps one owner.
@@ -412,14 +406,14 @@ TEST(CpuDeviceTest, MemoryStatsAndAlignment) {
   }
   EXPECT_EQ(dev.memory_stats().in_use, 0u);
   Result<DeviceBuffer> empty = dev.Allocate(0);
-  ASSERT_TRUE(empty.ok());
+  ASSERT_OK(empty);
   EXPECT_TRUE(empty->empty());
 }
 
 TEST(CpuDeviceTest, AllocationFailureNamesBytes) {
   CpuDevice dev(CpuDeviceOptions{1 << 20, 1});
   Result<DeviceBuffer> a = dev.Allocate(700000);
-  ASSERT_TRUE(a.ok());
+  ASSERT_OK(a);
   Result<DeviceBuffer> b = dev.Allocate(500000);
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), StatusCode::kResourceExhausted);
@@ -445,13 +439,13 @@ TEST(CpuDeviceTest, StreamsAndEventsAreSynchronous) {
   Result<std::unique_ptr<Event>> e = dev.CreateEvent();
   ASSERT_TRUE(s.ok() && e.ok());
   float x[4] = {1, 2, 3, 4};
-  ASSERT_TRUE(dev.Scale(x, DType::kF32, 4, 2.0f, s->get()).ok());
+  ASSERT_OK(dev.Scale(x, DType::kF32, 4, 2.0f, s->get()));
   EXPECT_EQ(x[3], 8.0f);  // done when the call returns
-  EXPECT_TRUE(dev.RecordEvent(e->get(), s->get()).ok());
-  EXPECT_TRUE(dev.StreamWaitEvent(dev.default_stream(), e->get()).ok());
-  EXPECT_TRUE(dev.SynchronizeEvent(e->get()).ok());
-  EXPECT_TRUE(dev.SynchronizeStream(s->get()).ok());
-  EXPECT_TRUE(dev.Synchronize().ok());
+  EXPECT_OK(dev.RecordEvent(e->get(), s->get()));
+  EXPECT_OK(dev.StreamWaitEvent(dev.default_stream(), e->get()));
+  EXPECT_OK(dev.SynchronizeEvent(e->get()));
+  EXPECT_OK(dev.SynchronizeStream(s->get()));
+  EXPECT_OK(dev.Synchronize());
   ForeignStream foreign;
   Status st = dev.Fill(x, DType::kF32, 4, 0.0f, &foreign);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
@@ -460,7 +454,7 @@ TEST(CpuDeviceTest, StreamsAndEventsAreSynchronous) {
 
 TEST(DeviceFactoryTest, Names) {
   Result<std::unique_ptr<Device>> cpu = CreateDevice("cpu");
-  ASSERT_TRUE(cpu.ok());
+  ASSERT_OK(cpu);
   EXPECT_EQ((*cpu)->kind(), DeviceKind::kCpu);
   for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "CPU", ""}) {
     Result<std::unique_ptr<Device>> d = CreateDevice(bad);
@@ -489,7 +483,7 @@ TEST(FaultyDeviceTest, AllocationBudget) {
   FaultyDevice dev(&inner);
   dev.SetAllocationBudget(10000);
   Result<DeviceBuffer> a = dev.Allocate(6000);
-  ASSERT_TRUE(a.ok());
+  ASSERT_OK(a);
   EXPECT_EQ(dev.memory_stats().in_use, 6000u);
   EXPECT_EQ(inner.memory_stats().in_use, 6000u);
   Result<DeviceBuffer> b = dev.Allocate(5000);
@@ -497,17 +491,17 @@ TEST(FaultyDeviceTest, AllocationBudget) {
   EXPECT_EQ(b.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(b.status().message().find("5000 bytes"), std::string::npos) << b.status().ToString();
   Result<DeviceBuffer> c = dev.Allocate(4000);
-  ASSERT_TRUE(c.ok());
+  ASSERT_OK(c);
   a->Reset();
   EXPECT_EQ(dev.memory_stats().in_use, 4000u);
   EXPECT_EQ(inner.memory_stats().in_use, 4000u);
   Result<DeviceBuffer> d = dev.Allocate(5000);
-  EXPECT_TRUE(d.ok());
+  EXPECT_OK(d);
   dev.ClearFaults();
   Result<DeviceBuffer> e = dev.Allocate(1 << 20);
-  EXPECT_TRUE(e.ok());
+  EXPECT_OK(e);
   // The wrapped device's kernels run on the wrapper's buffers.
-  ASSERT_TRUE(dev.Fill(e->data(), DType::kF32, 1000, 2.0f, nullptr).ok());
+  ASSERT_OK(dev.Fill(e->data(), DType::kF32, 1000, 2.0f, nullptr));
   EXPECT_EQ(e->as<float>()[999], 2.0f);
   EXPECT_EQ(dev.kind(), DeviceKind::kCpu);
   EXPECT_EQ(dev.name(), "faulty(cpu)");
@@ -517,13 +511,13 @@ TEST(FaultyDeviceTest, NthCallOfNamedOp) {
   FaultyDevice dev(std::make_unique<CpuDevice>());
   dev.FailNthCall("Fill", 3);
   float x[8] = {};
-  EXPECT_TRUE(dev.Fill(x, DType::kF32, 8, 1.0f, nullptr).ok());
-  EXPECT_TRUE(dev.Fill(x, DType::kF32, 8, 2.0f, nullptr).ok());
+  EXPECT_OK(dev.Fill(x, DType::kF32, 8, 1.0f, nullptr));
+  EXPECT_OK(dev.Fill(x, DType::kF32, 8, 2.0f, nullptr));
   Status st = dev.Fill(x, DType::kF32, 8, 3.0f, nullptr);
   EXPECT_EQ(st.code(), StatusCode::kInternal);
   EXPECT_NE(st.message().find("Fill call 3"), std::string::npos) << st.ToString();
   EXPECT_EQ(x[0], 2.0f);  // the failed call did nothing
-  EXPECT_TRUE(dev.Fill(x, DType::kF32, 8, 4.0f, nullptr).ok());
+  EXPECT_OK(dev.Fill(x, DType::kF32, 8, 4.0f, nullptr));
   EXPECT_EQ(dev.call_count("Fill"), 4);
   EXPECT_EQ(dev.call_count("Scale"), 0);
 
@@ -531,7 +525,7 @@ TEST(FaultyDeviceTest, NthCallOfNamedOp) {
   dev.FailNthCall("AdamW", 2, /*persistent=*/true, UnavailableError("device lost"));
   AdamWParams h;
   float g[8] = {}, m[8] = {}, v[8] = {};
-  EXPECT_TRUE(dev.AdamW(x, g, m, v, 8, h, nullptr).ok());
+  EXPECT_OK(dev.AdamW(x, g, m, v, 8, h, nullptr));
   for (int i = 0; i < 3; ++i) {
     Status s = dev.AdamW(x, g, m, v, 8, h, nullptr);
     EXPECT_EQ(s.code(), StatusCode::kUnavailable);
@@ -542,9 +536,9 @@ TEST(FaultyDeviceTest, NthCallOfNamedOp) {
   dev.FailNthCall("AdamWCast", 1);
   uint16_t out[8] = {};
   EXPECT_EQ(dev.AdamWCast(x, g, m, v, 8, h, out, DType::kBF16, nullptr).code(), StatusCode::kInternal);
-  EXPECT_TRUE(dev.AdamWCast(x, g, m, v, 8, h, out, DType::kBF16, nullptr).ok());
+  EXPECT_OK(dev.AdamWCast(x, g, m, v, 8, h, out, DType::kBF16, nullptr));
   dev.FailNthCall("AccumulateFirst", 2);
-  EXPECT_TRUE(dev.AccumulateFirst(m, g, DType::kF32, 8, 1.0f, nullptr).ok());
+  EXPECT_OK(dev.AccumulateFirst(m, g, DType::kF32, 8, 1.0f, nullptr));
   EXPECT_FALSE(dev.AccumulateFirst(m, g, DType::kF32, 8, 1.0f, nullptr).ok());
   EXPECT_EQ(dev.call_count("AccumulateFirst"), 2);
 
@@ -553,7 +547,7 @@ TEST(FaultyDeviceTest, NthCallOfNamedOp) {
   Result<DeviceBuffer> a = dev.Allocate(64);
   ASSERT_FALSE(a.ok());
   EXPECT_EQ(a.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_TRUE(dev.Allocate(64).ok());
+  EXPECT_OK(dev.Allocate(64));
   EXPECT_EQ(dev.memory_stats().in_use, 0u);  // the temporary above was freed
 }
 
@@ -562,15 +556,15 @@ TEST(FaultyDeviceTest, PinnedAndStreamsPassThrough) {
   {
     FaultyDevice dev(&inner);
     Result<PinnedBuffer> p = dev.AllocatePinned(8192);
-    ASSERT_TRUE(p.ok());
+    ASSERT_OK(p);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(p->data()) % 4096, 0u);
     dev.FailNthCall("CreateStream", 1);
     EXPECT_FALSE(dev.CreateStream().ok());
     Result<std::unique_ptr<Stream>> s = dev.CreateStream();
-    ASSERT_TRUE(s.ok());
+    ASSERT_OK(s);
     Result<DeviceBuffer> held = dev.Allocate(100);
-    ASSERT_TRUE(held.ok());
-    EXPECT_TRUE(dev.Synchronize().ok());
+    ASSERT_OK(held);
+    EXPECT_OK(dev.Synchronize());
     EXPECT_EQ(dev.call_count("CreateStream"), 2);
   }
   EXPECT_EQ(inner.memory_stats().in_use, 0u);

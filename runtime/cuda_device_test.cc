@@ -22,6 +22,7 @@
 #include "runtime/gpu_test_util.h"
 #include "runtime/kernel_test_util.h"
 #include "runtime/status.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -29,12 +30,6 @@ namespace {
 using testing::RandomBytes;
 using testing::RandomFloats;
 constexpr auto Diff = testing::FirstDifference;
-
-#define ASSERT_OK(expr)                                       \
-  do {                                                        \
-    ::zero::Status _st = (expr);                              \
-    ASSERT_TRUE(_st.ok()) << #expr << ": " << _st.ToString(); \
-  } while (0)
 
 constexpr DType kAllTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 // Odd sizes, a size below one vector group, and sizes larger than one full grid of threads.
@@ -51,25 +46,25 @@ class CudaDeviceTest : public ::testing::Test {
   void SetUp() override {
     ZERO_SKIP_WITHOUT_CUDA_DEVICES(1);
     Result<std::unique_ptr<CudaDevice>> d = CudaDevice::Create(0);
-    ASSERT_TRUE(d.ok()) << "a CUDA device is visible but CudaDevice::Create(0) failed: " << d.status().ToString();
+    ASSERT_OK(d) << "a CUDA device is visible but CudaDevice::Create(0) failed";
     gpu_ = std::move(d).value();
   }
 
   // Device buffer (GPU) with `bytes` copied in at byte offset `offset`.
   DeviceBuffer ToGpu(const std::vector<uint8_t>& bytes, size_t offset = 0) {
     Result<DeviceBuffer> buf = gpu_->Allocate(bytes.size() + offset + 16);
-    EXPECT_TRUE(buf.ok()) << buf.status().ToString();
+    EXPECT_OK(buf);
     Status st = gpu_->Copy(buf->as<uint8_t>() + offset, bytes.data(), bytes.size(),
                            CopyKind::kHostToDevice, nullptr);
-    EXPECT_TRUE(st.ok()) << st.ToString();
+    EXPECT_OK(st);
     return std::move(buf).value();
   }
   std::vector<uint8_t> FromGpu(const void* p, size_t bytes) {
     std::vector<uint8_t> out(bytes);
     Status st = gpu_->Copy(out.data(), p, bytes, CopyKind::kDeviceToHost, nullptr);
-    EXPECT_TRUE(st.ok()) << st.ToString();
+    EXPECT_OK(st);
     st = gpu_->SynchronizeStream(nullptr);
-    EXPECT_TRUE(st.ok()) << st.ToString();
+    EXPECT_OK(st);
     return out;
   }
   template <typename T>
@@ -94,7 +89,7 @@ TEST_F(CudaDeviceTest, NameAndFactory) {
   EXPECT_EQ(gpu_->name().rfind("cuda:0 (", 0), 0u) << gpu_->name();
   std::printf("device: %s, %d SMs\n", gpu_->name().c_str(), gpu_->multiprocessor_count());
   Result<std::unique_ptr<Device>> d = CreateDevice("cuda:0");
-  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_OK(d);
   EXPECT_EQ((*d)->kind(), DeviceKind::kCuda);
   Result<std::unique_ptr<Device>> bad = CreateDevice("cuda:999");
   ASSERT_FALSE(bad.ok());
@@ -207,7 +202,7 @@ TEST_F(CudaDeviceTest, Scale) {
 
 TEST_F(CudaDeviceTest, FiniteCheck) {
   Result<DeviceBuffer> flag = gpu_->Allocate(4);
-  ASSERT_TRUE(flag.ok());
+  ASSERT_OK(flag);
   int32_t* f = flag->as<int32_t>();
   for (DType t : kAllTypes) {
     for (size_t n : kSizes) {
@@ -241,7 +236,7 @@ TEST_F(CudaDeviceTest, FiniteCheck) {
 
 TEST_F(CudaDeviceTest, SumOfSquares) {
   Result<DeviceBuffer> out = gpu_->Allocate(8);
-  ASSERT_TRUE(out.ok());
+  ASSERT_OK(out);
   double* o = out->as<double>();
   for (DType t : kAllTypes) {
     for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{1000}, size_t{65537},
@@ -353,11 +348,11 @@ TEST_F(CudaDeviceTest, MemoryStatsAndOutOfMemory) {
   MemoryStats before = gpu_->memory_stats();
   {
     Result<DeviceBuffer> a = gpu_->Allocate(size_t{1} << 20);
-    ASSERT_TRUE(a.ok());
+    ASSERT_OK(a);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(a->data()) % 256, 0u);
     EXPECT_EQ(gpu_->memory_stats().in_use, before.in_use + (size_t{1} << 20));
     Result<PinnedBuffer> p = gpu_->AllocatePinned(size_t{1} << 20);
-    ASSERT_TRUE(p.ok());
+    ASSERT_OK(p);
     EXPECT_EQ(gpu_->memory_stats().in_use, before.in_use + (size_t{1} << 20));
   }
   EXPECT_EQ(gpu_->memory_stats().in_use, before.in_use);
@@ -369,7 +364,7 @@ TEST_F(CudaDeviceTest, MemoryStatsAndOutOfMemory) {
   std::printf("out of memory message: %s\n", huge.status().ToString().c_str());
   // The device still works after the failed allocation.
   Result<DeviceBuffer> small = gpu_->Allocate(64);
-  ASSERT_TRUE(small.ok());
+  ASSERT_OK(small);
   ASSERT_OK(gpu_->Fill(small->data(), DType::kF32, 16, 1.0f, nullptr));
   EXPECT_EQ(ReadGpu<float>(small->as<float>() + 15), 1.0f);
 }
@@ -401,7 +396,7 @@ TEST_F(CudaDeviceTest, PinnedCopiesStreamsAndEvents) {
   ASSERT_OK(gpu_->SynchronizeEvent(done->get()));
   // Device-to-device and host-to-host copies.
   Result<DeviceBuffer> dev2 = gpu_->Allocate(n * 4);
-  ASSERT_TRUE(dev2.ok());
+  ASSERT_OK(dev2);
   ASSERT_OK(gpu_->Copy(dev2->data(), dev->data(), n * 4, CopyKind::kDeviceToDevice, copy->get()));
   ASSERT_OK(
       gpu_->Copy(host_in->data(), host_out->data(), n * 4, CopyKind::kHostToHost, copy->get()));
@@ -410,7 +405,7 @@ TEST_F(CudaDeviceTest, PinnedCopiesStreamsAndEvents) {
   EXPECT_EQ(ReadGpu<float>(dev2->as<float>() + n - 1), static_cast<float>((n - 1) % 1000) * 256.0f);
   // Streams of another backend are refused.
   Result<std::unique_ptr<Stream>> cpu_stream = cpu_.CreateStream();
-  ASSERT_TRUE(cpu_stream.ok());
+  ASSERT_OK(cpu_stream);
   EXPECT_EQ(gpu_->Fill(dev->data(), DType::kF32, n, 0.0f, cpu_stream->get()).code(),
             StatusCode::kInvalidArgument);
 }
@@ -419,9 +414,9 @@ TEST_F(CudaDeviceTest, PinnedCopiesStreamsAndEvents) {
 TEST_F(CudaDeviceTest, MoreThan2To31Elements) {
   const size_t n = (size_t{1} << 31) + 77;
   Result<DeviceBuffer> x = gpu_->Allocate(n * 2);
-  ASSERT_TRUE(x.ok()) << x.status().ToString();
+  ASSERT_OK(x);
   Result<DeviceBuffer> scratch = gpu_->Allocate(16);
-  ASSERT_TRUE(scratch.ok());
+  ASSERT_OK(scratch);
   int32_t* flag = scratch->as<int32_t>();
   double* sum = reinterpret_cast<double*>(scratch->as<uint8_t>() + 8);
   uint16_t* p = x->as<uint16_t>();
@@ -505,7 +500,7 @@ TEST_F(CudaDeviceTest, BandwidthReport) {
     return gpu_->AccumulateFirst(p->as<float>(), h->data(), DType::kBF16, n, 1.0f, nullptr);
   });
   Result<DeviceBuffer> out = gpu_->Allocate(8);
-  ASSERT_TRUE(out.ok());
+  ASSERT_OK(out);
   time("SumOfSquares fp32", 4,
        [&] { return gpu_->SumOfSquares(p->data(), DType::kF32, n, out->as<double>(), nullptr); });
 }

@@ -6,6 +6,8 @@
 #include <thread>
 #include <vector>
 
+#include "testing/status_matchers.h"
+
 namespace zero {
 namespace {
 
@@ -29,10 +31,10 @@ TEST(StepTimers, BreakdownLineIsTheMeanPerStepOverTheWindow) {
   const int64_t step_ns[3] = {1'000'000, 2'000'000, 6'000'000};
   for (int s = 0; s < 3; ++s) {
     for (int m = 0; m < 2; ++m) {
-      ASSERT_TRUE(Timed(t, c, "forward", (1 + m) * 1'000'000).ok());
-      ASSERT_TRUE(Timed(t, c, "backward", (3 + m) * 1'000'000).ok());
+      ASSERT_OK(Timed(t, c, "forward", (1 + m) * 1'000'000));
+      ASSERT_OK(Timed(t, c, "backward", (3 + m) * 1'000'000));
     }
-    ASSERT_TRUE(Timed(t, c, "step", step_ns[s]).ok());
+    ASSERT_OK(Timed(t, c, "step", step_ns[s]));
     t.EndStep();
   }
   EXPECT_EQ(t.steps(), 3);
@@ -62,11 +64,11 @@ TEST(StepTimers, BreakdownLineIsTheMeanPerStepOverTheWindow) {
 TEST(StepTimers, RunningTimerSpansAReset) {
   FakeClock c;
   StepTimers t(c.fn());
-  ASSERT_TRUE(t.Start("step").ok());
+  ASSERT_OK(t.Start("step"));
   c.now += 1'000'000;
   t.Reset();
   c.now += 1'000'000;
-  ASSERT_TRUE(t.Stop("step").ok());
+  ASSERT_OK(t.Stop("step"));
   EXPECT_DOUBLE_EQ(t.TotalMs("step"), 2.0);  // the whole run of the timer counts in the new window
 }
 
@@ -75,11 +77,11 @@ TEST(StepTimers, MisuseNamesTheTimer) {
   Status st = t.Stop("backward");
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(st.message().find("'backward' stopped without a Start"), std::string::npos) << st.ToString();
-  ASSERT_TRUE(t.Start("forward").ok());
+  ASSERT_OK(t.Start("forward"));
   st = t.Start("forward");
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(st.message().find("'forward' started while already running"), std::string::npos) << st.ToString();
-  ASSERT_TRUE(t.Stop("forward").ok());
+  ASSERT_OK(t.Stop("forward"));
   EXPECT_FALSE(t.Stop("forward").ok());
 }
 

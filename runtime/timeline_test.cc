@@ -3,7 +3,6 @@
 #include "runtime/timeline.h"
 
 #include <gtest/gtest.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -16,16 +15,13 @@
 #include <thread>
 
 #include "runtime/cpu_device.h"
+#include "testing/scratch_dir.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
 
 using nlohmann::json;
-
-std::string TmpDir() {
-  const char* t = std::getenv("TEST_TMPDIR");
-  return t != nullptr ? t : "/tmp";
-}
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -109,8 +105,9 @@ TEST(Timeline, ChromeTraceStructureAndNesting) {
   t.AddSpan(kTrackCommunication, "all-reduce", 1'005'000, 1'007'000, {{"bytes", int64_t{4096}}});
   t.AddSpan(kTrackIo, "reversed", 5'000'000, 4'000'000);  // stored as zero-length
 
-  const std::string path = TmpDir() + "/structure.json";
-  ASSERT_TRUE(t.WriteChromeTrace(path).ok());
+  ASSERT_OK_AND_ASSIGN(ScratchDir scratch, ScratchDir::Create("timeline_structure"));
+  const std::string path = scratch.File("structure.json");
+  ASSERT_OK(t.WriteChromeTrace(path));
   const ParsedTrace p = Parse(ReadFile(path));
   EXPECT_EQ(p.process_name, "rank 3");
   ASSERT_EQ(p.thread_names.size(), static_cast<size_t>(kNumBuiltinTracks + 1));
@@ -222,11 +219,11 @@ TEST(Timeline, CpuDeviceElapsedMilliseconds) {
   auto never = device.ElapsedMilliseconds(a->get(), b->get());
   EXPECT_EQ(never.status().code(), StatusCode::kFailedPrecondition) << never.status().ToString();
   EXPECT_NE(never.status().message().find("never recorded"), std::string::npos);
-  ASSERT_TRUE(device.RecordEvent(a->get(), nullptr).ok());
-  ASSERT_TRUE(device.RecordEvent(b->get(), nullptr).ok());
-  ASSERT_TRUE(device.RecordEvent(plain->get(), nullptr).ok());
+  ASSERT_OK(device.RecordEvent(a->get(), nullptr));
+  ASSERT_OK(device.RecordEvent(b->get(), nullptr));
+  ASSERT_OK(device.RecordEvent(plain->get(), nullptr));
   auto ms = device.ElapsedMilliseconds(a->get(), b->get());
-  ASSERT_TRUE(ms.ok()) << ms.status().ToString();
+  ASSERT_OK(ms);
   ASSERT_TRUE(ms->has_value());
   EXPECT_GE(**ms, 0.0);
   auto back = device.ElapsedMilliseconds(b->get(), a->get());
@@ -244,13 +241,13 @@ TEST(Timeline, DeviceSpansResolveLazilyOntoTheirTracks) {
   Timeline t;
   // Without a device, device spans are empty and record nothing.
   auto none = t.BeginDeviceSpan(kTrackCompute, "no device", nullptr);
-  ASSERT_TRUE(none.ok());
+  ASSERT_OK(none);
   EXPECT_TRUE(none->empty());
-  ASSERT_TRUE(t.EndDeviceSpan(std::move(none).value(), nullptr).ok());
+  ASSERT_OK(t.EndDeviceSpan(std::move(none).value(), nullptr));
 
-  ASSERT_TRUE(t.AttachDevice(&device).ok());
+  ASSERT_OK(t.AttachDevice(&device));
   auto stream = device.CreateStream();
-  ASSERT_TRUE(stream.ok());
+  ASSERT_OK(stream);
   auto buf = device.Allocate(1 << 20);
   auto host = device.AllocatePinned(1 << 20);
   ASSERT_TRUE(buf.ok() && host.ok());
@@ -259,24 +256,24 @@ TEST(Timeline, DeviceSpansResolveLazilyOntoTheirTracks) {
   for (int round = 0; round < 3; ++round) {
     for (const auto& [track, name] : work) {
       auto span = t.BeginDeviceSpan(track, name, stream->get(), {{"round", int64_t{round}}});
-      ASSERT_TRUE(span.ok()) << span.status().ToString();
+      ASSERT_OK(span);
       ASSERT_FALSE(span->empty());
       if (track == kTrackCompute) {
-        ASSERT_TRUE(device.Fill(buf->data(), DType::kF32, (1 << 20) / 4, 1.0f, stream->get()).ok());
+        ASSERT_OK(device.Fill(buf->data(), DType::kF32, (1 << 20) / 4, 1.0f, stream->get()));
       } else {
         const CopyKind kind = track == kTrackHostToDevice ? CopyKind::kHostToDevice : CopyKind::kDeviceToHost;
         void* dst = track == kTrackHostToDevice ? buf->data() : host->data();
         const void* src = track == kTrackHostToDevice ? host->data() : buf->data();
-        ASSERT_TRUE(device.Copy(dst, src, 1 << 20, kind, stream->get()).ok());
+        ASSERT_OK(device.Copy(dst, src, 1 << 20, kind, stream->get()));
       }
-      ASSERT_TRUE(t.EndDeviceSpan(std::move(span).value(), stream->get()).ok());
+      ASSERT_OK(t.EndDeviceSpan(std::move(span).value(), stream->get()));
     }
   }
   // Recording only queued them.
   EXPECT_EQ(t.pending_device_spans(), 9u);
   EXPECT_TRUE(t.Spans().empty());
   auto left = t.ResolveDeviceSpans();
-  ASSERT_TRUE(left.ok()) << left.status().ToString();
+  ASSERT_OK(left);
   EXPECT_EQ(*left, 0u);  // CPU work is complete when enqueued
   const std::vector<Span> spans = t.Spans();
   ASSERT_EQ(spans.size(), 9u);
@@ -299,25 +296,24 @@ TEST(Timeline, DeviceSpansResolveLazilyOntoTheirTracks) {
   // Disabled: device spans are empty too.
   t.set_enabled(false);
   auto off = t.BeginDeviceSpan(kTrackCompute, "off", nullptr);
-  ASSERT_TRUE(off.ok());
+  ASSERT_OK(off);
   EXPECT_TRUE(off->empty());
 }
 
 TEST(Timeline, WriteIsAtomicAndErrorsNameThePath) {
   Timeline t;
   t.AddSpan(kTrackCompute, "x", 0, 1000);
-  const std::string dir = TmpDir() + "/atomic";
-  mkdir(dir.c_str(), 0755);
-  const std::string path = dir + "/trace.json";
+  ASSERT_OK_AND_ASSIGN(ScratchDir scratch, ScratchDir::Create("timeline_atomic"));
+  const std::string path = scratch.File("trace.json");
   {
     std::ofstream(path) << "old contents";
   }
-  ASSERT_TRUE(t.WriteChromeTrace(path).ok());
+  ASSERT_OK(t.WriteChromeTrace(path));
   EXPECT_EQ(Parse(ReadFile(path)).spans.size(), 1u);
   // Only the trace is left in the directory (no temporary file).
   EXPECT_NE(access(path.c_str(), R_OK), -1);
   EXPECT_EQ(access((path + ".tmp." + std::to_string(getpid())).c_str(), F_OK), -1);
-  const std::string missing = TmpDir() + "/no/such/dir/trace.json";
+  const std::string missing = scratch.File("no/such/dir/trace.json");
   Status st = t.WriteChromeTrace(missing);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("no/such/dir/trace.json"), std::string::npos) << st.ToString();
