@@ -8,6 +8,7 @@
 #include "comm/thread_ranks.h"
 #include "runtime/cpu_device.h"
 #include "runtime/dtype.h"
+#include "testing/status_matchers.h"
 #include "zero/partition.h"
 
 namespace zero {
@@ -74,7 +75,7 @@ TEST(BucketedAllGatherTest, EveryRankGetsEveryFullParameter) {
           return OkStatus();
         });
         SCOPED_TRACE("world " + std::to_string(world) + " " + DTypeName(t) + " bucket " + std::to_string(bucket));
-        EXPECT_TRUE(s.ok()) << s.ToString();
+        EXPECT_OK(s);
         if (world == 1) {
           EXPECT_EQ(collectives[0], 0);
         } else {

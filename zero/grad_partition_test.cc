@@ -11,12 +11,16 @@
 #include "offload/thread_pool.h"
 #include "runtime/cpu_device.h"
 #include "testing/deferred_device.h"
+#include "testing/same_bits.h"
+#include "testing/status_matchers.h"
 #include "zero/host_optimizer_states.h"
 #include "zero/optimizer_states.h"
 #include "zero/optimizer_states_testing.h"
 
 namespace zero {
 namespace {
+
+using ::zero::testing::SameBits;
 
 // Ragged pieces with gaps between them (as the engine's aligned layout has), one empty.
 std::vector<GradPiece> Pieces() { return {{0, 37}, {64, 1000}, {1088, 0}, {1088, 5}, {1152, 129}}; }
@@ -57,22 +61,23 @@ void RunWindow(GradPartition* g, Device* device) {
       const int64_t n = g->piece(i).n;
       std::vector<float> host = Grad(i, micro, n);
       auto src = device->Allocate(static_cast<size_t>(std::max<int64_t>(n, 1)) * 4);
-      ASSERT_TRUE(src.ok());
+      ASSERT_OK(src);
       const DType t = micro == 1 ? DType::kBF16 : DType::kF32;
-      ASSERT_TRUE(device->Cast(host.data(), DType::kF32, src->data(), t, static_cast<size_t>(n), nullptr).ok());
-      ASSERT_TRUE(g->Add(i, src->data(), t, !written[i], micro == 2).ok());
+      ASSERT_OK(
+          device->Cast(host.data(), DType::kF32, src->data(), t, static_cast<size_t>(n), nullptr));
+      ASSERT_OK(g->Add(i, src->data(), t, !written[i], micro == 2));
       written[i] = 1;
     }
   }
-  ASSERT_TRUE(g->Finish().ok());
-  ASSERT_TRUE(g->Zero(3).ok());
+  ASSERT_OK(g->Finish());
+  ASSERT_OK(g->Zero(3));
 }
 
 std::vector<std::vector<float>> ReadAll(GradPartition* g) {
   std::vector<std::vector<float>> out;
   for (int i = 0; i < g->num_pieces(); ++i) {
     out.emplace_back(static_cast<size_t>(g->piece(i).n));
-    EXPECT_TRUE(g->Read(i, out.back().data()).ok());
+    EXPECT_OK(g->Read(i, out.back().data()));
   }
   return out;
 }
@@ -81,21 +86,12 @@ std::vector<double> Norms(GradPartition* g, Device* device) {
   std::vector<int> all;
   for (int i = 0; i < g->num_pieces(); ++i) all.push_back(i);
   auto slots = device->Allocate(all.size() * sizeof(double));
-  EXPECT_TRUE(slots.ok());
-  EXPECT_TRUE(device->Fill(slots->data(), DType::kF32, 2 * all.size(), 0.0f, nullptr).ok());
-  EXPECT_TRUE(g->SumsOfSquares(all, slots->as<double>()).ok());
+  EXPECT_OK(slots);
+  EXPECT_OK(device->Fill(slots->data(), DType::kF32, 2 * all.size(), 0.0f, nullptr));
+  EXPECT_OK(g->SumsOfSquares(all, slots->as<double>()));
   std::vector<double> out(all.size());
   std::memcpy(out.data(), slots->data(), all.size() * sizeof(double));
   return out;
-}
-
-void ExpectBitwise(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b,
-                   const char* what) {
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_EQ(a[i].size(), b[i].size());
-    EXPECT_EQ(0, std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4)) << what << ": piece " << i;
-  }
 }
 
 // The host partition (and GPU accumulation in front of one) hold the device partition's bits:
@@ -104,11 +100,11 @@ void ExpectBitwise(const std::vector<std::vector<float>>& a, const std::vector<s
 TEST(GradPartitionTest, HostAndGpuAccumulationBitwiseEqualToDevice) {
   Fixture f;
   auto dev = CreateDeviceGradPartition(&f.device, nullptr, kNumel, Pieces());
-  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  ASSERT_OK(dev);
   auto host = CreateHostGradPartition(&f.device, nullptr, kNumel, Pieces(), f.options);
-  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  ASSERT_OK(host);
   auto gpu = CreateGpuAccumulatedGradPartition(&f.device, nullptr, kNumel, Pieces(), f.options);
-  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  ASSERT_OK(gpu);
   for (int window = 0; window < 2; ++window) {
     SCOPED_TRACE("window " + std::to_string(window));
     for (auto* g : {dev->get(), host->get(), gpu->get()}) {
@@ -116,8 +112,8 @@ TEST(GradPartitionTest, HostAndGpuAccumulationBitwiseEqualToDevice) {
       RunWindow(g, &f.device);
     }
     const auto want = ReadAll(dev->get());
-    ExpectBitwise(want, ReadAll(host->get()), "host");
-    ExpectBitwise(want, ReadAll(gpu->get()), "gpu accumulation");
+    EXPECT_TRUE(SameBits(ReadAll(host->get()), want)) << "host";
+    EXPECT_TRUE(SameBits(ReadAll(gpu->get()), want)) << "gpu accumulation";
     // The first contribution turned -0 into +0 and the NaN is canonical: not a plain copy.
     EXPECT_EQ(want[0][0], 0.0f);
     EXPECT_FALSE(std::signbit(want[0][0])) << "piece 0's only gradient there is -0: 0.0f + g is +0";
@@ -142,12 +138,12 @@ TEST(GradPartitionTest, HostAndGpuAccumulationBitwiseEqualToDevice) {
 TEST(GradPartitionTest, StoreKeepsTheBits) {
   Fixture f;
   auto host = CreateHostGradPartition(&f.device, nullptr, kNumel, Pieces(), f.options);
-  ASSERT_TRUE(host.ok());
+  ASSERT_OK(host);
   std::vector<float> v = Grad(4, 0, 129);
   v[0] = -0.0f;
-  ASSERT_TRUE((*host)->Store(4, v.data()).ok());
+  ASSERT_OK((*host)->Store(4, v.data()));
   std::vector<float> got(129);
-  ASSERT_TRUE((*host)->Read(4, got.data()).ok());
+  ASSERT_OK((*host)->Read(4, got.data()));
   EXPECT_EQ(0, std::memcmp(v.data(), got.data(), 129 * 4));
 }
 
@@ -175,15 +171,15 @@ TEST(GradPartitionTest, UpdateFromHostEqualsUpdateFromDevice) {
   h.lr = 0.01f;
   h.weight_decay = 0.1f;
   std::vector<uint16_t> ma(kNumel, 1), mb(kNumel, 2);
-  ASSERT_TRUE((*dev)->Update(sa->get(), 0, 600, h, ma.data(), DType::kBF16).ok());
-  ASSERT_TRUE((*host)->Update(sb->get(), 0, 600, h, mb.data(), DType::kBF16).ok());
-  ASSERT_TRUE((*dev)->Update(sa->get(), 600, kNumel - 600, h, ma.data() + 600, DType::kBF16).ok());
-  ASSERT_TRUE((*host)->Update(sb->get(), 600, kNumel - 600, h, mb.data() + 600, DType::kBF16).ok());
+  ASSERT_OK((*dev)->Update(sa->get(), 0, 600, h, ma.data(), DType::kBF16));
+  ASSERT_OK((*host)->Update(sb->get(), 0, 600, h, mb.data(), DType::kBF16));
+  ASSERT_OK((*dev)->Update(sa->get(), 600, kNumel - 600, h, ma.data() + 600, DType::kBF16));
+  ASSERT_OK((*host)->Update(sb->get(), 600, kNumel - 600, h, mb.data() + 600, DType::kBF16));
   EXPECT_EQ(ma, mb);
   ASSERT_NO_FATAL_FAILURE(testing::ExpectStatesBitwiseEqual(**sa, **sb, kNumel));
   // Device states cannot read host gradients: a clear error, not a crash.
   auto ds = CreateDeviceOptimizerStates(&f.device, kNumel, nullptr);
-  ASSERT_TRUE(ds.ok());
+  ASSERT_OK(ds);
   Status s = (*host)->Update(ds->get(), 0, 10, h, nullptr, DType::kBF16);
   EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.ToString();
   EXPECT_NE(s.message().find("UpdateFromHost"), std::string::npos) << s.ToString();
@@ -197,22 +193,22 @@ TEST(GradPartitionTest, UpdateFromHostEqualsUpdateFromDevice) {
 TEST(GradPartitionTest, HostAddsOverlapTheCallersStreamSafely) {
   Fixture ref;
   auto want_part = CreateDeviceGradPartition(&ref.device, nullptr, kNumel, Pieces());
-  ASSERT_TRUE(want_part.ok());
+  ASSERT_OK(want_part);
   RunWindow(want_part->get(), &ref.device);
   const auto want = ReadAll(want_part->get());
   for (uint32_t seed = 1; seed <= 8; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     testing::DeferredDevice device(seed);
     auto stream = device.CreateStream();
-    ASSERT_TRUE(stream.ok());
+    ASSERT_OK(stream);
     Stream* compute = stream->get();
     auto host = CreateHostGradPartition(&device, compute, kNumel, Pieces(), ref.options);
-    ASSERT_TRUE(host.ok()) << host.status().ToString();
+    ASSERT_OK(host);
     EXPECT_GT((*host)->bytes().device_staging, 0u);
     // One source buffer for every contribution, rewritten on the caller's stream after each Add;
     // the host values stay alive until the end (the device reads them later).
     auto src = device.Allocate(2000 * 4);
-    ASSERT_TRUE(src.ok());
+    ASSERT_OK(src);
     std::vector<std::vector<float>> keep;
     std::vector<uint8_t> written((*host)->num_pieces(), 0);
     for (int micro = 0; micro < 3; ++micro) {
@@ -221,13 +217,14 @@ TEST(GradPartitionTest, HostAddsOverlapTheCallersStreamSafely) {
         const int64_t n = (*host)->piece(i).n;
         keep.push_back(Grad(i, micro, n));
         const DType t = micro == 1 ? DType::kBF16 : DType::kF32;
-        ASSERT_TRUE(device.Cast(keep.back().data(), DType::kF32, src->data(), t, static_cast<size_t>(n), compute).ok());
-        ASSERT_TRUE((*host)->Add(i, src->data(), t, !written[i], micro == 2).ok());
+        ASSERT_OK(device.Cast(keep.back().data(), DType::kF32, src->data(), t,
+                              static_cast<size_t>(n), compute));
+        ASSERT_OK((*host)->Add(i, src->data(), t, !written[i], micro == 2));
         written[i] = 1;
       }
     }
-    ASSERT_TRUE((*host)->Zero(3).ok());
-    ExpectBitwise(want, ReadAll(host->get()), "host partition under the deferred device");
+    ASSERT_OK((*host)->Zero(3));
+    EXPECT_TRUE(SameBits(ReadAll(host->get()), want)) << "host partition under the deferred device";
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include "comm/thread_ranks.h"
 #include "runtime/cpu_device.h"
+#include "testing/status_matchers.h"
 #include "zero/grad_reducer.h"
 #include "zero/partition.h"
 
@@ -49,9 +50,8 @@ TEST(BucketLayoutTest, PackPutsEachShardInItsRankSegmentWithZeroPadding) {
     grads.push_back(g);
   }
   for (int j = 0; j < 4; ++j) {
-    ASSERT_TRUE(PackBucketItem(&device, nullptr, l, j, grads[j].data(), DType::kF32, send.data(),
-                               DType::kF32)
-                    .ok());
+    ASSERT_OK(PackBucketItem(&device, nullptr, l, j, grads[j].data(), DType::kF32, send.data(),
+                             DType::kF32));
   }
   for (int r = 0; r < world; ++r) {
     for (int j = 0; j < 4; ++j) {
@@ -71,7 +71,8 @@ TEST(BucketLayoutTest, PackCastsToTheCommDtype) {
   BucketLayout l(BucketKind::kShards, 2, {{0, 3}});
   std::vector<float> g = {1.0f, 1.00390625f, -2.5f};
   std::vector<uint16_t> send(l.send_numel(), 0xffff);
-  ASSERT_TRUE(PackBucketItem(&device, nullptr, l, 0, g.data(), DType::kF32, send.data(), DType::kBF16).ok());
+  ASSERT_OK(
+      PackBucketItem(&device, nullptr, l, 0, g.data(), DType::kF32, send.data(), DType::kBF16));
   EXPECT_EQ(Bf16ToFloat(send[0]), 1.0f);
   EXPECT_EQ(Bf16ToFloat(send[1]), 1.0f);  // rounded to nearest even
   EXPECT_EQ(Bf16ToFloat(send[2]), -2.5f);
@@ -124,7 +125,7 @@ TEST(GradientReducerTest, ReduceScatterGivesEachRankTheMeanOfItsShards) {
         }
         return OkStatus();
       });
-      EXPECT_TRUE(s.ok()) << "bucket " << bucket << " overlap " << overlap << ": " << s.ToString();
+      EXPECT_OK(s) << "bucket " << bucket << " overlap " << overlap;
     }
   }
 }
@@ -158,7 +159,7 @@ TEST(GradientReducerTest, AllReduceFullAndSumOp) {
     }
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // contiguous_gradients false (one collective per parameter straight from its padded buffer) and
@@ -221,7 +222,7 @@ TEST(GradientReducerTest, PerParameterAndAllReduceModesGiveTheSameValues) {
           if (rank == 1) mine = got;
           return OkStatus();
         });
-        EXPECT_TRUE(s.ok()) << "mode " << mode << ": " << s.ToString();
+        EXPECT_OK(s) << "mode " << mode;
         results.push_back(mine);
       }
       for (int mode = 1; mode < 5; ++mode) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "runtime/cpu_device.h"
+#include "testing/status_matchers.h"
 #include "zero/optimizer_states.h"
 #include "zero/optimizer_states_testing.h"
 
@@ -26,14 +27,15 @@ TEST(HostOptimizerStatesTest, BitwiseEqualToDeviceStates) {
     o.cpu_threads = 2;
     o.slab.pin_memory = false;
     auto host = CreateHostOptimizerStates(&device, kN, s, o);
-    ASSERT_TRUE(host.ok()) << host.status().ToString();
+    ASSERT_OK(host);
     auto dev = CreateDeviceOptimizerStates(&device, kN, s);
-    ASSERT_TRUE(dev.ok());
+    ASSERT_OK(dev);
     EXPECT_EQ((*host)->bytes().device, 0u);
     EXPECT_GE((*host)->bytes().host, 3u * kN * 4);
     std::vector<float> init(kN);
     for (int64_t i = 0; i < kN; ++i) init[i] = 0.5f - 0.001f * static_cast<float>(i % 113);
-    for (auto* st : {host->get(), dev->get()}) ASSERT_TRUE(st->Write(OptState::kMaster, 0, kN, init.data()).ok());
+    for (auto* st : {host->get(), dev->get()})
+      ASSERT_OK(st->Write(OptState::kMaster, 0, kN, init.data()));
     for (int step = 1; step <= 3; ++step) {
       std::vector<float> g(kN);
       for (int64_t i = 0; i < kN; ++i) g[i] = 0.01f * static_cast<float>((i * 7 + step) % 29) - 0.1f;
@@ -44,20 +46,20 @@ TEST(HostOptimizerStatesTest, BitwiseEqualToDeviceStates) {
       h.bias_correction2 = static_cast<float>(1.0 - std::pow(0.999, step));
       std::vector<uint16_t> a(kN, 0), b(kN, 0);
       // Two ranges, the second not starting at a chunk boundary; bf16 copy on the first only.
-      ASSERT_TRUE((*host)->Update(0, 600, g.data(), h, a.data(), DType::kBF16, s).ok());
-      ASSERT_TRUE((*dev)->Update(0, 600, g.data(), h, b.data(), DType::kBF16, s).ok());
-      ASSERT_TRUE((*host)->Update(600, kN - 600, g.data() + 600, h, nullptr, DType::kBF16, s).ok());
-      ASSERT_TRUE((*dev)->Update(600, kN - 600, g.data() + 600, h, nullptr, DType::kBF16, s).ok());
+      ASSERT_OK((*host)->Update(0, 600, g.data(), h, a.data(), DType::kBF16, s));
+      ASSERT_OK((*dev)->Update(0, 600, g.data(), h, b.data(), DType::kBF16, s));
+      ASSERT_OK((*host)->Update(600, kN - 600, g.data() + 600, h, nullptr, DType::kBF16, s));
+      ASSERT_OK((*dev)->Update(600, kN - 600, g.data() + 600, h, nullptr, DType::kBF16, s));
       EXPECT_EQ(a, b) << "step " << step;
     }
     ASSERT_NO_FATAL_FAILURE(testing::ExpectStatesBitwiseEqual(**host, **dev, kN));
     std::vector<uint16_t> c1(kN), c2(kN);
-    ASSERT_TRUE((*host)->CastMaster(5, kN - 5, c1.data(), DType::kBF16, s).ok());
-    ASSERT_TRUE((*dev)->CastMaster(5, kN - 5, c2.data(), DType::kBF16, s).ok());
+    ASSERT_OK((*host)->CastMaster(5, kN - 5, c1.data(), DType::kBF16, s));
+    ASSERT_OK((*dev)->CastMaster(5, kN - 5, c2.data(), DType::kBF16, s));
     EXPECT_EQ(c1, c2);
     std::vector<float> d1(10, -1), d2(10, -1);
-    ASSERT_TRUE((*host)->CopyToDevice(OptState::kExpAvg, 100, 10, d1.data(), s).ok());
-    ASSERT_TRUE((*dev)->CopyToDevice(OptState::kExpAvg, 100, 10, d2.data(), s).ok());
+    ASSERT_OK((*host)->CopyToDevice(OptState::kExpAvg, 100, 10, d1.data(), s));
+    ASSERT_OK((*dev)->CopyToDevice(OptState::kExpAvg, 100, 10, d2.data(), s));
     EXPECT_EQ(d1, d2);
     EXPECT_EQ((*host)->Read(OptState::kMaster, kN, 1, d1.data()).code(), StatusCode::kOutOfRange);
   }
@@ -79,12 +81,13 @@ TEST(HostOptimizerStatesTest, UpdateFromGradientEqualsDeviceStates) {
     o.model_dtype = t;
     o.slab.pin_memory = false;
     auto host = CreateHostOptimizerStates(&device, kN, s, o);
-    ASSERT_TRUE(host.ok()) << host.status().ToString();
+    ASSERT_OK(host);
     auto dev = CreateDeviceOptimizerStates(&device, kN, s);
-    ASSERT_TRUE(dev.ok());
+    ASSERT_OK(dev);
     std::vector<float> init(kN);
     for (int64_t i = 0; i < kN; ++i) init[i] = 0.25f + 0.002f * static_cast<float>(i % 61);
-    for (auto* st : {host->get(), dev->get()}) ASSERT_TRUE(st->Write(OptState::kMaster, 0, kN, init.data()).ok());
+    for (auto* st : {host->get(), dev->get()})
+      ASSERT_OK(st->Write(OptState::kMaster, 0, kN, init.data()));
     for (int step = 1; step <= 3; ++step) {
       std::vector<uint8_t> g(static_cast<size_t>(kN) * SizeOf(t));
       for (int64_t i = 0; i < kN; ++i) {
@@ -98,12 +101,12 @@ TEST(HostOptimizerStatesTest, UpdateFromGradientEqualsDeviceStates) {
       h.bias_correction1 = static_cast<float>(1.0 - std::pow(0.9, step));
       h.bias_correction2 = static_cast<float>(1.0 - std::pow(0.999, step));
       for (auto* st : {host->get(), dev->get()}) {
-        ASSERT_TRUE(st->UpdateFromGradient(0, 500, g.data(), t, h, s).ok());
-        ASSERT_TRUE(st->UpdateFromGradient(500, kN - 500, nullptr, t, h, s).ok());
+        ASSERT_OK(st->UpdateFromGradient(0, 500, g.data(), t, h, s));
+        ASSERT_OK(st->UpdateFromGradient(500, kN - 500, nullptr, t, h, s));
       }
       std::vector<uint8_t> a(g.size()), b(g.size());
-      ASSERT_TRUE((*host)->CastMaster(0, kN, a.data(), t, s).ok());
-      ASSERT_TRUE((*dev)->CastMaster(0, kN, b.data(), t, s).ok());
+      ASSERT_OK((*host)->CastMaster(0, kN, a.data(), t, s));
+      ASSERT_OK((*dev)->CastMaster(0, kN, b.data(), t, s));
       EXPECT_EQ(a, b) << "step " << step;
     }
     ASSERT_NO_FATAL_FAILURE(testing::ExpectStatesBitwiseEqual(**host, **dev, kN));

@@ -11,6 +11,7 @@
 #include "offload/cpu_adam.h"
 #include "offload/thread_pool.h"
 #include "runtime/cpu_device.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -21,7 +22,7 @@ namespace {
 // width, gradients holding -0 and NaN, with and without non-temporal model stores.
 TEST(HostStateKernelsTest, WidenedAdamWEqualsWidenThenAdamW) {
   auto pool = ThreadPool::Create(3);
-  ASSERT_TRUE(pool.ok());
+  ASSERT_OK(pool);
   CpuDevice cpu;
   AdamWParams h;
   h.lr = 0.01f;
@@ -44,19 +45,18 @@ TEST(HostStateKernelsTest, WidenedAdamWEqualsWidenThenAdamW) {
           g32[0] = -0.0f;
           if (n > 3) g32[3] = std::numeric_limits<float>::quiet_NaN();
           std::vector<uint8_t> g(static_cast<size_t>(n) * SizeOf(gt));
-          ASSERT_TRUE(cpu.Cast(g32.data(), DType::kF32, g.data(), gt, static_cast<size_t>(n), nullptr).ok());
+          ASSERT_OK(
+              cpu.Cast(g32.data(), DType::kF32, g.data(), gt, static_cast<size_t>(n), nullptr));
           const void* grad = null_grad ? nullptr : g.data();
           std::vector<float> p1 = p, m1 = m, v1 = v, p2 = p, m2 = m, v2 = v, s1(n), s2(n, 7.0f);
           std::vector<uint16_t> o1(n, 1), o2(n, 2);
           WidenToF32(pool->get(), grad, gt, s1.data(), n);
-          ASSERT_TRUE(CpuAdamW(p1.data(), s1.data(), m1.data(), v1.data(), static_cast<size_t>(n), h, o1.data(),
-                               DType::kBF16, pool->get())
-                          .ok());
+          ASSERT_OK(CpuAdamW(p1.data(), s1.data(), m1.data(), v1.data(), static_cast<size_t>(n), h,
+                             o1.data(), DType::kBF16, pool->get()));
           CpuAdamWOptions o;
           o.stream_model_out = stream;
-          ASSERT_TRUE(WidenedAdamW(pool->get(), grad, gt, s2.data(), p2.data(), m2.data(), v2.data(), n, h, o2.data(),
-                                   DType::kBF16, o)
-                          .ok());
+          ASSERT_OK(WidenedAdamW(pool->get(), grad, gt, s2.data(), p2.data(), m2.data(), v2.data(),
+                                 n, h, o2.data(), DType::kBF16, o));
           EXPECT_EQ(0, std::memcmp(p1.data(), p2.data(), n * 4)) << "master";
           EXPECT_EQ(0, std::memcmp(m1.data(), m2.data(), n * 4)) << "exp_avg";
           EXPECT_EQ(0, std::memcmp(v1.data(), v2.data(), n * 4)) << "exp_avg_sq";
@@ -69,7 +69,7 @@ TEST(HostStateKernelsTest, WidenedAdamWEqualsWidenThenAdamW) {
 
 TEST(HostStateKernelsTest, WidenedAdamWReportsABadModelDtype) {
   auto pool = ThreadPool::Create(2);
-  ASSERT_TRUE(pool.ok());
+  ASSERT_OK(pool);
   std::vector<float> p(100), m(100), v(100), s(100);
   std::vector<uint16_t> g(100), out(100);
   Status st = WidenedAdamW(pool->get(), g.data(), DType::kBF16, s.data(), p.data(), m.data(), v.data(), 100,

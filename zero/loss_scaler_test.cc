@@ -1,8 +1,10 @@
 #include "zero/loss_scaler.h"
 
+#include <gtest/gtest.h>
+
 #include <vector>
 
-#include <gtest/gtest.h>
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -15,7 +17,7 @@ LossScaler MakeDynamic(int power, int64_t window, int hysteresis, bool consecuti
   o.consecutive_hysteresis = consecutive;
   o.min_scale = min_scale;
   auto r = LossScaler::Dynamic(o);
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_OK(r);
   return *r;
 }
 
@@ -39,7 +41,7 @@ TEST(LossScalerTest, DefaultScalerIsOne) {
 
 TEST(LossScalerTest, StaticNeverChanges) {
   auto r = LossScaler::Static(1024);
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   LossScaler s = *r;
   EXPECT_FALSE(s.dynamic());
   EXPECT_EQ(Steps(s, {true, true, false, false, true}), std::vector<float>(5, 1024.0f));
@@ -119,7 +121,7 @@ TEST(LossScalerTest, StateRoundTripContinuesIdentically) {
   Steps(a, prefix);
   const LossScalerState saved = a.state();
   LossScaler b = MakeDynamic(8, 4, 3, false, 0.5);
-  ASSERT_TRUE(b.Restore(saved).ok());
+  ASSERT_OK(b.Restore(saved));
   EXPECT_EQ(b.state(), saved);
   const std::vector<bool> rest = {false, false, false, false, false, true, true, true, true, false, false};
   EXPECT_EQ(Steps(a, rest), Steps(b, rest));
@@ -133,7 +135,7 @@ TEST(LossScalerTest, RestoreRejectsImpossibleStates) {
   EXPECT_EQ(s.Restore({256.0, 5, 5, 1}).code(), StatusCode::kDataLoss);   // overflow not before cur_iter
   EXPECT_EQ(s.Restore({256.0, 5, 2, 4}).code(), StatusCode::kDataLoss);   // hysteresis above 3
   EXPECT_EQ(s.Restore({256.0, 5, 2, 0}).code(), StatusCode::kDataLoss);   // hysteresis below 1
-  EXPECT_TRUE(s.Restore({256.0, 5, -1, 3}).ok());
+  EXPECT_OK(s.Restore({256.0, 5, -1, 3}));
   EXPECT_EQ(s.scale(), 256.0f);
 }
 

@@ -9,6 +9,7 @@
 
 #include "runtime/cpu_device.h"
 #include "testing/scratch_dir.h"
+#include "testing/status_matchers.h"
 #include "zero/host_optimizer_states.h"
 #include "zero/optimizer_states.h"
 #include "zero/optimizer_states_testing.h"
@@ -22,7 +23,7 @@ namespace {
 // kinds, reads and writes across group boundaries; the swap file and folder go with the states.
 TEST(NvmeOptimizerStatesTest, BitwiseEqualToDeviceStatesWithRealSwapIo) {
   auto scratch = ScratchDir::CreateWithDirectIo("nvme_states");
-  ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
+  ASSERT_OK(scratch);
   CpuDevice device;
   Stream* s = device.default_stream();
   constexpr int64_t kN = 2500;
@@ -38,17 +39,18 @@ TEST(NvmeOptimizerStatesTest, BitwiseEqualToDeviceStatesWithRealSwapIo) {
   o.slab.pin_memory = false;
   {
     auto nv = CreateNvmeOptimizerStates(&device, kN, s, o);
-    ASSERT_TRUE(nv.ok()) << nv.status().ToString();
+    ASSERT_OK(nv);
     EXPECT_TRUE(std::filesystem::exists(o.dir + "/optimizer_states.swp"));
     EXPECT_GE((*nv)->bytes().nvme, static_cast<size_t>(kN) * 12);
     // A second set of states on the same folder finds the first one's file: refused, never reused.
     auto again = CreateNvmeOptimizerStates(&device, kN, s, o);
     EXPECT_FALSE(again.ok());
     auto dev = CreateDeviceOptimizerStates(&device, kN, s);
-    ASSERT_TRUE(dev.ok());
+    ASSERT_OK(dev);
     std::vector<float> init(kN);
     for (int64_t i = 0; i < kN; ++i) init[i] = 0.3f - 0.0007f * static_cast<float>(i % 211);
-    for (auto* st : {nv->get(), dev->get()}) ASSERT_TRUE(st->Write(OptState::kMaster, 0, kN, init.data()).ok());
+    for (auto* st : {nv->get(), dev->get()})
+      ASSERT_OK(st->Write(OptState::kMaster, 0, kN, init.data()));
     for (int step = 1; step <= 3; ++step) {
       AdamWParams h;
       h.lr = 0.02f;
@@ -61,16 +63,17 @@ TEST(NvmeOptimizerStatesTest, BitwiseEqualToDeviceStatesWithRealSwapIo) {
       for (int64_t i = 0; i < kN; ++i) g16[i] = FloatToBf16(g[i]);
       std::vector<uint16_t> a(kN), b(kN);
       for (auto* st : {nv->get(), dev->get()}) {
-        ASSERT_TRUE(st->Update(100, 1700, g.data() + 100, h, (st == nv->get() ? a : b).data() + 100, DType::kBF16, s).ok());
-        ASSERT_TRUE(st->UpdateFromGradient(1800, kN - 1800, g16.data() + 1800, DType::kBF16, h, s).ok());
-        ASSERT_TRUE(st->UpdateFromGradient(0, 100, nullptr, DType::kBF16, h, s).ok());
+        ASSERT_OK(st->Update(100, 1700, g.data() + 100, h, (st == nv->get() ? a : b).data() + 100,
+                             DType::kBF16, s));
+        ASSERT_OK(st->UpdateFromGradient(1800, kN - 1800, g16.data() + 1800, DType::kBF16, h, s));
+        ASSERT_OK(st->UpdateFromGradient(0, 100, nullptr, DType::kBF16, h, s));
       }
       EXPECT_EQ(a, b) << "step " << step;
     }
     ASSERT_NO_FATAL_FAILURE(testing::ExpectStatesBitwiseEqual(**nv, **dev, kN));
     std::vector<uint16_t> c1(kN), c2(kN);
-    ASSERT_TRUE((*nv)->CastMaster(0, kN, c1.data(), DType::kBF16, s).ok());
-    ASSERT_TRUE((*dev)->CastMaster(0, kN, c2.data(), DType::kBF16, s).ok());
+    ASSERT_OK((*nv)->CastMaster(0, kN, c1.data(), DType::kBF16, s));
+    ASSERT_OK((*dev)->CastMaster(0, kN, c2.data(), DType::kBF16, s));
     EXPECT_EQ(c1, c2);
   }
   EXPECT_FALSE(std::filesystem::exists(o.dir)) << "the swap file and its folder are removed with the states";
@@ -80,7 +83,7 @@ TEST(NvmeOptimizerStatesTest, BitwiseEqualToDeviceStatesWithRealSwapIo) {
 // give the same bits as device states.
 TEST(TieredOptimizerStatesTest, HostThenNvmeEqualsDeviceStates) {
   auto scratch = ScratchDir::CreateWithDirectIo("tiered_states");
-  ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
+  ASSERT_OK(scratch);
   CpuDevice device;
   Stream* s = device.default_stream();
   constexpr int64_t kN = 3001, kSplit = 1234;
@@ -100,13 +103,14 @@ TEST(TieredOptimizerStatesTest, HostThenNvmeEqualsDeviceStates) {
   ASSERT_TRUE(host.ok() && nv.ok());
   std::unique_ptr<OptimizerStates> tiered = CreateTieredOptimizerStates(std::move(*host), std::move(*nv));
   auto dev = CreateDeviceOptimizerStates(&device, kN, s);
-  ASSERT_TRUE(dev.ok());
+  ASSERT_OK(dev);
   EXPECT_EQ(tiered->numel(), kN);
   EXPECT_GT(tiered->bytes().host, 0u);
   EXPECT_GT(tiered->bytes().nvme, 0u);
   std::vector<float> init(kN);
   for (int64_t i = 0; i < kN; ++i) init[i] = -0.2f + 0.0003f * static_cast<float>(i % 501);
-  for (OptimizerStates* st : {tiered.get(), dev->get()}) ASSERT_TRUE(st->Write(OptState::kMaster, 0, kN, init.data()).ok());
+  for (OptimizerStates* st : {tiered.get(), dev->get()})
+    ASSERT_OK(st->Write(OptState::kMaster, 0, kN, init.data()));
   for (int step = 1; step <= 2; ++step) {
     AdamWParams h;
     h.lr = 0.01f;
@@ -117,16 +121,17 @@ TEST(TieredOptimizerStatesTest, HostThenNvmeEqualsDeviceStates) {
     std::vector<uint16_t> g16(kN), a(kN), b(kN);
     for (int64_t i = 0; i < kN; ++i) g16[i] = FloatToBf16(g[i]);
     for (OptimizerStates* st : {tiered.get(), dev->get()}) {
-      ASSERT_TRUE(st->Update(1000, 1000, g.data() + 1000, h, (st == tiered.get() ? a : b).data() + 1000, DType::kBF16, s).ok());
-      ASSERT_TRUE(st->UpdateFromGradient(0, 1000, g16.data(), DType::kBF16, h, s).ok());
-      ASSERT_TRUE(st->UpdateFromGradient(2000, kN - 2000, g16.data() + 2000, DType::kBF16, h, s).ok());
+      ASSERT_OK(st->Update(1000, 1000, g.data() + 1000, h,
+                           (st == tiered.get() ? a : b).data() + 1000, DType::kBF16, s));
+      ASSERT_OK(st->UpdateFromGradient(0, 1000, g16.data(), DType::kBF16, h, s));
+      ASSERT_OK(st->UpdateFromGradient(2000, kN - 2000, g16.data() + 2000, DType::kBF16, h, s));
     }
     EXPECT_EQ(a, b) << "step " << step;
   }
   ASSERT_NO_FATAL_FAILURE(testing::ExpectStatesBitwiseEqual(*tiered, **dev, kN));
   std::vector<uint16_t> c1(kN), c2(kN);
-  ASSERT_TRUE(tiered->CastMaster(1, kN - 1, c1.data(), DType::kBF16, s).ok());
-  ASSERT_TRUE((*dev)->CastMaster(1, kN - 1, c2.data(), DType::kBF16, s).ok());
+  ASSERT_OK(tiered->CastMaster(1, kN - 1, c1.data(), DType::kBF16, s));
+  ASSERT_OK((*dev)->CastMaster(1, kN - 1, c2.data(), DType::kBF16, s));
   EXPECT_EQ(c1, c2);
   std::vector<float> two(2);
   EXPECT_EQ(tiered->Read(OptState::kMaster, kN - 1, 2, two.data()).code(), StatusCode::kOutOfRange);

@@ -54,7 +54,7 @@ void WriteAll(NvmeParamStore* s, CpuDevice* d, float step) {
 void ExpectAll(NvmeParamStore* s, float step) {
   for (int m = 0; m < 3; ++m) {
     auto base = s->Load(m);
-    ASSERT_TRUE(base.ok()) << base.status().ToString();
+    ASSERT_OK(base);
     const float* f = static_cast<const float*>(*base);
     int64_t at = 0;
     for (const StoredShard& sh : Shards()) {

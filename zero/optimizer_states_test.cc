@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "runtime/cpu_device.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -23,19 +24,19 @@ TEST(DeviceOptimizerStatesTest, UpdateEqualsAdamWCastAndCopiesAreExact) {
   Stream* s = device.default_stream();
   constexpr int64_t kN = 1000;
   auto st = CreateDeviceOptimizerStates(&device, kN, s);
-  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  ASSERT_OK(st);
   OptimizerStates& states = **st;
   EXPECT_EQ(states.numel(), kN);
   EXPECT_EQ(states.bytes().device, 3u * kN * 4);
   std::vector<float> zeros(kN), got(kN);
-  ASSERT_TRUE(states.Read(OptState::kExpAvg, 0, kN, got.data()).ok());
+  ASSERT_OK(states.Read(OptState::kExpAvg, 0, kN, got.data()));
   EXPECT_EQ(got, zeros);
 
   std::vector<float> p = Values(kN, 0.5f), m = Values(kN, 0.01f), v = Values(kN, 0.02f);
   for (auto& x : v) x = x * x;
-  ASSERT_TRUE(states.Write(OptState::kMaster, 0, kN, p.data()).ok());
-  ASSERT_TRUE(states.Write(OptState::kExpAvg, 0, kN, m.data()).ok());
-  ASSERT_TRUE(states.Write(OptState::kExpAvgSq, 0, kN, v.data()).ok());
+  ASSERT_OK(states.Write(OptState::kMaster, 0, kN, p.data()));
+  ASSERT_OK(states.Write(OptState::kExpAvg, 0, kN, m.data()));
+  ASSERT_OK(states.Write(OptState::kExpAvgSq, 0, kN, v.data()));
   const std::vector<float> g = Values(kN, -0.2f);
   AdamWParams h;
   h.lr = 0.01f;
@@ -45,31 +46,31 @@ TEST(DeviceOptimizerStatesTest, UpdateEqualsAdamWCastAndCopiesAreExact) {
   std::vector<uint16_t> model(kN), want_model(kN);
   // The reference: Device::AdamWCast on copies, over the same sub-range [100, 900).
   std::vector<float> rp = p, rm = m, rv = v;
-  ASSERT_TRUE(device.AdamWCast(rp.data() + 100, g.data() + 100, rm.data() + 100, rv.data() + 100, 800, h,
-                               want_model.data() + 100, DType::kBF16, s).ok());
-  ASSERT_TRUE(states.Update(100, 800, g.data() + 100, h, model.data() + 100, DType::kBF16, s).ok());
-  ASSERT_TRUE(states.Read(OptState::kMaster, 0, kN, got.data()).ok());
+  ASSERT_OK(device.AdamWCast(rp.data() + 100, g.data() + 100, rm.data() + 100, rv.data() + 100, 800,
+                             h, want_model.data() + 100, DType::kBF16, s));
+  ASSERT_OK(states.Update(100, 800, g.data() + 100, h, model.data() + 100, DType::kBF16, s));
+  ASSERT_OK(states.Read(OptState::kMaster, 0, kN, got.data()));
   EXPECT_EQ(0, std::memcmp(got.data(), rp.data(), kN * 4));
-  ASSERT_TRUE(states.Read(OptState::kExpAvg, 0, kN, got.data()).ok());
+  ASSERT_OK(states.Read(OptState::kExpAvg, 0, kN, got.data()));
   EXPECT_EQ(0, std::memcmp(got.data(), rm.data(), kN * 4));
-  ASSERT_TRUE(states.Read(OptState::kExpAvgSq, 0, kN, got.data()).ok());
+  ASSERT_OK(states.Read(OptState::kExpAvgSq, 0, kN, got.data()));
   EXPECT_EQ(0, std::memcmp(got.data(), rv.data(), kN * 4));
   EXPECT_EQ(model, want_model);
 
   // CastMaster rounds the masters; CopyToDevice/CopyFromDevice move exactly [offset, offset + n).
   std::vector<uint16_t> cast(kN), want_cast(kN);
-  ASSERT_TRUE(device.Cast(rp.data() + 3, DType::kF32, want_cast.data(), DType::kBF16, 7, s).ok());
-  ASSERT_TRUE(states.CastMaster(3, 7, cast.data(), DType::kBF16, s).ok());
+  ASSERT_OK(device.Cast(rp.data() + 3, DType::kF32, want_cast.data(), DType::kBF16, 7, s));
+  ASSERT_OK(states.CastMaster(3, 7, cast.data(), DType::kBF16, s));
   EXPECT_EQ(cast, want_cast);
   std::vector<float> dev(5, -1.0f);
-  ASSERT_TRUE(states.CopyToDevice(OptState::kExpAvg, 10, 3, dev.data() + 1, s).ok());
+  ASSERT_OK(states.CopyToDevice(OptState::kExpAvg, 10, 3, dev.data() + 1, s));
   EXPECT_EQ(dev[0], -1.0f);
   EXPECT_EQ(dev[1], rm[10]);
   EXPECT_EQ(dev[3], rm[12]);
   EXPECT_EQ(dev[4], -1.0f);
   const float in[2] = {7.0f, 8.0f};
-  ASSERT_TRUE(states.CopyFromDevice(OptState::kExpAvgSq, kN - 2, 2, in, s).ok());
-  ASSERT_TRUE(states.Read(OptState::kExpAvgSq, kN - 3, 3, got.data()).ok());
+  ASSERT_OK(states.CopyFromDevice(OptState::kExpAvgSq, kN - 2, 2, in, s));
+  ASSERT_OK(states.Read(OptState::kExpAvgSq, kN - 3, 3, got.data()));
   EXPECT_EQ(got[0], rv[kN - 3]);
   EXPECT_EQ(got[1], 7.0f);
   EXPECT_EQ(got[2], 8.0f);

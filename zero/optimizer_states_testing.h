@@ -5,9 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
+#include "testing/same_bits.h"
+#include "testing/status_matchers.h"
 #include "zero/optimizer_states.h"
 
 namespace zero::testing {
@@ -18,9 +19,9 @@ namespace zero::testing {
 inline void ExpectStatesBitwiseEqual(OptimizerStates& got, OptimizerStates& want, int64_t n) {
   for (OptState w : {OptState::kMaster, OptState::kExpAvg, OptState::kExpAvgSq}) {
     std::vector<float> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
-    ASSERT_TRUE(got.Read(w, 0, n, x.data()).ok()) << OptStateName(w);
-    ASSERT_TRUE(want.Read(w, 0, n, y.data()).ok()) << OptStateName(w);
-    EXPECT_EQ(0, std::memcmp(x.data(), y.data(), static_cast<size_t>(n) * 4)) << OptStateName(w);
+    ASSERT_OK(got.Read(w, 0, n, x.data())) << OptStateName(w);
+    ASSERT_OK(want.Read(w, 0, n, y.data())) << OptStateName(w);
+    EXPECT_TRUE(SameBits(x, y)) << OptStateName(w);
   }
 }
 

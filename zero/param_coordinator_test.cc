@@ -8,6 +8,7 @@
 
 #include "comm/thread_ranks.h"
 #include "runtime/cpu_device.h"
+#include "testing/status_matchers.h"
 #include "zero/partition.h"
 
 namespace zero {
@@ -107,7 +108,7 @@ TEST(ParamCoordinatorTest, GathersReleasesAndReturnsMemory) {
     if (pc->Release(1).ok()) return InternalError("double release accepted");
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // Forward b0..b3 then backward b3..b0, one module held at a time; returns the peak live numel.
@@ -146,7 +147,7 @@ TEST(ParamCoordinatorTest, TracePrefetchWithinLimits) {
     if (st.trace_invalidations != 0) return InternalError("unexpected invalidation");
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // Modules larger than stage3_prefetch_bucket_size: the next one is still prefetched (one module
@@ -181,7 +182,7 @@ TEST(ParamCoordinatorTest, ModulesLargerThanTheBucketArePrefetchedOneAhead) {
       }
       return OkStatus();
     });
-    EXPECT_TRUE(s.ok()) << s.ToString();
+    EXPECT_OK(s);
   }
 }
 
@@ -205,7 +206,7 @@ TEST(ParamCoordinatorTest, KeepsModulesReusedSoonAndEvictsForDemand) {
     if (st.evicted_modules == 0) return InternalError("no eviction");
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 TEST(ParamCoordinatorTest, DemandOverTheLimitStillServed) {
@@ -223,7 +224,7 @@ TEST(ParamCoordinatorTest, DemandOverTheLimitStillServed) {
     if (pc->live_numel() != 0) return InternalError("not freed");
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 TEST(ParamCoordinatorTest, TraceMismatchInvalidatesAndReRecords) {
@@ -250,7 +251,7 @@ TEST(ParamCoordinatorTest, TraceMismatchInvalidatesAndReRecords) {
     if (!pc->trace_valid() || pc->trace().size() != 3) return InternalError("not re-recorded");
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 TEST(ParamCoordinatorTest, PersistentParamsStayAndRefreshAfterUpdate) {
@@ -281,7 +282,7 @@ TEST(ParamCoordinatorTest, PersistentParamsStayAndRefreshAfterUpdate) {
     ZERO_RETURN_IF_ERROR(pc->Release(2));
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // --- coalescing ----------------------------------------------------------------------------------
@@ -388,8 +389,8 @@ TEST(ParamCoordinatorTest, ModuleOfKParametersIsOneCollective) {
         Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) {
           return CheckOneModule(rank, world, comm, device, t, sizes);
         });
-        EXPECT_TRUE(s.ok()) << "world " << world << " " << DTypeName(t) << " " << sizes.size()
-                            << " params: " << s.ToString();
+        EXPECT_OK(s) << "world " << world << " " << DTypeName(t) << " " << sizes.size()
+                     << " params";
       }
     }
   }
@@ -461,7 +462,7 @@ TEST(ParamCoordinatorTest, PrefetchOfSeveralModulesIsOneCollective) {
       if (pc->stats().trace_invalidations != 0) return InternalError("unexpected invalidation");
       return OkStatus();
     });
-    EXPECT_TRUE(s.ok()) << "world " << world << ": " << s.ToString();
+    EXPECT_OK(s) << "world " << world;
   }
 }
 
@@ -491,7 +492,7 @@ TEST(ParamCoordinatorTest, PrefetchStagingCountsAgainstTheLiveLimit) {
     }
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // A demand over the limit evicts a prefetched module whose (one-parameter) gather is still in flight:
@@ -527,7 +528,7 @@ TEST(ParamCoordinatorTest, EvictionOfAModuleInFlight) {
     if (pc->stats().max_live_numel_seen > o.max_live_numel) return InternalError("live over the limit");
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // A demand over the limit while a multi-parameter prefetch is in flight: completing that flight
@@ -561,7 +562,7 @@ TEST(ParamCoordinatorTest, DemandCompletesPrefetchStagingBeforeEvicting) {
     ZERO_RETURN_IF_ERROR(pc->Release(1));
     return pc->EndMicroStep();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // After an update the held modules are re-gathered in one collective, the stale persistent
@@ -597,7 +598,7 @@ TEST(ParamCoordinatorTest, AfterUpdateRegathersHeldModulesInOneCollective) {
     for (int mod : {3, 2, 0}) ZERO_RETURN_IF_ERROR(pc->Release(mod));
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // --- host shards (offload_param.device "cpu") -------------------------------------------------
@@ -684,7 +685,7 @@ TEST(ParamCoordinatorHostShardsTest, OneRankUploadsIntoRealBuffers) {
     if (pc->resident_bytes() != 0 || device->memory_stats().in_use != base) return InternalError("release kept memory");
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // Host shards give the same gathers as device shards: every value, collective count, prefetch and
@@ -713,7 +714,7 @@ TEST(ParamCoordinatorHostShardsTest, SameGathersAsDeviceShards) {
         stats[host][rank] = pc->stats();
         return OkStatus();
       });
-      ASSERT_TRUE(s.ok()) << "world " << world << (host ? " host" : " device") << " shards: " << s.ToString();
+      ASSERT_OK(s) << "world " << world << (host ? " host" : " device") << " shards";
     }
     for (int r = 0; r < world; ++r) {
       const ParamCoordinatorStats& d = stats[0][r];
@@ -754,7 +755,7 @@ TEST(ParamCoordinatorHostShardsTest, UploadsInFlightWithinTheLimit) {
         if (pc->flights_in_flight() > static_cast<size_t>(limit)) return InternalError("over the limit at the end");
         return OkStatus();
       });
-      EXPECT_TRUE(s.ok()) << "world " << world << " limit " << limit << ": " << s.ToString();
+      EXPECT_OK(s) << "world " << world << " limit " << limit;
     }
   }
 }

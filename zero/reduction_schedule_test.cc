@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/thread_ranks.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -65,7 +66,7 @@ TEST(ReductionScheduleTest, SameDecisionsOnEveryRankAndReplayWithoutCollectives)
     stats[rank] = s.stats();
     return OkStatus();
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   // Anchors: 6 gathers then Backward(). head_b completes at the gather of head_a, head_a at the gather
   // of body, body (no gather after it) at Backward().
   const std::vector<std::vector<int>> expected = {{}, {}, {}, {}, {2}, {1}, {0}};
@@ -88,7 +89,7 @@ TEST(ReductionScheduleTest, ModulesNoRankReportedAreNotReduced) {
     if (p.completed_at != expected) return InternalError("rank " + std::to_string(rank) + ": unexpected decisions");
     return OkStatus();
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
 }
 
 TEST(ReductionScheduleTest, EveryRankReportingLateCompletesAtBackward) {
@@ -102,7 +103,7 @@ TEST(ReductionScheduleTest, EveryRankReportingLateCompletesAtBackward) {
     }
     return OkStatus();
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
 }
 
 TEST(ReductionScheduleTest, ReportAfterAnotherRankCompletedTheModuleFailsEveryRank) {
@@ -123,7 +124,7 @@ TEST(ReductionScheduleTest, ReportAfterAnotherRankCompletedTheModuleFailsEveryRa
     results[rank] = s.AtBackward().status();
     return OkStatus();
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   EXPECT_TRUE(refused[1]);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(results[r].code(), StatusCode::kFailedPrecondition) << results[r].ToString();
@@ -158,7 +159,7 @@ TEST(ReductionScheduleTest, DepartureFromTheRecordReRecords) {
     if (s.stats().recorded_anchors == recorded) return InternalError("the departed step was not re-recorded");
     return OkStatus();
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
 }
 
 }  // namespace
