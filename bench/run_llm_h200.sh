@@ -21,6 +21,13 @@
 #                   offload_grad_accumulation cpu vs gpu; (ii) the chunked GPU AdamW with overlap_step on
 #                   vs off, 6 steps, clipping and weight decay: the per-step losses and a hash of the fp32
 #                   master weights, which must be equal (validate1: (i) only)
+#   PHASE heads:    validations (i) and (iii) with an extra output head (zero_llm --extra-heads 1), both offloads,
+#                   GAS 4: (i) the extra head used only in micro step 0 (--heads first-micro), reverse-text SFT,
+#                   10 steps, offload_grad_accumulation cpu vs gpu; (iii) the model's own head and the extra
+#                   head alternating between windows (--heads alternate), 6 steps, managed vs unmanaged
+#                   accumulation: per-step losses and master-weight hashes, which must be equal
+#   PHASE rope:     bench/llm_rope_compare.py: Llama 3 rope_scaling, zero_llm vs transformers (fp32)
+#   PROFILE_PRESETS (default qwen3-0.6b) and PROFILE_BATCH (default 8) set the profile phase's model runs
 # All runs together are bounded by BUDGET_S (default 560 s from the start of `run`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -87,10 +94,12 @@ PY
         case $p in
           kernels) step 120 $B/llm_cuda_test ;;
           profile)
-            for a in ${PROFILE_ATTENTION:-cudnn}; do
-              step 90 $B/llm_cuda_bench --preset=qwen3-0.6b --seq=2048 --batch=8 --steps=5 --attention=$a --profile
+            for pp in ${PROFILE_PRESETS:-qwen3-0.6b}; do
+              for a in ${PROFILE_ATTENTION:-cudnn}; do
+                step 90 $B/llm_cuda_bench --preset=$pp --seq=2048 --batch=${PROFILE_BATCH:-8} --steps=5 --attention=$a --profile
+              done
             done
-            step 90 $B/llm_cuda_bench --preset=qwen3-0.6b --seq=512 --batch=32 --steps=5 --attention=cudnn --profile ;;
+            [ -z "${PROFILE_PRESETS:-}" ] && step 90 $B/llm_cuda_bench --preset=qwen3-0.6b --seq=512 --batch=32 --steps=5 --attention=cudnn --profile ;;
           breakdown)
             for cfg in none cpuadam; do
               extra=()
@@ -132,6 +141,22 @@ PY
                    --log-json "$out/v2_$ov.jsonl"
             done
             for f in v1_cpu v1_gpu v2_false v2_true; do echo "$f: $(python3 -c "import json;print([round(json.loads(l)['loss'],6) for l in open('$out/$f.jsonl')])" 2>&1)"; done ;;
+          heads)
+            OFF=('zero_optimization.offload_optimizer={"device": "cpu"}' 'zero_optimization.offload_param={"device": "cpu", "buffer_size": 200000000}')
+            for acc in cpu gpu; do
+              ds "$out/h1_$acc.json" train_micro_batch_size_per_gpu=2 gradient_accumulation_steps=4 "${OFF[@]}" \
+                 "zero_optimization.offload_grad_accumulation=\"$acc\""
+              step 120 $B/zero_llm $Q --corpus-bytes 2000000 --seq 512 --task reverse-text --config "$out/h1_$acc.json" --steps 10 \
+                   --extra-heads 1 --heads first-micro --hash-weights --log-json "$out/h1_$acc.jsonl"
+            done
+            for mg in true false; do
+              ds "$out/h3_$mg.json" train_micro_batch_size_per_gpu=2 gradient_accumulation_steps=4 "${OFF[@]}" \
+                 managed_gradient_accumulation=$mg
+              step 120 $B/zero_llm $Q --corpus-bytes 2000000 --seq 512 --task reverse-text --config "$out/h3_$mg.json" --steps 6 \
+                   --extra-heads 1 --heads alternate --hash-weights --log-json "$out/h3_$mg.jsonl"
+            done
+            for f in h1_cpu h1_gpu h3_true h3_false; do echo "$f: $(python3 -c "import json;print([round(json.loads(l)['loss'],6) for l in open('$out/$f.jsonl')])" 2>&1)"; done ;;
+          rope) step 120 python3 bench/llm_rope_compare.py --zero-llm $B/zero_llm --out "$out/rope" ;;
           *) echo "unknown phase $p" ;;
         esac
       done

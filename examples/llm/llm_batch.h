@@ -19,6 +19,9 @@ struct LlmBatch {
   int seq = 0;
   std::vector<int32_t> inputs;   // [batch, seq] row-major, each in [0, vocab)
   std::vector<int32_t> targets;  // [batch, seq] row-major, each in [0, vocab) or kIgnoreIndex
+  // The output head the logits come from: 0 the model's own, k >= 1 extra head k-1
+  // (LlmConfig::extra_heads; the model checks the range).
+  int head = 0;
 
   // OK when batch, seq >= 1, seq <= max_positions (RoPE positions 0..seq-1 must be ones the model
   // was configured for), both arrays hold batch * seq ids and every id is in range. Errors name the

@@ -99,6 +99,10 @@ Status ValidateFrom(const LlmConfig& c, const std::string& source) {
   if (c.torch_dtype != "bfloat16" && c.torch_dtype != "float16" && c.torch_dtype != "float32") {
     return KeyError(source, "torch_dtype", "\"bfloat16\", \"float16\" or \"float32\"", "\"" + c.torch_dtype + "\"");
   }
+  if (c.extra_heads < 0 || c.extra_heads > kMaxExtraHeads) {
+    return KeyError(source, "extra_heads (zero_llm --extra-heads)", "0.." + std::to_string(kMaxExtraHeads),
+                    std::to_string(c.extra_heads));
+  }
   return OkStatus();
 }
 
@@ -441,7 +445,7 @@ int64_t LlmConfig::NumParams() const {
                             + H * q + 2 * H * kv + q * H            // q, k, v, o
                             + (qk_norm() ? 2 * head_dim : 0)        // q_norm, k_norm
                             + 3 * H * intermediate_size;            // gate, up, down
-  return vocab_size * H * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * per_layer + H;
+  return vocab_size * H * ((tie_word_embeddings ? 1 : 2) + extra_heads) + num_hidden_layers * per_layer + H;
 }
 
 int64_t LlmConfig::MatmulParams() const {
@@ -461,6 +465,7 @@ std::string LlmConfig::ToString() const {
     << " L=" << num_hidden_layers << " heads=" << num_attention_heads << "/" << num_key_value_heads
     << " head_dim=" << head_dim << (tie_word_embeddings ? " tied" : " untied") << " params=" << NumParams();
   if (!rope_scaling.rope_type.empty()) s << " rope=" << rope_scaling.rope_type << "x" << rope_scaling.factor;
+  if (extra_heads > 0) s << " extra_heads=" << extra_heads;
   return s.str();
 }
 

@@ -20,6 +20,8 @@ namespace zero::llm {
 
 inline constexpr char kLlamaArchitecture[] = "LlamaForCausalLM";
 inline constexpr char kQwen3Architecture[] = "Qwen3ForCausalLM";
+// The most LlmConfig::extra_heads allowed.
+inline constexpr int64_t kMaxExtraHeads = 8;
 
 // RoPE frequency scaling. rope_type "" is none (transformers' "default"); "llama3" is Llama 3.1/3.2's:
 // inverse frequencies whose wavelength 2 pi / f exceeds original_max_position_embeddings /
@@ -54,6 +56,12 @@ struct LlmConfig {
   int64_t bos_token_id = -1;  // -1: absent
   int64_t eos_token_id = -1;  // -1: absent (a list in config.json keeps its first id)
   std::string torch_dtype = "bfloat16";  // "bfloat16", "float16" or "float32"
+  // Not Hugging Face's: untied output heads beside the model's own (zero_llm --extra-heads), each a
+  // [vocab, hidden] weight "extra_heads.<k>.weight" in module "extra_head<k>"; a batch picks the
+  // head its logits come from (LlmBatch::head). Never read from or written to config.json, and
+  // left out of an HF export. They exist to train with parameters that get gradients only in some
+  // micro steps or windows (the offload validations of docs/llm.md).
+  int64_t extra_heads = 0;
 
   bool operator==(const LlmConfig&) const = default;
 
@@ -66,12 +74,12 @@ struct LlmConfig {
   // a multiple of num_attention_heads (transformers' LlamaConfig refuses anything else).
   Status Validate() const;
 
-  // Every parameter element: embedding, per-layer norms and linears, final norm, and lm_head when
-  // untied.
+  // Every parameter element: embedding, per-layer norms and linears, final norm, lm_head when
+  // untied, and the extra heads.
   int64_t NumParams() const;
   // Elements of every linear weight a token is multiplied by: q, k, v, o, gate, up, down per layer
-  // and the lm_head (V x H, counted once also when it is the tied embedding). Excludes the
-  // embedding lookup (no multiply) and the norm weights.
+  // and the lm_head (V x H, counted once also when it is the tied embedding; a batch multiplies by
+  // one head, extra or not). Excludes the embedding lookup (no multiply) and the norm weights.
   int64_t MatmulParams() const;
   // Training FLOPs per token at sequence length `seq` (the "model TFLOPS" formula):
   //   6 * MatmulParams()                          forward 2 FLOPs per weight, backward 4

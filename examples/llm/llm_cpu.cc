@@ -275,6 +275,7 @@ struct LlmActivations::State {
   double loss = 0.0;
   int64_t counted = 0;
   std::vector<int32_t> inputs, targets;
+  OutputHead out;  // the batch's output head (LlmBatch::head)
   Acts<float> f;
   Acts<double> d;
   template <typename T>
@@ -329,7 +330,6 @@ class ModelT final : public LlmCpu::Impl {
         eps_(static_cast<T>(c.rms_norm_eps)) {
     head_module_ = static_cast<int>(L_) + 1;
     final_norm_ = FinalNormIndex(c);
-    out_weight_ = OutputWeightIndex(c);
   }
 
   Status Forward(ParamProvider& params, bool all_logits, LlmActivations::State* st) override {
@@ -373,22 +373,15 @@ class ModelT final : public LlmCpu::Impl {
     a.x_final.resize(R * H_);
     a.logits.resize(R * V_);
     a.lse.resize(R);
-    {  // head (+ embed when tied)
+    {  // head (+ embed when tied, or the batch's extra head)
       ModuleScope head(params, kHeadModule);
       std::vector<const T*> p;
       ZERO_RETURN_IF_ERROR(Load(head, head_module_, &param_scratch_, &p));
-      ModuleScope embed(params, kEmbedModule);
-      const T* w_out = nullptr;
-      if (c_.tie_word_embeddings) {
-        std::vector<const T*> e;
-        ZERO_RETURN_IF_ERROR(Load(embed, 0, &embed_scratch_, &e));
-        w_out = e[0];
-      } else {
-        w_out = p[1];
-      }
+      ModuleScope out(params, OutModuleName(st->out));
+      ZERO_ASSIGN_OR_RETURN(const T* w_out, LoadOutput(st->out, out, p));
       RmsNormForward(R, H_, eps_, a.resid_final.data(), p[0], a.x_final.data(), a.rstd_final.data());
       LinearForward(R, V_, H_, a.x_final.data(), w_out, a.logits.data(), &transpose_);
-      ZERO_RETURN_IF_ERROR(embed.Close());
+      ZERO_RETURN_IF_ERROR(out.Close());
       ZERO_RETURN_IF_ERROR(head.Close());
     }
     double loss = 0.0;
@@ -433,29 +426,25 @@ class ModelT final : public LlmCpu::Impl {
       dz[target] -= coef;
     }
 
-    {  // head (+ embed when tied)
+    {  // head (+ embed when tied, or the batch's extra head)
       ModuleScope head(params, kHeadModule);
       std::vector<const T*> p;
       ZERO_RETURN_IF_ERROR(Load(head, head_module_, &param_scratch_, &p));
-      ModuleScope embed(params, kEmbedModule);
-      const T* w_out = nullptr;
-      if (c_.tie_word_embeddings) {
-        std::vector<const T*> e;
-        ZERO_RETURN_IF_ERROR(Load(embed, 0, &embed_scratch_, &e));
-        w_out = e[0];
+      ModuleScope out(params, OutModuleName(st->out));
+      ZERO_ASSIGN_OR_RETURN(const T* w_out, LoadOutput(st->out, out, p));
+      if (st->out.tied) {
         a.tied_grad.resize(V_ * H_);
         LinearBackwardWeight(N, V_, H_, a.dlogits.data(), a.x_final.data(), a.tied_grad.data());
       } else {
-        w_out = p[1];
         T* g = GradScratch(V_ * H_);
         LinearBackwardWeight(N, V_, H_, a.dlogits.data(), a.x_final.data(), g);
-        ZERO_RETURN_IF_ERROR(Emit(grads, out_weight_, g));
+        ZERO_RETURN_IF_ERROR(Emit(grads, st->out.weight, g));
       }
       LinearBackwardInput(N, V_, H_, a.dlogits.data(), w_out, a.dx.data(), false);
       T* g = GradScratch(H_);
       RmsNormBackward(N, H_, a.resid_final.data(), a.rstd_final.data(), p[0], a.dx.data(), a.dh.data(), false, g);
       ZERO_RETURN_IF_ERROR(Emit(grads, final_norm_, g));
-      ZERO_RETURN_IF_ERROR(embed.Close());
+      ZERO_RETURN_IF_ERROR(out.Close());
       ZERO_RETURN_IF_ERROR(head.Close());
     }
     for (int64_t l = L_ - 1; l >= 0; --l) {
@@ -470,7 +459,7 @@ class ModelT final : public LlmCpu::Impl {
       std::vector<const T*> p;
       ZERO_RETURN_IF_ERROR(Load(scope, 0, &param_scratch_, &p));
       T* g = nullptr;
-      if (c_.tie_word_embeddings) {
+      if (st->out.tied) {
         g = a.tied_grad.data();  // already holds the lm_head's part
       } else {
         g = GradScratch(V_ * H_);
@@ -818,6 +807,24 @@ class ModelT final : public LlmCpu::Impl {
     return OkStatus();
   }
 
+  // The module that holds the batch's output weight besides "head": "embed" when it is the tied
+  // embedding, the extra head's, or "" (the untied lm_head sits in "head"; never acquired).
+  static std::string OutModuleName(const OutputHead& out) { return out.tied ? kEmbedModule : out.module; }
+
+  // The output weight: acquired through `scope` (OutModuleName's module), or the untied lm_head in
+  // the head module's views `head`.
+  Result<const T*> LoadOutput(const OutputHead& out, ModuleScope& scope, const std::vector<const T*>& head) {
+    if (!out.tied && out.module.empty()) return head[1];
+    int m = 0;
+    if (!out.tied) {
+      while (m < static_cast<int>(modules_.size()) && modules_[m].name != out.module) ++m;
+      if (m == static_cast<int>(modules_.size())) return InternalError("no module " + out.module);
+    }
+    std::vector<const T*> e;
+    ZERO_RETURN_IF_ERROR(Load(scope, m, &embed_scratch_, &e));
+    return e[0];
+  }
+
   T* GradScratch(int64_t n) {
     if (static_cast<int64_t>(grad_scratch_.size()) < n) grad_scratch_.resize(n);
     return grad_scratch_.data();
@@ -844,7 +851,6 @@ class ModelT final : public LlmCpu::Impl {
   const T eps_;
   int head_module_ = 0;
   int final_norm_ = 0;
-  int out_weight_ = 0;
   std::vector<T> param_scratch_, embed_scratch_, grad_scratch_, transpose_;
   // Attention scratch of one (row, head).
   std::vector<T> qh_, kh_, kt_, vh_, vt_, oh_, doh_, dqh_, dkh_, dvh_, dsr_;
@@ -878,6 +884,7 @@ Result<double> LlmCpu::Forward(ParamProvider& params, const LlmBatch& batch, Llm
   st->math = math_;
   st->inputs = batch.inputs;
   st->targets = batch.targets;
+  ZERO_ASSIGN_OR_RETURN(st->out, SelectOutputHead(config_, batch.head));
   ZERO_RETURN_IF_ERROR(impl_->Forward(params, /*all_logits=*/true, st));
   return st->loss;
 }
@@ -913,6 +920,7 @@ Result<std::vector<float>> LlmCpu::Logits(ParamProvider& params, const std::vect
   st->math = math_;
   st->inputs = std::move(batch.inputs);
   st->targets = std::move(batch.targets);
+  ZERO_ASSIGN_OR_RETURN(st->out, SelectOutputHead(config_, 0));
   ZERO_RETURN_IF_ERROR(impl_->Forward(params, /*all_logits=*/false, st));
   return impl_->LogitsRow(st, 0);
 }

@@ -15,6 +15,10 @@
 // released; when tied, the lm_head's part of the embedding gradient waits in an fp32 (double for
 // kDouble) scratch [V, H] in LlmActivations until the lookup's part is added, and
 // GradReady(0) comes once, at the end. Every acquisition is released on every path (ModuleScope).
+// A batch whose LlmBatch::head is k >= 1 takes its logits from extra head k-1 instead: module
+// "extra_head<k-1>" is acquired while "head" is held (in place of "embed" when tied), the extra
+// head's gradient is reported, and the model's own output weight gets none from this batch (the
+// embedding's gradient is then the lookup's part only; an untied lm_head is not reported).
 //
 // Determinism: one thread, every sum in a fixed order, so the same inputs give the same bits on
 // every run; no -ffast-math (no reassociation) and no FMA contraction (x86-64-v2 has none).

@@ -403,6 +403,65 @@ TEST(LlmCpuProtocolTest, ModuleOrderAndGradReadyFollowTheContract) {
   }
 }
 
+// A batch with head k >= 1 is the untied model whose lm_head is extra head k-1's weight: the same
+// loss bits, the same gradient bits (the extra head's is the lm_head's), the lookup-only embedding
+// gradient when tied, and no gradient for the model's own output weight or the unused extra head.
+TEST(LlmCpuExtraHeadTest, AnExtraHeadIsTheUntiedModelWithItsWeightAsLmHead) {
+  for (const Variant& var : kVariants) {
+    LlmConfig c = Micro(var.arch, var.tied);
+    c.extra_heads = 2;
+    ASSERT_TRUE(c.Validate().ok());
+    const LlmConfig u = Micro(var.arch, /*tied=*/false);
+    LlmCpu model(c), plain(u);
+    HostTensors params = RandomParams(model.specs(), DType::kF32, 5);
+    HostTensors plain_params(plain.specs(), DType::kF32);
+    const int extra1 = ExtraHeadIndex(c, 1);
+    ASSERT_EQ(model.specs()[extra1].name, "extra_heads.1.weight");
+    ASSERT_EQ(model.specs()[extra1].module, "extra_head1");
+    for (int i = 0; i <= FinalNormIndex(u); ++i) plain_params.SetAll(i, params.GetAll(i));
+    plain_params.SetAll(LmHeadIndex(u), params.GetAll(extra1));
+
+    LlmBatch batch = RandomBatch(c, 2, 5, 9);
+    batch.head = 2;
+    HostTensors grads(model.specs(), DType::kF32), plain_grads(plain.specs(), DType::kF32);
+    std::vector<std::string> log;
+    std::set<std::string> held;
+    LoggingProvider provider(model.specs(), params.ParamViews(), &log, &held);
+    LoggingSink sink(model.specs(), grads.GradViews(), &log, &held);
+    LlmActivations acts;
+    auto loss = model.Forward(provider, batch, &acts);
+    ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+    ASSERT_TRUE(model.Backward(provider, &acts, 0.5f, sink).ok());
+    batch.head = 0;
+    const double plain_loss = LossAndGrads(plain, plain_params, batch, 0.5f, &plain_grads);
+    EXPECT_EQ(*loss, plain_loss) << c.ToString();
+    for (int i = 0; i <= FinalNormIndex(u); ++i) {
+      EXPECT_EQ(grads.GetAll(i), plain_grads.GetAll(i)) << model.specs()[i].name << " " << c.ToString();
+    }
+    EXPECT_EQ(grads.GetAll(extra1), plain_grads.GetAll(LmHeadIndex(u))) << c.ToString();
+
+    std::vector<int> expected_ready(model.specs().size(), 1);
+    expected_ready[ExtraHeadIndex(c, 0)] = 0;
+    if (!var.tied) expected_ready[LmHeadIndex(c)] = 0;
+    EXPECT_EQ(sink.inner().ready_count(), expected_ready) << c.ToString();
+    const std::vector<std::string> expected_events = {
+        "A:embed", "R:embed", "A:layer0", "R:layer0", "A:layer1", "R:layer1", "A:head", "A:extra_head1",
+        "R:extra_head1", "R:head",  // forward
+        "A:head", "A:extra_head1", "R:extra_head1", "R:head", "A:layer1", "R:layer1", "A:layer0", "R:layer0",
+        "A:embed", "R:embed"};
+    EXPECT_EQ(ModuleEvents(log), expected_events) << c.ToString();
+    EXPECT_EQ(provider.inner().held(), 0);
+
+    batch.head = 3;  // one past the last extra head
+    LlmActivations bad;
+    auto st = model.Forward(provider, batch, &bad);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.status().message().find("head 3: expected 0 (the model's own) .. 2"), std::string::npos)
+        << st.status().ToString();
+    EXPECT_EQ(provider.inner().held(), 0);
+  }
+}
+
 // A provider that fails one module's Acquire, and a sink that fails one GradReady: the model
 // returns the error and leaves nothing acquired.
 class FailingProvider : public ResidentParams {

@@ -226,6 +226,7 @@ struct LlmCudaActivations::State {
 
   bool has_forward = false;
   bool loss_ready = false;
+  OutputHead out;  // the last Forward's output head (LlmBatch::head)
   int64_t counted = 0;
   int64_t num_unique = 0;
 
@@ -339,11 +340,11 @@ class LlmCuda::Impl {
       for (int i : modules_[m].params) {
         if (specs_[i].shape.size() == 2) {
           bytes += AlignUp(specs_[i].numel() * 4);
-          if (i != EmbedIndex() && i != lm_head_) max_grad_stage_ = std::max(max_grad_stage_, specs_[i].numel());
+          if (i != EmbedIndex() && i != lm_head_ && i < HfParamCount(c_)) max_grad_stage_ = std::max(max_grad_stage_, specs_[i].numel());
         }
       }
-      if (static_cast<int>(m) == head_module_ && c_.tie_word_embeddings) {
-        bytes += AlignUp(specs_[EmbedIndex()].numel() * 4);
+      if (static_cast<int>(m) == head_module_ && (c_.tie_word_embeddings || c_.extra_heads > 0)) {
+        bytes += AlignUp(specs_[EmbedIndex()].numel() * 4);  // the tied embedding or an extra head
       }
       max_convert_bytes_ = std::max(max_convert_bytes_, bytes);
     }
@@ -352,6 +353,7 @@ class LlmCuda::Impl {
 
   Result<double> Forward(ParamProvider& params, const LlmBatch& batch, State& st, bool want_loss) {
     ZERO_RETURN_IF_ERROR(batch.Validate(V_, c_.max_position_embeddings));
+    ZERO_ASSIGN_OR_RETURN(const OutputHead out, SelectOutputHead(c_, batch.head));
     prof_.Begin();
     st.has_forward = false;
     st.loss_ready = false;
@@ -378,12 +380,13 @@ class LlmCuda::Impl {
       ZERO_RETURN_IF_ERROR(LayerForward(st, l, w, /*recompute=*/false));
       ZERO_RETURN_IF_ERROR(scope.Close());
     }
+    st.out = out;
     {
       ModuleScope head(params, kHeadModule);
-      ModuleScope embed(params, kEmbedModule);
+      ModuleScope out_scope(params, OutModuleName(out));
       Weights hw;
       const void* w_out = nullptr;
-      ZERO_RETURN_IF_ERROR(LoadHead(head, embed, st.compute, &hw, &w_out));
+      ZERO_RETURN_IF_ERROR(LoadHead(head, out_scope, out, st.compute, &hw, &w_out));
       prof_.Mark("load");
       const DType T = st.compute;
       ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(st.hs + L_ * N * H_, DType::kF32, hw.data[0], hw.dtype[0], N,
@@ -402,7 +405,7 @@ class LlmCuda::Impl {
         ZERO_RETURN_IF_ERROR(kernels::SumToDouble(st.row_loss, N, st.loss_sum, stream_));
         prof_.Mark("sum_to_double");
       }
-      ZERO_RETURN_IF_ERROR(embed.Close());
+      ZERO_RETURN_IF_ERROR(out_scope.Close());
       ZERO_RETURN_IF_ERROR(head.Close());
     }
     st.has_forward = true;
@@ -431,23 +434,24 @@ class LlmCuda::Impl {
     const DType T = st.compute;
     // dL/dlogits of loss_scale * mean loss, as LlmCpu: (softmax - onehot) * (loss_scale / counted).
     const float coef = st.counted > 0 ? loss_scale / static_cast<float>(st.counted) : 0.0f;
+    const OutputHead& out = st.out;
     {
       ModuleScope head(params, kHeadModule);
-      ModuleScope embed(params, kEmbedModule);
+      ModuleScope out_scope(params, OutModuleName(out));
       Weights hw;
       const void* w_out = nullptr;
-      ZERO_RETURN_IF_ERROR(LoadHead(head, embed, T, &hw, &w_out));
+      ZERO_RETURN_IF_ERROR(LoadHead(head, out_scope, out, T, &hw, &w_out));
       prof_.Mark("load");
       const int64_t chunks = (N + st.chunk_rows - 1) / st.chunk_rows;
       // Where the output weight's gradient is summed over chunks.
       GradView head_view;
       void* dw_out = nullptr;
       DType dw_t = DType::kF32;
-      if (c_.tie_word_embeddings) {
+      if (out.tied) {
         ZERO_RETURN_IF_ERROR(EnsureVh(st));
         dw_out = st.vh;
       } else {
-        ZERO_ASSIGN_OR_RETURN(head_view, GradBufferChecked(grads, lm_head_));
+        ZERO_ASSIGN_OR_RETURN(head_view, GradBufferChecked(grads, out.weight));
         if (head_view.dtype == DType::kF32 || (chunks == 1 && head_view.dtype == T)) {
           dw_out = head_view.data;
           dw_t = head_view.dtype;
@@ -483,15 +487,15 @@ class LlmCuda::Impl {
                                                     DType::kF32, N, static_cast<int>(H_), false, st.dh,
                                                     DType::kF32, stream_));
       prof_.Mark("rms_norm_backward");
-      if (!c_.tie_word_embeddings) {
+      if (!out.tied) {
         if (dw_out == st.vh) {
           ZERO_RETURN_IF_ERROR(
               kernels::Convert(st.vh, DType::kF32, head_view.data, head_view.dtype, V_ * H_, stream_));
           prof_.Mark("convert");
         }
-        ZERO_RETURN_IF_ERROR(grads.GradReady(lm_head_));
+        ZERO_RETURN_IF_ERROR(grads.GradReady(out.weight));
       }
-      ZERO_RETURN_IF_ERROR(embed.Close());
+      ZERO_RETURN_IF_ERROR(out_scope.Close());
       ZERO_RETURN_IF_ERROR(head.Close());
     }
     for (int64_t l = L_ - 1; l >= 0; --l) {
@@ -509,7 +513,7 @@ class LlmCuda::Impl {
       ZERO_ASSIGN_OR_RETURN(std::vector<ParamView> views, scope.Acquire());
       ZERO_RETURN_IF_ERROR(CheckViews(0, views));
       ZERO_ASSIGN_OR_RETURN(GradView g, GradBufferChecked(grads, EmbedIndex()));
-      if (c_.tie_word_embeddings) {
+      if (out.tied) {
         ZERO_RETURN_IF_ERROR(kernels::EmbeddingBackward(st.positions, st.unique_ids, st.starts, st.num_unique, H_,
                                                         st.dh, /*accumulate=*/true, st.vh, DType::kF32, stream_));
         prof_.Mark("embedding_backward");
@@ -759,17 +763,28 @@ class LlmCuda::Impl {
     return OkStatus();
   }
 
-  // The head's weights, and when tied the embedding acquired while the head is held. *w_out: the
+  // The module that holds the batch's output weight besides "head": "embed" when it is the tied
+  // embedding, the extra head's, or "" (the untied lm_head sits in "head"; never acquired).
+  static std::string OutModuleName(const OutputHead& out) { return out.tied ? kEmbedModule : out.module; }
+
+  // The head's weights, and the batch's output weight when it is not the untied lm_head: the tied
+  // embedding or an extra head, acquired through `out_scope` while the head is held. *w_out: the
   // output projection in the compute dtype.
-  Status LoadHead(ModuleScope& head, ModuleScope& embed, DType T, Weights* hw, const void** w_out) {
+  Status LoadHead(ModuleScope& head, ModuleScope& out_scope, const OutputHead& out, DType T, Weights* hw,
+                  const void** w_out) {
     int64_t used = 0;
     ZERO_RETURN_IF_ERROR(Load(head, head_module_, T, true, &used, hw));
     prof_.Mark("load");
-    if (c_.tie_word_embeddings) {
-      Weights ew;
-      ZERO_RETURN_IF_ERROR(Load(embed, 0, T, true, &used, &ew));
+    if (out.tied || !out.module.empty()) {
+      int m = 0;
+      if (!out.tied) {
+        while (m < static_cast<int>(modules_.size()) && modules_[m].name != out.module) ++m;
+        if (m == static_cast<int>(modules_.size())) return InternalError("no module " + out.module);
+      }
+      Weights ow;
+      ZERO_RETURN_IF_ERROR(Load(out_scope, m, T, true, &used, &ow));
       prof_.Mark("load");
-      *w_out = ew.data[0];
+      *w_out = ow.data[0];
     } else {
       *w_out = hw->data[1];
     }

@@ -30,7 +30,9 @@
 // Backward acquires "head" (+ "embed" when tied), the layers in reverse, "embed". When tied, the
 // lm_head's part of the embedding gradient is kept in an fp32 [V, H] scratch owned by the
 // activations, the lookup's part is added to it in a fixed order, and it is converted into
-// GradBuffer(0) with one GradReady(0) at the end. Every gradient's GradReady comes after its writes
+// GradBuffer(0) with one GradReady(0) at the end. A batch with LlmBatch::head k >= 1 takes its logits from extra
+// head k-1 ("extra_head<k-1>" acquired while "head" is held, in place of "embed" when tied), as
+// LlmCpu does. Every gradient's GradReady comes after its writes
 // are enqueued and before its module is released.
 //
 // Ordering and determinism: all work is enqueued on the stream given at creation (which the

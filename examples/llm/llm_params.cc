@@ -8,6 +8,7 @@ using examples::InitKind;
 using examples::ParamSpec;
 
 std::string LayerModule(int64_t layer) { return "layer" + std::to_string(layer); }
+std::string ExtraHeadModule(int64_t k) { return "extra_head" + std::to_string(k); }
 
 int ParamsPerLayer(const LlmConfig& config) { return config.qk_norm() ? 11 : 9; }
 
@@ -44,6 +45,27 @@ int OutputWeightIndex(const LlmConfig& config) {
   return config.tie_word_embeddings ? EmbedIndex() : LmHeadIndex(config);
 }
 
+int HfParamCount(const LlmConfig& config) { return FinalNormIndex(config) + (config.tie_word_embeddings ? 1 : 2); }
+
+int ExtraHeadIndex(const LlmConfig& config, int64_t k) { return HfParamCount(config) + static_cast<int>(k); }
+
+Result<OutputHead> SelectOutputHead(const LlmConfig& config, int head) {
+  if (head < 0 || head > config.extra_heads) {
+    return InvalidArgumentError("llm batch: head " + std::to_string(head) + ": expected 0 (the model's own) .. " +
+                                std::to_string(config.extra_heads) + " (--extra-heads " +
+                                std::to_string(config.extra_heads) + ")");
+  }
+  OutputHead h;
+  if (head == 0) {
+    h.weight = OutputWeightIndex(config);
+    h.tied = config.tie_word_embeddings;
+  } else {
+    h.weight = ExtraHeadIndex(config, head - 1);
+    h.module = ExtraHeadModule(head - 1);
+  }
+  return h;
+}
+
 std::vector<ParamSpec> LlmParamSpecs(const LlmConfig& c) {
   ZERO_CHECK_MSG(c.Validate().ok(), c.Validate().ToString());
   const float init_std = static_cast<float>(c.initializer_range);
@@ -76,6 +98,9 @@ std::vector<ParamSpec> LlmParamSpecs(const LlmConfig& c) {
   }
   p.push_back(norm("model.norm.weight", H, kHeadModule));
   if (!c.tie_word_embeddings) p.push_back(linear("lm_head.weight", {V, H}, kHeadModule));
+  for (int64_t k = 0; k < c.extra_heads; ++k) {
+    p.push_back(linear("extra_heads." + std::to_string(k) + ".weight", {V, H}, ExtraHeadModule(k)));
+  }
   return p;
 }
 

@@ -13,12 +13,14 @@
 
 #include "examples/llm/llm_config.h"
 #include "examples/model_api.h"
+#include "runtime/status.h"
 
 namespace zero::llm {
 
 inline constexpr char kEmbedModule[] = "embed";
 inline constexpr char kHeadModule[] = "head";
 std::string LayerModule(int64_t layer);  // "layer<l>"
+std::string ExtraHeadModule(int64_t k);  // "extra_head<k>"
 
 // In order (REQUIRES: config.Validate().ok()):
 //   0 model.embed_tokens.weight [V, H]                                            module "embed"
@@ -28,6 +30,7 @@ std::string LayerModule(int64_t layer);  // "layer<l>"
 //     self_attn.k_norm.weight [hd], post_attention_layernorm.weight [H], mlp.gate_proj [I, H],
 //     mlp.up_proj [I, H], mlp.down_proj [H, I]
 //   model.norm.weight [H], (untied) lm_head.weight [V, H]                         module "head"
+//   per extra head k (LlmConfig::extra_heads): extra_heads.<k>.weight [V, H]      module "extra_head<k>"
 // Norm weights start at ones; the embedding and every linear at normal(0, initializer_range).
 std::vector<examples::ParamSpec> LlmParamSpecs(const LlmConfig& config);
 
@@ -49,5 +52,19 @@ int FinalNormIndex(const LlmConfig& config);
 int LmHeadIndex(const LlmConfig& config);  // -1 when tie_word_embeddings
 // The index of the tensor that multiplies into the logits: LmHeadIndex, or EmbedIndex when tied.
 int OutputWeightIndex(const LlmConfig& config);
+// Extra head k (0 <= k < config.extra_heads): after every other parameter.
+int ExtraHeadIndex(const LlmConfig& config, int64_t k);
+// The parameters of the model as Hugging Face has it: all but the extra heads (they come last).
+int HfParamCount(const LlmConfig& config);
+
+// Which output weight a batch's logits come from (LlmBatch::head): 0 the model's own
+// (OutputWeightIndex), k >= 1 extra head k-1.
+struct OutputHead {
+  int weight = -1;          // its parameter index
+  bool tied = false;        // it is the embedding (head 0 of a tied model)
+  std::string module;       // the module to acquire for it besides "head": "" (own head), "extra_head<k>"
+};
+// InvalidArgument naming the head and the range when head is not in 0..extra_heads.
+Result<OutputHead> SelectOutputHead(const LlmConfig& config, int head);
 
 }  // namespace zero::llm

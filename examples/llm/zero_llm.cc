@@ -145,9 +145,15 @@ int VisibleGpus() {
 // --- model and data ----------------------------------------------------------------------------------
 
 Result<LlmConfig> ModelConfig(const LlmTrainOptions& o) {
-  if (!o.model_dir.empty()) return LoadHfConfig(o.model_dir);
-  auto c = Preset(o.preset);
-  if (!c.ok()) return c.status().WithContext("--preset");
+  LlmConfig c;
+  if (!o.model_dir.empty()) {
+    ZERO_ASSIGN_OR_RETURN(c, LoadHfConfig(o.model_dir));
+  } else {
+    auto p = Preset(o.preset);
+    if (!p.ok()) return p.status().WithContext("--preset");
+    c = *p;
+  }
+  c.extra_heads = o.extra_heads;
   return c;
 }
 
@@ -297,37 +303,45 @@ double HostPeakBytes() {
 
 // Initial values: the HF directory's tensors (at stage 3 with several ranks a rank reads only its
 // partition: Engine::InitializeFromSlices) or the preset's deterministic initialization.
+// Extra heads (--extra-heads) are not in the directory: they start from the preset initialization.
 Status InitializeWeights(Engine* engine, const LlmTrainOptions& o, const LlmConfig& c,
                          const std::vector<examples::ParamSpec>& specs) {
   if (o.model_dir.empty()) return examples::RegisterAndInitialize(engine, specs, o.seed);
+  const int hf_params = HfParamCount(c);
   ZERO_ASSIGN_OR_RETURN(HfWeights weights, HfWeights::Open(o.model_dir));
   std::set<std::string> ignorable;
   if (c.tie_word_embeddings) ignorable.insert("lm_head.weight");
   for (const std::string& n : weights.names()) {
     if (EndsWith(n, "rotary_emb.inv_freq")) ignorable.insert(n);
   }
-  ZERO_RETURN_IF_ERROR(weights.Check(specs, ignorable));
+  ZERO_RETURN_IF_ERROR(
+      weights.Check(std::vector<examples::ParamSpec>(specs.begin(), specs.begin() + hf_params), ignorable));
   for (size_t i = 0; i < specs.size(); ++i) {
     ZERO_ASSIGN_OR_RETURN(int index, engine->RegisterParameter({specs[i].name, specs[i].shape, specs[i].module}));
     if (index != static_cast<int>(i)) return InternalError("registration order");
   }
   // At stage 3 with several ranks each rank reads only its shard of every tensor.
   return engine->InitializeFromSlices([&](int index, int64_t begin, int64_t count, float* values) {
+    if (index >= hf_params) {
+      examples::InitParamSlice(specs[index], o.seed, begin, count, values);
+      return OkStatus();
+    }
     return weights.ReadSlice(specs[index].name, begin, count, values);
   });
 }
 
 Status Export(Engine* engine, const LlmTrainOptions& o, const LlmConfig& c, const std::vector<examples::ParamSpec>& specs,
               const std::string& tokenizer_json, bool lead) {
-  // Every rank takes part in each gather; rank 0 writes.
-  std::vector<std::vector<float>> full(specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) {
-    full[i].resize(static_cast<size_t>(specs[i].numel()));
+  // Every rank takes part in each gather; rank 0 writes. The extra heads are not Hugging Face's.
+  const std::vector<examples::ParamSpec> hf(specs.begin(), specs.begin() + HfParamCount(c));
+  std::vector<std::vector<float>> full(hf.size());
+  for (size_t i = 0; i < hf.size(); ++i) {
+    full[i].resize(static_cast<size_t>(hf[i].numel()));
     ZERO_RETURN_IF_ERROR(engine->GatherMasterWeights(static_cast<int>(i), full[i].data()));
   }
   if (!lead) return OkStatus();
   const DType dtype = c.torch_dtype == "float32" ? DType::kF32 : c.torch_dtype == "float16" ? DType::kF16 : DType::kBF16;
-  ZERO_RETURN_IF_ERROR(ExportHf(o.export_hf, ToHfConfigJson(c), specs, dtype, [&](int index, float* out) {
+  ZERO_RETURN_IF_ERROR(ExportHf(o.export_hf, ToHfConfigJson(c), hf, dtype, [&](int index, float* out) {
     std::copy(full[index].begin(), full[index].end(), out);
     return OkStatus();
   }));
@@ -389,6 +403,8 @@ Status RunRank(const LlmTrainOptions& o, RankContext* ctx) {
                 ro.world_size, o.device.c_str(), o.seq, static_cast<long long>(config.train_micro_batch_size_per_gpu),
                 static_cast<long long>(config.gradient_accumulation_steps),
                 static_cast<long long>(config.train_batch_size * o.seq));
+    if (o.extra_heads > 0) std::printf("  %d extra head(s), schedule %s\n", o.extra_heads, o.heads.c_str());
+    if (!config.managed_gradient_accumulation) std::printf("  unmanaged gradient accumulation\n");
     for (const std::string& w : config.warnings) std::printf("warning: %s\n", w.c_str());
   }
 
@@ -418,6 +434,9 @@ Status RunRank(const LlmTrainOptions& o, RankContext* ctx) {
 
   const int micro = static_cast<int>(config.train_micro_batch_size_per_gpu);
   const int64_t gas = config.gradient_accumulation_steps;
+  // Unmanaged accumulation (managed_gradient_accumulation false): every Step() is a boundary and the
+  // user divides by the micro steps; loss_scale / GAS is the factor the managed engine applies.
+  const bool managed = config.managed_gradient_accumulation;
   const double flops_per_token = mc.TrainFlopsPerToken(o.seq);
   std::vector<double> plot_steps, plot_losses;
   double window_loss = 0, window_seconds = 0, window_tokens = 0;
@@ -428,10 +447,12 @@ Status RunRank(const LlmTrainOptions& o, RankContext* ctx) {
     const Clock::time_point t0 = Clock::now();
     double sums[2] = {0, 0};  // loss * targets, targets
     for (int64_t m = 0; m < gas; ++m) {
-      const LlmBatch batch = TrainRows(data, o, micro, step * gas + m, ro.rank, ro.world_size);
+      LlmBatch batch = TrainRows(data, o, micro, step * gas + m, ro.rank, ro.world_size);
+      batch.head = HeadForMicroStep(o, step, m);
       const std::string where = "step " + std::to_string(step + 1) + " micro step " + std::to_string(m);
       ZERO_RETURN_IF_ERROR(model->Forward(params, batch, /*need_loss=*/false).WithContext(where + " forward"));
-      ZERO_RETURN_IF_ERROR(model->Backward(params, engine->gradient_scale(), grads).WithContext(where + " backward"));
+      const float scale = managed ? engine->gradient_scale() : engine->loss_scale() / static_cast<float>(gas);
+      ZERO_RETURN_IF_ERROR(model->Backward(params, scale, grads).WithContext(where + " backward"));
       ZERO_RETURN_IF_ERROR(engine->Backward().WithContext(where));
       ZERO_ASSIGN_OR_RETURN(double loss, model->Loss());
       const int64_t n = model->CountedTargets();

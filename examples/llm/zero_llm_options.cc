@@ -35,6 +35,10 @@ const examples::FlagSet<LlmTrainOptions>& Flags() {
                 "cuda attention: cuDNN's fused kernels where they can (auto), the model's own, or cuDNN only")
         .Switch("sequential-data", &O::sequential_data, "training rows in file order (for outside comparisons)")
         .Switch("hash-weights", &O::hash_weights, "print a hash of the fp32 master weights after training")
+        .Int("extra-heads", "N", &O::extra_heads, 0, 8, "untied output heads beside the model's own (not exported)")
+        .Choice("heads", &O::heads, {"main", "alternate", "first-micro"},
+                "which head each micro step uses: the model's own, one per window in turn, or extra head 1 in "
+                "micro step 0")
         .Switch("eval-only", &O::eval_only, "print eval_loss over --data and exit")
         .Int("eval-windows", "N", &O::eval_windows, 0, INT64_MAX, "held-out windows evaluated after training")
         .String("export-hf", "DIR", &O::export_hf, "write the trained model as a Hugging Face directory")
@@ -65,10 +69,19 @@ Result<LlmTrainOptions> ParseLlmTrainOptions(const std::vector<std::string>& arg
   if (!o.task.empty() && !o.data.empty()) {
     return InvalidArgumentError("--task " + o.task + " and --data " + o.data + ": give one of them");
   }
+  if (o.heads != "main" && o.extra_heads < 1) {
+    return InvalidArgumentError("--heads " + o.heads + " needs --extra-heads 1 or more (it uses the extra heads)");
+  }
   if (o.eval_only && o.data.empty() && o.task.empty() && o.model_dir.empty()) {
     return InvalidArgumentError("--eval-only needs a trained model (--model DIR) or --data to evaluate");
   }
   return o;
+}
+
+int HeadForMicroStep(const LlmTrainOptions& o, int64_t step, int64_t micro) {
+  if (o.heads == "alternate") return static_cast<int>(step % (o.extra_heads + 1));
+  if (o.heads == "first-micro") return micro == 0 ? 1 : 0;
+  return 0;
 }
 
 std::string LlmUsageText() {

@@ -48,6 +48,13 @@ struct LlmTrainOptions {
   // After training, print master_weights_hash=<16 hex digits> (SplitMix64 over the fp32 master bits of
   // every parameter in order): two runs that must agree bitwise compare one line.
   bool hash_weights = false;
+  // Untied output heads beside the model's own (LlmConfig::extra_heads) and which head each micro
+  // step's logits come from: "main" (the model's own, always), "alternate" (window s uses head
+  // s mod (extra_heads + 1) in every micro step) or "first-micro" (micro step 0 of each window uses
+  // extra head 1, the others the model's own). For the offload validations (docs/llm.md):
+  // parameters that get gradients only in some micro steps or windows.
+  int extra_heads = 0;
+  std::string heads = "main";
 
   bool eval_only = false;
   int64_t eval_windows = 64;  // windows of the held-out text evaluated after training (0: none)
@@ -62,6 +69,8 @@ struct LlmTrainOptions {
 };
 
 Result<LlmTrainOptions> ParseLlmTrainOptions(const std::vector<std::string>& args);
+// The head (LlmBatch::head) of micro step `micro` of window `step` under o.heads.
+int HeadForMicroStep(const LlmTrainOptions& o, int64_t step, int64_t micro);
 std::string LlmUsageText();
 
 // The built-in engine config: ZeRO `stage`, bf16 on cuda and fp32 on cpu, AdamW(lr, betas 0.9/0.95,

@@ -135,6 +135,64 @@ TEST(ZeroLlmHash, StagesOneAndThreeTrainTheSameBits) {
   EXPECT_NE(WeightsHash(s3.output), WeightsHash(other.output));
 }
 
+// A DeepSpeed-style config for the tiny preset: ZeRO-3, fp32, AdamW with weight decay, clipping,
+// optimizer and parameters offloaded to the CPU, GAS `gas`, micro batch 4, and `zero_extra` /
+// `top_extra` members added to zero_optimization / the top level.
+std::string OffloadConfig(const std::string& name, int gas, const std::string& zero_extra,
+                          const std::string& top_extra) {
+  const std::string path = Tmp(name);
+  std::ofstream(path) << "{\"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": " << gas
+                      << ", \"gradient_clipping\": 0.5, \"optimizer\": {\"type\": \"AdamW\", \"params\": "
+                         "{\"lr\": 0.01, \"weight_decay\": 0.1}}, \"zero_optimization\": {\"stage\": 3, "
+                         "\"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": \"cpu\"}"
+                      << zero_extra << "}" << top_extra << "}\n";
+  return path;
+}
+
+// Validation (i) of docs/llm.md on the CPU: with an extra head used only in micro step 0 of every
+// window (its weight gets a gradient in the first micro step only), offload_grad_accumulation "cpu"
+// (host adds) and "gpu" (device sums, one copy per step) train the same fp32 master bits. The
+// control: without the extra head's micro step the weights differ, so the head is in the sum.
+TEST(ZeroLlmHeads, GradAccumulationOnHostOrDeviceAgreeWithAHeadOnlyInTheFirstMicroStep) {
+  auto run = [&](const std::string& acc, const std::string& heads) {
+    const std::string cfg = OffloadConfig("first_micro_" + acc + ".json", 4,
+                                          ", \"offload_grad_accumulation\": \"" + acc + "\"", "");
+    return RunLlm(Tiny({"--nproc", "2", "--config", cfg, "--task", "reverse-text", "--extra-heads", "1",
+                        "--heads", heads, "--steps", "3", "--hash-weights", "--eval-windows", "0"}),
+                  180);
+  };
+  RunResult host = run("cpu", "first-micro"), device = run("gpu", "first-micro"), main_only = run("cpu", "main");
+  ASSERT_EQ(host.exit_code, 0) << host.output;
+  ASSERT_EQ(device.exit_code, 0) << device.output;
+  ASSERT_EQ(main_only.exit_code, 0) << main_only.output;
+  EXPECT_NE(host.output.find("1 extra head(s), schedule first-micro"), std::string::npos) << host.output;
+  ASSERT_EQ(WeightsHash(host.output).size(), 16u) << host.output;
+  EXPECT_EQ(WeightsHash(host.output), WeightsHash(device.output));
+  EXPECT_NE(WeightsHash(host.output), WeightsHash(main_only.output));
+}
+
+// Validation (iii) of docs/llm.md on the CPU: unmanaged accumulation (managed_gradient_accumulation
+// false; zero_llm divides by the micro steps itself) trains the same fp32 master bits as managed,
+// with optimizer and parameter offload and the model's own head and an extra head alternating
+// between windows (each is absent from every other window). The control: the heads matter.
+TEST(ZeroLlmHeads, UnmanagedEqualsManagedWithHeadsAlternatingBetweenWindows) {
+  auto run = [&](bool managed, const std::string& heads) {
+    const std::string cfg = OffloadConfig(std::string("alternate_") + (managed ? "managed" : "unmanaged") + ".json",
+                                          2, "", managed ? "" : ", \"managed_gradient_accumulation\": false");
+    return RunLlm(Tiny({"--nproc", "2", "--config", cfg, "--extra-heads", "1", "--heads", heads, "--steps", "4",
+                        "--hash-weights", "--eval-windows", "0"}),
+                  180);
+  };
+  RunResult managed = run(true, "alternate"), unmanaged = run(false, "alternate"), main_only = run(false, "main");
+  ASSERT_EQ(managed.exit_code, 0) << managed.output;
+  ASSERT_EQ(unmanaged.exit_code, 0) << unmanaged.output;
+  ASSERT_EQ(main_only.exit_code, 0) << main_only.output;
+  EXPECT_NE(unmanaged.output.find("unmanaged gradient accumulation"), std::string::npos) << unmanaged.output;
+  ASSERT_EQ(WeightsHash(managed.output).size(), 16u) << managed.output;
+  EXPECT_EQ(WeightsHash(managed.output), WeightsHash(unmanaged.output));
+  EXPECT_NE(WeightsHash(unmanaged.output), WeightsHash(main_only.output));
+}
+
 TEST(ZeroLlmErrors, BadInputEndsQuicklyNamingWhatIsWrong) {
   RunResult seq = RunLlm(Tiny({"--nproc", "1", "--seq", "100000"}), 30);
   EXPECT_EQ(seq.exit_code, 2) << seq.output;
@@ -151,6 +209,10 @@ TEST(ZeroLlmErrors, BadInputEndsQuicklyNamingWhatIsWrong) {
   RunResult missing = RunLlm(Tiny({"--nproc", "1", "--model", Tmp("empty_model"), "--steps", "1"}), 30);
   EXPECT_NE(missing.exit_code, 0) << missing.output;
   EXPECT_NE(missing.output.find("config.json"), std::string::npos) << missing.output;
+
+  RunResult heads = RunLlm(Tiny({"--nproc", "1", "--heads", "alternate"}), 30);
+  EXPECT_EQ(heads.exit_code, 2) << heads.output;
+  EXPECT_NE(heads.output.find("--heads alternate needs --extra-heads 1 or more"), std::string::npos) << heads.output;
 
   RunResult flag = RunLlm({"--stpes", "3"}, 30);
   EXPECT_EQ(flag.exit_code, 2);
