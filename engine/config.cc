@@ -806,9 +806,12 @@ std::string TypeName(const Key& k) {
   return "?";
 }
 
+// "<source>: ", or nothing for an empty source (a Config built in code, checked by Engine::Create).
+std::string Where(const std::string& source) { return source.empty() ? "" : source + ": "; }
+
 Status KeyError(const std::string& source, const std::string& path, const std::string& expected,
                 const std::string& got) {
-  return InvalidArgumentError(source + ": " + path + ": expected " + expected + ", got " + got);
+  return InvalidArgumentError(Where(source) + path + ": expected " + expected + ", got " + got);
 }
 
 bool InRange(const Key& k, double v) {
@@ -1010,16 +1013,16 @@ void Problem(ParseState* st, const std::string& path, const Status& s) {
 }
 
 // Whether `path`, or a block above it, had a problem.
-bool IsBad(const ParseState& st, const std::string& path) {
+bool IsBad(const std::set<std::string>& bad, const std::string& path) {
   for (std::string p = path;; p = p.substr(0, p.rfind('.'))) {
-    if (st.bad.count(p)) return true;
+    if (bad.count(p)) return true;
     if (p.find('.') == std::string::npos) return false;
   }
 }
 
-bool AnyBad(const ParseState& st, const std::vector<std::string>& paths) {
+bool AnyBad(const std::set<std::string>& bad, const std::vector<std::string>& paths) {
   for (const std::string& p : paths) {
-    if (IsBad(st, p)) return true;
+    if (IsBad(bad, p)) return true;
   }
   return false;
 }
@@ -1192,10 +1195,10 @@ void ResolveDependentDefaults(ParseState* st) {
   if (!c.zero.overlap_comm_set) c.zero.overlap_comm = c.zero.stage == 3;
 
   // The scheduler's parameters depend on its type: nothing to check against when the type is bad.
-  if (IsBad(*st, "scheduler.type")) return;
+  if (IsBad(st->bad, "scheduler.type")) return;
   const std::string& type = c.scheduler.type;
   for (const Key& k : Keys()) {
-    if (k.only_for.empty() || !Given(*st, k.path) || IsBad(*st, k.path)) continue;
+    if (k.only_for.empty() || !Given(*st, k.path) || IsBad(st->bad, k.path)) continue;
     if (std::find(k.only_for.begin(), k.only_for.end(), type) == k.only_for.end()) {
       Problem(st, k.path,
               KeyError(source, st->given[k.path],
@@ -1332,26 +1335,38 @@ Status ResolveBatchSizes(ParseState* st) {
                   has_gas ? "only gradient_accumulation_steps" : "none of them");
 }
 
+const std::vector<std::string> kBatchKeys = {"train_batch_size", "train_micro_batch_size_per_gpu",
+                                             "gradient_accumulation_steps"};
+
 void ResolveBatch(ParseState* st) {
-  // A refused batch key is reported already; the arithmetic on the others would only repeat it.
-  if (AnyBad(*st, {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"})) return;
+  // A refused batch key is reported already; the arithmetic on the others would only repeat it. Either
+  // way all three are marked, so that Validate does not report the ones left unresolved (0).
+  if (AnyBad(st->bad, kBatchKeys)) {
+    st->bad.insert(kBatchKeys.begin(), kBatchKeys.end());
+    return;
+  }
   const Status s = ResolveBatchSizes(st);
-  if (!s.ok()) Problem(st, "train_batch_size", s);
+  if (!s.ok()) {
+    Problem(st, "train_batch_size", s);
+    st->bad.insert(kBatchKeys.begin(), kBatchKeys.end());
+  }
 }
 
 // Cross-key rules: each documented once and checked after all keys are read, unless one of the keys
-// it reads had a problem of its own.
+// it reads had a problem of its own. An `unbuilt` rule refuses what a DeepSpeed file may ask for but
+// the engine does not build (UNIMPLEMENTED): Engine::Create checks it, ParseConfig does not.
 struct Rule {
   const char* doc;
   std::vector<std::string> reads;  // canonical paths the check reads
-  std::function<Status(const Config&, const std::string& source)> check;
+  std::function<Status(const Config&, const std::string& source, int world_size)> check;
+  bool unbuilt = false;
 };
 
 const std::vector<Rule>& Rules() {
   static const std::vector<Rule>* rules = new std::vector<Rule>{
       {"`zero_trace.path` is not empty when `zero_trace.enabled` is true.",
        {"zero_trace.enabled", "zero_trace.path"},
-       [](const Config& c, const std::string& s) {
+       [](const Config& c, const std::string& s, int) {
          if (c.zero_trace.enabled && c.zero_trace.path.empty()) {
            return KeyError(s, "zero_trace.path", "a file path when zero_trace.enabled is true", "\"\"");
          }
@@ -1359,7 +1374,7 @@ const std::vector<Rule>& Rules() {
        }},
       {"`zero_trace.last_step` is at least `zero_trace.first_step`.",
        {"zero_trace.first_step", "zero_trace.last_step"},
-       [](const Config& c, const std::string& s) {
+       [](const Config& c, const std::string& s, int) {
          if (c.zero_trace.last_step < c.zero_trace.first_step) {
            return KeyError(s, "zero_trace.last_step",
                            "a step >= zero_trace.first_step (" + std::to_string(c.zero_trace.first_step) + ")",
@@ -1369,7 +1384,7 @@ const std::vector<Rule>& Rules() {
        }},
       {"`fp16.enabled` and `bf16.enabled` are not both true.",
        {"fp16.enabled", "bf16.enabled"},
-       [](const Config& c, const std::string& s) {
+       [](const Config& c, const std::string& s, int) {
          if (c.fp16.enabled && c.bf16_enabled) {
            return KeyError(s, "bf16.enabled", "false when fp16.enabled is true (pick one 16-bit type)", "true");
          }
@@ -1377,7 +1392,7 @@ const std::vector<Rule>& Rules() {
        }},
       {"`zero_optimization.offload_param.device` other than \"none\" needs stage 3.",
        {"zero_optimization.offload_param.device", "zero_optimization.stage"},
-       [](const Config& c, const std::string& s) {
+       [](const Config& c, const std::string& s, int) {
          if (c.zero.offload_param.device != OffloadDevice::kNone && c.zero.stage < 3) {
            return KeyError(s, "zero_optimization.offload_param.device",
                            "\"none\" below stage 3 (parameter offload needs zero_optimization.stage 3; stage is " +
@@ -1388,7 +1403,7 @@ const std::vector<Rule>& Rules() {
        }},
       {"`zero_optimization.offload_optimizer.device` other than \"none\" needs stage 1, 2 or 3.",
        {"zero_optimization.offload_optimizer.device", "zero_optimization.stage"},
-       [](const Config& c, const std::string& s) {
+       [](const Config& c, const std::string& s, int) {
          if (c.zero.offload_optimizer.device != OffloadDevice::kNone && c.zero.stage == 0) {
            return KeyError(s, "zero_optimization.offload_optimizer.device",
                            "\"none\" at stage 0 (optimizer offload needs zero_optimization.stage 1, 2 or 3)",
@@ -1398,7 +1413,7 @@ const std::vector<Rule>& Rules() {
        }},
       {"`zero_optimization.offload_optimizer.device` \"nvme\" needs a non-empty `nvme_path` in that block.",
        {"zero_optimization.offload_optimizer.device", "zero_optimization.offload_optimizer.nvme_path"},
-       [](const Config& c, const std::string& s) {
+       [](const Config& c, const std::string& s, int) {
          if (c.zero.offload_optimizer.device == OffloadDevice::kNvme && c.zero.offload_optimizer.nvme_path.empty()) {
            return KeyError(s, "zero_optimization.offload_optimizer.nvme_path",
                            "a directory when offload_optimizer.device is \"nvme\"", "nothing");
@@ -1407,7 +1422,7 @@ const std::vector<Rule>& Rules() {
        }},
       {"`zero_optimization.offload_param.device` \"nvme\" needs a non-empty `nvme_path` in that block.",
        {"zero_optimization.offload_param.device", "zero_optimization.offload_param.nvme_path"},
-       [](const Config& c, const std::string& s) {
+       [](const Config& c, const std::string& s, int) {
          if (c.zero.offload_param.device == OffloadDevice::kNvme && c.zero.offload_param.nvme_path.empty()) {
            return KeyError(s, "zero_optimization.offload_param.nvme_path",
                            "a directory when offload_param.device is \"nvme\"", "nothing");
@@ -1416,7 +1431,7 @@ const std::vector<Rule>& Rules() {
        }},
       {"`zero_optimization.offload_optimizer.ratio` below 1 needs stage 3.",
        {"zero_optimization.offload_optimizer.ratio", "zero_optimization.stage"},
-       [](const Config& c, const std::string& s) {
+       [](const Config& c, const std::string& s, int) {
          if (c.zero.offload_optimizer.ratio < 1.0 && c.zero.stage < 3) {
            return KeyError(s, "zero_optimization.offload_optimizer.ratio",
                            "1 below stage 3 (partial optimizer offload needs zero_optimization.stage 3; stage is " +
@@ -1428,7 +1443,7 @@ const std::vector<Rule>& Rules() {
       {"`managed_gradient_accumulation: false` refuses `zero_optimization.overlap_comm: true` at stages 0 "
        "and 1 (as DeepSpeed does).",
        {"managed_gradient_accumulation", "zero_optimization.overlap_comm", "zero_optimization.stage"},
-       [](const Config& c, const std::string& s) {
+       [](const Config& c, const std::string& s, int) {
          if (!c.managed_gradient_accumulation && c.zero.overlap_comm && c.zero.stage <= 1) {
            return KeyError(s, "zero_optimization.overlap_comm",
                            "false when managed_gradient_accumulation is false at stage " +
@@ -1443,7 +1458,7 @@ const std::vector<Rule>& Rules() {
        "\"nvme\" (so stage 3).",
        {"zero_optimization.offload_grad_accumulation", "zero_optimization.offload_optimizer.device",
         "zero_optimization.offload_param.device"},
-       [](const Config& c, const std::string& s) {
+       [](const Config& c, const std::string& s, int) {
          if (c.zero.offload_grad_accumulation != "gpu") return OkStatus();
          std::vector<std::string> missing;
          for (const auto& [name, device] :
@@ -1461,7 +1476,7 @@ const std::vector<Rule>& Rules() {
       {"`zero_optimization.offload_optimizer.host_memory_budget` above 0 needs `offload_optimizer.device` "
        "\"nvme\" (it splits the state between host memory and NVMe).",
        {"zero_optimization.offload_optimizer.host_memory_budget", "zero_optimization.offload_optimizer.device"},
-       [](const Config& c, const std::string& s) {
+       [](const Config& c, const std::string& s, int) {
          const OffloadOptimizerConfig& o = c.zero.offload_optimizer;
          if (o.host_memory_budget > 0 && o.device != OffloadDevice::kNvme) {
            return KeyError(s, "zero_optimization.offload_optimizer.host_memory_budget",
@@ -1476,7 +1491,7 @@ const std::vector<Rule>& Rules() {
       {"`zero_optimization.offload_optimizer.update_device` \"gpu\" needs `offload_optimizer.device` \"cpu\" (it "
        "streams host states through the GPU).",
        {"zero_optimization.offload_optimizer.update_device", "zero_optimization.offload_optimizer.device"},
-       [](const Config& c, const std::string& s) {
+       [](const Config& c, const std::string& s, int) {
          const OffloadOptimizerConfig& o = c.zero.offload_optimizer;
          if (o.update_device == "gpu" && o.device != OffloadDevice::kCpu) {
            return KeyError(s, "zero_optimization.offload_optimizer.update_device",
@@ -1490,7 +1505,7 @@ const std::vector<Rule>& Rules() {
       {"`zero_optimization.offload_optimizer.overlap_step` needs `offload_optimizer.update_device` \"gpu\" (it "
        "overlaps the streamed GPU update with the next forward).",
        {"zero_optimization.offload_optimizer.overlap_step", "zero_optimization.offload_optimizer.update_device"},
-       [](const Config& c, const std::string& s) {
+       [](const Config& c, const std::string& s, int) {
          const OffloadOptimizerConfig& o = c.zero.offload_optimizer;
          if (o.overlap_step && o.update_device != "gpu") {
            return KeyError(s, "zero_optimization.offload_optimizer.overlap_step",
@@ -1503,7 +1518,7 @@ const std::vector<Rule>& Rules() {
       {"`optimizer.params.adam_w_mode: false` needs `optimizer.type` \"Adam\" (\"AdamW\" always decouples "
        "weight decay).",
        {"optimizer.params.adam_w_mode", "optimizer.type"},
-       [](const Config& c, const std::string& s) {
+       [](const Config& c, const std::string& s, int) {
          if (!c.optimizer.adam_w_mode && c.optimizer.type == "AdamW") {
            return KeyError(s, "optimizer.params.adam_w_mode",
                            "true with optimizer.type \"AdamW\" (use type \"Adam\" for classic Adam with L2 weight "
@@ -1512,8 +1527,113 @@ const std::vector<Rule>& Rules() {
          }
          return OkStatus();
        }},
+
+      // Read, not built: refused by Engine::Create (Validate), accepted by ParseConfig.
+      {"`zero_optimization.offload_optimizer.ratio` below 1 with optimizer offload at stage 3: partial offload is "
+       "not built.",
+       {"zero_optimization.offload_optimizer.ratio", "zero_optimization.offload_optimizer.device",
+        "zero_optimization.stage"},
+       [](const Config& c, const std::string& s, int) {
+         const OffloadOptimizerConfig& o = c.zero.offload_optimizer;
+         // Below stage 3 the rule above refuses the ratio.
+         if (o.device != OffloadDevice::kNone && o.ratio != 1.0 && c.zero.stage >= 3) {
+           return UnimplementedError(Where(s) +
+                                     "zero_optimization.offload_optimizer.ratio: partial offload is not built; "
+                                     "expected 1.0, got " + std::to_string(o.ratio));
+         }
+         return OkStatus();
+       },
+       true},
+      {"`prescale_gradients: true` and `gradient_predivide_factor` other than 1 are not built.",
+       {"prescale_gradients", "gradient_predivide_factor"},
+       [](const Config& c, const std::string& s, int) {
+         if (c.prescale_gradients || c.gradient_predivide_factor != 1.0) {
+           return UnimplementedError(Where(s) +
+                                     "prescale_gradients / gradient_predivide_factor: not supported (expected false "
+                                     "/ 1.0)");
+         }
+         return OkStatus();
+       },
+       true},
+      {"`data_types.grad_accum_dtype` other than null or \"fp32\" is not built (gradients accumulate in fp32).",
+       {"data_types.grad_accum_dtype"},
+       [](const Config& c, const std::string& s, int) {
+         if (c.has_grad_accum_dtype && c.grad_accum_dtype != DType::kF32) {
+           return UnimplementedError(Where(s) + "data_types.grad_accum_dtype: gradients are accumulated in fp32; got " +
+                                     DTypeName(c.grad_accum_dtype));
+         }
+         return OkStatus();
+       },
+       true},
+      {"`communication_data_type` other than null or \"fp32\" at stages 0 and 1 is not built (they reduce fp32 "
+       "accumulators).",
+       {"communication_data_type", "zero_optimization.stage"},
+       [](const Config& c, const std::string& s, int) {
+         if (c.has_communication_data_type && c.zero.stage <= 1 && c.communication_data_type != DType::kF32) {
+           return UnimplementedError(Where(s) + "communication_data_type: stages 0/1 reduce fp32 accumulators; got " +
+                                     DTypeName(c.communication_data_type));
+         }
+         return OkStatus();
+       },
+       true},
+      {"`zero_optimization.offload_optimizer.overlap_step` with more than one data-parallel rank is not built.",
+       {"zero_optimization.offload_optimizer.overlap_step"},
+       [](const Config& c, const std::string& s, int world_size) {
+         if (c.zero.offload_optimizer.overlap_step && world_size != 1) {
+           return UnimplementedError(
+               Where(s) + "zero_optimization.offload_optimizer.overlap_step: needs one data-parallel rank, got " +
+               std::to_string(world_size) +
+               " (stages 1/2 all-gather the new weights right after the update and stage 3's gathers and "
+               "prefetches read the shards, so with several ranks there is nothing left to overlap without "
+               "per-chunk gathers; docs/offload.md); set it to false");
+         }
+         return OkStatus();
+       },
+       true},
+      {"`zero_optimization.offload_optimizer.overlap_step` with `offload_param.device` other than \"none\" is not "
+       "built.",
+       {"zero_optimization.offload_optimizer.overlap_step", "zero_optimization.offload_param.device"},
+       [](const Config& c, const std::string& s, int world_size) {
+         // With several ranks the rule above says why already.
+         if (c.zero.offload_optimizer.overlap_step && world_size == 1 &&
+             c.zero.offload_param.device != OffloadDevice::kNone) {
+           return UnimplementedError(
+               Where(s) + "zero_optimization.offload_optimizer.overlap_step: not with zero_optimization.offload_param.device "
+               "\"" + std::string(OffloadDeviceName(c.zero.offload_param.device)) +
+               "\" (the update writes the host shards through a device scratch); set one of them off");
+         }
+         return OkStatus();
+       },
+       true},
   };
   return *rules;
+}
+
+// Appends every problem of `c` to *problems: each key's own check (keys of another scheduler type
+// skipped), then the rules. The batch identity is not among them: ParseConfig derives the batch sizes
+// for its world_size, and the engine reads only gradient_accumulation_steps. A key or rule that reads a path in *bad, or under a bad
+// block, is skipped (ParseConfig passes the keys it already refused); a key failing its check is
+// added to *bad.
+void CheckConfig(const Config& c, const ValidateOptions& o, std::set<std::string>* bad,
+                 std::vector<Status>* problems) {
+  for (const Key& k : Keys()) {
+    if (IsBad(*bad, k.path)) continue;
+    if (!k.only_for.empty() &&
+        std::find(k.only_for.begin(), k.only_for.end(), c.scheduler.type) == k.only_for.end()) {
+      continue;
+    }
+    Json canonical;
+    const Status s = ReadValue(k, k.get(c), k.path, o.source, &canonical);
+    if (!s.ok()) {
+      problems->push_back(s);
+      bad->insert(k.path);
+    }
+  }
+  for (const Rule& r : Rules()) {
+    if ((r.unbuilt && !o.refuse_unbuilt) || AnyBad(*bad, r.reads)) continue;
+    const Status s = r.check(c, o.source, o.world_size);
+    if (!s.ok()) problems->push_back(s);
+  }
 }
 
 // One problem: its message alone. Several: a count, then one problem per line. Unknown keys that were
@@ -1557,6 +1677,25 @@ size_t EditDistance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
+Status Validate(const Config& config, const ValidateOptions& options) {
+  if (options.world_size < 1) {
+    return InvalidArgumentError(Where(options.source) + "world_size: expected an integer >= 1, got " +
+                                std::to_string(options.world_size));
+  }
+  std::set<std::string> bad;
+  std::vector<Status> problems;
+  CheckConfig(config, options, &bad, &problems);
+  if (problems.empty()) return OkStatus();
+  if (problems.size() == 1) return problems[0];
+  StatusCode code = problems[0].code();
+  std::string message = Where(options.source) + std::to_string(problems.size()) + " problems in the config:";
+  for (const Status& s : problems) {
+    if (s.code() != code) code = StatusCode::kInvalidArgument;
+    message += "\n  " + s.message();
+  }
+  return Status(code, message);
+}
+
 Result<Config> ParseConfig(const std::string& json_text, const ParseOptions& options) {
   const std::string& source = options.source;
   if (options.world_size < 1) {
@@ -1588,11 +1727,9 @@ Result<Config> ParseConfig(const std::string& json_text, const ParseOptions& opt
     // Values are type-checked before use, so this is a bug in the table.
     return InternalError(source + ": config table: " + e.what());
   }
-  for (const Rule& r : Rules()) {
-    if (AnyBad(st, r.reads)) continue;
-    const Status s = r.check(st.config, source);
-    if (!s.ok()) Problem(&st, "", s);
-  }
+  std::vector<Status> problems;
+  CheckConfig(st.config, ValidateOptions{options.world_size, source, /*refuse_unbuilt=*/false}, &st.bad, &problems);
+  for (const Status& s : problems) st.errors.push_back(s.message());
   if (!st.errors.empty()) return InvalidArgumentError(ProblemsMessage(st));
   return std::move(st.config);
 }
@@ -1726,7 +1863,9 @@ std::string ConfigReferenceMarkdown() {
   }
 
   md << "## Rules between keys\n\n";
-  for (const Rule& r : Rules()) md << "- " << r.doc << "\n";
+  for (const Rule& r : Rules()) {
+    if (!r.unbuilt) md << "- " << r.doc << "\n";
+  }
   md << "- `scheduler.params` keys belong to the schedules listed with them; another schedule's key is an error "
         "(DeepSpeed's constructors refuse them too).\n"
      << "- WarmupDecayLR and WarmupCosineLR require `scheduler.params.total_num_steps`.\n"
@@ -1734,7 +1873,14 @@ std::string ConfigReferenceMarkdown() {
      << "- `optimizer.type` other than Adam/AdamW (Lamb, OneBitAdam, ...) and `scheduler.type` OneCycle or\n"
      << "  LRRangeTest are errors: zero does not implement them.\n\n";
 
-  md << "## Other spellings\n\n"
+  md << "## Read but not built\n\n"
+     << "A file may ask for these (DeepSpeed builds them) and is read as usual; `Engine::Create` refuses\n"
+     << "them with UNIMPLEMENTED, naming the key. `Validate` (engine/config.h) holds these rules with the\n"
+     << "ones above, so a `Config` built in code is held to the same rules, with the same messages.\n\n";
+  for (const Rule& r : Rules()) {
+    if (r.unbuilt) md << "- " << r.doc << "\n";
+  }
+  md << "\n## Other spellings\n\n"
      << "Accepted with a warning and mapped onto the keys above; giving both spellings is an error.\n\n"
      << "| Spelling | Means |\n| --- | --- |\n";
   for (const Alias& a : kAliases) md << "| `" << a.path << "` | `" << a.canonical << "` |\n";

@@ -4,10 +4,10 @@
 // doc); the same table drives parsing, defaults, validation and docs/config.md (written by
 // //engine:config_doc). Errors name the key's full path ("zero_optimization.offload_optimizer.
 // device"), the value seen and what was expected; malformed JSON reports line and column. Unknown
-// keys are collected as warnings, or errors when `strict` is set. Cross-key checks (batch identity,
-// param offload below stage 3, nvme without nvme_path, fp16 and bf16 both on, offload_grad_accumulation
-// "gpu" without both offloads, a host_memory_budget without device "nvme", ...) run after the
-// keys are read. Parsing does not stop at the first problem: every bad value, unknown key (strict),
+// keys are collected as warnings, or errors when `strict` is set. The batch identity and Validate's
+// rules between keys (param offload below stage 3, nvme without nvme_path, fp16 and bf16 both on,
+// offload_grad_accumulation "gpu" without both offloads, a host_memory_budget without device "nvme",
+// ...) run after the keys are read; Engine::Create runs Validate too. Parsing does not stop at the first problem: every bad value, unknown key (strict),
 // contradiction and missing batch size is listed in one error; only malformed JSON stops at once.
 // Defaults are DeepSpeed 0.19.8's; docs/config.md lists where they differ. A Config is a plain
 // value: copyable, no resources, safe to share read-only.
@@ -202,7 +202,29 @@ struct ParseOptions {
   bool nested_block_typos_are_errors = true;
 };
 
-// Parses and validates `json_text`. On failure the InvalidArgument error lists every problem: one
+// Every rule a Config must satisfy, in one place: each key's own check (type, range, choices, as the
+// key table declares it; the batch sizes each >= 1), the rules between keys, and what a DeepSpeed file
+// may ask for that the engine does not build (partial optimizer offload, prescaled gradients, 16-bit
+// accumulation, ...). ParseConfig runs it on what it read (without the last group, so such a file
+// still reads and round-trips through ConfigToJson); Engine::Create runs all of it, so a Config built
+// in code meets the same rules, with the same messages, as one read from a file.
+struct ValidateOptions {
+  int world_size = 1;  // data-parallel ranks, for the rules that depend on them
+  // Prefixed to every message as "<source>: "; empty (Engine::Create): no prefix.
+  std::string source;
+  // false: accept what is read but not built (ParseConfig); those problems are UNIMPLEMENTED.
+  bool refuse_unbuilt = true;
+};
+
+// OK, or the problem (its own code: INVALID_ARGUMENT, or UNIMPLEMENTED for what is not built); several
+// problems are one INVALID_ARGUMENT (unless all share another code) listing them as ParseConfig does:
+// "<source>: N problems in the config:" and one line each. One problem is
+// "<source>: <key path>: expected <what>, got <value>", the text ParseConfig gives for it.
+Status Validate(const Config& config, const ValidateOptions& options = {});
+
+// Parses and validates `json_text`: the batch sizes are derived for options.world_size (train_batch_size
+// = train_micro_batch_size_per_gpu x gradient_accumulation_steps x world_size, DeepSpeed's arithmetic),
+// then Validate runs without refuse_unbuilt. On failure the InvalidArgument error lists every problem: one
 // problem is "<source>: <key path>: expected <what>, got <value>"; several are a first line
 // "<source>: N problems in the config:" followed by one such line each (indented), then unknown keys
 // that were only warnings as "note:" lines. Malformed JSON is one error with line and column.

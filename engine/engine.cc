@@ -1,5 +1,5 @@
-// Engine: the orchestration of the ZeRO pieces (zero/) behind the API of engine.h: creation and its
-// config checks, parameter registration, Initialize (the flat buffers, states, gradient partition,
+// Engine: the orchestration of the ZeRO pieces (zero/) behind the API of engine.h: creation (the
+// config checks are Validate's, engine/config.h), parameter registration, Initialize (the flat buffers, states, gradient partition,
 // reducer, gathers and coordinator a config asks for), ModuleHandle and the accessors. The training
 // calls are in engine_backward.cc (forward, backward), engine_step.cc (the step) and
 // engine_state.cc (state gathers, checkpoints); Engine::Impl is in engine_impl.h. See docs/zero.md
@@ -188,80 +188,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* dev
                                 comm->device()->name() + "', not on the engine's device '" +
                                 device->name() + "'");
   }
+  // Every config rule, key checks included, with ParseConfig's messages (no file name: the Config may be
+  // built in code), and what the engine does not build; the ranks are the communicator's.
+  ValidateOptions validate;
+  validate.world_size = comm->world_size();
+  ZERO_RETURN_IF_ERROR(Validate(config, validate));
   const ZeroConfig& z = config.zero;
-  if (z.stage < 0 || z.stage > 3) {
-    return InvalidArgumentError("zero_optimization.stage: expected 0..3, got " + std::to_string(z.stage));
-  }
-  if (z.offload_param.device != OffloadDevice::kNone && z.stage != 3) {
-    return InvalidArgumentError(std::string("zero_optimization.offload_param.device: \"") +
-                                (z.offload_param.device == OffloadDevice::kNvme ? "nvme" : "cpu") +
-                                "\" needs zero_optimization.stage 3 (only stage 3 partitions the parameters), got "
-                                "stage " + std::to_string(z.stage));
-  }
-  if (z.offload_param.device == OffloadDevice::kNvme && z.offload_param.nvme_path.empty()) {
-    return InvalidArgumentError("zero_optimization.offload_param.nvme_path: offload_param.device \"nvme\" needs a "
-                                "directory for the parameter swap files (on a local NVMe disk), got none");
-  }
-  if (z.offload_param.device == OffloadDevice::kNvme && z.offload_param.max_in_cpu < 0) {
-    return InvalidArgumentError("zero_optimization.offload_param.max_in_cpu: expected >= 0 elements, got " +
-                                std::to_string(z.offload_param.max_in_cpu));
-  }
-  if (z.offload_param.device != OffloadDevice::kNone &&
-      (z.offload_param.buffer_count < 1 || z.offload_param.buffer_size < 1)) {
-    return InvalidArgumentError("zero_optimization.offload_param.buffer_count / buffer_size: expected >= 1, got " +
-                                std::to_string(z.offload_param.buffer_count) + " / " +
-                                std::to_string(z.offload_param.buffer_size));
-  }
-  if (z.offload_optimizer.device != OffloadDevice::kNone && z.offload_optimizer.ratio != 1.0) {
-    return UnimplementedError("zero_optimization.offload_optimizer.ratio: partial offload is not built; expected "
-                              "1.0, got " + std::to_string(z.offload_optimizer.ratio));
-  }
-  if (config.prescale_gradients || config.gradient_predivide_factor != 1.0) {
-    return UnimplementedError(
-        "prescale_gradients / gradient_predivide_factor: not supported (expected false / 1.0)");
-  }
-  if (config.has_grad_accum_dtype && config.grad_accum_dtype != DType::kF32) {
-    return UnimplementedError(std::string("data_types.grad_accum_dtype: gradients are accumulated in fp32; got ") +
-                              DTypeName(config.grad_accum_dtype));
-  }
-  if (config.has_communication_data_type && z.stage <= 1 &&
-      config.communication_data_type != DType::kF32) {
-    return UnimplementedError(std::string("communication_data_type: stages 0/1 reduce fp32 accumulators; got ") +
-                              DTypeName(config.communication_data_type));
-  }
-  if (config.gradient_accumulation_steps < 1) {
-    return InvalidArgumentError("gradient_accumulation_steps: expected >= 1, got " +
-                                std::to_string(config.gradient_accumulation_steps) +
-                                " (ParseConfig resolves it from the batch sizes)");
-  }
-  if (config.gradient_allreduce_op != "mean" && config.gradient_allreduce_op != "sum") {
-    return InvalidArgumentError("gradient_allreduce_op: expected \"mean\" or \"sum\", got \"" +
-                                config.gradient_allreduce_op + "\"");
-  }
-  if (z.reduce_bucket_size < 1) {
-    return InvalidArgumentError("zero_optimization.reduce_bucket_size: expected >= 1, got " +
-                                std::to_string(z.reduce_bucket_size));
-  }
-  if (z.allgather_bucket_size < 1) {
-    return InvalidArgumentError("zero_optimization.allgather_bucket_size: expected >= 1, got " +
-                                std::to_string(z.allgather_bucket_size));
-  }
-  if (z.offload_optimizer.overlap_step) {
-    if (comm->world_size() != 1) {
-      return UnimplementedError(
-          "zero_optimization.offload_optimizer.overlap_step: needs one data-parallel rank, got " +
-          std::to_string(comm->world_size()) +
-          " (stages 1/2 all-gather the new weights right after the update and stage 3's gathers and "
-          "prefetches read the shards, so with several ranks there is nothing left to overlap without "
-          "per-chunk gathers; docs/offload.md); set it to false");
-    }
-    if (z.offload_param.device != OffloadDevice::kNone) {
-      return UnimplementedError(
-          "zero_optimization.offload_optimizer.overlap_step: not with zero_optimization.offload_param.device "
-          "\"" + std::string(OffloadDeviceName(z.offload_param.device)) +
-          "\" (the update writes the host shards through a device scratch); set one of them off");
-    }
-  }
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->env = env;

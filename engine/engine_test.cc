@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -154,7 +155,7 @@ TEST(EngineApiTest, UnsupportedConfigIsRefused) {
     p.zero.offload_param.device = OffloadDevice::kNvme;
     p.zero.offload_param.nvme_path = "/tmp";
     ZERO_RETURN_IF_ERROR(Expect(Engine::Create(p, device, comm).status(), StatusCode::kInvalidArgument,
-                                "\"nvme\" needs zero_optimization.stage 3"));
+                                "needs zero_optimization.stage 3; stage is 2), got \"nvme\""));
     p.zero.stage = 3;
     p.zero.offload_param.nvme_path.clear();
     ZERO_RETURN_IF_ERROR(Expect(Engine::Create(p, device, comm).status(), StatusCode::kInvalidArgument,
@@ -171,6 +172,47 @@ TEST(EngineApiTest, UnsupportedConfigIsRefused) {
     r.zero.offload_optimizer.device = OffloadDevice::kCpu;
     r.zero.offload_optimizer.ratio = 0.5;
     return Expect(Engine::Create(r, device, comm).status(), StatusCode::kUnimplemented, "offload_optimizer.ratio");
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+// One config truth: a Config built in code (not parsed) is refused by Engine::Create (and Validate)
+// with the message ParseConfig gives for the same value, less the file name.
+TEST(EngineApiTest, ConfigBuiltInCodeIsRefusedWithTheParsersMessage) {
+  struct Case {
+    std::function<void(Config*)> set;
+    std::string json;  // the same value as JSON, with "train_batch_size": 1
+  };
+  const std::vector<Case> cases = {
+      // A key's own check (its range).
+      {[](Config* c) { c->zero.allgather_bucket_size = 0; }, R"("zero_optimization": {"allgather_bucket_size": 0})"},
+      // A key's own check (its choices).
+      {[](Config* c) { c->gradient_allreduce_op = "avg"; }, R"("gradient_allreduce_op": "avg")"},
+      // Rules between keys.
+      {[](Config* c) {
+         c->zero.stage = 2;
+         c->zero.offload_param.device = OffloadDevice::kCpu;
+       },
+       R"("zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}})"},
+      {[](Config* c) { c->fp16.enabled = c->bf16_enabled = true; },
+       R"("fp16": {"enabled": true}, "bf16": {"enabled": true})"},
+  };
+  Status s = RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
+    for (const Case& k : cases) {
+      Config c;
+      c.train_batch_size = c.train_micro_batch_size_per_gpu = c.gradient_accumulation_steps = 1;
+      ZERO_RETURN_IF_ERROR(Engine::Create(c, device, comm).status());
+      k.set(&c);
+      const Status created = Engine::Create(c, device, comm).status();
+      const Result<Config> parsed = ParseConfig("{\"train_batch_size\": 1, " + k.json + "}", ParseOptions());
+      if (created.ok() || parsed.ok()) return InternalError(k.json + ": accepted");
+      if (created.code() != StatusCode::kInvalidArgument || "<config>: " + created.message() != parsed.status().message()) {
+        return InternalError(k.json + ": Engine::Create says '" + created.message() + "', ParseConfig '" +
+                             parsed.status().message() + "'");
+      }
+      if (Validate(c).message() != created.message()) return InternalError(k.json + ": Validate differs");
+    }
+    return OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s.ToString();
 }
