@@ -22,6 +22,7 @@
 #include "runtime/cpu_device.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -137,7 +138,7 @@ Result4 DeviceReference(const State& in, const AdamWParams& h, const Output& o) 
   CpuDevice device;
   Status st = device.AdamWCast(r.s.p.data(), r.s.g.data(), r.s.m.data(), r.s.v.data(), n, h,
                                o.present ? r.out.data() : nullptr, o.t, nullptr);
-  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_OK(st);
   return r;
 }
 
@@ -162,7 +163,7 @@ Result4 RunCpuAdamW(const State& in, const AdamWParams& h, const Output& o, CpuA
                                                 pool, options)
                              : CpuAdamW(r.s.p.data(), r.s.g.data(), r.s.m.data(), r.s.v.data(), n, h, out, o.t, pool,
                                         options);
-  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_OK(st);
   r.out.assign(aligned.get(), aligned.get() + bytes);
   return r;
 }
@@ -210,7 +211,7 @@ std::string Diff(const State& in, const Result4& got, const Result4& want, const
 
 std::unique_ptr<ThreadPool> Pool(int threads) {
   auto pool = ThreadPool::Create(threads);
-  EXPECT_TRUE(pool.ok()) << pool.status().ToString();
+  EXPECT_OK(pool);
   return std::move(*pool);
 }
 
@@ -279,8 +280,7 @@ TEST(CpuAdamTest, BadArgumentsAreErrors) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("model_t"), std::string::npos) << st.ToString();
   // n == 0 accepts null arrays and does nothing.
-  EXPECT_TRUE(
-      CpuAdamW(nullptr, nullptr, nullptr, nullptr, 0, h, nullptr, DType::kBF16, nullptr).ok());
+  EXPECT_OK(CpuAdamW(nullptr, nullptr, nullptr, nullptr, 0, h, nullptr, DType::kBF16, nullptr));
 }
 
 // Every path, size, output and mode vs both references, on one thread and on a pool.
@@ -330,9 +330,9 @@ TEST(CpuAdamTest, Bf16GradientsEveryPathIsBitwiseWidenThenTheReference) {
     for (bool specials : {false, true}) {
       State in = MakeState(n, static_cast<uint32_t>(n * 3 + specials), specials);
       std::vector<uint16_t> g16(n);
-      ASSERT_TRUE(device.Cast(in.g.data(), DType::kF32, g16.data(), DType::kBF16, n, nullptr).ok());
+      ASSERT_OK(device.Cast(in.g.data(), DType::kF32, g16.data(), DType::kBF16, n, nullptr));
       // The reference's input: the bf16 gradients widened as the engine widens them.
-      ASSERT_TRUE(device.AccumulateFirst(in.g.data(), g16.data(), DType::kBF16, n, 1.0f, nullptr).ok());
+      ASSERT_OK(device.AccumulateFirst(in.g.data(), g16.data(), DType::kBF16, n, 1.0f, nullptr));
       for (const AdamWParams& h : {DeepSpeedLike(), ClassicAdam()}) {
         for (const Output& o : kOutputs) {
           const Result4 want = DeviceReference(in, h, o);

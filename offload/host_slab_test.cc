@@ -22,6 +22,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/cpu_device.h"
+#include "testing/scratch_dir.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -47,8 +49,6 @@ HostSlabOptions Opts(bool pin) {
   o.what = "test states";
   return o;
 }
-
-std::string Msg(const Status& s) { return s.ToString(); }
 
 // Whether this process may mlock `bytes` more (raising RLIMIT_MEMLOCK's soft limit to the hard one
 // first). Root has CAP_IPC_LOCK; a CI container's default limit (often 64 KiB or 8 MiB) may not
@@ -115,7 +115,7 @@ TEST(HostSlabTest, EverySubAllocationHoldsItsOwnBytesAndIsAligned) {
       continue;
     }
     Result<HostSlab> r = HostSlab::Create(&dev, total, Opts(pin));
-    ASSERT_TRUE(r.ok()) << Msg(r.status());
+    ASSERT_OK(r);
     HostSlab slab = std::move(r).value();
     EXPECT_EQ(slab.bytes(), total);
     EXPECT_EQ(slab.pinned(), pin);
@@ -124,7 +124,7 @@ TEST(HostSlabTest, EverySubAllocationHoldsItsOwnBytesAndIsAligned) {
     size_t expect_offset = 0;
     for (size_t i = 0; i < sizes.size(); ++i) {
       Result<HostSpan> s = slab.Take(sizes[i], "tensor " + std::to_string(i));
-      ASSERT_TRUE(s.ok()) << Msg(s.status());
+      ASSERT_OK(s);
       EXPECT_EQ(s->offset, expect_offset);
       EXPECT_EQ(s->offset % kHostSlabAlignment, 0u);
       EXPECT_EQ(reinterpret_cast<uintptr_t>(s->data) % kHostSlabAlignment, 0u);
@@ -158,9 +158,9 @@ TEST(HostSlabTest, EverySubAllocationHoldsItsOwnBytesAndIsAligned) {
 TEST(HostSlabTest, EmptySlab) {
   CpuDevice dev;
   Result<HostSlab> r = HostSlab::Create(&dev, 0, Opts(true));
-  ASSERT_TRUE(r.ok()) << Msg(r.status());
+  ASSERT_OK(r);
   EXPECT_EQ(r->data(), nullptr);
-  EXPECT_TRUE(r->Take(0, "empty").ok());
+  EXPECT_OK(r->Take(0, "empty"));
   EXPECT_FALSE(r->Take(1, "one byte").ok());
 }
 
@@ -169,9 +169,9 @@ TEST(HostSlabTest, MoveTransfersOwnership) {
   const size_t base = HostSlab::live_bytes();
   const bool pin = CanLock(1 << 16);
   Result<HostSlab> r = HostSlab::Create(&dev, 1 << 16, Opts(pin));
-  ASSERT_TRUE(r.ok()) << Msg(r.status());
+  ASSERT_OK(r);
   HostSlab a = std::move(r).value();
-  ASSERT_TRUE(a.Take(100, "x").ok());
+  ASSERT_OK(a.Take(100, "x"));
   std::memset(a.data(), 0x5a, a.bytes());
   void* p = a.data();
 
@@ -188,7 +188,7 @@ TEST(HostSlabTest, MoveTransfersOwnership) {
 
   // Move-assigning over a live slab frees the old one.
   Result<HostSlab> r2 = HostSlab::Create(&dev, 1 << 12, Opts(false));
-  ASSERT_TRUE(r2.ok()) << Msg(r2.status());
+  ASSERT_OK(r2);
   EXPECT_EQ(HostSlab::live_bytes(), base + (1 << 16) + (1 << 12));
   b = std::move(r2).value();
   EXPECT_EQ(b.bytes(), size_t{1} << 12);
@@ -212,7 +212,7 @@ TEST(HostSlabTest, NoLeakAcrossCreateDestroyCycles) {
   {
     const size_t live0 = HostSlab::live_bytes(), lck0 = StatusBytes("VmLck");
     Result<HostSlab> r = HostSlab::Create(&dev, kSlab, Opts(pin));
-    ASSERT_TRUE(r.ok()) << Msg(r.status());
+    ASSERT_OK(r);
     std::memset(r->data(), 1, kSlab);
     auto* leaked = new HostSlab(std::move(r).value());
     EXPECT_EQ(HostSlab::live_bytes(), live0 + kSlab) << "live_bytes misses a leaked slab";
@@ -229,7 +229,7 @@ TEST(HostSlabTest, NoLeakAcrossCreateDestroyCycles) {
   const size_t rss0 = StatusBytes("VmRSS");
   for (int i = 0; i < kCycles; ++i) {
     Result<HostSlab> r = HostSlab::Create(&dev, kSlab, Opts(pin));
-    ASSERT_TRUE(r.ok()) << "cycle " << i << ": " << Msg(r.status());
+    ASSERT_OK(r) << "cycle " << i;
     ASSERT_EQ(r->pinned(), pin);
     std::memset(r->data(), i & 0xff, kSlab);  // make every page resident
   }
@@ -280,9 +280,9 @@ TEST(HostSlabTest, MappingFailureCarriesErrno) {
 
 TEST(HostSlabTest, CheckMemlockLimit) {
   const size_t MiB = size_t{1} << 20;
-  EXPECT_TRUE(CheckMemlockLimit(MiB, MiB, 0, false, "s", "k").ok());           // exactly fits
-  EXPECT_TRUE(CheckMemlockLimit(4 * MiB, MiB, 0, true, "s", "k").ok());        // CAP_IPC_LOCK
-  EXPECT_TRUE(CheckMemlockLimit(4 * MiB, RLIM_INFINITY, 0, false, "s", "k").ok());
+  EXPECT_OK(CheckMemlockLimit(MiB, MiB, 0, false, "s", "k"));     // exactly fits
+  EXPECT_OK(CheckMemlockLimit(4 * MiB, MiB, 0, true, "s", "k"));  // CAP_IPC_LOCK
+  EXPECT_OK(CheckMemlockLimit(4 * MiB, RLIM_INFINITY, 0, false, "s", "k"));
   Status st = CheckMemlockLimit(MiB, 2 * MiB, MiB + 1, false, "optimizer states",
                                 "zero_optimization.offload_optimizer");
   ASSERT_FALSE(st.ok());
@@ -314,13 +314,13 @@ TEST(HostSlabTest, PinFailureIsAnErrorOrAWarnedFallback) {
 
   o.fallback_to_pageable = true;
   Result<HostSlab> f = HostSlab::Create(&dev, size_t{8} << 20, o);
-  ASSERT_TRUE(f.ok()) << Msg(f.status());
+  ASSERT_OK(f);
   EXPECT_FALSE(f->pinned());
   std::memset(f->data(), 3, f->bytes());
   EXPECT_EQ(static_cast<uint8_t*>(f->data())[(size_t{8} << 20) - 1], 3);
 
   Result<HostSlab> pageable = HostSlab::Create(&dev, size_t{8} << 20, Opts(false));
-  ASSERT_TRUE(pageable.ok()) << Msg(pageable.status());
+  ASSERT_OK(pageable);
   EXPECT_FALSE(pageable->pinned());
 }
 
@@ -345,7 +345,7 @@ TEST(HostSlabTest, SingleNodeAndExplicitNode) {
     HostSlabOptions o = Opts(false);
     o.numa_node = node;
     Result<HostSlab> r = HostSlab::Create(&dev, size_t{1} << 20, o);
-    ASSERT_TRUE(r.ok()) << Msg(r.status());
+    ASSERT_OK(r);
     EXPECT_EQ(r->numa_node(), 0);  // one node: everything is on node 0
     std::memset(r->data(), 1, r->bytes());
     for (int n : PageNodes(r->data(), r->bytes())) ASSERT_EQ(n, 0);
@@ -371,7 +371,7 @@ TEST(HostSlabTest, MultiNodePlacement) {
     HostSlabOptions o = Opts(CanLock(size_t{2} << 20));
     o.numa_node = node;
     Result<HostSlab> r = HostSlab::Create(&dev, size_t{2} << 20, o);
-    ASSERT_TRUE(r.ok()) << Msg(r.status());
+    ASSERT_OK(r);
     EXPECT_EQ(r->numa_node(), node);
     std::memset(r->data(), 1, r->bytes());
     for (int n : PageNodes(r->data(), r->bytes())) ASSERT_EQ(n, node) << "slab for node " << node;
@@ -380,9 +380,8 @@ TEST(HostSlabTest, MultiNodePlacement) {
 
 TEST(HostSlabTest, NumaNodeOfPciDeviceReadsSysfs) {
   namespace fs = std::filesystem;
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  fs::path root = fs::path(tmp != nullptr ? tmp : "/tmp") / "host_slab_sysfs";
-  fs::remove_all(root);
+  ASSERT_OK_AND_ASSIGN(ScratchDir scratch, ScratchDir::Create("host_slab_sysfs"));
+  const fs::path root = scratch.path();
   auto write = [&](const std::string& id, const std::string& text) {
     fs::create_directories(root / "bus/pci/devices" / id);
     std::ofstream(root / "bus/pci/devices" / id / "numa_node") << text;
@@ -390,13 +389,13 @@ TEST(HostSlabTest, NumaNodeOfPciDeviceReadsSysfs) {
   write("0000:3b:00.0", "1\n");
   write("0000:5e:00.0", "-1\n");
   Result<int> a = NumaNodeOfPciDevice("0000:3B:00.0", root.string());
-  ASSERT_TRUE(a.ok()) << Msg(a.status());
+  ASSERT_OK(a);
   EXPECT_EQ(*a, 1);
   Result<int> b = NumaNodeOfPciDevice("00000000:3b:00.0", root.string());
-  ASSERT_TRUE(b.ok()) << Msg(b.status());
+  ASSERT_OK(b);
   EXPECT_EQ(*b, 1);
   Result<int> c = NumaNodeOfPciDevice("0000:5e:00.0", root.string());
-  ASSERT_TRUE(c.ok()) << Msg(c.status());
+  ASSERT_OK(c);
   EXPECT_EQ(*c, -1);
   Result<int> d = NumaNodeOfPciDevice("0000:af:00.0", root.string());
   ASSERT_FALSE(d.ok());

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -12,7 +13,7 @@ namespace {
 TEST(ThreadPoolTest, RunsEveryTaskExactlyOnce) {
   for (int threads : {1, 2, 5}) {
     auto pool = ThreadPool::Create(threads);
-    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    ASSERT_OK(pool);
     EXPECT_EQ((*pool)->num_threads(), threads);
     for (size_t tasks : {0, 1, 2, 7, 1000}) {
       for (int round = 0; round < 3; ++round) {
@@ -29,7 +30,7 @@ TEST(ThreadPoolTest, RunsEveryTaskExactlyOnce) {
 
 TEST(ThreadPoolTest, UsesSeveralThreads) {
   auto pool = ThreadPool::Create(3);
-  ASSERT_TRUE(pool.ok());
+  ASSERT_OK(pool);
   // Each task waits until three distinct threads have arrived: only a pool that really runs
   // tasks on three threads at once finishes (a serial one would hang, and the test time out).
   std::atomic<int> arrived{0};
@@ -42,7 +43,7 @@ TEST(ThreadPoolTest, UsesSeveralThreads) {
 
 TEST(ThreadPoolTest, ConcurrentCallersEachGetTheirWholeLoop) {
   auto pool = ThreadPool::Create(4);
-  ASSERT_TRUE(pool.ok());
+  ASSERT_OK(pool);
   // Two callers share the pool; each loop must run all of its own tasks and none of the other's.
   auto caller = [&](long* result) {
     long total = 0;
@@ -63,7 +64,7 @@ TEST(ThreadPoolTest, ConcurrentCallersEachGetTheirWholeLoop) {
 
 TEST(ThreadPoolTest, ZeroMeansHardwareThreadsAndNegativeIsAnError) {
   auto pool = ThreadPool::Create(0);
-  ASSERT_TRUE(pool.ok());
+  ASSERT_OK(pool);
   unsigned hw = std::thread::hardware_concurrency();
   EXPECT_EQ((*pool)->num_threads(), hw == 0 ? 1 : static_cast<int>(hw));
   auto bad = ThreadPool::Create(-2);
