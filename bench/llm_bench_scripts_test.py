@@ -162,7 +162,8 @@ class DryRunTest(Tmp):
                     self.assertEqual(cfg["gradient_clipping"], 0.0)
                 else:
                     self.assertIn("reduce_dtype=float32", out)
-                    self.assertEqual("CPUOffloadPolicy(pin_memory=True)" in out, peer == "fsdp2_offload")
+                    self.assertEqual("CPUOffloadPolicy(pin_memory=True)" in out, peer.endswith("_offload"))
+                    self.assertEqual("plain PyTorch model" in out, "_plain" in peer)
 
     def test_every_configuration_of_ours(self):
         V, H = 151936, 1024
@@ -340,6 +341,20 @@ class TableTest(unittest.TestCase):
         order = [k for k in rows]
         self.assertEqual(order[0], lab["none"])
         self.assertEqual(order[6], llm_peers.PEERS["fsdp2"])
+
+    def test_the_faster_fsdp2_is_the_reference(self):
+        self.ours("none", 20000)
+        self.ours("cpuadam", 9000)
+        self.peer("fsdp2", 10000)
+        self.peer("fsdp2_plain", 16000)
+        self.peer("fsdp2_plain_offload", 4000)
+        rows, _ = self.table()
+        lab = {k: o["label"] for k, o in llm_peers.OURS.items()}
+        self.assertEqual(rows[lab["none"]][9], "1.25x")
+        self.assertEqual(rows[lab["none"]][12], ">= 1.3x fsdp2: not met")
+        self.assertEqual(rows[lab["cpuadam"]][12], ">= 2x fsdp2_offload: met")  # only the plain twin ran
+        self.assertEqual(rows[llm_peers.PEERS["fsdp2"]][9], "-")
+        self.assertEqual(rows[llm_peers.PEERS["fsdp2_plain"]][9], "1.00x")
 
     def test_no_fsdp2_and_empty(self):
         self.ours("none", 20000, peak_line="peak 812 MiB device, 1.50 GiB host per rank")

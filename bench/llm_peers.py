@@ -11,6 +11,12 @@ zero_llm --sequential-data reads:
                                (the master weights), torch.optim.AdamW(fused=True) on the GPU
   --peer fsdp2_offload         the same with CPUOffloadPolicy(pin_memory=True): parameters, gradients and
                                AdamW(fused=True) on the CPU
+  --peer fsdp2_plain           fsdp2 on a plain PyTorch model of the same shape instead of transformers'
+                               classes (plain_model below: torch.nn.functional's rms_norm, SDPA with
+                               enable_gqa, rotate-half RoPE, SwiGLU; what a lean training script writes,
+                               without transformers' per-call overheads); the table compares ours with
+                               the faster of fsdp2 and fsdp2_plain
+  --peer fsdp2_plain_offload   the same with CPUOffloadPolicy(pin_memory=True)
   --peer deepspeed_z3          DeepSpeed ZeRO-3, bf16 with fp32 master weights, torch.optim.AdamW on the GPU
                                ("torch_adam": true; FusedAdam would JIT-build with nvcc)
   --peer deepspeed_z2_offload  DeepSpeed ZeRO-2, offload_optimizer cpu (DeepSpeedCPUAdam, built by ninja on
@@ -81,6 +87,8 @@ TOKEN_VOCAB = min(p["vocab_size"] for n, p in PRESETS.items() if n != "tiny")
 PEERS = {
     "fsdp2": "PyTorch FSDP2",
     "fsdp2_offload": "PyTorch FSDP2 + CPUOffloadPolicy",
+    "fsdp2_plain": "PyTorch FSDP2, plain PyTorch model",
+    "fsdp2_plain_offload": "PyTorch FSDP2 + CPUOffloadPolicy, plain PyTorch model",
     "deepspeed_z3": "DeepSpeed ZeRO-3",
     "deepspeed_z2_offload": "DeepSpeed ZeRO-2 + offload_optimizer cpu",
     "deepspeed_z3_offload": "DeepSpeed ZeRO-3 + offload_optimizer cpu",
@@ -188,9 +196,10 @@ def ours_config(name, a):
 
 
 def fsdp2_plan(peer):
-    offload = " + CPUOffloadPolicy(pin_memory=True)" if peer == "fsdp2_offload" else ""
+    offload = " + CPUOffloadPolicy(pin_memory=True)" if peer.endswith("_offload") else ""
     where = "CPU" if offload else "GPU"
-    return (f"fully_shard(each decoder layer, then the model; MixedPrecisionPolicy(param_dtype=bfloat16, "
+    model = "the plain PyTorch model" if "_plain" in peer else "transformers' model class"
+    return (f"{model}; fully_shard(each decoder layer, then the model; MixedPrecisionPolicy(param_dtype=bfloat16, "
             f"reduce_dtype=float32){offload}); fp32 parameters; torch.optim.AdamW(fused=True) on the {where}")
 
 
@@ -367,6 +376,97 @@ def host_peak_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0  # KiB on Linux
 
 
+def plain_model(torch, a, device):
+    """The preset's transformer in plain PyTorch, as a lean training script writes it (the arithmetic of
+    transformers' classes: RMSNorm in fp32 then the weight, rotate-half RoPE, causal GQA attention
+    through SDPA, SwiGLU, the tied or untied lm_head; weights normal(0, 0.02), norms ones, fp32)."""
+    import types
+
+    import torch.utils.checkpoint
+    nn, F = torch.nn, torch.nn.functional
+    p = PRESETS[a.preset]
+    H, I, V, L = p["hidden_size"], p["intermediate_size"], p["vocab_size"], p["num_hidden_layers"]
+    nh, nkv, hd, eps = p["num_attention_heads"], p["num_key_value_heads"], p["head_dim"], p["rms_norm_eps"]
+    qk_norm = p["architecture"] == QWEN3
+
+    class Norm(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(n))
+
+        def forward(self, x):
+            return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+    def rope(x, cos, sin):
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_layernorm, self.post_attention_layernorm = Norm(H), Norm(H)
+            self.q_proj, self.k_proj = nn.Linear(H, nh * hd, bias=False), nn.Linear(H, nkv * hd, bias=False)
+            self.v_proj, self.o_proj = nn.Linear(H, nkv * hd, bias=False), nn.Linear(nh * hd, H, bias=False)
+            if qk_norm:
+                self.q_norm, self.k_norm = Norm(hd), Norm(hd)
+            self.gate_proj, self.up_proj = nn.Linear(H, I, bias=False), nn.Linear(H, I, bias=False)
+            self.down_proj = nn.Linear(I, H, bias=False)
+
+        def forward(self, x, cos, sin):
+            B, S, _ = x.shape
+            h = self.input_layernorm(x)
+            q = self.q_proj(h).view(B, S, nh, hd)
+            k = self.k_proj(h).view(B, S, nkv, hd)
+            v = self.v_proj(h).view(B, S, nkv, hd).transpose(1, 2)
+            if qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = rope(q.transpose(1, 2), cos, sin), rope(k.transpose(1, 2), cos, sin)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            x = x + self.o_proj(o.transpose(1, 2).reshape(B, S, nh * hd))
+            h = self.post_attention_layernorm(x)
+            return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+    class Inner(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = nn.Embedding(V, H)
+            self.layers = nn.ModuleList(Layer() for _ in range(L))
+            self.norm = Norm(H)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = Inner()
+            self.lm_head = None if p["tie_word_embeddings"] else nn.Linear(H, V, bias=False)
+            inv = 1.0 / (p["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+            self.register_buffer("inv_freq", inv, persistent=False)
+
+        def forward(self, input_ids, use_cache=False):
+            S = input_ids.shape[1]
+            x = self.model.embed_tokens(input_ids)
+            ang = torch.outer(torch.arange(S, device=x.device, dtype=torch.float32), self.inv_freq)
+            emb = torch.cat((ang, ang), dim=-1)
+            cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+            for layer in self.model.layers:
+                if a.activation_checkpointing:
+                    x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, use_reentrant=False)
+                else:
+                    x = layer(x, cos, sin)
+            x = self.model.norm(x)
+            w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+            return types.SimpleNamespace(logits=F.linear(x, w))
+
+    torch.manual_seed(a.seed)
+    with torch.device(device):
+        model = Model()
+        for n, q in model.named_parameters():
+            if q.dim() == 2:
+                nn.init.normal_(q, 0.0, 0.02)
+    model = model.to(torch.float32)
+    model.train()
+    return model, "none (plain PyTorch)", "sdpa (plain)"
+
+
 def hf_model(torch, a, device):
     import transformers
     p = PRESETS[a.preset]
@@ -449,7 +549,10 @@ def run_peer(a):
             result["versions"] = {}
         result["versions"].update(torch=torch.__version__, gpu=torch.cuda.get_device_name(device))
         t_start = time.perf_counter()
-        model, tv, attn = hf_model(torch, a, device)
+        if a.peer.startswith("fsdp2_plain"):
+            model, tv, attn = plain_model(torch, a, device)
+        else:
+            model, tv, attn = hf_model(torch, a, device)
         result["versions"]["transformers"] = tv
         result["attn_implementation"] = attn
         result["params"] = sum(q.numel() for q in model.parameters())
@@ -465,7 +568,7 @@ def run_peer(a):
             except ImportError:
                 from torch.distributed._composable.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
             kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
-            if a.peer == "fsdp2_offload":
+            if a.peer.endswith("_offload"):
                 kw["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
             for layer in model.model.layers:
                 fully_shard(layer, **kw)

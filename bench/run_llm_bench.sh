@@ -17,7 +17,8 @@
 #                    AdamW, overlap_step false and true); gas8_acccpu and gas8_accgpu (the same tokens per
 #                    step as micro batch batch/8 x GAS 8, both offloads, offload_grad_accumulation cpu/gpu;
 #                    only where the rows per step are a multiple of 8: qwen3-0.6b by default)
-#   PHASE fsdp2:     llm_peers.py --peer fsdp2, fsdp2_offload per preset
+#   PHASE fsdp2:     llm_peers.py --peer fsdp2, fsdp2_plain, fsdp2_offload, fsdp2_plain_offload per preset
+#                    (transformers' classes, and the same shape as a plain PyTorch model)
 #   PHASE deepspeed: installs .whl/ into /tmp/site (DeepSpeed 0.19.8, ../shared/DEVICE.md), then
 #                    llm_peers.py --peer deepspeed_z3, deepspeed_z2_offload, deepspeed_z3_offload per preset
 #                    (the first offload run builds DeepSpeedCPUAdam with ninja, about 60 s)
@@ -41,7 +42,7 @@ SEQ=${SEQ:-2048}
 STEPS=${STEPS:-6}
 CLIP=${CLIP:-0}
 OURS_CONFIGS=${OURS_CONFIGS:-none cpuadam cpuadam_param gpuchunk gpuoverlap gas8_acccpu gas8_accgpu}
-FSDP_PEERS=${FSDP_PEERS:-fsdp2 fsdp2_offload}
+FSDP_PEERS=${FSDP_PEERS:-fsdp2 fsdp2_plain fsdp2_offload fsdp2_plain_offload}
 DS_PEERS=${DS_PEERS:-deepspeed_z3 deepspeed_z2_offload deepspeed_z3_offload}
 ACF=""
 [ "${AC:-0}" = 1 ] && ACF="--activation-checkpointing"
