@@ -412,7 +412,7 @@ Status CpuDevice::Scale(void* x, DType t, size_t n, float s, Stream* stream) {
 
 namespace {
 
-constexpr size_t kSumBlock = 1024;
+constexpr size_t kSumBlock = kSumOfSquaresBlock;
 
 // Sum of squares of n <= kSumBlock elements: lane i % 8, lanes combined as a fixed tree.
 template <typename D>
@@ -432,7 +432,31 @@ double BlockSumOfSquares(const typename D::T* __restrict p, size_t n) {
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
+// The block sums combined pairwise as a binary counter: level l holds the sum of the last 2^l
+// complete blocks not yet merged upward; `block(k)` gives block k's sum.
+template <typename BlockFn>
+double CombineBlocks(size_t blocks, const BlockFn& block) {
+  double level_sum[64];
+  for (size_t k = 0; k < blocks; ++k) {
+    double carry = block(k);
+    int level = 0;
+    for (size_t j = k; j & 1; j >>= 1, ++level) carry = level_sum[level] + carry;
+    level_sum[level] = carry;
+  }
+  double total = 0.0;
+  for (int level = 0; level < 64; ++level) {
+    if ((blocks >> level) & 1) total = level_sum[level] + total;
+  }
+  return total;
+}
+
 }  // namespace
+
+double BlockSumOfSquaresF32(const float* x, size_t n) { return BlockSumOfSquares<F32>(x, n); }
+
+double CombineBlockSumsOfSquares(const double* block_sums, size_t blocks) {
+  return CombineBlocks(blocks, [block_sums](size_t k) { return block_sums[k]; });
+}
 
 Status CpuDevice::SumOfSquares(const void* x, DType t, size_t n, double* out, Stream* stream) {
   ZERO_RETURN_IF_ERROR(CheckStream(stream));
@@ -441,22 +465,10 @@ Status CpuDevice::SumOfSquares(const void* x, DType t, size_t n, double* out, St
   *out = Dispatch(t, [&](auto d) {
     using D = decltype(d);
     const auto* p = static_cast<const typename D::T*>(x);
-    // Pairwise combination of block sums as a binary counter: level l holds the sum of the last
-    // 2^l complete blocks not yet merged upward.
-    double level_sum[64];
-    size_t blocks = 0;
-    for (size_t b = 0; b < n; b += kSumBlock) {
-      double carry = BlockSumOfSquares<D>(p + b, std::min(kSumBlock, n - b));
-      int level = 0;
-      for (size_t k = blocks; k & 1; k >>= 1, ++level) carry = level_sum[level] + carry;
-      level_sum[level] = carry;
-      ++blocks;
-    }
-    double total = 0.0;
-    for (int level = 0; level < 64; ++level) {
-      if ((blocks >> level) & 1) total = level_sum[level] + total;
-    }
-    return total;
+    return CombineBlocks((n + kSumBlock - 1) / kSumBlock, [p, n](size_t k) {
+      const size_t b = k * kSumBlock;
+      return BlockSumOfSquares<D>(p + b, std::min(kSumBlock, n - b));
+    });
   });
   return OkStatus();
 }

@@ -97,4 +97,12 @@ class CpuDevice final : public Device {
   std::unique_ptr<Stream> default_stream_;
 };
 
+// CpuDevice::SumOfSquares' order in two parts, for callers that compute the block sums on threads
+// of their own (the host gradient partition's norm) and must get the same bits: the fp32 input cut
+// into blocks of kSumOfSquaresBlock elements (the last may be shorter), BlockSumOfSquaresF32 of each
+// (n <= kSumOfSquaresBlock), then CombineBlockSumsOfSquares over the block sums in order.
+inline constexpr size_t kSumOfSquaresBlock = 1024;
+double BlockSumOfSquaresF32(const float* x, size_t n);
+double CombineBlockSumsOfSquares(const double* block_sums, size_t blocks);
+
 }  // namespace zero

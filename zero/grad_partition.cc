@@ -174,11 +174,14 @@ class HostGradPartition final : public GradPartition {
     if (pieces_.empty()) return OkStatus();
     ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(partials_copied_.get()));  // partials_ is free
     std::fill(partials_, partials_ + pieces_.size(), 0.0);
-    // One piece per task, each in CpuDevice's fixed order: the same bits whatever the threads.
-    pool_->ParallelFor(which.size(), [&](size_t k) {
-      const GradPiece& p = pieces_[which[k]];
-      partials_[which[k]] = SumOfSquaresF32(part_ + p.offset, p.n);
-    });
+    // Each piece in CpuDevice's fixed order, its blocks spread over the pool: the same bits
+    // whatever the threads.
+    std::vector<F32Span> spans;
+    spans.reserve(which.size());
+    for (int i : which) spans.push_back({part_ + pieces_[i].offset, pieces_[i].n});
+    std::vector<double> sums(which.size());
+    SumsOfSquaresF32(pool_, spans, sums.data());
+    for (size_t k = 0; k < which.size(); ++k) partials_[which[k]] = sums[k];
     ZERO_RETURN_IF_ERROR(device_->Copy(slots, partials_, pieces_.size() * sizeof(double), CopyKind::kHostToDevice,
                                        stream_));
     return device_->RecordEvent(partials_copied_.get(), stream_);

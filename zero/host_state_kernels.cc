@@ -102,4 +102,32 @@ double SumOfSquaresF32(const float* x, int64_t n) {
   return out;
 }
 
+void SumsOfSquaresF32(ThreadPool* pool, const std::vector<F32Span>& spans, double* out) {
+  constexpr size_t kBlocksPerTask = 4096;
+  struct Task {
+    size_t span, first_block, blocks;
+  };
+  std::vector<size_t> offset(spans.size() + 1, 0);  // the first block sum of each span in `sums`
+  std::vector<Task> tasks;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const size_t n = spans[i].n > 0 ? static_cast<size_t>(spans[i].n) : 0;
+    const size_t blocks = (n + kSumOfSquaresBlock - 1) / kSumOfSquaresBlock;
+    for (size_t b = 0; b < blocks; b += kBlocksPerTask) tasks.push_back({i, b, std::min(kBlocksPerTask, blocks - b)});
+    offset[i + 1] = offset[i] + blocks;
+  }
+  std::vector<double> sums(offset.back());
+  pool->ParallelFor(tasks.size(), [&](size_t t) {
+    const Task& task = tasks[t];
+    const F32Span& span = spans[task.span];
+    for (size_t k = task.first_block; k < task.first_block + task.blocks; ++k) {
+      const size_t b = k * kSumOfSquaresBlock;
+      sums[offset[task.span] + k] =
+          BlockSumOfSquaresF32(span.data + b, std::min(kSumOfSquaresBlock, static_cast<size_t>(span.n) - b));
+    }
+  });
+  for (size_t i = 0; i < spans.size(); ++i) {
+    out[i] = CombineBlockSumsOfSquares(sums.data() + offset[i], offset[i + 1] - offset[i]);
+  }
+}
+
 }  // namespace zero

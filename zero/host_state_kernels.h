@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "offload/cpu_adam.h"
 #include "offload/thread_pool.h"
@@ -32,5 +33,13 @@ void CopyElements(ThreadPool* pool, const void* src, DType t, void* dst, int64_t
 // The sum of squares of n fp32 values in double, in CpuDevice::SumOfSquares' order (single-threaded:
 // the order is fixed), so a host-side norm is bitwise the CPU backend's device norm.
 double SumOfSquaresF32(const float* x, int64_t n);
+// The sums of squares of several fp32 spans, out[i] bitwise SumOfSquaresF32(spans[i]) (the same
+// blocks and combining order), with the blocks of all spans computed on `pool`'s threads in tasks of
+// about 4M elements, so one large span (an embedding's piece) no longer runs on one thread.
+struct F32Span {
+  const float* data = nullptr;
+  int64_t n = 0;
+};
+void SumsOfSquaresF32(ThreadPool* pool, const std::vector<F32Span>& spans, double* out);
 
 }  // namespace zero

@@ -67,6 +67,51 @@ TEST(HostStateKernelsTest, WidenedAdamWEqualsWidenThenAdamW) {
   }
 }
 
+// SumsOfSquaresF32 (block sums on the pool's threads) against CpuDevice::SumOfSquares (one thread)
+// bit for bit: empty, sub-block, block-boundary and multi-task spans (4096 blocks a task), values of
+// wildly different magnitudes so a changed combining order would show in the low bits, at 1 and 5
+// threads. The control: summing the blocks in plain order differs in the last bits for the long span.
+TEST(HostStateKernelsTest, SumsOfSquaresSpreadOverThreadsEqualTheDevicesOrder) {
+  const std::vector<int64_t> sizes = {0, 1, 1023, 1024, 1025, 8 * 1024 + 3, 4096 * 1024, 4096 * 1024 * 2 + 4097};
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  std::vector<float> x(static_cast<size_t>(total));
+  uint64_t r = 88172645463325252ull;
+  for (float& v : x) {
+    r ^= r << 13;
+    r ^= r >> 7;
+    r ^= r << 17;
+    v = std::ldexp(static_cast<float>(r % 2000001) / 1e6f - 1.0f, static_cast<int>(r % 41) - 20);
+  }
+  CpuDevice cpu;
+  std::vector<F32Span> spans;
+  std::vector<double> want;
+  int64_t at = 0;
+  for (int64_t n : sizes) {
+    spans.push_back({x.data() + at, n});
+    double w = -1.0;
+    ASSERT_OK(cpu.SumOfSquares(x.data() + at, DType::kF32, static_cast<size_t>(n), &w, nullptr));
+    want.push_back(w);
+    at += n;
+  }
+  for (int threads : {1, 5}) {
+    auto pool = ThreadPool::Create(threads);
+    ASSERT_OK(pool);
+    std::vector<double> got(spans.size(), -1.0);
+    SumsOfSquaresF32(pool->get(), spans, got.data());
+    for (size_t i = 0; i < spans.size(); ++i) {
+      EXPECT_EQ(std::memcmp(&got[i], &want[i], sizeof(double)), 0)
+          << "span of " << sizes[i] << " at " << threads << " threads: " << got[i] << " vs " << want[i];
+    }
+  }
+  const F32Span& longest = spans.back();
+  double plain = 0.0;
+  for (int64_t b = 0; b < longest.n; b += 1024) {
+    plain += BlockSumOfSquaresF32(longest.data + b, static_cast<size_t>(std::min<int64_t>(1024, longest.n - b)));
+  }
+  EXPECT_NE(plain, want.back()) << "the test's values do not tell the combining orders apart";
+}
+
 TEST(HostStateKernelsTest, WidenedAdamWReportsABadModelDtype) {
   auto pool = ThreadPool::Create(2);
   ASSERT_OK(pool);
