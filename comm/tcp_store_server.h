@@ -3,7 +3,9 @@
 // listening socket and every client over non-blocking sockets, so no call blocks on a client;
 // GET and WAIT requests whose keys are missing are parked and answered by the SET that completes
 // them. Owns the listening socket, the accepted connections, the wake pipe, the thread and the
-// keys; the client (tcp_store.cc) touches none of them. Private to the //comm:tcp_store target.
+// keys; the client (tcp_store.cc) touches none of them. tcp_store_server.cc also defines
+// tcp_store.h's IsLoopbackHost, RouteSourceAddress and StoreBindAddress, which choose where the
+// server listens. Private to the //comm:tcp_store target.
 #pragma once
 
 #include <chrono>
