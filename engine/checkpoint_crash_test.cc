@@ -17,6 +17,7 @@
 #include "engine/checkpoint_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -118,7 +119,7 @@ int LoadLatestInChild(const std::string& dir, const FullState& want, int world) 
 void ExpectTagHolds(const std::string& dir, const std::string& tag, const FullState& want) {
   SCOPED_TRACE("tag " + tag);
   auto got = LoadFullState(dir, tag);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_OK(got);
   EXPECT_EQ(got->meta.global_steps, want.meta.global_steps);
   ASSERT_EQ(got->params.size(), want.params.size());
   for (size_t i = 0; i < want.params.size(); ++i) {
@@ -132,7 +133,7 @@ void ExpectTagHolds(const std::string& dir, const std::string& tag, const FullSt
 std::vector<std::string> StagingDirs(const std::string& dir) {
   std::vector<std::string> out;
   auto names = ListDirectory(dir);
-  EXPECT_TRUE(names.ok()) << names.status().ToString();
+  EXPECT_OK(names);
   if (!names.ok()) return out;
   for (const std::string& n : *names) {
     if (n.rfind(kStagingPrefix, 0) == 0) out.push_back(n);
@@ -180,7 +181,7 @@ TEST_P(CrashAtEveryPhaseTest, LatestNamesTheLastGoodCheckpoint) {
 
   // `latest` names a complete checkpoint: the last good one.
   auto latest = ReadLatest(dir);
-  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  ASSERT_OK(latest);
   const bool switched = phase.latest || (phase.swapped && kind == TagKind::kOverwriteLatest);
   EXPECT_EQ(*latest, phase.latest ? tag : latest_before);
   const FullState& want = switched ? new_state : latest_state_before;
@@ -272,16 +273,16 @@ INSTANTIATE_TEST_SUITE_P(Worlds, FallbackSwapTest, ::testing::Values(1, 2));
 // path every overwrite takes there, and this says so).
 TEST(ExchangeTest, ExchangeSwapsTwoDirectories) {
   const std::string dir = ScratchDir("exchange");
-  ASSERT_TRUE(CreateDirectories(dir + "/a").ok());
-  ASSERT_TRUE(CreateDirectories(dir + "/b").ok());
-  ASSERT_TRUE(WriteFileAtomic(dir + "/a/f", "A").ok());
-  ASSERT_TRUE(WriteFileAtomic(dir + "/b/f", "B").ok());
+  ASSERT_OK(CreateDirectories(dir + "/a"));
+  ASSERT_OK(CreateDirectories(dir + "/b"));
+  ASSERT_OK(WriteFileAtomic(dir + "/a/f", "A"));
+  ASSERT_OK(WriteFileAtomic(dir + "/b/f", "B"));
   Status st = ExchangePaths(dir + "/a", dir + "/b");
   if (st.code() == StatusCode::kUnimplemented) {
     GTEST_SKIP() << "no RENAME_EXCHANGE on this filesystem, saves use the fallback: "
                  << st.ToString();
   }
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   EXPECT_EQ(*ReadFile(dir + "/a/f"), "B");
   EXPECT_EQ(*ReadFile(dir + "/b/f"), "A");
   EXPECT_THAT(ExchangePaths(dir + "/a", dir + "/missing").message(), HasSubstr(dir + "/missing"));
@@ -300,7 +301,7 @@ TEST(StagingTest, LoadIgnoresStagingDirectoriesAndTheyAreNotTags) {
   ExpectTagHolds(dir, "t", state);
   EXPECT_THAT(ResolveTag(dir, staging).status().message(), HasSubstr("staging directories"));
   auto done = CleanStaleSaves(dir);
-  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  ASSERT_OK(done);
   EXPECT_EQ(*done, std::vector<std::string>{"removed " + dir + "/" + staging});
   EXPECT_THAT(StagingDirs(dir), ::testing::IsEmpty());
   ExpectTagHolds(dir, "t", state);

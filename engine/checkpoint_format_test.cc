@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/crc32c.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -104,8 +105,8 @@ TEST(PartitionTest, ShardForSlicesWithZeroPadding) {
 }
 
 TEST(TagTest, Validation) {
-  EXPECT_TRUE(ValidateTag("global_step100").ok());
-  EXPECT_TRUE(ValidateTag("run-3.v2").ok());
+  EXPECT_OK(ValidateTag("global_step100"));
+  EXPECT_OK(ValidateTag("run-3.v2"));
   EXPECT_FALSE(ValidateTag("").ok());
   EXPECT_FALSE(ValidateTag(".").ok());
   EXPECT_FALSE(ValidateTag("..").ok());
@@ -114,7 +115,7 @@ TEST(TagTest, Validation) {
   EXPECT_FALSE(ValidateTag("a\n").ok());
   EXPECT_FALSE(ValidateTag(std::string(256, 'x')).ok());
   EXPECT_THAT(ValidateTag(".zero_save.1.ab").message(), HasSubstr("staging directories"));
-  EXPECT_TRUE(ValidateTag(".zero_other").ok());
+  EXPECT_OK(ValidateTag(".zero_other"));
   EXPECT_EQ(DefaultTag(100), "global_step100");
   EXPECT_EQ(RankFileName(3), "zero_rank_3_optim_states.bin");
 }
@@ -128,13 +129,13 @@ TEST(CheckpointTest, RankFilesAndMetadataRoundTrip) {
 
   EXPECT_EQ(Slurp(dir + "/latest"), "global_step120");
   auto tag = ReadLatest(dir);
-  ASSERT_TRUE(tag.ok()) << tag.status().ToString();
+  ASSERT_OK(tag);
   EXPECT_EQ(*tag, "global_step120");
   EXPECT_EQ(*ResolveTag(dir, ""), "global_step120");
   EXPECT_EQ(*ResolveTag(dir, "other"), "other");
 
   auto meta = ReadMetadata(dir, *tag);
-  ASSERT_TRUE(meta.ok()) << meta.status().ToString();
+  ASSERT_OK(meta);
   const CheckpointMeta& want = full.meta;
   EXPECT_EQ(meta->format_version, kCheckpointFormatVersion);
   EXPECT_EQ(meta->zero_version, kZeroVersion);
@@ -172,10 +173,10 @@ TEST(CheckpointTest, RankFilesAndMetadataRoundTrip) {
     EXPECT_EQ(meta->rank_files[r].bytes, bytes.size());
     EXPECT_EQ(meta->rank_files[r].crc32c, Crc32c(bytes.data(), bytes.size() - 8));
     auto shards = ReadRankFile(dir, *tag, r, *meta);
-    ASSERT_TRUE(shards.ok()) << shards.status().ToString();
+    ASSERT_OK(shards);
     ExpectShardsEqual(*shards, ShardFor(full, r, 3));
     auto info = ReadRankFileInfo(dir, *tag, r, 3);
-    ASSERT_TRUE(info.ok());
+    ASSERT_OK(info);
     EXPECT_EQ(*info, meta->rank_files[r]);
   }
   // Distinct files, distinct checksums (a CRC over data plus its own CRC would be one constant).
@@ -246,7 +247,7 @@ TEST_P(RepartitionTest, FullStateAndNewShardsAreExact) {
   SaveSynthetic(dir, "step", full, p.old_world);
 
   auto loaded = LoadFullState(dir, "step");
-  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  ASSERT_OK(loaded);
   ExpectFullEqual(*loaded, full);
   EXPECT_EQ(loaded->meta.dp_world_size, p.old_world);
 
@@ -256,7 +257,7 @@ TEST_P(RepartitionTest, FullStateAndNewShardsAreExact) {
   for (int r = 0; r < p.new_world; ++r) {
     CheckpointMeta meta;
     auto shards = LoadShardsForRank(dir, "step", model, r, p.new_world, &meta);
-    ASSERT_TRUE(shards.ok()) << shards.status().ToString();
+    ASSERT_OK(shards);
     EXPECT_EQ(meta.global_steps, 120);
     std::vector<ParamShard> want = ShardFor(full, r, p.new_world);
     std::reverse(want.begin(), want.end());
@@ -266,7 +267,7 @@ TEST_P(RepartitionTest, FullStateAndNewShardsAreExact) {
   const std::string dir2 = ScratchDir("reshard2");
   SaveSynthetic(dir2, "again", *loaded, p.new_world);
   auto again = LoadFullState(dir2, "again");
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_OK(again);
   ExpectFullEqual(*again, full);
 }
 
@@ -289,12 +290,12 @@ TEST(RepartitionTest, Stage0StyleRank0HoldsEverything) {
     s.exp_avg.clear();
     s.exp_avg_sq.clear();
   }
-  ASSERT_TRUE(WriteRankFile(dir, "t", 0, 2, all).ok());
-  ASSERT_TRUE(WriteRankFile(dir, "t", 1, 2, none).ok());
+  ASSERT_OK(WriteRankFile(dir, "t", 0, 2, all));
+  ASSERT_OK(WriteRankFile(dir, "t", 1, 2, none));
   CheckpointMeta meta = full.meta;
-  ASSERT_TRUE(FinalizeCheckpoint(dir, "t", meta).ok());
+  ASSERT_OK(FinalizeCheckpoint(dir, "t", meta));
   auto loaded = LoadFullState(dir, "t");
-  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  ASSERT_OK(loaded);
   ExpectFullEqual(*loaded, full);
 }
 
@@ -303,9 +304,9 @@ TEST(RepartitionTest, GapsAndOverlapsNameTheParameter) {
   FullState full = SyntheticState(SyntheticModel(), 2);
   std::vector<ParamShard> r0 = ShardFor(full, 0, 2), r1 = ShardFor(full, 0, 2);
   // r1 repeats rank 0's range: elements [0, 18) of embed.weight twice, [18, 35) nowhere.
-  ASSERT_TRUE(WriteRankFile(dir, "t", 0, 2, r0).ok());
-  ASSERT_TRUE(WriteRankFile(dir, "t", 1, 2, r1).ok());
-  ASSERT_TRUE(FinalizeCheckpoint(dir, "t", full.meta).ok());
+  ASSERT_OK(WriteRankFile(dir, "t", 0, 2, r0));
+  ASSERT_OK(WriteRankFile(dir, "t", 1, 2, r1));
+  ASSERT_OK(FinalizeCheckpoint(dir, "t", full.meta));
   auto loaded = LoadFullState(dir, "t");
   EXPECT_EQ(loaded.status().code(), StatusCode::kDataLoss);
   EXPECT_THAT(
@@ -319,8 +320,8 @@ TEST(RepartitionTest, GapsAndOverlapsNameTheParameter) {
     s.exp_avg.clear();
     s.exp_avg_sq.clear();
   }
-  ASSERT_TRUE(WriteRankFile(dir, "t", 1, 2, empty).ok());
-  ASSERT_TRUE(FinalizeCheckpoint(dir, "t", full.meta).ok());
+  ASSERT_OK(WriteRankFile(dir, "t", 1, 2, empty));
+  ASSERT_OK(FinalizeCheckpoint(dir, "t", full.meta));
   loaded = LoadFullState(dir, "t");
   EXPECT_THAT(loaded.status().message(),
               HasSubstr("parameter 'embed.weight': elements [18, 35) are in no rank file"));
@@ -355,7 +356,7 @@ TEST(CheckpointTest, ModelMismatchNamesParametersAndShapes) {
   model.pop_back();
   EXPECT_FALSE(CheckModelMatches(full.meta, model).ok());
   model = SyntheticModel();
-  EXPECT_TRUE(CheckModelMatches(full.meta, model).ok());
+  EXPECT_OK(CheckModelMatches(full.meta, model));
   EXPECT_FALSE(LoadShardsForRank(dir, "t", model, 2, 2).ok());  // rank out of range
 }
 
@@ -373,18 +374,18 @@ TEST(CheckpointTest, CrashedSaveLeavesPreviousCheckpointLoadable) {
   for (FullParam& p : second.params) {
     for (float& v : p.master) v += 1.0f;
   }
-  ASSERT_TRUE(WriteRankFile(dir, "global_step121", 0, 2, ShardFor(second, 0, 2)).ok());
+  ASSERT_OK(WriteRankFile(dir, "global_step121", 0, 2, ShardFor(second, 0, 2)));
   {
     auto w = AtomicFileWriter::Open(dir + "/global_step121/" + RankFileName(1));
-    ASSERT_TRUE(w.ok());
-    ASSERT_TRUE(w->Append("partial rank 1 data").ok());
+    ASSERT_OK(w);
+    ASSERT_OK(w->Append("partial rank 1 data"));
     w->AbandonForTest();
   }
   // A crashed rewrite of the old tag's metadata leaves a temporary next to it: harmless.
   {
     auto w = AtomicFileWriter::Open(dir + "/global_step120/metadata.json");
-    ASSERT_TRUE(w.ok());
-    ASSERT_TRUE(w->Append("{\"format\": \"zero-chec").ok());
+    ASSERT_OK(w);
+    ASSERT_OK(w->Append("{\"format\": \"zero-chec"));
     w->AbandonForTest();
   }
   // Rank 0 finalizing now (without the barrier, as "save on rank 0 only" would) is refused.
@@ -396,19 +397,19 @@ TEST(CheckpointTest, CrashedSaveLeavesPreviousCheckpointLoadable) {
 
   EXPECT_EQ(*ReadLatest(dir), "global_step120");
   auto loaded = LoadFullState(dir, *ReadLatest(dir));
-  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  ASSERT_OK(loaded);
   ExpectFullEqual(*loaded, first);
   auto incomplete = ReadMetadata(dir, "global_step121");
   EXPECT_EQ(incomplete.status().code(), StatusCode::kNotFound);
   EXPECT_THAT(incomplete.status().message(), HasSubstr("did not complete"));
 
   // The save completes: only now does latest switch.
-  ASSERT_TRUE(WriteRankFile(dir, "global_step121", 1, 2, ShardFor(second, 1, 2)).ok());
+  ASSERT_OK(WriteRankFile(dir, "global_step121", 1, 2, ShardFor(second, 1, 2)));
   EXPECT_EQ(*ReadLatest(dir), "global_step120");
-  ASSERT_TRUE(FinalizeCheckpoint(dir, "global_step121", second.meta).ok());
+  ASSERT_OK(FinalizeCheckpoint(dir, "global_step121", second.meta));
   EXPECT_EQ(*ReadLatest(dir), "global_step121");
   loaded = LoadFullState(dir, "global_step121");
-  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  ASSERT_OK(loaded);
   ExpectFullEqual(*loaded, second);
 }
 
@@ -418,12 +419,12 @@ TEST(CheckpointTest, FinalizeChecksGatheredInfosAndStaleWorld) {
   std::vector<RankFileInfo> infos;
   for (int r = 0; r < 2; ++r) {
     auto info = WriteRankFile(dir, "t", r, 2, ShardFor(full, r, 2));
-    ASSERT_TRUE(info.ok());
+    ASSERT_OK(info);
     infos.push_back(*info);
   }
   CheckpointMeta meta = full.meta;
   meta.rank_files = infos;  // as an all-gather would deliver them
-  ASSERT_TRUE(FinalizeCheckpoint(dir, "t", meta).ok());
+  ASSERT_OK(FinalizeCheckpoint(dir, "t", meta));
   meta.rank_files[1].crc32c ^= 1;
   Status st = FinalizeCheckpoint(dir, "t", meta);
   EXPECT_EQ(st.code(), StatusCode::kDataLoss);
@@ -432,8 +433,8 @@ TEST(CheckpointTest, FinalizeChecksGatheredInfosAndStaleWorld) {
   // A file left by a save at world 3 under the same tag is not taken for world 2's.
   const std::string dir3 = ScratchDir("finalize3");
   FullState f3 = SyntheticState(SyntheticModel(), 3);
-  ASSERT_TRUE(WriteRankFile(dir3, "t", 0, 2, ShardFor(full, 0, 2)).ok());
-  ASSERT_TRUE(WriteRankFile(dir3, "t", 1, 3, ShardFor(f3, 1, 3)).ok());
+  ASSERT_OK(WriteRankFile(dir3, "t", 0, 2, ShardFor(full, 0, 2)));
+  ASSERT_OK(WriteRankFile(dir3, "t", 1, 3, ShardFor(f3, 1, 3)));
   st = FinalizeCheckpoint(dir3, "t", full.meta);
   EXPECT_EQ(st.code(), StatusCode::kDataLoss);
   EXPECT_THAT(st.message(), HasSubstr("header says rank 1 of world 3, expected rank 1 of world 2"));
@@ -514,7 +515,7 @@ TEST_F(CorruptionTest, RankFileSwappedWithAnotherRanksIsRefused) {
 }
 
 TEST_F(CorruptionTest, LatestNamingAMissingTag) {
-  ASSERT_TRUE(WriteLatest(dir_, "ghost").ok());
+  ASSERT_OK(WriteLatest(dir_, "ghost"));
   auto r = ReadLatest(dir_);
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
   EXPECT_THAT(r.status().message(), HasSubstr(dir_ + "/latest names tag 'ghost'"));
@@ -581,7 +582,7 @@ TEST_F(CorruptionTest, NamedPipesInPlaceOfCheckpointFilesAreRefusedNamingThem) {
     EXPECT_THAT(message, HasSubstr(path + ": not a regular file (it is a named pipe)")) << message;
     ASSERT_EQ(::unlink(path.c_str()), 0);
     Spit(path, saved);
-    ASSERT_TRUE(LoadFullState(dir_, "t").ok());
+    ASSERT_OK(LoadFullState(dir_, "t"));
   }
 }
 
@@ -612,7 +613,7 @@ TEST(CheckpointJsonTest, EmbeddedJsonLeavesRoomForTheMetadataLevel) {
     for (int i = 0; i < levels; ++i) s += "]";
     return s;
   };
-  EXPECT_TRUE(CheckJsonText(nested(99), "client_state_json").ok());
+  EXPECT_OK(CheckJsonText(nested(99), "client_state_json"));
   const Status st = CheckJsonText(nested(100), "client_state_json");
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(st.message(), HasSubstr("client_state_json: not valid JSON: client_state_json (embedded in "
@@ -686,7 +687,7 @@ TEST_F(CorruptionTest, FormatVersion1WithoutChecksumStillLoads) {
   text.replace(text.find(key), key.size(), "\"format_version\": 1");
   Spit(path, text);
   auto loaded = LoadFullState(dir_, "t");
-  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  ASSERT_OK(loaded);
   EXPECT_EQ(loaded->meta.format_version, 1);
   ExpectFullEqual(*loaded, full_);
   // Version 1's rank files are still verified against it.

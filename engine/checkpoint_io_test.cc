@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/crc32c.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -68,8 +69,8 @@ TEST(DirectoryLockTest, SharedInAProcessRefusedToAnotherNamingIt) {
   {
     auto a = DirectoryLock::Acquire(dir);
     auto b = DirectoryLock::Acquire(dir);  // thread ranks, a job's lock and its save's: one lock
-    ASSERT_TRUE(a.ok()) << a.status().ToString();
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_OK(a);
+    ASSERT_OK(b);
   }
   int ready[2], done[2];
   ASSERT_EQ(::pipe(ready), 0);
@@ -95,12 +96,12 @@ TEST(DirectoryLockTest, SharedInAProcessRefusedToAnotherNamingIt) {
   ASSERT_EQ(::write(done[1], "x", 1), 1);
   int status = 0;
   ::waitpid(other, &status, 0);
-  EXPECT_TRUE(DirectoryLock::Acquire(dir).ok());
+  EXPECT_OK(DirectoryLock::Acquire(dir));
 }
 
 TEST(DirectoryLockTest, WritableDirectoryCheck) {
   const std::string dir = ScratchDir("writable");
-  EXPECT_TRUE(CheckWritableDirectory(dir + "/new/sub").ok());
+  EXPECT_OK(CheckWritableDirectory(dir + "/new/sub"));
   EXPECT_TRUE(PathExists(dir + "/new/sub"));
   WritePlain(dir + "/file", "x");
   const Status st = CheckWritableDirectory(dir + "/file/sub");
@@ -111,9 +112,9 @@ TEST(DirectoryLockTest, WritableDirectoryCheck) {
 TEST(AtomicFileTest, WriteReadOverwriteLeavesNoTemporaries) {
   const std::string dir = ScratchDir("atomic");
   const std::string path = dir + "/f.bin";
-  ASSERT_TRUE(WriteFileAtomic(path, "first").ok());
+  ASSERT_OK(WriteFileAtomic(path, "first"));
   EXPECT_EQ(*ReadFile(path), "first");
-  ASSERT_TRUE(WriteFileAtomic(path, "second, longer").ok());
+  ASSERT_OK(WriteFileAtomic(path, "second, longer"));
   EXPECT_EQ(*ReadFile(path), "second, longer");
   EXPECT_EQ(ListDir(dir), std::vector<std::string>{"f.bin"});
   EXPECT_EQ(*FileSize(path), 14u);
@@ -124,22 +125,22 @@ TEST(AtomicFileTest, StreamedChunksSmallAndLargeKeepSizeAndCrc) {
   const std::string path = dir + "/big.bin";
   std::string expected;
   auto w = AtomicFileWriter::Open(path);
-  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_OK(w);
   std::mt19937 gen(3);
   for (size_t chunk : {size_t{5}, size_t{3} << 20, size_t{100}, size_t{1} << 20, size_t{1}}) {
     std::string c(chunk, '\0');
     for (char& ch : c) ch = static_cast<char>(gen());
-    ASSERT_TRUE(w->Append(c).ok());
+    ASSERT_OK(w->Append(c));
     expected += c;
   }
   EXPECT_FALSE(PathExists(path));  // nothing under the final name before Commit
   EXPECT_TRUE(PathExists(w->temp_path()));
   EXPECT_THAT(w->temp_path(), HasSubstr("/big.bin.tmp." + std::to_string(getpid()) + "."));
-  ASSERT_TRUE(w->Commit().ok());
+  ASSERT_OK(w->Commit());
   EXPECT_EQ(w->size(), expected.size());
   EXPECT_EQ(w->crc(), Crc32c(expected.data(), expected.size()));
   auto got = ReadFileVerified(path, expected.size(), w->crc());
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_OK(got);
   EXPECT_TRUE(*got == expected);
   EXPECT_EQ(ListDir(dir), std::vector<std::string>{"big.bin"});
 }
@@ -147,19 +148,19 @@ TEST(AtomicFileTest, StreamedChunksSmallAndLargeKeepSizeAndCrc) {
 TEST(AtomicFileTest, CrashBeforeCommitKeepsPreviousContents) {
   const std::string dir = ScratchDir("atomic");
   const std::string path = dir + "/state";
-  ASSERT_TRUE(WriteFileAtomic(path, "old complete contents").ok());
+  ASSERT_OK(WriteFileAtomic(path, "old complete contents"));
   {
     auto w = AtomicFileWriter::Open(path);
-    ASSERT_TRUE(w.ok());
-    ASSERT_TRUE(w->Append("new half-writ").ok());
+    ASSERT_OK(w);
+    ASSERT_OK(w->Append("new half-writ"));
     w->AbandonForTest();  // the process "dies" here
   }
   EXPECT_EQ(*ReadFile(path), "old complete contents");
   EXPECT_EQ(ListDir(dir).size(), 2u);  // the debris .tmp file stays until someone removes it
   {
     auto w = AtomicFileWriter::Open(path);
-    ASSERT_TRUE(w.ok());
-    ASSERT_TRUE(w->Append("dropped").ok());
+    ASSERT_OK(w);
+    ASSERT_OK(w->Append("dropped"));
   }  // destroyed without Commit: the temporary is removed
   EXPECT_EQ(*ReadFile(path), "old complete contents");
   EXPECT_EQ(ListDir(dir).size(), 2u);
@@ -169,9 +170,9 @@ TEST(AtomicFileTest, VerifiedReadNamesFileAndProblem) {
   const std::string dir = ScratchDir("verify");
   const std::string path = dir + "/x.bin";
   const std::string data = "0123456789abcdef";
-  ASSERT_TRUE(WriteFileAtomic(path, data).ok());
+  ASSERT_OK(WriteFileAtomic(path, data));
   const uint32_t crc = Crc32c(data.data(), data.size());
-  ASSERT_TRUE(ReadFileVerified(path, data.size(), crc).ok());
+  ASSERT_OK(ReadFileVerified(path, data.size(), crc));
 
   auto missing = ReadFileVerified(dir + "/nope.bin", 3, 0);
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
@@ -204,10 +205,10 @@ TEST(AtomicFileTest, VerifiedReadNamesFileAndProblem) {
 
 TEST(DirectoryTest, CreateNestedIdempotentAndRefusesFiles) {
   const std::string dir = ScratchDir("dirs");
-  ASSERT_TRUE(CreateDirectories(dir + "/a/b/c/").ok());
-  ASSERT_TRUE(CreateDirectories(dir + "/a/b/c").ok());
+  ASSERT_OK(CreateDirectories(dir + "/a/b/c/"));
+  ASSERT_OK(CreateDirectories(dir + "/a/b/c"));
   EXPECT_TRUE(PathExists(dir + "/a/b/c"));
-  ASSERT_TRUE(WriteFileAtomic(dir + "/file", "x").ok());
+  ASSERT_OK(WriteFileAtomic(dir + "/file", "x"));
   Status st = CreateDirectories(dir + "/file");
   EXPECT_FALSE(st.ok());
   EXPECT_THAT(st.message(), HasSubstr("not a directory"));

@@ -13,6 +13,7 @@
 #include "engine/checkpoint_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -49,7 +50,7 @@ TEST(CollectiveCheckpointTest, SaveAtThreeLoadAtTwoAndFull) {
   const std::string dir = ScratchDir("coll");
   FullState full = SyntheticState(SyntheticModel(), 3);
   Status st = SaveAll(dir, "global_step120", full, 3);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   EXPECT_EQ(*ReadLatest(dir), "global_step120");
 
   std::vector<ParamSignature> model = SyntheticModel();
@@ -66,7 +67,7 @@ TEST(CollectiveCheckpointTest, SaveAtThreeLoadAtTwoAndFull) {
     }
     return OkStatus();
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
 
   // Stage 0 style: full tensors on every rank.
   st = RunThreadRanks(2, [&](int rank, Communicator* comm, Device*) -> Status {
@@ -79,7 +80,7 @@ TEST(CollectiveCheckpointTest, SaveAtThreeLoadAtTwoAndFull) {
     }
     return OkStatus();
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
 }
 
 TEST(CollectiveCheckpointTest, Stage0SlicesOfFullStateSaveTheSameBytes) {
@@ -105,7 +106,7 @@ TEST(CollectiveCheckpointTest, Stage0SlicesOfFullStateSaveTheSameBytes) {
 TEST(CollectiveCheckpointTest, SecondJobSavingIntoTheSameDirectoryIsRefused) {
   const std::string dir = ScratchDir("two_jobs");
   FullState full = SyntheticState(SyntheticModel(), 2);
-  ASSERT_TRUE(SaveAll(dir, "first", full, 2).ok());
+  ASSERT_OK(SaveAll(dir, "first", full, 2));
   int ready[2], done[2];
   ASSERT_EQ(::pipe(ready), 0);
   ASSERT_EQ(::pipe(done), 0);
@@ -132,14 +133,14 @@ TEST(CollectiveCheckpointTest, SecondJobSavingIntoTheSameDirectoryIsRefused) {
   int status = 0;
   ::waitpid(other, &status, 0);
   // The other job gone, however it ended, the directory is free again.
-  EXPECT_TRUE(SaveAll(dir, "second", full, 2).ok());
+  EXPECT_OK(SaveAll(dir, "second", full, 2));
   EXPECT_EQ(*ReadLatest(dir), "second");
 }
 
 TEST(CollectiveCheckpointTest, SaveOnRank0OnlyTimesOutWithAClearMessage) {
   const std::string dir = ScratchDir("rank0only");
   FullState full = SyntheticState(SyntheticModel(), 2);
-  ASSERT_TRUE(SaveAll(dir, "good", full, 2).ok());
+  ASSERT_OK(SaveAll(dir, "good", full, 2));
   Status st = RunThreadRanks(
       2,
       [&](int rank, Communicator* comm, Device*) -> Status {
@@ -158,7 +159,7 @@ TEST(CollectiveCheckpointTest, SaveOnRank0OnlyTimesOutWithAClearMessage) {
 TEST(CollectiveCheckpointTest, DisagreementAndFailedWritesFailEveryRank) {
   const std::string dir = ScratchDir("disagree");
   FullState full = SyntheticState(SyntheticModel(), 2);
-  ASSERT_TRUE(SaveAll(dir, "good", full, 2).ok());
+  ASSERT_OK(SaveAll(dir, "good", full, 2));
 
   std::vector<Status> results(2);
   Status st = RunThreadRanks(2, [&](int rank, Communicator* comm, Device*) -> Status {
@@ -166,7 +167,7 @@ TEST(CollectiveCheckpointTest, DisagreementAndFailedWritesFailEveryRank) {
         SaveCheckpoint(comm, dir, rank == 0 ? "a" : "b", MetaFor(full, 2), ShardFor(full, rank, 2));
     return OkStatus();
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   for (const Status& r : results) {
     EXPECT_EQ(r.code(), StatusCode::kInvalidArgument);
     EXPECT_THAT(r.message(), HasSubstr("different tags or parameter tables"));
@@ -179,7 +180,7 @@ TEST(CollectiveCheckpointTest, DisagreementAndFailedWritesFailEveryRank) {
     results[rank] = SaveCheckpoint(comm, dir, "broken", MetaFor(full, 2), shards);
     return OkStatus();
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   EXPECT_THAT(results[0].message(), HasSubstr("writing failed on rank(s) 1"));
   // Nothing was lost (issue 23: the healthy rank said DATA_LOSS, as for a corrupt checkpoint).
   EXPECT_EQ(results[0].code(), StatusCode::kUnavailable) << results[0].ToString();
@@ -195,7 +196,7 @@ TEST(CollectiveCheckpointTest, DisagreementAndFailedWritesFailEveryRank) {
     results[rank] = r.status();
     return OkStatus();
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   for (const Status& r : results) {
     EXPECT_THAT(r.message(),
                 HasSubstr("parameter 'embed.weight': checkpoint shape [7, 5], model shape [5, 7]"));

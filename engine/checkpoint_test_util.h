@@ -1,4 +1,4 @@
-// Test helpers for checkpoint tests: scratch directories and synthetic training states saved with
+// Test helpers for checkpoint tests: scratch directory paths and synthetic training states saved with
 // the real write protocol (every rank's file, then FinalizeCheckpoint), built with the engine's
 // padding math. Test-only.
 #pragma once
@@ -9,8 +9,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <string>
 #include <thread>
@@ -19,18 +17,21 @@
 #include "engine/checkpoint_format.h"
 #include "engine/checkpoint_io.h"
 #include "gtest/gtest.h"
+#include "testing/same_bits.h"
+#include "testing/scratch_dir.h"
+#include "testing/status_matchers.h"
 
 namespace zero::testing {
 
-// A fresh directory under $ZERO_TEST_TMPDIR, else $TEST_TMPDIR, else /tmp; unique per call.
+// The path of a fresh directory, unique per call, left on disk: testing/scratch_dir.h's
+// CreateWithDirectIo (some of these tests put NVMe swap files in it) for the tests that pass a path
+// around (examples/llm's too). New tests hold a ::zero::ScratchDir, which removes its directory.
 inline std::string ScratchDir(const std::string& name) {
-  static int counter = 0;
-  const char* base = std::getenv("ZERO_TEST_TMPDIR");
-  if (base == nullptr || *base == '\0') base = std::getenv("TEST_TMPDIR");
-  std::string dir = std::string(base ? base : "/tmp") + "/" + name + "." +
-                    std::to_string(::getpid()) + "." + std::to_string(counter++);
-  EXPECT_TRUE(CreateDirectories(dir).ok()) << dir;
-  return dir;
+  Result<::zero::ScratchDir> dir = ::zero::ScratchDir::CreateWithDirectIo(name);
+  EXPECT_OK(dir);
+  if (!dir.ok()) return "/nonexistent/" + name;
+  dir->Keep();
+  return dir->path();
 }
 
 // Odd sizes on purpose: padding at every world size > 1, a scalar and an empty parameter.
@@ -86,7 +87,7 @@ inline void SaveSynthetic(const std::string& dir, const std::string& tag, const 
                           int world) {
   for (int r = 0; r < world; ++r) {
     auto info = WriteRankFile(dir, tag, r, world, ShardFor(full, r, world));
-    ASSERT_TRUE(info.ok()) << info.status().ToString();
+    ASSERT_OK(info);
   }
   CheckpointMeta meta = full.meta;
   meta.dp_world_size = world;
@@ -96,7 +97,7 @@ inline void SaveSynthetic(const std::string& dir, const std::string& tag, const 
     meta.params.push_back(MakeCheckpointParam(p.name, p.shape, p.module, world));
   }
   Status st = FinalizeCheckpoint(dir, tag, meta);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
 }
 
 // Runs `fn` in a fork()ed child and returns the text it returned; "(hung)" when it did not finish
@@ -136,11 +137,6 @@ inline std::string InChild(const std::function<std::string()>& fn, double second
   ::close(fds[0]);
   if (WIFSIGNALED(status)) return "(signal " + std::to_string(WTERMSIG(status)) + ")";
   return out;
-}
-
-inline bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 }  // namespace zero::testing

@@ -29,11 +29,12 @@
 #include "engine/safetensors.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "testing/same_bits.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
 
-using ::zero::testing::BitwiseEqual;
 using ::zero::testing::ConfigJson;
 using ::zero::testing::Expect;
 using ::zero::testing::Gradient;
@@ -41,6 +42,7 @@ using ::zero::testing::InitValue;
 using ::zero::testing::MakeConfig;
 using ::zero::testing::MakeEngine;
 using ::zero::testing::ReadParam;
+using ::zero::testing::SameBits;
 using ::zero::testing::ScratchDir;
 using ::zero::testing::SmallModel;
 using ::zero::testing::Snapshot;
@@ -87,13 +89,6 @@ Status TrainSteps(Engine* e, Device* device, const TestModel& model, int rank, i
   return ::zero::testing::TrainSteps(e, device, model, rank, opt, rec);
 }
 
-bool SameDoubles(const std::vector<double>& a, const std::vector<double>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
-}
-bool SameFloats(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
-
 bool SameCounters(const EngineCounters& a, const EngineCounters& b) {
   return a.global_steps == b.global_steps && a.skipped_steps == b.skipped_steps &&
          a.micro_steps == b.micro_steps && a.adam_step == b.adam_step;
@@ -101,26 +96,24 @@ bool SameCounters(const EngineCounters& a, const EngineCounters& b) {
 
 // Every field of a run bitwise (with `label` in the failure messages).
 void ExpectSameRun(const Record& want, const Record& got, const std::string& label) {
-  std::string where;
-  EXPECT_TRUE(SameDoubles(want.losses, got.losses)) << label << ": losses";
-  EXPECT_TRUE(SameDoubles(want.norms, got.norms)) << label << ": global_grad_norm";
-  EXPECT_TRUE(SameDoubles(want.lrs, got.lrs)) << label << ": lr";
-  EXPECT_TRUE(SameFloats(want.scales, got.scales)) << label << ": loss scale";
+  EXPECT_TRUE(SameBits(want.losses, got.losses)) << label << ": losses";
+  EXPECT_TRUE(SameBits(want.norms, got.norms)) << label << ": global_grad_norm";
+  EXPECT_TRUE(SameBits(want.lrs, got.lrs)) << label << ": lr";
+  EXPECT_TRUE(SameBits(want.scales, got.scales)) << label << ": loss scale";
   EXPECT_EQ(want.applied, got.applied) << label << ": applied steps";
-  EXPECT_TRUE(BitwiseEqual(want.master, got.master, &where)) << label << ": master " << where;
-  EXPECT_TRUE(BitwiseEqual(want.model, got.model, &where)) << label << ": model " << where;
-  EXPECT_TRUE(BitwiseEqual(want.exp_avg, got.exp_avg, &where)) << label << ": exp_avg " << where;
-  EXPECT_TRUE(BitwiseEqual(want.exp_avg_sq, got.exp_avg_sq, &where)) << label << ": exp_avg_sq " << where;
+  EXPECT_TRUE(SameBits(want.master, got.master)) << label << ": master";
+  EXPECT_TRUE(SameBits(want.model, got.model)) << label << ": model";
+  EXPECT_TRUE(SameBits(want.exp_avg, got.exp_avg)) << label << ": exp_avg";
+  EXPECT_TRUE(SameBits(want.exp_avg_sq, got.exp_avg_sq)) << label << ": exp_avg_sq";
   EXPECT_TRUE(SameCounters(want.counters, got.counters)) << label << ": counters";
 }
 
 // Loaded state equals saved state: master weights and both moments bit for bit, and the model
 // parameters are the master weights rounded to the model dtype.
 void ExpectSameState(const Record& saved, const Record& loaded, DType model_dtype, const std::string& label) {
-  std::string where;
-  EXPECT_TRUE(BitwiseEqual(saved.master, loaded.master, &where)) << label << ": master " << where;
-  EXPECT_TRUE(BitwiseEqual(saved.exp_avg, loaded.exp_avg, &where)) << label << ": exp_avg " << where;
-  EXPECT_TRUE(BitwiseEqual(saved.exp_avg_sq, loaded.exp_avg_sq, &where)) << label << ": exp_avg_sq " << where;
+  EXPECT_TRUE(SameBits(saved.master, loaded.master)) << label << ": master";
+  EXPECT_TRUE(SameBits(saved.exp_avg, loaded.exp_avg)) << label << ": exp_avg";
+  EXPECT_TRUE(SameBits(saved.exp_avg_sq, loaded.exp_avg_sq)) << label << ": exp_avg_sq";
   std::vector<std::vector<float>> rounded = saved.master;
   std::vector<uint8_t> raw(SizeOf(model_dtype));
   for (auto& t : rounded) {
@@ -129,7 +122,7 @@ void ExpectSameState(const Record& saved, const Record& loaded, DType model_dtyp
       v = LoadAsFloat(raw.data(), model_dtype, 0);
     }
   }
-  EXPECT_TRUE(BitwiseEqual(rounded, loaded.model, &where)) << label << ": model params " << where;
+  EXPECT_TRUE(SameBits(rounded, loaded.model)) << label << ": model params";
   EXPECT_TRUE(SameCounters(saved.counters, loaded.counters)) << label << ": counters";
 }
 
@@ -162,7 +155,7 @@ void CheckResumeIsBitwise(int stage, const std::string& dtype, int world) {
   SCOPED_TRACE(label);
   const int kBefore = 3, kAfter = 3;
   auto config = MakeConfig(ConfigJson(stage, 2, 1.0, Join(DtypeJson(dtype), kWarmup)), world);
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  ASSERT_OK(config);
   const TestModel model = SmallModel();
   const std::string dir = ScratchDir("resume");
   const std::string client = R"({"epoch":2,"sampler":[1,2,3]})";
@@ -198,7 +191,7 @@ void CheckResumeIsBitwise(int stage, const std::string& dtype, int world) {
     ZERO_RETURN_IF_ERROR(TrainSteps(b.get(), device, model, rank, kAfter, &resumed[rank], to));
     return Snapshot(b.get(), &resumed[rank]);
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   for (int r = 0; r < world; ++r) {
     EXPECT_EQ(client_back[r], client) << "rank " << r;
     EXPECT_TRUE(SameCounters(at_save[r], after_load[r])) << "rank " << r;
@@ -242,7 +235,7 @@ TEST(EngineCheckpointTest, ResumeIsBitwiseFp16RestoresTheLossScaler) {
 TEST(EngineCheckpointTest, Fp16ScalerStateIsWhatMakesTheDifference) {
   const int world = 2;
   auto config = MakeConfig(ConfigJson(1, 2, 1.0, Join(DtypeJson("fp16"), kWarmup)), world);
-  ASSERT_TRUE(config.ok());
+  ASSERT_OK(config);
   const TestModel model = SmallModel();
   const std::string dir = ScratchDir("fp16edit");
   Fp16Faults to;
@@ -271,12 +264,11 @@ TEST(EngineCheckpointTest, Fp16ScalerStateIsWhatMakesTheDifference) {
     ZERO_RETURN_IF_ERROR(TrainSteps(b.get(), device, model, rank, 3, &edited[rank], to));
     return Snapshot(b.get(), &edited[rank]);
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
-  std::string where;
+  ASSERT_OK(st);
   EXPECT_EQ(edited[0].scales, (std::vector<float>{256.0f, 256.0f, 256.0f}));
   EXPECT_EQ(edited[0].applied, (std::vector<int>{1, 1, 0}));
   EXPECT_EQ(uninterrupted[0].applied, (std::vector<int>{1, 0, 0}));
-  EXPECT_FALSE(BitwiseEqual(uninterrupted[0].master, edited[0].master, &where));
+  EXPECT_FALSE(SameBits(uninterrupted[0].master, edited[0].master));
 }
 
 // --- 2. another world size ---------------------------------------------------------------------------
@@ -303,7 +295,7 @@ void CheckWorldChange(int stage, int from, int to) {
     ZERO_RETURN_IF_ERROR(a->SaveCheckpoint(dir));
     return Snapshot(a.get(), &saved[rank]);
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
 
   std::vector<Record> loaded(to), got(to), ref(to);
   st = RunThreadRanks(to, [&](int rank, Communicator* comm, Device* device) -> Status {
@@ -319,23 +311,22 @@ void CheckWorldChange(int stage, int from, int to) {
     ZERO_RETURN_IF_ERROR(TrainSteps(c.get(), device, model, rank, 2, &ref[rank]));
     return Snapshot(c.get(), &ref[rank]);
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   for (int r = 0; r < to; ++r) {
     const std::string who = label + " rank " + std::to_string(r);
     ExpectSameState(saved[0], loaded[r], DType::kF32, who);
-    std::string where;
-    EXPECT_TRUE(SameDoubles(got[r].losses, ref[r].losses)) << who;
-    EXPECT_TRUE(SameDoubles(got[r].lrs, ref[r].lrs)) << who;
-    EXPECT_TRUE(BitwiseEqual(got[r].master, ref[r].master, &where)) << who << ": master " << where;
-    EXPECT_TRUE(BitwiseEqual(got[r].model, ref[r].model, &where)) << who << ": model " << where;
-    EXPECT_TRUE(BitwiseEqual(got[r].exp_avg_sq, ref[r].exp_avg_sq, &where)) << who << ": exp_avg_sq " << where;
+    EXPECT_TRUE(SameBits(got[r].losses, ref[r].losses)) << who;
+    EXPECT_TRUE(SameBits(got[r].lrs, ref[r].lrs)) << who;
+    EXPECT_TRUE(SameBits(got[r].master, ref[r].master)) << who << ": master";
+    EXPECT_TRUE(SameBits(got[r].model, ref[r].model)) << who << ": model";
+    EXPECT_TRUE(SameBits(got[r].exp_avg_sq, ref[r].exp_avg_sq)) << who << ": exp_avg_sq";
     EXPECT_TRUE(SameCounters(got[r].counters, ref[r].counters)) << who;
     for (size_t k = 0; k < ref[r].norms.size(); ++k) {
       EXPECT_NEAR(got[r].norms[k], ref[r].norms[k], 1e-12 * ref[r].norms[k]) << who;
     }
     // Training went on from the loaded state.
     EXPECT_EQ(got[r].counters.global_steps, 4) << who;
-    EXPECT_FALSE(BitwiseEqual(got[r].master, saved[0].master, &where)) << who;
+    EXPECT_FALSE(SameBits(got[r].master, saved[0].master)) << who;
   }
 }
 
@@ -360,8 +351,8 @@ void CheckCrossLoad(const std::string& save_json, const std::string& load_json, 
   const std::string dir = ScratchDir("cross");
   auto save_config = MakeConfig(save_json, world);
   auto load_config = MakeConfig(load_json, world);
-  ASSERT_TRUE(save_config.ok()) << save_config.status().ToString();
-  ASSERT_TRUE(load_config.ok()) << load_config.status().ToString();
+  ASSERT_OK(save_config);
+  ASSERT_OK(load_config);
   std::vector<Record> at_save(world), uninterrupted(world), loaded(world), resumed(world);
   std::vector<EngineMemory> mem(world);
   Status st = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) -> Status {
@@ -381,17 +372,16 @@ void CheckCrossLoad(const std::string& save_json, const std::string& load_json, 
     ZERO_RETURN_IF_ERROR(TrainSteps(b.get(), device, model, rank, 2, &resumed[rank]));
     return Snapshot(b.get(), &resumed[rank]);
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   for (int r = 0; r < world; ++r) {
     if (offloaded.has_value()) {
       EXPECT_EQ(mem[r].master_params == 0, *offloaded) << label << ": where the loading engine keeps its states";
     }
     ExpectSameState(at_save[r], loaded[r], DType::kF32, label);
-    std::string where;
-    EXPECT_TRUE(SameDoubles(uninterrupted[r].losses, resumed[r].losses)) << label;
-    EXPECT_TRUE(BitwiseEqual(uninterrupted[r].master, resumed[r].master, &where)) << label << ": " << where;
-    EXPECT_TRUE(BitwiseEqual(uninterrupted[r].model, resumed[r].model, &where)) << label << ": " << where;
-    EXPECT_TRUE(BitwiseEqual(uninterrupted[r].exp_avg, resumed[r].exp_avg, &where)) << label << ": " << where;
+    EXPECT_TRUE(SameBits(uninterrupted[r].losses, resumed[r].losses)) << label;
+    EXPECT_TRUE(SameBits(uninterrupted[r].master, resumed[r].master)) << label;
+    EXPECT_TRUE(SameBits(uninterrupted[r].model, resumed[r].model)) << label;
+    EXPECT_TRUE(SameBits(uninterrupted[r].exp_avg, resumed[r].exp_avg)) << label;
   }
 }
 
@@ -500,7 +490,7 @@ TEST(EngineCheckpointTest, Bf16Stage3LoadsAtStage1AndStage0) {
   const std::string bf16 = DtypeJson("bf16");
   const std::string dir = ScratchDir("bf16stage");
   auto save_config = MakeConfig(ConfigJson(3, 2, 1.0, bf16, "\"stage3_param_persistence_threshold\": 5"), 2);
-  ASSERT_TRUE(save_config.ok());
+  ASSERT_OK(save_config);
   std::vector<Record> saved(2);
   Status st = RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
     ZERO_ASSIGN_OR_RETURN(auto a, MakeEngine(*save_config, model, device, comm));
@@ -509,10 +499,10 @@ TEST(EngineCheckpointTest, Bf16Stage3LoadsAtStage1AndStage0) {
     ZERO_RETURN_IF_ERROR(a->SaveCheckpoint(dir));
     return Snapshot(a.get(), &saved[rank]);
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   for (auto [stage, world] : {std::pair{1, 2}, std::pair{0, 3}}) {
     auto config = MakeConfig(ConfigJson(stage, 2, 1.0, bf16), world);
-    ASSERT_TRUE(config.ok());
+    ASSERT_OK(config);
     std::vector<Record> loaded(world), after(world);
     st = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) -> Status {
       ZERO_ASSIGN_OR_RETURN(auto b, MakeEngine(*config, model, device, comm, 2.0f));
@@ -521,7 +511,7 @@ TEST(EngineCheckpointTest, Bf16Stage3LoadsAtStage1AndStage0) {
       ZERO_RETURN_IF_ERROR(TrainSteps(b.get(), device, model, rank, 1, &after[rank]));
       return Snapshot(b.get(), &after[rank]);
     });
-    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_OK(st);
     for (int r = 0; r < world; ++r) {
       ExpectSameState(saved[0], loaded[r], DType::kBF16, "stage " + std::to_string(stage));
       EXPECT_EQ(after[r].counters.global_steps, 3);
@@ -536,7 +526,7 @@ TEST(EngineCheckpointTest, Stage3LoadDropsGatheredParameters) {
   const TestModel model = SmallModel();
   const std::string dir = ScratchDir("stage3drop");
   auto config = MakeConfig(ConfigJson(3, 1, 1.0, "", "\"stage3_param_persistence_threshold\": 5"), 2);
-  ASSERT_TRUE(config.ok());
+  ASSERT_OK(config);
   Status st = RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
     Record r;
     {
@@ -560,11 +550,11 @@ TEST(EngineCheckpointTest, Stage3LoadDropsGatheredParameters) {
         ZERO_ASSIGN_OR_RETURN(ModuleHandle h, b->GatherModule(model.specs[i].module));
         ZERO_RETURN_IF_ERROR(ReadParam(b.get(), device, i, &v));
       }
-      if (!SameFloats(v, r.model[i])) return InternalError("parameter " + model.specs[i].name + " is stale");
+      if (!SameBits(v, r.model[i])) return InternalError("parameter " + model.specs[i].name + " is stale");
     }
     return held.Release();
   });
-  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_OK(st);
 }
 
 // --- 4. errors ---------------------------------------------------------------------------------------
@@ -586,7 +576,7 @@ std::vector<Status> PerRank(int world, const std::function<Status(int, Communica
         return OkStatus();
       },
       options);
-  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_OK(st);
   return out;
 }
 
@@ -605,14 +595,14 @@ TEST(EngineCheckpointTest, LoadErrorsNameTheProblem) {
   const TestModel model = SmallModel();
   const std::string dir = ScratchDir("errors");
   auto config = MakeConfig(ConfigJson(2, 1, 1.0), 2);
-  ASSERT_TRUE(config.ok());
+  ASSERT_OK(config);
   Status st = RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
     ZERO_ASSIGN_OR_RETURN(auto a, MakeEngine(*config, model, device, comm));
     Record r;
     ZERO_RETURN_IF_ERROR(TrainSteps(a.get(), device, model, rank, 1, &r));
     return a->SaveCheckpoint(dir, "good");
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
 
   auto load = [&](const TestModel& m, const std::string& from, const std::string& tag) {
     return PerRank(2, [&](int rank, Communicator* comm, Device* device) -> Status {
@@ -655,7 +645,7 @@ TEST(EngineCheckpointTest, LoadErrorsNameTheProblem) {
   // A corrupt rank file: the file and the checksums.
   const std::string file0 = dir + "/good/zero_rank_0_optim_states.bin";
   auto size = FileSize(file0);
-  ASSERT_TRUE(size.ok());
+  ASSERT_OK(size);
   FlipByte(file0, *size / 2);
   for (const Status& s : load(model, dir, "good")) {
     EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
@@ -663,7 +653,7 @@ TEST(EngineCheckpointTest, LoadErrorsNameTheProblem) {
     EXPECT_NE(s.message().find("checksum mismatch: expected crc32c 0x"), std::string::npos) << s.ToString();
   }
   FlipByte(file0, *size / 2);
-  for (const Status& s : load(model, dir, "good")) EXPECT_TRUE(s.ok()) << s.ToString();
+  for (const Status& s : load(model, dir, "good")) EXPECT_OK(s);
 
   // No `latest`.
   const std::string empty = ScratchDir("empty");
@@ -683,7 +673,7 @@ TEST(EngineCheckpointTest, SaveAndLoadInsideAnAccumulationWindowAreRefused) {
   const std::string dir = ScratchDir("window");
   for (int stage : {0, 2}) {
     auto config = MakeConfig(ConfigJson(stage, 2, 1.0), 2);
-    ASSERT_TRUE(config.ok());
+    ASSERT_OK(config);
     Status st = RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
       ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(*config, model, device, comm));
       ZERO_RETURN_IF_ERROR(e->SaveCheckpoint(dir, "start"));  // before any step: fine
@@ -721,7 +711,7 @@ TEST(EngineCheckpointTest, SaveAndLoadInsideAnAccumulationWindowAreRefused) {
       // At the boundary: fine again.
       return e->SaveCheckpoint(dir, "end");
     });
-    ASSERT_TRUE(st.ok()) << "stage " << stage << ": " << st.ToString();
+    ASSERT_OK(st) << "stage " << stage;
     EXPECT_FALSE(PathExists(dir + "/mid"));
     EXPECT_EQ(*ReadLatest(dir), "end");
   }
@@ -730,7 +720,7 @@ TEST(EngineCheckpointTest, SaveAndLoadInsideAnAccumulationWindowAreRefused) {
   auto config = MakeConfig(ConfigJson(1, 1, 1.0, "\"managed_gradient_accumulation\": false",
                                       "\"overlap_comm\": false"),
                            2);
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  ASSERT_OK(config);
   Status st = RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
     ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(*config, model, device, comm));
     std::vector<float> v;
@@ -742,14 +732,14 @@ TEST(EngineCheckpointTest, SaveAndLoadInsideAnAccumulationWindowAreRefused) {
     ZERO_RETURN_IF_ERROR(e->Step());
     return e->SaveCheckpoint(dir, "unmanaged");
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
 }
 
 TEST(EngineCheckpointTest, SaveOnRankZeroOnlyFailsWithoutHanging) {
   const TestModel model = SmallModel();
   const std::string dir = ScratchDir("rank0");
   auto config = MakeConfig(ConfigJson(1, 1, 1.0), 2);
-  ASSERT_TRUE(config.ok());
+  ASSERT_OK(config);
   const auto start = std::chrono::steady_clock::now();
   std::vector<Status> results = PerRank(
       2,
@@ -766,7 +756,7 @@ TEST(EngineCheckpointTest, SaveOnRankZeroOnlyFailsWithoutHanging) {
   EXPECT_TRUE(results[0].code() == StatusCode::kDeadlineExceeded || results[0].code() == StatusCode::kUnavailable)
       << results[0].ToString();
   EXPECT_NE(results[0].message().find("not every rank joined the save"), std::string::npos) << results[0].ToString();
-  EXPECT_TRUE(results[1].ok()) << results[1].ToString();
+  EXPECT_OK(results[1]);
   EXPECT_LT(seconds, 30.0);
   EXPECT_FALSE(PathExists(dir + "/global_step1"));
   EXPECT_FALSE(PathExists(dir + "/latest"));
@@ -776,7 +766,7 @@ TEST(EngineCheckpointTest, BadArgumentsAreRefusedOnEveryRank) {
   const TestModel model = SmallModel();
   const std::string dir = ScratchDir("badargs");
   auto config = MakeConfig(ConfigJson(3, 1, 1.0), 2);
-  ASSERT_TRUE(config.ok());
+  ASSERT_OK(config);
   std::vector<Status> results = PerRank(2, [&](int rank, Communicator* comm, Device* device) -> Status {
     ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(*config, model, device, comm));
     // Invalid client state on one rank only: every rank fails, nothing is written.
@@ -791,7 +781,7 @@ TEST(EngineCheckpointTest, BadArgumentsAreRefusedOnEveryRank) {
     // Still usable.
     return e->SaveCheckpoint(dir, "t");
   });
-  for (const Status& s : results) EXPECT_TRUE(s.ok()) << s.ToString();
+  for (const Status& s : results) EXPECT_OK(s);
   EXPECT_EQ(*ReadLatest(dir), "t");
 
   // Before Initialize().
@@ -800,7 +790,7 @@ TEST(EngineCheckpointTest, BadArgumentsAreRefusedOnEveryRank) {
     ZERO_RETURN_IF_ERROR(Expect(e->SaveCheckpoint(dir), StatusCode::kFailedPrecondition, "before Initialize()"));
     return Expect(e->LoadCheckpoint(dir).status(), StatusCode::kFailedPrecondition, "before Initialize()");
   });
-  EXPECT_TRUE(results[0].ok()) << results[0].ToString();
+  EXPECT_OK(results[0]);
 }
 
 // --- 5. zero_to_fp32 -------------------------------------------------------------------------------
@@ -813,7 +803,7 @@ TEST(EngineCheckpointTest, ZeroToFp32EqualsTheLiveMasterWeights) {
       SCOPED_TRACE(label);
       const std::string dir = ScratchDir("fp32");
       auto config = MakeConfig(ConfigJson(stage, 2, 1.0, Join(DtypeJson("bf16"), kWarmup)), world);
-      ASSERT_TRUE(config.ok());
+      ASSERT_OK(config);
       std::vector<Record> live(world);
       Status st = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) -> Status {
         ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(*config, model, device, comm));
@@ -822,21 +812,21 @@ TEST(EngineCheckpointTest, ZeroToFp32EqualsTheLiveMasterWeights) {
         ZERO_RETURN_IF_ERROR(e->SaveCheckpoint(dir));
         return Snapshot(e.get(), &live[rank]);
       });
-      ASSERT_TRUE(st.ok()) << st.ToString();
+      ASSERT_OK(st);
       const std::string out = dir + "/model.safetensors";
       auto summary = ConsolidateToFp32(dir, "", out);
-      ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+      ASSERT_OK(summary);
       EXPECT_EQ(summary->tag, "global_step2");
       EXPECT_EQ(summary->zero_stage, stage);
       EXPECT_EQ(summary->dp_world_size, world);
       auto file = ReadSafetensors(out);
-      ASSERT_TRUE(file.ok()) << file.status().ToString();
+      ASSERT_OK(file);
       ASSERT_EQ(file->tensors.size(), model.specs.size());
       for (size_t i = 0; i < model.specs.size(); ++i) {
         const SafetensorsTensor* t = file->Find(model.specs[i].name);
         ASSERT_NE(t, nullptr) << model.specs[i].name;
         EXPECT_EQ(t->shape, model.specs[i].shape) << model.specs[i].name;
-        EXPECT_TRUE(SameFloats(t->AsFloats(), live[0].master[i])) << model.specs[i].name;
+        EXPECT_TRUE(SameBits(t->AsFloats(), live[0].master[i])) << model.specs[i].name;
       }
     }
   }

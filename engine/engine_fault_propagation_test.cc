@@ -34,6 +34,8 @@
 #include "engine/engine_test_util.h"
 #include "runtime/cpu_device.h"
 #include "runtime/faulty_device.h"
+#include "testing/scratch_dir.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -277,14 +279,6 @@ TEST(FaultPropagation, ParameterUploadFailsInsideAStage3Gather) {
   ExpectEveryRankStopped(out, own);
 }
 
-std::string ScratchDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/fault_propagation_" + name;
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
 std::string ReadFile(const std::string& path) {
   std::ifstream f(path);
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
@@ -295,7 +289,8 @@ std::string ReadFile(const std::string& path) {
 // nothing was published: `latest` still names "good" and there is no "bad".
 TEST(FaultPropagation, StateReadFailsInSaveCheckpointAndNothingIsPublished) {
   const std::string own = "injected: reading the optimizer states failed";
-  const std::string dir = ScratchDir("save");
+  ASSERT_OK_AND_ASSIGN(ScratchDir scratch, ScratchDir::Create("fault_propagation_save"));
+  const std::string dir = scratch.path();
   Outcome out = RunRanks([&](Rank& rk) -> Status {
     ZERO_RETURN_IF_ERROR(MakeEngine(rk, ConfigJson(1, 1, 0.0)));
     ZERO_RETURN_IF_ERROR(TrainStep(rk, 0));
@@ -317,7 +312,8 @@ TEST(FaultPropagation, StateReadFailsInSaveCheckpointAndNothingIsPublished) {
 // wait in the all-gather of the loaded weights (stage 2).
 TEST(FaultPropagation, InstallFailsInLoadCheckpoint) {
   const std::string own = "injected: writing the loaded state failed";
-  const std::string dir = ScratchDir("load");
+  ASSERT_OK_AND_ASSIGN(ScratchDir scratch, ScratchDir::Create("fault_propagation_load"));
+  const std::string dir = scratch.path();
   Outcome out = RunRanks([&](Rank& rk) -> Status {
     ZERO_RETURN_IF_ERROR(MakeEngine(rk, ConfigJson(2, 1, 0.0)));
     ZERO_RETURN_IF_ERROR(TrainStep(rk, 0));

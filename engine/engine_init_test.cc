@@ -10,6 +10,7 @@
 #include "comm/thread_ranks.h"
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -25,7 +26,7 @@ Config StageConfig(int stage, int world) {
   Result<Config> c = ParseConfig("{\"train_micro_batch_size_per_gpu\": 1, \"zero_optimization\": {\"stage\": " +
                                      std::to_string(stage) + "}, \"bf16\": {\"enabled\": true}}",
                                  o);
-  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_OK(c);
   return *c;
 }
 
@@ -71,8 +72,8 @@ TEST(InitializeFromSlices, StageThreeReadsOnlyEachRanksShardAndHoldsTheSameBits)
   for (int world : {2, 3}) {
     std::vector<Read> reads, unused;
     std::vector<std::vector<float>> from_slices, from_full;
-    ASSERT_TRUE(RunRanks(3, world, true, &reads, &from_slices).ok());
-    ASSERT_TRUE(RunRanks(3, world, false, &unused, &from_full).ok());
+    ASSERT_OK(RunRanks(3, world, true, &reads, &from_slices));
+    ASSERT_OK(RunRanks(3, world, false, &unused, &from_full));
     EXPECT_EQ(from_slices, from_full) << "world " << world;
     // Every (rank, parameter) asked at most once, for at most ceil(numel / world) elements, and the
     // ranks' ranges tile the parameter.
@@ -96,8 +97,8 @@ TEST(InitializeFromSlices, OtherStagesReadWholeParameters) {
   for (int stage : {0, 1, 2}) {
     std::vector<Read> reads, unused;
     std::vector<std::vector<float>> from_slices, from_full;
-    ASSERT_TRUE(RunRanks(stage, 2, true, &reads, &from_slices).ok());
-    ASSERT_TRUE(RunRanks(stage, 2, false, &unused, &from_full).ok());
+    ASSERT_OK(RunRanks(stage, 2, true, &reads, &from_slices));
+    ASSERT_OK(RunRanks(stage, 2, false, &unused, &from_full));
     EXPECT_EQ(from_slices, from_full) << "stage " << stage;
     for (const Read& r : reads) EXPECT_EQ(r.begin, 0) << "stage " << stage;
   }

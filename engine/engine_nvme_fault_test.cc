@@ -27,6 +27,7 @@
 #include "nvme/faulty_aio_engine.h"
 #include "nvme/nvme_test_util.h"
 #include "offload/host_slab.h"
+#include "testing/same_bits.h"
 #include "testing/scratch_dir.h"
 #include "testing/status_matchers.h"
 
@@ -121,7 +122,7 @@ Weights Reference(const Case& c, const std::string& nvme_path) {
     ZERO_RETURN_IF_ERROR(Train(e.get(), device, kStepsBefore + kStepsAfter));
     return Masters(e.get(), &w);
   });
-  EXPECT_TRUE(s.ok()) << c.Name() << " reference: " << s.ToString();
+  EXPECT_OK(s) << c.Name() << " reference";
   return w;
 }
 
@@ -260,24 +261,22 @@ void RunFault(const Case& c, Fault fault, const std::string& dir, const Weights&
     e.reset();  // destroying a failed engine: no crash, no hang, nothing left behind
     return OkStatus();
   });
-  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_OK(s);
   EXPECT_EQ(HostSlab::live_bytes(), pinned_before) << "pinned host memory left behind";
   EXPECT_FALSE(std::filesystem::exists(nvme + "/zero_swap")) << "the swap folder was left behind";
   if (ExpectedError(fault).code == StatusCode::kOk) {
-    std::string where;
-    EXPECT_TRUE(BitwiseEqual(after_fault, reference, &where)) << "after an absorbed fault: " << where;
+    EXPECT_TRUE(SameBits(after_fault, reference)) << "after an absorbed fault";
     return;
   }
   // The checkpoint saved before the fault resumes bitwise onto the uninterrupted run.
   Weights resumed;
   ASSERT_OK(Resume(c, dir + "/resume", ckpt, &resumed));
-  std::string where;
-  EXPECT_TRUE(BitwiseEqual(resumed, reference, &where)) << "resumed from the checkpoint before the fault: " << where;
+  EXPECT_TRUE(SameBits(resumed, reference)) << "resumed from the checkpoint before the fault";
 }
 
 void RunAllFaults(const Case& c, const std::vector<Fault>& faults) {
   auto scratch = ::zero::ScratchDir::CreateWithDirectIo("engine_nvme_faults");
-  ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
+  ASSERT_OK(scratch);
   const Weights reference = Reference(c, scratch->File("reference"));
   ASSERT_FALSE(reference.empty());
   for (size_t k = 0; k < faults.size(); ++k) {
@@ -331,7 +330,7 @@ Result<uint64_t> FillDisk(const std::string& path) {
 // cannot create its swap file there and says so at Initialize, naming the bytes.
 TEST(EngineNvmeFaultTest, RealDiskFullDuringTraining) {
   auto scratch = ::zero::ScratchDir::CreateWithDirectIo("engine_nvme_full");
-  ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
+  ASSERT_OK(scratch);
   auto disk = ScopedMount::CreateExt4Image(scratch->File("disk"), scratch->File("disk.img"), 16 << 20);
   if (!disk.ok()) GTEST_SKIP() << "no loop-mounted ext4 here: " << disk.status().ToString();
   ASSERT_OK(ProbeDirectIo(disk->dir()));
@@ -358,13 +357,12 @@ TEST(EngineNvmeFaultTest, RealDiskFullDuringTraining) {
     ZERO_RETURN_IF_ERROR(Train(e.get(), device, kStepsAfter));
     return Masters(e.get(), &got);
   });
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  std::string where;
-  EXPECT_TRUE(BitwiseEqual(got, reference, &where)) << "training on a full disk: " << where;
+  ASSERT_OK(s);
+  EXPECT_TRUE(SameBits(got, reference)) << "training on a full disk";
   EXPECT_EQ(HostSlab::live_bytes(), pinned_before) << "pinned host memory left behind";
 
   // The first engine's swap file is gone (its space freed): fill that too, then a new engine.
-  ASSERT_TRUE(FillDisk(filler).ok());
+  ASSERT_OK(FillDisk(filler));
   s = RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
     ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(Json(c, nvme), 1));
     return MakeEngineIn(config, device, comm, {}).status();
@@ -382,7 +380,7 @@ TEST(EngineNvmeFaultTest, RealDiskFullDuringTraining) {
 // above this test's own time limit, so a rank left waiting fails the test).
 TEST(EngineNvmeFaultTest, AFaultOnOneRankStopsEveryRankAtOnce) {
   auto scratch = ScratchDir::CreateWithDirectIo("nvme_fault_two_ranks");
-  ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
+  ASSERT_OK(scratch);
   const std::string nvme = scratch->File("nvme");
   const Case c{2, false, 0.05};
   std::vector<Status> steps(2);
@@ -402,7 +400,7 @@ TEST(EngineNvmeFaultTest, AFaultOnOneRankStopsEveryRankAtOnce) {
     steps[rank] = TrainSteps(e.get(), device, Model(), rank, o, &r);
     return OkStatus();
   }, options);
-  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_OK(s);
   std::printf("rank 0: %s\nrank 1: %s\n", steps[0].ToString().c_str(), steps[1].ToString().c_str());
   EXPECT_FALSE(steps[1].ok());
   EXPECT_TRUE(Contains(steps[1].message(), "rank1/optimizer_states.swp")) << steps[1].ToString();

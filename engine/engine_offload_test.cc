@@ -15,6 +15,7 @@
 #include "nvme/nvme_test_util.h"
 #include "offload/host_slab.h"
 #include "testing/scratch_dir.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -36,7 +37,7 @@ Status InitializeWith(const std::string& zero_extra) {
 
 TEST(EngineOffloadFaultsTest, NvmePathProblemsAreClearErrorsAtInitialize) {
   auto scratch = ::zero::ScratchDir::CreateWithDirectIo("offload_faults");
-  ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
+  ASSERT_OK(scratch);
   const std::string dir = scratch->path();
   // A path under a regular file cannot be created.
   const std::string file = dir + "/a_file";
@@ -75,7 +76,7 @@ TEST(EngineOffloadFaultsTest, NvmePathProblemsAreClearErrorsAtInitialize) {
 
 TEST(EngineOffloadFaultsTest, OffloadingEnginesReturnTheirPinnedMemory) {
   auto scratch = ::zero::ScratchDir::CreateWithDirectIo("offload_leaks");
-  ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
+  ASSERT_OK(scratch);
   const std::string dir = scratch->path();
   const size_t before = HostSlab::live_bytes();
   const std::string cpu_opt =
@@ -100,7 +101,7 @@ TEST(EngineOffloadFaultsTest, OffloadingEnginesReturnTheirPinnedMemory) {
       TrainResult r;
       return TrainSteps(e.get(), device, SmallModel(), rank, o, &r);
     });
-    ASSERT_TRUE(s.ok()) << "cycle " << cycle << ": " << s.ToString();
+    ASSERT_OK(s) << "cycle " << cycle;
     ASSERT_EQ(HostSlab::live_bytes(), before) << "cycle " << cycle << ": pinned host memory left behind";
   }
   for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {

@@ -15,6 +15,8 @@
 #include "engine/engine_test_util.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "testing/same_bits.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -62,30 +64,16 @@ bool SameLossBits(const std::vector<double>& a, const std::vector<double>& b, st
   return true;
 }
 
-bool SameBits(const std::vector<double>& a, const std::vector<double>& b, std::string* where) {
-  if (a.size() != b.size()) {
-    *where = "sizes differ";
-    return false;
-  }
-  for (size_t k = 0; k < a.size(); ++k) {
-    if (a[k] != b[k]) {
-      *where = "element " + std::to_string(k) + ": " + std::to_string(a[k]) + " vs " + std::to_string(b[k]);
-      return false;
-    }
-  }
-  return true;
-}
-
 // Every rank of `got` against the same rank of `ref`: master weights, model parameters, losses
 // and norms, bitwise.
 void ExpectBitwiseEqual(const std::vector<TrainResult>& ref, const std::vector<TrainResult>& got, const std::string& what) {
   ASSERT_EQ(ref.size(), got.size());
   for (size_t r = 0; r < ref.size(); ++r) {
     std::string where;
-    EXPECT_TRUE(BitwiseEqual(ref[r].master, got[r].master, &where)) << what << " rank " << r << " master: " << where;
-    EXPECT_TRUE(BitwiseEqual(ref[r].model, got[r].model, &where)) << what << " rank " << r << " model: " << where;
+    EXPECT_TRUE(SameBits(ref[r].master, got[r].master)) << what << " rank " << r << " master";
+    EXPECT_TRUE(SameBits(ref[r].model, got[r].model)) << what << " rank " << r << " model";
     EXPECT_TRUE(SameLossBits(ref[r].losses, got[r].losses, &where)) << what << " rank " << r << " losses: " << where;
-    EXPECT_TRUE(SameBits(ref[r].norms, got[r].norms, &where)) << what << " rank " << r << " norms: " << where;
+    EXPECT_TRUE(SameBits(ref[r].norms, got[r].norms)) << what << " rank " << r << " norms";
     EXPECT_EQ(ref[r].counters.global_steps, got[r].counters.global_steps) << what;
     EXPECT_EQ(ref[r].counters.adam_step, got[r].counters.adam_step) << what;
   }
@@ -214,8 +202,7 @@ TEST(EngineOptionsTest, CommunicationDtypeDifferentFromTheModelDtype) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     const auto ref = TrainAll(CellJson(stage, DType::kBF16, 2, "", comm_fp32), 2, model);
     const auto bf16 = TrainAll(CellJson(stage, DType::kBF16, 2, ""), 2, model);
-    std::string where;
-    EXPECT_FALSE(BitwiseEqual(ref[0].master, bf16[0].master, &where)) << "fp32 communication had no effect";
+    EXPECT_FALSE(SameBits(ref[0].master, bf16[0].master)) << "fp32 communication had no effect";
     for (const Variant& v : Variants()) {
       const auto got = TrainAll(CellJson(stage, DType::kBF16, 2, v.zero_extra, comm_fp32), 2, model);
       ExpectBitwiseEqual(ref, got, v.name);
@@ -247,7 +234,7 @@ TEST(EngineOptionsTest, AllgatherBucketSizeMustBePositive) {
     return Expect(Engine::Create(config, device, comm).status(), StatusCode::kInvalidArgument,
                   "allgather_bucket_size");
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 }  // namespace

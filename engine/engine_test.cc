@@ -22,6 +22,8 @@
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "testing/deferred_device.h"
+#include "testing/same_bits.h"
+#include "testing/status_matchers.h"
 #include "zero/partition.h"
 
 namespace zero {
@@ -73,7 +75,7 @@ TEST(EngineApiTest, CallsOutOfOrderAndBadArguments) {
     if (!engine->was_step_applied()) return InternalError("step not applied");
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 TEST(EngineApiTest, NoSyncRefusesTheBoundaryStep) {
@@ -105,7 +107,7 @@ TEST(EngineApiTest, NoSyncRefusesTheBoundaryStep) {
       }
       return OkStatus();
     });
-    EXPECT_TRUE(s.ok()) << "stage " << stage << ": " << s.ToString();
+    EXPECT_OK(s) << "stage " << stage;
   }
 }
 
@@ -120,7 +122,7 @@ TEST(EngineApiTest, InitialValuesMustAgreeAcrossRanks) {
     });
     return Expect(init, StatusCode::kInvalidArgument, "'differs'");
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // The cross-rank hash of the initial values (64-bit words, 32-byte stripes, then a tail) tells a
@@ -141,7 +143,7 @@ TEST(EngineApiTest, InitialValuesDifferingInOneBitAnywhereAreCaught) {
       });
       return Expect(init, StatusCode::kInvalidArgument, "'differs'");
     });
-    EXPECT_TRUE(s.ok()) << "numel " << numel << " at " << at << ": " << s.ToString();
+    EXPECT_OK(s) << "numel " << numel << " at " << at;
   }
 }
 
@@ -173,7 +175,7 @@ TEST(EngineApiTest, UnsupportedConfigIsRefused) {
     r.zero.offload_optimizer.ratio = 0.5;
     return Expect(Engine::Create(r, device, comm).status(), StatusCode::kUnimplemented, "offload_optimizer.ratio");
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // One config truth: a Config built in code (not parsed) is refused by Engine::Create (and Validate)
@@ -214,16 +216,15 @@ TEST(EngineApiTest, ConfigBuiltInCodeIsRefusedWithTheParsersMessage) {
     }
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // --- training: stages agree -------------------------------------------------------------------
 
 void ExpectSameAcrossRanks(const std::vector<TrainResult>& r) {
-  std::string where;
   for (size_t k = 1; k < r.size(); ++k) {
-    EXPECT_TRUE(BitwiseEqual(r[0].master, r[k].master, &where)) << "rank " << k << " master: " << where;
-    EXPECT_TRUE(BitwiseEqual(r[0].model, r[k].model, &where)) << "rank " << k << " model: " << where;
+    EXPECT_TRUE(SameBits(r[0].master, r[k].master)) << "rank " << k << " master";
+    EXPECT_TRUE(SameBits(r[0].model, r[k].model)) << "rank " << k << " model";
   }
 }
 
@@ -238,9 +239,8 @@ TEST(EngineTrainingTest, AllStagesEqualStageZeroAtGas1Fp32World2) {
   for (int stage = 1; stage <= 3; ++stage) {
     const auto got = TrainAll(ConfigJson(stage, 1, 0.0), 2, model);
     ExpectSameAcrossRanks(got);
-    std::string where;
-    EXPECT_TRUE(BitwiseEqual(ref[0].master, got[0].master, &where)) << "stage " << stage << ": " << where;
-    EXPECT_TRUE(BitwiseEqual(ref[0].model, got[0].model, &where)) << "stage " << stage << ": " << where;
+    EXPECT_TRUE(SameBits(ref[0].master, got[0].master)) << "stage " << stage;
+    EXPECT_TRUE(SameBits(ref[0].model, got[0].model)) << "stage " << stage;
     for (size_t k = 0; k < ref[0].norms.size(); ++k) {
       EXPECT_NEAR(ref[0].norms[k], got[0].norms[k], 1e-9 * ref[0].norms[k]) << "stage " << stage;
     }
@@ -254,10 +254,9 @@ TEST(EngineTrainingTest, SameReductionOrderIsBitwiseEqualWithAccumulation) {
   const auto s1 = TrainAll(ConfigJson(1, 3, 0.0), 2, model);
   const auto s2 = TrainAll(ConfigJson(2, 3, 0.0), 2, model);
   const auto s3 = TrainAll(ConfigJson(3, 3, 0.0), 2, model);
-  std::string where;
-  EXPECT_TRUE(BitwiseEqual(s0[0].master, s1[0].master, &where)) << where;
-  EXPECT_TRUE(BitwiseEqual(s2[0].master, s3[0].master, &where)) << where;
-  EXPECT_TRUE(BitwiseEqual(s2[1].model, s3[1].model, &where)) << where;
+  EXPECT_TRUE(SameBits(s0[0].master, s1[0].master));
+  EXPECT_TRUE(SameBits(s2[0].master, s3[0].master));
+  EXPECT_TRUE(SameBits(s2[1].model, s3[1].model));
   for (size_t i = 0; i < s0[0].master.size(); ++i) {
     for (size_t k = 0; k < s0[0].master[i].size(); ++k) {
       EXPECT_NEAR(s0[0].master[i][k], s2[0].master[i][k], 1e-5f);
@@ -272,9 +271,8 @@ TEST(EngineTrainingTest, Bf16Stage2EqualsStage3AndSumOpDiffers) {
   const std::string bf16 = "\"bf16\": {\"enabled\": true}";
   const auto s2 = TrainAll(ConfigJson(2, 2, 1.0, bf16), 2, model);
   const auto s3 = TrainAll(ConfigJson(3, 2, 1.0, bf16), 2, model);
-  std::string where;
-  EXPECT_TRUE(BitwiseEqual(s2[0].master, s3[0].master, &where)) << where;
-  EXPECT_TRUE(BitwiseEqual(s2[0].model, s3[0].model, &where)) << where;
+  EXPECT_TRUE(SameBits(s2[0].master, s3[0].master));
+  EXPECT_TRUE(SameBits(s2[0].model, s3[0].model));
   // Model params are the master weights rounded to bf16.
   for (size_t i = 0; i < s2[0].master.size(); ++i) {
     for (size_t k = 0; k < s2[0].master[i].size(); ++k) {
@@ -283,7 +281,7 @@ TEST(EngineTrainingTest, Bf16Stage2EqualsStage3AndSumOpDiffers) {
   }
   const auto sum = TrainAll(ConfigJson(2, 2, 0.0, bf16 + ", \"gradient_allreduce_op\": \"sum\""), 2, model);
   const auto mean = TrainAll(ConfigJson(2, 2, 0.0, bf16), 2, model);
-  EXPECT_FALSE(BitwiseEqual(sum[0].master, mean[0].master, &where));
+  EXPECT_FALSE(SameBits(sum[0].master, mean[0].master));
 }
 
 TEST(EngineTrainingTest, ClippingScalesTheUpdateAndNormsAgree) {
@@ -348,7 +346,7 @@ TEST(EngineTrainingTest, UpdateInBackwardKeepsParamUntilStepAndNeedsNoGradientPa
         }
         return OkStatus();
       });
-      ASSERT_TRUE(s.ok()) << "stage " << stage << " clip " << clip << ": " << s.ToString();
+      ASSERT_OK(s) << "stage " << stage << " clip " << clip;
     }
     ASSERT_EQ(got.size(), want.size());
     for (size_t k = 0; k < got.size(); ++k) ASSERT_EQ(FloatBits(got[k]), FloatBits(want[k])) << "stage " << stage << " element " << k;
@@ -391,7 +389,7 @@ TEST(EngineTrainingTest, Stage3RanksReportingDifferentParametersContributeZeros)
       }
       return OkStatus();
     });
-    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_OK(s);
   }
   for (int i = 0; i < 2; ++i) {
     ASSERT_EQ(weights[0][i].size(), 8u);
@@ -458,7 +456,7 @@ TEST(EngineTrainingTest, GradientScaleIncludesOneOverGasInManagedMode) {
       }
       return OkStatus();
     });
-    EXPECT_TRUE(s.ok()) << (managed ? "managed: " : "unmanaged: ") << s.ToString();
+    EXPECT_OK(s) << (managed ? "managed: " : "unmanaged: ");
   }
 }
 
@@ -501,7 +499,7 @@ TEST(EngineTrainingTest, Fp16OverflowSkipsTheStep) {
     }
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // stop_on_nonfinite (issue 23): a NaN or inf gradient on a step that would be applied ends Step()
@@ -543,7 +541,7 @@ TEST(EngineTrainingTest, NonFiniteGradientNormStopsTheStep) {
           if (engine->counters().adam_step != 0) return InternalError("adam_step counted");
           return Expect(engine->Step(), StatusCode::kFailedPrecondition, "the engine is unusable after an earlier error");
         });
-        EXPECT_TRUE(s.ok()) << what << ": " << s.ToString();
+        EXPECT_OK(s) << what;
       }
     }
   }
@@ -584,11 +582,10 @@ TEST(EngineTrainingTest, WorldOneEveryStageBitwiseLikeStageZeroWithoutBuckets) {
         for (int stage = 0; stage <= 3; ++stage) {
           for (const std::string zero_extra : {"", "\"contiguous_gradients\": false"}) {
             const auto got = TrainAll(ConfigJson(stage, gas, clip, stage <= 1 ? base : dtype, zero_extra), 1, model);
-            std::string diff;
-            EXPECT_TRUE(BitwiseEqual(ref[0].master, got[0].master, &diff))
-                << where << " stage " << stage << " " << zero_extra << " master: " << diff;
-            EXPECT_TRUE(BitwiseEqual(ref[0].model, got[0].model, &diff))
-                << where << " stage " << stage << " " << zero_extra << " model: " << diff;
+            EXPECT_TRUE(SameBits(ref[0].master, got[0].master))
+                << where << " stage " << stage << " " << zero_extra << " master";
+            EXPECT_TRUE(SameBits(ref[0].model, got[0].model))
+                << where << " stage " << stage << " " << zero_extra << " model";
             ASSERT_EQ(ref[0].norms.size(), got[0].norms.size());
             for (size_t k = 0; k < ref[0].norms.size(); ++k) {
               EXPECT_EQ(ref[0].norms[k], got[0].norms[k]) << where << " stage " << stage << " step " << k;
@@ -610,9 +607,8 @@ TEST(EngineTrainingTest, WorldOneEveryStageBitwiseLikeStageZeroWithoutBuckets) {
   const auto ref = TrainAll(ConfigJson(0, 2, 0.0), 1, model);
   const auto s2 = TrainAll(ConfigJson(2, 2, 0.0, fp32_comm_bf16), 1, model);
   const auto s3 = TrainAll(ConfigJson(3, 2, 0.0, fp32_comm_bf16), 1, model);
-  std::string diff;
-  EXPECT_TRUE(BitwiseEqual(s2[0].master, s3[0].master, &diff)) << diff;
-  EXPECT_FALSE(BitwiseEqual(ref[0].master, s2[0].master, &diff));
+  EXPECT_TRUE(SameBits(s2[0].master, s3[0].master));
+  EXPECT_FALSE(SameBits(ref[0].master, s2[0].master));
   EXPECT_GT(s3[0].memory.bucket_staging, 0u);
 }
 
@@ -663,7 +659,7 @@ TEST(EngineTrainingTest, NegativeZeroGradientAccumulatesToPositiveZero) {
           }
           return OkStatus();
         });
-        EXPECT_TRUE(s.ok()) << "world " << world << " stage " << stage << " gas " << gas << ": " << s.ToString();
+        EXPECT_OK(s) << "world " << world << " stage " << stage << " gas " << gas;
       }
     }
   }
@@ -721,8 +717,7 @@ TEST(EngineGradOffloadTest, GradientPartitionOnTheHostAndTheGpuSum) {
         EXPECT_EQ(none[r].memory.host_gradients, 0u);
         EXPECT_EQ(cpu[r].memory.gradient_accumulators, 0u) << "rank " << r << ": fp32 gradients on the device";
         EXPECT_GE(cpu[r].memory.host_gradients, partition) << "rank " << r;
-        std::string where;
-        EXPECT_TRUE(BitwiseEqual(cpu[r].master, none[r].master, &where)) << "rank " << r << ": " << where;
+        EXPECT_TRUE(SameBits(cpu[r].master, none[r].master)) << "rank " << r;
         EXPECT_EQ(cpu[r].norms, none[r].norms) << "rank " << r;
       }
       if (stage != 3) continue;
@@ -735,9 +730,8 @@ TEST(EngineGradOffloadTest, GradientPartitionOnTheHostAndTheGpuSum) {
         // The same host partition, without the staging slots (the sums arrive by Store).
         EXPECT_LT(gpu[r].memory.host_gradients, cpu[r].memory.host_gradients) << "rank " << r;
         EXPECT_GE(gpu[r].memory.host_gradients, none[r].memory.gradient_accumulators) << "rank " << r;
-        std::string where;
-        EXPECT_TRUE(BitwiseEqual(gpu[r].master, cpu[r].master, &where)) << "rank " << r << ": " << where;
-        EXPECT_TRUE(BitwiseEqual(gpu[r].model, cpu[r].model, &where)) << "rank " << r << ": " << where;
+        EXPECT_TRUE(SameBits(gpu[r].master, cpu[r].master)) << "rank " << r;
+        EXPECT_TRUE(SameBits(gpu[r].model, cpu[r].model)) << "rank " << r;
         EXPECT_EQ(gpu[r].norms, cpu[r].norms) << "rank " << r;
       }
     }
@@ -759,7 +753,7 @@ TEST(EngineParamOffloadTest, ShardOverBufferSizeIsAnInitializeErrorNamingIt) {
     ZERO_ASSIGN_OR_RETURN(Config good, MakeConfig(ConfigJson(3, 1, 0.0, "", fits), 2));
     return MakeEngine(good, model, device, comm).status();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // offload_param.device "cpu": no shard in device memory (model_params is the 4 MiB write scratch
@@ -791,7 +785,7 @@ TEST(EngineParamOffloadTest, ShardsLiveInHostMemory) {
       released[rank] = e->memory();
       return OkStatus();
     });
-    ASSERT_TRUE(s.ok()) << "world " << world << ": " << s.ToString();
+    ASSERT_OK(s) << "world " << world;
     const size_t shard_bytes = ((size_t{1} << 20) / world + 64) * 4 * 4;  // about 4 weights' shards
     for (int r = 0; r < world; ++r) {
       SCOPED_TRACE("world " + std::to_string(world) + " rank " + std::to_string(r));
@@ -817,7 +811,7 @@ TEST(EngineMemoryTest, Stage3PeakRespectsTheLiveLimitAndReleasingReturnsMemory) 
                                  ", \"stage3_prefetch_bucket_size\": 1500, \"stage3_param_persistence_threshold\": 8" +
                                  ", \"stage3_max_reuse_distance\": 0";
   auto config = MakeConfig(ConfigJson(3, 1, 1.0, "", zero_extra), world);
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  ASSERT_OK(config);
   std::vector<size_t> peak_extra(world, 0), leftover(world, 0);
   std::vector<size_t> base(world, 0);
   TrainOptions ro;
@@ -837,7 +831,7 @@ TEST(EngineMemoryTest, Stage3PeakRespectsTheLiveLimitAndReleasingReturnsMemory) 
     ZERO_RETURN_IF_ERROR(Train(*config, model, rank, comm, device, mine, &r));
     return OkStatus();
   });
-  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_OK(s);
   const size_t full_model = blocks * (w + b) * sizeof(float);
   // Gathered parameters: at most max_live plus one module (a demand may exceed the limit by one
   // module); gradient buffers: a bucket's worth plus the pool; staging: two buckets in flight.
@@ -853,7 +847,7 @@ TEST(EngineMemoryTest, Stage3PeakRespectsTheLiveLimitAndReleasingReturnsMemory) 
 TEST(EngineMemoryTest, Stage3StepReleasesGatheredParameters) {
   const TestModel model = BlockModel(4, 1000, 8);
   auto config = MakeConfig(ConfigJson(3, 1, 1.0, "", "\"stage3_param_persistence_threshold\": 8"), 2);
-  ASSERT_TRUE(config.ok());
+  ASSERT_OK(config);
   Status s = RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
     TrainOptions ro;
     ro.steps = 2;
@@ -870,7 +864,7 @@ TEST(EngineMemoryTest, Stage3StepReleasesGatheredParameters) {
     TrainResult r;
     return Train(*config, model, rank, comm, device, ro, &r);
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // --- stage-3 collectives ------------------------------------------------------------------------
@@ -950,12 +944,12 @@ TEST(EngineStatsTest, Stage3GatherIsOneCollectivePerModuleAndPerPrefetch) {
                                         "\"stage3_param_persistence_threshold\": 0, \"stage3_prefetch_bucket_size\": " +
                                             std::to_string(bucket)),
                              world);
-    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    ASSERT_OK(config);
     std::vector<std::vector<std::vector<int64_t>>> deltas(world);
     Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) {
       return CountStage3Gathers(*config, model, rank, comm, device, 2, &deltas[rank]);
     });
-    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_OK(s);
     for (int r = 0; r < world; ++r) {
       ASSERT_EQ(deltas[r].size(), 2u);
       // Recording (first micro step): nothing kept or prefetched: each GatherModule is exactly
@@ -974,12 +968,12 @@ TEST(EngineStatsTest, Stage3PersistentAndGatheredParametersShareOneCollective) {
   auto config = MakeConfig(ConfigJson(3, 1, 1.0, "",
                                       "\"stage3_param_persistence_threshold\": 10, \"stage3_prefetch_bucket_size\": 0"),
                            world);
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  ASSERT_OK(config);
   std::vector<std::vector<std::vector<int64_t>>> deltas(world);
   Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) {
     return CountStage3Gathers(*config, model, rank, comm, device, 3, &deltas[rank]);
   });
-  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_OK(s);
   for (int r = 0; r < world; ++r) {
     ASSERT_EQ(deltas[r].size(), 3u);
     // Recording: nothing is kept, so backward gathers the weights again (one collective each).
@@ -1017,7 +1011,7 @@ TEST(EngineTrainingTest, LargerModelEveryStage) {
 struct DeferredRank {
   explicit DeferredRank(uint32_t seed) : device(seed) {
     auto c = GlooCommunicator::Create(0, 1, std::make_shared<gloo::rendezvous::HashStore>(), &device);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_OK(c);
     if (c.ok()) comm = std::move(c).value();
   }
   DeferredDevice device;
@@ -1036,9 +1030,9 @@ std::string OverlapJson(int stage, double clip, bool overlap) {
 void MakeOverlapEngine(const TestModel& model, int stage, double clip, DeferredRank* r, std::unique_ptr<Engine>* e) {
   ASSERT_NE(r->comm, nullptr);
   auto c = MakeConfig(OverlapJson(stage, clip, true), 1);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   auto made = MakeEngine(*c, model, &r->device, r->comm.get());
-  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  ASSERT_OK(made);
   *e = std::move(made).value();
 }
 
@@ -1084,7 +1078,7 @@ TEST(EngineOverlapStepTest, ForwardWaitsOnlyForItsChunksAndEqualsTheSynchronousS
       CpuDevice cpu;
       TrainResult want;
       std::vector<double> want_losses;
-      ASSERT_TRUE(RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
+      ASSERT_OK(RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
         ZERO_ASSIGN_OR_RETURN(Config c, MakeConfig(OverlapJson(stage, clip, false), 1));
         ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(c, model, device, comm));
         for (int s = 0; s < 4; ++s) {
@@ -1093,7 +1087,7 @@ TEST(EngineOverlapStepTest, ForwardWaitsOnlyForItsChunksAndEqualsTheSynchronousS
           want_losses.push_back(loss);
         }
         return Snapshot(e.get(), &want);
-      }).ok());
+      }));
       for (uint32_t seed : {1u, 2u, 3u}) {
         SCOPED_TRACE("stage " + std::to_string(stage) + " clip " + std::to_string(clip) + " seed " +
                      std::to_string(seed));
@@ -1103,18 +1097,17 @@ TEST(EngineOverlapStepTest, ForwardWaitsOnlyForItsChunksAndEqualsTheSynchronousS
         for (int s = 0; s < 4; ++s) {
           double loss = 0;
           Status st = OverlapMicroStep(e.get(), &r.device, model, /*expect_in_flight=*/s > 0, &loss);
-          ASSERT_TRUE(st.ok()) << "step " << s << ": " << st.ToString();
+          ASSERT_OK(st) << "step " << s;
           EXPECT_EQ(FloatBits(static_cast<float>(loss)), FloatBits(static_cast<float>(want_losses[s])))
               << "the forward of step " << s << " read other weights than the synchronous step's";
         }
         EXPECT_FALSE(r.device.idle()) << "Step() returned with nothing left in flight: nothing overlaps";
         TrainResult got;
-        ASSERT_TRUE(Snapshot(e.get(), &got).ok());
-        std::string where;
-        EXPECT_TRUE(BitwiseEqual(got.master, want.master, &where)) << "master: " << where;
-        EXPECT_TRUE(BitwiseEqual(got.model, want.model, &where)) << "model: " << where;
-        EXPECT_TRUE(BitwiseEqual(got.exp_avg, want.exp_avg, &where)) << "exp_avg: " << where;
-        EXPECT_TRUE(BitwiseEqual(got.exp_avg_sq, want.exp_avg_sq, &where)) << "exp_avg_sq: " << where;
+        ASSERT_OK(Snapshot(e.get(), &got));
+        EXPECT_TRUE(SameBits(got.master, want.master)) << "master";
+        EXPECT_TRUE(SameBits(got.model, want.model)) << "model";
+        EXPECT_TRUE(SameBits(got.exp_avg, want.exp_avg)) << "exp_avg";
+        EXPECT_TRUE(SameBits(got.exp_avg_sq, want.exp_avg_sq)) << "exp_avg_sq";
       }
     }
   }
@@ -1130,7 +1123,7 @@ TEST(EngineOverlapStepTest, StateAccessWaitsForTheStepInFlight) {
   for (auto [stage, clip] : {std::pair<int, double>{3, 0.0}, {1, 0.05}}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     TrainResult want1, want2;  // the synchronous step after 1 and 2 steps
-    ASSERT_TRUE(RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
+    ASSERT_OK(RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
       ZERO_ASSIGN_OR_RETURN(Config c, MakeConfig(OverlapJson(stage, clip, false), 1));
       ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(c, model, device, comm));
       double loss = 0;
@@ -1139,29 +1132,28 @@ TEST(EngineOverlapStepTest, StateAccessWaitsForTheStepInFlight) {
       ZERO_RETURN_IF_ERROR(e->SaveCheckpoint(dir, "sync1"));
       ZERO_RETURN_IF_ERROR(OverlapMicroStep(e.get(), device, model, false, &loss));
       return Snapshot(e.get(), &want2);
-    }).ok());
+    }));
     // Two overlapped steps on the deferred device; the second is in flight when `probe` runs.
     auto run = [&](uint32_t seed, const std::function<void(Engine*, DeferredDevice*)>& probe) {
       DeferredRank r(seed);
       std::unique_ptr<Engine> e;
       ASSERT_NO_FATAL_FAILURE(MakeOverlapEngine(model, stage, clip, &r, &e));
       double loss = 0;
-      ASSERT_TRUE(OverlapMicroStep(e.get(), &r.device, model, false, &loss).ok());
-      ASSERT_TRUE(OverlapMicroStep(e.get(), &r.device, model, true, &loss).ok());
+      ASSERT_OK(OverlapMicroStep(e.get(), &r.device, model, false, &loss));
+      ASSERT_OK(OverlapMicroStep(e.get(), &r.device, model, true, &loss));
       ASSERT_FALSE(r.device.idle()) << "the step is not in flight: the probe tests nothing";
       probe(e.get(), &r.device);
     };
-    std::string where;
     for (uint32_t seed : {4u, 5u}) {
       run(seed, [&](Engine* e, DeferredDevice*) {
         const int n = e->num_params();
         for (int i = 0; i < n; ++i) {
           std::vector<float> m(want2.master[i].size()), p(m.size()), a(m.size()), v(m.size());
-          ASSERT_TRUE(e->GatherMasterWeights(i, m.data()).ok());
+          ASSERT_OK(e->GatherMasterWeights(i, m.data()));
           EXPECT_EQ(std::memcmp(m.data(), want2.master[i].data(), m.size() * 4), 0) << "GatherMasterWeights " << i;
-          ASSERT_TRUE(e->GatherModelParam(i, p.data()).ok());
+          ASSERT_OK(e->GatherModelParam(i, p.data()));
           EXPECT_EQ(std::memcmp(p.data(), want2.model[i].data(), p.size() * 4), 0) << "GatherModelParam " << i;
-          ASSERT_TRUE(e->GatherOptimizerState(i, a.data(), v.data()).ok());
+          ASSERT_OK(e->GatherOptimizerState(i, a.data(), v.data()));
           EXPECT_EQ(std::memcmp(a.data(), want2.exp_avg[i].data(), a.size() * 4), 0) << "exp_avg " << i;
           EXPECT_EQ(std::memcmp(v.data(), want2.exp_avg_sq[i].data(), v.size() * 4), 0) << "exp_avg_sq " << i;
         }
@@ -1169,50 +1161,54 @@ TEST(EngineOverlapStepTest, StateAccessWaitsForTheStepInFlight) {
       // Each gather on its own, first thing after the step (the loop above waits at its first call).
       run(seed, [&](Engine* e, DeferredDevice*) {
         std::vector<float> p(want2.model[0].size());
-        ASSERT_TRUE(e->GatherModelParam(0, p.data()).ok());
+        ASSERT_OK(e->GatherModelParam(0, p.data()));
         EXPECT_EQ(std::memcmp(p.data(), want2.model[0].data(), p.size() * 4), 0) << "GatherModelParam alone";
       });
       run(seed, [&](Engine* e, DeferredDevice*) {
         const int last = e->num_params() - 1;
         std::vector<float> a(want2.exp_avg[last].size()), v(a.size());
-        ASSERT_TRUE(e->GatherOptimizerState(last, a.data(), v.data()).ok());
+        ASSERT_OK(e->GatherOptimizerState(last, a.data(), v.data()));
         EXPECT_EQ(std::memcmp(a.data(), want2.exp_avg[last].data(), a.size() * 4), 0) << "exp_avg alone";
       });
       run(seed, [&](Engine* e, DeferredDevice* d) {
-        ASSERT_TRUE(e->WaitForOptimizerStep().ok());
+        ASSERT_OK(e->WaitForOptimizerStep());
         EXPECT_TRUE(d->idle()) << "WaitForOptimizerStep left work queued";
         EXPECT_EQ(e->param(0).status().message().find("overlapped optimizer step"), std::string::npos)
             << "a step still in flight after WaitForOptimizerStep";
       });
       run(seed, [&](Engine* e, DeferredDevice* d) {
         const int64_t before = d->ops_run();
-        ASSERT_TRUE(e->ZeroGrad().ok());
+        ASSERT_OK(e->ZeroGrad());
         EXPECT_GT(d->ops_run(), before) << "ZeroGrad ran nothing of the step in flight";
         EXPECT_EQ(e->param(0).status().message().find("overlapped optimizer step"), std::string::npos)
             << "a step still in flight after ZeroGrad";
       });
       run(seed, [&](Engine* e, DeferredDevice*) {
-        ASSERT_TRUE(e->SaveCheckpoint(dir, "overlap" + std::to_string(seed)).ok());
+        ASSERT_OK(e->SaveCheckpoint(dir, "overlap" + std::to_string(seed)));
       });
       // The checkpoint saved in flight holds the completed step: loaded on the CPU backend.
-      ASSERT_TRUE(RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
+      ASSERT_OK(RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
         ZERO_ASSIGN_OR_RETURN(Config c, MakeConfig(OverlapJson(stage, clip, false), 1));
         ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(c, model, device, comm, 0.5f));
         ZERO_RETURN_IF_ERROR(e->LoadCheckpoint(dir, "overlap" + std::to_string(seed)).status());
         TrainResult got;
         ZERO_RETURN_IF_ERROR(Snapshot(e.get(), &got));
-        if (!BitwiseEqual(got.master, want2.master, &where)) return InternalError("saved master: " + where);
-        if (!BitwiseEqual(got.exp_avg_sq, want2.exp_avg_sq, &where)) return InternalError("saved v: " + where);
+        if (auto same = SameBits(got.master, want2.master); !same) {
+          return InternalError(std::string("saved master: ") + same.message());
+        }
+        if (auto same = SameBits(got.exp_avg_sq, want2.exp_avg_sq); !same) {
+          return InternalError(std::string("saved v: ") + same.message());
+        }
         return OkStatus();
-      }).ok()) << where;
+      }));
       // Loaded in flight: the late chunks of the step must not land on the loaded state.
       run(seed, [&](Engine* e, DeferredDevice*) {
-        ASSERT_TRUE(e->LoadCheckpoint(dir, "sync1").ok());
+        ASSERT_OK(e->LoadCheckpoint(dir, "sync1"));
         TrainResult got;
-        ASSERT_TRUE(Snapshot(e, &got).ok());
-        EXPECT_TRUE(BitwiseEqual(got.master, want1.master, &where)) << "loaded master: " << where;
-        EXPECT_TRUE(BitwiseEqual(got.model, want1.model, &where)) << "loaded model: " << where;
-        EXPECT_TRUE(BitwiseEqual(got.exp_avg, want1.exp_avg, &where)) << "loaded exp_avg: " << where;
+        ASSERT_OK(Snapshot(e, &got));
+        EXPECT_TRUE(SameBits(got.master, want1.master)) << "loaded master";
+        EXPECT_TRUE(SameBits(got.model, want1.model)) << "loaded model";
+        EXPECT_TRUE(SameBits(got.exp_avg, want1.exp_avg)) << "loaded exp_avg";
       });
       // Destroyed in flight: the destructor completes the step (the device runs it before freeing).
       run(seed, [&](Engine*, DeferredDevice*) {});
@@ -1223,16 +1219,16 @@ TEST(EngineOverlapStepTest, StateAccessWaitsForTheStepInFlight) {
 // Refused where not built, naming the key.
 TEST(EngineOverlapStepTest, RefusedWithSeveralRanksOrParameterOffload) {
   std::vector<std::string> errors(2);
-  ASSERT_TRUE(RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
+  ASSERT_OK(RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
     ZERO_ASSIGN_OR_RETURN(Config c, MakeConfig(OverlapJson(3, 0.0, true), 2));
     errors[rank] = Engine::Create(c, device, comm).status().ToString();
     return OkStatus();
-  }).ok());
+  }));
   for (const std::string& e : errors) {
     EXPECT_NE(e.find("zero_optimization.offload_optimizer.overlap_step: needs one data-parallel rank, got 2"),
               std::string::npos) << e;
   }
-  ASSERT_TRUE(RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
+  ASSERT_OK(RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
     ZERO_ASSIGN_OR_RETURN(
         Config c, MakeConfig(ConfigJson(3, 1, 0.0, "",
                                         "\"offload_param\": {\"device\": \"cpu\"}, \"offload_optimizer\": {\"device\": "
@@ -1240,7 +1236,7 @@ TEST(EngineOverlapStepTest, RefusedWithSeveralRanksOrParameterOffload) {
                              1));
     return Expect(Engine::Create(c, device, comm).status(), StatusCode::kUnimplemented,
                   "overlap_step: not with zero_optimization.offload_param.device \"cpu\"");
-  }).ok());
+  }));
 }
 
 // The same refusals with unmanaged accumulation (the only combinations of issue 10's matrix the
@@ -1251,11 +1247,11 @@ TEST(EngineOverlapStepTest, UnmanagedRefusalsSayWhy) {
   const std::string overlap =
       "\"offload_optimizer\": {\"device\": \"cpu\", \"update_device\": \"gpu\", \"overlap_step\": true}";
   std::vector<std::string> errors(2);
-  ASSERT_TRUE(RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
+  ASSERT_OK(RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
     ZERO_ASSIGN_OR_RETURN(Config c, MakeConfig(ConfigJson(2, 1, 0.0, unmanaged, overlap), 2));
     errors[rank] = Engine::Create(c, device, comm).status().ToString();
     return OkStatus();
-  }).ok());
+  }));
   for (const std::string& e : errors) {
     EXPECT_NE(e.find("overlap_step: needs one data-parallel rank, got 2 (stages 1/2 all-gather the new weights "
                      "right after the update"),
@@ -1272,7 +1268,7 @@ TEST(EngineOverlapStepTest, UnmanagedRefusalsSayWhy) {
     ZERO_ASSIGN_OR_RETURN(Config ok, MakeConfig(ConfigJson(3, 1, 0.0, unmanaged, overlap), 1));
     return Engine::Create(ok, device, comm).status();
   });
-  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_OK(st);
 }
 
 }  // namespace

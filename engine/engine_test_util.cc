@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "comm/thread_ranks.h"
+#include "testing/status_matchers.h"
 
 namespace zero::testing {
 
@@ -112,12 +113,12 @@ std::vector<TrainResult> TrainAll(const std::string& json, int world, const Test
                                   const TrainOptions& opt) {
   std::vector<TrainResult> results(world);
   auto config = MakeConfig(json, world);
-  EXPECT_TRUE(config.ok()) << config.status().ToString() << "\n" << json;
+  EXPECT_OK(config) << "\n" << json;
   if (!config.ok()) return results;
   Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) {
     return Train(*config, model, rank, comm, device, opt, &results[rank]);
   });
-  EXPECT_TRUE(s.ok()) << s.ToString() << "\n" << json;
+  EXPECT_OK(s) << "\n" << json;
   return results;
 }
 

@@ -109,28 +109,6 @@ inline std::vector<float> Gradient(int index, const std::vector<float>& p, int r
   return g;
 }
 
-inline bool BitwiseEqual(const std::vector<std::vector<float>>& a,
-                         const std::vector<std::vector<float>>& b, std::string* where) {
-  if (a.size() != b.size()) {
-    *where = "different parameter counts";
-    return false;
-  }
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].size() != b[i].size()) {
-      *where = "param " + std::to_string(i) + " sizes differ";
-      return false;
-    }
-    for (size_t k = 0; k < a[i].size(); ++k) {
-      if (FloatBits(a[i][k]) != FloatBits(b[i][k])) {
-        *where = "param " + std::to_string(i) + " element " + std::to_string(k) + ": " +
-                 std::to_string(a[i][k]) + " vs " + std::to_string(b[i][k]);
-        return false;
-      }
-    }
-  }
-  return true;
-}
-
 // OK when `s` has `code` and contains `needle`; else an error describing what came instead.
 inline Status Expect(const Status& s, StatusCode code, const std::string& needle) {
   if (s.code() != code || s.message().find(needle) == std::string::npos) {

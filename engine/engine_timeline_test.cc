@@ -21,16 +21,12 @@
 #include "engine/engine_test_util.h"
 #include "engine/engine_timeline.h"
 #include "testing/scratch_dir.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
 
 using namespace ::zero::testing;  // NOLINT: the engine test helpers
-
-std::string TmpDir() {
-  const char* d = std::getenv("TEST_TMPDIR");
-  return d != nullptr ? d : "/tmp";
-}
 
 Result<std::unique_ptr<Engine>> MakeEngineWithSink(const Config& config, const TestModel& model, Device* device,
                                                    Communicator* comm, std::function<void(const std::string&)> sink) {
@@ -66,7 +62,7 @@ std::vector<RankRun> TrainRanks(const std::string& json, int world, int steps) {
     run.breakdown = engine->wall_clock_breakdown();
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
   return runs;
 }
 
@@ -173,7 +169,8 @@ std::string TraceJson(const std::string& path) {
 TEST(EngineTimelineTest, TraceOfTheChosenStepsWithOneTrackPerStream) {
   // In the test's outputs when Bazel keeps them (tools/trace_to_svg.py renders it for docs/timeline.md).
   const char* keep = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
-  const std::string path = (keep != nullptr ? std::string(keep) : TmpDir()) + "/engine_trace.json";
+  ASSERT_OK_AND_ASSIGN(ScratchDir scratch, ScratchDir::Create("engine_trace"));
+  const std::string path = (keep != nullptr ? std::string(keep) : scratch.path()) + "/engine_trace.json";
   std::remove(path.c_str());
   std::remove((path + ".rank1").c_str());
   const int64_t observers = EngineTimeline::observers_created();
@@ -205,7 +202,7 @@ TEST(EngineTimelineTest, TraceOfTheChosenStepsWithOneTrackPerStream) {
 
 TEST(EngineTimelineTest, NvmeRunsHaveIoSpansOfTheirAioWaits) {
   auto scratch = ScratchDir::CreateWithDirectIo("engine_timeline_nvme");
-  ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
+  ASSERT_OK(scratch);
   const std::string cpu_opt = "\"offload_optimizer\": {\"device\": \"cpu\"}";
   // NVMe optimizer states; then CPU states with the parameters on NVMe (the param store).
   const std::string nvme_states = "\"sub_group_size\": 64, \"offload_optimizer\": {\"device\": \"nvme\", "
@@ -213,7 +210,7 @@ TEST(EngineTimelineTest, NvmeRunsHaveIoSpansOfTheirAioWaits) {
   const std::string nvme_params = cpu_opt + ", \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"" +
                                   scratch->File("p") + "\", \"buffer_count\": 2, \"max_in_cpu\": 0}";
   for (const std::string& extra : {nvme_states, nvme_params}) {
-    const std::string path = TmpDir() + "/engine_trace_nvme.json";
+    const std::string path = scratch->File("engine_trace_nvme.json");
     std::remove(path.c_str());
     std::remove((path + ".rank1").c_str());
     TrainRanks(ConfigJson(3, 1, 1.0, TraceJson(path), extra), 2, 3);
@@ -240,7 +237,8 @@ TEST(EngineTimelineTest, NoObserverWithoutZeroTrace) {
   EXPECT_EQ(EngineTimeline::observers_created(), observers);
   EXPECT_EQ(EngineTimeline::observer_calls(), calls);
   // The counter counts: a traced run's hooks reach its observer.
-  const std::string path = TmpDir() + "/engine_trace_counted.json";
+  ASSERT_OK_AND_ASSIGN(ScratchDir scratch, ScratchDir::Create("engine_trace_counted"));
+  const std::string path = scratch.File("engine_trace_counted.json");
   TrainRanks(ConfigJson(3, 2, 1.0, TraceJson(path), kOffload), 2, 3);
   EXPECT_EQ(EngineTimeline::observers_created(), observers + 2);
   EXPECT_GT(EngineTimeline::observer_calls(), calls);
@@ -255,7 +253,8 @@ TEST(EngineTimelineTest, TraceConfigErrorsNameTheKey) {
   ASSERT_FALSE(order.ok());
   EXPECT_NE(order.status().message().find("zero_trace.last_step"), std::string::npos) << order.status().ToString();
 
-  const std::string missing = TmpDir() + "/no_such_dir/trace.json";
+  ASSERT_OK_AND_ASSIGN(ScratchDir scratch, ScratchDir::Create("engine_trace_missing"));
+  const std::string missing = scratch.File("no_such_dir/trace.json");
   Status s = RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
     ZERO_ASSIGN_OR_RETURN(
         Config config,
@@ -264,7 +263,7 @@ TEST(EngineTimelineTest, TraceConfigErrorsNameTheKey) {
   });
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("zero_trace.path"), std::string::npos) << s.ToString();
-  EXPECT_NE(s.message().find(TmpDir() + "/no_such_dir"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find(scratch.File("no_such_dir")), std::string::npos) << s.ToString();
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
 #include "runtime/status.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -42,7 +43,7 @@ class EngineWatchdogTest : public ::testing::TestWithParam<int> {};
 TEST_P(EngineWatchdogTest, HungReductionFailsTrainingAndLeavesTheEngineUnusable) {
   const int stage = GetParam();
   auto config = MakeConfig(testing::ConfigJson(stage, 1, 1.0), 2);
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  ASSERT_OK(config);
   const testing::TestModel model = SmallModel();
   CommOptions gloo_options;
   gloo_options.timeout = std::chrono::milliseconds(60000);  // so the errors below are the watchdog's
@@ -85,7 +86,7 @@ TEST_P(EngineWatchdogTest, HungReductionFailsTrainingAndLeavesTheEngineUnusable)
 
     return OkStatus();
   }, gloo_options);
-  EXPECT_TRUE(s.ok()) << "stage " << stage << ": " << s.ToString();
+  EXPECT_OK(s) << "stage " << stage;
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, EngineWatchdogTest, ::testing::Values(1, 2, 3),

@@ -29,6 +29,7 @@
 #include "engine/config.h"
 #include "engine/config_keys.h"
 #include "gtest/gtest.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -323,7 +324,7 @@ std::vector<std::string> ValidConfigs() {
                            "fp16_dynamic_loss_scale.json", "legacy_cpu_offload.json", "typos.json",
                            "hf_trainer_auto.json"}) {
     auto text = ReadFile(std::string("engine/testdata/") + name);
-    EXPECT_TRUE(text.ok()) << text.status().ToString();
+    EXPECT_OK(text);
     if (text.ok()) out.push_back(*text);
   }
   return out;
@@ -394,7 +395,7 @@ TEST(InputFuzzTest, CheckpointMetadataEndsEveryCaseInSuccessOrAClearError) {
   SaveSynthetic(dir, "t", full, 2);
   const std::string path = dir + "/t/metadata.json";
   auto original = ReadFile(path);
-  ASSERT_TRUE(original.ok());
+  ASSERT_OK(original);
   const std::string body = original->substr(0, original->rfind(",\n \"metadata_crc32c\"")) + "\n}\n";
   int64_t parsed = 0, loaded = 0;  // in the child
   auto metadata_case = [&](int64_t i) {

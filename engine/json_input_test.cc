@@ -3,10 +3,12 @@
 // exception; valid text must parse to exactly what nlohmann's own parse() gives.
 #include "engine/json_input.h"
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <string>
 
-#include <gtest/gtest.h>
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -26,11 +28,11 @@ TEST(JsonInputTest, ValidTextParsesAsNlohmannDoes) {
   const std::string text =
       R"({"b": 1, "a": [1, -2, 3.5, "x", null, true, {"c": {}}], "u": 18446744073709551615, "e": 1e-400})";
   auto ordered = ParseJsonText<OJson>(text, "t");
-  ASSERT_TRUE(ordered.ok()) << Message(ordered);
+  ASSERT_OK(ordered) << Message(ordered);
   EXPECT_EQ(*ordered, OJson::parse(text));
   EXPECT_EQ(ordered->begin().key(), "b");  // file order kept
   auto plain = ParseJsonText<nlohmann::json>(text, "t");
-  ASSERT_TRUE(plain.ok()) << Message(plain);
+  ASSERT_OK(plain) << Message(plain);
   EXPECT_EQ(*plain, nlohmann::json::parse(text));
   EXPECT_TRUE((*plain)["u"].is_number_unsigned());
 }
@@ -71,7 +73,7 @@ TEST(JsonInputTest, BracketsInStringsDoNotCount) {
   std::string s(5000, '[');
   const std::string text = "{\"a\": \"" + s + "\\\"[[[\", \"b\": [\"]]]]\"]}";
   auto r = ParseJsonText<OJson>(text, "t");
-  ASSERT_TRUE(r.ok()) << Message(r);
+  ASSERT_OK(r) << Message(r);
   EXPECT_EQ((*r)["a"].get<std::string>().size(), 5004u);
 }
 
@@ -116,7 +118,7 @@ TEST(JsonInputTest, TimeIsLinearInTheNumberOfKeys) {
   const auto t0 = std::chrono::steady_clock::now();
   auto r = ParseJsonText<OJson>(text, "big");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ASSERT_TRUE(r.ok()) << Message(r);
+  ASSERT_OK(r) << Message(r);
   EXPECT_EQ(r->size(), 200000u);
   EXPECT_LT(seconds, 5.0) << "200k keys (" << text.size() << " bytes)";
 }

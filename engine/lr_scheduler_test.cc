@@ -1,9 +1,11 @@
 #include "engine/lr_scheduler.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <string>
 
-#include <gtest/gtest.h>
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -18,7 +20,7 @@ SchedulerConfig Sched(const std::string& type, int64_t warmup, const std::string
 
 LrScheduler Make(const SchedulerConfig& s, double base_lr) {
   auto r = LrScheduler::Create(s, base_lr);
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_OK(r);
   return *r;
 }
 
@@ -138,7 +140,7 @@ TEST(LrSchedulerTest, StateSaveAndRestore) {
   const LrSchedulerState saved = a.state();
   EXPECT_EQ(saved.last_batch_iteration, 16);
   LrScheduler b = Make(c, 1.0);
-  ASSERT_TRUE(b.Restore(saved).ok());
+  ASSERT_OK(b.Restore(saved));
   EXPECT_EQ(b.state(), saved);
   for (int i = 0; i < 40; ++i) {
     EXPECT_EQ(a.lr(), b.lr());
@@ -166,7 +168,7 @@ TEST(LrSchedulerTest, FromAParsedConfig) {
                                "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 2,
                                "warmup_type": "linear"}}})",
                             ParseOptions());
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  ASSERT_OK(config);
   LrScheduler s = Make(config->scheduler, config->optimizer.lr);
   EXPECT_EQ(s.LrAt(1), 0.0);
   EXPECT_EQ(s.LrAt(2), 0.25);

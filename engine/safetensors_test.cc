@@ -10,6 +10,7 @@
 #include "engine/checkpoint_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -43,7 +44,7 @@ TEST(SafetensorsTest, WritesAlignedHeaderAndReadsBack) {
   const std::string path = dir + "/model.safetensors";
   Sample s = MakeSample();
   auto bytes = WriteSafetensors(path, s.refs, {{"format", "pt"}, {"global_steps", "120"}});
-  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  ASSERT_OK(bytes);
 
   std::string raw = *ReadFile(path);
   EXPECT_EQ(raw.size(), *bytes);
@@ -60,7 +61,7 @@ TEST(SafetensorsTest, WritesAlignedHeaderAndReadsBack) {
   EXPECT_EQ(std::memcmp(raw.data() + 8 + n, s.a.data(), 140), 0);
 
   auto file = ReadSafetensors(path);
-  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  ASSERT_OK(file);
   EXPECT_EQ(file->metadata.at("format"), "pt");
   EXPECT_EQ(file->metadata.at("global_steps"), "120");
   ASSERT_EQ(file->tensors.size(), 4u);
@@ -96,7 +97,7 @@ TEST(SafetensorsTest, ReaderRejectsDamage) {
   const std::string dir = ScratchDir("st");
   const std::string path = dir + "/m.safetensors";
   Sample s = MakeSample();
-  ASSERT_TRUE(WriteSafetensors(path, s.refs, {}).ok());
+  ASSERT_OK(WriteSafetensors(path, s.refs, {}));
   const std::string raw = *ReadFile(path);
   auto write = [&](const std::string& data) {
     std::ofstream(path, std::ios::binary | std::ios::trunc) << data;
@@ -122,7 +123,7 @@ TEST(SafetensorsTest, PythonSafetensorsReadsIt) {
   const std::string dir = ScratchDir("st");
   const std::string path = dir + "/py.safetensors";
   Sample s = MakeSample();
-  ASSERT_TRUE(WriteSafetensors(path, s.refs, {{"format", "pt"}}).ok());
+  ASSERT_OK(WriteSafetensors(path, s.refs, {{"format", "pt"}}));
   const std::string script =
       "import numpy as np, sys\n"
       "from safetensors.numpy import load_file\n"
