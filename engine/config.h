@@ -1,14 +1,15 @@
 // Config: the DeepSpeed-style JSON that configures an Engine, parsed and validated.
 //
-// Every key is declared once in config.cc's key table (JSON path, type, default, check, one-line
+// Every key is declared once in config_key_table.cc's table (JSON path, type, default, check, one-line
 // doc); the same table drives parsing, defaults, validation and docs/config.md (written by
 // //engine:config_doc). Errors name the key's full path ("zero_optimization.offload_optimizer.
 // device"), the value seen and what was expected; malformed JSON reports line and column. Unknown
 // keys are collected as warnings, or errors when `strict` is set. The batch identity and Validate's
 // rules between keys (param offload below stage 3, nvme without nvme_path, fp16 and bf16 both on,
 // offload_grad_accumulation "gpu" without both offloads, a host_memory_budget without device "nvme",
-// ...) run after the keys are read; Engine::Create runs Validate too. Parsing does not stop at the first problem: every bad value, unknown key (strict),
-// contradiction and missing batch size is listed in one error; only malformed JSON stops at once.
+// ...) run after the keys are read; Engine::Create runs Validate too. Parsing does not stop at the
+// first problem: every bad value, unknown key (strict), contradiction and missing batch size is
+// listed in one error; only malformed JSON stops at once.
 // Defaults are DeepSpeed 0.19.8's; docs/config.md lists where they differ. A Config is a plain
 // value: copyable, no resources, safe to share read-only.
 #pragma once

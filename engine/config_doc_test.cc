@@ -25,7 +25,7 @@ TEST(ConfigDocTest, DocsConfigMdIsUpToDate) {
     if (on_disk[i] == '\n') ++line;
     ++i;
   }
-  FAIL() << "docs/config.md is out of date with the key table in engine/config.cc (first difference at line "
+  FAIL() << "docs/config.md is out of date with the key table in engine/config_key_table.cc (first difference at line "
          << line << "). Regenerate it from the workspace root with\n"
          << "  bazel run //engine:config_doc -- --output=docs/config.md\n"
          << "or\n"

@@ -1,7 +1,7 @@
-// ConfigKeyInfo: a read-only view of the key table in config.cc, for tests and tools.
+// ConfigKeyInfo: a read-only view of the key table (config_key_table.cc), for tests and tools.
 //
-// The table itself (bindings to Config fields, parsing, checks) stays private to config.cc so that
-// nlohmann/json is compiled there only; this header exposes what a test needs to cover every key
+// The table itself (bindings to Config fields, parsing, checks) stays private to //engine:config so
+// that nlohmann/json is compiled in its .cc files only; this header exposes what a test needs to cover every key
 // without naming it: the path, the declared default, and JSON values of the wrong type or outside
 // the key's check. Adding a key to the table adds it here, so table-driven tests cover it at once.
 #pragma once

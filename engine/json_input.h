@@ -12,7 +12,7 @@
 //   "<source>: JSON nested deeper than 100 levels at line 1, column 101 (...)"
 //   "<source>: number 1e400 at line 2, column 9 (key 'optimizer.params.lr') is outside the range of a double ..."
 //   "<source>: duplicate key 'zero_optimization.stage': JSON gives a key one value ..."
-// Included only by .cc files that already use nlohmann/json (config.cc, checkpoint_format.cc).
+// Included only by .cc files that already use nlohmann/json (the config library, checkpoint_format.cc).
 #pragma once
 
 #include <string>
