@@ -48,6 +48,7 @@
 
 #include "comm/thread_ranks.h"
 #include "engine/config.h"
+#include "testing/status_matchers.h"
 #include "tests/equivalence/cell_checks.h"
 #include "tests/equivalence/harness.h"
 #include "tests/equivalence/reference.h"
@@ -98,7 +99,7 @@ void RunMatrixCell(const CellSpec& cell) {
   ASSERT_FALSE(::testing::Test::HasFailure());
   const Schedule schedule = ManagedSchedule(kSteps, cell.gas);
   Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), ModelDims(), schedule);
-  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  ASSERT_OK(ref);
   // The reference must exercise what the cell claims to test.
   EXPECT_EQ(ref->overflow_steps, 0) << "an unforced fp16 overflow: the cell tests nothing";
   if (cell.clip > 0) {
@@ -108,7 +109,7 @@ void RunMatrixCell(const CellSpec& cell) {
   }
   std::vector<RankTrace> traces;
   Status st = RunEngine(config, cell.world, schedule, &traces);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   ExpectMatches(*ref, traces, ContractTolerance());
   if (cell.offload_optimizer) {
     ExpectStatesOffTheDevice(traces);
@@ -276,7 +277,7 @@ void RunOverflowCell(const OverflowParam& param, bool offload) {
   schedule.windows[1].micros[0].overflow_rank = cell.world - 1;
   schedule.windows[2].micros[0].overflow_rank = cell.world - 1;
   Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), ModelDims(), schedule);
-  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  ASSERT_OK(ref);
   ASSERT_EQ(ref->overflow_steps, 2);
   const float s0 = std::ldexp(1.0f, cell.initial_scale_power);
   // The schedule the cell is about: hysteresis absorbs the first overflow, the second halves the
@@ -295,7 +296,7 @@ void RunOverflowCell(const OverflowParam& param, bool offload) {
   EXPECT_TRUE(grew) << "the scale should grow again within the run (window 2)";
   std::vector<RankTrace> traces;
   Status st = RunEngine(config, cell.world, schedule, &traces);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   ExpectMatches(*ref, traces, ContractTolerance());
   if (cell.offload_optimizer) {
     ExpectStatesOffTheDevice(traces);
@@ -385,11 +386,11 @@ void RunUnmanagedSpec(const CellSpec& cell) {
   Schedule schedule = UnmanagedSchedule();
   schedule.snapshots = !cell.overlap_step;
   Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), ModelDims(), schedule);
-  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  ASSERT_OK(ref);
   EXPECT_EQ(ref->overflow_steps, 0);
   std::vector<RankTrace> traces;
   Status st = RunEngine(config, cell.world, schedule, &traces);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   // Inactive: head B in window 0, head A in window 1, head B in window 2. Everything bitwise
   // against the reference (which steps inactive parameters with a zero gradient, or skips them
   // with the freeze); besides, checked directly: without the freeze they move (weight decay in
@@ -483,11 +484,11 @@ TEST_P(GpuChunkMatrixTest, EngineEqualsReferenceBitwise) {
   ASSERT_FALSE(::testing::Test::HasFailure());
   const Schedule schedule = ManagedSchedule(kSteps, cell.gas);
   Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), ModelDims(), schedule);
-  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  ASSERT_OK(ref);
   EXPECT_EQ(ref->clipped_steps, cell.clip > 0 ? kSteps : 0);
   std::vector<RankTrace> traces;
   Status st = RunEngine(config, cell.world, schedule, &traces);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   ExpectMatches(*ref, traces, ContractTolerance());
   for (size_t r = 0; r < traces.size(); ++r) {
     const EngineMemory& m = traces[r].memory;
@@ -550,14 +551,14 @@ TEST_P(GpuOverlapMatrixTest, EqualsReferenceAndSynchronousChunkedBitwise) {
   ASSERT_TRUE(config.zero.offload_optimizer.overlap_step);
   const Schedule schedule = LateHeadSchedule(kSteps, cell.gas);
   Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), ModelDims(), schedule);
-  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  ASSERT_OK(ref);
   EXPECT_EQ(ref->clipped_steps, cell.clip > 0 ? kSteps : 0);
   std::vector<RankTrace> traces, sync_traces;
   Status st = RunEngine(config, cell.world, schedule, &traces);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   ExpectMatches(*ref, traces, ContractTolerance());
   st = RunEngine(sync_config, cell.world, schedule, &sync_traces);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   ExpectMatches(*ref, sync_traces, ContractTolerance());
   const RankTrace& a = traces[0];
   const RankTrace& b = sync_traces[0];
@@ -753,7 +754,7 @@ TEST_P(OffloadUnmanagedOverflowTest, SkipsAndRescalesLikeReference) {
   schedule.windows[1].micros[2].overflow_rank = cell.world - 1;
   schedule.windows[2].micros[0].overflow_rank = cell.world - 1;
   Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), ModelDims(), schedule);
-  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  ASSERT_OK(ref);
   ASSERT_EQ(ref->overflow_steps, 2);
   const float s0 = std::ldexp(1.0f, cell.initial_scale_power);
   EXPECT_TRUE(ref->steps[0].applied);
@@ -766,7 +767,7 @@ TEST_P(OffloadUnmanagedOverflowTest, SkipsAndRescalesLikeReference) {
   EXPECT_TRUE(grew) << "the scale should grow again within the run (loss_scale_window 2)";
   std::vector<RankTrace> traces;
   Status st = RunEngine(config, cell.world, schedule, &traces);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   ExpectMatches(*ref, traces, ContractTolerance());
   if (cell.offload_optimizer) ExpectStatesOffTheDevice(traces);
   for (size_t r = 0; r < traces.size() && cell.offload_param; ++r) {
@@ -823,10 +824,10 @@ void RunPerRankHeads(const CellSpec& cell, Schedule schedule,
     schedule.windows.push_back(w);
   }
   Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), ModelDims(), schedule);
-  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  ASSERT_OK(ref);
   std::vector<RankTrace> traces;
   Status st = RunEngine(config, cell.world, schedule, &traces);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   ExpectMatches(*ref, traces, ContractTolerance());
   if (cell.offload_optimizer) {
     ExpectStatesOffTheDevice(traces);
@@ -985,9 +986,9 @@ TEST_P(UnmanagedEqualsManagedTest, SameBoundariesSameBits) {
   }
   std::vector<RankTrace> a, b;
   Status st = RunEngine(managed_config, kWorld, managed, &a);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   st = RunEngine(unmanaged_config, kWorld, unmanaged, &b);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   for (int r = 0; r < kWorld; ++r) {
     const std::string rank = "rank " + std::to_string(r) + ": ";
     ASSERT_EQ(a[r].steps.size(), b[r].steps.size());
@@ -1046,9 +1047,9 @@ TEST_P(CrossOrderTest, Stage1AndStage2Agree) {
   const Config c2 = ParseCell(cell);
   ASSERT_FALSE(HasFailure());
   Status st = RunEngine(c1, cell.world, schedule, &s1);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   st = RunEngine(c2, cell.world, schedule, &s2);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   const RankTrace& a = s1[0];
   const RankTrace& b = s2[0];
   // The orders coincide when each micro step's mean needs no rounding and the fp32 sums are the
@@ -1129,7 +1130,7 @@ TEST_P(MemoryTest, PartitionedStateIsOneNth) {
     ASSERT_FALSE(HasFailure());
     std::vector<RankTrace> traces;
     Status st = RunEngine(config, world, ManagedSchedule(1, cell.gas), &traces, dims);
-    ASSERT_TRUE(st.ok()) << "stage " << stage << ": " << st.ToString();
+    ASSERT_OK(st) << "stage " << stage;
     for (const RankTrace& t : traces) mem[stage].push_back(t.memory);
   }
   const std::vector<ParamSpec> specs = ModelParams(dims);
@@ -1290,7 +1291,7 @@ TEST_P(SameDeviceCommTest, EngineEqualsReferenceBitwise) {
     schedule.windows[2].micros[0].overflow_rank = cell.spec.world - 1;
   }
   Result<RefTrace> ref = RunReference(config, cell.spec.world, OrderOfStage(cell.spec.stage), ModelDims(), schedule);
-  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  ASSERT_OK(ref);
   if (cell.overflow) {
     EXPECT_EQ(ref->overflow_steps, 2);
   } else {
@@ -1305,7 +1306,7 @@ TEST_P(SameDeviceCommTest, EngineEqualsReferenceBitwise) {
     backends[rank] = comm->backend();
     return RunEngineRank(config, ModelDims(), schedule, device, comm, &traces[rank]);
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   for (const std::string& b : backends) EXPECT_EQ(b, "same_device");
   ExpectMatches(*ref, traces, ContractTolerance());
   // (The chunked GPU update stages its chunks on the device.)

@@ -9,6 +9,8 @@
 
 #include <unistd.h>
 
+#include "testing/scratch_dir.h"
+
 namespace zero::equivalence {
 
 Schedule ManagedSchedule(int steps, int gas) {
@@ -393,13 +395,12 @@ Heads UnionHeads(const MicroSpec& m) {
   return u;
 }
 
-// Where nvme cells put their swap files (one folder per process, so parallel test targets do not
-// meet; the engine makes a folder per rank below it and removes it).
+// Where nvme cells put their swap files: one ScratchDir (O_DIRECT) per process, so parallel test
+// targets do not meet, removed at exit; the engine makes a folder per rank below it and removes it.
+// Without any O_DIRECT directory the cells' engines report it.
 std::string NvmeTestDir() {
-  const char* base = std::getenv("ZERO_TEST_TMPDIR");
-  if (base == nullptr || *base == '\0') base = std::getenv("TEST_TMPDIR");
-  if (base == nullptr || *base == '\0') base = "/var/tmp";
-  return std::string(base) + "/zero_nvme_cells." + std::to_string(getpid());
+  static const Result<ScratchDir> dir = ScratchDir::CreateWithDirectIo("zero_nvme_cells");
+  return dir.ok() ? dir->path() : "/var/tmp/zero_nvme_cells (" + dir.status().ToString() + ")";
 }
 
 std::string CellSpec::Name() const {

@@ -151,8 +151,8 @@ struct CellSpec {
   bool managed = true;
   bool freeze_inactive = false;  // freeze_inactive_parameters
   bool offload_optimizer = false;  // offload_optimizer.device "cpu" (CPU AdamW, host states)
-  // With offload_optimizer: "nvme" instead, swap files (real O_DIRECT I/O) under
-  // $ZERO_TEST_TMPDIR, $TEST_TMPDIR or /var/tmp, sub_group_size 300, 2 group buffers.
+  // With offload_optimizer: "nvme" instead, swap files (real O_DIRECT I/O) under NvmeTestDir()
+  // (ScratchDir::CreateWithDirectIo), sub_group_size 300, 2 group buffers.
   bool nvme = false;
   int64_t host_memory_budget = 0;  // with nvme: the tiered host part (bytes, 12 per element)
   // With offload_optimizer (not nvme), above 0: update_device "gpu" (AdamW on the device over the

@@ -26,6 +26,7 @@
 #include "examples/llm/llm_cpu.h"
 #include "examples/llm/llm_params.h"
 #include "examples/zero_train_adapters.h"
+#include "testing/status_matchers.h"
 #include "tests/equivalence/cell_checks.h"
 #include "tests/equivalence/harness.h"
 #include "tests/equivalence/llm_cell_model.h"
@@ -58,7 +59,7 @@ TEST_P(LlmCellTest, EngineEqualsReferenceBitwise) {
   ASSERT_FALSE(::testing::Test::HasFailure());
   const Schedule schedule = LlmSchedule(cell);
   Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), TinyModel(), schedule);
-  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  ASSERT_OK(ref);
   ASSERT_EQ(ref->overflow_steps, 0);
   // The loss must move: a cell whose updates do nothing would compare nothing.
   ASSERT_NE(ref->losses.front().front().front(), ref->losses.back().back().front());
@@ -66,7 +67,7 @@ TEST_P(LlmCellTest, EngineEqualsReferenceBitwise) {
   Status st = RunThreadRanks(cell.world, [&](int rank, Communicator* comm, Device* device) -> Status {
     return RunEngineRank(config, TinyModel(), schedule, device, comm, &traces[rank]);
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   ExpectMatches(*ref, traces, Tolerance());
 }
 
@@ -154,12 +155,12 @@ TEST_P(LlmModelApiTest, TiedEmbeddingThroughTheModelApiEqualsReference) {
   ASSERT_FALSE(::testing::Test::HasFailure());
   const Schedule schedule = LlmSchedule(cell);
   Result<RefTrace> ref = RunReference(config, cell.world, OrderOfStage(cell.stage), TinyModel(), schedule);
-  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  ASSERT_OK(ref);
   std::vector<std::vector<std::vector<float>>> master(cell.world), exp_avg(cell.world);
   Status st = RunThreadRanks(cell.world, [&](int rank, Communicator* comm, Device* device) -> Status {
     return TrainThroughModelApi(config, kSteps, device, comm, &master[rank], &exp_avg[rank]);
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   const std::vector<ParamSpec> specs = TinyModel().Params();
   for (int r = 0; r < cell.world; ++r) {
     ASSERT_EQ(master[r].size(), ref->master.size());
