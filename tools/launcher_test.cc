@@ -15,6 +15,9 @@
 #include <thread>
 #include <vector>
 
+#include "testing/scratch_dir.h"
+#include "testing/status_matchers.h"
+
 namespace zero {
 namespace {
 
@@ -26,14 +29,14 @@ TEST(LauncherTest, AllRanksSucceed) {
                            "test \"$WORLD_SIZE\" = 3 && test \"$RANK\" = \"$LOCAL_RANK\" && "
                            "test -n \"$MASTER_PORT\" && test \"$MASTER_ADDR\" = 127.0.0.1"},
                           o);
-  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_OK(st);
 }
 
 // Every rank of one job gets the same fresh 64-hex-digit secret; the next job gets another.
 TEST(LauncherTest, RanksShareAFreshJobSecret) {
   unsetenv("ZERO_JOB_SECRET");
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir = tmp != nullptr ? tmp : "/tmp";
+  ASSERT_OK_AND_ASSIGN(ScratchDir scratch, ScratchDir::Create("launcher_secret"));
+  const std::string dir = scratch.path();
   LaunchOptions o;
   o.nproc = 3;
   for (int job = 0; job < 2; ++job) {
@@ -42,7 +45,7 @@ TEST(LauncherTest, RanksShareAFreshJobSecret) {
                              "printf %s \"$ZERO_JOB_SECRET\" > " + out + "$RANK && "
                              "printf %s \"$ZERO_JOB_SECRET\" | grep -qxE '[0-9a-f]{64}'"},
                             o);
-    ASSERT_TRUE(st.ok()) << "job " << job << ": " << st.ToString();
+    ASSERT_OK(st) << "job " << job;
   }
   auto read = [&](int job, int rank) {
     std::ifstream in(dir + "/secret_job" + std::to_string(job) + "_" + std::to_string(rank));
@@ -60,7 +63,7 @@ TEST(LauncherTest, RanksShareAFreshJobSecret) {
   setenv("ZERO_JOB_SECRET", "shared-secret-of-a-multi-host-job", 1);
   Status st = LaunchLocal({"/bin/sh", "-c", "test \"$ZERO_JOB_SECRET\" = shared-secret-of-a-multi-host-job"}, o);
   unsetenv("ZERO_JOB_SECRET");
-  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_OK(st);
 }
 
 TEST(LauncherTest, FailingRankStopsTheOthersAndIsNamed) {
@@ -95,9 +98,8 @@ TEST(LauncherTest, RankKilledByASignalIsNamedAsSuch) {
 // Killing the launcher (SIGKILL: no cleanup of its own) ends its ranks within seconds; they used to
 // train on alone.
 TEST(LauncherTest, RanksDieWithTheLauncher) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/pdeath." + std::to_string(getpid());
-  ASSERT_EQ(system(("mkdir -p " + dir).c_str()), 0);
+  ASSERT_OK_AND_ASSIGN(ScratchDir scratch, ScratchDir::Create("launcher_pdeath"));
+  const std::string dir = scratch.path();
   const pid_t launcher = fork();
   if (launcher == 0) {
     LaunchOptions o;

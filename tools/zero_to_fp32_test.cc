@@ -13,6 +13,7 @@
 #include "engine/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -45,7 +46,7 @@ TEST_P(ZeroToFp32Test, ConsolidatesEveryTensorExactly) {
   SaveSynthetic(dir, "global_step120", full, world);
   const std::string out = dir + "/model.safetensors";
   auto summary = ConsolidateToFp32(dir, "", out);
-  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  ASSERT_OK(summary);
   EXPECT_EQ(summary->tag, "global_step120");
   EXPECT_EQ(summary->tensors, 6);
   EXPECT_EQ(summary->params, 35 + 143 + 11 + 1 + 0 + 51);
@@ -55,7 +56,7 @@ TEST_P(ZeroToFp32Test, ConsolidatesEveryTensorExactly) {
   EXPECT_THAT(summary->ToString(), HasSubstr("6 tensors, 241 params"));
 
   auto file = ReadSafetensors(out);
-  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  ASSERT_OK(file);
   ExpectMatches(*file, full);
   EXPECT_EQ(file->metadata.at("global_steps"), "120");
   EXPECT_EQ(file->metadata.at("zero_stage"), "2");
