@@ -28,6 +28,7 @@
 #include "examples/model_api.h"
 #include "gtest/gtest.h"
 #include "runtime/gpu_test_util.h"
+#include "testing/status_matchers.h"
 
 namespace zero::examples {
 namespace {
@@ -108,10 +109,10 @@ RunResult CpuRun(const ByteLmConfig& c, const HostTensors& params, const std::ve
   GradBuffers sink(r.grads.GradViews());
   ByteLmActivations acts;
   auto loss = model.Forward(provider, tokens.data(), batch, &acts);
-  EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+  EXPECT_OK(loss);
   r.loss = loss.ok() ? *loss : 0;
   Status st = model.Backward(provider, &acts, loss_scale, sink);
-  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_OK(st);
   return r;
 }
 
@@ -121,7 +122,7 @@ RunResult GpuRun(const ByteLmConfig& c, const HostTensors& params, const std::ve
   cudaStream_t stream;
   EXPECT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   auto model = ByteLmCuda::Create(c, stream);
-  EXPECT_TRUE(model.ok()) << model.status().ToString();
+  EXPECT_OK(model);
   RunResult r{0, HostTensors((*model)->specs(), params.dtype())};
   DeviceTensors dparams(params);
   DeviceTensors dgrads(r.grads);
@@ -129,9 +130,9 @@ RunResult GpuRun(const ByteLmConfig& c, const HostTensors& params, const std::ve
   GradBuffers sink(dgrads.GradViews());
   ByteLmCudaActivations acts;
   Status st = (*model)->Forward(provider, tokens.data(), batch, &acts, &r.loss);
-  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_OK(st);
   st = (*model)->Backward(provider, &acts, loss_scale, sink);
-  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_OK(st);
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   dgrads.CopyTo(&r.grads);
   EXPECT_EQ(provider.acquires(), provider.releases());
@@ -236,7 +237,7 @@ TEST(ByteLmCudaTest, SgdOnDeviceReducesTheLoss) {
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   auto model = ByteLmCuda::Create(c, stream);
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  ASSERT_OK(model);
   HostTensors host(ByteLmParamSpecs(c), DType::kF32);
   host.Init(ByteLmParamSpecs(c), 1);
   DeviceTensors params(host);
@@ -256,8 +257,8 @@ TEST(ByteLmCudaTest, SgdOnDeviceReducesTheLoss) {
       std::memcpy(&tokens[b * (k + 1)], text.data() + start, k + 1);
     }
     double loss = 0;
-    ASSERT_TRUE((*model)->Forward(provider, tokens.data(), batch, &acts, &loss).ok());
-    ASSERT_TRUE((*model)->Backward(provider, &acts, 1.0f, sink).ok());
+    ASSERT_OK((*model)->Forward(provider, tokens.data(), batch, &acts, &loss));
+    ASSERT_OK((*model)->Backward(provider, &acts, 1.0f, sink));
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     // SGD on the host copies (small model; keeps the test free of extra kernels).
     grads.CopyTo(&host_grads);

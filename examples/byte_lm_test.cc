@@ -9,6 +9,7 @@
 
 #include "examples/model_api.h"
 #include "gtest/gtest.h"
+#include "testing/status_matchers.h"
 
 namespace zero::examples {
 namespace {
@@ -56,7 +57,7 @@ double Loss(ByteLmCpu& model, const HostTensors& params, const std::vector<uint8
   ResidentParams provider(model.specs(), params.ParamViews());
   ByteLmActivations acts;
   auto loss = model.Forward(provider, tokens.data(), batch, &acts);
-  EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+  EXPECT_OK(loss);
   return loss.ok() ? *loss : 0.0;
 }
 
@@ -67,9 +68,9 @@ double LossAndGrads(ByteLmCpu& model, const HostTensors& params, const std::vect
   GradBuffers sink(grads->GradViews());
   ByteLmActivations acts;
   auto loss = model.Forward(provider, tokens.data(), batch, &acts);
-  EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+  EXPECT_OK(loss);
   Status st = model.Backward(provider, &acts, loss_scale, sink);
-  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_OK(st);
   return loss.ok() ? *loss : 0.0;
 }
 
@@ -248,10 +249,10 @@ TEST(ByteLmCallbackTest, EachGradReadyOnceInReverseModuleOrderAndScopesBalanced)
   std::vector<int> held_when_ready;
   GradBuffers sink(grads.GradViews(), [&](int) { held_when_ready.push_back(provider.held()); });
   ByteLmActivations acts;
-  ASSERT_TRUE(model.Forward(provider, tokens.data(), batch, &acts).ok());
+  ASSERT_OK(model.Forward(provider, tokens.data(), batch, &acts));
   EXPECT_EQ(provider.acquires(), 6);
   EXPECT_EQ(provider.held(), 0);
-  ASSERT_TRUE(model.Backward(provider, &acts, 1.0f, sink).ok());
+  ASSERT_OK(model.Backward(provider, &acts, 1.0f, sink));
 
   EXPECT_EQ(provider.acquires(), provider.releases());
   EXPECT_EQ(provider.held(), 0);
@@ -355,8 +356,8 @@ TEST(ByteLmTrainingTest, PlainSgdReducesTheLoss) {
       std::memcpy(&tokens[b * (c.context + 1)], text.data() + start, c.context + 1);
     }
     auto loss = model.Forward(provider, tokens.data(), batch, &acts);
-    ASSERT_TRUE(loss.ok());
-    ASSERT_TRUE(model.Backward(provider, &acts, 1.0f, sink).ok());
+    ASSERT_OK(loss);
+    ASSERT_OK(model.Backward(provider, &acts, 1.0f, sink));
     for (int i = 0; i < params.size(); ++i) {
       float* p = static_cast<float*>(params.data(i));
       const float* g = static_cast<const float*>(grads.data(i));

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "testing/scratch_dir.h"
+#include "testing/status_matchers.h"
 
 namespace zero::examples {
 namespace {
@@ -24,7 +26,7 @@ TEST(ByteDatasetTest, RowsAreWindowsOfTheText) {
   ByteDataset ds = Make(1000);
   BatchSpec spec{.seed = 3, .step = 5, .rank = 0, .world_size = 1, .batch = 50, .context = 8};
   auto batch = ds.Batch(spec);
-  ASSERT_TRUE(batch.ok());
+  ASSERT_OK(batch);
   ASSERT_EQ(batch->size(), 50u * 9);
   for (int i = 0; i < 50; ++i) {
     const std::string row(reinterpret_cast<const char*>(batch->data()) + i * 9, 9);
@@ -95,7 +97,7 @@ TEST(ByteDatasetTest, CoversTheTextRoughlyUniformly) {
 TEST(ByteDatasetTest, RejectsBadSpecsAndShortTexts) {
   ByteDataset ds = Make(8);
   EXPECT_EQ(ds.Batch({.batch = 1, .context = 8}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(ds.Batch({.batch = 1, .context = 7}).ok());
+  EXPECT_OK(ds.Batch({.batch = 1, .context = 7}));
   EXPECT_FALSE(ds.Batch({.rank = 2, .world_size = 2, .batch = 1, .context = 2}).ok());
   EXPECT_FALSE(ds.Batch({.batch = 0, .context = 2}).ok());
   EXPECT_FALSE(ds.Batch({.step = -1, .batch = 1, .context = 2}).ok());
@@ -108,21 +110,21 @@ TEST(ByteDatasetTest, SplitAndSequentialBatches) {
   EXPECT_EQ(holdout.size(), 100u);
   EXPECT_EQ(train.bytes() + holdout.bytes(), ds.bytes());
   auto seq = holdout.SequentialBatch(95, 3, 4);
-  ASSERT_TRUE(seq.ok());
+  ASSERT_OK(seq);
   // 96 windows of 5 bytes: starts 95, 0, 1.
   EXPECT_EQ(std::string(seq->begin(), seq->begin() + 5), holdout.bytes().substr(95, 5));
   EXPECT_EQ(std::string(seq->begin() + 5, seq->begin() + 10), holdout.bytes().substr(0, 5));
 }
 
 TEST(ByteDatasetTest, FromFileReadsBytesAndNamesMissingFiles) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string path = std::string(tmp ? tmp : "/tmp") + "/data_test.txt";
+  ASSERT_OK_AND_ASSIGN(ScratchDir dir, ScratchDir::Create("data_test"));
+  const std::string path = dir.File("data_test.txt");
   {
     std::ofstream out(path, std::ios::binary);
     out << std::string("ab\0cd", 5);
   }
   auto ds = ByteDataset::FromFile(path);
-  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  ASSERT_OK(ds);
   EXPECT_EQ(ds->bytes(), std::string("ab\0cd", 5));
   auto missing = ByteDataset::FromFile(path + ".missing");
   ASSERT_FALSE(missing.ok());

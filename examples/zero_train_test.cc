@@ -24,6 +24,7 @@
 
 #include "engine/checkpoint_io.h"
 #include "examples/run_binary_testing.h"
+#include "testing/status_matchers.h"
 
 namespace {
 
@@ -268,7 +269,7 @@ TEST(ZeroTrain, SaveDirectoryIsCheckedAtTheStart) {
 
   const std::string dir = TmpDir() + "/locked_ckpt";
   auto lock = zero::DirectoryLock::Acquire(dir);  // this test process is the other job
-  ASSERT_TRUE(lock.ok()) << lock.status().ToString();
+  ASSERT_OK(lock);
   r = RunZeroTrain(Small({"--steps", "5", "--plot", "none", "--save", dir}));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("is in use by another job (pid " + std::to_string(getpid())), std::string::npos)

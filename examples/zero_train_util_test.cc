@@ -16,6 +16,8 @@
 #include "examples/zero_train_adapters.h"
 #include "examples/zero_train_options.h"
 #include "examples/zero_train_report.h"
+#include "testing/scratch_dir.h"
+#include "testing/status_matchers.h"
 
 namespace zero::examples {
 namespace {
@@ -24,7 +26,7 @@ Result<TrainOptions> Parse(std::vector<std::string> args) { return ParseTrainOpt
 
 TEST(ZeroTrainOptions, Defaults) {
   auto o = Parse({});
-  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  ASSERT_OK(o);
   EXPECT_EQ(o->steps, kDefaultSteps);
   EXPECT_EQ(o->device, "cpu");
   EXPECT_EQ(o->nproc, 0);
@@ -37,7 +39,7 @@ TEST(ZeroTrainOptions, Defaults) {
 TEST(ZeroTrainOptions, BothFlagSpellings) {
   auto o = Parse({"--steps", "7", "--seed=3", "--layers=1", "--hidden", "16", "--log_json", "x.jsonl", "--plot", "none",
                   "--no-progress", "--prompt=Hello there", "--device", "cuda", "--nproc=4"});
-  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  ASSERT_OK(o);
   EXPECT_EQ(o->steps, 7);
   EXPECT_EQ(o->seed, 3u);
   EXPECT_EQ(o->model.layers, 1);
@@ -96,7 +98,7 @@ TEST(ZeroTrainOptions, BuiltinConfig) {
   TrainOptions o = *Parse({"--steps", "250"});
   for (int world : {1, 2, 3}) {
     auto c = ResolveConfig(o, world);
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    ASSERT_OK(c);
     EXPECT_EQ(c->zero.stage, 3);
     EXPECT_EQ(c->train_micro_batch_size_per_gpu, 32);
     EXPECT_EQ(c->gradient_accumulation_steps, 2);
@@ -111,25 +113,26 @@ TEST(ZeroTrainOptions, BuiltinConfig) {
   }
 }
 
-std::string TmpFile(const std::string& name, const std::string& text) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+// `text` written to dir/name; returns the path.
+std::string WriteFile(const ScratchDir& dir, const std::string& name, const std::string& text) {
+  const std::string path = dir.File(name);
   std::ofstream(path) << text;
   return path;
 }
 
 TEST(ZeroTrainOptions, ConfigFileErrorsNameTheKey) {
+  ASSERT_OK_AND_ASSIGN(ScratchDir dir, ScratchDir::Create("zero_train_config"));
   TrainOptions o;
   o.config_path =
-      TmpFile("bad_stage.json", R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 9}})");
+      WriteFile(dir, "bad_stage.json", R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 9}})");
   auto c = ResolveConfig(o, 2);
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("zero_optimization.stage"), std::string::npos) << c.status().ToString();
   EXPECT_NE(c.status().message().find("bad_stage.json"), std::string::npos) << c.status().ToString();
 
-  o.config_path = TmpFile("batch.json", R"({"train_batch_size": 8, "gradient_accumulation_steps": 2})");
+  o.config_path = WriteFile(dir, "batch.json", R"({"train_batch_size": 8, "gradient_accumulation_steps": 2})");
   c = ResolveConfig(o, 2);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   EXPECT_EQ(c->train_micro_batch_size_per_gpu, 8 / 2 / 2);
   c = ResolveConfig(o, 3);
   ASSERT_FALSE(c.ok());
@@ -139,7 +142,7 @@ TEST(ZeroTrainOptions, ConfigFileErrorsNameTheKey) {
 TEST(ZeroTrainOptions, NotesOnScheduleLength) {
   TrainOptions o = *Parse({"--steps", "100"});
   auto c = ResolveConfig(*Parse({"--steps", "400"}), 2);
-  ASSERT_TRUE(c.ok());
+  ASSERT_OK(c);
   auto notes = ConfigNotes(o, *c);
   ASSERT_EQ(notes.size(), 1u);
   EXPECT_NE(notes[0].find("total_num_steps"), std::string::npos);
@@ -210,7 +213,7 @@ TEST(ZeroTrainAdapters, TrainsThroughTheEngineAtStage3) {
       "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.0}},
       "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})",
                             po);
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  ASSERT_OK(config);
   const std::string text = "the quick brown fox jumps over the lazy dog. ";
   std::vector<std::vector<std::vector<float>>> finals(2);
   std::vector<std::vector<double>> losses(2);
@@ -244,7 +247,7 @@ TEST(ZeroTrainAdapters, TrainsThroughTheEngineAtStage3) {
     ZERO_ASSIGN_OR_RETURN(finals[rank], GatherFullParams(engine.get()));
     return OkStatus();
   });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   for (int r = 0; r < 2; ++r) {
     ASSERT_EQ(losses[r].size(), 30u);
     EXPECT_LT(losses[r].back(), losses[r].front() - 0.5) << "rank " << r;
