@@ -56,7 +56,7 @@ TEST(StepTimers, BreakdownLineIsTheMeanPerStepOverTheWindow) {
   EXPECT_EQ(t.steps(), 0);
   EXPECT_FALSE(t.has("forward"));
   EXPECT_EQ(t.Format(BreakdownTimerNames()), "time (ms)");
-  ASSERT_TRUE(Timed(t, c, "forward", 500'000).ok());
+  ASSERT_OK(Timed(t, c, "forward", 500'000));
   t.EndStep();
   EXPECT_EQ(t.Format(BreakdownTimerNames()), "time (ms) | forward: 0.50");
 }
