@@ -4,8 +4,9 @@
 //
 //   EXPECT_TRUE(SameBits(got, want)) << "rank " << r;
 //
-// A failure names the first differing index and both values with their bits ("element 17: got
-// 0.100000001 (0x3dcccccd), want 0.100000009 (0x3dccccce)"), or the two sizes. Test-only.
+// A failure names the first differing index and both values with their bits ("element 17 of 64:
+// 0.100000001 (0x3dcccccd) vs 0.100000009 (0x3dccccce)", the first argument's value first), or the
+// two sizes. Test-only.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -46,14 +47,14 @@ std::string ValueAndBits(const T& v) {
 
 }  // namespace internal
 
-// The first `n` elements of `got` and `want`, bit for bit.
+// The first `n` elements of `a` and `b`, bit for bit.
 template <typename T>
-::testing::AssertionResult SameBits(const T* got, const T* want, size_t n) {
+::testing::AssertionResult SameBits(const T* a, const T* b, size_t n) {
   for (size_t i = 0; i < n; ++i) {
-    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
-      return ::testing::AssertionFailure()
-             << "element " << i << " of " << n << ": got " << internal::ValueAndBits(got[i])
-             << ", want " << internal::ValueAndBits(want[i]);
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) {
+      return ::testing::AssertionFailure() << "element " << i << " of " << n << ": "
+                                           << internal::ValueAndBits(a[i]) << " vs "
+                                           << internal::ValueAndBits(b[i]);
     }
   }
   return ::testing::AssertionSuccess();
@@ -61,24 +62,23 @@ template <typename T>
 
 // Same size and the same bits in every element.
 template <typename T>
-::testing::AssertionResult SameBits(const std::vector<T>& got, const std::vector<T>& want) {
-  if (got.size() != want.size()) {
-    return ::testing::AssertionFailure()
-           << "sizes differ: got " << got.size() << " elements, want " << want.size();
+::testing::AssertionResult SameBits(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) {
+    return ::testing::AssertionFailure() << "sizes differ: " << a.size() << " vs " << b.size();
   }
-  return SameBits(got.data(), want.data(), got.size());
+  return SameBits(a.data(), b.data(), a.size());
 }
 
 // Piece by piece (one vector per parameter, say); a failure names the piece too.
 template <typename T>
-::testing::AssertionResult SameBits(const std::vector<std::vector<T>>& got,
-                                    const std::vector<std::vector<T>>& want) {
-  if (got.size() != want.size()) {
-    return ::testing::AssertionFailure()
-           << "piece counts differ: got " << got.size() << ", want " << want.size();
+::testing::AssertionResult SameBits(const std::vector<std::vector<T>>& a,
+                                    const std::vector<std::vector<T>>& b) {
+  if (a.size() != b.size()) {
+    return ::testing::AssertionFailure() << "piece counts differ: " << a.size() << " vs "
+                                         << b.size();
   }
-  for (size_t p = 0; p < got.size(); ++p) {
-    ::testing::AssertionResult r = SameBits(got[p], want[p]);
+  for (size_t p = 0; p < a.size(); ++p) {
+    ::testing::AssertionResult r = SameBits(a[p], b[p]);
     if (!r) return ::testing::AssertionFailure() << "piece " << p << ": " << r.message();
   }
   return ::testing::AssertionSuccess();

@@ -72,9 +72,9 @@ TEST(SameBitsTest, NamesTheFirstDifferenceAndBothValues) {
   ::testing::AssertionResult r = SameBits(a, b);
   EXPECT_FALSE(r);
   EXPECT_EQ(std::string(r.message()),
-            "element 1 of 3: got 0.100000001 (0x3dcccccd), want 0.100000009 (0x3dccccce)");
+            "element 1 of 3: 0.100000001 (0x3dcccccd) vs 0.100000009 (0x3dccccce)");
   EXPECT_EQ(std::string(SameBits(a, std::vector<float>(2)).message()),
-            "sizes differ: got 3 elements, want 2");
+            "sizes differ: 3 vs 2");
 }
 
 TEST(SameBitsTest, ComparesBitsNotValues) {
@@ -84,7 +84,7 @@ TEST(SameBitsTest, ComparesBitsNotValues) {
   EXPECT_FALSE(SameBits(std::vector<double>{1.0}, std::vector<double>{1.0 + 1e-16 * 2}));
   const std::vector<uint16_t> h = {0x3c00, 0x4000};
   EXPECT_EQ(std::string(SameBits(h.data(), std::vector<uint16_t>{0x3c00, 0x4001}.data(), 2).message()),
-            "element 1 of 2: got 16384 (0x4000), want 16385 (0x4001)");
+            "element 1 of 2: 16384 (0x4000) vs 16385 (0x4001)");
 }
 
 TEST(SameBitsTest, PiecesNameThePiece) {
@@ -93,7 +93,7 @@ TEST(SameBitsTest, PiecesNameThePiece) {
   EXPECT_TRUE(SameBits(a, b));
   b[1][1] = 4.0f;
   EXPECT_EQ(std::string(SameBits(a, b).message()),
-            "piece 1: element 1 of 2: got 3 (0x40400000), want 4 (0x40800000)");
+            "piece 1: element 1 of 2: 3 (0x40400000) vs 4 (0x40800000)");
 }
 
 TEST(ScratchDirTest, FreshUniqueAndRemovedByTheOwner) {
