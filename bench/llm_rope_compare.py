@@ -16,10 +16,13 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
+import sys
 
 import numpy as np
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llm_hf_compare import parse_eval, run  # noqa: E402  (the same command runner and eval-line parser)
 
 
 def hf_loss(model, w):
@@ -29,17 +32,8 @@ def hf_loss(model, w):
 
 
 def zero_loss(zero_llm, model_dir, data, seq):
-    cmd = [zero_llm, "--model", model_dir, "--data", data, "--eval-only", "--seq", str(seq), "--device", "cpu",
-           "--nproc", "1", "--batch", "4"]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    print("$ " + " ".join(cmd), flush=True)
-    print(p.stdout[-2000:] + p.stderr[-2000:], flush=True)
-    if p.returncode != 0:
-        raise SystemExit("zero_llm failed")
-    for line in p.stdout.splitlines():
-        if line.startswith("eval_loss="):
-            return float(line.split()[0].split("=")[1])
-    raise SystemExit("no eval_loss line")
+    return parse_eval(run([zero_llm, "--model", model_dir, "--data", data, "--eval-only", "--seq", str(seq),
+                           "--device", "cpu", "--nproc", "1", "--batch", "4"]))
 
 
 def main():

@@ -149,6 +149,19 @@ std::string OffloadConfig(const std::string& name, int gas, const std::string& z
   return path;
 }
 
+// Two runs that must train the same master-weight bits and a control run that must not; `banner`
+// is a line the second run prints.
+void ExpectSameBitsAndControlDiffers(const RunResult& a, const RunResult& b, const RunResult& control,
+                                     const std::string& banner) {
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  ASSERT_EQ(control.exit_code, 0) << control.output;
+  EXPECT_NE(b.output.find(banner), std::string::npos) << b.output;
+  ASSERT_EQ(WeightsHash(a.output).size(), 16u) << a.output;
+  EXPECT_EQ(WeightsHash(a.output), WeightsHash(b.output));
+  EXPECT_NE(WeightsHash(a.output), WeightsHash(control.output));
+}
+
 // Validation (i) of docs/llm.md on the CPU: with an extra head used only in micro step 0 of every
 // window (its weight gets a gradient in the first micro step only), offload_grad_accumulation "cpu"
 // (host adds) and "gpu" (device sums, one copy per step) train the same fp32 master bits. The
@@ -161,14 +174,8 @@ TEST(ZeroLlmHeads, GradAccumulationOnHostOrDeviceAgreeWithAHeadOnlyInTheFirstMic
                         "--heads", heads, "--steps", "3", "--hash-weights", "--eval-windows", "0"}),
                   180);
   };
-  RunResult host = run("cpu", "first-micro"), device = run("gpu", "first-micro"), main_only = run("cpu", "main");
-  ASSERT_EQ(host.exit_code, 0) << host.output;
-  ASSERT_EQ(device.exit_code, 0) << device.output;
-  ASSERT_EQ(main_only.exit_code, 0) << main_only.output;
-  EXPECT_NE(host.output.find("1 extra head(s), schedule first-micro"), std::string::npos) << host.output;
-  ASSERT_EQ(WeightsHash(host.output).size(), 16u) << host.output;
-  EXPECT_EQ(WeightsHash(host.output), WeightsHash(device.output));
-  EXPECT_NE(WeightsHash(host.output), WeightsHash(main_only.output));
+  ExpectSameBitsAndControlDiffers(run("cpu", "first-micro"), run("gpu", "first-micro"), run("cpu", "main"),
+                                  "1 extra head(s), schedule first-micro");
 }
 
 // Validation (iii) of docs/llm.md on the CPU: unmanaged accumulation (managed_gradient_accumulation
@@ -183,14 +190,8 @@ TEST(ZeroLlmHeads, UnmanagedEqualsManagedWithHeadsAlternatingBetweenWindows) {
                         "--hash-weights", "--eval-windows", "0"}),
                   180);
   };
-  RunResult managed = run(true, "alternate"), unmanaged = run(false, "alternate"), main_only = run(false, "main");
-  ASSERT_EQ(managed.exit_code, 0) << managed.output;
-  ASSERT_EQ(unmanaged.exit_code, 0) << unmanaged.output;
-  ASSERT_EQ(main_only.exit_code, 0) << main_only.output;
-  EXPECT_NE(unmanaged.output.find("unmanaged gradient accumulation"), std::string::npos) << unmanaged.output;
-  ASSERT_EQ(WeightsHash(managed.output).size(), 16u) << managed.output;
-  EXPECT_EQ(WeightsHash(managed.output), WeightsHash(unmanaged.output));
-  EXPECT_NE(WeightsHash(unmanaged.output), WeightsHash(main_only.output));
+  ExpectSameBitsAndControlDiffers(run(true, "alternate"), run(false, "alternate"), run(false, "main"),
+                                  "unmanaged gradient accumulation");
 }
 
 TEST(ZeroLlmErrors, BadInputEndsQuicklyNamingWhatIsWrong) {
