@@ -172,7 +172,7 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Engine::~Engine() {
   if (impl_ == nullptr) return;
-  if (impl_->step_in_flight) WaitForOptimizerStep().IgnoreError();
+  if (impl_->StepInFlight()) WaitForOptimizerStep().IgnoreError();
   // Buckets and gathers in flight finish before their buffers go.
   impl_->coordinator.reset();
   impl_->reducer.reset();
@@ -389,7 +389,15 @@ Status Engine::Impl::InitializeImpl(const InitFill& fill, bool partition_reads) 
       co.model_dtype = mdt;  // 16-bit: the update in backward keeps a host model copy for Step's publish
       auto c = ChunkedOptimizerStates::Create(device, opt_total, compute, co);
       if (!c.ok()) return c.status().WithContext("Initialize");
-      chunked = c.value().get();
+      if (oo.overlap_step) {
+        std::vector<DeferredStep::Range> ranges;
+        ranges.reserve(params.size());
+        for (const ParamInfo& q : params) {
+          const int64_t b = stage == 0 ? q.full_off : q.part_off;
+          ranges.push_back({b, b + (stage == 0 ? q.numel : q.shard.shard)});
+        }
+        deferred = std::make_unique<DeferredStep>(device, compute, c.value().get(), std::move(ranges), mdt);
+      }
       st = std::unique_ptr<OptimizerStates>(std::move(c).value());
     } else if (oo.device == OffloadDevice::kCpu) {
       st = CreateHostOptimizerStates(device, opt_total, compute,

@@ -29,8 +29,9 @@ Result<ModuleHandle> Engine::GatherModule(const std::string& module) {
     return NotFoundError("GatherModule: unknown module '" + module + "' (registered: " + known + ")");
   }
   ZERO_RETURN_IF_ERROR(m.timeline.OnGather());
-  if (m.step_in_flight) {
-    ZERO_RETURN_IF_ERROR(m.Guard(m.ReachModule(it->second).WithContext("GatherModule('" + module + "')")));
+  if (m.StepInFlight()) {
+    ZERO_RETURN_IF_ERROR(m.Guard(
+        m.deferred->Reach(m.module_params[it->second]).WithContext("GatherModule('" + module + "')")));
   }
   if (m.stage == 3) {
     if (m.schedule != nullptr) {
@@ -60,7 +61,7 @@ Result<const void*> Engine::param(int index) const {
   const Impl& m = *impl_;
   ZERO_RETURN_IF_ERROR(m.CheckUsable("param"));
   ZERO_RETURN_IF_ERROR(m.CheckIndex("param", index));
-  if (m.step_in_flight && !m.param_waited[index]) {
+  if (m.StepInFlight() && !m.deferred->waited(index)) {
     return FailedPreconditionError(
         "param(" + std::to_string(index) + "): parameter " + ParamName(m.params[index]) +
         " may still be written by the overlapped optimizer step (zero_optimization.offload_optimizer."

@@ -25,7 +25,7 @@
 #include "engine/lr_scheduler.h"
 #include "zero/allgather_bucket.h"
 #include "zero/buffer_pool.h"
-#include "zero/chunked_optimizer_states.h"
+#include "zero/deferred_step.h"
 #include "zero/grad_partition.h"
 #include "zero/grad_reducer.h"
 #include "zero/loss_scaler.h"
@@ -293,40 +293,23 @@ struct Engine::Impl {
                             const std::string& client_state_json);
   Result<std::string> LoadCheckpointImpl(const std::string& dir, const std::string& tag);
 
-  // offload_optimizer.overlap_step (docs/offload.md, "Overlap with the next forward"; helpers at
-  // the end of engine_step.cc). Step() records step_mark on the compute stream (the gradients are
-  // final, the last forward's reads of the model copy are enqueued before it), cuts the step's
-  // AdamW runs (or, after an update in backward, its casts of the masters) into chunk-sized
-  // pieces, queues the first chunk_buffers of them (ChunkedOptimizerStates::UpdateAfter /
-  // CastMasterAfter, ordered after step_mark only) and returns. GatherModule queues the pieces
-  // covering its module's parameters plus chunk_buffers more, then makes the compute stream wait
-  // on those parameters' chunk events; everything left is queued, and the compute stream waits for
-  // all of it, before anything writes the gradients or states again (FlushStep).
-  struct StepPiece {
-    int64_t begin = 0;             // state elements [begin, begin + n)
-    int64_t n = 0;
-    int64_t model_off = 0;         // where the new weights (or the cast masters) go in `model`
-    const float* grads = nullptr;  // fp32 gradients of `begin`; null: a cast of the masters
-    bool queued = false;
-  };
-  ChunkedOptimizerStates* chunked = nullptr;  // the states, with update_device "gpu"
-  bool OverlapStep() const { return chunked != nullptr && config.zero.offload_optimizer.overlap_step; }
-  bool step_in_flight = false;    // pieces of the last step the compute stream has not waited for
-  bool step_unfinished = false;   // a deferred step the host has not waited for (WaitForOptimizerStep)
-  AdamWParams step_h;             // the in-flight step's hyperparameters (lr, t, loss scale, clip)
-  std::vector<StepPiece> pieces;  // in state order, disjoint
-  size_t pieces_queued = 0;       // every piece before it is queued
-  std::unique_ptr<Event> step_mark;
-  std::vector<uint8_t> param_waited;  // since the step: the compute stream waited for its chunks
-  Status BeginDeferredStep(const AdamWParams& h);
-  // Adds [off, off + n) (grads null: a cast) to the step's pieces, cut at chunk_numel.
-  Status DeferPieces(int64_t off, int64_t n, const float* grads, int64_t model_off);
-  Status EndDeferredStep();
-  Status QueuePiece(size_t k);
-  void PiecesOf(int index, size_t* first, size_t* last) const;  // [first, last) overlapping its state range
-  Status ReachModule(int module);
+  // offload_optimizer.overlap_step with the chunked states (docs/offload.md, "Overlap with the next
+  // forward"; zero/deferred_step.h), else null. UpdateAll hands it the step's AdamW runs (or, after
+  // an update in backward, its casts of the masters); GatherModule lets it queue and wait for the
+  // module's chunks; everything left is queued, and the compute stream waits for all of it, before
+  // anything writes the gradients or states again (FlushStep).
+  std::unique_ptr<DeferredStep> deferred;
+  bool OverlapStep() const { return deferred != nullptr; }
+  bool StepInFlight() const { return deferred != nullptr && deferred->in_flight(); }
   // Queues every piece left and makes the compute stream wait for all of them (no host wait).
-  Status FlushStep(const char* call);
+  Status FlushStep(const char* call) {
+    if (!StepInFlight()) return OkStatus();
+    Status s = deferred->Flush();
+    if (!s.ok()) {
+      return Guard(s.WithContext(std::string(call) + ": queueing the rest of the overlapped optimizer step"));
+    }
+    return OkStatus();
+  }
 };
 
 }  // namespace zero

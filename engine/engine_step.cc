@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,7 +14,6 @@
 #include "engine/engine_impl.h"
 #include "engine/engine_timeline.h"
 #include "zero/allgather_bucket.h"
-#include "zero/chunked_optimizer_states.h"
 
 namespace zero {
 
@@ -239,7 +237,7 @@ Status Engine::Impl::BoundaryImpl() {
 Status Engine::Impl::UpdateAll(const std::vector<uint8_t>& update, const AdamWParams& h, bool in_backward) {
   const int n_params = static_cast<int>(params.size());
   const bool overlap = OverlapStep();
-  if (overlap) ZERO_RETURN_IF_ERROR(BeginDeferredStep(h));
+  if (overlap) ZERO_RETURN_IF_ERROR(deferred->Begin(h));
   if (in_backward) {
     // The masters of the reported parameters were updated in backward; the others (no gradient in
     // the window) get their zero-gradient update now. Then the model copy, cast from the masters
@@ -258,8 +256,11 @@ Status Engine::Impl::UpdateAll(const std::vector<uint8_t>& update, const AdamWPa
       const int64_t end = params[j].part_off + params[j].shard.shard;
       const int64_t model_off = stage == 3 ? begin : params[i].full_off;
       if (end > begin) {
-        ZERO_RETURN_IF_ERROR(overlap ? DeferPieces(begin, end - begin, nullptr, model_off)
-                                     : ModelFromMasters(begin, end - begin, model_off));
+        if (overlap) {
+          deferred->Defer(begin, end - begin, nullptr, model_ptr(model_off));
+        } else {
+          ZERO_RETURN_IF_ERROR(ModelFromMasters(begin, end - begin, model_off));
+        }
       }
       i = j + 1;
     }
@@ -281,7 +282,7 @@ Status Engine::Impl::UpdateAll(const std::vector<uint8_t>& update, const AdamWPa
         // The chunked states read device gradients (their partition is on the device).
         const float* g = grad->device_at(begin);
         if (g == nullptr) return InternalError("the overlapped chunked step needs the fp32 gradients on the device");
-        ZERO_RETURN_IF_ERROR(DeferPieces(begin, end - begin, g, model_off));
+        deferred->Defer(begin, end - begin, g, model_ptr(model_off));
       } else {
         ZERO_RETURN_IF_ERROR(TimedOffload(UpdateTrack(), "optimizer update",
                                           [&] { return UpdateModel(begin, end - begin, h, model_off); }));
@@ -290,7 +291,7 @@ Status Engine::Impl::UpdateAll(const std::vector<uint8_t>& update, const AdamWPa
     i = j + 1;
   }
 
-  if (overlap) ZERO_RETURN_IF_ERROR(EndDeferredStep());
+  if (overlap) ZERO_RETURN_IF_ERROR(deferred->End());
   return OkStatus();
 }
 
@@ -401,129 +402,10 @@ Status Engine::ZeroGrad() {
 
 Status Engine::WaitForOptimizerStep() {
   Impl& m = *impl_;
-  if (!m.step_unfinished) return OkStatus();
+  if (m.deferred == nullptr || !m.deferred->unfinished()) return OkStatus();
   ZERO_RETURN_IF_ERROR(m.CheckUsable("WaitForOptimizerStep"));
   ZERO_RETURN_IF_ERROR(m.FlushStep("WaitForOptimizerStep"));
-  Status s = m.chunked->WaitForUpdates(m.compute);
-  if (s.ok()) s = m.device->SynchronizeStream(m.compute);
-  ZERO_RETURN_IF_ERROR(m.Guard(s.WithContext("WaitForOptimizerStep: waiting for the optimizer step's chunks")));
-  m.step_unfinished = false;
-  return OkStatus();
-}
-
-Status Engine::Impl::BeginDeferredStep(const AdamWParams& h) {
-  if (step_mark == nullptr) {
-    auto e = device->CreateEvent();
-    if (!e.ok()) return e.status().WithContext("overlap_step: creating the step event");
-    step_mark = std::move(e).value();
-  }
-  // Everything the step reads (the gradients, the norm's inputs) is written on the compute stream
-  // before this point, and everything that read the old model copy is enqueued before it.
-  ZERO_RETURN_IF_ERROR(device->RecordEvent(step_mark.get(), compute));
-  step_h = h;
-  pieces.clear();
-  pieces_queued = 0;
-  return OkStatus();
-}
-
-Status Engine::Impl::DeferPieces(int64_t off, int64_t n, const float* grads, int64_t model_off) {
-  const int64_t chunk = chunked->chunk_numel();
-  for (int64_t at = 0; at < n; at += chunk) {
-    StepPiece p;
-    p.begin = off + at;
-    p.n = std::min(chunk, n - at);
-    p.model_off = model_off + at;
-    p.grads = grads != nullptr ? grads + at : nullptr;
-    pieces.push_back(p);
-  }
-  return OkStatus();
-}
-
-Status Engine::Impl::EndDeferredStep() {
-  // The first chunk_buffers pieces go now (the forward usually starts with the first parameters);
-  // the rest when the forward reaches them.
-  const size_t first = std::min(pieces.size(), static_cast<size_t>(chunked->chunk_buffers()));
-  for (size_t k = 0; k < first; ++k) ZERO_RETURN_IF_ERROR(QueuePiece(k));
-  pieces_queued = first;
-  param_waited.assign(params.size(), 0);
-  for (int i = 0; i < static_cast<int>(params.size()); ++i) {
-    size_t f = 0, l = 0;
-    PiecesOf(i, &f, &l);
-    if (f == l) param_waited[i] = 1;  // nothing of the step writes it
-  }
-  step_in_flight = !pieces.empty();
-  step_unfinished = step_unfinished || step_in_flight;
-  return OkStatus();
-}
-
-Status Engine::Impl::QueuePiece(size_t k) {
-  StepPiece& p = pieces[k];
-  if (p.queued) return OkStatus();
-  p.queued = true;
-  if (p.grads == nullptr) return chunked->CastMasterAfter(p.begin, p.n, model_ptr(p.model_off), mdt, step_mark.get());
-  return chunked->UpdateAfter(p.begin, p.n, p.grads, step_h, model_ptr(p.model_off), mdt, step_mark.get());
-}
-
-void Engine::Impl::PiecesOf(int index, size_t* first, size_t* last) const {
-  const ParamInfo& p = params[index];
-  const int64_t b = stage == 0 ? p.full_off : p.part_off;
-  const int64_t e = b + (stage == 0 ? p.numel : p.shard.shard);
-  auto lo = std::partition_point(pieces.begin(), pieces.end(), [b](const StepPiece& q) { return q.begin + q.n <= b; });
-  auto hi = std::partition_point(lo, pieces.end(), [e](const StepPiece& q) { return q.begin < e; });
-  *first = static_cast<size_t>(lo - pieces.begin());
-  *last = e > b ? static_cast<size_t>(hi - pieces.begin()) : *first;
-}
-
-Status Engine::Impl::ReachModule(int module) {
-  const std::vector<int>& ps = module_params[module];
-  size_t end = 0;
-  bool any = false;
-  for (int i : ps) {
-    size_t f = 0, l = 0;
-    PiecesOf(i, &f, &l);
-    for (size_t k = f; k < l; ++k) ZERO_RETURN_IF_ERROR(QueuePiece(k));
-    if (l > f) {
-      end = std::max(end, l);
-      any = true;
-    }
-  }
-  // Look-ahead: the next chunk_buffers pieces not yet queued after this module's (bounded, so the
-  // launch queue never holds the whole step).
-  size_t ahead = static_cast<size_t>(chunked->chunk_buffers());
-  for (size_t k = any ? end : pieces_queued; k < pieces.size() && ahead > 0; ++k) {
-    if (pieces[k].queued) continue;
-    ZERO_RETURN_IF_ERROR(QueuePiece(k));
-    --ahead;
-  }
-  while (pieces_queued < pieces.size() && pieces[pieces_queued].queued) ++pieces_queued;
-  // The compute stream waits for the chunks holding this module's parameters only (before the
-  // stage-3 gather reads the shards, before param() is used at stages 0-2).
-  for (int i : ps) {
-    size_t f = 0, l = 0;
-    PiecesOf(i, &f, &l);
-    for (size_t k = f; k < l; ++k) {
-      std::optional<ChunkEvents> c = chunked->Chunk(pieces[k].begin);
-      if (c.has_value()) ZERO_RETURN_IF_ERROR(device->StreamWaitEvent(compute, c->updated));
-    }
-    param_waited[i] = 1;
-  }
-  return OkStatus();
-}
-
-Status Engine::Impl::FlushStep(const char* call) {
-  if (!step_in_flight) return OkStatus();
-  Status s = [&]() -> Status {
-    for (size_t k = pieces_queued; k < pieces.size(); ++k) ZERO_RETURN_IF_ERROR(QueuePiece(k));
-    // The gradients and states may be written again once the compute stream passes this.
-    return chunked->WaitForUpdates(compute);
-  }();
-  if (!s.ok()) {
-    return Guard(s.WithContext(std::string(call) + ": queueing the rest of the overlapped optimizer step"));
-  }
-  step_in_flight = false;
-  pieces.clear();
-  pieces_queued = 0;
-  return OkStatus();
+  return m.Guard(m.deferred->WaitForHost().WithContext("WaitForOptimizerStep: waiting for the optimizer step's chunks"));
 }
 
 }  // namespace zero
