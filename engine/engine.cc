@@ -547,13 +547,7 @@ Status Engine::Impl::InitializeImpl(const InitFill& fill, bool partition_reads) 
   grad_pool = std::make_unique<BufferPool>(device, pool_keep);
   grad_out.resize(params.size());
   grad_held.resize(params.size());
-  handed_out.assign(params.size(), 0);
-  reported.assign(params.size(), 0);
-  active.assign(params.size(), 0);
-  reduce_queued.assign(params.size(), 0);
-  acc_written.assign(params.size(), 0);
-  part_written.assign(params.size(), 0);
-  updated.assign(params.size(), 0);
+  window.Init(static_cast<int>(params.size()), managed, gas);
 
   GradientReducerOptions ro;
   ro.op = op;
@@ -707,7 +701,7 @@ Status Engine::Impl::CreateGradPartition() {
 bool Engine::is_gradient_accumulation_boundary() const {
   const Impl& m = *impl_;
   if (!m.managed) return true;
-  return m.window_micro + 1 == m.gas;
+  return m.window.micro_steps() + 1 == m.gas;
 }
 
 bool Engine::was_step_applied() const { return impl_->step_applied; }

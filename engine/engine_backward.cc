@@ -81,15 +81,15 @@ Result<void*> Engine::grad_buffer(int index) {
   ZERO_RETURN_IF_ERROR(m.FlushStep("grad_buffer"));
   ZERO_RETURN_IF_ERROR(m.timeline.OnGradient());
   const ParamInfo& p = m.params[index];
-  if (m.reported[index]) {
+  if (m.window.reported(index)) {
     return InvalidArgumentError("grad_buffer(" + std::to_string(index) + "): the gradient of parameter " +
                                 ParamName(p) + " was already reported in this backward");
   }
-  if (m.pending_step) {
+  if (m.window.pending_step()) {
     return FailedPreconditionError("grad_buffer(" + std::to_string(index) +
                                    "): the accumulation boundary was reached; call Step() first");
   }
-  if (!m.handed_out[index]) {
+  if (!m.window.handed_out(index)) {
     if (p.numel > 0) {
       auto b = m.grad_pool->Acquire(static_cast<size_t>(m.GradBufferNumel(p)) * SizeOf(m.mdt),
                                     "grad_buffer: allocating a gradient buffer");
@@ -103,7 +103,7 @@ Result<void*> Engine::grad_buffer(int index) {
         if (!s.ok()) return m.Guard(s.WithContext("grad_buffer(" + ParamName(p) + ")"));
       }
     }
-    m.handed_out[index] = 1;
+    m.window.HandOut(index);
   }
   return m.grad_out[index].data();
 }
@@ -115,11 +115,11 @@ Status Engine::GradReady(int index) {
   ZERO_RETURN_IF_ERROR(m.FlushStep("GradReady"));
   ZERO_RETURN_IF_ERROR(m.timeline.OnGradient());
   const ParamInfo& p = m.params[index];
-  if (m.reported[index]) {
+  if (m.window.reported(index)) {
     return InvalidArgumentError("GradReady(" + std::to_string(index) + "): the gradient of parameter " +
                                 ParamName(p) + " was reported twice in one backward");
   }
-  if (!m.handed_out[index]) {
+  if (!m.window.handed_out(index)) {
     return FailedPreconditionError("GradReady(" + std::to_string(index) + ") for parameter " + ParamName(p) +
                                    " without grad_buffer(" + std::to_string(index) + ") first");
   }
@@ -128,17 +128,14 @@ Status Engine::GradReady(int index) {
 
 Status Engine::Impl::GradReadyImpl(int index) {
   const ParamInfo& p = params[index];
-  reported[index] = 1;
-  active[index] = 1;
-  ++reported_count;
-  handed_out[index] = 0;
+  window.Report(index);
   DeviceBuffer buf = std::move(grad_out[index]);
   if (p.numel == 0) return OkStatus();
   if (stage <= 1) {
-    ZERO_RETURN_IF_ERROR(AddGradient(f32(acc, p.full_off), buf.data(), mdt, p.numel, &acc_written[index]));
+    ZERO_RETURN_IF_ERROR(AddGradient(f32(acc, p.full_off), buf.data(), mdt, p.numel, window.FirstToAcc(index)));
     ZERO_RETURN_IF_ERROR(grad_pool->Release(std::move(buf), compute));
     // The boundary micro step: this accumulator is final, so its reduction can start now.
-    if (managed && window_micro + 1 == gas && !no_sync) ZERO_RETURN_IF_ERROR(QueueBoundaryReduction(index));
+    if (window.AtBoundary() && !no_sync) ZERO_RETURN_IF_ERROR(QueueBoundaryReduction(index));
     return OkStatus();
   }
   if (UpdateInBackward()) {
@@ -207,9 +204,7 @@ Status Engine::Impl::ReduceModules(const std::vector<int>& modules) {
 // NaN payloads in the norm's double sum on the CPU backend.) Pieces that get no contribution in a
 // window are zero-filled only where they are read: before a stage-0/1 reduction (this rank adds
 // zeros) and at the boundary when AdamW updates them (managed mode updates every parameter).
-Status Engine::Impl::AddGradient(float* dst, const void* src, DType src_t, int64_t n, uint8_t* written) {
-  const bool first = *written == 0;
-  *written = 1;
+Status Engine::Impl::AddGradient(float* dst, const void* src, DType src_t, int64_t n, bool first) {
   if (n == 0) return OkStatus();
   if (first) return device->AccumulateFirst(dst, src, src_t, static_cast<size_t>(n), 1.0f, compute);
   return device->Accumulate(dst, src, src_t, static_cast<size_t>(n), 1.0f, compute);
@@ -219,9 +214,8 @@ Status Engine::Impl::AddGradient(float* dst, const void* src, DType src_t, int64
 // piece of the partition, first contribution of the window or not as AddGradient. `last`: the
 // managed boundary micro step, after which the piece gets nothing more in this window.
 Status Engine::Impl::AddToPartition(int index, const void* src, DType src_t) {
-  const bool first = part_written[index] == 0;
-  part_written[index] = 1;
-  return grad->Add(index, src, src_t, first, /*last=*/managed && window_micro + 1 == gas);
+  const bool first = window.FirstToPartition(index);
+  return grad->Add(index, src, src_t, first, /*last=*/window.AtBoundary());
 }
 
 // UpdateInBackward: parameter `index`'s norm partial (from the model-dtype gradient at `src`, the
@@ -232,7 +226,7 @@ Status Engine::Impl::AddToPartition(int index, const void* src, DType src_t) {
 // model copy: Step() publishes it.
 Status Engine::Impl::UpdateFromGradient(int index, const void* src) {
   const ParamInfo& p = params[index];
-  updated[index] = 1;
+  window.MarkUpdated(index);
   if (p.numel == 0) return OkStatus();
   if (src != nullptr) {
     ZERO_RETURN_IF_ERROR(device->SumOfSquares(src, mdt, static_cast<size_t>(p.numel),
@@ -243,21 +237,20 @@ Status Engine::Impl::UpdateFromGradient(int index, const void* src) {
 }
 
 Status Engine::Impl::QueueBoundaryReduction(int index) {
-  if (reduce_queued[index]) return OkStatus();
-  reduce_queued[index] = 1;
+  if (!window.QueueReduction(index)) return OkStatus();
   const ParamInfo& p = params[index];
   if (p.numel == 0) return OkStatus();
   // One rank: the mean over one rank is the sum itself (bitwise; the reducer issued no collective
   // there either), and stage 1 reads the accumulators as its partition (AccIsGrad): no reduction,
   // no bucket copies.
   if (world == 1) return OkStatus();
-  if (!acc_written[index]) {
+  if (!window.acc_written()[index]) {
     // No local gradient in this window: this rank contributes zeros.
     ZERO_RETURN_IF_ERROR(device->Fill(f32(acc, p.full_off), DType::kF32, static_cast<size_t>(p.numel), 0.0f,
                                       compute));
-    acc_written[index] = 1;
+    window.MarkAccWritten(index);
   }
-  if (stage == 1) part_written[index] = 1;  // the reduction writes the whole shard
+  if (stage == 1) window.MarkPartWritten(index);  // the reduction writes the whole shard
   // Without contiguous_gradients stage 0 all-reduces the accumulator in place and stage 1
   // reduce-scatters it (its full-layout piece is padded, padding zero) straight into the gradient
   // partition.
@@ -270,14 +263,14 @@ Status Engine::Impl::ReduceAccumulators(const std::vector<uint8_t>& which) {
     if (which[i]) ZERO_RETURN_IF_ERROR(QueueBoundaryReduction(i));
   }
   ZERO_RETURN_IF_ERROR(reducer->Drain());
-  reduced = true;
+  window.MarkReduced();
   return OkStatus();
 }
 
 Status Engine::Backward() {
   Impl& m = *impl_;
   ZERO_RETURN_IF_ERROR(m.CheckUsable("Backward"));
-  if (m.pending_step) {
+  if (m.window.pending_step()) {
     return FailedPreconditionError(
         "Backward() after the gradient accumulation boundary: call Step() before the next backward");
   }
@@ -288,12 +281,11 @@ Status Engine::Backward() {
 Status Engine::Impl::BackwardImpl() {
   // Buffers handed out but never reported carry no gradient.
   for (int i = 0; i < static_cast<int>(params.size()); ++i) {
-    if (handed_out[i]) {
-      handed_out[i] = 0;
+    if (window.TakeHandedOut(i)) {
       ZERO_RETURN_IF_ERROR(grad_pool->Release(std::move(grad_out[i]), compute));
     }
   }
-  const bool boundary = managed && window_micro + 1 == gas;
+  const bool boundary = window.AtBoundary();
   if (stage <= 1) {
     if (boundary && !no_sync) {
       // Managed: every parameter is updated; the ones not reported now have final sums too.
@@ -321,15 +313,8 @@ Status Engine::Impl::BackwardImpl() {
   // are completed now (offload_grad_accumulation "gpu": sent to the host).
   if (boundary && grad != nullptr) ZERO_RETURN_IF_ERROR(TimedOffload(kTrackDeviceToHost, "gradients to the partition", [&] { return grad->Finish(); }));
   if (coordinator != nullptr) ZERO_RETURN_IF_ERROR(coordinator->EndMicroStep());
-  std::fill(reported.begin(), reported.end(), 0);
-  reported_count = 0;
+  window.EndBackward();
   ++counters.micro_steps;
-  ++window_micro;
-  ++backwards_since_step;
-  if (boundary) {
-    pending_step = true;
-    window_micro = 0;
-  }
   return comm->CheckHealth();
 }
 

@@ -28,6 +28,7 @@
 #include "zero/deferred_step.h"
 #include "zero/grad_partition.h"
 #include "zero/grad_reducer.h"
+#include "zero/grad_window.h"
 #include "zero/loss_scaler.h"
 #include "zero/optimizer_states.h"
 #include "zero/param_coordinator.h"
@@ -117,26 +118,15 @@ struct Engine::Impl {
   // until then they wait in grad_held), and the parameters this rank reported too late for that.
   std::unique_ptr<ReductionSchedule> schedule;
   std::vector<std::string> late_reports;
-  std::vector<uint8_t> handed_out;
-  std::vector<uint8_t> reported;        // in the current backward
-  std::vector<uint8_t> active;          // received a gradient in the current window
-  std::vector<uint8_t> reduce_queued;   // stage 0/1: queued for the boundary reduction
-  // Which fp32 gradient pieces hold this window's values (the rest hold stale values of an earlier
-  // window: nothing zero-fills the accumulators at a window start; see AddGradient).
-  std::vector<uint8_t> acc_written;     // stages 0/1: acc piece (this rank's local sum)
-  std::vector<uint8_t> part_written;    // stages 1-3: `grad` piece (the reduced sum)
-  std::vector<uint8_t> updated;         // UpdateInBackward: AdamW already ran in this window
-  int reported_count = 0;
+  // Per parameter: handed out, reported, active, which fp32 gradient pieces hold this window's
+  // values (the rest hold stale values of an earlier window; see AddGradient), queued reductions,
+  // updates in backward; and the window's counts (zero/grad_window.h).
+  GradWindow window;
   std::unique_ptr<GradientReducer> reducer;
   std::unique_ptr<BucketedAllGather> weight_gather;  // stages 1/2
   std::unique_ptr<ParamCoordinator> coordinator;
 
-  // Accumulation state.
-  int64_t window_micro = 0;   // Backward() calls in the current window (managed)
-  bool pending_step = false;  // managed: the boundary Backward() ran; Step() does the update
-  bool reduced = false;       // stage 0/1: accumulators reduced for this window
   bool no_sync = false;
-  int64_t backwards_since_step = 0;  // Backward() calls since the last boundary or ZeroGrad()
 
   EngineCounters counters;
   bool step_applied = false;
@@ -267,7 +257,7 @@ struct Engine::Impl {
   Status AgreeOnUpdate(Status local);
   Status BoundaryImpl();
   Status ZeroAccumulators();
-  Status AddGradient(float* dst, const void* src, DType src_t, int64_t n, uint8_t* written);
+  Status AddGradient(float* dst, const void* src, DType src_t, int64_t n, bool first);
   Status AddToPartition(int index, const void* src, DType src_t);
   Status CreateGradPartition();
   AdamWParams StepParams(double loss_scale, double clip_coef) const;

@@ -118,19 +118,19 @@ Status Engine::Impl::CheckOutsideWindow(const char* call) const {
       std::string(call) == "SaveCheckpoint"
           ? "accumulated gradients are not saved in checkpoints"
           : "the gradients accumulated so far would be applied to the loaded weights";
-  if (reported_count > 0) {
+  if (window.reported_count() > 0) {
     return FailedPreconditionError(std::string(call) +
                                    " in the middle of a backward (gradients reported since the "
                                    "last Backward()): " + why);
   }
   std::string where;
-  if (managed && pending_step) {
+  if (managed && window.pending_step()) {
     where = "the accumulation boundary Backward() ran but Step() has not";
-  } else if (managed && window_micro > 0) {
-    where = std::to_string(window_micro) + " of " + std::to_string(gas) +
+  } else if (managed && window.micro_steps() > 0) {
+    where = std::to_string(window.micro_steps()) + " of " + std::to_string(gas) +
             " micro steps of the window are accumulated";
-  } else if (!managed && backwards_since_step > 0) {
-    where = std::to_string(backwards_since_step) + " Backward() call(s) since the last Step()";
+  } else if (!managed && window.backwards_since_step() > 0) {
+    where = std::to_string(window.backwards_since_step()) + " Backward() call(s) since the last Step()";
   }
   if (where.empty()) return OkStatus();
   return FailedPreconditionError(
@@ -323,8 +323,7 @@ Result<std::string> Engine::Impl::LoadCheckpointImpl(const std::string& dir, con
   counters.micro_steps = meta.micro_steps;
   counters.adam_step = meta.adam_step;  // also the scheduler position: lr = LrAt(adam_step)
   scaler = std::move(new_scaler);
-  window_micro = 0;
-  pending_step = false;
+  window.RestartCount();
   step_applied = false;
   grad_norm = -1.0;
   return meta.client_state_json;

@@ -23,10 +23,10 @@ Status Engine::Step() {
   Impl& m = *impl_;
   ZERO_RETURN_IF_ERROR(m.CheckUsable("Step"));
   ZERO_RETURN_IF_ERROR(m.FlushStep("Step"));  // the previous step's pieces: queued, stream-ordered
-  if (m.reported_count > 0) {
+  if (m.window.reported_count() > 0) {
     return FailedPreconditionError("Step() with gradients reported since the last Backward(); call Backward() first");
   }
-  if (m.managed && !m.pending_step) {
+  if (m.managed && !m.window.pending_step()) {
     m.step_applied = false;
     return OkStatus();
   }
@@ -35,7 +35,7 @@ Status Engine::Step() {
         "Step() at a gradient accumulation boundary while no_sync is on: turn no_sync off "
         "(SetNoSync(false)) before the boundary step");
   }
-  m.pending_step = false;
+  m.window.ClearPendingStep();
   ZERO_RETURN_IF_ERROR(m.timeline.BeginStep());
   ZERO_RETURN_IF_ERROR(m.Guard(m.BoundaryImpl().WithContext("Step (global step " +
                                                             std::to_string(m.counters.global_steps) + ")")));
@@ -49,10 +49,10 @@ Status Engine::ReportFault(Status error) {
 
 Status Engine::Impl::UnionActive() {
   if (world == 1) return OkStatus();
-  std::vector<double> flags(active.begin(), active.end());
+  std::vector<double> flags(window.active().begin(), window.active().end());
   ZERO_RETURN_IF_ERROR(comm->AllReduceHost(flags.data(), flags.size(), ReduceOp::kMax)
                            .WithContext("agreeing on the parameters with gradients"));
-  for (size_t i = 0; i < active.size(); ++i) active[i] = flags[i] != 0.0 ? 1 : 0;
+  window.MergeActive(flags);
   return OkStatus();
 }
 
@@ -64,13 +64,7 @@ Status Engine::Impl::ZeroAccumulators() {
     ZERO_RETURN_IF_ERROR(device->Fill(norm_slots.data(), DType::kF32, 2 * params.size(), 0.0f, compute));
   }
   if (grad != nullptr) grad->NewWindow();
-  std::fill(updated.begin(), updated.end(), 0);
-  std::fill(acc_written.begin(), acc_written.end(), 0);
-  std::fill(part_written.begin(), part_written.end(), 0);
-  std::fill(active.begin(), active.end(), 0);
-  std::fill(reduce_queued.begin(), reduce_queued.end(), 0);
-  reduced = false;
-  backwards_since_step = 0;
+  window.NewWindow();
   return OkStatus();
 }
 
@@ -119,13 +113,13 @@ Status Engine::Impl::BoundaryImpl() {
   std::vector<uint8_t> update(params.size(), 1);
   if (freeze_inactive) {
     ZERO_RETURN_IF_ERROR(UnionActive());
-    update = active;
+    update = window.active();
   }
-  if (stage <= 1 && !reduced) ZERO_RETURN_IF_ERROR(ReduceAccumulators(update));
+  if (stage <= 1 && !window.reduced()) ZERO_RETURN_IF_ERROR(ReduceAccumulators(update));
 
   // The fp32 gradients (`grad`): stage 0 (and stage 1 with one rank) the accumulators, full
   // layout; otherwise this rank's shards in the gradient partition (padding zero).
-  const std::vector<uint8_t>& written = AccIsGrad() ? acc_written : part_written;
+  const std::vector<uint8_t>& written = AccIsGrad() ? window.acc_written() : window.part_written();
 
   // Global norm: per parameter, the sum of squares of its fp32 gradient in double; summed on the
   // host in parameter order; partitioned stages all-reduce the partial sums (rank order). A
@@ -243,7 +237,7 @@ Status Engine::Impl::UpdateAll(const std::vector<uint8_t>& update, const AdamWPa
     // the window) get their zero-gradient update now. Then the model copy, cast from the masters
     // (one rank: the full and the partition layouts coincide), in runs of consecutive parameters.
     for (int i = 0; i < n_params; ++i) {
-      if (update[i] && !updated[i]) ZERO_RETURN_IF_ERROR(UpdateFromGradient(i, nullptr));
+      if (update[i] && !window.updated(i)) ZERO_RETURN_IF_ERROR(UpdateFromGradient(i, nullptr));
     }
     for (int i = 0; i < n_params;) {
       if (!update[i]) {
@@ -386,10 +380,10 @@ Status Engine::ZeroGrad() {
   Impl& m = *impl_;
   ZERO_RETURN_IF_ERROR(m.CheckUsable("ZeroGrad"));
   ZERO_RETURN_IF_ERROR(WaitForOptimizerStep());
-  if (m.reported_count > 0) {
+  if (m.window.reported_count() > 0) {
     return FailedPreconditionError("ZeroGrad() in the middle of a backward (gradients reported since the last Backward())");
   }
-  if (std::find(m.updated.begin(), m.updated.end(), 1) != m.updated.end()) {
+  if (m.window.any_updated()) {
     return FailedPreconditionError(
         "ZeroGrad() after a Backward() whose parameters were already updated in backward (managed, "
         "gradient_accumulation_steps 1, one rank, no fp16 or clipping: engine.h, 'Update in "
