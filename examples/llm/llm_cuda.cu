@@ -150,8 +150,6 @@ struct Weights {
   std::vector<DType> dtype;
 };
 
-}  // namespace
-
 // The device time of each kind of operation (LlmCudaOptions::profile): Begin() records an event
 // that starts a segment, each Mark(name) records one after the operation it names was enqueued, so
 // on the one stream the time between an event and the one before it is that operation's. Disabled,
@@ -162,7 +160,6 @@ class OpProfiler {
     enabled_ = enabled;
     stream_ = stream;
   }
-  bool enabled() const { return enabled_; }
   void Begin() { Record(nullptr); }
   void Mark(const char* name) { Record(name); }
 
@@ -212,6 +209,8 @@ class OpProfiler {
   std::vector<EventPtr> events_;  // reused: events_[i] belongs to marks_[i]
   std::vector<MarkAt> marks_;
 };
+
+}  // namespace
 
 // ---- Activations. ---------------------------------------------------------------------------------
 

@@ -102,7 +102,9 @@ Status AttentionBackward(const void* q, const void* k, const void* v, const void
 // ---- Cross-entropy over the vocabulary --------------------------------------------------------
 
 // Per row r < rows of fp32 logits [rows, vocab] (row stride vocab): lse = max + log(sum exp(x -
-// max)); row_loss[r] = lse - x[target] for targets[r] != -100, else 0. If dlogits is not null it
+// max)), the max and the sum found in one pass (online softmax: each thread's partial sum is
+// rescaled when its max grows, then to the row's max; the same value up to fp32 rounding);
+// row_loss[r] = lse - x[target] for targets[r] != -100, else 0. If dlogits is not null it
 // gets (softmax - onehot(target)) * coef in its dtype (a row of zeros for an ignored target).
 // REQUIRES: targets are -100 or in [0, vocab) (checked by the caller).
 Status CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, int64_t vocab, float coef,
