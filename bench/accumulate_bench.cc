@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/device.h"
 #include "bench/bench_flags.h"
+#include "runtime/device.h"
 #include "runtime/status.h"
 
 namespace zero::bench {
@@ -53,7 +53,8 @@ Result<Options> Parse(int argc, char** argv) {
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 1, 1000000, &n));
       o.reps = static_cast<int>(n);
     } else {
-      return InvalidArgumentError("unknown flag '" + f + "' (usage: accumulate_bench [--device NAME] [--numel N] "
+      return InvalidArgumentError("unknown flag '" + f +
+                                  "' (usage: accumulate_bench [--device NAME] [--numel N] "
                                   "[--reps N] [--dry-run])");
     }
   }
@@ -76,8 +77,8 @@ Result<double> TimeMs(Device* d, Stream* s, int reps, const std::function<Status
 }
 
 Status Run(const Options& o) {
-  std::printf("# accumulate_bench: device %s, numel %lld, reps %d\n", o.device.c_str(),
-              static_cast<long long>(o.numel), o.reps);
+  std::printf("# accumulate_bench: device %s, numel %lld, reps %d\n", o.device.c_str(), static_cast<long long>(o.numel),
+              o.reps);
   if (o.dry_run) {
     std::printf("dry run ok\n");
     return OkStatus();

@@ -39,9 +39,12 @@ enum class FileState { kWritten, kFresh, kExtend };
 
 const char* StateName(FileState s) {
   switch (s) {
-    case FileState::kWritten: return "written";
-    case FileState::kFresh: return "fresh";
-    case FileState::kExtend: return "extend";
+    case FileState::kWritten:
+      return "written";
+    case FileState::kFresh:
+      return "fresh";
+    case FileState::kExtend:
+      return "extend";
   }
   return "?";
 }
@@ -82,8 +85,7 @@ bool ParseStates(const char* s, std::vector<FileState>* out) {
     } else if (name == "extend") {
       out->push_back(FileState::kExtend);
     } else {
-      std::fprintf(stderr, "aio_bench: --states: expected a list of written, fresh, extend; got '%s'\n",
-                   name.c_str());
+      std::fprintf(stderr, "aio_bench: --states: expected a list of written, fresh, extend; got '%s'\n", name.c_str());
       return false;
     }
     pos = comma + 1;
@@ -91,9 +93,7 @@ bool ParseStates(const char* s, std::vector<FileState>* out) {
   return !out->empty();
 }
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 [[noreturn]] void Die(const std::string& what, int err) {
   std::fprintf(stderr, "aio_bench: %s: %s\n", what.c_str(), std::strerror(err));
@@ -185,15 +185,20 @@ int Main(int argc, char** argv) {
       size_t n = std::strlen(k);
       return a.compare(0, n, k) == 0 ? argv[i] + n : nullptr;
     };
-    if (const char* v = val("--dir=")) f.dir = v;
-    else if (const char* v = val("--size_mb=")) f.size_mb = std::strtoull(v, nullptr, 10);
-    else if (const char* v = val("--block_sizes=")) f.block_sizes = ParseList(v);
-    else if (const char* v = val("--queue_depths=")) f.queue_depths = ParseList(v);
+    if (const char* v = val("--dir="))
+      f.dir = v;
+    else if (const char* v = val("--size_mb="))
+      f.size_mb = std::strtoull(v, nullptr, 10);
+    else if (const char* v = val("--block_sizes="))
+      f.block_sizes = ParseList(v);
+    else if (const char* v = val("--queue_depths="))
+      f.queue_depths = ParseList(v);
     else if (const char* v = val("--states=")) {
       if (!ParseStates(v, &f.states)) return 2;
-    }
-    else if (const char* v = val("--threads=")) f.threads = std::strtoll(v, nullptr, 10);
-    else if (const char* v = val("--reps=")) f.reps = std::atoi(v);
+    } else if (const char* v = val("--threads="))
+      f.threads = std::strtoll(v, nullptr, 10);
+    else if (const char* v = val("--reps="))
+      f.reps = std::atoi(v);
     else {
       std::fprintf(stderr, "aio_bench: unknown flag %s\n", argv[i]);
       return 2;
@@ -207,13 +212,13 @@ int Main(int argc, char** argv) {
   const std::string path = f.dir + "/aio_bench." + std::to_string(::getpid()) + ".swp";
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
   if (fd < 0) {
-    std::fprintf(stderr, "aio_bench: open %s with O_DIRECT: %s (filesystem %s)\n", path.c_str(),
-                 std::strerror(errno), FilesystemType(f.dir).c_str());
+    std::fprintf(stderr, "aio_bench: open %s with O_DIRECT: %s (filesystem %s)\n", path.c_str(), std::strerror(errno),
+                 FilesystemType(f.dir).c_str());
     return 1;
   }
   if (int err = ::posix_fallocate(fd, 0, size); err != 0) {
-    std::fprintf(stderr, "aio_bench: preallocate %llu bytes in %s: %s\n",
-                 static_cast<unsigned long long>(size), path.c_str(), std::strerror(err));
+    std::fprintf(stderr, "aio_bench: preallocate %llu bytes in %s: %s\n", static_cast<unsigned long long>(size),
+                 path.c_str(), std::strerror(err));
     ::unlink(path.c_str());
     return 1;
   }
@@ -224,12 +229,14 @@ int Main(int argc, char** argv) {
   }
   for (uint64_t i = 0; i < size; i += 4096) buf->bytes()[i] = static_cast<uint8_t>(i >> 12);
   FileStateKeeper keeper(fd, path, buf->bytes(), size);
-  std::printf("aio_bench: %s (%s), %llu MiB, intra_op_parallelism %lld, best of %d; engine and "
-              "raw measured over the same file state, alternating which goes first\n",
-              path.c_str(), FilesystemType(f.dir).c_str(),
-              static_cast<unsigned long long>(f.size_mb), static_cast<long long>(f.threads), f.reps);
-  std::printf("  write/written: overwrite of written blocks (steady-state swap out); "
-              "write/fresh: into just-preallocated (unwritten) extents; read: of written blocks\n");
+  std::printf(
+      "aio_bench: %s (%s), %llu MiB, intra_op_parallelism %lld, best of %d; engine and "
+      "raw measured over the same file state, alternating which goes first\n",
+      path.c_str(), FilesystemType(f.dir).c_str(), static_cast<unsigned long long>(f.size_mb),
+      static_cast<long long>(f.threads), f.reps);
+  std::printf(
+      "  write/written: overwrite of written blocks (steady-state swap out); "
+      "write/fresh: into just-preallocated (unwritten) extents; read: of written blocks\n");
   // Two header lines: the group (what was measured over which file state), then the columns.
   std::printf("%16s", "");
   for (FileState s : f.states) std::printf(" | %-24s", (std::string("write, ") + StateName(s)).c_str());

@@ -22,8 +22,8 @@ inline Status ParseInt(const std::string& flag, const std::string& v, int64_t lo
   errno = 0;
   const long long x = std::strtoll(v.c_str(), &end, 10);
   if (errno != 0 || end == v.c_str() || *end != '\0' || x < lo || x > hi) {
-    const std::string range = hi == INT64_MAX ? ">= " + std::to_string(lo)
-                                              : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    const std::string range =
+        hi == INT64_MAX ? ">= " + std::to_string(lo) : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
     return InvalidArgumentError(flag + ": expected an integer " + range + ", got '" + v + "'");
   }
   *out = x;

@@ -9,9 +9,9 @@
 // read-for-ownership of a written line is not counted, for AdamW as for triad): AdamW reads
 // p, g, m, v and writes p, m, v: 28 B; the 16-bit copy adds 2 B (fp32 copy: 4 B). Copy counts
 // 8 B per float, triad (a = b + s*c) 12 B. bf16nt/fp16nt write the copy with non-temporal stores
-// (CpuAdamWOptions::stream_model_out), which saves its read-for-ownership; the count stays 30 B. Each figure is the best of --iters timed repetitions
-// after one warm-up. The last line is one summary: the best AdamW path with the bf16 copy at the
-// largest thread count, its params/s and its fraction of the triad bandwidth.
+// (CpuAdamWOptions::stream_model_out), which saves its read-for-ownership; the count stays 30 B. Each figure is the
+// best of --iters timed repetitions after one warm-up. The last line is one summary: the best AdamW path with the bf16
+// copy at the largest thread count, its params/s and its fraction of the triad bandwidth.
 //
 // Then the engine's update in backward (zero/host_optimizer_states.cc): bf16 gradients arriving
 // in slots of --slot elements (default 4M, the 16 MiB staging slots), widened to fp32 and
@@ -100,8 +100,7 @@ Flags ParseFlags(int argc, char** argv) {
     } else if (a == "--outputs") {
       f.outputs = Split(v);
       for (const auto& o : f.outputs) {
-        if (o != "none" && o != "bf16" && o != "fp16" && o != "fp32" && o != "bf16nt" &&
-            o != "fp16nt") {
+        if (o != "none" && o != "bf16" && o != "fp16" && o != "fp32" && o != "bf16nt" && o != "fp16nt") {
           Usage("--outputs: unknown '" + o + "' (expected none, bf16, fp16, fp32, bf16nt, fp16nt)");
         }
       }
@@ -148,13 +147,12 @@ T* AllocateArray(size_t n) {
 
 // --- bandwidth loops: plain loads/stores (no streaming stores), as the AdamW does ---------------
 
-__attribute__((target("avx512f"))) void Triad512(float* a, const float* b, const float* c,
-                                                 float s, size_t lo, size_t hi) {
+__attribute__((target("avx512f"))) void Triad512(float* a, const float* b, const float* c, float s, size_t lo,
+                                                 size_t hi) {
   const __m512 vs = _mm512_set1_ps(s);
   size_t i = lo;
   for (; i + 16 <= hi; i += 16) {
-    _mm512_storeu_ps(a + i, _mm512_add_ps(_mm512_loadu_ps(b + i),
-                                          _mm512_mul_ps(vs, _mm512_loadu_ps(c + i))));
+    _mm512_storeu_ps(a + i, _mm512_add_ps(_mm512_loadu_ps(b + i), _mm512_mul_ps(vs, _mm512_loadu_ps(c + i))));
   }
   for (; i < hi; ++i) a[i] = b[i] + s * c[i];
 }
@@ -163,13 +161,11 @@ __attribute__((target("avx512f"))) void Copy512(float* a, const float* b, size_t
   for (; i + 16 <= hi; i += 16) _mm512_storeu_ps(a + i, _mm512_loadu_ps(b + i));
   for (; i < hi; ++i) a[i] = b[i];
 }
-__attribute__((target("avx2"))) void Triad256(float* a, const float* b, const float* c, float s,
-                                              size_t lo, size_t hi) {
+__attribute__((target("avx2"))) void Triad256(float* a, const float* b, const float* c, float s, size_t lo, size_t hi) {
   const __m256 vs = _mm256_set1_ps(s);
   size_t i = lo;
   for (; i + 8 <= hi; i += 8) {
-    _mm256_storeu_ps(a + i, _mm256_add_ps(_mm256_loadu_ps(b + i),
-                                          _mm256_mul_ps(vs, _mm256_loadu_ps(c + i))));
+    _mm256_storeu_ps(a + i, _mm256_add_ps(_mm256_loadu_ps(b + i), _mm256_mul_ps(vs, _mm256_loadu_ps(c + i))));
   }
   for (; i < hi; ++i) a[i] = b[i] + s * c[i];
 }
@@ -178,8 +174,8 @@ __attribute__((target("avx2"))) void Copy256(float* a, const float* b, size_t lo
   for (; i + 8 <= hi; i += 8) _mm256_storeu_ps(a + i, _mm256_loadu_ps(b + i));
   for (; i < hi; ++i) a[i] = b[i];
 }
-void TriadPlain(float* __restrict a, const float* __restrict b, const float* __restrict c, float s,
-                size_t lo, size_t hi) {
+void TriadPlain(float* __restrict a, const float* __restrict b, const float* __restrict c, float s, size_t lo,
+                size_t hi) {
   for (size_t i = lo; i < hi; ++i) a[i] = b[i] + s * c[i];
 }
 void CopyPlain(float* __restrict a, const float* __restrict b, size_t lo, size_t hi) {
@@ -210,8 +206,8 @@ int Main(int argc, char** argv) {
   const size_t n = f.n;
   const size_t tile = std::max<size_t>(64, (f.tile + 63) & ~size_t{63});
   const int max_threads = *std::max_element(f.threads.begin(), f.threads.end());
-  std::printf("cpu_adam_bench: n=%zu params, tile=%zu, hardware threads=%u, auto path=%s\n", n,
-              tile, std::thread::hardware_concurrency(), CpuAdamPathName(BestCpuAdamPath()));
+  std::printf("cpu_adam_bench: n=%zu params, tile=%zu, hardware threads=%u, auto path=%s\n", n, tile,
+              std::thread::hardware_concurrency(), CpuAdamPathName(BestCpuAdamPath()));
 
   float* p = AllocateArray<float>(n);
   float* g = AllocateArray<float>(n);
@@ -280,15 +276,12 @@ int Main(int argc, char** argv) {
     });
     const double copy_gbs = 8.0 * n / t_copy / 1e9;
     const double triad_gbs = 12.0 * n / t_triad / 1e9;
-    std::printf("threads=%-3d copy %8.2f GB/s   triad %8.2f GB/s\n", threads, copy_gbs,
-                triad_gbs);
+    std::printf("threads=%-3d copy %8.2f GB/s   triad %8.2f GB/s\n", threads, copy_gbs, triad_gbs);
     for (CpuAdamPath path : f.paths) {
       for (const std::string& o : f.outputs) {
         void* out = o == "none" ? nullptr : o == "fp32" ? static_cast<void*>(out32) : out16;
         const bool nt = o.size() > 4;  // bf16nt, fp16nt: non-temporal stores of the copy
-        DType t = o.rfind("bf16", 0) == 0   ? DType::kBF16
-                  : o.rfind("fp16", 0) == 0 ? DType::kF16
-                                            : DType::kF32;
+        DType t = o.rfind("bf16", 0) == 0 ? DType::kBF16 : o.rfind("fp16", 0) == 0 ? DType::kF16 : DType::kF32;
         const double bytes = 28.0 + (o == "none" ? 0.0 : o == "fp32" ? 4.0 : 2.0);
         CpuAdamWOptions options;
         options.path = path;
@@ -308,8 +301,8 @@ int Main(int argc, char** argv) {
         std::printf(
             "threads=%-3d path=%-6s out=%-6s %7.3f ms  %9.3f Mparams/s  %7.2f GB/s (%2.0f B/param)"
             "  %5.1f%% of triad  %5.1f%% of copy\n",
-            threads, CpuAdamPathName(path), o.c_str(), t_adam * 1e3, params / 1e6, gbs, bytes,
-            100.0 * gbs / triad_gbs, 100.0 * gbs / copy_gbs);
+            threads, CpuAdamPathName(path), o.c_str(), t_adam * 1e3, params / 1e6, gbs, bytes, 100.0 * gbs / triad_gbs,
+            100.0 * gbs / copy_gbs);
         if (o.rfind("bf16", 0) == 0 && threads == max_threads && params > summary_params) {
           summary_params = params;
           summary_frac = gbs / triad_gbs;
@@ -347,9 +340,10 @@ int Main(int argc, char** argv) {
           return 1;
         }
         const double params = n / t;
-        std::printf("threads=%-3d update_in_backward=%-10s slot=%zu %7.3f ms  %9.3f Mparams/s  %7.2f GB/s (28 B/param)"
-                    "  %5.1f%% of triad\n",
-                    threads, mode, slot, t * 1e3, params / 1e6, 28.0 * params / 1e9, 100.0 * 28.0 * params / 1e9 / triad_gbs);
+        std::printf(
+            "threads=%-3d update_in_backward=%-10s slot=%zu %7.3f ms  %9.3f Mparams/s  %7.2f GB/s (28 B/param)"
+            "  %5.1f%% of triad\n",
+            threads, mode, slot, t * 1e3, params / 1e6, 28.0 * params / 1e9, 100.0 * 28.0 * params / 1e9 / triad_gbs);
       }
     }
   }
@@ -357,9 +351,9 @@ int Main(int argc, char** argv) {
       "SUMMARY cpu_adam_bench n=%zu threads=%d path=%s params_per_s=%.4g "
       "frac_of_triad=%.3f\n",
       n, summary_threads, summary_path.c_str(), summary_params, summary_frac);
-  for (void* q : {static_cast<void*>(p), static_cast<void*>(g), static_cast<void*>(m),
-                  static_cast<void*>(v), static_cast<void*>(out16), static_cast<void*>(out32),
-                  static_cast<void*>(a), static_cast<void*>(b), static_cast<void*>(c)}) {
+  for (void* q : {static_cast<void*>(p), static_cast<void*>(g), static_cast<void*>(m), static_cast<void*>(v),
+                  static_cast<void*>(out16), static_cast<void*>(out32), static_cast<void*>(a), static_cast<void*>(b),
+                  static_cast<void*>(c)}) {
     std::free(q);
   }
   return 0;

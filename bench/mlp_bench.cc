@@ -61,12 +61,12 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_flags.h"
 #include "comm/communicator.h"
 #include "comm/rendezvous.h"
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "runtime/device.h"
-#include "bench/bench_flags.h"
 #include "runtime/status.h"
 
 #if defined(ZERO_BENCH_HAS_CUDA)
@@ -95,24 +95,24 @@ struct Options {
   std::string label;
   std::string device = "cuda:0";
   std::string offload_optimizer = "none";  // "none" | "cpu" | "nvme"
-  std::string nvme_path;                    // with "nvme"
-  int64_t sub_group_size = 100000000;       // with "nvme"
-  int64_t host_memory_budget = 0;           // with "nvme": > 0 keeps that many bytes of state on the host (tiered)
-  int64_t buffer_count = 4;                 // with "nvme": offload_optimizer.buffer_count
-  int64_t aio_block_size = 1048576;         // with "nvme": aio.block_size
-  int64_t aio_queue_depth = 8;              // with "nvme": aio.queue_depth
-  int64_t aio_threads = 1;                  // with "nvme": aio.intra_op_parallelism
-  int64_t prefetch_bucket = 0;              // > 0: zero_optimization.stage3_prefetch_bucket_size
-  std::string offload_param = "none";       // "none" | "cpu" (stage 3)
-  std::string update_device = "cpu";        // with "cpu": offload_optimizer.update_device (gpu: chunked)
-  int64_t chunk_size = int64_t{1} << 24;    // with update_device gpu
+  std::string nvme_path;                   // with "nvme"
+  int64_t sub_group_size = 100000000;      // with "nvme"
+  int64_t host_memory_budget = 0;          // with "nvme": > 0 keeps that many bytes of state on the host (tiered)
+  int64_t buffer_count = 4;                // with "nvme": offload_optimizer.buffer_count
+  int64_t aio_block_size = 1048576;        // with "nvme": aio.block_size
+  int64_t aio_queue_depth = 8;             // with "nvme": aio.queue_depth
+  int64_t aio_threads = 1;                 // with "nvme": aio.intra_op_parallelism
+  int64_t prefetch_bucket = 0;             // > 0: zero_optimization.stage3_prefetch_bucket_size
+  std::string offload_param = "none";      // "none" | "cpu" (stage 3)
+  std::string update_device = "cpu";       // with "cpu": offload_optimizer.update_device (gpu: chunked)
+  int64_t chunk_size = int64_t{1} << 24;   // with update_device gpu
   int64_t chunk_buffers = 3;
-  bool overlap_step = false;                // with update_device gpu: offload_optimizer.overlap_step
-  int gas = 1;                              // gradient_accumulation_steps (managed mode)
-  double clip = 0.0;                        // gradient_clipping (0: off)
-  std::string offload_grad_accumulation;    // "" (key left out) | "cpu" | "gpu"
+  bool overlap_step = false;              // with update_device gpu: offload_optimizer.overlap_step
+  int gas = 1;                            // gradient_accumulation_steps (managed mode)
+  double clip = 0.0;                      // gradient_clipping (0: off)
+  std::string offload_grad_accumulation;  // "" (key left out) | "cpu" | "gpu"
   bool pin_memory = true;
-  std::string trace;                        // non-empty: zero_trace of the last step into this file
+  std::string trace;  // non-empty: zero_trace of the last step into this file
   bool dry_run = false;
 };
 
@@ -121,7 +121,8 @@ const char kUsage[] =
     "                 [--tokens N] [--dim N] [--ffn N] [--blocks N] [--steps N>=2]\n"
     "                 [--lr X] [--weight-decay X] [--label NAME] [--device cuda:N] [--dry-run]\n"
     "                 [--offload-optimizer none|cpu|nvme] [--nvme-path DIR] [--sub-group-size N] [--pin-memory 0|1]\n"
-    "                 [--host-memory-budget BYTES] [--buffer-count N] [--aio-block-size N] [--aio-queue-depth N] [--aio-threads N]\n"
+    "                 [--host-memory-budget BYTES] [--buffer-count N] [--aio-block-size N] [--aio-queue-depth N] "
+    "[--aio-threads N]\n"
     "                 [--prefetch-bucket N]\n"
     "                 [--update-device cpu|gpu] [--chunk-size N] [--chunk-buffers N] [--offload-param none|cpu]\n"
     "                 [--overlap-step 0|1] [--gas N] [--clip X]\n"
@@ -141,7 +142,8 @@ Result<Options> ParseFlags(int argc, char** argv) {
     int64_t n = 0;
     if (f == "--impl") {
       o.impl = v;
-      if (o.impl != "zero" && o.impl != "none") return InvalidArgumentError("--impl: expected zero or none, got '" + o.impl + "'");
+      if (o.impl != "zero" && o.impl != "none")
+        return InvalidArgumentError("--impl: expected zero or none, got '" + o.impl + "'");
     } else if (f == "--stage") {
       ZERO_RETURN_IF_ERROR(ParseInt(f, v, 0, &n));
       if (n > 3) return InvalidArgumentError("--stage: expected 0..3, got " + std::to_string(n));
@@ -174,7 +176,8 @@ Result<Options> ParseFlags(int argc, char** argv) {
     } else if (f == "--offload-optimizer") {
       o.offload_optimizer = v;
       if (o.offload_optimizer != "none" && o.offload_optimizer != "cpu" && o.offload_optimizer != "nvme") {
-        return InvalidArgumentError("--offload-optimizer: expected none, cpu or nvme, got '" + o.offload_optimizer + "'");
+        return InvalidArgumentError("--offload-optimizer: expected none, cpu or nvme, got '" + o.offload_optimizer +
+                                    "'");
       }
     } else if (f == "--nvme-path") {
       o.nvme_path = v;
@@ -245,17 +248,16 @@ std::string ConfigJson(const Options& o) {
                  (o.host_memory_budget > 0 ? ", \"host_memory_budget\": " + std::to_string(o.host_memory_budget)
                                            : std::string())
            : std::string();
-  const std::string chunk_keys =
-      o.offload_optimizer == "cpu" && o.update_device == "gpu"
-          ? ", \"update_device\": \"gpu\", \"chunk_size\": " + std::to_string(o.chunk_size) +
-                ", \"chunk_buffers\": " + std::to_string(o.chunk_buffers) +
-                (o.overlap_step ? ", \"overlap_step\": true" : "")
-          : std::string();
+  const std::string chunk_keys = o.offload_optimizer == "cpu" && o.update_device == "gpu"
+                                     ? ", \"update_device\": \"gpu\", \"chunk_size\": " + std::to_string(o.chunk_size) +
+                                           ", \"chunk_buffers\": " + std::to_string(o.chunk_buffers) +
+                                           (o.overlap_step ? ", \"overlap_step\": true" : "")
+                                     : std::string();
   const std::string offload =
       o.offload_optimizer == "none"
           ? std::string()
-          : ", \"offload_optimizer\": {\"device\": \"" + o.offload_optimizer + "\", \"pin_memory\": " +
-                (o.pin_memory ? "true" : "false") + nvme_keys + chunk_keys + "}" +
+          : ", \"offload_optimizer\": {\"device\": \"" + o.offload_optimizer +
+                "\", \"pin_memory\": " + (o.pin_memory ? "true" : "false") + nvme_keys + chunk_keys + "}" +
                 (nvme ? ", \"sub_group_size\": " + std::to_string(o.sub_group_size) : std::string());
   const std::string prefetch =
       o.prefetch_bucket > 0 ? ", \"stage3_prefetch_bucket_size\": " + std::to_string(o.prefetch_bucket) : std::string();
@@ -263,19 +265,18 @@ std::string ConfigJson(const Options& o) {
       o.offload_param == "cpu" ? ", \"offload_param\": {\"device\": \"cpu\", \"pin_memory\": " +
                                      std::string(o.pin_memory ? "true" : "false") + ", \"buffer_size\": 1000000000}"
                                : std::string();
-  const std::string grad_acc =
-      o.offload_grad_accumulation.empty()
-          ? std::string()
-          : ", \"offload_grad_accumulation\": \"" + o.offload_grad_accumulation + "\"";
+  const std::string grad_acc = o.offload_grad_accumulation.empty()
+                                   ? std::string()
+                                   : ", \"offload_grad_accumulation\": \"" + o.offload_grad_accumulation + "\"";
   const std::string aio = nvme ? "\"aio\": {\"block_size\": " + std::to_string(o.aio_block_size) +
                                      ", \"queue_depth\": " + std::to_string(o.aio_queue_depth) +
                                      ", \"intra_op_parallelism\": " + std::to_string(o.aio_threads) + "}, "
                                : std::string();
   // zero_trace of the last step only (docs/timeline.md): steady state, one step's spans.
-  const std::string trace =
-      o.trace.empty() ? std::string()
-                      : "\"zero_trace\": {\"enabled\": true, \"path\": \"" + o.trace + "\", \"first_step\": " +
-                            std::to_string(o.steps) + ", \"last_step\": " + std::to_string(o.steps) + "}, ";
+  const std::string trace = o.trace.empty() ? std::string()
+                                            : "\"zero_trace\": {\"enabled\": true, \"path\": \"" + o.trace +
+                                                  "\", \"first_step\": " + std::to_string(o.steps) +
+                                                  ", \"last_step\": " + std::to_string(o.steps) + "}, ";
   std::snprintf(buf, sizeof(buf),
                 "{%s\"train_batch_size\": %d, \"train_micro_batch_size_per_gpu\": 1, "
                 "\"gradient_accumulation_steps\": %d, \"gradient_clipping\": %.17g, "
@@ -284,8 +285,8 @@ std::string ConfigJson(const Options& o) {
                 "\"eps\": 1e-8, \"weight_decay\": %.17g}}, "
                 "\"zero_optimization\": {\"stage\": %d%s%s%s%s}}",
                 trace.c_str(), o.gas, o.gas, o.clip, aio.c_str(),
-                o.comm_dtype == "none" ? "" : ("\"communication_data_type\": \"" + o.comm_dtype + "\", ").c_str(),
-                o.lr, o.weight_decay, o.stage, offload.c_str(), param_offload.c_str(), grad_acc.c_str(), prefetch.c_str());
+                o.comm_dtype == "none" ? "" : ("\"communication_data_type\": \"" + o.comm_dtype + "\", ").c_str(), o.lr,
+                o.weight_decay, o.stage, offload.c_str(), param_offload.c_str(), grad_acc.c_str(), prefetch.c_str());
   return buf;
 }
 
@@ -336,7 +337,7 @@ struct PcieCount {
   double d2h = 0;           // device->host
   double param_up_min = 0;  // offload_param cpu: shard uploads, lower and upper bound
   double param_up_max = 0;
-  std::string how;          // the terms, for the '#' line
+  std::string how;  // the terms, for the '#' line
 };
 
 PcieCount CountPcie(const Options& o) {
@@ -378,7 +379,8 @@ PcieCount CountPcie(const Options& o) {
       grads = "down GAS x 2E bf16 gradients (offload_grad_accumulation cpu, GAS " + std::to_string(o.gas) + ")";
     }
     c.h2d = param_cpu ? 0 : 2 * e;
-    c.how = "CPU AdamW: " + grads + (param_cpu ? ", new weights into the host shards (no upload)" : ", up 2E bf16 weights");
+    c.how =
+        "CPU AdamW: " + grads + (param_cpu ? ", new weights into the host shards (no upload)" : ", up 2E bf16 weights");
   }
   if (param_cpu) {
     c.param_up_min = 2 * e;
@@ -393,8 +395,9 @@ std::string PcieFields(const Options& o) {
   const PcieCount c = CountPcie(o);
   if (!c.counted) return "pcie_h2d_gb=na pcie_d2h_gb=na pcie_param_up_min_gb=na pcie_param_up_max_gb=na";
   char buf[256];
-  std::snprintf(buf, sizeof(buf), "pcie_h2d_gb=%.3f pcie_d2h_gb=%.3f pcie_param_up_min_gb=%.3f pcie_param_up_max_gb=%.3f",
-                c.h2d / 1e9, c.d2h / 1e9, c.param_up_min / 1e9, c.param_up_max / 1e9);
+  std::snprintf(buf, sizeof(buf),
+                "pcie_h2d_gb=%.3f pcie_d2h_gb=%.3f pcie_param_up_min_gb=%.3f pcie_param_up_max_gb=%.3f", c.h2d / 1e9,
+                c.d2h / 1e9, c.param_up_min / 1e9, c.param_up_max / 1e9);
   return buf;
 }
 
@@ -417,8 +420,8 @@ Status DryRun(const Options& o) {
     ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, cpu.get(), comm.get()));
     for (const ParamSpec& s : specs) ZERO_RETURN_IF_ERROR(engine->RegisterParameter(s).status());
   }
-  const double acts = 2.0 * ((o.blocks + 1) * o.tokens * o.dim + o.blocks * o.tokens * o.ffn +
-                             o.tokens * o.dim + o.tokens * o.ffn);
+  const double acts =
+      2.0 * ((o.blocks + 1) * o.tokens * o.dim + o.blocks * o.tokens * o.ffn + o.tokens * o.dim + o.tokens * o.ffn);
   PrintPcie(o);
   std::printf("dry run ok: impl=%s config=%s stage=%d params=%lld tokens=%lld gas=%d clip=%g activations_gib=%.2f\n",
               o.impl.c_str(), o.label.c_str(), o.stage, static_cast<long long>(params),
@@ -428,9 +431,9 @@ Status DryRun(const Options& o) {
 
 #if defined(ZERO_BENCH_HAS_CUDA)
 
-#define BENCH_CUDA_RETURN_IF_ERROR(expr)                                                         \
-  do {                                                                                           \
-    cudaError_t _b_e = (expr);                                                                   \
+#define BENCH_CUDA_RETURN_IF_ERROR(expr)                                                                 \
+  do {                                                                                                   \
+    cudaError_t _b_e = (expr);                                                                           \
     if (_b_e != cudaSuccess) return InternalError(std::string(#expr) + ": " + cudaGetErrorString(_b_e)); \
   } while (0)
 
@@ -537,9 +540,8 @@ Status Run(const Options& o) {
     ZERO_ASSIGN_OR_RETURN(comm, CreateCommunicator("nccl", device.get(), ro));
     ZERO_ASSIGN_OR_RETURN(engine, Engine::Create(config, device.get(), comm.get()));
     for (const ParamSpec& s : specs) ZERO_RETURN_IF_ERROR(engine->RegisterParameter(s).status());
-    ZERO_RETURN_IF_ERROR(engine->Initialize([&](int index, float* values) {
-      FillParam(o, index, values, Numel(specs[index]));
-    }));
+    ZERO_RETURN_IF_ERROR(
+        engine->Initialize([&](int index, float* values) { FillParam(o, index, values, Numel(specs[index])); }));
   } else {
     for (size_t i = 0; i < specs.size(); ++i) {
       const size_t n = static_cast<size_t>(Numel(specs[i]));
@@ -575,8 +577,10 @@ Status Run(const Options& o) {
     for (int micro = 0; micro < o.gas; ++micro) {
       if (engine && engine->is_gradient_accumulation_boundary() != (micro + 1 == o.gas)) {
         return InternalError("step " + std::to_string(s + 1) + ", micro step " + std::to_string(micro + 1) + " of " +
-                             std::to_string(o.gas) + ": the engine's accumulation boundary is not where mlp_bench "
-                             "expects it (managed mode, gradient_accumulation_steps " + std::to_string(o.gas) + ")");
+                             std::to_string(o.gas) +
+                             ": the engine's accumulation boundary is not where mlp_bench "
+                             "expects it (managed mode, gradient_accumulation_steps " +
+                             std::to_string(o.gas) + ")");
       }
       BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev0, stream));
       if (engine) {
@@ -625,12 +629,13 @@ Status Run(const Options& o) {
   const MemoryStats ms = device->memory_stats();
   if (engine) {
     const EngineMemory m = engine->memory();
-    std::printf("# engine memory GiB: model_params %.2f, master %.2f, optimizer %.2f, gradients %.2f "
-                "(accumulators %.2f, bucket staging %.2f), activations %.2f; device in use %.2f, peak %.2f; "
-                "host: states %.2f, params %.2f, gradients %.2f\n",
-                GiB(m.model_params), GiB(m.master_params), GiB(m.optimizer_states), GiB(m.gradients),
-                GiB(m.gradient_accumulators), GiB(m.bucket_staging), GiB(acts.bytes()), GiB(ms.in_use), GiB(ms.peak),
-                GiB(m.host_states), GiB(m.host_params), GiB(m.host_gradients));
+    std::printf(
+        "# engine memory GiB: model_params %.2f, master %.2f, optimizer %.2f, gradients %.2f "
+        "(accumulators %.2f, bucket staging %.2f), activations %.2f; device in use %.2f, peak %.2f; "
+        "host: states %.2f, params %.2f, gradients %.2f\n",
+        GiB(m.model_params), GiB(m.master_params), GiB(m.optimizer_states), GiB(m.gradients),
+        GiB(m.gradient_accumulators), GiB(m.bucket_staging), GiB(acts.bytes()), GiB(ms.in_use), GiB(ms.peak),
+        GiB(m.host_states), GiB(m.host_params), GiB(m.host_gradients));
   }
   auto tail = [](const std::vector<double>& v) { return std::vector<double>(v.begin() + 1, v.end()); };
   PrintPcie(o);
@@ -639,13 +644,15 @@ Status Run(const Options& o) {
       engine && o.steps > 1
           ? static_cast<double>(engine->stats().param_uploaded_bytes - uploaded_after_first) / (o.steps - 1) / 1e9
           : 0.0;
-  std::printf("# parameter shard uploads measured: %.3f GB per step (EngineStats::param_uploaded_bytes)\n", param_up_gb);
-  std::printf("BENCH impl=%s config=%s tokens=%lld params=%lld steps=%d init_s=%.2f fwd_s=%.4f fwd_bwd_s=%.4f "
-              "step_s=%.4f peak_gib=%.2f gpu_used_gib=%.2f loss_first=%.6g loss_last=%.6g gas=%d clip=%g %s param_up_gb=%.3f\n",
-              o.impl == "zero" ? "zero" : "zero-compute", o.label.c_str(), static_cast<long long>(o.tokens),
-              static_cast<long long>(TotalParams(o)), o.steps, init_s, Median(tail(t.fwd)), Median(tail(t.fwd_bwd)),
-              Median(tail(t.step)), GiB(ms.peak), GiB(double(total_b - free_b)), t.loss.front(), t.loss.back(), o.gas,
-              o.clip, PcieFields(o).c_str(), param_up_gb);
+  std::printf("# parameter shard uploads measured: %.3f GB per step (EngineStats::param_uploaded_bytes)\n",
+              param_up_gb);
+  std::printf(
+      "BENCH impl=%s config=%s tokens=%lld params=%lld steps=%d init_s=%.2f fwd_s=%.4f fwd_bwd_s=%.4f "
+      "step_s=%.4f peak_gib=%.2f gpu_used_gib=%.2f loss_first=%.6g loss_last=%.6g gas=%d clip=%g %s param_up_gb=%.3f\n",
+      o.impl == "zero" ? "zero" : "zero-compute", o.label.c_str(), static_cast<long long>(o.tokens),
+      static_cast<long long>(TotalParams(o)), o.steps, init_s, Median(tail(t.fwd)), Median(tail(t.fwd_bwd)),
+      Median(tail(t.step)), GiB(ms.peak), GiB(double(total_b - free_b)), t.loss.front(), t.loss.back(), o.gas, o.clip,
+      PcieFields(o).c_str(), param_up_gb);
   std::fflush(stdout);
   return OkStatus();
 }
@@ -662,8 +669,7 @@ Status Run(const Options& o) {
 }  // namespace zero::bench
 
 int main(int argc, char** argv) {
-  return zero::bench::BenchMain("mlp_bench", zero::bench::kUsage, zero::bench::ParseFlags(argc, argv),
-                                [](const zero::bench::Options& o) {
-                                  return o.dry_run ? zero::bench::DryRun(o) : zero::bench::Run(o);
-                                });
+  return zero::bench::BenchMain(
+      "mlp_bench", zero::bench::kUsage, zero::bench::ParseFlags(argc, argv),
+      [](const zero::bench::Options& o) { return o.dry_run ? zero::bench::DryRun(o) : zero::bench::Run(o); });
 }

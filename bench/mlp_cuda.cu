@@ -187,8 +187,8 @@ Result<std::unique_ptr<MlpCuda>> MlpCuda::Create(const MlpShape& shape, cudaStre
   if (shape.tokens < 1 || shape.blocks < 1 || shape.dim < 64 || shape.ffn < 64 || shape.dim % 64 != 0 ||
       shape.ffn % 64 != 0) {
     return InvalidArgumentError("MlpCuda: need tokens >= 1, blocks >= 1, dim and ffn multiples of 64; got tokens " +
-                                std::to_string(shape.tokens) + ", blocks " + std::to_string(shape.blocks) +
-                                ", dim " + std::to_string(shape.dim) + ", ffn " + std::to_string(shape.ffn));
+                                std::to_string(shape.tokens) + ", blocks " + std::to_string(shape.blocks) + ", dim " +
+                                std::to_string(shape.dim) + ", ffn " + std::to_string(shape.ffn));
   }
   if (size_t(shape.tokens) * std::max(shape.dim, shape.ffn) >= (size_t{1} << 32)) {
     return InvalidArgumentError("MlpCuda: tokens x ffn must stay below 2^32 (32-bit hash index)");
@@ -204,8 +204,7 @@ Status MlpCuda::Init() {
   cublas_ = h;
   MLP_CUBLAS_RETURN_IF_ERROR(cublasSetStream(h, stream_));
   MLP_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
-  MLP_CUDA_RETURN_IF_ERROR(
-      cudaMalloc(&colsum_partial_, sizeof(float) * kColChunks * std::max(shape_.dim, shape_.ffn)));
+  MLP_CUDA_RETURN_IF_ERROR(cudaMalloc(&colsum_partial_, sizeof(float) * kColChunks * std::max(shape_.dim, shape_.ffn)));
   MLP_CUDA_RETURN_IF_ERROR(cudaMalloc(&loss_partial_, sizeof(double) * kLossBlocks));
   MLP_CUDA_RETURN_IF_ERROR(cudaMalloc(&loss_, sizeof(double)));
   return OkStatus();
@@ -237,8 +236,7 @@ Status MlpCuda::Bind(void* activations, size_t bytes) {
 
 Status MlpCuda::FillUniform(void* dst, size_t n, uint32_t stream_id, float bound) {
   if (n == 0) return OkStatus();
-  HashFillKernel<<<Grid(n), kThreads, 0, stream_>>>(static_cast<__nv_bfloat16*>(dst), n, HashKey(stream_id),
-                                                     bound);
+  HashFillKernel<<<Grid(n), kThreads, 0, stream_>>>(static_cast<__nv_bfloat16*>(dst), n, HashKey(stream_id), bound);
   MLP_LAUNCH_CHECK(HashFill);
   return OkStatus();
 }
@@ -253,11 +251,10 @@ Status MlpCuda::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
   // cuBLAS is column-major, where a row-major X reads as X^T: C^T = op(B)^T op(A)^T.
   const float one = 1.0f;
   MLP_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(static_cast<cublasHandle_t>(cublas_), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                          trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
-                                          static_cast<int>(m), static_cast<int>(k), &one, b, CUDA_R_16BF,
-                                          static_cast<int>(ldb), a, CUDA_R_16BF, static_cast<int>(lda), &beta, c,
-                                          CUDA_R_16BF, static_cast<int>(ldc), CUBLAS_COMPUTE_32F,
-                                          CUBLAS_GEMM_DEFAULT));
+                                          trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                                          static_cast<int>(k), &one, b, CUDA_R_16BF, static_cast<int>(ldb), a,
+                                          CUDA_R_16BF, static_cast<int>(lda), &beta, c, CUDA_R_16BF,
+                                          static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return OkStatus();
 }
 
@@ -268,7 +265,7 @@ Status MlpCuda::ColumnSum(const void* x, int64_t rows, int64_t cols, void* out) 
       static_cast<const __nv_bfloat162*>(x), rows, cols, rows_per_chunk, colsum_partial_);
   MLP_LAUNCH_CHECK(ColumnSumPartial);
   ColumnSumFinalKernel<<<Grid(cols), kThreads, 0, stream_>>>(colsum_partial_, chunks, cols,
-                                                              static_cast<__nv_bfloat16*>(out));
+                                                             static_cast<__nv_bfloat16*>(out));
   MLP_LAUNCH_CHECK(ColumnSumFinal);
   return OkStatus();
 }
@@ -283,14 +280,13 @@ Status MlpCuda::ForwardBlock(int l, const MlpBlockParams& p) {
   uint16_t* a = a_ + l * xf;
   // h = x w1^T; a = relu(h + b1)
   ZERO_RETURN_IF_ERROR(Gemm(false, true, B, F, D, x, D, p.w1, D, a, F, 0.0f));
-  BiasReluKernel<<<Grid(xf / 8), kThreads, 0, stream_>>>(reinterpret_cast<uint4*>(a),
-                                                          static_cast<const uint4*>(p.b1), xf / 8, F / 8);
+  BiasReluKernel<<<Grid(xf / 8), kThreads, 0, stream_>>>(reinterpret_cast<uint4*>(a), static_cast<const uint4*>(p.b1),
+                                                         xf / 8, F / 8);
   MLP_LAUNCH_CHECK(BiasRelu);
   // x' = a w2^T + b2 + x
   ZERO_RETURN_IF_ERROR(Gemm(false, true, B, D, F, a, F, p.w2, F, xn, D, 0.0f));
-  BiasResidualKernel<<<Grid(xd / 8), kThreads, 0, stream_>>>(reinterpret_cast<uint4*>(xn),
-                                                              static_cast<const uint4*>(p.b2),
-                                                              reinterpret_cast<const uint4*>(x), xd / 8, D / 8);
+  BiasResidualKernel<<<Grid(xd / 8), kThreads, 0, stream_>>>(
+      reinterpret_cast<uint4*>(xn), static_cast<const uint4*>(p.b2), reinterpret_cast<const uint4*>(x), xd / 8, D / 8);
   MLP_LAUNCH_CHECK(BiasResidual);
   return OkStatus();
 }
@@ -300,8 +296,8 @@ Status MlpCuda::Loss(float grad_scale) {
   const size_t n = size_t(shape_.tokens) * shape_.dim;
   const uint16_t* x = x_ + shape_.blocks * n;
   LossPartialKernel<<<kLossBlocks, kThreads, 0, stream_>>>(reinterpret_cast<const uint4*>(x), n / 8,
-                                                            static_cast<float>(2.0 / double(n) * grad_scale),
-                                                            reinterpret_cast<uint4*>(g_), loss_partial_);
+                                                           static_cast<float>(2.0 / double(n) * grad_scale),
+                                                           reinterpret_cast<uint4*>(g_), loss_partial_);
   MLP_LAUNCH_CHECK(LossPartial);
   LossFinalKernel<<<1, 32, 0, stream_>>>(loss_partial_, kLossBlocks, 1.0 / double(n), loss_);
   MLP_LAUNCH_CHECK(LossFinal);
@@ -327,7 +323,7 @@ Status MlpCuda::BackwardFc2(int l, const MlpBlockParams& p, void* db2, void* dw2
   // da [B, F] = g w2, masked by relu
   ZERO_RETURN_IF_ERROR(Gemm(false, false, B, F, D, g_, D, p.w2, F, da_, F, 0.0f));
   ReluMaskKernel<<<Grid(xf / 8), kThreads, 0, stream_>>>(reinterpret_cast<uint4*>(da_),
-                                                          reinterpret_cast<const uint4*>(a), xf / 8);
+                                                         reinterpret_cast<const uint4*>(a), xf / 8);
   MLP_LAUNCH_CHECK(ReluMask);
   return OkStatus();
 }

@@ -101,8 +101,8 @@ class MlpCuda {
   MlpCuda(const MlpShape& shape, cudaStream_t stream) : shape_(shape), stream_(stream) {}
   Status Init();
   // Row-major C[m,n] = op(A) op(B) + beta C, bf16 in and out, fp32 accumulation.
-  Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
-              const void* b, int64_t ldb, void* c, int64_t ldc, float beta);
+  Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b,
+              int64_t ldb, void* c, int64_t ldc, float beta);
   Status ColumnSum(const void* x, int64_t rows, int64_t cols, void* out_bf16);
 
   MlpShape shape_;

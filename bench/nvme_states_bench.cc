@@ -38,16 +38,25 @@ void RawPass(const std::string& path, size_t bytes, double* write_gbs, double* r
   if (posix_memalign(&buf, 4096, block) != 0) std::abort();
   std::memset(buf, 7, block);
   int fd = open(path.c_str(), O_RDWR | O_CREAT | O_DIRECT, 0600);
-  if (fd < 0) { std::perror("open raw"); std::exit(1); }
+  if (fd < 0) {
+    std::perror("open raw");
+    std::exit(1);
+  }
   auto t = Clock::now();
   for (size_t off = 0; off < bytes; off += block) {
-    if (pwrite(fd, buf, block, static_cast<off_t>(off)) != static_cast<ssize_t>(block)) { std::perror("pwrite"); std::exit(1); }
+    if (pwrite(fd, buf, block, static_cast<off_t>(off)) != static_cast<ssize_t>(block)) {
+      std::perror("pwrite");
+      std::exit(1);
+    }
   }
   fdatasync(fd);
   *write_gbs = bytes / Since(t) / 1e9;
   t = Clock::now();
   for (size_t off = 0; off < bytes; off += block) {
-    if (pread(fd, buf, block, static_cast<off_t>(off)) != static_cast<ssize_t>(block)) { std::perror("pread"); std::exit(1); }
+    if (pread(fd, buf, block, static_cast<off_t>(off)) != static_cast<ssize_t>(block)) {
+      std::perror("pread");
+      std::exit(1);
+    }
   }
   *read_gbs = bytes / Since(t) / 1e9;
   close(fd);
@@ -60,23 +69,40 @@ int Main(int argc, char** argv) {
   int64_t numel = int64_t{1} << 28, group = int64_t{1} << 25, param = int64_t{1} << 24;
   int buffers = 4, passes = 2;
   int64_t dim = 0, ffn = 0;
-  int64_t aio_qd = 8, aio_threads = 1;  // the aio block's queue_depth and intra_op_parallelism  // > 0: parameters laid out as mlp_bench's blocks (W1, b1, W2, b2 each)
+  int64_t aio_qd = 8, aio_threads = 1;  // the aio block's queue_depth and intra_op_parallelism  // > 0: parameters laid
+                                        // out as mlp_bench's blocks (W1, b1, W2, b2 each)
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i];
     const char* v = argv[i + 1];
-    if (f == "--dir") dir = v;
-    else if (f == "--numel") numel = std::atoll(v);
-    else if (f == "--group") group = std::atoll(v);
-    else if (f == "--param") param = std::atoll(v);
-    else if (f == "--buffers") buffers = std::atoi(v);
-    else if (f == "--passes") passes = std::atoi(v);
-    else if (f == "--dim") dim = std::atoll(v);
-    else if (f == "--aio-qd") aio_qd = std::atoll(v);
-    else if (f == "--aio-threads") aio_threads = std::atoll(v);
-    else if (f == "--ffn") ffn = std::atoll(v);
-    else { std::fprintf(stderr, "unknown flag %s\n", f.c_str()); return 2; }
+    if (f == "--dir")
+      dir = v;
+    else if (f == "--numel")
+      numel = std::atoll(v);
+    else if (f == "--group")
+      group = std::atoll(v);
+    else if (f == "--param")
+      param = std::atoll(v);
+    else if (f == "--buffers")
+      buffers = std::atoi(v);
+    else if (f == "--passes")
+      passes = std::atoi(v);
+    else if (f == "--dim")
+      dim = std::atoll(v);
+    else if (f == "--aio-qd")
+      aio_qd = std::atoll(v);
+    else if (f == "--aio-threads")
+      aio_threads = std::atoll(v);
+    else if (f == "--ffn")
+      ffn = std::atoll(v);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", f.c_str());
+      return 2;
+    }
   }
-  if (dir.empty()) { std::fprintf(stderr, "usage: nvme_states_bench --dir DIR [...]\n"); return 2; }
+  if (dir.empty()) {
+    std::fprintf(stderr, "usage: nvme_states_bench --dir DIR [...]\n");
+    return 2;
+  }
   // The parameters' [begin, end) in the partition: equal slices of `param`, or mlp_bench's blocks
   // (each parameter aligned to 64 elements, as the engine's layout) filling `numel`.
   std::vector<std::pair<int64_t, int64_t>> ranges;
@@ -86,7 +112,10 @@ int Main(int argc, char** argv) {
     while (true) {
       bool full = false;
       for (int64_t n : sizes) {
-        if (at + n > numel) { full = true; break; }
+        if (at + n > numel) {
+          full = true;
+          break;
+        }
         ranges.push_back({at, at + n});
         at = (at + n + 63) / 64 * 64;
       }
@@ -115,7 +144,10 @@ int Main(int argc, char** argv) {
               static_cast<long long>(aio_threads));
   auto t = Clock::now();
   auto st = CreateNvmeOptimizerStates(device.get(), numel, device->default_stream(), o);
-  if (!st.ok()) { std::fprintf(stderr, "%s\n", st.status().ToString().c_str()); return 1; }
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s\n", st.status().ToString().c_str());
+    return 1;
+  }
   std::printf("create (%.2f GB swap file): %.2f s\n", state_bytes / 1e9, Since(t));
   std::unique_ptr<OptimizerStates> states = std::move(st).value();
   std::vector<uint16_t> grad(static_cast<size_t>(param), 0x3c00);  // bf16 grads (1.0-ish)
@@ -129,7 +161,10 @@ int Main(int argc, char** argv) {
     for (auto it = ranges.rbegin(); it != ranges.rend(); ++it) {
       const int64_t begin = it->first, end = it->second;
       Status s = states->UpdateFromGradient(begin, end - begin, grad.data(), DType::kBF16, h, device->default_stream());
-      if (!s.ok()) { std::fprintf(stderr, "%s\n", s.ToString().c_str()); return 1; }
+      if (!s.ok()) {
+        std::fprintf(stderr, "%s\n", s.ToString().c_str());
+        return 1;
+      }
     }
     // The pass ends when the last write-back is on disk: a read of group 0's master forces nothing;
     // time the next pass's start instead (steady state): report the pass time as measured.
@@ -142,7 +177,10 @@ int Main(int argc, char** argv) {
     for (const auto& [at, end] : ranges) {
       const int64_t n = end - at;
       Status s = states->Update(at, n, gradf.data(), h, nullptr, DType::kBF16, device->default_stream());
-      if (!s.ok()) { std::fprintf(stderr, "%s\n", s.ToString().c_str()); return 1; }
+      if (!s.ok()) {
+        std::fprintf(stderr, "%s\n", s.ToString().c_str());
+        return 1;
+      }
     }
     const double b = Since(t);
     std::printf("boundary pass %d: %.2f s, %.3f GB/s of read+write, %.2fx the disk floor (%.2f s)\n", p, b,

@@ -40,7 +40,8 @@ struct Options {
   bool dry_run = false;
 };
 
-const char kUsage[] = "usage: pcie_bench [--sizes-mib 64,256,1024] [--reps N>=1] [--warmup N>=0] [--device N] [--dry-run]\n";
+const char kUsage[] =
+    "usage: pcie_bench [--sizes-mib 64,256,1024] [--reps N>=1] [--warmup N>=0] [--device N] [--dry-run]\n";
 
 Result<Options> ParseFlags(int argc, char** argv) {
   Options o;
@@ -128,21 +129,25 @@ Status Run(const Options& o) {
                      Rates(n, t.both_d2h)});
   }
   for (const Line& l : lines) {
-    const std::pair<const char*, const Rate*> rows[] = {
-        {"h2d", &l.h2d}, {"d2h", &l.d2h}, {"both (total)", &l.both}, {"both: h2d", &l.both_h2d}, {"both: d2h", &l.both_d2h}};
+    const std::pair<const char*, const Rate*> rows[] = {{"h2d", &l.h2d},
+                                                        {"d2h", &l.d2h},
+                                                        {"both (total)", &l.both},
+                                                        {"both: h2d", &l.both_h2d},
+                                                        {"both: d2h", &l.both_d2h}};
     for (const auto& [name, r] : rows) {
       std::printf("%-12s %5lld MiB: %7.2f GB/s  (median of %d; min %.2f, max %.2f)\n", name,
                   static_cast<long long>(l.mib), r->median, o.reps, r->min, r->max);
     }
   }
   for (const Line& l : lines) {
-    std::printf("PCIE size_mib=%lld reps=%d h2d_gbps=%.2f d2h_gbps=%.2f both_gbps=%.2f both_h2d_gbps=%.2f "
-                "both_d2h_gbps=%.2f\n",
-                static_cast<long long>(l.mib), o.reps, l.h2d.median, l.d2h.median, l.both.median, l.both_h2d.median,
-                l.both_d2h.median);
+    std::printf(
+        "PCIE size_mib=%lld reps=%d h2d_gbps=%.2f d2h_gbps=%.2f both_gbps=%.2f both_h2d_gbps=%.2f "
+        "both_d2h_gbps=%.2f\n",
+        static_cast<long long>(l.mib), o.reps, l.h2d.median, l.d2h.median, l.both.median, l.both_h2d.median,
+        l.both_d2h.median);
   }
-  const Line& big = *std::max_element(lines.begin(), lines.end(),
-                                      [](const Line& a, const Line& b) { return a.mib < b.mib; });
+  const Line& big =
+      *std::max_element(lines.begin(), lines.end(), [](const Line& a, const Line& b) { return a.mib < b.mib; });
   std::printf("PCIE_FLOOR size_mib=%lld h2d_gbps=%.2f d2h_gbps=%.2f both_gbps=%.2f\n", static_cast<long long>(big.mib),
               big.h2d.median, big.d2h.median, big.both.median);
   std::fflush(stdout);

@@ -11,12 +11,12 @@
 namespace zero::bench {
 namespace {
 
-#define PCIE_RETURN_IF_ERROR(expr, what)                                                               \
-  do {                                                                                                 \
-    cudaError_t _p_e = (expr);                                                                         \
-    if (_p_e != cudaSuccess) {                                                                         \
-      return InternalError(std::string(#expr) + " (" + (what) + "): " + cudaGetErrorString(_p_e));     \
-    }                                                                                                  \
+#define PCIE_RETURN_IF_ERROR(expr, what)                                                           \
+  do {                                                                                             \
+    cudaError_t _p_e = (expr);                                                                     \
+    if (_p_e != cudaSuccess) {                                                                     \
+      return InternalError(std::string(#expr) + " (" + (what) + "): " + cudaGetErrorString(_p_e)); \
+    }                                                                                              \
   } while (0)
 
 // Everything a measurement holds, freed on every path out.

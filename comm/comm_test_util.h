@@ -41,8 +41,7 @@ inline std::vector<uint8_t> MakeInput(DType t, size_t n, int rank, uint32_t seed
 // MakeInput(t, *, rank, seed), shifted by `offset` elements: fp32 accumulation in rank order
 // (starting from rank 0's value), kAvg divides by n_ranks, kMax keeps the larger (NaN wins),
 // rounded once to t.
-inline void ReferenceReduce(DType t, size_t offset, size_t n, int n_ranks, ReduceOp op,
-                            uint32_t seed, void* out) {
+inline void ReferenceReduce(DType t, size_t offset, size_t n, int n_ranks, ReduceOp op, uint32_t seed, void* out) {
   for (size_t i = 0; i < n; ++i) {
     float acc = 0.0f;
     for (int r = 0; r < n_ranks; ++r) {

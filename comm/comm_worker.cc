@@ -38,14 +38,14 @@ struct Args {
   int victim = -1;
 };
 
-#define CHECK_OK(expr)                                                    \
-  do {                                                                    \
-    ::zero::Status _s = (expr);                                           \
-    if (!_s.ok()) return _s.WithContext(#expr);                           \
+#define CHECK_OK(expr)                          \
+  do {                                          \
+    ::zero::Status _s = (expr);                 \
+    if (!_s.ok()) return _s.WithContext(#expr); \
   } while (0)
 
-#define CHECK_TRUE(cond, msg)                                             \
-  do {                                                                    \
+#define CHECK_TRUE(cond, msg)                                                   \
+  do {                                                                          \
     if (!(cond)) return ::zero::InternalError(std::string(#cond ": ") + (msg)); \
   } while (0)
 
@@ -87,8 +87,7 @@ std::vector<uint8_t> ExactInput(DType t, size_t n, int rank, uint32_t seed) {
   return buf;
 }
 
-void ExactReference(DType t, size_t offset, size_t n, int n_ranks, ReduceOp op, uint32_t seed,
-                    void* out) {
+void ExactReference(DType t, size_t offset, size_t n, int n_ranks, ReduceOp op, uint32_t seed, void* out) {
   for (size_t i = 0; i < n; ++i) {
     float acc = 0;
     for (int r = 0; r < n_ranks; ++r) {
@@ -192,8 +191,7 @@ Status RunMix(Communicator* comm, Device* dev, bool exact_inputs) {
 }
 
 // Returns OK when this rank observed the failure the scenario expects.
-Status RunDie(Communicator* comm, Device* dev, int victim, bool during,
-              std::chrono::milliseconds timeout) {
+Status RunDie(Communicator* comm, Device* dev, int victim, bool during, std::chrono::milliseconds timeout) {
   CHECK_OK(comm->Barrier());
   if (comm->rank() == victim) {
     if (during) std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -208,11 +206,10 @@ Status RunDie(Communicator* comm, Device* dev, int victim, bool during,
   auto w = comm->AllReduce(b.data(), 1000, DType::kF32, ReduceOp::kSum);
   s = w.ok() ? (*w)->Wait() : w.status();
   auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-  std::printf("rank %d: collective after rank %d died: %s (%lld ms)\n", comm->rank(), victim,
-              s.ToString().c_str(), static_cast<long long>(took.count()));
+  std::printf("rank %d: collective after rank %d died: %s (%lld ms)\n", comm->rank(), victim, s.ToString().c_str(),
+              static_cast<long long>(took.count()));
   CHECK_TRUE(!s.ok(), "a collective with a dead rank succeeded");
-  CHECK_TRUE(s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded,
-             s.ToString());
+  CHECK_TRUE(s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded, s.ToString());
   CHECK_TRUE(took < timeout + std::chrono::milliseconds(1500), "took too long");
   // Fails fast afterwards.
   auto t0 = Clock::now();
@@ -280,9 +277,8 @@ int Main(int argc, char** argv) {
   } else {
     s = InvalidArgumentError("unknown scenario " + args.scenario);
   }
-  std::printf("%s rank %d of %d (%s, %s, setup %.0f ms): %s\n", s.ok() ? "PASS" : "FAIL",
-              opts->rank, opts->world_size, args.backend.c_str(), args.scenario.c_str(), setup_ms,
-              s.ToString().c_str());
+  std::printf("%s rank %d of %d (%s, %s, setup %.0f ms): %s\n", s.ok() ? "PASS" : "FAIL", opts->rank, opts->world_size,
+              args.backend.c_str(), args.scenario.c_str(), setup_ms, s.ToString().c_str());
   std::fflush(stdout);
   return s.ok() ? 0 : 1;
 }

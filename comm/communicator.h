@@ -82,11 +82,11 @@ class Communicator {
   virtual Result<std::unique_ptr<Work>> AllReduce(void* buf, size_t count, DType t, ReduceOp op,
                                                   Stream* after = nullptr) = 0;
   // recv[j] = op over ranks r of send_r[rank * recv_count + j]. send and recv must not overlap.
-  virtual Result<std::unique_ptr<Work>> ReduceScatter(const void* send, void* recv, size_t recv_count,
-                                                      DType t, ReduceOp op, Stream* after = nullptr) = 0;
+  virtual Result<std::unique_ptr<Work>> ReduceScatter(const void* send, void* recv, size_t recv_count, DType t,
+                                                      ReduceOp op, Stream* after = nullptr) = 0;
   // recv[r * send_count + j] = send_r[j]. `send` may alias recv + rank * send_count (in place).
-  virtual Result<std::unique_ptr<Work>> AllGather(const void* send, void* recv, size_t send_count,
-                                                  DType t, Stream* after = nullptr) = 0;
+  virtual Result<std::unique_ptr<Work>> AllGather(const void* send, void* recv, size_t send_count, DType t,
+                                                  Stream* after = nullptr) = 0;
   virtual Result<std::unique_ptr<Work>> Broadcast(void* buf, size_t count, DType t, int root,
                                                   Stream* after = nullptr) = 0;
   virtual Status Barrier() = 0;

@@ -38,8 +38,7 @@ class FaultyCommunicator::FaultyWork final : public Work {
     if (state_->hang) {
       status_ = watchdog_->AwaitFailure();
       if (status_.ok()) {
-        status_ = FailedPreconditionError(state_->name +
-                                          ": abandoned (the communicator was destroyed while it hung)");
+        status_ = FailedPreconditionError(state_->name + ": abandoned (the communicator was destroyed while it hung)");
       }
       return status_;
     }
@@ -68,8 +67,7 @@ class FaultyCommunicator::FaultyWork final : public Work {
   Status status_;
 };
 
-FaultyCommunicator::FaultyCommunicator(Communicator* inner, std::chrono::milliseconds timeout)
-    : inner_(inner) {
+FaultyCommunicator::FaultyCommunicator(Communicator* inner, std::chrono::milliseconds timeout) : inner_(inner) {
   CollectiveWatchdog::Options o;
   o.who = "faulty(" + inner->backend() + ") rank " + std::to_string(inner->rank()) + " of " +
           std::to_string(inner->world_size());
@@ -102,9 +100,8 @@ int64_t FaultyCommunicator::calls(const std::string& op) const {
   return it == op_calls_.end() ? 0 : it->second;
 }
 
-Result<std::unique_ptr<Work>> FaultyCommunicator::Issue(
-    const std::string& op, const std::string& detail,
-    const std::function<Result<std::unique_ptr<Work>>()>& issue) {
+Result<std::unique_ptr<Work>> FaultyCommunicator::Issue(const std::string& op, const std::string& detail,
+                                                        const std::function<Result<std::unique_ptr<Work>>()>& issue) {
   // Held across the issue so sequence numbers follow the wrapped communicator's order.
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t seq = ++issued_;
@@ -114,8 +111,7 @@ Result<std::unique_ptr<Work>> FaultyCommunicator::Issue(
   Status failed = watchdog_->status();
   if (!failed.ok()) {
     return Status(failed.code(), state->name + " on rank " + std::to_string(inner_->rank()) +
-                                     " not started: the communicator failed earlier: " +
-                                     failed.message());
+                                     " not started: the communicator failed earlier: " + failed.message());
   }
   const Rule* rule = nullptr;
   if (auto it = by_seq_.find(seq); it != by_seq_.end()) {
@@ -128,8 +124,7 @@ Result<std::unique_ptr<Work>> FaultyCommunicator::Issue(
   if (!state->hang) {
     ZERO_ASSIGN_OR_RETURN(state->inner, issue());
     if (rule != nullptr && rule->fault == Fault::kFail) {
-      state->injected = rule->error.ok() ? UnavailableError("injected failure (FaultyCommunicator)")
-                                         : rule->error;
+      state->injected = rule->error.ok() ? UnavailableError("injected failure (FaultyCommunicator)") : rule->error;
     }
   }
   watchdog_->Track(state->name, [state]() -> Result<bool> {
@@ -149,27 +144,25 @@ Status FaultyCommunicator::IssueHost(const std::string& op, const std::string& d
   return work->Wait();
 }
 
-Result<std::unique_ptr<Work>> FaultyCommunicator::AllReduce(void* buf, size_t count, DType t,
-                                                            ReduceOp op, Stream* after) {
+Result<std::unique_ptr<Work>> FaultyCommunicator::AllReduce(void* buf, size_t count, DType t, ReduceOp op,
+                                                            Stream* after) {
   return Issue("AllReduce", Count(count, t) + ", " + ReduceOpName(op),
                [&] { return inner_->AllReduce(buf, count, t, op, after); });
 }
 
-Result<std::unique_ptr<Work>> FaultyCommunicator::ReduceScatter(const void* send, void* recv,
-                                                                size_t recv_count, DType t,
-                                                                ReduceOp op, Stream* after) {
+Result<std::unique_ptr<Work>> FaultyCommunicator::ReduceScatter(const void* send, void* recv, size_t recv_count,
+                                                                DType t, ReduceOp op, Stream* after) {
   return Issue("ReduceScatter", Count(recv_count, t) + " per rank, " + ReduceOpName(op),
                [&] { return inner_->ReduceScatter(send, recv, recv_count, t, op, after); });
 }
 
-Result<std::unique_ptr<Work>> FaultyCommunicator::AllGather(const void* send, void* recv,
-                                                            size_t send_count, DType t, Stream* after) {
+Result<std::unique_ptr<Work>> FaultyCommunicator::AllGather(const void* send, void* recv, size_t send_count, DType t,
+                                                            Stream* after) {
   return Issue("AllGather", Count(send_count, t) + " per rank",
                [&] { return inner_->AllGather(send, recv, send_count, t, after); });
 }
 
-Result<std::unique_ptr<Work>> FaultyCommunicator::Broadcast(void* buf, size_t count, DType t, int root,
-                                                            Stream* after) {
+Result<std::unique_ptr<Work>> FaultyCommunicator::Broadcast(void* buf, size_t count, DType t, int root, Stream* after) {
   return Issue("Broadcast", Count(count, t) + " from rank " + std::to_string(root),
                [&] { return inner_->Broadcast(buf, count, t, root, after); });
 }
@@ -195,8 +188,9 @@ Status FaultyCommunicator::CheckHealth() {
 }
 
 void FaultyCommunicator::Abort(const std::string& reason) {
-  watchdog_->Fail(UnavailableError("faulty(" + inner_->backend() + ") rank " +
-                                   std::to_string(inner_->rank()) + " aborted: " + reason))
+  watchdog_
+      ->Fail(UnavailableError("faulty(" + inner_->backend() + ") rank " + std::to_string(inner_->rank()) +
+                              " aborted: " + reason))
       .IgnoreError();
 }
 

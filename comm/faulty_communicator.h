@@ -67,12 +67,11 @@ class FaultyCommunicator final : public Communicator {
 
   Result<std::unique_ptr<Work>> AllReduce(void* buf, size_t count, DType t, ReduceOp op,
                                           Stream* after = nullptr) override;
-  Result<std::unique_ptr<Work>> ReduceScatter(const void* send, void* recv, size_t recv_count,
-                                              DType t, ReduceOp op, Stream* after = nullptr) override;
+  Result<std::unique_ptr<Work>> ReduceScatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op,
+                                              Stream* after = nullptr) override;
   Result<std::unique_ptr<Work>> AllGather(const void* send, void* recv, size_t send_count, DType t,
                                           Stream* after = nullptr) override;
-  Result<std::unique_ptr<Work>> Broadcast(void* buf, size_t count, DType t, int root,
-                                          Stream* after = nullptr) override;
+  Result<std::unique_ptr<Work>> Broadcast(void* buf, size_t count, DType t, int root, Stream* after = nullptr) override;
   Status Barrier() override;
   Status AllReduceHost(double* values, size_t n, ReduceOp op) override;
   Status BroadcastHost(void* data, size_t bytes, int root) override;
@@ -99,11 +98,11 @@ class FaultyCommunicator final : public Communicator {
   std::shared_ptr<CollectiveWatchdog> watchdog_;  // shared with the Works
 
   mutable std::mutex mu_;
-  int64_t issued_ = 0;                                  // guarded by mu_
-  std::map<std::string, int64_t> op_calls_;             // guarded by mu_
-  std::map<int64_t, Rule> by_seq_;                      // guarded by mu_
+  int64_t issued_ = 0;                                     // guarded by mu_
+  std::map<std::string, int64_t> op_calls_;                // guarded by mu_
+  std::map<int64_t, Rule> by_seq_;                         // guarded by mu_
   std::map<std::pair<std::string, int64_t>, Rule> by_op_;  // guarded by mu_
-  bool hung_ = false;                                   // guarded by mu_; a hang was issued
+  bool hung_ = false;                                      // guarded by mu_; a hang was issued
 };
 
 }  // namespace zero

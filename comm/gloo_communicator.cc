@@ -43,9 +43,7 @@ constexpr uint64_t kSlotBase = uint64_t{0x5a} << 56;
 // Thrown on the comm thread when Abort() interrupted a wait.
 struct AbortedError {};
 
-std::string DescribeCount(size_t count, DType t) {
-  return std::to_string(count) + " x " + DTypeName(t);
-}
+std::string DescribeCount(size_t count, DType t) { return std::to_string(count) + " x " + DTypeName(t); }
 
 // acc[i] (op)= element i of src, in fp32. `first` initializes acc (rank 0's contribution).
 void AccumulateFloat(float* acc, const void* src, DType t, size_t n, ReduceOp op, bool first) {
@@ -301,27 +299,24 @@ class GlooCommunicator::LoopKicker final : public gloo::transport::tcp::Handler 
 
 // ---------------------------------------------------------------------------------------------
 
-GlooCommunicator::GlooCommunicator(int rank, int world_size, Device* device,
-                                   const GlooOptions& options)
+GlooCommunicator::GlooCommunicator(int rank, int world_size, Device* device, const GlooOptions& options)
     : rank_(rank), world_size_(world_size), device_(device), options_(options) {}
 
-Result<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
-    int rank, int world_size, std::shared_ptr<gloo::rendezvous::Store> store, Device* device,
-    const GlooOptions& options) {
+Result<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(int rank, int world_size,
+                                                                   std::shared_ptr<gloo::rendezvous::Store> store,
+                                                                   Device* device, const GlooOptions& options) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     return InvalidArgumentError("gloo: rank " + std::to_string(rank) + " out of range for world size " +
                                 std::to_string(world_size));
   }
   if (device == nullptr || device->kind() != DeviceKind::kCpu) {
-    return InvalidArgumentError(
-        "gloo: buffers must live in host memory (a cpu Device); got " +
-        (device == nullptr ? std::string("no device") : device->name()) +
-        "; use the nccl backend for CUDA buffers");
+    return InvalidArgumentError("gloo: buffers must live in host memory (a cpu Device); got " +
+                                (device == nullptr ? std::string("no device") : device->name()) +
+                                "; use the nccl backend for CUDA buffers");
   }
   if (store == nullptr && world_size > 1) return InvalidArgumentError("gloo: no rendezvous store");
   if (options.comm.timeout.count() <= 0) {
-    return InvalidArgumentError("gloo: timeout must be positive, got " +
-                                TimeoutText(options.comm.timeout));
+    return InvalidArgumentError("gloo: timeout must be positive, got " + TimeoutText(options.comm.timeout));
   }
   auto comm = std::unique_ptr<GlooCommunicator>(new GlooCommunicator(rank, world_size, device, options));
   ZERO_RETURN_IF_ERROR(comm->Rendezvous(std::move(store)));
@@ -332,8 +327,7 @@ Result<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
 Status GlooCommunicator::Rendezvous(std::shared_ptr<gloo::rendezvous::Store> store) {
   store_ = std::move(store);
   if (world_size_ == 1) return OkStatus();
-  const std::string who = "gloo rendezvous of rank " + std::to_string(rank_) + " of " +
-                          std::to_string(world_size_);
+  const std::string who = "gloo rendezvous of rank " + std::to_string(rank_) + " of " + std::to_string(world_size_);
   const RendezvousDeadline deadline(options_.comm.timeout);
   gloo::rendezvous::PrefixStore pstore(options_.prefix.empty() ? "zero" : options_.prefix, *store_);
 
@@ -361,14 +355,13 @@ Status GlooCommunicator::Rendezvous(std::shared_ptr<gloo::rendezvous::Store> sto
       throw;
     }
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    kicker_ = std::make_unique<LoopKicker>(
-        static_cast<gloo::transport::tcp::Device*>(gloo_device_.get()));
+    kicker_ = std::make_unique<LoopKicker>(static_cast<gloo::transport::tcp::Device*>(gloo_device_.get()));
     kicker_->Start();
   } catch (const std::exception& e) {
-    return UnavailableError(who + ": cannot create a gloo tcp device on " +
-                            (options_.iface.empty() ? "host '" + options_.hostname + "'"
-                                                    : "interface '" + options_.iface + "'") +
-                            ": " + e.what());
+    return UnavailableError(
+        who + ": cannot create a gloo tcp device on " +
+        (options_.iface.empty() ? "host '" + options_.hostname + "'" : "interface '" + options_.iface + "'") + ": " +
+        e.what());
   }
   try {
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, world_size_);
@@ -401,8 +394,7 @@ GlooCommunicator::~GlooCommunicator() {
 void GlooCommunicator::Abort(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
   if (failed_.ok()) {
-    failed_ = UnavailableError("gloo communicator of rank " + std::to_string(rank_) +
-                               " aborted: " + reason);
+    failed_ = UnavailableError("gloo communicator of rank " + std::to_string(rank_) + " aborted: " + reason);
   }
   for (auto* buf : active_) {
     buf->abortWaitRecv();
@@ -418,16 +410,14 @@ Status GlooCommunicator::CheckHealth() {
 
 uint64_t GlooCommunicator::NextSlot() { return kSlotBase | (next_seq_++ << 8); }
 
-Result<std::unique_ptr<Work>> GlooCommunicator::Enqueue(std::string name, std::function<void()> run,
-                                                        Stream* after) {
+Result<std::unique_ptr<Work>> GlooCommunicator::Enqueue(std::string name, std::function<void()> run, Stream* after) {
   if (after != nullptr) ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(after));
   auto state = std::make_shared<WorkState>();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failed_.ok()) {
       return Status(failed_.code(), "gloo " + name + " on rank " + std::to_string(rank_) +
-                                        " not started: the communicator failed earlier: " +
-                                        failed_.message());
+                                        " not started: the communicator failed earlier: " + failed_.message());
     }
     name = "collective #" + std::to_string(++issued_) + " " + name;
     queue_.push_back(Op{std::move(name), std::move(run), state});
@@ -444,9 +434,7 @@ void GlooCommunicator::ThreadMain() {
   pthread_sigmask(SIG_BLOCK, &block, nullptr);
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    cv_.wait(lock, [this] {
-      return stop_ || !queue_.empty() || (!failed_.ok() && context_ != nullptr);
-    });
+    cv_.wait(lock, [this] { return stop_ || !queue_.empty() || (!failed_.ok() && context_ != nullptr); });
     if (!failed_.ok() && context_ != nullptr) {
       // Close this rank's connections: peers blocked on us fail now instead of at their timeout.
       lock.unlock();
@@ -469,8 +457,7 @@ void GlooCommunicator::ThreadMain() {
       status = RunOp(op);
     } else {
       status = Status(earlier.code(), "gloo " + op.name + " on rank " + std::to_string(rank_) +
-                                          " not run: the communicator failed earlier: " +
-                                          earlier.message());
+                                          " not run: the communicator failed earlier: " + earlier.message());
     }
     if (staging_.capacity() > kKeepStagingBytes) std::vector<char>().swap(staging_);
     if (acc_.capacity() * sizeof(float) > kKeepStagingBytes) std::vector<float>().swap(acc_);
@@ -512,8 +499,8 @@ Status GlooCommunicator::RunOp(Op& op) {
     return OkStatus();
   } catch (const AbortedError&) {
     std::lock_guard<std::mutex> lock(mu_);
-    return Status(failed_.code(), "gloo " + op.name + " on rank " + std::to_string(rank_) +
-                                      " interrupted: " + failed_.message());
+    return Status(failed_.code(),
+                  "gloo " + op.name + " on rank " + std::to_string(rank_) + " interrupted: " + failed_.message());
   } catch (const gloo::IoException& e) {
     bool timed_out = Clock::now() + kDeadlineSlack >= deadline_;
     return Translate(op.name, e.what(), timed_out, timed_out ? std::string() : LostPeers());
@@ -529,8 +516,8 @@ Status GlooCommunicator::RunOp(Op& op) {
 
 Status GlooCommunicator::Translate(const std::string& op_name, const char* what, bool timed_out,
                                    const std::string& lost) const {
-  std::string msg = "gloo " + op_name + " on rank " + std::to_string(rank_) + " of " +
-                    std::to_string(world_size_) + ": ";
+  std::string msg =
+      "gloo " + op_name + " on rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) + ": ";
   std::string text = what;
   const std::string& peer = lost;
   if (timed_out) {
@@ -552,8 +539,7 @@ Status GlooCommunicator::Translate(const std::string& op_name, const char* what,
 // Collective bodies, on the comm thread.
 
 void GlooCommunicator::DoReduceChunks(const char* data, const std::vector<size_t>& begin,
-                                      const std::vector<size_t>& len, DType t, ReduceOp op,
-                                      void* out, uint64_t slot) {
+                                      const std::vector<size_t>& len, DType t, ReduceOp op, void* out, uint64_t slot) {
   const int n_ranks = world_size_;
   const size_t es = SizeOf(t);
   const size_t n = len[rank_];
@@ -580,9 +566,8 @@ void GlooCommunicator::DoReduceChunks(const char* data, const std::vector<size_t
   ex.WaitAll();
 }
 
-void GlooCommunicator::DoGatherChunks(char* buf, const std::vector<size_t>& begin,
-                                      const std::vector<size_t>& len, size_t elem,
-                                      int skip_recv_rank, uint64_t slot) {
+void GlooCommunicator::DoGatherChunks(char* buf, const std::vector<size_t>& begin, const std::vector<size_t>& len,
+                                      size_t elem, int skip_recv_rank, uint64_t slot) {
   Exchange ex(this, slot);
   if (rank_ != skip_recv_rank) {
     for (int s = 0; s < world_size_; ++s) {
@@ -675,9 +660,7 @@ void GlooCommunicator::DoAllReduceHost(double* values, size_t n, ReduceOp op) {
   if (world_size_ == 1 || n == 0) return;
   const size_t bytes = n * sizeof(double);
   if (staging_.size() < (world_size_ - 1) * bytes) staging_.resize((world_size_ - 1) * bytes);
-  auto staged = [&](int s) {
-    return reinterpret_cast<double*>(staging_.data() + (s < rank_ ? s : s - 1) * bytes);
-  };
+  auto staged = [&](int s) { return reinterpret_cast<double*>(staging_.data() + (s < rank_ ? s : s - 1) * bytes); };
   Exchange ex(this, NextSlot());
   for (int s = 0; s < world_size_; ++s) {
     if (s != rank_) ex.Recv(s, staged(s), bytes);
@@ -695,17 +678,17 @@ void GlooCommunicator::DoAllReduceHost(double* values, size_t n, ReduceOp op) {
 // ---------------------------------------------------------------------------------------------
 // Public API: validate on the caller's thread, then queue.
 
-Result<std::unique_ptr<Work>> GlooCommunicator::AllReduce(void* buf, size_t count, DType t,
-                                                          ReduceOp op, Stream* after) {
+Result<std::unique_ptr<Work>> GlooCommunicator::AllReduce(void* buf, size_t count, DType t, ReduceOp op,
+                                                          Stream* after) {
   if (!ValidDType(t)) return InvalidArgumentError("gloo AllReduce: unknown dtype");
   if (buf == nullptr && count > 0) return InvalidArgumentError("gloo AllReduce: null buffer");
   std::string name = "AllReduce (" + DescribeCount(count, t) + ", " + ReduceOpName(op) + ")";
   if (count == 0) return std::unique_ptr<Work>(new CompletedWork(OkStatus()));
-  return Enqueue(std::move(name), [=, this] { DoAllReduce(buf, count, t, op); }, after);
+  return Enqueue(
+      std::move(name), [=, this] { DoAllReduce(buf, count, t, op); }, after);
 }
 
-Result<std::unique_ptr<Work>> GlooCommunicator::ReduceScatter(const void* send, void* recv,
-                                                              size_t recv_count, DType t,
+Result<std::unique_ptr<Work>> GlooCommunicator::ReduceScatter(const void* send, void* recv, size_t recv_count, DType t,
                                                               ReduceOp op, Stream* after) {
   if (!ValidDType(t)) return InvalidArgumentError("gloo ReduceScatter: unknown dtype");
   const size_t es = SizeOf(t);
@@ -716,8 +699,7 @@ Result<std::unique_ptr<Work>> GlooCommunicator::ReduceScatter(const void* send, 
     return InvalidArgumentError("gloo ReduceScatter: send and recv overlap (not supported)");
   }
   if (recv_count == 0) return std::unique_ptr<Work>(new CompletedWork(OkStatus()));
-  std::string name = "ReduceScatter (" + DescribeCount(recv_count, t) + " per rank, " +
-                     ReduceOpName(op) + ")";
+  std::string name = "ReduceScatter (" + DescribeCount(recv_count, t) + " per rank, " + ReduceOpName(op) + ")";
   return Enqueue(
       std::move(name),
       [=, this] {
@@ -728,8 +710,8 @@ Result<std::unique_ptr<Work>> GlooCommunicator::ReduceScatter(const void* send, 
       after);
 }
 
-Result<std::unique_ptr<Work>> GlooCommunicator::AllGather(const void* send, void* recv,
-                                                          size_t send_count, DType t, Stream* after) {
+Result<std::unique_ptr<Work>> GlooCommunicator::AllGather(const void* send, void* recv, size_t send_count, DType t,
+                                                          Stream* after) {
   if (!ValidDType(t)) return InvalidArgumentError("gloo AllGather: unknown dtype");
   const size_t bytes = send_count * SizeOf(t);
   if (send_count > 0 && (send == nullptr || recv == nullptr)) {
@@ -737,8 +719,7 @@ Result<std::unique_ptr<Work>> GlooCommunicator::AllGather(const void* send, void
   }
   char* mine = static_cast<char*>(recv) + rank_ * bytes;
   if (send_count > 0 && send != mine && Overlaps(send, bytes, recv, world_size_ * bytes)) {
-    return InvalidArgumentError(
-        "gloo AllGather: send overlaps recv without being recv + rank * send_count");
+    return InvalidArgumentError("gloo AllGather: send overlaps recv without being recv + rank * send_count");
   }
   if (send_count == 0) return std::unique_ptr<Work>(new CompletedWork(OkStatus()));
   std::string name = "AllGather (" + DescribeCount(send_count, t) + " per rank)";
@@ -754,43 +735,43 @@ Result<std::unique_ptr<Work>> GlooCommunicator::AllGather(const void* send, void
       after);
 }
 
-Result<std::unique_ptr<Work>> GlooCommunicator::Broadcast(void* buf, size_t count, DType t, int root,
-                                                          Stream* after) {
+Result<std::unique_ptr<Work>> GlooCommunicator::Broadcast(void* buf, size_t count, DType t, int root, Stream* after) {
   if (!ValidDType(t)) return InvalidArgumentError("gloo Broadcast: unknown dtype");
   if (root < 0 || root >= world_size_) {
-    return InvalidArgumentError("gloo Broadcast: root " + std::to_string(root) +
-                                " out of range for world size " + std::to_string(world_size_));
+    return InvalidArgumentError("gloo Broadcast: root " + std::to_string(root) + " out of range for world size " +
+                                std::to_string(world_size_));
   }
   if (buf == nullptr && count > 0) return InvalidArgumentError("gloo Broadcast: null buffer");
   if (count == 0) return std::unique_ptr<Work>(new CompletedWork(OkStatus()));
   std::string name = "Broadcast (" + DescribeCount(count, t) + " from rank " + std::to_string(root) + ")";
   const size_t es = SizeOf(t);
-  return Enqueue(std::move(name), [=, this] { DoBroadcast(buf, count * es, es, root); }, after);
+  return Enqueue(
+      std::move(name), [=, this] { DoBroadcast(buf, count * es, es, root); }, after);
 }
 
 Status GlooCommunicator::Barrier() {
-  ZERO_ASSIGN_OR_RETURN(auto work, Enqueue("Barrier", [this] { DoBarrier(); }, nullptr));
+  ZERO_ASSIGN_OR_RETURN(auto work, Enqueue(
+                                       "Barrier", [this] { DoBarrier(); }, nullptr));
   return work->Wait();
 }
 
 Status GlooCommunicator::AllReduceHost(double* values, size_t n, ReduceOp op) {
   if (values == nullptr && n > 0) return InvalidArgumentError("gloo AllReduceHost: null values");
   std::string name = "AllReduceHost (" + std::to_string(n) + " doubles, " + ReduceOpName(op) + ")";
-  ZERO_ASSIGN_OR_RETURN(auto work,
-                        Enqueue(std::move(name), [=, this] { DoAllReduceHost(values, n, op); }, nullptr));
+  ZERO_ASSIGN_OR_RETURN(auto work, Enqueue(
+                                       std::move(name), [=, this] { DoAllReduceHost(values, n, op); }, nullptr));
   return work->Wait();
 }
 
 Status GlooCommunicator::BroadcastHost(void* data, size_t bytes, int root) {
   if (root < 0 || root >= world_size_) {
-    return InvalidArgumentError("gloo BroadcastHost: root " + std::to_string(root) +
-                                " out of range for world size " + std::to_string(world_size_));
+    return InvalidArgumentError("gloo BroadcastHost: root " + std::to_string(root) + " out of range for world size " +
+                                std::to_string(world_size_));
   }
   if (data == nullptr && bytes > 0) return InvalidArgumentError("gloo BroadcastHost: null data");
-  std::string name = "BroadcastHost (" + std::to_string(bytes) + " bytes from rank " +
-                     std::to_string(root) + ")";
-  ZERO_ASSIGN_OR_RETURN(auto work,
-                        Enqueue(std::move(name), [=, this] { DoBroadcast(data, bytes, 1, root); }, nullptr));
+  std::string name = "BroadcastHost (" + std::to_string(bytes) + " bytes from rank " + std::to_string(root) + ")";
+  ZERO_ASSIGN_OR_RETURN(auto work, Enqueue(
+                                       std::move(name), [=, this] { DoBroadcast(data, bytes, 1, root); }, nullptr));
   return work->Wait();
 }
 

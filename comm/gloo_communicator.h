@@ -82,9 +82,9 @@ class GlooCommunicator final : public Communicator {
   // kDeadlineExceeded naming the ranks that did not join within options.comm.timeout.
   // `device` is the Device whose memory the buffers live in; it must be host memory (kCpu) and
   // outlive the communicator.
-  static Result<std::unique_ptr<GlooCommunicator>> Create(
-      int rank, int world_size, std::shared_ptr<gloo::rendezvous::Store> store, Device* device,
-      const GlooOptions& options = {});
+  static Result<std::unique_ptr<GlooCommunicator>> Create(int rank, int world_size,
+                                                          std::shared_ptr<gloo::rendezvous::Store> store,
+                                                          Device* device, const GlooOptions& options = {});
 
   // Drains the queue (each queued collective still completes or fails within the timeout), then
   // closes the connections.
@@ -99,12 +99,11 @@ class GlooCommunicator final : public Communicator {
 
   Result<std::unique_ptr<Work>> AllReduce(void* buf, size_t count, DType t, ReduceOp op,
                                           Stream* after = nullptr) override;
-  Result<std::unique_ptr<Work>> ReduceScatter(const void* send, void* recv, size_t recv_count,
-                                              DType t, ReduceOp op, Stream* after = nullptr) override;
+  Result<std::unique_ptr<Work>> ReduceScatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op,
+                                              Stream* after = nullptr) override;
   Result<std::unique_ptr<Work>> AllGather(const void* send, void* recv, size_t send_count, DType t,
                                           Stream* after = nullptr) override;
-  Result<std::unique_ptr<Work>> Broadcast(void* buf, size_t count, DType t, int root,
-                                          Stream* after = nullptr) override;
+  Result<std::unique_ptr<Work>> Broadcast(void* buf, size_t count, DType t, int root, Stream* after = nullptr) override;
   Status Barrier() override;
   Status AllReduceHost(double* values, size_t n, ReduceOp op) override;
   Status BroadcastHost(void* data, size_t bytes, int root) override;
@@ -121,8 +120,8 @@ class GlooCommunicator final : public Communicator {
   class Exchange;
   class LoopKicker;
   struct Op {
-    std::string name;                 // "collective #3 AllReduce (7 x fp32, sum)"
-    std::function<void()> run;        // runs on the comm thread; may throw gloo exceptions
+    std::string name;           // "collective #3 AllReduce (7 x fp32, sum)"
+    std::function<void()> run;  // runs on the comm thread; may throw gloo exceptions
     std::shared_ptr<WorkState> state;
   };
 
@@ -133,19 +132,17 @@ class GlooCommunicator final : public Communicator {
   Result<std::unique_ptr<Work>> Enqueue(std::string name, std::function<void()> run, Stream* after);
   void ThreadMain();
   Status RunOp(Op& op);
-  Status Translate(const std::string& op_name, const char* what, bool timed_out,
-                   const std::string& lost) const;
+  Status Translate(const std::string& op_name, const char* what, bool timed_out, const std::string& lost) const;
   // After an I/O error: "rank 2" (or "rank 1, rank 2"), the peers whose connection broke.
   std::string LostPeers();
 
   // Collective bodies (comm thread).
-  void DoReduceChunks(const char* data, const std::vector<size_t>& begin,
-                      const std::vector<size_t>& len, DType t, ReduceOp op, void* out,
-                      uint64_t slot);
+  void DoReduceChunks(const char* data, const std::vector<size_t>& begin, const std::vector<size_t>& len, DType t,
+                      ReduceOp op, void* out, uint64_t slot);
   void DoAllReduce(void* buf, size_t count, DType t, ReduceOp op);
   void DoAllReduceDirect(void* buf, size_t count, DType t, ReduceOp op);
-  void DoGatherChunks(char* buf, const std::vector<size_t>& begin, const std::vector<size_t>& len,
-                      size_t elem, int skip_recv_rank, uint64_t slot);
+  void DoGatherChunks(char* buf, const std::vector<size_t>& begin, const std::vector<size_t>& len, size_t elem,
+                      int skip_recv_rank, uint64_t slot);
   void DoBroadcast(void* buf, size_t bytes, size_t elem, int root);
   void DoBarrier();
   void DoAllReduceHost(double* values, size_t n, ReduceOp op);
@@ -175,11 +172,11 @@ class GlooCommunicator final : public Communicator {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Op> queue_;                                    // guarded by mu_
-  bool stop_ = false;                                       // guarded by mu_
-  uint64_t issued_ = 0;                                     // guarded by mu_
-  Status failed_;                                           // guarded by mu_; sticky
-  std::vector<gloo::transport::UnboundBuffer*> active_;     // guarded by mu_; for Abort
+  std::deque<Op> queue_;                                 // guarded by mu_
+  bool stop_ = false;                                    // guarded by mu_
+  uint64_t issued_ = 0;                                  // guarded by mu_
+  Status failed_;                                        // guarded by mu_; sticky
+  std::vector<gloo::transport::UnboundBuffer*> active_;  // guarded by mu_; for Abort
   std::thread thread_;
 };
 

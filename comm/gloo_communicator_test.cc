@@ -28,15 +28,15 @@ constexpr DType kDTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax};
 
 // Fails the calling rank's body (RunThreadRanks then aborts its communicator).
-#define RANK_EXPECT_OK(expr)                                                       \
-  do {                                                                             \
-    ::zero::Status _s = (expr);                                                    \
-    if (!_s.ok()) return _s.WithContext(#expr);                                    \
+#define RANK_EXPECT_OK(expr)                    \
+  do {                                          \
+    ::zero::Status _s = (expr);                 \
+    if (!_s.ok()) return _s.WithContext(#expr); \
   } while (0)
 
-#define RANK_CHECK(cond, msg)                                                      \
-  do {                                                                             \
-    if (!(cond)) return ::zero::InternalError(std::string(#cond ": ") + (msg));    \
+#define RANK_CHECK(cond, msg)                                                   \
+  do {                                                                          \
+    if (!(cond)) return ::zero::InternalError(std::string(#cond ": ") + (msg)); \
   } while (0)
 
 CommOptions Timeout(int ms) {
@@ -214,9 +214,7 @@ TEST_P(GlooWorldTest, BarrierAndAllReduceHost) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooWorldTest, ::testing::Values(1, 2, 3, 4),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return "N" + std::to_string(info.param);
-                         });
+                         [](const ::testing::TestParamInfo<int>& info) { return "N" + std::to_string(info.param); });
 
 TEST(GlooCommunicatorTest, ZeroCountsAndBadArguments) {
   Status s = RunThreadRanks(2, [&](int rank, Communicator* comm, Device*) -> Status {
@@ -228,8 +226,7 @@ TEST(GlooCommunicatorTest, ZeroCountsAndBadArguments) {
     RANK_CHECK(!bad_root.ok() && bad_root.status().code() == StatusCode::kInvalidArgument,
                bad_root.status().ToString());
     auto overlap = comm->ReduceScatter(x, x + 1, 2, DType::kF32, ReduceOp::kSum);
-    RANK_CHECK(!overlap.ok() && overlap.status().code() == StatusCode::kInvalidArgument,
-               overlap.status().ToString());
+    RANK_CHECK(!overlap.ok() && overlap.status().code() == StatusCode::kInvalidArgument, overlap.status().ToString());
     RANK_CHECK(comm->backend() == "gloo", comm->backend());
     RANK_CHECK(comm->world_size() == 2 && comm->rank() == rank, "rank/world_size");
     return comm->Barrier();
@@ -294,8 +291,7 @@ TEST(GlooFaultTest, SilentRankTimesOutAndLaterCallsFailFast) {
         RANK_EXPECT_OK(w.status());
         Status ws = (*w)->Wait();
         RANK_CHECK(!ws.ok(), "collective with a silent rank succeeded");
-        RANK_CHECK(ws.code() == StatusCode::kDeadlineExceeded || ws.code() == StatusCode::kUnavailable,
-                   ws.ToString());
+        RANK_CHECK(ws.code() == StatusCode::kDeadlineExceeded || ws.code() == StatusCode::kUnavailable, ws.ToString());
         RANK_CHECK(ws.message().find("rank 2") != std::string::npos ||
                        ws.message().find("rank " + std::to_string(1 - rank)) != std::string::npos,
                    ws.ToString());

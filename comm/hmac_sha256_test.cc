@@ -45,8 +45,7 @@ TEST(HmacSha256Test, Rfc4231Vectors) {
   for (int i = 1; i <= 25; ++i) key4.push_back(static_cast<char>(i));
   EXPECT_EQ(ToHex(HmacSha256(key4, std::string(50, '\xcd'))),
             "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b");
-  EXPECT_EQ(ToHex(HmacSha256(std::string(131, '\xaa'),
-                             "Test Using Larger Than Block-Size Key - Hash Key First")),
+  EXPECT_EQ(ToHex(HmacSha256(std::string(131, '\xaa'), "Test Using Larger Than Block-Size Key - Hash Key First")),
             "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
   EXPECT_EQ(ToHex(HmacSha256(std::string(131, '\xaa'),
                              "This is a test using a larger than block-size key and a larger than "

@@ -22,14 +22,12 @@ class MultiProcessTest : public ::testing::TestWithParam<int> {};
 TEST_P(MultiProcessTest, MixOfCollectivesThroughTcpStore) {
   const int n = GetParam();
   auto start = Clock::now();
-  auto results = RunWorld(n, AllRanks(n), {"--backend=gloo", "--scenario=mix"}, 20000,
-                          std::chrono::seconds(60));
+  auto results = RunWorld(n, AllRanks(n), {"--backend=gloo", "--scenario=mix"}, 20000, std::chrono::seconds(60));
   for (const auto& r : results) {
     EXPECT_EQ(r.exit_code, 0) << "rank " << r.rank << ":\n" << r.output;
     EXPECT_NE(r.output.find("PASS"), std::string::npos) << r.output;
   }
-  std::printf("%d processes: %.0f ms\n", n,
-              std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  std::printf("%d processes: %.0f ms\n", n, std::chrono::duration<double, std::milli>(Clock::now() - start).count());
 }
 
 // World size 1 as a process: the rendezvous and every collective degenerate correctly.
@@ -46,8 +44,7 @@ TEST_P(MultiProcessTest, KilledRankBeforeCollective) {
   const int n = GetParam();
   const int victim = n - 1;
   auto start = Clock::now();
-  auto results = RunWorld(n, AllRanks(n),
-                          {"--backend=gloo", "--scenario=die=" + std::to_string(victim)}, 2000,
+  auto results = RunWorld(n, AllRanks(n), {"--backend=gloo", "--scenario=die=" + std::to_string(victim)}, 2000,
                           std::chrono::seconds(30));
   double secs = std::chrono::duration<double>(Clock::now() - start).count();
   for (const auto& r : results) {
@@ -64,9 +61,8 @@ TEST_P(MultiProcessTest, KilledRankBeforeCollective) {
 TEST_P(MultiProcessTest, KilledRankDuringCollective) {
   const int n = GetParam();
   const int victim = 0;  // the store's host, too
-  auto results = RunWorld(n, AllRanks(n),
-                          {"--backend=gloo", "--scenario=die_during=" + std::to_string(victim)},
-                          2000, std::chrono::seconds(30));
+  auto results = RunWorld(n, AllRanks(n), {"--backend=gloo", "--scenario=die_during=" + std::to_string(victim)}, 2000,
+                          std::chrono::seconds(30));
   for (const auto& r : results) {
     if (r.rank == victim) {
       EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.output;
@@ -82,8 +78,7 @@ TEST_P(MultiProcessTest, MissingRankAtRendezvous) {
   const int n = GetParam();
   std::vector<int> ranks = AllRanks(n - 1);
   auto start = Clock::now();
-  auto results = RunWorld(n, ranks, {"--backend=gloo", "--scenario=rendezvous_only"}, 2000,
-                          std::chrono::seconds(30));
+  auto results = RunWorld(n, ranks, {"--backend=gloo", "--scenario=rendezvous_only"}, 2000, std::chrono::seconds(30));
   double secs = std::chrono::duration<double>(Clock::now() - start).count();
   for (const auto& r : results) {
     EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -102,18 +97,14 @@ TEST_P(MultiProcessTest, MissingRankAtRendezvous) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, MultiProcessTest, ::testing::Values(2, 3, 4),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return "N" + std::to_string(info.param);
-                         });
+                         [](const ::testing::TestParamInfo<int>& info) { return "N" + std::to_string(info.param); });
 
 // Rank 0 (the store's host) never starts: the others cannot reach the store and say so.
 TEST(MultiProcessStoreTest, MissingStoreHost) {
-  auto results = RunWorld(2, {1}, {"--backend=gloo", "--scenario=rendezvous_only"}, 1500,
-                          std::chrono::seconds(20));
+  auto results = RunWorld(2, {1}, {"--backend=gloo", "--scenario=rendezvous_only"}, 1500, std::chrono::seconds(20));
   ASSERT_EQ(results.size(), 1u);
   EXPECT_EQ(results[0].exit_code, 1) << results[0].output;
-  EXPECT_NE(results[0].output.find("could not connect to the store hosted by rank 0"),
-            std::string::npos)
+  EXPECT_NE(results[0].output.find("could not connect to the store hosted by rank 0"), std::string::npos)
       << results[0].output;
 }
 

@@ -19,9 +19,12 @@ using Clock = std::chrono::steady_clock;
 
 ncclDataType_t ToNccl(DType t) {
   switch (t) {
-    case DType::kF32: return ncclFloat32;
-    case DType::kBF16: return ncclBfloat16;
-    case DType::kF16: return ncclFloat16;
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kF16:
+      return ncclFloat16;
   }
   return ncclFloat32;
 }
@@ -32,9 +35,12 @@ ncclRedOp_t ToNccl(ReduceOp op, int world_size) {
   // H200; ncclSum there is a plain copy.
   if (op == ReduceOp::kAvg && world_size == 1) return ncclSum;
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;
-    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
   }
   return ncclSum;
 }
@@ -110,9 +116,9 @@ struct NcclCommunicator::Shared {
         break;
       }
       if (Clock::now() > deadline) {
-        return AbortLocked(DeadlineExceededError(
-            Who(what) + ": not done after " + TimeoutText(timeout) +
-            " (a rank may have died or not joined); the NCCL communicator was aborted"));
+        return AbortLocked(
+            DeadlineExceededError(Who(what) + ": not done after " + TimeoutText(timeout) +
+                                  " (a rank may have died or not joined); the NCCL communicator was aborted"));
       }
       backoff.Sleep();
     }
@@ -121,8 +127,7 @@ struct NcclCommunicator::Shared {
     const char* last = ncclGetLastError(comm);
     if (last != nullptr && *last != '\0') msg += std::string(" (") + last + ")";
     if (r == ncclInvalidArgument || r == ncclInvalidUsage) return InvalidArgumentError(msg);
-    StatusCode code = (r == ncclRemoteError || r == ncclSystemError) ? StatusCode::kUnavailable
-                                                                      : StatusCode::kInternal;
+    StatusCode code = (r == ncclRemoteError || r == ncclSystemError) ? StatusCode::kUnavailable : StatusCode::kInternal;
     return AbortLocked(Status(code, msg + "; the NCCL communicator was aborted"));
   }
 };
@@ -138,8 +143,7 @@ static Status CudaCheck(cudaError_t e, const std::string& what) {
 // kernels exit) when the collective does not complete in time.
 class NcclCommunicator::NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<Shared> shared, std::shared_ptr<CUevent_st> event, CudaDevice* device,
-           std::string name)
+  NcclWork(std::shared_ptr<Shared> shared, std::shared_ptr<CUevent_st> event, CudaDevice* device, std::string name)
       : shared_(std::move(shared)), event_(std::move(event)), device_(device), name_(std::move(name)) {}
 
   Status Wait() override {
@@ -159,8 +163,7 @@ class NcclCommunicator::NcclWork final : public Work {
       }
       if (q != cudaErrorNotReady) {
         std::lock_guard<std::mutex> lock(shared_->mu);
-        return Finish(shared_->AbortLocked(
-            CudaCheck(q, shared_->Who(name_) + ": cudaEventQuery")));
+        return Finish(shared_->AbortLocked(CudaCheck(q, shared_->Who(name_) + ": cudaEventQuery")));
       }
       backoff.Sleep();
     }
@@ -183,8 +186,7 @@ class NcclCommunicator::NcclWork final : public Work {
     }
     if (done_) return status_;
     cudaStream_t s = device_->native_stream(stream);
-    return CudaCheck(cudaStreamWaitEvent(s, event_.get(), 0),
-                     shared_->Who(name_) + ": cudaStreamWaitEvent");
+    return CudaCheck(cudaStreamWaitEvent(s, event_.get(), 0), shared_->Who(name_) + ": cudaStreamWaitEvent");
   }
 
  private:
@@ -202,19 +204,17 @@ class NcclCommunicator::NcclWork final : public Work {
   Status status_;
 };
 
-NcclCommunicator::NcclCommunicator(int rank, int world_size, CudaDevice* device,
-                                   const NcclOptions& options)
-    : rank_(rank), world_size_(world_size), device_(device), options_(options),
-      shared_(std::make_shared<Shared>()) {
+NcclCommunicator::NcclCommunicator(int rank, int world_size, CudaDevice* device, const NcclOptions& options)
+    : rank_(rank), world_size_(world_size), device_(device), options_(options), shared_(std::make_shared<Shared>()) {
   shared_->rank = rank;
   shared_->world_size = world_size;
   shared_->ordinal = device->ordinal();
   shared_->timeout = options.comm.timeout;
 }
 
-Result<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
-    int rank, int world_size, std::shared_ptr<gloo::rendezvous::Store> store, CudaDevice* device,
-    const NcclOptions& options) {
+Result<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(int rank, int world_size,
+                                                                   std::shared_ptr<gloo::rendezvous::Store> store,
+                                                                   CudaDevice* device, const NcclOptions& options) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     return InvalidArgumentError("nccl: rank " + std::to_string(rank) + " out of range for world size " +
                                 std::to_string(world_size));
@@ -231,8 +231,7 @@ Result<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
 
 Status NcclCommunicator::Init(std::shared_ptr<gloo::rendezvous::Store> store) {
   store_ = std::move(store);
-  const std::string who = "nccl rendezvous of rank " + std::to_string(rank_) + " of " +
-                          std::to_string(world_size_);
+  const std::string who = "nccl rendezvous of rank " + std::to_string(rank_) + " of " + std::to_string(world_size_);
   const RendezvousDeadline deadline(options_.comm.timeout);
   ZERO_RETURN_IF_ERROR(CudaCheck(cudaSetDevice(shared_->ordinal), who + ": cudaSetDevice"));
 
@@ -254,9 +253,8 @@ Status NcclCommunicator::Init(std::shared_ptr<gloo::rendezvous::Store> store) {
         pstore.wait({"unique_id"}, deadline.Remaining());
         std::vector<char> v = pstore.get("unique_id");
         if (v.size() != sizeof(id)) {
-          return InternalError(who + ": the NCCL unique id in the store has " +
-                               std::to_string(v.size()) + " bytes, expected " +
-                               std::to_string(sizeof(id)));
+          return InternalError(who + ": the NCCL unique id in the store has " + std::to_string(v.size()) +
+                               " bytes, expected " + std::to_string(sizeof(id)));
         }
         std::memcpy(&id, v.data(), sizeof(id));
       }
@@ -284,8 +282,8 @@ Status NcclCommunicator::Init(std::shared_ptr<gloo::rendezvous::Store> store) {
   }
   ZERO_RETURN_IF_ERROR(
       CudaCheck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), who + ": cudaStreamCreate"));
-  ZERO_RETURN_IF_ERROR(CudaCheck(cudaEventCreateWithFlags(&after_event_, cudaEventDisableTiming),
-                                 who + ": cudaEventCreate"));
+  ZERO_RETURN_IF_ERROR(
+      CudaCheck(cudaEventCreateWithFlags(&after_event_, cudaEventDisableTiming), who + ": cudaEventCreate"));
   CollectiveWatchdog::Options wo;
   wo.who = "nccl rank " + std::to_string(rank_) + " of " + std::to_string(world_size_);
   wo.timeout = options_.comm.timeout;
@@ -308,8 +306,7 @@ Status NcclCommunicator::CheckHealth() {
 
 void NcclCommunicator::Abort(const std::string& reason) {
   std::lock_guard<std::mutex> lock(shared_->mu);
-  shared_->AbortLocked(UnavailableError(shared_->Who("communicator") + " aborted: " + reason))
-      .IgnoreError();
+  shared_->AbortLocked(UnavailableError(shared_->Who("communicator") + " aborted: " + reason)).IgnoreError();
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -360,38 +357,34 @@ Status NcclCommunicator::EnsureScratch(size_t bytes) {
   scratch_bytes_ = 0;
   size_t want = bytes;
   ZERO_RETURN_IF_ERROR(CudaCheck(cudaMalloc(&scratch_, want), shared_->Who("scratch") + ": cudaMalloc"));
-  ZERO_RETURN_IF_ERROR(
-      CudaCheck(cudaMallocHost(&host_scratch_, want), shared_->Who("scratch") + ": cudaMallocHost"));
+  ZERO_RETURN_IF_ERROR(CudaCheck(cudaMallocHost(&host_scratch_, want), shared_->Who("scratch") + ": cudaMallocHost"));
   scratch_bytes_ = want;
   return OkStatus();
 }
 
 template <typename LaunchFn>
-Result<std::unique_ptr<Work>> NcclCommunicator::Launch(const std::string& op, Stream* after,
-                                                       LaunchFn&& launch) {
+Result<std::unique_ptr<Work>> NcclCommunicator::Launch(const std::string& op, Stream* after, LaunchFn&& launch) {
   std::lock_guard<std::mutex> lock(shared_->mu);
   if (!shared_->failed.ok()) {
-    return Status(shared_->failed.code(), shared_->Who(op) +
-                                              " not started: the communicator failed earlier: " +
-                                              shared_->failed.message());
+    return Status(shared_->failed.code(),
+                  shared_->Who(op) + " not started: the communicator failed earlier: " + shared_->failed.message());
   }
   const std::string name = "collective #" + std::to_string(++shared_->issued) + " " + op;
   ZERO_RETURN_IF_ERROR(CudaCheck(cudaSetDevice(shared_->ordinal), shared_->Who(name) + ": cudaSetDevice"));
   if (after != nullptr) {
     cudaStream_t s = device_->native_stream(after);
     ZERO_RETURN_IF_ERROR(CudaCheck(cudaEventRecord(after_event_, s), shared_->Who(name) + ": cudaEventRecord"));
-    ZERO_RETURN_IF_ERROR(CudaCheck(cudaStreamWaitEvent(stream_, after_event_, 0),
-                                   shared_->Who(name) + ": cudaStreamWaitEvent"));
+    ZERO_RETURN_IF_ERROR(
+        CudaCheck(cudaStreamWaitEvent(stream_, after_event_, 0), shared_->Who(name) + ": cudaStreamWaitEvent"));
   }
   const auto deadline = Clock::now() + options_.comm.timeout;
   Status s = launch(deadline);
   if (!s.ok()) return s;
   cudaEvent_t raw = nullptr;
-  ZERO_RETURN_IF_ERROR(CudaCheck(cudaEventCreateWithFlags(&raw, cudaEventDisableTiming),
-                                 shared_->Who(name) + ": cudaEventCreate"));
-  std::shared_ptr<CUevent_st> done(raw, [](cudaEvent_t e) { cudaEventDestroy(e); });
   ZERO_RETURN_IF_ERROR(
-      CudaCheck(cudaEventRecord(done.get(), stream_), shared_->Who(name) + ": cudaEventRecord"));
+      CudaCheck(cudaEventCreateWithFlags(&raw, cudaEventDisableTiming), shared_->Who(name) + ": cudaEventCreate"));
+  std::shared_ptr<CUevent_st> done(raw, [](cudaEvent_t e) { cudaEventDestroy(e); });
+  ZERO_RETURN_IF_ERROR(CudaCheck(cudaEventRecord(done.get(), stream_), shared_->Who(name) + ": cudaEventRecord"));
   // The kernels are queued: from here a collective that never completes is the watchdog's.
   watchdog_->Track(name, [done]() -> Result<bool> {
     cudaError_t q = cudaEventQuery(done.get());
@@ -402,53 +395,49 @@ Result<std::unique_ptr<Work>> NcclCommunicator::Launch(const std::string& op, St
   return std::unique_ptr<Work>(new NcclWork(shared_, std::move(done), device_, name));
 }
 
-Result<std::unique_ptr<Work>> NcclCommunicator::AllReduce(void* buf, size_t count, DType t,
-                                                          ReduceOp op, Stream* after) {
+Result<std::unique_ptr<Work>> NcclCommunicator::AllReduce(void* buf, size_t count, DType t, ReduceOp op,
+                                                          Stream* after) {
   if (!ValidDType(t)) return InvalidArgumentError("nccl AllReduce: unknown dtype");
-  std::string name = "AllReduce (" + std::to_string(count) + " x " + DTypeName(t) + ", " +
-                     ReduceOpName(op) + ")";
+  std::string name = "AllReduce (" + std::to_string(count) + " x " + DTypeName(t) + ", " + ReduceOpName(op) + ")";
   return Launch(name, after, [&](Clock::time_point deadline) {
     return shared_->SettleLocked(
         name, ncclAllReduce(buf, buf, count, ToNccl(t), ToNccl(op, world_size_), shared_->comm, stream_), deadline);
   });
 }
 
-Result<std::unique_ptr<Work>> NcclCommunicator::ReduceScatter(const void* send, void* recv,
-                                                              size_t recv_count, DType t,
+Result<std::unique_ptr<Work>> NcclCommunicator::ReduceScatter(const void* send, void* recv, size_t recv_count, DType t,
                                                               ReduceOp op, Stream* after) {
   if (!ValidDType(t)) return InvalidArgumentError("nccl ReduceScatter: unknown dtype");
-  std::string name = "ReduceScatter (" + std::to_string(recv_count) + " x " + DTypeName(t) +
-                     " per rank, " + ReduceOpName(op) + ")";
+  std::string name =
+      "ReduceScatter (" + std::to_string(recv_count) + " x " + DTypeName(t) + " per rank, " + ReduceOpName(op) + ")";
   return Launch(name, after, [&](Clock::time_point deadline) {
     return shared_->SettleLocked(
-        name,
-        ncclReduceScatter(send, recv, recv_count, ToNccl(t), ToNccl(op, world_size_), shared_->comm, stream_),
+        name, ncclReduceScatter(send, recv, recv_count, ToNccl(t), ToNccl(op, world_size_), shared_->comm, stream_),
         deadline);
   });
 }
 
-Result<std::unique_ptr<Work>> NcclCommunicator::AllGather(const void* send, void* recv,
-                                                          size_t send_count, DType t, Stream* after) {
+Result<std::unique_ptr<Work>> NcclCommunicator::AllGather(const void* send, void* recv, size_t send_count, DType t,
+                                                          Stream* after) {
   if (!ValidDType(t)) return InvalidArgumentError("nccl AllGather: unknown dtype");
   std::string name = "AllGather (" + std::to_string(send_count) + " x " + DTypeName(t) + " per rank)";
   return Launch(name, after, [&](Clock::time_point deadline) {
-    return shared_->SettleLocked(
-        name, ncclAllGather(send, recv, send_count, ToNccl(t), shared_->comm, stream_), deadline);
+    return shared_->SettleLocked(name, ncclAllGather(send, recv, send_count, ToNccl(t), shared_->comm, stream_),
+                                 deadline);
   });
 }
 
-Result<std::unique_ptr<Work>> NcclCommunicator::Broadcast(void* buf, size_t count, DType t, int root,
-                                                          Stream* after) {
+Result<std::unique_ptr<Work>> NcclCommunicator::Broadcast(void* buf, size_t count, DType t, int root, Stream* after) {
   if (!ValidDType(t)) return InvalidArgumentError("nccl Broadcast: unknown dtype");
   if (root < 0 || root >= world_size_) {
-    return InvalidArgumentError("nccl Broadcast: root " + std::to_string(root) +
-                                " out of range for world size " + std::to_string(world_size_));
+    return InvalidArgumentError("nccl Broadcast: root " + std::to_string(root) + " out of range for world size " +
+                                std::to_string(world_size_));
   }
-  std::string name = "Broadcast (" + std::to_string(count) + " x " + DTypeName(t) + " from rank " +
-                     std::to_string(root) + ")";
+  std::string name =
+      "Broadcast (" + std::to_string(count) + " x " + DTypeName(t) + " from rank " + std::to_string(root) + ")";
   return Launch(name, after, [&](Clock::time_point deadline) {
-    return shared_->SettleLocked(
-        name, ncclBroadcast(buf, buf, count, ToNccl(t), root, shared_->comm, stream_), deadline);
+    return shared_->SettleLocked(name, ncclBroadcast(buf, buf, count, ToNccl(t), root, shared_->comm, stream_),
+                                 deadline);
   });
 }
 
@@ -458,8 +447,7 @@ Status NcclCommunicator::Barrier() {
     ZERO_RETURN_IF_ERROR(EnsureScratch(sizeof(float)));
     return Launch("Barrier", nullptr, [&](Clock::time_point deadline) {
       return shared_->SettleLocked(
-          "Barrier",
-          ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, shared_->comm, stream_), deadline);
+          "Barrier", ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, shared_->comm, stream_), deadline);
     });
   }();
   if (!work.ok()) return work.status();
@@ -478,12 +466,11 @@ Status NcclCommunicator::AllReduceHost(double* values, size_t n, ReduceOp op) {
       char* dev = static_cast<char*>(scratch_);
       char* host = static_cast<char*>(host_scratch_);
       std::memcpy(host + rank_ * bytes, values, bytes);
-      ZERO_RETURN_IF_ERROR(CudaCheck(cudaMemcpyAsync(dev + rank_ * bytes, host + rank_ * bytes, bytes,
-                                                     cudaMemcpyHostToDevice, stream_),
-                                     shared_->Who(name) + ": cudaMemcpyAsync"));
+      ZERO_RETURN_IF_ERROR(
+          CudaCheck(cudaMemcpyAsync(dev + rank_ * bytes, host + rank_ * bytes, bytes, cudaMemcpyHostToDevice, stream_),
+                    shared_->Who(name) + ": cudaMemcpyAsync"));
       ZERO_RETURN_IF_ERROR(shared_->SettleLocked(
-          name, ncclAllGather(dev + rank_ * bytes, dev, n, ncclFloat64, shared_->comm, stream_),
-          deadline));
+          name, ncclAllGather(dev + rank_ * bytes, dev, n, ncclFloat64, shared_->comm, stream_), deadline));
       return CudaCheck(cudaMemcpyAsync(host, dev, bytes * world_size_, cudaMemcpyDeviceToHost, stream_),
                        shared_->Who(name) + ": cudaMemcpyAsync");
     });
@@ -498,28 +485,24 @@ Status NcclCommunicator::AllReduceHost(double* values, size_t n, ReduceOp op) {
 
 Status NcclCommunicator::BroadcastHost(void* data, size_t bytes, int root) {
   if (root < 0 || root >= world_size_) {
-    return InvalidArgumentError("nccl BroadcastHost: root " + std::to_string(root) +
-                                " out of range for world size " + std::to_string(world_size_));
+    return InvalidArgumentError("nccl BroadcastHost: root " + std::to_string(root) + " out of range for world size " +
+                                std::to_string(world_size_));
   }
   if (bytes == 0) return OkStatus();
   std::lock_guard<std::mutex> host_lock(host_mu_);
-  std::string name = "BroadcastHost (" + std::to_string(bytes) + " bytes from rank " +
-                     std::to_string(root) + ")";
+  std::string name = "BroadcastHost (" + std::to_string(bytes) + " bytes from rank " + std::to_string(root) + ")";
   Result<std::unique_ptr<Work>> work = [&]() -> Result<std::unique_ptr<Work>> {
     ZERO_RETURN_IF_ERROR(EnsureScratch(bytes));
     return Launch(name, nullptr, [&](Clock::time_point deadline) -> Status {
       if (rank_ == root) {
         std::memcpy(host_scratch_, data, bytes);
-        ZERO_RETURN_IF_ERROR(CudaCheck(
-            cudaMemcpyAsync(scratch_, host_scratch_, bytes, cudaMemcpyHostToDevice, stream_),
-            shared_->Who(name) + ": cudaMemcpyAsync"));
+        ZERO_RETURN_IF_ERROR(CudaCheck(cudaMemcpyAsync(scratch_, host_scratch_, bytes, cudaMemcpyHostToDevice, stream_),
+                                       shared_->Who(name) + ": cudaMemcpyAsync"));
       }
       ZERO_RETURN_IF_ERROR(shared_->SettleLocked(
-          name, ncclBroadcast(scratch_, scratch_, bytes, ncclUint8, root, shared_->comm, stream_),
-          deadline));
-      return CudaCheck(
-          cudaMemcpyAsync(host_scratch_, scratch_, bytes, cudaMemcpyDeviceToHost, stream_),
-          shared_->Who(name) + ": cudaMemcpyAsync");
+          name, ncclBroadcast(scratch_, scratch_, bytes, ncclUint8, root, shared_->comm, stream_), deadline));
+      return CudaCheck(cudaMemcpyAsync(host_scratch_, scratch_, bytes, cudaMemcpyDeviceToHost, stream_),
+                       shared_->Who(name) + ": cudaMemcpyAsync");
     });
   }();
   if (!work.ok()) return work.status();

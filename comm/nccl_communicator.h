@@ -59,9 +59,9 @@ class NcclCommunicator final : public Communicator {
   // Rendezvous of rank `rank` of `world_size` through `store` (may be null when world_size is 1)
   // and ncclCommInitRankConfig on `device`'s GPU. Fails with kDeadlineExceeded naming the rank
   // that did not join within the timeout.
-  static Result<std::unique_ptr<NcclCommunicator>> Create(
-      int rank, int world_size, std::shared_ptr<gloo::rendezvous::Store> store, CudaDevice* device,
-      const NcclOptions& options = {});
+  static Result<std::unique_ptr<NcclCommunicator>> Create(int rank, int world_size,
+                                                          std::shared_ptr<gloo::rendezvous::Store> store,
+                                                          CudaDevice* device, const NcclOptions& options = {});
   // Finalizes the NCCL communicator (aborts it if it failed or does not finish within the
   // timeout), destroys the stream, events and scratch.
   ~NcclCommunicator() override;
@@ -76,12 +76,11 @@ class NcclCommunicator final : public Communicator {
 
   Result<std::unique_ptr<Work>> AllReduce(void* buf, size_t count, DType t, ReduceOp op,
                                           Stream* after = nullptr) override;
-  Result<std::unique_ptr<Work>> ReduceScatter(const void* send, void* recv, size_t recv_count,
-                                              DType t, ReduceOp op, Stream* after = nullptr) override;
+  Result<std::unique_ptr<Work>> ReduceScatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op,
+                                              Stream* after = nullptr) override;
   Result<std::unique_ptr<Work>> AllGather(const void* send, void* recv, size_t send_count, DType t,
                                           Stream* after = nullptr) override;
-  Result<std::unique_ptr<Work>> Broadcast(void* buf, size_t count, DType t, int root,
-                                          Stream* after = nullptr) override;
+  Result<std::unique_ptr<Work>> Broadcast(void* buf, size_t count, DType t, int root, Stream* after = nullptr) override;
   Status Barrier() override;
   Status AllReduceHost(double* values, size_t n, ReduceOp op) override;
   Status BroadcastHost(void* data, size_t bytes, int root) override;

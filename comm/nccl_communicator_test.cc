@@ -90,8 +90,7 @@ TEST_F(NcclSingleGpuTest, EveryOpEveryDType) {
           ZERO_ASSIGN_OR_RETURN(auto recv, dev_->Allocate(n * es));
           // A sentinel, so stale memory cannot pass for a result; `after` orders the fill.
           ZERO_RETURN_IF_ERROR(dev_->Fill(recv.data(), t, n, -77.0f, dev_->default_stream()));
-          ZERO_ASSIGN_OR_RETURN(
-              auto w, comm_->ReduceScatter(d, recv.data(), n, t, op, dev_->default_stream()));
+          ZERO_ASSIGN_OR_RETURN(auto w, comm_->ReduceScatter(d, recv.data(), n, t, op, dev_->default_stream()));
           ZERO_RETURN_IF_ERROR(w->Wait());
           return dev_->Copy(d, recv.data(), n * es, CopyKind::kDeviceToDevice, nullptr);
         });
@@ -146,8 +145,7 @@ TEST_F(NcclSingleGpuTest, StreamOrdering) {
     ASSERT_TRUE((*w)->StreamWait(consumer->get()).ok());
     ASSERT_TRUE(dev_->Scale(buf->data(), DType::kF32, n, 2.0f, consumer->get()).ok());
     std::vector<float> host(n);
-    ASSERT_TRUE(dev_->Copy(host.data(), buf->data(), n * sizeof(float), CopyKind::kDeviceToHost,
-                           consumer->get()).ok());
+    ASSERT_TRUE(dev_->Copy(host.data(), buf->data(), n * sizeof(float), CopyKind::kDeviceToHost, consumer->get()).ok());
     ASSERT_TRUE(dev_->SynchronizeStream(consumer->get()).ok());
     EXPECT_EQ(host[0], 2 * value);
     EXPECT_EQ(host[n - 1], 2 * value);
@@ -161,8 +159,8 @@ TEST(NcclMultiProcessTest, MixOfCollectivesOnePerGpu) {
   const int gpus = GpuCount();
   ZERO_SKIP_WITHOUT_CUDA_DEVICES(2);
   const int n = std::min(gpus, 4);
-  auto results = testing::RunWorld(n, testing::AllRanks(n), {"--backend=nccl", "--scenario=mix"},
-                                   60000, std::chrono::seconds(240));
+  auto results = testing::RunWorld(n, testing::AllRanks(n), {"--backend=nccl", "--scenario=mix"}, 60000,
+                                   std::chrono::seconds(240));
   for (const auto& r : results) {
     EXPECT_EQ(r.exit_code, 0) << "rank " << r.rank << ":\n" << r.output;
   }
@@ -172,9 +170,9 @@ TEST(NcclMultiProcessTest, KilledRankTimesOut) {
   const int gpus = GpuCount();
   ZERO_SKIP_WITHOUT_CUDA_DEVICES(2);
   const int n = std::min(gpus, 3);
-  auto results = testing::RunWorld(n, testing::AllRanks(n),
-                                   {"--backend=nccl", "--scenario=die=" + std::to_string(n - 1)},
-                                   5000, std::chrono::seconds(120));
+  auto results =
+      testing::RunWorld(n, testing::AllRanks(n), {"--backend=nccl", "--scenario=die=" + std::to_string(n - 1)}, 5000,
+                        std::chrono::seconds(120));
   for (const auto& r : results) {
     if (r.rank == n - 1) {
       EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.output;
@@ -236,8 +234,7 @@ TEST(NcclWatchdogTest, CollectiveHeldBackOnTheGpuBecomesAnError) {
     latch.open = true;
     latch.cv.notify_all();
   });
-  ASSERT_EQ(cudaLaunchHostFunc((*dev)->native_stream(blocked->get()), &HostLatch::Block, &latch),
-            cudaSuccess);
+  ASSERT_EQ(cudaLaunchHostFunc((*dev)->native_stream(blocked->get()), &HostLatch::Block, &latch), cudaSuccess);
   auto stuck = (*comm)->AllReduce(buf->data(), 1024, DType::kF32, ReduceOp::kSum, blocked->get());  // #2
   ASSERT_TRUE(stuck.ok()) << stuck.status().ToString();
   ASSERT_TRUE((*stuck)->StreamWait(consumer->get()).ok());

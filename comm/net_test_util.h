@@ -83,9 +83,9 @@ class ServerProcess {
     if (!death_.empty()) return death_;
     int status = 0;
     if (waitpid(pid_, &status, WNOHANG) != pid_) return "";
-    death_ = WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
-                                       strsignal(WTERMSIG(status)) + ")"
-                                 : "exited with status " + std::to_string(WEXITSTATUS(status));
+    death_ = WIFSIGNALED(status)
+                 ? "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")"
+                 : "exited with status " + std::to_string(WEXITSTATUS(status));
     return death_;
   }
   // VmHWM: the most resident memory the child has used.

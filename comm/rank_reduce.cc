@@ -42,9 +42,12 @@ void Reduce(const RankReduceArgs& a) {
 void RankReduceHost(const RankReduceArgs& args) {
   if (args.count == 0 || args.n_srcs < 1) return;
   switch (args.dtype) {
-    case DType::kF32: return Reduce<F32>(args);
-    case DType::kBF16: return Reduce<BF16>(args);
-    case DType::kF16: return Reduce<F16>(args);
+    case DType::kF32:
+      return Reduce<F32>(args);
+    case DType::kBF16:
+      return Reduce<BF16>(args);
+    case DType::kF16:
+      return Reduce<F16>(args);
   }
 }
 

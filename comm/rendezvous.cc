@@ -3,11 +3,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstdio>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -49,15 +49,15 @@ Status ParseInt(const std::string& name, const std::string& value, long lo, long
     return InvalidArgumentError(name + "='" + value + "' is not an integer");
   }
   if (v < lo || v > hi) {
-    return InvalidArgumentError(name + "=" + value + " is out of range [" + std::to_string(lo) +
-                                ", " + std::to_string(hi) + "]");
+    return InvalidArgumentError(name + "=" + value + " is out of range [" + std::to_string(lo) + ", " +
+                                std::to_string(hi) + "]");
   }
   *out = v;
   return OkStatus();
 }
 
-Status ReadInt(const std::vector<const char*>& names, long lo, long hi, long* out,
-               std::string* used_name, bool* was_set) {
+Status ReadInt(const std::vector<const char*>& names, long lo, long hi, long* out, std::string* used_name,
+               bool* was_set) {
   std::string name, value;
   *was_set = FirstSet(names, &name, &value);
   if (!*was_set) return OkStatus();
@@ -93,8 +93,8 @@ Status MakeDirs(const std::string& path) {
 // (they call its Abort).
 class StoreWatchedCommunicator final : public Communicator {
  public:
-  StoreWatchedCommunicator(std::unique_ptr<Communicator> inner, std::shared_ptr<TcpStore> store,
-                           std::string fault_key, std::chrono::milliseconds timeout)
+  StoreWatchedCommunicator(std::unique_ptr<Communicator> inner, std::shared_ptr<TcpStore> store, std::string fault_key,
+                           std::chrono::milliseconds timeout)
       : inner_(std::move(inner)), store_(std::move(store)), fault_key_(std::move(fault_key)), timeout_(timeout) {}
   ~StoreWatchedCommunicator() override {
     store_->StopWatch();
@@ -216,10 +216,10 @@ class StoreWatchedCommunicator final : public Communicator {
   const std::chrono::milliseconds timeout_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::string fault_;          // guarded by mu_: "rank R failed: <error>" once the key is set
-  bool watch_ended_ = false;   // guarded by mu_
-  bool waited_ = false;        // guarded by mu_: Explain waited for the watch once
-  bool reported_ = false;      // guarded by mu_
+  std::string fault_;         // guarded by mu_: "rank R failed: <error>" once the key is set
+  bool watch_ended_ = false;  // guarded by mu_
+  bool waited_ = false;       // guarded by mu_: Explain waited for the watch once
+  bool reported_ = false;     // guarded by mu_
 };
 
 // `comm` watched through `store` when it is a TcpStore: every rank watches the fault key, every rank
@@ -229,7 +229,8 @@ Result<std::unique_ptr<Communicator>> WatchStore(std::unique_ptr<Communicator> c
                                                  const std::string& prefix, std::chrono::milliseconds timeout) {
   auto tcp = std::dynamic_pointer_cast<TcpStore>(store);
   if (tcp == nullptr) return comm;
-  auto watched = std::make_unique<StoreWatchedCommunicator>(std::move(comm), std::move(tcp), prefix + "/fault", timeout);
+  auto watched =
+      std::make_unique<StoreWatchedCommunicator>(std::move(comm), std::move(tcp), prefix + "/fault", timeout);
   ZERO_RETURN_IF_ERROR(watched->Start());
   return std::unique_ptr<Communicator>(std::move(watched));
 }
@@ -242,14 +243,14 @@ Result<RendezvousOptions> RendezvousFromEnv() {
   std::string rank_name = "RANK", size_name = "WORLD_SIZE", local_name = "LOCAL_RANK";
   bool rank_set = false, size_set = false, local_set = false;
 
-  ZERO_RETURN_IF_ERROR(ReadInt({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"}, 1, 1 << 20,
-                               &v, &size_name, &size_set));
+  ZERO_RETURN_IF_ERROR(
+      ReadInt({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"}, 1, 1 << 20, &v, &size_name, &size_set));
   if (size_set) opts.world_size = static_cast<int>(v);
-  ZERO_RETURN_IF_ERROR(ReadInt({"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}, 0, 1 << 20, &v,
-                               &rank_name, &rank_set));
+  ZERO_RETURN_IF_ERROR(
+      ReadInt({"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}, 0, 1 << 20, &v, &rank_name, &rank_set));
   if (rank_set) opts.rank = static_cast<int>(v);
-  ZERO_RETURN_IF_ERROR(ReadInt({"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}, 0,
-                               1 << 20, &v, &local_name, &local_set));
+  ZERO_RETURN_IF_ERROR(
+      ReadInt({"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}, 0, 1 << 20, &v, &local_name, &local_set));
   if (local_set) opts.local_rank = static_cast<int>(v);
 
   if (rank_set && !size_set) {
@@ -257,9 +258,9 @@ Result<RendezvousOptions> RendezvousFromEnv() {
                                 " is set but WORLD_SIZE is not (set both, or neither for one process)");
   }
   if (opts.rank >= opts.world_size) {
-    return InvalidArgumentError(rank_name + "=" + std::to_string(opts.rank) + " is out of range for " +
-                                size_name + "=" + std::to_string(opts.world_size) +
-                                " (ranks are 0.." + std::to_string(opts.world_size - 1) + ")");
+    return InvalidArgumentError(rank_name + "=" + std::to_string(opts.rank) + " is out of range for " + size_name +
+                                "=" + std::to_string(opts.world_size) + " (ranks are 0.." +
+                                std::to_string(opts.world_size - 1) + ")");
   }
 
   std::string name, value;
@@ -299,8 +300,7 @@ Result<std::shared_ptr<gloo::rendezvous::Store>> CreateStore(const RendezvousOpt
   if (!opts.store_path.empty()) {
     ZERO_RETURN_IF_ERROR(MakeDirs(opts.store_path));
     try {
-      return std::shared_ptr<gloo::rendezvous::Store>(
-          std::make_shared<gloo::rendezvous::FileStore>(opts.store_path));
+      return std::shared_ptr<gloo::rendezvous::Store>(std::make_shared<gloo::rendezvous::FileStore>(opts.store_path));
     } catch (const std::exception& e) {
       return UnavailableError("FileStore " + opts.store_path + ": " + e.what());
     }
@@ -345,8 +345,7 @@ Result<std::shared_ptr<gloo::rendezvous::Store>> CreateStore(const RendezvousOpt
 Result<std::unique_ptr<Communicator>> CreateCommunicator(const std::string& backend, Device* device,
                                                          const RendezvousOptions& opts) {
   if (backend != "gloo" && backend != "nccl") {
-    return InvalidArgumentError("unknown communication backend '" + backend +
-                                "' (expected \"gloo\" or \"nccl\")");
+    return InvalidArgumentError("unknown communication backend '" + backend + "' (expected \"gloo\" or \"nccl\")");
   }
 #if !defined(ZERO_HAS_NCCL)
   if (backend == "nccl") {
@@ -356,8 +355,8 @@ Result<std::unique_ptr<Communicator>> CreateCommunicator(const std::string& back
   }
 #endif
   if (opts.world_size < 1 || opts.rank < 0 || opts.rank >= opts.world_size) {
-    return InvalidArgumentError("rendezvous: rank " + std::to_string(opts.rank) +
-                                " out of range for world size " + std::to_string(opts.world_size));
+    return InvalidArgumentError("rendezvous: rank " + std::to_string(opts.rank) + " out of range for world size " +
+                                std::to_string(opts.world_size));
   }
   std::shared_ptr<gloo::rendezvous::Store> store;
   if (opts.world_size == 1) {

@@ -1,13 +1,13 @@
-#include "comm/net_test_util.h"
 #include "comm/rendezvous.h"
+#include "comm/net_test_util.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
-#include <stdlib.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -27,12 +27,26 @@
 namespace zero {
 namespace {
 
-const char* kVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK",
-                       "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID",
-                       "SLURM_NTASKS", "SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT",
-                       "ZERO_STORE_PATH", "ZERO_COMM_TIMEOUT_MS", "ZERO_GLOO_IFACE",
-                       "GLOO_SOCKET_IFNAME", "ZERO_GLOO_HOSTNAME", "ZERO_JOB_SECRET",
-                       "ZERO_STORE_BIND_ADDR", "ZERO_STORE_MAX_VALUE_BYTES", "ZERO_STORE_HEARTBEAT_MS"};
+const char* kVars[] = {"RANK",
+                       "WORLD_SIZE",
+                       "LOCAL_RANK",
+                       "OMPI_COMM_WORLD_RANK",
+                       "OMPI_COMM_WORLD_SIZE",
+                       "OMPI_COMM_WORLD_LOCAL_RANK",
+                       "SLURM_PROCID",
+                       "SLURM_NTASKS",
+                       "SLURM_LOCALID",
+                       "MASTER_ADDR",
+                       "MASTER_PORT",
+                       "ZERO_STORE_PATH",
+                       "ZERO_COMM_TIMEOUT_MS",
+                       "ZERO_GLOO_IFACE",
+                       "GLOO_SOCKET_IFNAME",
+                       "ZERO_GLOO_HOSTNAME",
+                       "ZERO_JOB_SECRET",
+                       "ZERO_STORE_BIND_ADDR",
+                       "ZERO_STORE_MAX_VALUE_BYTES",
+                       "ZERO_STORE_HEARTBEAT_MS"};
 
 class RendezvousEnvTest : public ::testing::Test {
  protected:
@@ -57,8 +71,13 @@ TEST_F(RendezvousEnvTest, DefaultsWithNothingSet) {
 }
 
 TEST_F(RendezvousEnvTest, TorchrunVariables) {
-  Set({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.2"},
-       {"MASTER_PORT", "1234"}, {"ZERO_COMM_TIMEOUT_MS", "2500"}, {"ZERO_STORE_PATH", "/shared/x"},
+  Set({{"RANK", "3"},
+       {"WORLD_SIZE", "8"},
+       {"LOCAL_RANK", "1"},
+       {"MASTER_ADDR", "10.0.0.2"},
+       {"MASTER_PORT", "1234"},
+       {"ZERO_COMM_TIMEOUT_MS", "2500"},
+       {"ZERO_STORE_PATH", "/shared/x"},
        {"GLOO_SOCKET_IFNAME", "eth1"}});
   auto o = RendezvousFromEnv();
   ASSERT_TRUE(o.ok()) << o.status().ToString();
@@ -73,8 +92,7 @@ TEST_F(RendezvousEnvTest, TorchrunVariables) {
 }
 
 TEST_F(RendezvousEnvTest, OpenMpiAndSlurmFallbacks) {
-  Set({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-       {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}});
+  Set({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}});
   auto o = RendezvousFromEnv();
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->rank, 2);
@@ -128,8 +146,7 @@ TEST_F(RendezvousEnvTest, MalformedValuesNameVariableAndValue) {
 
 TEST_F(RendezvousEnvTest, StoreSecurityVariables) {
   const char* secret = "0123456789abcdef0123456789abcdef";
-  Set({{"ZERO_JOB_SECRET", secret}, {"ZERO_STORE_BIND_ADDR", "10.1.2.3"},
-       {"ZERO_STORE_MAX_VALUE_BYTES", "65536"}});
+  Set({{"ZERO_JOB_SECRET", secret}, {"ZERO_STORE_BIND_ADDR", "10.1.2.3"}, {"ZERO_STORE_MAX_VALUE_BYTES", "65536"}});
   auto o = RendezvousFromEnv();
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->job_secret, secret);
@@ -209,7 +226,6 @@ TEST(CreateCommunicatorTest, TcpRendezvousWithSecretRefusesAnIntruder) {
   EXPECT_EQ(v0, 3);
   EXPECT_EQ(v1, 3);
 }
-
 
 // A non-loopback MASTER_ADDR: rank 0's store listens on that address (not on loopback) and, with
 // no secret set, warns once that anyone who can reach it can join.
@@ -409,8 +425,7 @@ TEST(CreateCommunicatorTest, UnknownBackendAndSingleRank) {
 
 TEST(CreateCommunicatorTest, FileStoreRendezvousOfTwoThreads) {
   const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/zero_filestore_" +
-                    std::to_string(getpid());
+  std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/zero_filestore_" + std::to_string(getpid());
   CpuDevice d0, d1;
   RendezvousOptions o;
   o.world_size = 2;

@@ -22,9 +22,7 @@ using Clock = std::chrono::steady_clock;
 
 std::string TimeoutText(std::chrono::milliseconds t) { return std::to_string(t.count()) + " ms"; }
 
-std::string DescribeCount(size_t count, DType t) {
-  return std::to_string(count) + " x " + DTypeName(t);
-}
+std::string DescribeCount(size_t count, DType t) { return std::to_string(count) + " x " + DTypeName(t); }
 
 bool ValidDType(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
 
@@ -36,16 +34,17 @@ bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 
 RankReduceOp ToRankReduce(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return RankReduceOp::kSum;
-    case ReduceOp::kAvg: return RankReduceOp::kAvg;
-    case ReduceOp::kMax: return RankReduceOp::kMax;
+    case ReduceOp::kSum:
+      return RankReduceOp::kSum;
+    case ReduceOp::kAvg:
+      return RankReduceOp::kAvg;
+    case ReduceOp::kMax:
+      return RankReduceOp::kMax;
   }
   return RankReduceOp::kSum;
 }
 
-bool ValidOp(ReduceOp op) {
-  return op == ReduceOp::kSum || op == ReduceOp::kAvg || op == ReduceOp::kMax;
-}
+bool ValidOp(ReduceOp op) { return op == ReduceOp::kSum || op == ReduceOp::kAvg || op == ReduceOp::kMax; }
 
 // The device backends the built-in kernels serve.
 enum class Backend { kCpu, kCuda, kCustom };
@@ -56,15 +55,14 @@ Result<Backend> BackendOf(Device* device, bool custom) {
 #if defined(ZERO_HAS_CUDA)
   if (dynamic_cast<CudaDevice*>(device) != nullptr) return Backend::kCuda;
 #endif
-  return InvalidArgumentError(
-      "same_device: the device '" + device->name() +
-      "' is neither a CpuDevice nor a CudaDevice" +
 #if defined(ZERO_HAS_CUDA)
-      std::string("") +
+  const std::string no_cuda;
 #else
-      std::string(" (this build has no CUDA)") +
+  const std::string no_cuda = " (this build has no CUDA)";
 #endif
-      " (the reductions run on those backends; SameDeviceOptions::kernels serves others)");
+  return InvalidArgumentError("same_device: the device '" + device->name() +
+                              "' is neither a CpuDevice nor a CudaDevice" + no_cuda +
+                              " (the reductions run on those backends; SameDeviceOptions::kernels serves others)");
 }
 
 // Chunk p of `count` split into n near-equal chunks (trailing ones may be shorter or empty): the
@@ -112,19 +110,21 @@ struct SameDeviceGroup::Slot {
 };
 
 SameDeviceGroup::SameDeviceGroup(int world_size, SameDeviceOptions options)
-    : world_size_(world_size), options_(std::move(options)), joined_(world_size, false),
-      departed_(world_size, false), last_issued_(world_size) {}
+    : world_size_(world_size),
+      options_(std::move(options)),
+      joined_(world_size, false),
+      departed_(world_size, false),
+      last_issued_(world_size) {}
 
 SameDeviceGroup::~SameDeviceGroup() = default;
 
 Result<std::shared_ptr<SameDeviceGroup>> SameDeviceGroup::Create(int world_size, SameDeviceOptions options) {
   if (world_size < 1 || world_size > kMaxRankReduceSources) {
-    return InvalidArgumentError("same_device: world size " + std::to_string(world_size) +
-                                " out of range (1.." + std::to_string(kMaxRankReduceSources) + ")");
+    return InvalidArgumentError("same_device: world size " + std::to_string(world_size) + " out of range (1.." +
+                                std::to_string(kMaxRankReduceSources) + ")");
   }
   if (options.comm.timeout.count() <= 0) {
-    return InvalidArgumentError("same_device: timeout must be positive, got " +
-                                TimeoutText(options.comm.timeout));
+    return InvalidArgumentError("same_device: timeout must be positive, got " + TimeoutText(options.comm.timeout));
   }
   if (static_cast<bool>(options.kernels.reduce) != static_cast<bool>(options.kernels.query)) {
     return InvalidArgumentError("same_device: SameDeviceOptions::kernels needs both reduce and query, or neither");
@@ -195,8 +195,8 @@ Status SameDeviceGroup::AwaitLocked(std::unique_lock<std::mutex>& lock, int rank
 Result<std::shared_ptr<SameDeviceGroup::Slot>> SameDeviceGroup::Arrive(int rank, uint64_t seq, const Call& call,
                                                                        const void* in, void* out,
                                                                        std::shared_ptr<Event> arrived,
-                                                                       Clock::time_point deadline,
-                                                                       Gathered* gathered, bool* not_started) {
+                                                                       Clock::time_point deadline, Gathered* gathered,
+                                                                       bool* not_started) {
   std::unique_lock<std::mutex> lock(mu_);
   last_issued_[rank] = "#" + std::to_string(seq) + " " + call.what;
   *not_started = !failed_.ok();
@@ -314,9 +314,12 @@ struct SameDeviceCommunicator::Shared {
 
 class SameDeviceCommunicator::SameDeviceWork final : public Work {
  public:
-  SameDeviceWork(std::shared_ptr<Shared> shared, Device* device, SameDeviceKernels kernels,
-                 std::shared_ptr<Event> done, std::string name)
-      : shared_(std::move(shared)), device_(device), kernels_(std::move(kernels)), done_event_(std::move(done)),
+  SameDeviceWork(std::shared_ptr<Shared> shared, Device* device, SameDeviceKernels kernels, std::shared_ptr<Event> done,
+                 std::string name)
+      : shared_(std::move(shared)),
+        device_(device),
+        kernels_(std::move(kernels)),
+        done_event_(std::move(done)),
         name_(std::move(name)) {}
 
   Status Wait() override {
@@ -377,8 +380,13 @@ class SameDeviceCommunicator::SameDeviceWork final : public Work {
 SameDeviceCommunicator::SameDeviceCommunicator(std::shared_ptr<SameDeviceGroup> group, int rank, Device* device,
                                                SameDeviceKernels kernels, std::unique_ptr<Stream> stream,
                                                std::unique_ptr<Event> after_event)
-    : group_(std::move(group)), rank_(rank), world_size_(group_->world_size()), device_(device),
-      kernels_(std::move(kernels)), stream_(std::move(stream)), after_event_(std::move(after_event)),
+    : group_(std::move(group)),
+      rank_(rank),
+      world_size_(group_->world_size()),
+      device_(device),
+      kernels_(std::move(kernels)),
+      stream_(std::move(stream)),
+      after_event_(std::move(after_event)),
       shared_(std::make_shared<Shared>()) {}
 
 SameDeviceCommunicator::~SameDeviceCommunicator() {
@@ -403,8 +411,8 @@ Status SameDeviceCommunicator::CheckHealth() {
   if (!sticky.ok()) return sticky;
   Status group = group_->status();
   if (group.ok()) return group;
-  return Stick(Status(group.code(), "same_device rank " + std::to_string(rank_) + " of " +
-                                        std::to_string(world_size_) + ": the group failed: " + group.message()));
+  return Stick(Status(group.code(), "same_device rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) +
+                                        ": the group failed: " + group.message()));
 }
 
 void SameDeviceCommunicator::Abort(const std::string& reason) {
@@ -562,8 +570,8 @@ Result<std::unique_ptr<Work>> SameDeviceCommunicator::AllReduce(void* buf, size_
       size_t begin, len;
       Chunk(count, world_size_, q, &begin, &len);
       if (len == 0) continue;
-      ZERO_RETURN_IF_ERROR(Copy(static_cast<char*>(buf) + begin * es, static_cast<const char*>(in[q]) + begin * es,
-                                len * es));
+      ZERO_RETURN_IF_ERROR(
+          Copy(static_cast<char*>(buf) + begin * es, static_cast<const char*>(in[q]) + begin * es, len * es));
     }
     return OkStatus();
   };
@@ -686,7 +694,8 @@ Status RunSameDeviceRanks(int world_size,
                           const std::function<Status(int rank, Communicator* comm, Device* device)>& body,
                           SameDeviceOptions options,
                           const std::function<Result<std::unique_ptr<Device>>(int rank)>& make_device) {
-  ZERO_ASSIGN_OR_RETURN(std::shared_ptr<SameDeviceGroup> group, SameDeviceGroup::Create(world_size, std::move(options)));
+  ZERO_ASSIGN_OR_RETURN(std::shared_ptr<SameDeviceGroup> group,
+                        SameDeviceGroup::Create(world_size, std::move(options)));
   std::vector<std::unique_ptr<Device>> devices(world_size);
   std::vector<std::unique_ptr<SameDeviceCommunicator>> comms(world_size);
   std::mutex mu;

@@ -132,15 +132,13 @@ class SameDeviceGroup : public std::enable_shared_from_this<SameDeviceGroup> {
   // Publishes rank `rank`'s arrival at collective `seq` (its call, pointers and "arrived" event)
   // and waits for every rank's; fills `gathered`. Returns the slot (keep it until Leave), or the
   // error; *not_started is set when the group had failed before this call (nothing was posted).
-  Result<std::shared_ptr<Slot>> Arrive(int rank, uint64_t seq, const Call& call, const void* in,
-                                       void* out, std::shared_ptr<Event> arrived,
-                                       std::chrono::steady_clock::time_point deadline,
+  Result<std::shared_ptr<Slot>> Arrive(int rank, uint64_t seq, const Call& call, const void* in, void* out,
+                                       std::shared_ptr<Event> arrived, std::chrono::steady_clock::time_point deadline,
                                        Gathered* gathered, bool* not_started);
   // Publishes the end of rank `rank`'s phase `phase` (>= 1) of `slot` and waits for every rank's;
   // fills `events` with every rank's event of that phase.
   Status Publish(int rank, Slot* slot, int phase, std::shared_ptr<Event> event,
-                 std::chrono::steady_clock::time_point deadline,
-                 std::vector<std::shared_ptr<Event>>* events);
+                 std::chrono::steady_clock::time_point deadline, std::vector<std::shared_ptr<Event>>* events);
   // Rank `rank` is done with `slot` (the last rank to leave frees it).
   void Leave(int rank, const std::shared_ptr<Slot>& slot);
   // Rank `rank`'s communicator is being destroyed.
@@ -157,13 +155,13 @@ class SameDeviceGroup : public std::enable_shared_from_this<SameDeviceGroup> {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  Status failed_;                               // guarded by mu_; the first failure
+  Status failed_;                                    // guarded by mu_; the first failure
   std::map<uint64_t, std::shared_ptr<Slot>> slots_;  // guarded by mu_; by sequence number
-  std::vector<bool> joined_;                    // guarded by mu_
-  std::vector<bool> departed_;                  // guarded by mu_
-  std::vector<std::string> last_issued_;        // guarded by mu_; per rank
-  int kind_ = -1;                               // guarded by mu_; the joined devices' kind
-  int ordinal_ = -1;                            // guarded by mu_; and ordinal
+  std::vector<bool> joined_;                         // guarded by mu_
+  std::vector<bool> departed_;                       // guarded by mu_
+  std::vector<std::string> last_issued_;             // guarded by mu_; per rank
+  int kind_ = -1;                                    // guarded by mu_; the joined devices' kind
+  int ordinal_ = -1;                                 // guarded by mu_; and ordinal
 };
 
 class SameDeviceCommunicator final : public Communicator {
@@ -183,12 +181,11 @@ class SameDeviceCommunicator final : public Communicator {
 
   Result<std::unique_ptr<Work>> AllReduce(void* buf, size_t count, DType t, ReduceOp op,
                                           Stream* after = nullptr) override;
-  Result<std::unique_ptr<Work>> ReduceScatter(const void* send, void* recv, size_t recv_count,
-                                              DType t, ReduceOp op, Stream* after = nullptr) override;
+  Result<std::unique_ptr<Work>> ReduceScatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op,
+                                              Stream* after = nullptr) override;
   Result<std::unique_ptr<Work>> AllGather(const void* send, void* recv, size_t send_count, DType t,
                                           Stream* after = nullptr) override;
-  Result<std::unique_ptr<Work>> Broadcast(void* buf, size_t count, DType t, int root,
-                                          Stream* after = nullptr) override;
+  Result<std::unique_ptr<Work>> Broadcast(void* buf, size_t count, DType t, int root, Stream* after = nullptr) override;
   Status Barrier() override;
   Status AllReduceHost(double* values, size_t n, ReduceOp op) override;
   Status BroadcastHost(void* data, size_t bytes, int root) override;
@@ -201,9 +198,8 @@ class SameDeviceCommunicator final : public Communicator {
   struct Shared;  // the sticky error, shared with the Work handles
   using Group = SameDeviceGroup;
 
-  SameDeviceCommunicator(std::shared_ptr<SameDeviceGroup> group, int rank, Device* device,
-                         SameDeviceKernels kernels, std::unique_ptr<Stream> stream,
-                         std::unique_ptr<Event> after_event);
+  SameDeviceCommunicator(std::shared_ptr<SameDeviceGroup> group, int rank, Device* device, SameDeviceKernels kernels,
+                         std::unique_ptr<Stream> stream, std::unique_ptr<Event> after_event);
 
   // One phase of a device collective: enqueues this rank's part on the comm stream, given every
   // rank's posting of the slot (pointers by rank).
@@ -228,8 +224,8 @@ class SameDeviceCommunicator final : public Communicator {
   const std::unique_ptr<Event> after_event_;
   const std::shared_ptr<Shared> shared_;
 
-  std::mutex call_mu_;     // serializes the calls
-  uint64_t issued_ = 0;    // guarded by call_mu_; collectives issued (their sequence numbers)
+  std::mutex call_mu_;   // serializes the calls
+  uint64_t issued_ = 0;  // guarded by call_mu_; collectives issued (their sequence numbers)
 };
 
 // A whole job inside one process on one device: runs body(rank, comm, device) on `world_size`
@@ -238,10 +234,9 @@ class SameDeviceCommunicator final : public Communicator {
 // as "rank R: <message>" (a later rank's error that is only a consequence is not the one
 // returned); a failing rank's communicator is aborted so the others fail promptly. Devices and
 // communicators are destroyed only after every body has returned.
-Status RunSameDeviceRanks(
-    int world_size,
-    const std::function<Status(int rank, Communicator* comm, Device* device)>& body,
-    SameDeviceOptions options = {},
-    const std::function<Result<std::unique_ptr<Device>>(int rank)>& make_device = nullptr);
+Status RunSameDeviceRanks(int world_size,
+                          const std::function<Status(int rank, Communicator* comm, Device* device)>& body,
+                          SameDeviceOptions options = {},
+                          const std::function<Result<std::unique_ptr<Device>>(int rank)>& make_device = nullptr);
 
 }  // namespace zero

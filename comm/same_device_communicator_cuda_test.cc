@@ -35,8 +35,8 @@ constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax};
     if (!_s.ok()) return _s.WithContext(#expr); \
   } while (0)
 
-#define RANK_CHECK(cond, msg)                                                    \
-  do {                                                                           \
+#define RANK_CHECK(cond, msg)                                                   \
+  do {                                                                          \
     if (!(cond)) return ::zero::InternalError(std::string(#cond ": ") + (msg)); \
   } while (0)
 
@@ -171,17 +171,17 @@ TEST_P(SameDeviceCudaTest, StreamOrderingWithoutHostSynchronization) {
         };
         for (int iter = 0; iter < kIters; ++iter) {
           RANK_EXPECT_OK(d->Fill(send.data(), DType::kF32, world * kShare, value(iter, rank), st));
-          RANK_EXPECT_OK(then_overwrite(
-              comm->ReduceScatter(send.data(), recv.data(), kShare, DType::kF32, ReduceOp::kSum, st),
-              recv.as<float>() + kShare - 1, o + iter * 3, send.data(), world * kShare));
+          RANK_EXPECT_OK(
+              then_overwrite(comm->ReduceScatter(send.data(), recv.data(), kShare, DType::kF32, ReduceOp::kSum, st),
+                             recv.as<float>() + kShare - 1, o + iter * 3, send.data(), world * kShare));
           RANK_EXPECT_OK(d->Fill(send.data(), DType::kF32, world * kShare, value(iter, rank), st));
           RANK_EXPECT_OK(then_overwrite(
               comm->AllGather(send.as<char>() + rank * kShare * 4, gathered.data(), kShare, DType::kF32, st),
               gathered.as<float>() + world * kShare - 1, o + iter * 3 + 1, send.data(), world * kShare));
           RANK_EXPECT_OK(d->Fill(inplace.data(), DType::kF32, world * kShare, 2 * value(iter, rank), st));
-          RANK_EXPECT_OK(then_overwrite(comm->AllReduce(inplace.data(), world * kShare, DType::kF32, ReduceOp::kSum, st),
-                                        inplace.as<float>() + world * kShare - 1, o + iter * 3 + 2, inplace.data(),
-                                        world * kShare));
+          RANK_EXPECT_OK(then_overwrite(
+              comm->AllReduce(inplace.data(), world * kShare, DType::kF32, ReduceOp::kSum, st),
+              inplace.as<float>() + world * kShare - 1, o + iter * 3 + 2, inplace.data(), world * kShare));
         }
         RANK_EXPECT_OK(d->SynchronizeStream(st));
         for (int iter = 0; iter < kIters; ++iter) {
@@ -190,8 +190,8 @@ TEST_P(SameDeviceCudaTest, StreamOrderingWithoutHostSynchronization) {
           RANK_CHECK(o[iter * 3] == sum, "iteration " + std::to_string(iter) + " reduce-scatter " +
                                              std::to_string(o[iter * 3]) + " vs " + std::to_string(sum));
           RANK_CHECK(o[iter * 3 + 1] == value(iter, world - 1), "iteration " + std::to_string(iter) + " all-gather");
-          RANK_CHECK(o[iter * 3 + 2] == 2 * sum, "iteration " + std::to_string(iter) + " all-reduce " +
-                                                     std::to_string(o[iter * 3 + 2]));
+          RANK_CHECK(o[iter * 3 + 2] == 2 * sum,
+                     "iteration " + std::to_string(iter) + " all-reduce " + std::to_string(o[iter * 3 + 2]));
         }
         return comm->CheckHealth();
       },
@@ -229,7 +229,9 @@ TEST(SameDeviceCudaKernelTest, EqualsTheHostLoopOnSpecialValues) {
       // The device side: the same reduction through a world-3 group (the ranks' inputs are the
       // three sources), read back from rank 0.
       std::vector<std::vector<uint8_t>> got(kSrcs);
-      const ReduceOp rop = op == RankReduceOp::kSum ? ReduceOp::kSum : op == RankReduceOp::kAvg ? ReduceOp::kAvg : ReduceOp::kMax;
+      const ReduceOp rop = op == RankReduceOp::kSum   ? ReduceOp::kSum
+                           : op == RankReduceOp::kAvg ? ReduceOp::kAvg
+                                                      : ReduceOp::kMax;
       Status s = RunSameDeviceRanks(
           kSrcs,
           [&](int rank, Communicator* comm, Device* d) -> Status {

@@ -39,8 +39,8 @@ constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax};
     if (!_s.ok()) return _s.WithContext(#expr); \
   } while (0)
 
-#define RANK_CHECK(cond, msg)                                                    \
-  do {                                                                           \
+#define RANK_CHECK(cond, msg)                                                   \
+  do {                                                                          \
     if (!(cond)) return ::zero::InternalError(std::string(#cond ": ") + (msg)); \
   } while (0)
 
@@ -60,8 +60,7 @@ double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(
 // communicator, and returns every rank's status (RunSameDeviceRanks returns only the first).
 // `before_join`, if set, may keep a rank from joining (return false).
 std::vector<Status> RunEach(int world, const std::function<Status(int, SameDeviceCommunicator*)>& body,
-                            SameDeviceOptions options = {},
-                            const std::function<bool(int)>& joins = nullptr) {
+                            SameDeviceOptions options = {}, const std::function<bool(int)>& joins = nullptr) {
   std::vector<Status> out(world);
   auto group = SameDeviceGroup::Create(world, options);
   if (!group.ok()) {
@@ -222,9 +221,9 @@ TEST_P(SameDeviceWorldTest, HostCollectivesAndBarrier) {
           }
         }
         if (op == ReduceOp::kAvg) acc /= n_ranks;
-        RANK_CHECK(std::memcmp(&acc, &v[i], sizeof(double)) == 0,
-                   std::string(ReduceOpName(op)) + " value " + std::to_string(i) + ": " + std::to_string(v[i]) +
-                       " vs " + std::to_string(acc));
+        RANK_CHECK(std::memcmp(&acc, &v[i], sizeof(double)) == 0, std::string(ReduceOpName(op)) + " value " +
+                                                                      std::to_string(i) + ": " + std::to_string(v[i]) +
+                                                                      " vs " + std::to_string(acc));
       }
     }
     for (int root = 0; root < n_ranks; ++root) {
@@ -251,10 +250,10 @@ TEST(SameDeviceCommunicatorTest, EqualsGlooBitwise) {
   constexpr size_t kShare = 37;
   auto input = [](DType t, int rank) {
     std::vector<uint8_t> v = MakeInput(t, kRanks * kShare, rank, 21);
-    StoreFromFloat(v.data(), t, 0, -0.0f);                             // -0 on every rank: -0
-    StoreFromFloat(v.data(), t, 1, rank == 1 ? 0.0f : -0.0f);          // +0 somewhere: +0
-    StoreFromFloat(v.data(), t, 2, rank == 2 ? INFINITY : 1.0f);       // Inf
-    StoreFromFloat(v.data(), t, 3, rank == 0 ? 65504.0f : 32.0f);      // fp16 overflow: Inf
+    StoreFromFloat(v.data(), t, 0, -0.0f);                         // -0 on every rank: -0
+    StoreFromFloat(v.data(), t, 1, rank == 1 ? 0.0f : -0.0f);      // +0 somewhere: +0
+    StoreFromFloat(v.data(), t, 2, rank == 2 ? INFINITY : 1.0f);   // Inf
+    StoreFromFloat(v.data(), t, 3, rank == 0 ? 65504.0f : 32.0f);  // fp16 overflow: Inf
     return v;
   };
   auto run = [&](bool gloo, std::vector<std::vector<uint8_t>>* results) {
@@ -565,7 +564,8 @@ TEST(SameDeviceOrderingTest, StreamsWaitForPeersBeforeAndAfterReading) {
           RANK_CHECK(*errors == 0, *first + " (" + std::to_string(errors->load()) + " wrong iterations)");
           return OkStatus();
         },
-        AsyncKernels(), [&](int rank) -> Result<std::unique_ptr<Device>> { return std::unique_ptr<Device>(std::move(devices[rank])); });
+        AsyncKernels(),
+        [&](int rank) -> Result<std::unique_ptr<Device>> { return std::unique_ptr<Device>(std::move(devices[rank])); });
     EXPECT_TRUE(s.ok()) << s.ToString();
   }
 }
@@ -573,12 +573,15 @@ TEST(SameDeviceOrderingTest, StreamsWaitForPeersBeforeAndAfterReading) {
 // --- failures -----------------------------------------------------------------------------------
 
 TEST(SameDeviceFaultTest, MismatchedCollectivesNameBothRanksAndCalls) {
-  std::vector<Status> st = RunEach(2, [](int rank, SameDeviceCommunicator* comm) -> Status {
-    std::vector<float> buf(9, 1.0f);
-    auto w = comm->AllReduce(buf.data(), rank == 0 ? 8 : 9, DType::kF32, ReduceOp::kSum);
-    if (!w.ok()) return w.status();
-    return OkStatus();
-  }, Timeout(20000));
+  std::vector<Status> st = RunEach(
+      2,
+      [](int rank, SameDeviceCommunicator* comm) -> Status {
+        std::vector<float> buf(9, 1.0f);
+        auto w = comm->AllReduce(buf.data(), rank == 0 ? 8 : 9, DType::kF32, ReduceOp::kSum);
+        if (!w.ok()) return w.status();
+        return OkStatus();
+      },
+      Timeout(20000));
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(st[r].code(), StatusCode::kInvalidArgument) << st[r].ToString();
     EXPECT_NE(st[r].message().find("rank 0 issued AllReduce (8 x fp32, sum), rank 1 issued AllReduce (9 x fp32, sum)"),
@@ -587,21 +590,25 @@ TEST(SameDeviceFaultTest, MismatchedCollectivesNameBothRanksAndCalls) {
     EXPECT_NE(st[r].message().find("collective #1"), std::string::npos) << st[r].ToString();
   }
   // Different ops as the same collective, and a later call fails at once.
-  st = RunEach(3, [](int rank, SameDeviceCommunicator* comm) -> Status {
-    std::vector<uint16_t> buf(16, 0);
-    Status first = rank == 2 ? comm->AllGather(buf.data(), buf.data() + 4, 2, DType::kBF16).status()
-                             : comm->Broadcast(buf.data(), 2, DType::kBF16, 0).status();
-    if (first.ok()) return InternalError("the mismatched collective succeeded");
-    auto t0 = Clock::now();
-    Status later = comm->Barrier();
-    if (later.ok() || Ms(Clock::now() - t0) > 1000) return InternalError("the later call did not fail at once");
-    if (!comm->CheckHealth().ok() && later.message().find("not started") != std::string::npos) return first;
-    return InternalError("later: " + later.ToString());
-  }, Timeout(20000));
+  st = RunEach(
+      3,
+      [](int rank, SameDeviceCommunicator* comm) -> Status {
+        std::vector<uint16_t> buf(16, 0);
+        Status first = rank == 2 ? comm->AllGather(buf.data(), buf.data() + 4, 2, DType::kBF16).status()
+                                 : comm->Broadcast(buf.data(), 2, DType::kBF16, 0).status();
+        if (first.ok()) return InternalError("the mismatched collective succeeded");
+        auto t0 = Clock::now();
+        Status later = comm->Barrier();
+        if (later.ok() || Ms(Clock::now() - t0) > 1000) return InternalError("the later call did not fail at once");
+        if (!comm->CheckHealth().ok() && later.message().find("not started") != std::string::npos) return first;
+        return InternalError("later: " + later.ToString());
+      },
+      Timeout(20000));
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(st[r].code(), StatusCode::kInvalidArgument) << st[r].ToString();
     EXPECT_NE(st[r].message().find("issued Broadcast (2 x bf16 from rank 0)"), std::string::npos) << st[r].ToString();
-    EXPECT_NE(st[r].message().find("rank 2 issued AllGather (2 x bf16 per rank)"), std::string::npos) << st[r].ToString();
+    EXPECT_NE(st[r].message().find("rank 2 issued AllGather (2 x bf16 per rank)"), std::string::npos)
+        << st[r].ToString();
   }
 }
 
@@ -613,29 +620,31 @@ TEST(SameDeviceFaultTest, SilentRankTimesOutNamingTheCollective) {
   std::vector<double> took(3);
   std::vector<Status> later(3);
   std::atomic<int> failed{0};
-  std::vector<Status> st = RunEach(3, [&](int rank, SameDeviceCommunicator* comm) -> Status {
-    std::vector<float> buf(3 * 4, 1.0f);
-    auto g = comm->AllGather(buf.data() + rank * 4, buf.data(), 4, DType::kF32);
-    if (!g.ok()) return g.status();
-    if (rank == 2) {  // silent from here on, until the others gave up
-      while (failed < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      later[rank] = comm->Barrier();
-      return OkStatus();
-    }
-    auto t0 = Clock::now();
-    auto w = comm->AllReduce(buf.data(), 7, DType::kF32, ReduceOp::kAvg);
-    took[rank] = Ms(Clock::now() - t0);
-    ++failed;
-    later[rank] = comm->Barrier();
-    return w.status();
-  }, Timeout(kTimeoutMs));
+  std::vector<Status> st = RunEach(
+      3,
+      [&](int rank, SameDeviceCommunicator* comm) -> Status {
+        std::vector<float> buf(3 * 4, 1.0f);
+        auto g = comm->AllGather(buf.data() + rank * 4, buf.data(), 4, DType::kF32);
+        if (!g.ok()) return g.status();
+        if (rank == 2) {  // silent from here on, until the others gave up
+          while (failed < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          later[rank] = comm->Barrier();
+          return OkStatus();
+        }
+        auto t0 = Clock::now();
+        auto w = comm->AllReduce(buf.data(), 7, DType::kF32, ReduceOp::kAvg);
+        took[rank] = Ms(Clock::now() - t0);
+        ++failed;
+        later[rank] = comm->Barrier();
+        return w.status();
+      },
+      Timeout(kTimeoutMs));
   EXPECT_TRUE(st[2].ok()) << st[2].ToString();
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(st[r].code(), StatusCode::kDeadlineExceeded) << st[r].ToString();
     EXPECT_NE(st[r].message().find("collective #2 AllReduce (7 x fp32, avg)"), std::string::npos) << st[r].ToString();
     EXPECT_NE(st[r].message().find("rank " + std::to_string(r) + " of 3"), std::string::npos) << st[r].ToString();
-    EXPECT_NE(st[r].message().find("rank 2 (its last collective: #1 AllGather (4 x fp32 per rank))"),
-              std::string::npos)
+    EXPECT_NE(st[r].message().find("rank 2 (its last collective: #1 AllGather (4 x fp32 per rank))"), std::string::npos)
         << st[r].ToString();
     EXPECT_NE(st[r].message().find("200 ms"), std::string::npos) << st[r].ToString();
     // The first rank to time out waited the whole timeout; the other was woken by it.
@@ -661,25 +670,28 @@ TEST(SameDeviceFaultTest, RankThatNeverJoinsTimesOut) {
 // Abort on one rank wakes the others' pending collective at once (the timeout is a minute).
 TEST(SameDeviceFaultTest, AbortFailsTheWaitingRanksPromptly) {
   std::vector<double> took(3);
-  std::vector<Status> st = RunEach(3, [&](int rank, SameDeviceCommunicator* comm) -> Status {
-    if (rank == 2) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      comm->Abort("the test gives up");
-      Status health = comm->CheckHealth();
-      Status next = comm->Barrier();
-      if (health.code() != StatusCode::kUnavailable || next.ok()) {
-        return InternalError("after Abort: " + health.ToString() + " / " + next.ToString());
-      }
-      return OkStatus();
-    }
-    auto t0 = Clock::now();
-    std::vector<float> buf(5, 1.0f);
-    auto w = comm->AllReduce(buf.data(), 5, DType::kF32, ReduceOp::kSum);
-    took[rank] = Ms(Clock::now() - t0);
-    if (w.ok()) return InternalError("the collective succeeded");
-    if (comm->CheckHealth().ok()) return InternalError("CheckHealth OK after the failure");
-    return w.status();
-  }, Timeout(60000));
+  std::vector<Status> st = RunEach(
+      3,
+      [&](int rank, SameDeviceCommunicator* comm) -> Status {
+        if (rank == 2) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          comm->Abort("the test gives up");
+          Status health = comm->CheckHealth();
+          Status next = comm->Barrier();
+          if (health.code() != StatusCode::kUnavailable || next.ok()) {
+            return InternalError("after Abort: " + health.ToString() + " / " + next.ToString());
+          }
+          return OkStatus();
+        }
+        auto t0 = Clock::now();
+        std::vector<float> buf(5, 1.0f);
+        auto w = comm->AllReduce(buf.data(), 5, DType::kF32, ReduceOp::kSum);
+        took[rank] = Ms(Clock::now() - t0);
+        if (w.ok()) return InternalError("the collective succeeded");
+        if (comm->CheckHealth().ok()) return InternalError("CheckHealth OK after the failure");
+        return w.status();
+      },
+      Timeout(60000));
   EXPECT_TRUE(st[2].ok()) << st[2].ToString();
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(st[r].code(), StatusCode::kUnavailable) << st[r].ToString();
@@ -692,17 +704,20 @@ TEST(SameDeviceFaultTest, AbortFailsTheWaitingRanksPromptly) {
 // Destroying a rank's communicator while the others wait for it: they fail at once, naming it.
 TEST(SameDeviceFaultTest, DestroyedRankFailsTheWaitingRanksPromptly) {
   std::vector<double> took(3);
-  std::vector<Status> st = RunEach(3, [&](int rank, SameDeviceCommunicator* comm) -> Status {
-    if (rank == 2) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      return OkStatus();  // RunEach destroys it on return
-    }
-    auto t0 = Clock::now();
-    std::vector<float> send(6, 1.0f), recv(2);
-    auto w = comm->ReduceScatter(send.data(), recv.data(), 2, DType::kF32, ReduceOp::kSum);
-    took[rank] = Ms(Clock::now() - t0);
-    return w.ok() ? InternalError("the collective succeeded") : w.status();
-  }, Timeout(60000));
+  std::vector<Status> st = RunEach(
+      3,
+      [&](int rank, SameDeviceCommunicator* comm) -> Status {
+        if (rank == 2) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          return OkStatus();  // RunEach destroys it on return
+        }
+        auto t0 = Clock::now();
+        std::vector<float> send(6, 1.0f), recv(2);
+        auto w = comm->ReduceScatter(send.data(), recv.data(), 2, DType::kF32, ReduceOp::kSum);
+        took[rank] = Ms(Clock::now() - t0);
+        return w.ok() ? InternalError("the collective succeeded") : w.status();
+      },
+      Timeout(60000));
   EXPECT_TRUE(st[2].ok()) << st[2].ToString();
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(st[r].code(), StatusCode::kUnavailable) << st[r].ToString();

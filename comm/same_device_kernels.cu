@@ -52,9 +52,12 @@ cudaError_t Launch(const RankReduceArgs& a, cudaStream_t stream, int max_blocks)
 cudaError_t RankReduce(const RankReduceArgs& args, cudaStream_t stream, int max_blocks) {
   if (args.count == 0 || args.n_srcs < 1) return cudaSuccess;
   switch (args.dtype) {
-    case DType::kF32: return Launch<F32>(args, stream, max_blocks);
-    case DType::kBF16: return Launch<BF16>(args, stream, max_blocks);
-    case DType::kF16: return Launch<F16>(args, stream, max_blocks);
+    case DType::kF32:
+      return Launch<F32>(args, stream, max_blocks);
+    case DType::kBF16:
+      return Launch<BF16>(args, stream, max_blocks);
+    case DType::kF16:
+      return Launch<F16>(args, stream, max_blocks);
   }
   return cudaErrorInvalidValue;
 }

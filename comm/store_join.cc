@@ -15,8 +15,7 @@ std::chrono::milliseconds RendezvousDeadline::Remaining() const {
 
 bool RendezvousDeadline::Passed() const { return std::chrono::steady_clock::now() + kDeadlineSlack >= at_; }
 
-Status StoreErrorStatus(const std::string& who, int waiting_for, const char* what,
-                        const RendezvousDeadline& deadline) {
+Status StoreErrorStatus(const std::string& who, int waiting_for, const char* what, const RendezvousDeadline& deadline) {
   if (waiting_for >= 0 && deadline.Passed()) {
     return DeadlineExceededError(who + ": rank " + std::to_string(waiting_for) + " did not join within " +
                                  TimeoutText(deadline.timeout()) + " (" + what + ")");
@@ -28,8 +27,8 @@ Status StoreErrorStatus(const std::string& who, int waiting_for, const char* wha
   return UnavailableError(who + ": store error: " + what);
 }
 
-Status JoinThroughStore(gloo::rendezvous::Store& store, int rank, int world_size,
-                        const std::string& who, const RendezvousDeadline& deadline) {
+Status JoinThroughStore(gloo::rendezvous::Store& store, int rank, int world_size, const std::string& who,
+                        const RendezvousDeadline& deadline) {
   int waiting_for = -1;
   try {
     store.set("join/" + std::to_string(rank), std::vector<char>{1});

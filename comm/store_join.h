@@ -46,13 +46,12 @@ class RendezvousDeadline {
 // deadline has passed, else kUnavailable "<who>: store error while waiting for rank R to join:
 // <what>". waiting_for < 0 (the failure was not a wait for another rank): kUnavailable
 // "<who>: store error: <what>".
-Status StoreErrorStatus(const std::string& who, int waiting_for, const char* what,
-                        const RendezvousDeadline& deadline);
+Status StoreErrorStatus(const std::string& who, int waiting_for, const char* what, const RendezvousDeadline& deadline);
 
 // The join of rank `rank` of `world_size` through `store`: sets "join/<rank>", then waits for every
 // other rank's "join/<r>" in turn until the deadline. Blocks until all have joined; errors as
 // StoreErrorStatus. Every rank must use a store holding the same data under the same prefix.
-Status JoinThroughStore(gloo::rendezvous::Store& store, int rank, int world_size,
-                        const std::string& who, const RendezvousDeadline& deadline);
+Status JoinThroughStore(gloo::rendezvous::Store& store, int rank, int world_size, const std::string& who,
+                        const RendezvousDeadline& deadline);
 
 }  // namespace zero

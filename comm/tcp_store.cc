@@ -30,9 +30,6 @@ using net::RemainingMs;
 using net::SendAll;
 using net::SetNoDelay;
 using tcp_store_protocol::EncodeRequest;
-using tcp_store_protocol::Mac;
-using tcp_store_protocol::RandomBytes;
-using tcp_store_protocol::ReadU64;
 using tcp_store_protocol::kBusy;
 using tcp_store_protocol::kClientContext;
 using tcp_store_protocol::kGet;
@@ -46,6 +43,9 @@ using tcp_store_protocol::kReplyOverLimit;
 using tcp_store_protocol::kServerContext;
 using tcp_store_protocol::kSet;
 using tcp_store_protocol::kWait;
+using tcp_store_protocol::Mac;
+using tcp_store_protocol::RandomBytes;
+using tcp_store_protocol::ReadU64;
 
 using Clock = std::chrono::steady_clock;
 
@@ -129,7 +129,9 @@ Status TcpStore::HandshakeLocked(int fd, Clock::time_point deadline) {
   int err = 0;
   auto broken = [&](Io io, const char* when) -> Status {
     std::string m = std::string("the store ") +
-                    (io == Io::kTimeout ? "did not answer" : io == Io::kClosed ? "closed the connection" : "failed") +
+                    (io == Io::kTimeout  ? "did not answer"
+                     : io == Io::kClosed ? "closed the connection"
+                                         : "failed") +
                     " " + when;
     if (io == Io::kError) m += " (" + ErrnoText(err) + ")";
     return UnavailableError(m);
@@ -158,8 +160,9 @@ Status TcpStore::HandshakeLocked(int fd, Clock::time_point deadline) {
   if (Io io = RecvExact(fd, &verdict, 1, deadline, &err); io != Io::kOk) return broken(io, "during the handshake");
   if (verdict != 0) {
     return FailedPreconditionError(
-        Describe() + ": the store refused this rank's proof of the job secret: ZERO_JOB_SECRET differs from "
-                     "rank 0's (or is set on one and not the other)");
+        Describe() +
+        ": the store refused this rank's proof of the job secret: ZERO_JOB_SECRET differs from "
+        "rank 0's (or is set on one and not the other)");
   }
   std::string server_proof(kMacBytes, '\0');
   if (Io io = RecvExact(fd, server_proof.data(), kMacBytes, deadline, &err); io != Io::kOk) {
@@ -189,8 +192,7 @@ Result<int> TcpStore::Connect(Clock::time_point deadline) {
     int gai = getaddrinfo(options_.host.c_str(), port.c_str(), &hints, &res);
     if (gai != 0) {
       // A name that does not resolve will not start resolving: fail now.
-      return InvalidArgumentError(Describe() + ": cannot resolve host '" + options_.host +
-                                  "': " + gai_strerror(gai));
+      return InvalidArgumentError(Describe() + ": cannot resolve host '" + options_.host + "': " + gai_strerror(gai));
     }
     for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
       int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
@@ -234,8 +236,8 @@ Result<int> TcpStore::Connect(Clock::time_point deadline) {
     if (Clock::now() >= deadline) break;
   }
   return UnavailableError(Describe() + ": could not connect to the store hosted by rank 0 within " +
-                          std::to_string(options_.timeout.count()) + " ms (last error: " +
-                          last_error + "); is rank 0 running and MASTER_ADDR/MASTER_PORT right?");
+                          std::to_string(options_.timeout.count()) + " ms (last error: " + last_error +
+                          "); is rank 0 running and MASTER_ADDR/MASTER_PORT right?");
 }
 
 Result<std::vector<char>> TcpStore::Request(uint8_t cmd, const std::vector<std::string>& fields,
@@ -363,8 +365,7 @@ void TcpStore::HeartbeatMain(std::function<void(const Status&)> on_lost) {
   on_lost(UnavailableError(Describe() + ": " + lost));
 }
 
-Status TcpStore::WatchKey(const std::string& key,
-                          std::function<void(Result<std::vector<char>>)> on_event) {
+Status TcpStore::WatchKey(const std::string& key, std::function<void(Result<std::vector<char>>)> on_event) {
   ZERO_RETURN_IF_ERROR(CheckSizes(key, nullptr));
   ZERO_ASSIGN_OR_RETURN(watch_fd_, Connect(Clock::now() + options_.timeout));
   ZERO_RETURN_IF_ERROR(OpenWakePipe(&watch_fd_, watch_wake_, Describe() + " watch"));
@@ -374,8 +375,7 @@ Status TcpStore::WatchKey(const std::string& key,
 
 void TcpStore::StopWatch() { StopSideThread(&watch_, &watch_fd_, watch_wake_); }
 
-void TcpStore::WatchMain(const std::string& key,
-                         const std::function<void(Result<std::vector<char>>)>& on_event) {
+void TcpStore::WatchMain(const std::string& key, const std::function<void(Result<std::vector<char>>)>& on_event) {
   auto lost = [&](const std::string& what, int err) {
     on_event(UnavailableError(Describe() + ": the watch of key '" + key + "' ended: " + what +
                               (err != 0 ? " (" + ErrnoText(err) + ")" : std::string())));
@@ -418,8 +418,8 @@ Status TcpStore::CheckSizes(const std::string& key, const std::vector<char>* val
                                   std::to_string(options_.max_key_bytes) + " bytes");
   }
   if (value != nullptr && value->size() > options_.max_value_bytes) {
-    return ResourceExhaustedError(Describe() + ": value of " + std::to_string(value->size()) +
-                                  " bytes for key '" + key + "' is larger than the store's limit of " +
+    return ResourceExhaustedError(Describe() + ": value of " + std::to_string(value->size()) + " bytes for key '" +
+                                  key + "' is larger than the store's limit of " +
                                   std::to_string(options_.max_value_bytes) + " bytes (ZERO_STORE_MAX_VALUE_BYTES)");
   }
   return OkStatus();

@@ -91,7 +91,7 @@ struct TcpStoreOptions {
   size_t max_value_bytes = size_t{1} << 20;  // ZERO_STORE_MAX_VALUE_BYTES
   size_t max_keys = 0;                       // 0: from world_size as above
   size_t max_total_bytes = size_t{256} << 20;
-  size_t max_connections = 0;                // 0: from world_size as above
+  size_t max_connections = 0;  // 0: from world_size as above
   // The handshake, and each request from its first byte, must complete within this.
   std::chrono::milliseconds request_timeout{10000};
 };

@@ -208,27 +208,40 @@ class Gen {
   // One well-formed request, or one with a wrong command or field count.
   std::string Request() {
     switch (Below(8)) {
-      case 0: return Frame(kSet, {Key(), Bytes(Below(64))});
-      case 1: return Frame(kGet, {OneIn(4) ? Key() : "fixed"});
-      case 2: return Frame(kGet, {"big"});
+      case 0:
+        return Frame(kSet, {Key(), Bytes(Below(64))});
+      case 1:
+        return Frame(kGet, {OneIn(4) ? Key() : "fixed"});
+      case 2:
+        return Frame(kGet, {"big"});
       case 3: {
         std::vector<std::string> keys(1 + Below(3));
         for (auto& k : keys) k = OneIn(3) ? Key() : "fixed";
         return Frame(kWait, keys);
       }
-      case 4: return Frame(kPing, {});
+      case 4:
+        return Frame(kPing, {});
       case 5: {
         std::vector<std::string> f(Below(4));
         for (auto& x : f) x = Bytes(Below(16));
         return Frame(static_cast<uint8_t>(Below(256)), f);
       }
-      default: return Frame(static_cast<uint8_t>(1 + Below(4)), {Key(), Key(), Key()});
+      default:
+        return Frame(static_cast<uint8_t>(1 + Below(4)), {Key(), Key(), Key()});
     }
   }
   std::string Mutate(std::string s) {
     static const uint32_t kCounts[] = {0, 1, 2, 63, 64, 65, 1u << 31, ~0u};
-    static const uint64_t kLengths[] = {0, 4096, 4097, kMaxValue, kMaxValue + 1, uint64_t{1} << 32,
-                                        uint64_t{1} << 40, uint64_t{1} << 62, uint64_t{1} << 63, ~uint64_t{0}};
+    static const uint64_t kLengths[] = {0,
+                                        4096,
+                                        4097,
+                                        kMaxValue,
+                                        kMaxValue + 1,
+                                        uint64_t{1} << 32,
+                                        uint64_t{1} << 40,
+                                        uint64_t{1} << 62,
+                                        uint64_t{1} << 63,
+                                        ~uint64_t{0}};
     for (size_t k = 0, n = Below(4); k < n; ++k) {
       switch (Below(7)) {
         case 0:
@@ -340,8 +353,9 @@ TEST(TcpStoreFuzzTest, RandomAndMutatedFramesLeaveTheServerServing) {
     if (failure.empty() && server.PeakBytes() > kPeakLimit) {
       failure = "the server's peak memory is " + std::to_string(server.PeakBytes() >> 20) + " MiB";
     }
-    if (!failure.empty()) failure = "case " + std::to_string(i) + " (kind " + std::to_string(kind) + ", input " +
-                                    Show(payload) + "): " + failure;
+    if (!failure.empty())
+      failure =
+          "case " + std::to_string(i) + " (kind " + std::to_string(kind) + ", input " + Show(payload) + "): " + failure;
   }
   ASSERT_EQ(failure, "");
   EXPECT_GE(i, 300) << "too few cases ran in 15 s";
@@ -376,11 +390,13 @@ TEST(TcpStoreFuzzTest, AClientThatDoesNotReadCostsTheServerBoundedMemory) {
     size_t sent = 0;
     const auto until = Clock::now() + milliseconds(1500);
     while (sent < pipelined.size() && Clock::now() < until && !closed) {
-      ssize_t w = send(c.fd(), pipelined.data() + sent, pipelined.size() - sent,
-                       MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (w > 0) sent += static_cast<size_t>(w);
-      else if (errno != EAGAIN && errno != EINTR) closed = true;
-      else usleep(10000);
+      ssize_t w = send(c.fd(), pipelined.data() + sent, pipelined.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w > 0)
+        sent += static_cast<size_t>(w);
+      else if (errno != EAGAIN && errno != EINTR)
+        closed = true;
+      else
+        usleep(10000);
     }
     EXPECT_EQ(server.Death(), "");
     EXPECT_LE(server.PeakBytes(), size_t{48} << 20) << "the server buffered what the client did not read";
@@ -404,9 +420,9 @@ TEST(TcpStoreFuzzTest, AnImpossibleRequestHeaderIsAnsweredAtOnce) {
   ASSERT_GT(server.port(), 0);
   const std::string headers[] = {
       std::string(1, '\x09') + U32(1) + U64(kMaxValue),  // unknown command 9, one 1 MiB field announced
-      std::string(1, kSet) + U32(64) + U64(16),           // SET with 64 fields
-      std::string(1, kGet) + U32(2) + U64(3),             // GET with 2 fields
-      std::string(1, kWait) + U32(0),                     // WAIT for nothing
+      std::string(1, kSet) + U32(64) + U64(16),          // SET with 64 fields
+      std::string(1, kGet) + U32(2) + U64(3),            // GET with 2 fields
+      std::string(1, kWait) + U32(0),                    // WAIT for nothing
   };
   for (const std::string& h : headers) {
     FuzzConn c(server.port());

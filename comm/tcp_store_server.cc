@@ -28,9 +28,6 @@ using net::SetNoDelay;
 using net::SockaddrHost;
 using net::SockaddrPort;
 using tcp_store_protocol::AppendU64;
-using tcp_store_protocol::Mac;
-using tcp_store_protocol::RandomBytes;
-using tcp_store_protocol::ReadU64;
 using tcp_store_protocol::kBusy;
 using tcp_store_protocol::kClientContext;
 using tcp_store_protocol::kGet;
@@ -45,6 +42,9 @@ using tcp_store_protocol::kReplyOverLimit;
 using tcp_store_protocol::kServerContext;
 using tcp_store_protocol::kSet;
 using tcp_store_protocol::kWait;
+using tcp_store_protocol::Mac;
+using tcp_store_protocol::RandomBytes;
+using tcp_store_protocol::ReadU64;
 
 // Peers whose problems are logged, at most (then the server stops logging new ones).
 constexpr size_t kMaxLoggedPeers = 1024;
@@ -86,8 +86,9 @@ Result<std::string> StoreBindAddress(const std::string& host) {
   addrinfo* res = nullptr;
   int gai = getaddrinfo(host.c_str(), nullptr, &hints, &res);
   if (gai != 0) {
-    return InvalidArgumentError("TcpStore: cannot resolve MASTER_ADDR '" + host + "' to choose the address to serve on: " +
-                                gai_strerror(gai) + " (set ZERO_STORE_BIND_ADDR to override)");
+    return InvalidArgumentError("TcpStore: cannot resolve MASTER_ADDR '" + host +
+                                "' to choose the address to serve on: " + gai_strerror(gai) +
+                                " (set ZERO_STORE_BIND_ADDR to override)");
   }
   // An address of this machine binds; the port stays 0 so nothing else is disturbed.
   std::string local;
@@ -113,7 +114,8 @@ Result<std::string> StoreBindAddress(const std::string& host) {
 // ---------------------------------------------------------------------------------------------
 // The server.
 
-Result<std::unique_ptr<TcpStore::Server>> TcpStore::Server::Start(const TcpStoreOptions& o, const std::string& bind_addr) {
+Result<std::unique_ptr<TcpStore::Server>> TcpStore::Server::Start(const TcpStoreOptions& o,
+                                                                  const std::string& bind_addr) {
   auto server = std::unique_ptr<Server>(new Server(o));
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
@@ -138,8 +140,8 @@ Result<std::unique_ptr<TcpStore::Server>> TcpStore::Server::Start(const TcpStore
   int err = errno;
   freeaddrinfo(res);
   if (rc != 0) {
-    return UnavailableError("TcpStore: cannot listen on " + HostPort(bind_addr, o.port) + ": " +
-                            ErrnoText(err) + " (is another job using MASTER_PORT? is " + bind_addr +
+    return UnavailableError("TcpStore: cannot listen on " + HostPort(bind_addr, o.port) + ": " + ErrnoText(err) +
+                            " (is another job using MASTER_PORT? is " + bind_addr +
                             " an address of this machine? ZERO_STORE_BIND_ADDR overrides it)");
   }
   if (listen(fd, 1024) != 0) return ErrnoError("listen", "TcpStore server", errno);
@@ -177,8 +179,8 @@ TcpStore::Server::Server(const TcpStoreOptions& o) : options_(o) {
 std::string TcpStore::Server::Describe() const { return "TcpStore server on " + HostPort(bind_addr_, port_); }
 
 size_t TcpStore::Server::InCap() const {
-  return 5 + std::max(16 + options_.max_key_bytes + options_.max_value_bytes,
-                      kMaxFields * (8 + options_.max_key_bytes));
+  return 5 +
+         std::max(16 + options_.max_key_bytes + options_.max_value_bytes, kMaxFields * (8 + options_.max_key_bytes));
 }
 
 bool TcpStore::Server::WantsInput(const Client& c) const {
@@ -365,8 +367,9 @@ void TcpStore::Server::Process(Client* c) {
                           : cmd == kWait ? nfields >= 1 && nfields <= kMaxFields
                                          : nfields == 0;
     if (!count_ok) {
-      return RejectAndClose(c, kReplyMalformed, "malformed request: command " + std::to_string(cmd) + " with " +
-                                                    std::to_string(nfields) + " fields");
+      return RejectAndClose(
+          c, kReplyMalformed,
+          "malformed request: command " + std::to_string(cmd) + " with " + std::to_string(nfields) + " fields");
     }
     size_t pos = 5;
     std::vector<std::string> fields;
@@ -398,15 +401,16 @@ void TcpStore::Server::Handle(Client* c, uint8_t cmd, std::vector<std::string> f
     const size_t new_bytes = fields[0].size() + fields[1].size();
     if (it == map_.end() && map_.size() >= max_keys_) {
       Log(c->peer_host, c->peer, "the store is full (" + std::to_string(max_keys_) + " keys)");
-      Reply(c, kReplyOverLimit, Describe() + ": the store holds " + std::to_string(map_.size()) +
-                                    " keys, its limit; key '" + fields[0] + "' was not set");
+      Reply(c, kReplyOverLimit,
+            Describe() + ": the store holds " + std::to_string(map_.size()) + " keys, its limit; key '" + fields[0] +
+                "' was not set");
       return;
     }
     if (total_bytes_ - old_bytes + new_bytes > options_.max_total_bytes) {
       Log(c->peer_host, c->peer, "the store is full (" + std::to_string(options_.max_total_bytes) + " bytes)");
-      Reply(c, kReplyOverLimit, Describe() + ": the store would hold more than " +
-                                    std::to_string(options_.max_total_bytes) + " bytes; key '" + fields[0] +
-                                    "' was not set");
+      Reply(c, kReplyOverLimit,
+            Describe() + ": the store would hold more than " + std::to_string(options_.max_total_bytes) +
+                " bytes; key '" + fields[0] + "' was not set");
       return;
     }
     total_bytes_ = total_bytes_ - old_bytes + new_bytes;
@@ -426,8 +430,9 @@ void TcpStore::Server::Handle(Client* c, uint8_t cmd, std::vector<std::string> f
     TryAnswer(c);
     return;
   }
-  Reply(c, kReplyMalformed, Describe() + ": malformed request (command " + std::to_string(cmd) + " with " +
-                                std::to_string(fields.size()) + " fields)");
+  Reply(c, kReplyMalformed,
+        Describe() + ": malformed request (command " + std::to_string(cmd) + " with " + std::to_string(fields.size()) +
+            " fields)");
 }
 
 void TcpStore::Server::TryAnswer(Client* c) {

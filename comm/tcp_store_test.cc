@@ -1,5 +1,5 @@
-#include "comm/net_test_util.h"
 #include "comm/tcp_store.h"
+#include "comm/net_test_util.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -131,8 +131,7 @@ TEST(TcpStoreTest, NoServerGivesClearError) {
   auto c = TcpStore::Create(o);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kUnavailable);
-  EXPECT_NE(c.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos)
-      << c.status().ToString();
+  EXPECT_NE(c.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos) << c.status().ToString();
   EXPECT_NE(c.status().message().find("rank 5"), std::string::npos) << c.status().ToString();
   EXPECT_LT(Clock::now() - start, milliseconds(2000));
 }
@@ -409,8 +408,8 @@ TEST(TcpStoreSecurityTest, ClientRefusesAServerThatCannotProveTheSecret) {
     ASSERT_EQ(send(fd, hello.data(), hello.size(), 0), 40);
     char proof[64];
     ASSERT_EQ(recv(fd, proof, 64, MSG_WAITALL), 64);
-    std::string answer = std::string(1, '\0') + RawConn::Mac("impostor", "zero-tcpstore-v1 server", sn,
-                                                             std::string(proof, 32));
+    std::string answer =
+        std::string(1, '\0') + RawConn::Mac("impostor", "zero-tcpstore-v1 server", sn, std::string(proof, 32));
     ASSERT_EQ(send(fd, answer.data(), answer.size(), 0), 33);
     char b;
     recv(fd, &b, 1, 0);  // until the client closes
@@ -587,13 +586,11 @@ TEST(TcpStoreSecurityTest, ConnectionLimitDropsUnauthenticatedFirst) {
   auto refused = TcpStore::Create(o);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable) << refused.status().ToString();
-  EXPECT_NE(refused.status().message().find("too many connections"), std::string::npos)
-      << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("too many connections"), std::string::npos) << refused.status().ToString();
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(log.find("too many connections (limit 4)"), std::string::npos) << log;
   EXPECT_TRUE(c1->Wait({"a"}, milliseconds(1000)).ok());
 }
-
 
 // What a heartbeat reported, and when.
 struct LostReport {

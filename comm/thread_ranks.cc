@@ -13,12 +13,10 @@
 
 namespace zero {
 
-Status RunThreadRanks(int world_size,
-                      const std::function<Status(int rank, Communicator* comm, Device* device)>& body,
+Status RunThreadRanks(int world_size, const std::function<Status(int rank, Communicator* comm, Device* device)>& body,
                       CommOptions options) {
   if (world_size < 1) {
-    return InvalidArgumentError("RunThreadRanks: world_size must be >= 1, got " +
-                                std::to_string(world_size));
+    return InvalidArgumentError("RunThreadRanks: world_size must be >= 1, got " + std::to_string(world_size));
   }
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
   std::vector<std::unique_ptr<CpuDevice>> devices(world_size);

@@ -20,8 +20,7 @@ namespace zero {
 // When a rank's body fails, its communicator is aborted so the other ranks' pending collectives
 // fail promptly instead of waiting for options.timeout. Communicators are destroyed only after
 // every body has returned.
-Status RunThreadRanks(int world_size,
-                      const std::function<Status(int rank, Communicator* comm, Device* device)>& body,
+Status RunThreadRanks(int world_size, const std::function<Status(int rank, Communicator* comm, Device* device)>& body,
                       CommOptions options = {});
 
 }  // namespace zero

@@ -9,8 +9,7 @@ using Clock = std::chrono::steady_clock;
 
 CollectiveWatchdog::CollectiveWatchdog(Options options)
     : options_(std::move(options)),
-      interval_(std::clamp(options_.timeout / 20, std::chrono::milliseconds(1),
-                           std::chrono::milliseconds(100))) {
+      interval_(std::clamp(options_.timeout / 20, std::chrono::milliseconds(1), std::chrono::milliseconds(100))) {
   thread_ = std::thread([this] { ThreadMain(); });
 }
 
@@ -49,8 +48,8 @@ Status CollectiveWatchdog::Fail(Status error) {
 }
 
 Status CollectiveWatchdog::FailCollective(const std::string& name, const Status& error) {
-  return Fail(Status(error.code(), options_.who + ": " + name + " failed: " + error.message() +
-                                       "; the communicator was aborted"));
+  return Fail(Status(error.code(),
+                     options_.who + ": " + name + " failed: " + error.message() + "; the communicator was aborted"));
 }
 
 Status CollectiveWatchdog::status() const {
@@ -100,11 +99,10 @@ void CollectiveWatchdog::ThreadMain() {
     }
     if (Clock::now() - front_since_ >= options_.timeout) {
       lock.unlock();
-      Fail(DeadlineExceededError(
-          options_.who + ": " + front->name + " did not complete within " +
-          std::to_string(options_.timeout.count()) +
-          " ms (a peer rank may have died, stopped taking part, or issued collectives in a "
-          "different order); the communicator was aborted"))
+      Fail(DeadlineExceededError(options_.who + ": " + front->name + " did not complete within " +
+                                 std::to_string(options_.timeout.count()) +
+                                 " ms (a peer rank may have died, stopped taking part, or issued collectives in a "
+                                 "different order); the communicator was aborted"))
           .IgnoreError();
       lock.lock();
       continue;

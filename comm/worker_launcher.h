@@ -75,8 +75,8 @@ struct RankResult {
 
 // Starts `ranks` (a subset of 0..world_size-1) and waits for all of them, up to `limit`.
 inline std::vector<RankResult> RunWorld(int world_size, const std::vector<int>& ranks,
-                                 const std::vector<std::string>& worker_args, int timeout_ms,
-                                 std::chrono::seconds limit) {
+                                        const std::vector<std::string>& worker_args, int timeout_ms,
+                                        std::chrono::seconds limit) {
   const std::string worker = WorkerPath();
   EXPECT_FALSE(worker.empty()) << "comm_worker not found";
   const int port = FreePort();

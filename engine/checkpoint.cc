@@ -60,18 +60,16 @@ Status LocalSaveChecks(const std::string& tag, int world, const CheckpointMeta& 
   ZERO_RETURN_IF_ERROR(ValidateTag(tag));
   if (meta.dp_world_size != world) {
     return InvalidArgumentError("meta.dp_world_size " + std::to_string(meta.dp_world_size) +
-                                " differs from the communicator's world size " +
-                                std::to_string(world));
+                                " differs from the communicator's world size " + std::to_string(world));
   }
   if (meta.params.size() != shards.size()) {
-    return InvalidArgumentError("meta.params lists " + std::to_string(meta.params.size()) +
-                                " parameters, " + std::to_string(shards.size()) + " shards given");
+    return InvalidArgumentError("meta.params lists " + std::to_string(meta.params.size()) + " parameters, " +
+                                std::to_string(shards.size()) + " shards given");
   }
   for (size_t i = 0; i < shards.size(); ++i) {
     if (meta.params[i].name != shards[i].name) {
-      return InvalidArgumentError("meta.params[" + std::to_string(i) + "] is '" +
-                                  meta.params[i].name + "' but shard " + std::to_string(i) +
-                                  " is '" + shards[i].name + "'");
+      return InvalidArgumentError("meta.params[" + std::to_string(i) + "] is '" + meta.params[i].name + "' but shard " +
+                                  std::to_string(i) + " is '" + shards[i].name + "'");
     }
   }
   // Checked before anything is written (rank 0's metadata.json would otherwise fail last).
@@ -81,8 +79,7 @@ Status LocalSaveChecks(const std::string& tag, int world, const CheckpointMeta& 
 }
 
 // Rank 0's part of the save once every rank file is in <root>/<tag>/.
-Status FinishSave(const std::string& root, const std::string& dir, const std::string& tag,
-                  CheckpointMeta meta) {
+Status FinishSave(const std::string& root, const std::string& dir, const std::string& tag, CheckpointMeta meta) {
   CrashPoint("rank_files_written", 0);
   Status st = WriteCheckpointMetadata(root, tag, std::move(meta));
   if (!st.ok()) {
@@ -107,12 +104,12 @@ Status FinishSave(const std::string& root, const std::string& dir, const std::st
 
 }  // namespace
 
-Status SaveCheckpoint(Communicator* comm, const std::string& dir, const std::string& tag,
-                      CheckpointMeta meta, const std::vector<ParamShard>& shards) {
+Status SaveCheckpoint(Communicator* comm, const std::string& dir, const std::string& tag, CheckpointMeta meta,
+                      const std::vector<ParamShard>& shards) {
   const int rank = comm->rank();
   const int world = comm->world_size();
-  const std::string what = "save checkpoint '" + tag + "' in " + dir + " (rank " +
-                           std::to_string(rank) + " of " + std::to_string(world) + ")";
+  const std::string what = "save checkpoint '" + tag + "' in " + dir + " (rank " + std::to_string(rank) + " of " +
+                           std::to_string(world) + ")";
 
   // (1) Agreement; also the point where a rank that never calls save is noticed (timeout).
   const Status local = LocalSaveChecks(tag, world, meta, shards);
@@ -151,15 +148,14 @@ Status SaveCheckpoint(Communicator* comm, const std::string& dir, const std::str
     auto root = cleaned.ok() ? CreateStagingRoot(dir, tag) : Result<std::string>(cleaned);
     if (root.ok() && root->size() > sizeof(staging.message)) {
       RemoveTree(*root).IgnoreError();
-      root = InvalidArgumentError("checkpoint directory path is too long (" +
-                                  std::to_string(root->size()) + " bytes)");
+      root = InvalidArgumentError("checkpoint directory path is too long (" + std::to_string(root->size()) + " bytes)");
     }
     staging = root.ok() ? Encode(OkStatus(), *root) : Encode(root.status());
   }
   st = comm->BroadcastHost(&staging, sizeof(staging), 0);
   if (!st.ok()) return st.WithContext(what + ": receiving rank 0's staging directory");
-  ZERO_RETURN_IF_ERROR(Decode(staging).WithContext(
-      what + (rank == 0 ? "" : ": rank 0") + ": nothing was written; `latest` is unchanged"));
+  ZERO_RETURN_IF_ERROR(Decode(staging).WithContext(what + (rank == 0 ? "" : ": rank 0") +
+                                                   ": nothing was written; `latest` is unchanged"));
   const std::string root = Payload(staging);
 
   // (3) Every rank's file, into the staging directory; (4) agreement that all succeeded (the
@@ -188,15 +184,12 @@ Status SaveCheckpoint(Communicator* comm, const std::string& dir, const std::str
   return final_status.WithContext(what);
 }
 
-Result<LoadedCheckpoint> LoadCheckpoint(Communicator* comm, const std::string& dir,
-                                        const std::string& tag,
-                                        const std::vector<ParamSignature>& model,
-                                        bool partitioned) {
+Result<LoadedCheckpoint> LoadCheckpoint(Communicator* comm, const std::string& dir, const std::string& tag,
+                                        const std::vector<ParamSignature>& model, bool partitioned) {
   const int rank = comm->rank();
   const int world = comm->world_size();
-  const std::string what = "load checkpoint " + (tag.empty() ? "(latest)" : "'" + tag + "'") +
-                           " from " + dir + " (rank " + std::to_string(rank) + " of " +
-                           std::to_string(world) + ")";
+  const std::string what = "load checkpoint " + (tag.empty() ? "(latest)" : "'" + tag + "'") + " from " + dir +
+                           " (rank " + std::to_string(rank) + " of " + std::to_string(world) + ")";
   // Rank 0 resolves the tag once for everyone.
   WireStatus resolved;
   if (rank == 0) {
@@ -214,12 +207,10 @@ Result<LoadedCheckpoint> LoadCheckpoint(Communicator* comm, const std::string& d
 
   Result<LoadedCheckpoint> out = InternalError("unset");
   if (!tag.empty() && tag != chosen) {
-    out =
-        InvalidArgumentError("this rank asked for tag '" + tag + "', rank 0 for '" + chosen + "'");
+    out = InvalidArgumentError("this rank asked for tag '" + tag + "', rank 0 for '" + chosen + "'");
   } else {
     LoadedCheckpoint loaded;
-    auto shards = LoadShardsForRank(dir, chosen, model, partitioned ? rank : 0,
-                                    partitioned ? world : 1, &loaded.meta);
+    auto shards = LoadShardsForRank(dir, chosen, model, partitioned ? rank : 0, partitioned ? world : 1, &loaded.meta);
     if (shards.ok()) {
       loaded.shards = std::move(shards).value();
       out = std::move(loaded);
@@ -233,8 +224,7 @@ Result<LoadedCheckpoint> LoadCheckpoint(Communicator* comm, const std::string& d
   if (!st.ok()) return st.WithContext(what + ": waiting for the other ranks");
   if (!out.ok()) return out.status().WithContext(what);
   if (!RankList(failed).empty()) {
-    return FailedPreconditionError(what + ": loading failed on rank(s) " + RankList(failed) +
-                                   " (see their errors)");
+    return FailedPreconditionError(what + ": loading failed on rank(s) " + RankList(failed) + " (see their errors)");
   }
   return out;
 }

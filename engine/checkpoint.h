@@ -30,17 +30,16 @@ namespace zero {
 // directories that interrupted saves left in <dir> (CleanStaleSaves) and creates this save's,
 // <dir>/.zero_save.<pid>.<random>/, and broadcasts its name (first it locks <dir>, DirectoryLock in
 // checkpoint_io.h, for the rest of the save: another job holding it fails the save on every rank
-// with FAILED_PRECONDITION naming the holder, before anything is written or removed); (3) every rank writes its file into
-// <staging>/<tag>/; (4) all ranks agree that every write succeeded; (5) rank 0 writes
-// metadata.json there, swaps <staging>/<tag> into <dir>/<tag> atomically (an existing tag is
-// exchanged, never deleted first), writes `latest`, removes the staging directory (holding the old
-// copy); (6) rank 0's result is broadcast, so every rank returns the same Status. A crash or error
-// at any step leaves <dir>/<tag> and `latest` as they were, or both at the complete new copy
-// (once the swap is done); never a half-written checkpoint (docs/checkpoints.md, "Atomicity").
-// meta.params must list the parameters in the order of `shards` (MakeCheckpointParam),
-// meta.dp_world_size must be comm->world_size(); meta.tag and meta.rank_files are filled here.
-Status SaveCheckpoint(Communicator* comm, const std::string& dir, const std::string& tag,
-                      CheckpointMeta meta, const std::vector<ParamShard>& shards);
+// with FAILED_PRECONDITION naming the holder, before anything is written or removed); (3) every rank writes its file
+// into <staging>/<tag>/; (4) all ranks agree that every write succeeded; (5) rank 0 writes metadata.json there, swaps
+// <staging>/<tag> into <dir>/<tag> atomically (an existing tag is exchanged, never deleted first), writes `latest`,
+// removes the staging directory (holding the old copy); (6) rank 0's result is broadcast, so every rank returns the
+// same Status. A crash or error at any step leaves <dir>/<tag> and `latest` as they were, or both at the complete new
+// copy (once the swap is done); never a half-written checkpoint (docs/checkpoints.md, "Atomicity"). meta.params must
+// list the parameters in the order of `shards` (MakeCheckpointParam), meta.dp_world_size must be comm->world_size();
+// meta.tag and meta.rank_files are filled here.
+Status SaveCheckpoint(Communicator* comm, const std::string& dir, const std::string& tag, CheckpointMeta meta,
+                      const std::vector<ParamShard>& shards);
 
 struct LoadedCheckpoint {
   CheckpointMeta meta;             // as saved (dp_world_size is the saving world's)
@@ -52,8 +51,7 @@ struct LoadedCheckpoint {
 // shard is this rank's PartitionRange of the parameter (stages 1-3); false: full tensors (stage 0).
 // Fails on every rank if it fails on any; the message names the failing ranks (a rank's own error
 // in full).
-Result<LoadedCheckpoint> LoadCheckpoint(Communicator* comm, const std::string& dir,
-                                        const std::string& tag,
+Result<LoadedCheckpoint> LoadCheckpoint(Communicator* comm, const std::string& dir, const std::string& tag,
                                         const std::vector<ParamSignature>& model, bool partitioned);
 
 }  // namespace zero

@@ -96,14 +96,11 @@ int LoadLatestInChild(const std::string& dir, const FullState& want, int world) 
   return InChild([&]() -> int {
     int differ = 0;
     Status st = RunThreadRanks(world, [&](int r, Communicator* comm, Device*) -> Status {
-      ZERO_ASSIGN_OR_RETURN(LoadedCheckpoint got,
-                            LoadCheckpoint(comm, dir, "", SyntheticModel(), true));
+      ZERO_ASSIGN_OR_RETURN(LoadedCheckpoint got, LoadCheckpoint(comm, dir, "", SyntheticModel(), true));
       std::vector<ParamShard> expect = ShardFor(want, r, world);
-      bool same = got.meta.global_steps == want.meta.global_steps &&
-                  got.shards.size() == expect.size();
+      bool same = got.meta.global_steps == want.meta.global_steps && got.shards.size() == expect.size();
       for (size_t i = 0; same && i < expect.size(); ++i) {
-        same = got.shards[i].begin == expect[i].begin &&
-               SameBits(got.shards[i].master, expect[i].master) &&
+        same = got.shards[i].begin == expect[i].begin && SameBits(got.shards[i].master, expect[i].master) &&
                SameBits(got.shards[i].exp_avg, expect[i].exp_avg) &&
                SameBits(got.shards[i].exp_avg_sq, expect[i].exp_avg_sq);
       }
@@ -125,8 +122,7 @@ void ExpectTagHolds(const std::string& dir, const std::string& tag, const FullSt
   for (size_t i = 0; i < want.params.size(); ++i) {
     EXPECT_TRUE(SameBits(got->params[i].master, want.params[i].master)) << want.params[i].name;
     EXPECT_TRUE(SameBits(got->params[i].exp_avg, want.params[i].exp_avg)) << want.params[i].name;
-    EXPECT_TRUE(SameBits(got->params[i].exp_avg_sq, want.params[i].exp_avg_sq))
-        << want.params[i].name;
+    EXPECT_TRUE(SameBits(got->params[i].exp_avg_sq, want.params[i].exp_avg_sq)) << want.params[i].name;
   }
 }
 
@@ -147,15 +143,18 @@ enum class TagKind { kNew, kOverwriteLatest, kOverwriteOther };
 
 struct Phase {
   const char* point;
-  int rank;  // -1: the last rank
+  int rank;      // -1: the last rank
   bool swapped;  // the new copy is in <dir>/<tag> after a crash here
   bool latest;   // `latest` names the new tag after a crash here
 };
 
 constexpr Phase kPhases[] = {
-    {"writing_rank_file", 0, false, false},  {"writing_rank_file", -1, false, false},
-    {"rank_files_written", 0, false, false}, {"metadata_written", 0, false, false},
-    {"swapped", 0, true, false},             {"latest_written", 0, true, true},
+    {"writing_rank_file", 0, false, false},
+    {"writing_rank_file", -1, false, false},
+    {"rank_files_written", 0, false, false},
+    {"metadata_written", 0, false, false},
+    {"swapped", 0, true, false},
+    {"latest_written", 0, true, true},
 };
 
 class CrashAtEveryPhaseTest : public ::testing::TestWithParam<std::tuple<int, TagKind, int>> {};
@@ -217,14 +216,12 @@ std::string PhaseName(const ::testing::TestParamInfo<std::tuple<int, TagKind, in
                                                       : "OverwriteOtherTag";
   std::string point;
   for (const char* c = p.point; *c; ++c) point += *c == '_' ? "" : std::string(1, *c);
-  return "World" + std::to_string(world) + "_" + k + "_" + point +
-         (p.rank < 0 ? "LastRank" : "Rank0");
+  return "World" + std::to_string(world) + "_" + k + "_" + point + (p.rank < 0 ? "LastRank" : "Rank0");
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPhases, CrashAtEveryPhaseTest,
                          ::testing::Combine(::testing::Values(1, 2),
-                                            ::testing::Values(TagKind::kNew,
-                                                              TagKind::kOverwriteLatest,
+                                            ::testing::Values(TagKind::kNew, TagKind::kOverwriteLatest,
                                                               TagKind::kOverwriteOther),
                                             ::testing::Range(0, 6)),
                          PhaseName);
@@ -252,8 +249,7 @@ TEST_P(FallbackSwapTest, CrashBetweenTheRenamesKeepsTheOldCopyAndTheNextSaveRest
   EXPECT_FALSE(PathExists(dir + "/t"));
   auto latest = ReadLatest(dir);
   EXPECT_EQ(latest.status().code(), StatusCode::kNotFound);
-  EXPECT_THAT(latest.status().message(), HasSubstr("the previous copy is intact at " + dir + "/" +
-                                                   kStagingPrefix));
+  EXPECT_THAT(latest.status().message(), HasSubstr("the previous copy is intact at " + dir + "/" + kStagingPrefix));
   EXPECT_THAT(latest.status().message(), HasSubstr("the next SaveCheckpoint"));
   ASSERT_EQ(StagingDirs(dir).size(), 1u);
   ExpectTagHolds(dir + "/" + StagingDirs(dir)[0], "previous", new_state);
@@ -279,8 +275,7 @@ TEST(ExchangeTest, ExchangeSwapsTwoDirectories) {
   ASSERT_OK(WriteFileAtomic(dir + "/b/f", "B"));
   Status st = ExchangePaths(dir + "/a", dir + "/b");
   if (st.code() == StatusCode::kUnimplemented) {
-    GTEST_SKIP() << "no RENAME_EXCHANGE on this filesystem, saves use the fallback: "
-                 << st.ToString();
+    GTEST_SKIP() << "no RENAME_EXCHANGE on this filesystem, saves use the fallback: " << st.ToString();
   }
   ASSERT_OK(st);
   EXPECT_EQ(*ReadFile(dir + "/a/f"), "B");

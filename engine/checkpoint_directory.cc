@@ -18,32 +18,24 @@ namespace zero {
 Status ValidateTag(const std::string& tag) {
   if (tag.empty()) return InvalidArgumentError("checkpoint tag is empty");
   if (tag.size() > 255) return InvalidArgumentError("checkpoint tag is longer than 255 bytes");
-  if (tag == "." || tag == "..")
-    return InvalidArgumentError("checkpoint tag '" + tag + "' is not a directory name");
+  if (tag == "." || tag == "..") return InvalidArgumentError("checkpoint tag '" + tag + "' is not a directory name");
   if (tag.rfind(kStagingPrefix, 0) == 0) {
     return InvalidArgumentError("checkpoint tag '" + tag + "' starts with '" + kStagingPrefix +
                                 "', which names the save's staging directories");
   }
   for (unsigned char c : tag) {
     if (c == '/' || std::isspace(c) || std::iscntrl(c)) {
-      return InvalidArgumentError("checkpoint tag '" + tag +
-                                  "' contains '/', whitespace or a control character");
+      return InvalidArgumentError("checkpoint tag '" + tag + "' contains '/', whitespace or a control character");
     }
   }
   return OkStatus();
 }
 
-std::string RankFileName(int rank) {
-  return "zero_rank_" + std::to_string(rank) + "_optim_states.bin";
-}
+std::string RankFileName(int rank) { return "zero_rank_" + std::to_string(rank) + "_optim_states.bin"; }
 
-std::string TagDirectory(const std::string& dir, const std::string& tag) {
-  return JoinPath(dir, tag);
-}
+std::string TagDirectory(const std::string& dir, const std::string& tag) { return JoinPath(dir, tag); }
 
-std::string DefaultTag(int64_t global_steps) {
-  return "global_step" + std::to_string(global_steps);
-}
+std::string DefaultTag(int64_t global_steps) { return "global_step" + std::to_string(global_steps); }
 
 // --- staging and the swap ------------------------------------------------------------------------
 
@@ -63,8 +55,7 @@ Result<std::string> CreateStagingRoot(const std::string& dir, const std::string&
   std::random_device rd;
   for (int attempt = 0; attempt < 8; ++attempt) {
     char name[64];
-    std::snprintf(name, sizeof(name), "%s%d.%08x%08x", kStagingPrefix, static_cast<int>(::getpid()),
-                  rd(), rd());
+    std::snprintf(name, sizeof(name), "%s%d.%08x%08x", kStagingPrefix, static_cast<int>(::getpid()), rd(), rd());
     const std::string root = JoinPath(dir, name);
     if (::mkdir(root.c_str(), 0755) != 0) {
       if (errno == EEXIST) continue;
@@ -77,8 +68,7 @@ Result<std::string> CreateStagingRoot(const std::string& dir, const std::string&
   return InternalError("create a staging directory in " + dir + ": no free name after 8 attempts");
 }
 
-Status InstallStagedTag(const std::string& staging_root, const std::string& dir,
-                        const std::string& tag) {
+Status InstallStagedTag(const std::string& staging_root, const std::string& dir, const std::string& tag) {
   ZERO_RETURN_IF_ERROR(ValidateTag(tag));
   const std::string staged = TagDirectory(staging_root, tag);
   const std::string target = TagDirectory(dir, tag);
@@ -86,9 +76,8 @@ Status InstallStagedTag(const std::string& staging_root, const std::string& dir,
   if (!PathExists(target)) {
     ZERO_RETURN_IF_ERROR(RenamePath(staged, target).WithContext(what));
   } else {
-    Status st = g_force_rename_fallback.load()
-                    ? UnimplementedError("exchange forced off for a test")
-                    : ExchangePaths(staged, target);
+    Status st = g_force_rename_fallback.load() ? UnimplementedError("exchange forced off for a test")
+                                               : ExchangePaths(staged, target);
     if (st.code() == StatusCode::kUnimplemented) {
       // Two renames: the old copy moves into the staging root first, so it is never destroyed;
       // a crash between them leaves `target` missing and CleanStaleSaves (or a person) moves the
@@ -102,8 +91,7 @@ Status InstallStagedTag(const std::string& staging_root, const std::string& dir,
       if (!st.ok()) {
         Status back = RenamePath(previous, target);
         return st.WithContext(what + (back.ok() ? " (the previous copy was put back)"
-                                                : " (putting the previous copy back failed: " +
-                                                      back.message() + ")"));
+                                                : " (putting the previous copy back failed: " + back.message() + ")"));
       }
     } else if (!st.ok()) {
       return st.WithContext(what);
@@ -122,18 +110,17 @@ Result<std::vector<std::string>> CleanStaleSaves(const std::string& dir) {
     const std::string root = JoinPath(dir, name);
     const std::string previous = JoinPath(root, kStagingPrevious);
     auto tag = ReadFile(JoinPath(root, kStagingTagFile));
-    if (tag.ok() && ValidateTag(*tag).ok() && PathExists(previous) &&
-        !PathExists(TagDirectory(dir, *tag))) {
+    if (tag.ok() && ValidateTag(*tag).ok() && PathExists(previous) && !PathExists(TagDirectory(dir, *tag))) {
       // A save died between the two renames of the fallback swap: put the old copy back.
-      ZERO_RETURN_IF_ERROR(
-          RenamePath(previous, TagDirectory(dir, *tag))
-              .WithContext("restore the previous copy of tag '" + *tag + "' left by an "
-                           "interrupted save"));
+      ZERO_RETURN_IF_ERROR(RenamePath(previous, TagDirectory(dir, *tag))
+                               .WithContext("restore the previous copy of tag '" + *tag +
+                                            "' left by an "
+                                            "interrupted save"));
       ZERO_RETURN_IF_ERROR(SyncDirectory(dir));
       done.push_back("restored " + TagDirectory(dir, *tag) + " from " + previous);
     }
-    ZERO_RETURN_IF_ERROR(RemoveTree(root).WithContext(
-        "remove the staging directory " + root + " left by an interrupted save"));
+    ZERO_RETURN_IF_ERROR(
+        RemoveTree(root).WithContext("remove the staging directory " + root + " left by an interrupted save"));
     done.push_back("removed " + root);
   }
   if (!done.empty()) ZERO_RETURN_IF_ERROR(SyncDirectory(dir));
@@ -183,8 +170,8 @@ Result<std::string> ReadLatest(const std::string& dir) {
     if (!previous.empty()) {
       return NotFoundError(path + " names tag '" + tag + "', but " + meta_path +
                            " does not exist: a save of that tag was interrupted while swapping "
-                           "it in; the previous copy is intact at " + previous +
-                           " (the next SaveCheckpoint in " + dir + " moves it back)");
+                           "it in; the previous copy is intact at " +
+                           previous + " (the next SaveCheckpoint in " + dir + " moves it back)");
     }
     return NotFoundError(path + " names tag '" + tag + "', but " + meta_path +
                          " does not exist (the tag directory was deleted or moved)");

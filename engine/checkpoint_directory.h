@@ -58,8 +58,7 @@ Result<std::string> CreateStagingRoot(const std::string& dir, const std::string&
 // copy ends in the staging root. Where the filesystem cannot exchange, two renames: the old copy
 // to <root>/previous, then the new one in (a crash between them leaves <dir>/<tag> missing, the
 // old copy intact; CleanStaleSaves moves it back). fsyncs both directories.
-Status InstallStagedTag(const std::string& staging_root, const std::string& dir,
-                        const std::string& tag);
+Status InstallStagedTag(const std::string& staging_root, const std::string& dir, const std::string& tag);
 // Removes every staging directory in `dir` (left by saves that crashed or failed), first moving
 // back a previous copy that an interrupted fallback swap left there when its tag is missing.
 // Returns what it did ("removed <path>", "restored <tag dir> from <path>"). Call only when no

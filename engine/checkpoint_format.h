@@ -62,7 +62,6 @@ namespace zero {
 // save must be called on every rank; `latest` is left as it was.
 Status FinalizeCheckpoint(const std::string& dir, const std::string& tag, CheckpointMeta meta);
 // FinalizeCheckpoint without `latest`: checks the rank files, writes metadata.json.
-Status WriteCheckpointMetadata(const std::string& dir, const std::string& tag,
-                               CheckpointMeta meta);
+Status WriteCheckpointMetadata(const std::string& dir, const std::string& tag, CheckpointMeta meta);
 
 }  // namespace zero

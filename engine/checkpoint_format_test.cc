@@ -272,11 +272,9 @@ TEST_P(RepartitionTest, FullStateAndNewShardsAreExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, RepartitionTest,
-                         ::testing::Values(Reshard{2, 3}, Reshard{4, 1}, Reshard{3, 2},
-                                           Reshard{1, 4}, Reshard{5, 5}),
+                         ::testing::Values(Reshard{2, 3}, Reshard{4, 1}, Reshard{3, 2}, Reshard{1, 4}, Reshard{5, 5}),
                          [](const ::testing::TestParamInfo<Reshard>& info) {
-                           return std::to_string(info.param.old_world) + "to" +
-                                  std::to_string(info.param.new_world);
+                           return std::to_string(info.param.old_world) + "to" + std::to_string(info.param.new_world);
                          });
 
 TEST(RepartitionTest, Stage0StyleRank0HoldsEverything) {
@@ -309,9 +307,8 @@ TEST(RepartitionTest, GapsAndOverlapsNameTheParameter) {
   ASSERT_OK(FinalizeCheckpoint(dir, "t", full.meta));
   auto loaded = LoadFullState(dir, "t");
   EXPECT_EQ(loaded.status().code(), StatusCode::kDataLoss);
-  EXPECT_THAT(
-      loaded.status().message(),
-      HasSubstr("parameter 'embed.weight': elements [0, 18) are in more than one rank file"));
+  EXPECT_THAT(loaded.status().message(),
+              HasSubstr("parameter 'embed.weight': elements [0, 18) are in more than one rank file"));
 
   std::vector<ParamShard> empty = ShardFor(full, 1, 2);
   for (ParamShard& s : empty) {
@@ -323,8 +320,7 @@ TEST(RepartitionTest, GapsAndOverlapsNameTheParameter) {
   ASSERT_OK(WriteRankFile(dir, "t", 1, 2, empty));
   ASSERT_OK(FinalizeCheckpoint(dir, "t", full.meta));
   loaded = LoadFullState(dir, "t");
-  EXPECT_THAT(loaded.status().message(),
-              HasSubstr("parameter 'embed.weight': elements [18, 35) are in no rank file"));
+  EXPECT_THAT(loaded.status().message(), HasSubstr("parameter 'embed.weight': elements [18, 35) are in no rank file"));
 }
 
 // --- model mismatch -----------------------------------------------------------------------------
@@ -337,20 +333,16 @@ TEST(CheckpointTest, ModelMismatchNamesParametersAndShapes) {
   model[1].shape = {13, 11};
   auto r = LoadShardsForRank(dir, "t", model, 0, 2);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(
-      r.status().message(),
-      HasSubstr("parameter 'block0.fc.weight': checkpoint shape [11, 13], model shape [13, 11]"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("parameter 'block0.fc.weight': checkpoint shape [11, 13], model shape [13, 11]"));
 
   model = SyntheticModel();
   model[5].name = "head.w";
   r = LoadShardsForRank(dir, "t", model, 1, 2);
   EXPECT_THAT(r.status().message(), HasSubstr("2 differences"));
+  EXPECT_THAT(r.status().message(), HasSubstr("parameter 'head.w' (model shape [3, 17]) is not in the checkpoint"));
   EXPECT_THAT(r.status().message(),
-              HasSubstr("parameter 'head.w' (model shape [3, 17]) is not in the checkpoint"));
-  EXPECT_THAT(
-      r.status().message(),
-      HasSubstr(
-          "checkpoint parameter 'head.weight' (shape [3, 17]) is not registered by the model"));
+              HasSubstr("checkpoint parameter 'head.weight' (shape [3, 17]) is not registered by the model"));
 
   model = SyntheticModel();
   model.pop_back();
@@ -467,9 +459,8 @@ TEST_F(CorruptionTest, FlippedByteIsAChecksumMismatchNamingTheFile) {
   auto r = LoadFullState(dir_, "t");
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
   EXPECT_THAT(r.status().message(),
-              HasSubstr("rank 1 file: " + path1_ + ": checksum mismatch: expected crc32c " +
-                        Crc32cHex(want) + " (metadata.json), got " +
-                        Crc32cHex(Crc32c(bytes.data(), bytes.size() - 8))));
+              HasSubstr("rank 1 file: " + path1_ + ": checksum mismatch: expected crc32c " + Crc32cHex(want) +
+                        " (metadata.json), got " + Crc32cHex(Crc32c(bytes.data(), bytes.size() - 8))));
   EXPECT_FALSE(LoadShardsForRank(dir_, "t", SyntheticModel(), 0, 1).ok());
 }
 
@@ -489,13 +480,11 @@ TEST_F(CorruptionTest, TruncatedFileReportsBothSizes) {
   Spit(path1_, bytes.substr(0, full_size - 100));
   auto r = ReadRankFile(dir_, "t", 1, meta_);
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
-  EXPECT_THAT(r.status().message(),
-              HasSubstr(path1_ + ": truncated: expected " + std::to_string(full_size) +
-                        " bytes (metadata.json), got " + std::to_string(full_size - 100)));
+  EXPECT_THAT(r.status().message(), HasSubstr(path1_ + ": truncated: expected " + std::to_string(full_size) +
+                                              " bytes (metadata.json), got " + std::to_string(full_size - 100)));
   auto info = ReadRankFileInfo(dir_, "t", 1, 3);
-  EXPECT_THAT(
-      info.status().message(),
-      HasSubstr("truncated: expected " + std::to_string(full_size) + " bytes (from its header)"));
+  EXPECT_THAT(info.status().message(),
+              HasSubstr("truncated: expected " + std::to_string(full_size) + " bytes (from its header)"));
 }
 
 TEST_F(CorruptionTest, MissingRankFileNamesItAndTheSavedWorldSize) {
@@ -526,8 +515,7 @@ TEST_F(CorruptionTest, LatestNamingAMissingTag) {
   ::unlink((dir_ + "/latest").c_str());
   EXPECT_THAT(ReadLatest(dir_).status().message(), HasSubstr("no checkpoint was completed"));
   EXPECT_THAT(ReadLatest(dir_ + "/nothere").status().message(), HasSubstr("does not exist"));
-  EXPECT_THAT(ReadMetadata(dir_, "nope").status().message(),
-              HasSubstr("checkpoint tag 'nope' does not exist"));
+  EXPECT_THAT(ReadMetadata(dir_, "nope").status().message(), HasSubstr("checkpoint tag 'nope' does not exist"));
 }
 
 TEST_F(CorruptionTest, MetadataOfAnotherFormatVersion) {
@@ -551,8 +539,7 @@ TEST_F(CorruptionTest, MalformedMetadataNamesTheKey) {
   std::string bad = text;
   bad.replace(bad.find(key), key.size(), "\"adam_step\": \"x\"");
   Spit(path, SealMetadataText(bad));
-  EXPECT_THAT(ReadMetadata(dir_, "t").status().message(),
-              HasSubstr("key 'adam_step' is missing or not an integer"));
+  EXPECT_THAT(ReadMetadata(dir_, "t").status().message(), HasSubstr("key 'adam_step' is missing or not an integer"));
   bad = text;
   const std::string numel = "\"numel\": 143";
   ASSERT_NE(bad.find(numel), std::string::npos);
@@ -599,7 +586,8 @@ TEST_F(CorruptionTest, DeeplyNestedMetadataIsRefusedNotACrash) {
   text.insert(at + config.size(), "\"deep\": " + deep + ", ");
   Spit(path, SealMetadataText(text.substr(0, text.rfind(",\n \"metadata_crc32c\"")) + "\n}\n"));
   const std::string message = InChild([&] { return ReadMetadata(dir_, "t").status().ToString(); }, 10);
-  EXPECT_THAT(message, HasSubstr("DATA_LOSS: " + path + ": not valid JSON (the file is corrupt): JSON nested deeper "
+  EXPECT_THAT(message, HasSubstr("DATA_LOSS: " + path +
+                                 ": not valid JSON (the file is corrupt): JSON nested deeper "
                                  "than 100 levels at line "))
       << message.substr(0, 300);
 }
@@ -649,11 +637,9 @@ TEST_F(CorruptionTest, FlippedMetadataByteIsAChecksumMismatchNamingTheFile) {
   auto r = ReadMetadata(dir_, "t");
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
   EXPECT_THAT(r.status().message(),
-              HasSubstr(path + ": checksum mismatch: its metadata_crc32c entry says " +
-                        Crc32cHex(stored) + ", "));
-  EXPECT_THAT(r.status().message(),
-              HasSubstr("the " + std::to_string(covered) + " bytes before it have crc32c " +
-                        Crc32cHex(Crc32c(text.data(), covered))));
+              HasSubstr(path + ": checksum mismatch: its metadata_crc32c entry says " + Crc32cHex(stored) + ", "));
+  EXPECT_THAT(r.status().message(), HasSubstr("the " + std::to_string(covered) + " bytes before it have crc32c " +
+                                              Crc32cHex(Crc32c(text.data(), covered))));
   EXPECT_FALSE(LoadFullState(dir_, "t").ok());
   EXPECT_FALSE(LoadShardsForRank(dir_, "t", SyntheticModel(), 0, 1).ok());
 }
@@ -667,11 +653,10 @@ TEST_F(CorruptionTest, TruncatedMetadataSaysSo) {
     EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << keep;
     EXPECT_THAT(r.status().message(), HasSubstr(path + ": ")) << keep;
     // Cut inside the JSON: not parseable; cut after the last '}': parseable but unsealed.
-    EXPECT_THAT(r.status().message(),
-                ::testing::AnyOf(HasSubstr("truncated or corrupt: it does not end with its "
-                                           "\"metadata_crc32c\" entry and is not valid JSON"),
-                                 HasSubstr("this file has none at its end (it was truncated or "
-                                           "edited)")))
+    EXPECT_THAT(r.status().message(), ::testing::AnyOf(HasSubstr("truncated or corrupt: it does not end with its "
+                                                                 "\"metadata_crc32c\" entry and is not valid JSON"),
+                                                       HasSubstr("this file has none at its end (it was truncated or "
+                                                                 "edited)")))
         << keep << ": " << r.status().message();
   }
 }
@@ -699,9 +684,8 @@ TEST_F(CorruptionTest, FormatVersion1WithoutChecksumStillLoads) {
   Spit(path, v2_unsealed);
   auto r = ReadMetadata(dir_, "t");
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
-  EXPECT_THAT(r.status().message(),
-              HasSubstr(path + ": format version 2 ends with a \"metadata_crc32c\" entry, this "
-                               "file has none at its end"));
+  EXPECT_THAT(r.status().message(), HasSubstr(path + ": format version 2 ends with a \"metadata_crc32c\" entry, this "
+                                                     "file has none at its end"));
 }
 
 }  // namespace

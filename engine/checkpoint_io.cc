@@ -175,8 +175,7 @@ Status AtomicFileWriter::Append(const void* data, size_t size) {
 }
 
 Status AtomicFileWriter::Commit() {
-  if (fd_ < 0 || committed_)
-    return FailedPreconditionError("commit " + path_ + ": writer is closed");
+  if (fd_ < 0 || committed_) return FailedPreconditionError("commit " + path_ + ": writer is closed");
   Status st = Flush();
   if (st.ok() && ::fsync(fd_) != 0) st = ErrnoError("fsync", temp_path_, errno);
   if (st.ok()) {
@@ -230,22 +229,20 @@ Result<std::string> ReadFile(const std::string& path) {
   return out;
 }
 
-Result<std::string> ReadFileVerified(const std::string& path, uint64_t expected_size,
-                                     uint32_t expected_crc) {
+Result<std::string> ReadFileVerified(const std::string& path, uint64_t expected_size, uint32_t expected_crc) {
   ZERO_ASSIGN_OR_RETURN(std::string data, ReadFile(path));
   if (data.size() < expected_size) {
-    return DataLossError(path + ": truncated: expected " + std::to_string(expected_size) +
-                         " bytes, got " + std::to_string(data.size()));
+    return DataLossError(path + ": truncated: expected " + std::to_string(expected_size) + " bytes, got " +
+                         std::to_string(data.size()));
   }
   if (data.size() > expected_size) {
-    return DataLossError(path + ": longer than expected: expected " +
-                         std::to_string(expected_size) + " bytes, got " +
+    return DataLossError(path + ": longer than expected: expected " + std::to_string(expected_size) + " bytes, got " +
                          std::to_string(data.size()));
   }
   uint32_t crc = Crc32c(data.data(), data.size());
   if (crc != expected_crc) {
-    return DataLossError(path + ": checksum mismatch: expected crc32c " + Crc32cHex(expected_crc) +
-                         ", got " + Crc32cHex(crc) + " (the file is corrupt)");
+    return DataLossError(path + ": checksum mismatch: expected crc32c " + Crc32cHex(expected_crc) + ", got " +
+                         Crc32cHex(crc) + " (the file is corrupt)");
   }
   return data;
 }
@@ -267,8 +264,8 @@ Result<std::string> ReadFileRange(const std::string& path, uint64_t offset, size
   }
   ::close(fd);
   if (got < size) {
-    return DataLossError(path + ": truncated: expected " + std::to_string(offset + size) +
-                         " bytes, got " + std::to_string(offset + got));
+    return DataLossError(path + ": truncated: expected " + std::to_string(offset + size) + " bytes, got " +
+                         std::to_string(offset + got));
   }
   return out;
 }
@@ -369,8 +366,7 @@ Status ExchangePaths(const std::string& a, const std::string& b) {
   }
   const int err = errno;
   if (err == EINVAL || err == ENOSYS || err == ENOTSUP || err == EOPNOTSUPP) {
-    return UnimplementedError("exchange " + a + " and " + b +
-                              ": renameat2(RENAME_EXCHANGE) is not supported here (" +
+    return UnimplementedError("exchange " + a + " and " + b + ": renameat2(RENAME_EXCHANGE) is not supported here (" +
                               std::strerror(err) + ")");
   }
   return ErrnoError("exchange " + a + " and", b, err);

@@ -80,8 +80,7 @@ Result<std::string> ReadFile(const std::string& path);
 // Reads a whole file and checks its size and CRC32C: DATA_LOSS "<path>: truncated: expected N
 // bytes, got M" (or "longer than expected"), "<path>: checksum mismatch: expected crc32c 0x...,
 // got 0x...".
-Result<std::string> ReadFileVerified(const std::string& path, uint64_t expected_size,
-                                     uint32_t expected_crc);
+Result<std::string> ReadFileVerified(const std::string& path, uint64_t expected_size, uint32_t expected_crc);
 
 // Reads `size` bytes at `offset` (pread). Fewer bytes available: DATA_LOSS "truncated".
 Result<std::string> ReadFileRange(const std::string& path, uint64_t offset, size_t size);

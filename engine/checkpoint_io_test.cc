@@ -46,8 +46,9 @@ TEST(CheckpointIoTest, NonRegularFilesAreRefusedWithoutBlocking) {
   const std::string dir = ScratchDir("nonregular");
   const std::string fifo = dir + "/pipe";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  const std::string refused = fifo + ": not a regular file (it is a named pipe); checkpoint files are read only "
-                                     "from regular files";
+  const std::string refused = fifo +
+                              ": not a regular file (it is a named pipe); checkpoint files are read only "
+                              "from regular files";
   EXPECT_EQ(InChild([&] { return ReadFile(fifo).status().message(); }, 5), refused);
   EXPECT_EQ(InChild([&] { return ReadFileRange(fifo, 0, 48).status().message(); }, 5), refused);
   EXPECT_EQ(InChild([&] { return ReadFileVerified(fifo, 0, 0).status().message(); }, 5), refused);
@@ -89,9 +90,8 @@ TEST(DirectoryLockTest, SharedInAProcessRefusedToAnotherNamingIt) {
   ASSERT_EQ(c, '1');
   auto refused = DirectoryLock::Acquire(dir);
   EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_THAT(refused.status().message(),
-              HasSubstr("checkpoint directory " + dir + " is in use by another job (pid " + std::to_string(other) +
-                        " on host "));
+  EXPECT_THAT(refused.status().message(), HasSubstr("checkpoint directory " + dir + " is in use by another job (pid " +
+                                                    std::to_string(other) + " on host "));
   EXPECT_THAT(refused.status().message(), HasSubstr(" holds " + dir + "/.zero_lock)"));
   ASSERT_EQ(::write(done[1], "x", 1), 1);
   int status = 0;
@@ -181,21 +181,18 @@ TEST(AtomicFileTest, VerifiedReadNamesFileAndProblem) {
   WritePlain(path, data.substr(0, 10));
   auto truncated = ReadFileVerified(path, data.size(), crc);
   EXPECT_EQ(truncated.status().code(), StatusCode::kDataLoss);
-  EXPECT_THAT(truncated.status().message(),
-              HasSubstr(path + ": truncated: expected 16 bytes, got 10"));
+  EXPECT_THAT(truncated.status().message(), HasSubstr(path + ": truncated: expected 16 bytes, got 10"));
 
   std::string flipped = data;
   flipped[5] ^= 0x01;
   WritePlain(path, flipped);
   auto corrupt = ReadFileVerified(path, data.size(), crc);
   EXPECT_EQ(corrupt.status().code(), StatusCode::kDataLoss);
-  EXPECT_THAT(corrupt.status().message(),
-              HasSubstr(path + ": checksum mismatch: expected crc32c " + Crc32cHex(crc) + ", got " +
-                        Crc32cHex(Crc32c(flipped.data(), flipped.size()))));
+  EXPECT_THAT(corrupt.status().message(), HasSubstr(path + ": checksum mismatch: expected crc32c " + Crc32cHex(crc) +
+                                                    ", got " + Crc32cHex(Crc32c(flipped.data(), flipped.size()))));
 
   WritePlain(path, data + "x");
-  EXPECT_THAT(ReadFileVerified(path, data.size(), crc).status().message(),
-              HasSubstr("longer than expected"));
+  EXPECT_THAT(ReadFileVerified(path, data.size(), crc).status().message(), HasSubstr("longer than expected"));
 
   auto range = ReadFileRange(path, 10, 20);
   EXPECT_EQ(range.status().code(), StatusCode::kDataLoss);

@@ -87,16 +87,14 @@ Status GetBool(const json& j, const std::string& key, bool* out, const std::stri
   return OkStatus();
 }
 
-Status GetString(const json& j, const std::string& key, std::string* out,
-                 const std::string& where) {
+Status GetString(const json& j, const std::string& key, std::string* out, const std::string& where) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_string()) return KeyError(where, key, "a string");
   *out = it->get<std::string>();
   return OkStatus();
 }
 
-Status GetObject(const json& j, const std::string& key, const json** out,
-                 const std::string& where) {
+Status GetObject(const json& j, const std::string& key, const json** out, const std::string& where) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_object()) return KeyError(where, key, "an object");
   *out = &*it;
@@ -111,22 +109,18 @@ Result<json> ParseJson(const std::string& text, const std::string& what) {
   return parsed;
 }
 
-Status CheckParamTable(const std::vector<CheckpointParam>& params, int world,
-                       const std::string& where) {
+Status CheckParamTable(const std::vector<CheckpointParam>& params, int world, const std::string& where) {
   std::unordered_map<std::string, size_t> seen;
   for (size_t i = 0; i < params.size(); ++i) {
     const CheckpointParam& p = params[i];
-    if (p.name.empty())
-      return InvalidArgumentError(where + ": parameter " + std::to_string(i) +
-                                  " has an empty name");
+    if (p.name.empty()) return InvalidArgumentError(where + ": parameter " + std::to_string(i) + " has an empty name");
     if (!seen.emplace(p.name, i).second) {
       return InvalidArgumentError(where + ": parameter '" + p.name + "' appears twice");
     }
     int64_t numel = ShapeNumel(p.shape);
     if (numel < 0 || numel != p.numel || p.n_pad != PaddedNumel(p.numel, world)) {
-      return InvalidArgumentError(where + ": parameter '" + p.name + "': shape " +
-                                  ShapeString(p.shape) + ", numel " + std::to_string(p.numel) +
-                                  " and n_pad " + std::to_string(p.n_pad) +
+      return InvalidArgumentError(where + ": parameter '" + p.name + "': shape " + ShapeString(p.shape) + ", numel " +
+                                  std::to_string(p.numel) + " and n_pad " + std::to_string(p.n_pad) +
                                   " disagree for dp world size " + std::to_string(world));
     }
   }
@@ -157,8 +151,7 @@ int64_t ShapeNumel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-CheckpointParam MakeCheckpointParam(std::string name, std::vector<int64_t> shape,
-                                    std::string module, int world) {
+CheckpointParam MakeCheckpointParam(std::string name, std::vector<int64_t> shape, std::string module, int world) {
   CheckpointParam p;
   p.name = std::move(name);
   p.numel = ShapeNumel(shape);
@@ -169,9 +162,7 @@ CheckpointParam MakeCheckpointParam(std::string name, std::vector<int64_t> shape
   return p;
 }
 
-Status CheckJsonText(const std::string& text, const std::string& what) {
-  return ParseJson(text, what).status();
-}
+Status CheckJsonText(const std::string& text, const std::string& what) { return ParseJson(text, what).status(); }
 
 // --- writing -------------------------------------------------------------------------------------
 
@@ -198,17 +189,15 @@ Status WriteMetadata(const std::string& dir, const std::string& tag, const Check
   ZERO_RETURN_IF_ERROR(ValidateTag(tag));
   const std::string path = JoinPath(TagDirectory(dir, tag), kMetadataFileName);
   if (meta.tag != tag) {
-    return InvalidArgumentError(path + ": metadata tag '" + meta.tag + "' differs from '" + tag +
-                                "'");
+    return InvalidArgumentError(path + ": metadata tag '" + meta.tag + "' differs from '" + tag + "'");
   }
   if (meta.dp_world_size < 1 || static_cast<int>(meta.rank_files.size()) != meta.dp_world_size) {
-    return InvalidArgumentError(path + ": dp world size " + std::to_string(meta.dp_world_size) +
-                                " but " + std::to_string(meta.rank_files.size()) + " rank files");
+    return InvalidArgumentError(path + ": dp world size " + std::to_string(meta.dp_world_size) + " but " +
+                                std::to_string(meta.rank_files.size()) + " rank files");
   }
   ZERO_RETURN_IF_ERROR(CheckParamTable(meta.params, meta.dp_world_size, path));
   ZERO_ASSIGN_OR_RETURN(json config, ParseJson(meta.config_json, path + ": config_json"));
-  ZERO_ASSIGN_OR_RETURN(json client,
-                        ParseJson(meta.client_state_json, path + ": client_state_json"));
+  ZERO_ASSIGN_OR_RETURN(json client, ParseJson(meta.client_state_json, path + ": client_state_json"));
 
   json j = json::object();
   j["format"] = kMetadataFormat;
@@ -224,9 +213,8 @@ Status WriteMetadata(const std::string& dir, const std::string& tag, const Check
                       {"good_steps", meta.loss_scaler.good_steps},
                       {"hysteresis", meta.loss_scaler.hysteresis},
                       {"last_overflow_step", meta.loss_scaler.last_overflow_step}};
-  j["scheduler"] = {{"type", meta.scheduler.type},
-                    {"last_step", meta.scheduler.last_step},
-                    {"last_lr", meta.scheduler.last_lr}};
+  j["scheduler"] = {
+      {"type", meta.scheduler.type}, {"last_step", meta.scheduler.last_step}, {"last_lr", meta.scheduler.last_lr}};
   j["model_dtype"] = DTypeName(meta.model_dtype);
   j["zero_stage"] = meta.zero_stage;
   j["dp_world_size"] = meta.dp_world_size;
@@ -234,18 +222,14 @@ Status WriteMetadata(const std::string& dir, const std::string& tag, const Check
   j["client_state"] = std::move(client);
   json params = json::array();
   for (const CheckpointParam& p : meta.params) {
-    params.push_back({{"name", p.name},
-                      {"shape", p.shape},
-                      {"module", p.module},
-                      {"numel", p.numel},
-                      {"n_pad", p.n_pad}});
+    params.push_back(
+        {{"name", p.name}, {"shape", p.shape}, {"module", p.module}, {"numel", p.numel}, {"n_pad", p.n_pad}});
   }
   j["params"] = std::move(params);
   json files = json::array();
   for (size_t r = 0; r < meta.rank_files.size(); ++r) {
     const RankFileInfo& f = meta.rank_files[r];
-    files.push_back(
-        {{"rank", r}, {"file", f.file}, {"bytes", f.bytes}, {"crc32c", Crc32cHex(f.crc32c)}});
+    files.push_back({{"rank", r}, {"file", f.file}, {"bytes", f.bytes}, {"crc32c", Crc32cHex(f.crc32c)}});
   }
   j["rank_files"] = std::move(files);
   return WriteFileAtomic(path, SealMetadataText(j.dump(1)));
@@ -271,9 +255,8 @@ Result<CheckpointMeta> ReadMetadata(const std::string& dir, const std::string& t
   if (sealed) {
     const uint32_t crc = Crc32c(text.data(), seal.covered);
     if (crc != seal.crc) {
-      return DataLossError(path + ": checksum mismatch: its metadata_crc32c entry says " +
-                           Crc32cHex(seal.crc) + ", the " + std::to_string(seal.covered) +
-                           " bytes before it have crc32c " + Crc32cHex(crc) +
+      return DataLossError(path + ": checksum mismatch: its metadata_crc32c entry says " + Crc32cHex(seal.crc) +
+                           ", the " + std::to_string(seal.covered) + " bytes before it have crc32c " + Crc32cHex(crc) +
                            " (the file is corrupt or was edited)");
     }
   }
@@ -285,8 +268,8 @@ Result<CheckpointMeta> ReadMetadata(const std::string& dir, const std::string& t
     if (what.compare(0, path.size() + 2, path + ": ") == 0) what = what.substr(path.size() + 2);
     if (!sealed) {
       return DataLossError(path + ": truncated or corrupt: it does not end with its " +
-                           "\"metadata_crc32c\" entry and is not valid JSON (" +
-                           std::to_string(text.size()) + " bytes): " + what);
+                           "\"metadata_crc32c\" entry and is not valid JSON (" + std::to_string(text.size()) +
+                           " bytes): " + what);
     }
     return DataLossError(path + ": not valid JSON (the file is corrupt): " + what);
   }
@@ -296,18 +279,15 @@ Result<CheckpointMeta> ReadMetadata(const std::string& dir, const std::string& t
   std::string format;
   ZERO_RETURN_IF_ERROR(GetString(j, "format", &format, path));
   if (format != kMetadataFormat) {
-    return FailedPreconditionError(path + ": format '" + format + "' is not '" + kMetadataFormat +
-                                   "'");
+    return FailedPreconditionError(path + ": format '" + format + "' is not '" + kMetadataFormat + "'");
   }
   ZERO_RETURN_IF_ERROR(GetInt(j, "format_version", &m.format_version, path));
   ZERO_RETURN_IF_ERROR(GetString(j, "zero_version", &m.zero_version, path));
-  if (m.format_version < kOldestReadableFormatVersion ||
-      m.format_version > kCheckpointFormatVersion) {
-    return FailedPreconditionError(
-        path + ": checkpoint format version " + std::to_string(m.format_version) + " (written by " +
-        m.zero_version + "); this build of zero (" + kZeroVersion + ") reads format versions " +
-        std::to_string(kOldestReadableFormatVersion) + " to " +
-        std::to_string(kCheckpointFormatVersion));
+  if (m.format_version < kOldestReadableFormatVersion || m.format_version > kCheckpointFormatVersion) {
+    return FailedPreconditionError(path + ": checkpoint format version " + std::to_string(m.format_version) +
+                                   " (written by " + m.zero_version + "); this build of zero (" + kZeroVersion +
+                                   ") reads format versions " + std::to_string(kOldestReadableFormatVersion) + " to " +
+                                   std::to_string(kCheckpointFormatVersion));
   }
   // Version 1 had no metadata checksum: it loads unverified (its rank files are still verified
   // against it). From version 2 on the checksum is required.
@@ -329,8 +309,7 @@ Result<CheckpointMeta> ReadMetadata(const std::string& dir, const std::string& t
   ZERO_RETURN_IF_ERROR(GetDouble(*ls, "scale", &m.loss_scaler.scale, ls_where));
   ZERO_RETURN_IF_ERROR(GetInt(*ls, "good_steps", &m.loss_scaler.good_steps, ls_where));
   ZERO_RETURN_IF_ERROR(GetInt(*ls, "hysteresis", &m.loss_scaler.hysteresis, ls_where));
-  ZERO_RETURN_IF_ERROR(
-      GetInt(*ls, "last_overflow_step", &m.loss_scaler.last_overflow_step, ls_where));
+  ZERO_RETURN_IF_ERROR(GetInt(*ls, "last_overflow_step", &m.loss_scaler.last_overflow_step, ls_where));
   const json* sc;
   ZERO_RETURN_IF_ERROR(GetObject(j, "scheduler", &sc, path));
   const std::string sc_where = path + ": scheduler";
@@ -394,11 +373,10 @@ Result<CheckpointMeta> ReadMetadata(const std::string& dir, const std::string& t
     ZERO_RETURN_IF_ERROR(GetString(fj, "crc32c", &crc, where));
     char* end = nullptr;
     unsigned long v = std::strtoul(crc.c_str(), &end, 16);
-    if (rank != static_cast<int64_t>(r) || f.file != RankFileName(static_cast<int>(r)) ||
-        bytes < 0 || crc.size() != 10 || end != crc.c_str() + crc.size()) {
+    if (rank != static_cast<int64_t>(r) || f.file != RankFileName(static_cast<int>(r)) || bytes < 0 ||
+        crc.size() != 10 || end != crc.c_str() + crc.size()) {
       return DataLossError(where + ": expected rank " + std::to_string(r) + ", file " +
-                           RankFileName(static_cast<int>(r)) +
-                           ", bytes >= 0 and crc32c \"0x\" + 8 hex digits");
+                           RankFileName(static_cast<int>(r)) + ", bytes >= 0 and crc32c \"0x\" + 8 hex digits");
     }
     f.bytes = static_cast<uint64_t>(bytes);
     f.crc32c = static_cast<uint32_t>(v);

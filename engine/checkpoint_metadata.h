@@ -39,8 +39,7 @@ struct CheckpointParam {
 };
 // numel and n_pad computed from the shape and world size (-1 when the shape has a negative dim or
 // world < 1; WriteMetadata then refuses it).
-CheckpointParam MakeCheckpointParam(std::string name, std::vector<int64_t> shape,
-                                    std::string module, int world);
+CheckpointParam MakeCheckpointParam(std::string name, std::vector<int64_t> shape, std::string module, int world);
 
 struct RankFileInfo {
   std::string file;     // "zero_rank_<r>_optim_states.bin" (relative to the tag directory)

@@ -90,8 +90,8 @@ Result<RankHeader> ParseHeader(const std::string& path, const char* p, size_t av
   uint32_t want = Get<uint32_t>(p + kHeaderCrcOffset);
   uint32_t got = Crc32c(p, kHeaderCrcOffset);
   if (want != got) {
-    return DataLossError(path + ": header checksum mismatch: expected crc32c " + Crc32cHex(want) +
-                         ", got " + Crc32cHex(got) + " (the file is corrupt)");
+    return DataLossError(path + ": header checksum mismatch: expected crc32c " + Crc32cHex(want) + ", got " +
+                         Crc32cHex(got) + " (the file is corrupt)");
   }
   RankHeader h;
   h.version = Get<uint32_t>(p + 8);
@@ -101,8 +101,7 @@ Result<RankHeader> ParseHeader(const std::string& path, const char* p, size_t av
   h.file_bytes = Get<uint64_t>(p + 32);
   if (h.version != kRankFileVersion) {
     return FailedPreconditionError(path + ": rank file version " + std::to_string(h.version) +
-                                   "; this build of zero reads version " +
-                                   std::to_string(kRankFileVersion));
+                                   "; this build of zero reads version " + std::to_string(kRankFileVersion));
   }
   return h;
 }
@@ -110,9 +109,8 @@ Result<RankHeader> ParseHeader(const std::string& path, const char* p, size_t av
 Status CheckHeaderIdentity(const std::string& path, const RankHeader& h, int rank, int world) {
   if (static_cast<int>(h.rank) != rank || static_cast<int>(h.world) != world) {
     return DataLossError(path + ": header says rank " + std::to_string(h.rank) + " of world " +
-                         std::to_string(h.world) + ", expected rank " + std::to_string(rank) +
-                         " of world " + std::to_string(world) +
-                         " (a file left from another save under the same tag?)");
+                         std::to_string(h.world) + ", expected rank " + std::to_string(rank) + " of world " +
+                         std::to_string(world) + " (a file left from another save under the same tag?)");
   }
   return OkStatus();
 }
@@ -120,12 +118,11 @@ Status CheckHeaderIdentity(const std::string& path, const RankHeader& h, int ran
 // Bounds-checked cursor over a rank file's bytes.
 class Cursor {
  public:
-  Cursor(const std::string& path, std::string_view data, size_t pos)
-      : path_(path), data_(data), pos_(pos) {}
+  Cursor(const std::string& path, std::string_view data, size_t pos) : path_(path), data_(data), pos_(pos) {}
   Status Need(size_t n, const std::string& what) {
     if (n > data_.size() - pos_) {
-      return DataLossError(path_ + ": " + what + " runs past the end of the records (offset " +
-                           std::to_string(pos_) + ", " + std::to_string(n) + " bytes needed)");
+      return DataLossError(path_ + ": " + what + " runs past the end of the records (offset " + std::to_string(pos_) +
+                           ", " + std::to_string(n) + " bytes needed)");
     }
     return OkStatus();
   }
@@ -161,28 +158,27 @@ class Cursor {
 
 // Parses a whole rank file that already passed the size/CRC checks against metadata.json, and
 // checks every record against the param table.
-Result<std::vector<ParamShard>> ParseRankFile(const std::string& path, const std::string& data,
-                                              int rank, const CheckpointMeta& meta) {
+Result<std::vector<ParamShard>> ParseRankFile(const std::string& path, const std::string& data, int rank,
+                                              const CheckpointMeta& meta) {
   ZERO_ASSIGN_OR_RETURN(RankHeader h, ParseHeader(path, data.data(), data.size()));
   ZERO_RETURN_IF_ERROR(CheckHeaderIdentity(path, h, rank, meta.dp_world_size));
   if (h.file_bytes != data.size()) {
     return DataLossError(path + ": truncated: expected " + std::to_string(h.file_bytes) +
                          " bytes (from its header), got " + std::to_string(data.size()));
   }
-  if (data.size() < kHeaderBytes + kTrailerBytes ||
-      std::memcmp(data.data() + data.size() - 4, kTrailerMagic, 4) != 0) {
+  if (data.size() < kHeaderBytes + kTrailerBytes || std::memcmp(data.data() + data.size() - 4, kTrailerMagic, 4) != 0) {
     return DataLossError(path + ": bad trailer (the file is corrupt)");
   }
   const size_t body = data.size() - kTrailerBytes;
   uint32_t want = Get<uint32_t>(data.data() + body);
   uint32_t got = Crc32c(data.data(), body);
   if (want != got) {
-    return DataLossError(path + ": checksum mismatch: expected crc32c " + Crc32cHex(want) +
-                         " (its trailer), got " + Crc32cHex(got) + " (the file is corrupt)");
+    return DataLossError(path + ": checksum mismatch: expected crc32c " + Crc32cHex(want) + " (its trailer), got " +
+                         Crc32cHex(got) + " (the file is corrupt)");
   }
   if (h.param_count != meta.params.size()) {
-    return DataLossError(path + ": holds " + std::to_string(h.param_count) +
-                         " parameters, metadata.json lists " + std::to_string(meta.params.size()));
+    return DataLossError(path + ": holds " + std::to_string(h.param_count) + " parameters, metadata.json lists " +
+                         std::to_string(meta.params.size()));
   }
   Cursor cur(path, std::string_view(data.data(), body), kHeaderBytes);
   std::vector<ParamShard> shards(meta.params.size());
@@ -202,14 +198,12 @@ Result<std::vector<ParamShard>> ParseRankFile(const std::string& path, const std
     ZERO_RETURN_IF_ERROR(cur.Read(&s.begin, what));
     ZERO_RETURN_IF_ERROR(cur.Read(&s.end, what));
     if (s.name != p.name || s.shape != p.shape || s.numel != p.numel) {
-      return DataLossError(path + ": " + what + " is parameter '" + s.name + "' of shape " +
-                           ShapeString(s.shape) + ", metadata.json lists '" + p.name +
-                           "' of shape " + ShapeString(p.shape));
+      return DataLossError(path + ": " + what + " is parameter '" + s.name + "' of shape " + ShapeString(s.shape) +
+                           ", metadata.json lists '" + p.name + "' of shape " + ShapeString(p.shape));
     }
     if (s.begin < 0 || s.end < s.begin || s.end > p.n_pad) {
-      return DataLossError(path + ": " + what + ": range [" + std::to_string(s.begin) + ", " +
-                           std::to_string(s.end) + ") is outside the padded parameter [0, " +
-                           std::to_string(p.n_pad) + ")");
+      return DataLossError(path + ": " + what + ": range [" + std::to_string(s.begin) + ", " + std::to_string(s.end) +
+                           ") is outside the padded parameter [0, " + std::to_string(p.n_pad) + ")");
     }
     const size_t count = static_cast<size_t>(s.end - s.begin);
     ZERO_RETURN_IF_ERROR(cur.ReadFloats(count, &s.master, what));
@@ -217,8 +211,7 @@ Result<std::vector<ParamShard>> ParseRankFile(const std::string& path, const std
     ZERO_RETURN_IF_ERROR(cur.ReadFloats(count, &s.exp_avg_sq, what));
   }
   if (cur.pos() != body) {
-    return DataLossError(path + ": " + std::to_string(body - cur.pos()) +
-                         " unexpected bytes after the last record");
+    return DataLossError(path + ": " + std::to_string(body - cur.pos()) + " unexpected bytes after the last record");
   }
   return shards;
 }
@@ -227,38 +220,34 @@ Result<std::vector<ParamShard>> ParseRankFile(const std::string& path, const std
 
 // --- writing -------------------------------------------------------------------------------------
 
-Result<RankFileInfo> WriteRankFile(const std::string& dir, const std::string& tag, int rank,
-                                   int world, const std::vector<ParamShard>& shards) {
+Result<RankFileInfo> WriteRankFile(const std::string& dir, const std::string& tag, int rank, int world,
+                                   const std::vector<ParamShard>& shards) {
   ZERO_RETURN_IF_ERROR(ValidateTag(tag));
   if (world < 1 || rank < 0 || rank >= world) {
-    return InvalidArgumentError("WriteRankFile: rank " + std::to_string(rank) +
-                                " is not in a dp world of size " + std::to_string(world));
+    return InvalidArgumentError("WriteRankFile: rank " + std::to_string(rank) + " is not in a dp world of size " +
+                                std::to_string(world));
   }
-  const std::string where =
-      "checkpoint rank " + std::to_string(rank) + " of " + std::to_string(world);
+  const std::string where = "checkpoint rank " + std::to_string(rank) + " of " + std::to_string(world);
   uint64_t total = kHeaderBytes + kTrailerBytes;
   std::vector<std::string> record_headers;
   record_headers.reserve(shards.size());
   for (const ParamShard& s : shards) {
     const int64_t numel = ShapeNumel(s.shape);
     if (numel < 0 || numel != s.numel) {
-      return InvalidArgumentError(where + ": parameter '" + s.name + "': numel " +
-                                  std::to_string(s.numel) + " is not the product of shape " +
-                                  ShapeString(s.shape));
+      return InvalidArgumentError(where + ": parameter '" + s.name + "': numel " + std::to_string(s.numel) +
+                                  " is not the product of shape " + ShapeString(s.shape));
     }
     if (s.begin < 0 || s.end < s.begin || s.end > PaddedNumel(s.numel, world)) {
-      return InvalidArgumentError(where + ": parameter '" + s.name + "': range [" +
-                                  std::to_string(s.begin) + ", " + std::to_string(s.end) +
-                                  ") is outside the padded parameter [0, " +
+      return InvalidArgumentError(where + ": parameter '" + s.name + "': range [" + std::to_string(s.begin) + ", " +
+                                  std::to_string(s.end) + ") is outside the padded parameter [0, " +
                                   std::to_string(PaddedNumel(s.numel, world)) + ")");
     }
     const size_t count = static_cast<size_t>(s.end - s.begin);
     if (s.master.size() != count || s.exp_avg.size() != count || s.exp_avg_sq.size() != count) {
       return InvalidArgumentError(
-          where + ": parameter '" + s.name + "': range [" + std::to_string(s.begin) + ", " +
-          std::to_string(s.end) + ") needs " + std::to_string(count) +
-          " floats per state, got master " + std::to_string(s.master.size()) + ", exp_avg " +
-          std::to_string(s.exp_avg.size()) + ", exp_avg_sq " + std::to_string(s.exp_avg_sq.size()));
+          where + ": parameter '" + s.name + "': range [" + std::to_string(s.begin) + ", " + std::to_string(s.end) +
+          ") needs " + std::to_string(count) + " floats per state, got master " + std::to_string(s.master.size()) +
+          ", exp_avg " + std::to_string(s.exp_avg.size()) + ", exp_avg_sq " + std::to_string(s.exp_avg_sq.size()));
     }
     record_headers.push_back(RecordHeader(s));
     total += record_headers.back().size() + 3 * count * sizeof(float);
@@ -290,59 +279,50 @@ Result<RankFileInfo> WriteRankFile(const std::string& dir, const std::string& ta
 
 // --- reading -------------------------------------------------------------------------------------
 
-Result<RankFileInfo> ReadRankFileInfo(const std::string& dir, const std::string& tag, int rank,
-                                      int world) {
+Result<RankFileInfo> ReadRankFileInfo(const std::string& dir, const std::string& tag, int rank, int world) {
   const std::string path = JoinPath(TagDirectory(dir, tag), RankFileName(rank));
   ZERO_ASSIGN_OR_RETURN(uint64_t size, FileSize(path));  // NOT_FOUND names the file
-  ZERO_ASSIGN_OR_RETURN(std::string header,
-                        ReadFileRange(path, 0, std::min<uint64_t>(size, kHeaderBytes)));
+  ZERO_ASSIGN_OR_RETURN(std::string header, ReadFileRange(path, 0, std::min<uint64_t>(size, kHeaderBytes)));
   ZERO_ASSIGN_OR_RETURN(RankHeader h, ParseHeader(path, header.data(), header.size()));
   ZERO_RETURN_IF_ERROR(CheckHeaderIdentity(path, h, rank, world));
   if (size != h.file_bytes) {
     return DataLossError(path + ": truncated: expected " + std::to_string(h.file_bytes) +
                          " bytes (from its header), got " + std::to_string(size));
   }
-  if (size < kHeaderBytes + kTrailerBytes)
-    return DataLossError(path + ": bad trailer (the file is corrupt)");
-  ZERO_ASSIGN_OR_RETURN(std::string trailer,
-                        ReadFileRange(path, size - kTrailerBytes, kTrailerBytes));
+  if (size < kHeaderBytes + kTrailerBytes) return DataLossError(path + ": bad trailer (the file is corrupt)");
+  ZERO_ASSIGN_OR_RETURN(std::string trailer, ReadFileRange(path, size - kTrailerBytes, kTrailerBytes));
   if (std::memcmp(trailer.data() + 4, kTrailerMagic, 4) != 0) {
     return DataLossError(path + ": bad trailer (the file is corrupt)");
   }
   return RankFileInfo{RankFileName(rank), size, Get<uint32_t>(trailer.data())};
 }
 
-Result<std::vector<ParamShard>> ReadRankFile(const std::string& dir, const std::string& tag,
-                                             int rank, const CheckpointMeta& meta) {
+Result<std::vector<ParamShard>> ReadRankFile(const std::string& dir, const std::string& tag, int rank,
+                                             const CheckpointMeta& meta) {
   const std::string tag_dir = TagDirectory(dir, tag);
   const std::string path = JoinPath(tag_dir, RankFileName(rank));
-  if (rank < 0 || rank >= meta.dp_world_size ||
-      static_cast<int>(meta.rank_files.size()) != meta.dp_world_size) {
+  if (rank < 0 || rank >= meta.dp_world_size || static_cast<int>(meta.rank_files.size()) != meta.dp_world_size) {
     return InvalidArgumentError("checkpoint " + tag_dir + " was saved with dp world size " +
-                                std::to_string(meta.dp_world_size) + "; it has no rank " +
-                                std::to_string(rank));
+                                std::to_string(meta.dp_world_size) + "; it has no rank " + std::to_string(rank));
   }
   if (!PathExists(path)) {
     return NotFoundError("checkpoint " + tag_dir + " was saved with dp world size " +
-                         std::to_string(meta.dp_world_size) + ", but its rank file " +
-                         RankFileName(rank) + " is missing (" + path + ")");
+                         std::to_string(meta.dp_world_size) + ", but its rank file " + RankFileName(rank) +
+                         " is missing (" + path + ")");
   }
   const RankFileInfo& info = meta.rank_files[rank];
   const std::string ctx = "rank " + std::to_string(rank) + " file";
   ZERO_ASSIGN_OR_RETURN(std::string data, ReadFile(path));
   if (data.size() != info.bytes) {
-    return DataLossError(ctx + ": " + path +
-                         (data.size() < info.bytes ? ": truncated" : ": longer than expected") +
-                         ": expected " + std::to_string(info.bytes) +
-                         " bytes (metadata.json), got " + std::to_string(data.size()));
+    return DataLossError(ctx + ": " + path + (data.size() < info.bytes ? ": truncated" : ": longer than expected") +
+                         ": expected " + std::to_string(info.bytes) + " bytes (metadata.json), got " +
+                         std::to_string(data.size()));
   }
-  if (data.size() < kTrailerBytes)
-    return DataLossError(ctx + ": " + path + ": shorter than a trailer");
+  if (data.size() < kTrailerBytes) return DataLossError(ctx + ": " + path + ": shorter than a trailer");
   const uint32_t crc = Crc32c(data.data(), data.size() - kTrailerBytes);
   if (crc != info.crc32c) {
-    return DataLossError(ctx + ": " + path + ": checksum mismatch: expected crc32c " +
-                         Crc32cHex(info.crc32c) + " (metadata.json), got " + Crc32cHex(crc) +
-                         " (the file is corrupt, or from another save)");
+    return DataLossError(ctx + ": " + path + ": checksum mismatch: expected crc32c " + Crc32cHex(info.crc32c) +
+                         " (metadata.json), got " + Crc32cHex(crc) + " (the file is corrupt, or from another save)");
   }
   return ParseRankFile(path, data, rank, meta);
 }

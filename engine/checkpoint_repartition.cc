@@ -14,8 +14,7 @@ namespace {
 using Intervals = std::vector<std::pair<int64_t, int64_t>>;
 
 // The slices of one parameter must cover [0, numel) exactly once (padding beyond numel ignored).
-Status CheckCoverage(const std::string& tag_dir, const std::string& name, int64_t numel,
-                     Intervals iv) {
+Status CheckCoverage(const std::string& tag_dir, const std::string& name, int64_t numel, Intervals iv) {
   for (auto& [b, e] : iv) {
     b = std::min(b, numel);
     e = std::min(e, numel);
@@ -25,29 +24,26 @@ Status CheckCoverage(const std::string& tag_dir, const std::string& name, int64_
   for (const auto& [b, e] : iv) {
     if (b == e) continue;
     if (b > pos) {
-      return DataLossError("checkpoint " + tag_dir + ": parameter '" + name + "': elements [" +
-                           std::to_string(pos) + ", " + std::to_string(b) +
-                           ") are in no rank file");
+      return DataLossError("checkpoint " + tag_dir + ": parameter '" + name + "': elements [" + std::to_string(pos) +
+                           ", " + std::to_string(b) + ") are in no rank file");
     }
     if (b < pos) {
-      return DataLossError("checkpoint " + tag_dir + ": parameter '" + name + "': elements [" +
-                           std::to_string(b) + ", " + std::to_string(std::min(pos, e)) +
-                           ") are in more than one rank file");
+      return DataLossError("checkpoint " + tag_dir + ": parameter '" + name + "': elements [" + std::to_string(b) +
+                           ", " + std::to_string(std::min(pos, e)) + ") are in more than one rank file");
     }
     pos = e;
   }
   if (pos < numel) {
-    return DataLossError("checkpoint " + tag_dir + ": parameter '" + name + "': elements [" +
-                         std::to_string(pos) + ", " + std::to_string(numel) +
-                         ") are in no rank file");
+    return DataLossError("checkpoint " + tag_dir + ": parameter '" + name + "': elements [" + std::to_string(pos) +
+                         ", " + std::to_string(numel) + ") are in no rank file");
   }
   return OkStatus();
 }
 
 // Copies the elements of `src` that fall in [dst_begin, dst_end) ∩ [0, numel) into the arrays
 // starting at dst_begin.
-void CopyOverlap(const ParamShard& src, int64_t numel, int64_t dst_begin, int64_t dst_end,
-                 float* master, float* exp_avg, float* exp_avg_sq) {
+void CopyOverlap(const ParamShard& src, int64_t numel, int64_t dst_begin, int64_t dst_end, float* master,
+                 float* exp_avg, float* exp_avg_sq) {
   int64_t lo = std::max(src.begin, dst_begin);
   int64_t hi = std::min({src.end, dst_end, numel});
   if (hi <= lo) return;
@@ -92,21 +88,19 @@ Result<FullState> LoadFullState(const std::string& dir, const std::string& tag) 
     ZERO_ASSIGN_OR_RETURN(std::vector<ParamShard> shards, ReadRankFile(dir, tag, r, meta));
     for (size_t i = 0; i < shards.size(); ++i) {
       FullParam& f = full.params[i];
-      CopyOverlap(shards[i], f.numel, 0, f.numel, f.master.data(), f.exp_avg.data(),
-                  f.exp_avg_sq.data());
+      CopyOverlap(shards[i], f.numel, 0, f.numel, f.master.data(), f.exp_avg.data(), f.exp_avg_sq.data());
       seen[i].emplace_back(shards[i].begin, shards[i].end);
     }
   }
   for (size_t i = 0; i < seen.size(); ++i) {
-    ZERO_RETURN_IF_ERROR(CheckCoverage(TagDirectory(dir, tag), meta.params[i].name,
-                                       meta.params[i].numel, std::move(seen[i])));
+    ZERO_RETURN_IF_ERROR(
+        CheckCoverage(TagDirectory(dir, tag), meta.params[i].name, meta.params[i].numel, std::move(seen[i])));
   }
   return full;
 }
 
-ParamShard SliceFullParam(const std::string& name, const std::vector<int64_t>& shape,
-                          const std::string& module, const float* master, const float* exp_avg,
-                          const float* exp_avg_sq, int rank, int world) {
+ParamShard SliceFullParam(const std::string& name, const std::vector<int64_t>& shape, const std::string& module,
+                          const float* master, const float* exp_avg, const float* exp_avg_sq, int rank, int world) {
   ParamShard s;
   s.name = name;
   s.shape = shape;
@@ -134,8 +128,8 @@ std::vector<ParamShard> ShardFor(const FullState& full, int new_rank, int new_wo
   std::vector<ParamShard> out;
   out.reserve(full.params.size());
   for (const FullParam& f : full.params) {
-    out.push_back(SliceFullParam(f.name, f.shape, f.module, f.master.data(), f.exp_avg.data(),
-                                 f.exp_avg_sq.data(), new_rank, new_world));
+    out.push_back(SliceFullParam(f.name, f.shape, f.module, f.master.data(), f.exp_avg.data(), f.exp_avg_sq.data(),
+                                 new_rank, new_world));
   }
   return out;
 }
@@ -146,15 +140,14 @@ Status CheckModelMatches(const CheckpointMeta& meta, const std::vector<ParamSign
   std::vector<std::string> problems;
   std::unordered_map<std::string, int> model_names;
   for (const ParamSignature& m : model) {
-    if (++model_names[m.name] == 2)
-      problems.push_back("the model registers '" + m.name + "' twice");
+    if (++model_names[m.name] == 2) problems.push_back("the model registers '" + m.name + "' twice");
     auto it = by_name.find(m.name);
     if (it == by_name.end()) {
       problems.push_back("parameter '" + m.name + "' (model shape " + ShapeString(m.shape) +
                          ") is not in the checkpoint");
     } else if (it->second->shape != m.shape) {
-      problems.push_back("parameter '" + m.name + "': checkpoint shape " +
-                         ShapeString(it->second->shape) + ", model shape " + ShapeString(m.shape));
+      problems.push_back("parameter '" + m.name + "': checkpoint shape " + ShapeString(it->second->shape) +
+                         ", model shape " + ShapeString(m.shape));
     }
   }
   for (const CheckpointParam& p : meta.params) {
@@ -164,9 +157,8 @@ Status CheckModelMatches(const CheckpointMeta& meta, const std::vector<ParamSign
     }
   }
   if (problems.empty()) return OkStatus();
-  std::string msg = "checkpoint tag '" + meta.tag + "' does not match the model (" +
-                    std::to_string(problems.size()) + " difference" +
-                    (problems.size() > 1 ? "s" : "") + "): ";
+  std::string msg = "checkpoint tag '" + meta.tag + "' does not match the model (" + std::to_string(problems.size()) +
+                    " difference" + (problems.size() > 1 ? "s" : "") + "): ";
   const size_t shown = std::min<size_t>(problems.size(), 8);
   for (size_t i = 0; i < shown; ++i) msg += (i ? "; " : "") + problems[i];
   if (shown < problems.size()) msg += "; and " + std::to_string(problems.size() - shown) + " more";
@@ -174,11 +166,11 @@ Status CheckModelMatches(const CheckpointMeta& meta, const std::vector<ParamSign
 }
 
 Result<std::vector<ParamShard>> LoadShardsForRank(const std::string& dir, const std::string& tag,
-                                                  const std::vector<ParamSignature>& model,
-                                                  int rank, int world, CheckpointMeta* meta_out) {
+                                                  const std::vector<ParamSignature>& model, int rank, int world,
+                                                  CheckpointMeta* meta_out) {
   if (world < 1 || rank < 0 || rank >= world) {
-    return InvalidArgumentError("LoadShardsForRank: rank " + std::to_string(rank) +
-                                " is not in a dp world of size " + std::to_string(world));
+    return InvalidArgumentError("LoadShardsForRank: rank " + std::to_string(rank) + " is not in a dp world of size " +
+                                std::to_string(world));
   }
   ZERO_ASSIGN_OR_RETURN(CheckpointMeta meta, ReadMetadata(dir, tag));
   ZERO_RETURN_IF_ERROR(CheckModelMatches(meta, model));
@@ -207,14 +199,13 @@ Result<std::vector<ParamShard>> LoadShardsForRank(const std::string& dir, const 
     ZERO_ASSIGN_OR_RETURN(std::vector<ParamShard> old, ReadRankFile(dir, tag, old_rank, meta));
     for (size_t i = 0; i < old.size(); ++i) {
       ParamShard& s = out[to_model[i]];
-      CopyOverlap(old[i], s.numel, s.begin, s.end, s.master.data(), s.exp_avg.data(),
-                  s.exp_avg_sq.data());
+      CopyOverlap(old[i], s.numel, s.begin, s.end, s.master.data(), s.exp_avg.data(), s.exp_avg_sq.data());
       seen[i].emplace_back(old[i].begin, old[i].end);
     }
   }
   for (size_t i = 0; i < seen.size(); ++i) {
-    ZERO_RETURN_IF_ERROR(CheckCoverage(TagDirectory(dir, tag), meta.params[i].name,
-                                       meta.params[i].numel, std::move(seen[i])));
+    ZERO_RETURN_IF_ERROR(
+        CheckCoverage(TagDirectory(dir, tag), meta.params[i].name, meta.params[i].numel, std::move(seen[i])));
   }
   if (meta_out) *meta_out = std::move(meta);
   return out;

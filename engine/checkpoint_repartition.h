@@ -48,9 +48,8 @@ Result<FullState> LoadFullState(const std::string& dir, const std::string& tag);
 
 // Rank `rank`'s PartitionRange slice of full host arrays (numel floats each),
 // padding zero, as partitioned stages hold it. REQUIRES: no negative dim, 0 <= rank < world.
-ParamShard SliceFullParam(const std::string& name, const std::vector<int64_t>& shape,
-                          const std::string& module, const float* master, const float* exp_avg,
-                          const float* exp_avg_sq, int rank, int world);
+ParamShard SliceFullParam(const std::string& name, const std::vector<int64_t>& shape, const std::string& module,
+                          const float* master, const float* exp_avg, const float* exp_avg_sq, int rank, int world);
 
 // Pure: the shards rank `new_rank` of `new_world` owns (PartitionRange of every parameter, in
 // `full` order), padding elements zero. ShardFor(full, 0, 1) gives the full tensors (stage 0).
@@ -73,8 +72,7 @@ Status CheckModelMatches(const CheckpointMeta& meta, const std::vector<ParamSign
 // rank, world) and zero padding. Stage 0 passes rank 0, world 1 to get full tensors. `meta_out`
 // (optional) receives the metadata (counters, loss scaler, scheduler, config).
 Result<std::vector<ParamShard>> LoadShardsForRank(const std::string& dir, const std::string& tag,
-                                                  const std::vector<ParamSignature>& model,
-                                                  int rank, int world,
+                                                  const std::vector<ParamSignature>& model, int rank, int world,
                                                   CheckpointMeta* meta_out = nullptr);
 
 }  // namespace zero

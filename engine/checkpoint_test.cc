@@ -71,8 +71,7 @@ TEST(CollectiveCheckpointTest, SaveAtThreeLoadAtTwoAndFull) {
 
   // Stage 0 style: full tensors on every rank.
   st = RunThreadRanks(2, [&](int rank, Communicator* comm, Device*) -> Status {
-    ZERO_ASSIGN_OR_RETURN(LoadedCheckpoint loaded,
-                          LoadCheckpoint(comm, dir, "global_step120", model, false));
+    ZERO_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadCheckpoint(comm, dir, "global_step120", model, false));
     for (size_t i = 0; i < full.params.size(); ++i) {
       EXPECT_EQ(loaded.shards[i].begin, 0);
       EXPECT_EQ(loaded.shards[i].end, full.params[i].numel);
@@ -89,8 +88,8 @@ TEST(CollectiveCheckpointTest, Stage0SlicesOfFullStateSaveTheSameBytes) {
     std::vector<ParamShard> want = ShardFor(full, r, 2);
     for (size_t i = 0; i < full.params.size(); ++i) {
       const FullParam& p = full.params[i];
-      ParamShard s = SliceFullParam(p.name, p.shape, p.module, p.master.data(), p.exp_avg.data(),
-                                    p.exp_avg_sq.data(), r, 2);
+      ParamShard s =
+          SliceFullParam(p.name, p.shape, p.module, p.master.data(), p.exp_avg.data(), p.exp_avg_sq.data(), r, 2);
       EXPECT_EQ(s.begin, want[i].begin);
       EXPECT_EQ(s.end, want[i].end);
       EXPECT_TRUE(SameBits(s.master, want[i].master));
@@ -163,8 +162,7 @@ TEST(CollectiveCheckpointTest, DisagreementAndFailedWritesFailEveryRank) {
 
   std::vector<Status> results(2);
   Status st = RunThreadRanks(2, [&](int rank, Communicator* comm, Device*) -> Status {
-    results[rank] =
-        SaveCheckpoint(comm, dir, rank == 0 ? "a" : "b", MetaFor(full, 2), ShardFor(full, rank, 2));
+    results[rank] = SaveCheckpoint(comm, dir, rank == 0 ? "a" : "b", MetaFor(full, 2), ShardFor(full, rank, 2));
     return OkStatus();
   });
   ASSERT_OK(st);
@@ -198,8 +196,7 @@ TEST(CollectiveCheckpointTest, DisagreementAndFailedWritesFailEveryRank) {
   });
   ASSERT_OK(st);
   for (const Status& r : results) {
-    EXPECT_THAT(r.message(),
-                HasSubstr("parameter 'embed.weight': checkpoint shape [7, 5], model shape [5, 7]"));
+    EXPECT_THAT(r.message(), HasSubstr("parameter 'embed.weight': checkpoint shape [7, 5], model shape [5, 7]"));
   }
 }
 

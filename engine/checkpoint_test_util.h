@@ -46,8 +46,8 @@ inline std::string ModuleOf(const std::string& name) { return name.substr(0, nam
 
 // Distinct values per (parameter, element, state) that survive fp32 exactly.
 inline float SyntheticValue(size_t param, int64_t element, int state) {
-  return static_cast<float>(param + 1) * 1000.0f + static_cast<float>(element) +
-         0.25f * static_cast<float>(state) - 0.5f;
+  return static_cast<float>(param + 1) * 1000.0f + static_cast<float>(element) + 0.25f * static_cast<float>(state) -
+         0.5f;
 }
 
 inline FullState SyntheticState(const std::vector<ParamSignature>& model, int world) {
@@ -65,8 +65,7 @@ inline FullState SyntheticState(const std::vector<ParamSignature>& model, int wo
   m.config_json = R"({"train_batch_size":32,"zero_optimization":{"stage":2}})";
   m.client_state_json = R"({"epoch":4,"note":"synthetic"})";
   for (size_t i = 0; i < model.size(); ++i) {
-    m.params.push_back(
-        MakeCheckpointParam(model[i].name, model[i].shape, ModuleOf(model[i].name), world));
+    m.params.push_back(MakeCheckpointParam(model[i].name, model[i].shape, ModuleOf(model[i].name), world));
     FullParam p;
     p.name = model[i].name;
     p.shape = model[i].shape;
@@ -83,8 +82,7 @@ inline FullState SyntheticState(const std::vector<ParamSignature>& model, int wo
 }
 
 // Saves `full` at `world` ranks under dir/tag with the write protocol.
-inline void SaveSynthetic(const std::string& dir, const std::string& tag, const FullState& full,
-                          int world) {
+inline void SaveSynthetic(const std::string& dir, const std::string& tag, const FullState& full, int world) {
   for (int r = 0; r < world; ++r) {
     auto info = WriteRankFile(dir, tag, r, world, ShardFor(full, r, world));
     ASSERT_OK(info);

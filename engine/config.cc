@@ -30,9 +30,12 @@ namespace zero {
 
 const char* OffloadDeviceName(OffloadDevice d) {
   switch (d) {
-    case OffloadDevice::kNone: return "none";
-    case OffloadDevice::kCpu: return "cpu";
-    case OffloadDevice::kNvme: return "nvme";
+    case OffloadDevice::kNone:
+      return "none";
+    case OffloadDevice::kCpu:
+      return "cpu";
+    case OffloadDevice::kNvme:
+      return "nvme";
   }
   return "?";
 }
@@ -178,8 +181,7 @@ void Problem(ParseState* st, const std::string& path, const Status& s) {
   if (!path.empty()) st->bad.insert(path);
 }
 
-void Walk(const Json& obj, const std::string& canonical_prefix, const std::string& user_prefix,
-          ParseState* st) {
+void Walk(const Json& obj, const std::string& canonical_prefix, const std::string& user_prefix, ParseState* st) {
   const std::string& source = st->options.source;
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     const std::string& name = it.key();
@@ -200,8 +202,7 @@ void Walk(const Json& obj, const std::string& canonical_prefix, const std::strin
     if (const Key* k = FindKey(path)) {
       auto prior = st->given.find(path);
       if (prior != st->given.end()) {
-        Problem(st, path,
-                KeyError(source, user_path, "one spelling of the key", "it also as '" + prior->second + "'"));
+        Problem(st, path, KeyError(source, user_path, "one spelling of the key", "it also as '" + prior->second + "'"));
         continue;
       }
       st->given[path] = user_path;
@@ -352,9 +353,9 @@ void ResolveDependentDefaults(ParseState* st) {
     }
   }
   if ((type == kWarmupDecayLR || type == kWarmupCosineLR) && !Given(*st, "scheduler.params.total_num_steps")) {
-    Problem(st, "scheduler.params.total_num_steps",
-            KeyError(source, "scheduler.params.total_num_steps", "an integer >= 1 (" + type + " requires it)",
-                     "nothing"));
+    Problem(
+        st, "scheduler.params.total_num_steps",
+        KeyError(source, "scheduler.params.total_num_steps", "an integer >= 1 (" + type + " requires it)", "nothing"));
   }
   if (type == kWarmupDecayLR && !Given(*st, "scheduler.params.warmup_max_lr")) {
     // DeepSpeed's WarmupDecayLR constructor defaults warmup_max_lr to 0.001 (WarmupLR's to the lr).
@@ -362,7 +363,8 @@ void ResolveDependentDefaults(ParseState* st) {
     if (c.optimizer.lr != 0.001) {
       c.warnings.push_back(source +
                            ": 'scheduler.params.warmup_max_lr' not given: WarmupDecayLR peaks at 0.001 (as "
-                           "DeepSpeed does), not at optimizer.params.lr " + FormatNumber(c.optimizer.lr));
+                           "DeepSpeed does), not at optimizer.params.lr " +
+                           FormatNumber(c.optimizer.lr));
     }
   }
   if ((type == kWarmupLR || type == kWarmupDecayLR) && c.scheduler.warmup_max_lr == -1.0) {
@@ -423,8 +425,8 @@ Status ResolveBatchSizes(ParseState* st) {
   if (has_train && has_micro) {
     if (train % (micro * world) != 0) {
       return KeyError(source, "train_batch_size",
-                      "a multiple of train_micro_batch_size_per_gpu x world_size = " + std::to_string(micro) +
-                          " x " + w + " = " + std::to_string(micro * world) +
+                      "a multiple of train_micro_batch_size_per_gpu x world_size = " + std::to_string(micro) + " x " +
+                          w + " = " + std::to_string(micro * world) +
                           " (gradient_accumulation_steps is derived from it)",
                       std::to_string(train));
     }
@@ -436,9 +438,8 @@ Status ResolveBatchSizes(ParseState* st) {
   if (has_train && has_gas) {
     if (train % (gas * world) != 0) {
       return KeyError(source, "train_batch_size",
-                      "a multiple of gradient_accumulation_steps x world_size = " + std::to_string(gas) + " x " +
-                          w + " = " + std::to_string(gas * world) +
-                          " (train_micro_batch_size_per_gpu is derived from it)",
+                      "a multiple of gradient_accumulation_steps x world_size = " + std::to_string(gas) + " x " + w +
+                          " = " + std::to_string(gas * world) + " (train_micro_batch_size_per_gpu is derived from it)",
                       std::to_string(train));
     }
     micro = train / (gas * world);
@@ -449,9 +450,9 @@ Status ResolveBatchSizes(ParseState* st) {
   if (has_micro && has_gas) {
     const std::optional<int64_t> product = CheckedProduct(micro, gas, world);
     if (product) train = *product;
-    return CheckDerived(source, "train_batch_size", product,
-                        "train_micro_batch_size_per_gpu x gradient_accumulation_steps x world_size = " +
-                            Product(micro, gas, world));
+    return CheckDerived(
+        source, "train_batch_size", product,
+        "train_micro_batch_size_per_gpu x gradient_accumulation_steps x world_size = " + Product(micro, gas, world));
   }
   if (has_train) {
     if (train % world != 0) {
@@ -581,7 +582,9 @@ Result<Config> LoadConfigFile(const std::string& path, const ParseOptions& optio
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    const char* kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a named pipe" : "not a regular file";
+    const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a named pipe"
+                                              : "not a regular file";
     return InvalidArgumentError("config " + path + ": not a regular file (it is " + std::string(kind) +
                                 "); give the path of the JSON config file");
   }

@@ -36,9 +36,9 @@ struct OffloadOptimizerConfig {
   bool fast_init = false;
   double ratio = 1.0;
   // zero's own keys (not DeepSpeed's): see docs/config.md.
-  int cpu_threads = 0;                // threads of the CPU AdamW; 0: std::thread::hardware_concurrency()
-  bool pin_memory_fallback = false;   // a failed pin falls back to pageable memory with one warning
-  int64_t host_memory_budget = 0;     // device "nvme": bytes of state per rank kept in pinned host memory
+  int cpu_threads = 0;               // threads of the CPU AdamW; 0: std::thread::hardware_concurrency()
+  bool pin_memory_fallback = false;  // a failed pin falls back to pageable memory with one warning
+  int64_t host_memory_budget = 0;    // device "nvme": bytes of state per rank kept in pinned host memory
   // device "cpu": where AdamW runs. "cpu": the CPU AdamW on the host states; "gpu": the states are
   // streamed to the device in chunks of chunk_size elements through chunk_buffers staging sets
   // (zero/chunked_optimizer_states.h).
@@ -117,8 +117,8 @@ struct OptimizerConfig {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  double weight_decay = 0.0;   // DeepSpeed's FusedAdam default, for Adam and AdamW
-  bool adam_w_mode = true;     // "Adam" with adam_w_mode false is classic Adam (L2)
+  double weight_decay = 0.0;  // DeepSpeed's FusedAdam default, for Adam and AdamW
+  bool adam_w_mode = true;    // "Adam" with adam_w_mode false is classic Adam (L2)
 
   friend bool operator==(const OptimizerConfig&, const OptimizerConfig&) = default;
 };
@@ -189,8 +189,8 @@ struct Config {
 };
 
 struct ParseOptions {
-  int world_size = 1;     // for the batch identity
-  bool strict = false;    // unknown keys are errors rather than warnings
+  int world_size = 1;               // for the batch identity
+  bool strict = false;              // unknown keys are errors rather than warnings
   std::string source = "<config>";  // file name used in messages
   // A top-level unknown key one edit (case aside) from a known one ("zero_optimisation", "FP16") is an
   // error even without `strict`: everything under it would be ignored and the job would train with

@@ -20,8 +20,7 @@ const Alias kAliases[] = {
 
 // Deprecated booleans that map onto the offload blocks (handled in ApplyDeprecatedOffload).
 const Deprecated kDeprecated[] = {
-    {"zero_optimization.cpu_offload",
-     "true: zero_optimization.offload_optimizer.device = \"cpu\""},
+    {"zero_optimization.cpu_offload", "true: zero_optimization.offload_optimizer.device = \"cpu\""},
     {"zero_optimization.cpu_offload_param", "true: zero_optimization.offload_param.device = \"cpu\""},
     {"zero_optimization.cpu_offload_use_pin_memory",
      "sets pin_memory of the offload blocks turned on by cpu_offload / cpu_offload_param"},
@@ -70,8 +69,7 @@ const std::vector<ConfigDifference>& DeepSpeedDifferences() {
       {"zero_trace.path", "no such key", "`\"zero_trace.json\"`", "zero's own key: where zero_trace writes."},
       {"zero_trace.first_step", "no such key", "`2`", "zero's own key: the first traced step (the first warms up)."},
       {"zero_trace.last_step", "no such key", "`4`", "zero's own key: the last traced step."},
-      {"optimizer.type", "none: without an optimizer block the client passes its own optimizer",
-       "`\"AdamW\"`",
+      {"optimizer.type", "none: without an optimizer block the client passes its own optimizer", "`\"AdamW\"`",
        "zero runs only its own Adam/AdamW, so a config without an optimizer block gets AdamW with FusedAdam's "
        "defaults (lr 0.001, betas [0.9, 0.999], eps 1e-8, weight_decay 0)."},
       {"data_types.grad_accum_dtype",
@@ -89,8 +87,8 @@ const std::vector<ConfigDifference>& DeepSpeedDifferences() {
        "DeepSpeed's behaviour."},
       {"zero_optimization.offload_grad_accumulation", "no such key (host accumulation)", "`\"cpu\"`",
        "zero's own key; its default is DeepSpeed's behaviour."},
-      {"freeze_inactive_parameters", "no such key (inactive parameters are stepped with a zero gradient)",
-       "`false`", "zero's own key; its default is DeepSpeed's behaviour."},
+      {"freeze_inactive_parameters", "no such key (inactive parameters are stepped with a zero gradient)", "`false`",
+       "zero's own key; its default is DeepSpeed's behaviour."},
       {"zero_optimization.offload_optimizer.cpu_threads",
        "no such key (DeepSpeedCPUAdam runs on torch's OpenMP threads, OMP_NUM_THREADS)", "`0` (the hardware threads)",
        "zero's own key: the CPU AdamW runs on a thread pool of the engine's, sized here."},
@@ -110,14 +108,14 @@ const std::vector<ConfigDifference>& DeepSpeedDifferences() {
        "zero's own key (update_device \"gpu\"): the chunk the states are streamed in."},
       {"zero_optimization.offload_optimizer.chunk_buffers", "no such key", "`3`",
        "zero's own key (update_device \"gpu\"): the GPU staging sets of the streamed update."},
-      {"zero_optimization.offload_optimizer.overlap_step", "no such key (the step completes inside step())",
-       "`false`",
+      {"zero_optimization.offload_optimizer.overlap_step", "no such key (the step completes inside step())", "`false`",
        "zero's own key (update_device \"gpu\"): the streamed update runs under the next forward."},
       {"aio.allow_buffered_fallback", "no such key (O_DIRECT is required)", "`false`",
        "zero's own key; its default is DeepSpeed's behaviour (a filesystem without O_DIRECT is an error)."},
       {"`zero_optimization.reduce_bucket_size`, `allgather_bucket_size`, `sub_group_size`, the offload blocks' "
        "`buffer_count` and `offload_param.buffer_size` (accepted values)",
-       "0 accepted", "at least 1", "A bucket or buffer of 0 elements cannot hold anything; zero refuses it "
+       "0 accepted", "at least 1",
+       "A bucket or buffer of 0 elements cannot hold anything; zero refuses it "
        "when the file is read rather than failing later."},
       {"`fp16.min_loss_scale` (accepted values)", "an integer", "any number > 0",
        "A fraction (0.25) is accepted: it only bounds the dynamic scale from below."},

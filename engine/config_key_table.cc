@@ -17,7 +17,7 @@ namespace config_internal {
 namespace {
 
 // FIELD(zero.stage) is a function returning a reference to that Config member.
-#define FIELD(member) (+[](Config& c) -> auto& { return c.member; })
+#define FIELD(member) (+[](Config & c) -> auto& { return c.member; })
 
 template <typename T>
 Key IntKey(std::string path, T& (*field)(Config&), int64_t def) {
@@ -187,8 +187,7 @@ std::vector<Key> BuildKeys() {
                   .Above(0)
                   .Doc("Divide gradients by this factor before the reduction and by world size / "
                        "factor after it."));
-  t.push_back(DTypeKey("communication_data_type", FIELD(communication_data_type),
-                       FIELD(has_communication_data_type))
+  t.push_back(DTypeKey("communication_data_type", FIELD(communication_data_type), FIELD(has_communication_data_type))
                   .DefaultDoc("null (the gradient dtype)")
                   .Doc("Element type of gradient reductions; null: the gradients' own type."));
   t.push_back(BoolKey("managed_gradient_accumulation", FIELD(managed_gradient_accumulation), true)
@@ -240,16 +239,16 @@ std::vector<Key> BuildKeys() {
   t.push_back(StringKey("optimizer.type", FIELD(optimizer.type), "AdamW")
                   .Choices({"Adam", "AdamW"})
                   .CaseInsensitive()
-                  .NotImplemented({"Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "Adagrad", "Lion",
-                                   "MuAdam", "MuAdamW", "MuSGD", "SGD", "FusedAdam", "DeepSpeedCPUAdam"})
+                  .NotImplemented({"Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "Adagrad", "Lion", "MuAdam",
+                                   "MuAdamW", "MuSGD", "SGD", "FusedAdam", "DeepSpeedCPUAdam"})
                   .Doc("\"AdamW\", or \"Adam\": decoupled weight decay (AdamW) unless "
                        "optimizer.params.adam_w_mode is false."));
   t.push_back(NumberKey("optimizer.params.lr", FIELD(optimizer.lr), 1e-3)
                   .AtMost(kMaxReal)
                   .AtLeast(0)
                   .Doc("Learning rate (the base the scheduler scales)."));
-  t.push_back(BetasKey("optimizer.params.betas")
-                  .Doc("[beta1, beta2]: decay rates of the first and second moment estimates."));
+  t.push_back(
+      BetasKey("optimizer.params.betas").Doc("[beta1, beta2]: decay rates of the first and second moment estimates."));
   t.push_back(NumberKey("optimizer.params.eps", FIELD(optimizer.eps), 1e-8)
                   .Range(kMinEps, kMaxReal)
                   .Doc("Added to the denominator for numerical stability."));
@@ -337,8 +336,7 @@ std::vector<Key> BuildKeys() {
                   .AtLeast(1)
                   .Doc("Elements per optimizer sub-group (the unit of the optimizer step and of NVMe "
                        "swapping)."));
-  t.push_back(IntKey("zero_optimization.stage3_prefetch_bucket_size",
-                     FIELD(zero.stage3_prefetch_bucket_size), 50000000)
+  t.push_back(IntKey("zero_optimization.stage3_prefetch_bucket_size", FIELD(zero.stage3_prefetch_bucket_size), 50000000)
                   .AtMost(kMaxCount)
                   .AtLeast(0)
                   .Doc("Stage 3: elements of parameters fetched ahead of use."));
@@ -347,13 +345,11 @@ std::vector<Key> BuildKeys() {
                   .AtMost(kMaxCount)
                   .AtLeast(0)
                   .Doc("Stage 3: parameters with fewer elements stay gathered."));
-  t.push_back(IntKey("zero_optimization.stage3_max_live_parameters",
-                     FIELD(zero.stage3_max_live_parameters), 1000000000)
+  t.push_back(IntKey("zero_optimization.stage3_max_live_parameters", FIELD(zero.stage3_max_live_parameters), 1000000000)
                   .AtMost(kMaxCount)
                   .AtLeast(0)
                   .Doc("Stage 3: most elements kept gathered at once."));
-  t.push_back(IntKey("zero_optimization.stage3_max_reuse_distance",
-                     FIELD(zero.stage3_max_reuse_distance), 1000000000)
+  t.push_back(IntKey("zero_optimization.stage3_max_reuse_distance", FIELD(zero.stage3_max_reuse_distance), 1000000000)
                   .AtMost(kMaxCount)
                   .AtLeast(0)
                   .Doc("Stage 3: a parameter reused within this many elements is not released."));
@@ -364,8 +360,7 @@ std::vector<Key> BuildKeys() {
                   .Doc("Stages 1/2 with offload: spread gradient copies across ranks round-robin."));
   t.push_back(BoolKey("zero_optimization.ignore_unused_parameters", FIELD(zero.ignore_unused_parameters), true)
                   .Doc("Stage 2/3: parameters that get no gradient are not an error."));
-  t.push_back(StringKey("zero_optimization.offload_grad_accumulation", FIELD(zero.offload_grad_accumulation),
-                        "cpu")
+  t.push_back(StringKey("zero_optimization.offload_grad_accumulation", FIELD(zero.offload_grad_accumulation), "cpu")
                   .Choices({"cpu", "gpu"})
                   .Doc("With both offloads (optimizer and parameters, so stage 3): sum micro-step gradients on "
                        "the host (\"cpu\") or in FP32 on the GPU, crossing PCIe once per step (\"gpu\")."));
@@ -373,32 +368,27 @@ std::vector<Key> BuildKeys() {
   t.push_back(DeviceKey("zero_optimization.offload_optimizer.device", FIELD(zero.offload_optimizer.device))
                   .Doc("Where FP32 master weights and optimizer states live: GPU (\"none\"), host "
                        "memory, or NVMe."));
-  t.push_back(StringKey("zero_optimization.offload_optimizer.nvme_path",
-                        FIELD(zero.offload_optimizer.nvme_path), "")
+  t.push_back(StringKey("zero_optimization.offload_optimizer.nvme_path", FIELD(zero.offload_optimizer.nvme_path), "")
                   .Doc("Directory for the swap files when device is \"nvme\"."));
-  t.push_back(IntKey("zero_optimization.offload_optimizer.buffer_count",
-                     FIELD(zero.offload_optimizer.buffer_count), 4)
+  t.push_back(IntKey("zero_optimization.offload_optimizer.buffer_count", FIELD(zero.offload_optimizer.buffer_count), 4)
                   .AtMost(kMaxInt)
                   .AtLeast(1)
                   .Doc("Pinned buffers for NVMe swapping of optimizer states."));
-  t.push_back(BoolKey("zero_optimization.offload_optimizer.pin_memory",
-                      FIELD(zero.offload_optimizer.pin_memory), false)
+  t.push_back(BoolKey("zero_optimization.offload_optimizer.pin_memory", FIELD(zero.offload_optimizer.pin_memory), false)
                   .Doc("Keep offloaded states in pinned (page-locked) host memory."));
-  t.push_back(BoolKey("zero_optimization.offload_optimizer.pipeline_read",
-                      FIELD(zero.offload_optimizer.pipeline_read), false)
-                  .Doc("NVMe: overlap reading the next sub-group with the step."));
-  t.push_back(BoolKey("zero_optimization.offload_optimizer.pipeline_write",
-                      FIELD(zero.offload_optimizer.pipeline_write), false)
-                  .Doc("NVMe: overlap writing the previous sub-group with the step."));
-  t.push_back(BoolKey("zero_optimization.offload_optimizer.fast_init", FIELD(zero.offload_optimizer.fast_init),
-                      false)
+  t.push_back(
+      BoolKey("zero_optimization.offload_optimizer.pipeline_read", FIELD(zero.offload_optimizer.pipeline_read), false)
+          .Doc("NVMe: overlap reading the next sub-group with the step."));
+  t.push_back(
+      BoolKey("zero_optimization.offload_optimizer.pipeline_write", FIELD(zero.offload_optimizer.pipeline_write), false)
+          .Doc("NVMe: overlap writing the previous sub-group with the step."));
+  t.push_back(BoolKey("zero_optimization.offload_optimizer.fast_init", FIELD(zero.offload_optimizer.fast_init), false)
                   .Doc("NVMe: skip writing initial optimizer states through the swapper."));
   t.push_back(NumberKey("zero_optimization.offload_optimizer.ratio", FIELD(zero.offload_optimizer.ratio), 1.0)
                   .Range(0, 1)
                   .Above(0)
                   .Doc("Stage 3: fraction of the optimizer step offloaded to the CPU."));
-  t.push_back(IntKey("zero_optimization.offload_optimizer.cpu_threads",
-                     FIELD(zero.offload_optimizer.cpu_threads), 0)
+  t.push_back(IntKey("zero_optimization.offload_optimizer.cpu_threads", FIELD(zero.offload_optimizer.cpu_threads), 0)
                   .AtMost(1024)
                   .AtLeast(0)
                   .DefaultDoc("`0` (the hardware threads)")
@@ -420,54 +410,55 @@ std::vector<Key> BuildKeys() {
                        "swapped to nvme_path. The swap buffers are not part of it. 0: every state on NVMe "
                        "(DeepSpeed's behaviour); a budget that holds the whole state keeps all of it in host memory. "
                        "Per rank: ranks on one host each pin this much."));
-  t.push_back(StringKey("zero_optimization.offload_optimizer.update_device",
-                        FIELD(zero.offload_optimizer.update_device), "cpu")
-                  .Choices({"cpu", "gpu"})
-                  .Doc("Device \"cpu\" only: where AdamW over the offloaded states runs. \"cpu\": the CPU AdamW "
-                       "on the host. \"gpu\": the FP32 master weights and moments stay in pinned host memory and "
-                       "are streamed through the GPU in chunks (host->device copy of one chunk, AdamW of the "
-                       "previous and device->host copy of the one before at once): 12 bytes per element each way "
-                       "over PCIe per step, chunk_buffers * chunk_size * 12 bytes of GPU memory. The same bits as "
-                       "no offload."));
-  t.push_back(IntKey("zero_optimization.offload_optimizer.chunk_size",
-                     FIELD(zero.offload_optimizer.chunk_size), int64_t{1} << 24)
+  t.push_back(
+      StringKey("zero_optimization.offload_optimizer.update_device", FIELD(zero.offload_optimizer.update_device), "cpu")
+          .Choices({"cpu", "gpu"})
+          .Doc("Device \"cpu\" only: where AdamW over the offloaded states runs. \"cpu\": the CPU AdamW "
+               "on the host. \"gpu\": the FP32 master weights and moments stay in pinned host memory and "
+               "are streamed through the GPU in chunks (host->device copy of one chunk, AdamW of the "
+               "previous and device->host copy of the one before at once): 12 bytes per element each way "
+               "over PCIe per step, chunk_buffers * chunk_size * 12 bytes of GPU memory. The same bits as "
+               "no offload."));
+  t.push_back(IntKey("zero_optimization.offload_optimizer.chunk_size", FIELD(zero.offload_optimizer.chunk_size),
+                     int64_t{1} << 24)
                   .AtMost(kMaxCount)
                   .AtLeast(1)
                   .Doc("update_device \"gpu\": elements per streamed chunk (each of the three states). The "
                        "result does not depend on it."));
-  t.push_back(IntKey("zero_optimization.offload_optimizer.chunk_buffers",
-                     FIELD(zero.offload_optimizer.chunk_buffers), 3)
-                  .AtMost(1024)
-                  .AtLeast(2)
-                  .Doc("update_device \"gpu\": GPU staging sets the chunks rotate through (2: upload and "
-                       "update overlap; 3: the download overlaps too)."));
-  t.push_back(BoolKey("zero_optimization.offload_optimizer.overlap_step",
-                      FIELD(zero.offload_optimizer.overlap_step), false)
-                  .Doc("update_device \"gpu\" only: overlap the streamed update with the next forward. Step() "
-                       "queues the first chunk_buffers chunks and returns; the rest are queued as the next "
-                       "forward's GatherModule reaches the modules that own them (plus chunk_buffers chunks "
-                       "ahead), and each GatherModule makes the compute stream wait only for the chunks holding "
-                       "its parameters. At stages 0-2 the forward must then reach every parameter through "
-                       "GatherModule (param() of a parameter whose module was not gathered since the step is "
-                       "an error). Everything left is queued before the next backward's first gradient; "
-                       "Engine::WaitForOptimizerStep() completes the step. One data-parallel rank, no "
-                       "offload_param. The same bits as the synchronous step."));
+  t.push_back(
+      IntKey("zero_optimization.offload_optimizer.chunk_buffers", FIELD(zero.offload_optimizer.chunk_buffers), 3)
+          .AtMost(1024)
+          .AtLeast(2)
+          .Doc("update_device \"gpu\": GPU staging sets the chunks rotate through (2: upload and "
+               "update overlap; 3: the download overlaps too)."));
+  t.push_back(
+      BoolKey("zero_optimization.offload_optimizer.overlap_step", FIELD(zero.offload_optimizer.overlap_step), false)
+          .Doc("update_device \"gpu\" only: overlap the streamed update with the next forward. Step() "
+               "queues the first chunk_buffers chunks and returns; the rest are queued as the next "
+               "forward's GatherModule reaches the modules that own them (plus chunk_buffers chunks "
+               "ahead), and each GatherModule makes the compute stream wait only for the chunks holding "
+               "its parameters. At stages 0-2 the forward must then reach every parameter through "
+               "GatherModule (param() of a parameter whose module was not gathered since the step is "
+               "an error). Everything left is queued before the next backward's first gradient; "
+               "Engine::WaitForOptimizerStep() completes the step. One data-parallel rank, no "
+               "offload_param. The same bits as the synchronous step."));
 
   t.push_back(DeviceKey("zero_optimization.offload_param.device", FIELD(zero.offload_param.device))
                   .Doc("Stage 3: where partitioned 16-bit parameters live between uses."));
   t.push_back(StringKey("zero_optimization.offload_param.nvme_path", FIELD(zero.offload_param.nvme_path), "")
                   .Doc("Directory for the swap files when device is \"nvme\"."));
-  t.push_back(IntKey("zero_optimization.offload_param.buffer_count", FIELD(zero.offload_param.buffer_count), 5)
-                  .AtMost(kMaxInt)
-                  .AtLeast(1)
-                  .Doc("device \"cpu\": the most stage-3 gathers whose shard uploads are in flight at once (docs/offload.md)."));
-  t.push_back(IntKey("zero_optimization.offload_param.buffer_size", FIELD(zero.offload_param.buffer_size),
-                     100000000)
-                  .AtMost(kMaxCount)
-                  .AtLeast(1)
-                  .Doc("device \"cpu\": the largest shard (elements) of one parameter; a larger one is an Initialize error."));
-  t.push_back(IntKey("zero_optimization.offload_param.max_in_cpu", FIELD(zero.offload_param.max_in_cpu),
-                     1000000000)
+  t.push_back(
+      IntKey("zero_optimization.offload_param.buffer_count", FIELD(zero.offload_param.buffer_count), 5)
+          .AtMost(kMaxInt)
+          .AtLeast(1)
+          .Doc(
+              "device \"cpu\": the most stage-3 gathers whose shard uploads are in flight at once (docs/offload.md)."));
+  t.push_back(
+      IntKey("zero_optimization.offload_param.buffer_size", FIELD(zero.offload_param.buffer_size), 100000000)
+          .AtMost(kMaxCount)
+          .AtLeast(1)
+          .Doc("device \"cpu\": the largest shard (elements) of one parameter; a larger one is an Initialize error."));
+  t.push_back(IntKey("zero_optimization.offload_param.max_in_cpu", FIELD(zero.offload_param.max_in_cpu), 1000000000)
                   .AtMost(kMaxCount)
                   .AtLeast(0)
                   .Doc("Elements of parameters kept in host memory when device is \"nvme\"."));
@@ -495,8 +486,7 @@ std::vector<Key> BuildKeys() {
                   .Doc("Submit requests one at a time rather than in batches."));
   t.push_back(BoolKey("aio.overlap_events", FIELD(aio.overlap_events), true)
                   .Doc("Submit new requests while waiting for completions."));
-  t.push_back(BoolKey("aio.use_gds", FIELD(aio.use_gds), false)
-                  .Doc("Use GPUDirect Storage."));
+  t.push_back(BoolKey("aio.use_gds", FIELD(aio.use_gds), false).Doc("Use GPUDirect Storage."));
   t.push_back(BoolKey("aio.allow_buffered_fallback", FIELD(aio.allow_buffered_fallback), false)
                   .Doc("When nvme_path's filesystem refuses O_DIRECT (tmpfs, some FUSE and network filesystems): "
                        "false fails create naming the filesystem; true swaps through the page cache instead "
@@ -597,26 +587,37 @@ std::string Join(const std::vector<std::string>& items, const std::string& sep) 
 std::string Expected(const Key& k) {
   if (!k.expected_override.empty()) return k.expected_override;
   switch (k.kind) {
-    case Kind::kBool: return "true or false";
-    case Kind::kInt: return "an integer" + RangeText(k);
-    case Kind::kNumber: return "a number" + RangeText(k);
+    case Kind::kBool:
+      return "true or false";
+    case Kind::kInt:
+      return "an integer" + RangeText(k);
+    case Kind::kNumber:
+      return "a number" + RangeText(k);
     case Kind::kString:
       if (k.choices.empty()) return "a string";
       return "one of " + ChoicesText(k.choices) + (k.case_insensitive ? " (any case)" : "");
-    case Kind::kDType: return "one of \"fp32\", \"fp16\", \"bf16\", or null";
-    case Kind::kBetas: return "[beta1, beta2] with each in [0, 1)";
+    case Kind::kDType:
+      return "one of \"fp32\", \"fp16\", \"bf16\", or null";
+    case Kind::kBetas:
+      return "[beta1, beta2] with each in [0, 1)";
   }
   return "?";
 }
 
 std::string TypeName(const Key& k) {
   switch (k.kind) {
-    case Kind::kBool: return "boolean";
-    case Kind::kInt: return "integer";
-    case Kind::kNumber: return "number";
-    case Kind::kString: return "string";
-    case Kind::kDType: return "dtype or null";
-    case Kind::kBetas: return "[number, number]";
+    case Kind::kBool:
+      return "boolean";
+    case Kind::kInt:
+      return "integer";
+    case Kind::kNumber:
+      return "number";
+    case Kind::kString:
+      return "string";
+    case Kind::kDType:
+      return "dtype or null";
+    case Kind::kBetas:
+      return "[number, number]";
   }
   return "?";
 }
@@ -628,11 +629,8 @@ Status KeyError(const std::string& source, const std::string& path, const std::s
   return InvalidArgumentError(Where(source) + path + ": expected " + expected + ", got " + got);
 }
 
-Status ReadValue(const Key& k, const Json& v, const std::string& user_path, const std::string& source,
-                 Json* out) {
-  auto fail = [&](std::string extra = "") {
-    return KeyError(source, user_path, Expected(k), ShowValue(v) + extra);
-  };
+Status ReadValue(const Key& k, const Json& v, const std::string& user_path, const std::string& source, Json* out) {
+  auto fail = [&](std::string extra = "") { return KeyError(source, user_path, Expected(k), ShowValue(v) + extra); };
   if (v.is_string() && v.get<std::string>() == "auto") return fail(kAutoNote);
   if (v.is_null() && k.nullable) {
     *out = Json();
@@ -737,12 +735,24 @@ const std::vector<ConfigKeyInfo>& ConfigKeyTable() {
       info.default_depends_on_other_keys = k.default_depends;
       info.only_for = k.only_for;
       switch (k.kind) {
-        case Kind::kBool: info.wrong_type_values = {"1", "\"true\"", "null", "[]"}; break;
-        case Kind::kInt: info.wrong_type_values = {"\"8\"", "true", "1.5", "null", "{}"}; break;
-        case Kind::kNumber: info.wrong_type_values = {"\"0.5\"", "false", "null", "[1]"}; break;
-        case Kind::kString: info.wrong_type_values = {"3", "true", "null", "[\"cpu\"]"}; break;
-        case Kind::kDType: info.wrong_type_values = {"16", "true", "{}"}; break;
-        case Kind::kBetas: info.wrong_type_values = {"0.9", "\"0.9,0.999\"", "null", "{}"}; break;
+        case Kind::kBool:
+          info.wrong_type_values = {"1", "\"true\"", "null", "[]"};
+          break;
+        case Kind::kInt:
+          info.wrong_type_values = {"\"8\"", "true", "1.5", "null", "{}"};
+          break;
+        case Kind::kNumber:
+          info.wrong_type_values = {"\"0.5\"", "false", "null", "[1]"};
+          break;
+        case Kind::kString:
+          info.wrong_type_values = {"3", "true", "null", "[\"cpu\"]"};
+          break;
+        case Kind::kDType:
+          info.wrong_type_values = {"16", "true", "{}"};
+          break;
+        case Kind::kBetas:
+          info.wrong_type_values = {"0.9", "\"0.9,0.999\"", "null", "{}"};
+          break;
       }
       info.wrong_type_values.push_back("\"auto\"");
       if (k.kind == Kind::kInt) {

@@ -28,8 +28,8 @@ enum class Kind { kBool, kInt, kNumber, kString, kDType, kBetas };
 struct Key {
   std::string path;
   Kind kind = Kind::kBool;
-  Json default_value;        // null: no default (derived or required) unless `nullable`
-  bool nullable = false;     // null is a value: "not set"
+  Json default_value;     // null: no default (derived or required) unless `nullable`
+  bool nullable = false;  // null is a value: "not set"
   std::optional<double> min, max;
   // kInt: the field's own type limits; a min/max at them is not shown as a bound.
   double type_min = -std::numeric_limits<double>::infinity();
@@ -38,31 +38,80 @@ struct Key {
   bool max_exclusive = false;
   std::vector<std::string> choices;  // kString: allowed values (canonical spelling)
   bool case_insensitive = false;
-  std::string expected_override;     // replaces the generated "expected ..." text
-  std::function<bool(double)> also_ok;  // kNumber: an extra check after the range
-  std::vector<std::string> extra_bad;   // JSON texts failing `also_ok`, for the tests
-  std::string default_doc;  // shown instead of default_value in the reference
-  bool default_depends = false;  // the default is resolved from other keys after parsing
+  std::string expected_override;             // replaces the generated "expected ..." text
+  std::function<bool(double)> also_ok;       // kNumber: an extra check after the range
+  std::vector<std::string> extra_bad;        // JSON texts failing `also_ok`, for the tests
+  std::string default_doc;                   // shown instead of default_value in the reference
+  bool default_depends = false;              // the default is resolved from other keys after parsing
   std::vector<std::string> not_implemented;  // DeepSpeed values zero refuses, named in the error
   std::string doc;
   std::vector<std::string> only_for;  // scheduler types reading this key; empty: always
   std::function<void(Config&, const Json&)> set;
   std::function<Json(const Config&)> get;
 
-  Key& Range(double lo, double hi) { min = lo; max = hi; return *this; }
-  Key& AtLeast(double lo) { min = lo; min_exclusive = false; return *this; }
-  Key& Above(double lo) { min = lo; min_exclusive = true; return *this; }
-  Key& Below(double hi) { max = hi; max_exclusive = true; return *this; }
-  Key& AtMost(double hi) { max = hi; max_exclusive = false; return *this; }
-  Key& Choices(std::vector<std::string> c) { choices = std::move(c); return *this; }
-  Key& CaseInsensitive() { case_insensitive = true; return *this; }
-  Key& Nullable() { nullable = true; return *this; }
-  Key& NoDefault(std::string text) { default_value = Json(); default_doc = std::move(text); return *this; }
-  Key& DefaultDoc(std::string text) { default_doc = std::move(text); return *this; }
-  Key& DependsOn(std::string text) { default_doc = std::move(text); default_depends = true; return *this; }
-  Key& NotImplemented(std::vector<std::string> v) { not_implemented = std::move(v); return *this; }
-  Key& OnlyFor(std::vector<std::string> types) { only_for = std::move(types); return *this; }
-  Key& Doc(std::string text) { doc = std::move(text); return *this; }
+  Key& Range(double lo, double hi) {
+    min = lo;
+    max = hi;
+    return *this;
+  }
+  Key& AtLeast(double lo) {
+    min = lo;
+    min_exclusive = false;
+    return *this;
+  }
+  Key& Above(double lo) {
+    min = lo;
+    min_exclusive = true;
+    return *this;
+  }
+  Key& Below(double hi) {
+    max = hi;
+    max_exclusive = true;
+    return *this;
+  }
+  Key& AtMost(double hi) {
+    max = hi;
+    max_exclusive = false;
+    return *this;
+  }
+  Key& Choices(std::vector<std::string> c) {
+    choices = std::move(c);
+    return *this;
+  }
+  Key& CaseInsensitive() {
+    case_insensitive = true;
+    return *this;
+  }
+  Key& Nullable() {
+    nullable = true;
+    return *this;
+  }
+  Key& NoDefault(std::string text) {
+    default_value = Json();
+    default_doc = std::move(text);
+    return *this;
+  }
+  Key& DefaultDoc(std::string text) {
+    default_doc = std::move(text);
+    return *this;
+  }
+  Key& DependsOn(std::string text) {
+    default_doc = std::move(text);
+    default_depends = true;
+    return *this;
+  }
+  Key& NotImplemented(std::vector<std::string> v) {
+    not_implemented = std::move(v);
+    return *this;
+  }
+  Key& OnlyFor(std::vector<std::string> types) {
+    only_for = std::move(types);
+    return *this;
+  }
+  Key& Doc(std::string text) {
+    doc = std::move(text);
+    return *this;
+  }
 };
 
 inline constexpr const char* kWarmupLR = "WarmupLR";
@@ -82,16 +131,15 @@ std::string Quote(const std::string& s);
 std::string ShowValue(const Json& v);  // compact JSON, cut at 60 characters
 std::string FormatNumber(double v);
 std::string Join(const std::vector<std::string>& items, const std::string& sep);
-std::string Expected(const Key& k);    // "an integer in 0..3", "one of \"cpu\", \"gpu\"", ...
-std::string TypeName(const Key& k);    // the reference's Type column
+std::string Expected(const Key& k);  // "an integer in 0..3", "one of \"cpu\", \"gpu\"", ...
+std::string TypeName(const Key& k);  // the reference's Type column
 // "<source>: ", or nothing for an empty source (a Config built in code, checked by Engine::Create).
 std::string Where(const std::string& source);
 // "<source>: <path>: expected <expected>, got <got>" (INVALID_ARGUMENT).
 Status KeyError(const std::string& source, const std::string& path, const std::string& expected,
                 const std::string& got);
 // Checks `v` against the key (its error names `user_path`) and returns its canonical form in *out.
-Status ReadValue(const Key& k, const Json& v, const std::string& user_path, const std::string& source,
-                 Json* out);
+Status ReadValue(const Key& k, const Json& v, const std::string& user_path, const std::string& source, Json* out);
 std::string LastComponent(const std::string& path);
 std::string ParentOf(const std::string& path);
 

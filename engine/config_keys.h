@@ -12,13 +12,13 @@
 namespace zero {
 
 struct ConfigKeyInfo {
-  std::string path;          // canonical JSON path, e.g. "zero_optimization.offload_param.device"
-  std::string expected;      // what the check accepts, as error messages say it ("an integer >= 1")
-  bool has_default = true;   // false for keys that are derived (batch) or required (total_num_steps)
-  std::string default_json;  // the declared default as JSON text; "null" means unset
+  std::string path;                            // canonical JSON path, e.g. "zero_optimization.offload_param.device"
+  std::string expected;                        // what the check accepts, as error messages say it ("an integer >= 1")
+  bool has_default = true;                     // false for keys that are derived (batch) or required (total_num_steps)
+  std::string default_json;                    // the declared default as JSON text; "null" means unset
   bool default_depends_on_other_keys = false;  // e.g. overlap_comm (stage), weight_decay (type)
-  std::vector<std::string> only_for;  // scheduler types the key belongs to; empty: always read
-  std::vector<std::string> wrong_type_values;    // JSON texts the key rejects for their type
+  std::vector<std::string> only_for;           // scheduler types the key belongs to; empty: always read
+  std::vector<std::string> wrong_type_values;  // JSON texts the key rejects for their type
   std::vector<std::string> out_of_range_values;  // JSON texts of the right type that fail the check
 };
 

@@ -111,8 +111,8 @@ std::string ConfigReferenceMarkdown() {
       std::string doc = k.doc;
       if (!k.only_for.empty()) doc += " Read by " + ListOnlyFor(k) + ".";
       std::string def = DefaultText(k);
-      md << "| `" << LastComponent(k.path) << "` | " << TypeName(k) << " | " << def << " | " << Expected(k)
-         << " | " << doc << " |\n";
+      md << "| `" << LastComponent(k.path) << "` | " << TypeName(k) << " | " << def << " | " << Expected(k) << " | "
+         << doc << " |\n";
     }
     md << "\n";
   }

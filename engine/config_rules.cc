@@ -119,7 +119,8 @@ const std::vector<Rule>& Rules() {
          return KeyError(s, "zero_optimization.offload_grad_accumulation",
                          "\"cpu\" unless both zero_optimization.offload_optimizer.device and "
                          "zero_optimization.offload_param.device are \"cpu\" or \"nvme\" (GPU accumulation is for "
-                         "full offload; " + Join(missing, " and ") + ")",
+                         "full offload; " +
+                             Join(missing, " and ") + ")",
                          "\"gpu\"");
        }},
       {"`zero_optimization.offload_optimizer.host_memory_budget` above 0 needs `offload_optimizer.device` "
@@ -159,7 +160,8 @@ const std::vector<Rule>& Rules() {
          if (o.overlap_step && o.update_device != "gpu") {
            return KeyError(s, "zero_optimization.offload_optimizer.overlap_step",
                            "false unless zero_optimization.offload_optimizer.update_device is \"gpu\" (only the "
-                           "streamed GPU update is overlapped; update_device is " + Quote(o.update_device) + ")",
+                           "streamed GPU update is overlapped; update_device is " +
+                               Quote(o.update_device) + ")",
                            "true");
          }
          return OkStatus();
@@ -188,7 +190,8 @@ const std::vector<Rule>& Rules() {
          if (o.device != OffloadDevice::kNone && o.ratio != 1.0 && c.zero.stage >= 3) {
            return UnimplementedError(Where(s) +
                                      "zero_optimization.offload_optimizer.ratio: partial offload is not built; "
-                                     "expected 1.0, got " + std::to_string(o.ratio));
+                                     "expected 1.0, got " +
+                                     std::to_string(o.ratio));
          }
          return OkStatus();
        },
@@ -249,7 +252,8 @@ const std::vector<Rule>& Rules() {
            return UnimplementedError(
                Where(s) +
                "zero_optimization.offload_optimizer.overlap_step: not with zero_optimization.offload_param.device "
-               "\"" + std::string(OffloadDeviceName(c.zero.offload_param.device)) +
+               "\"" +
+               std::string(OffloadDeviceName(c.zero.offload_param.device)) +
                "\" (the update writes the host shards through a device scratch); set one of them off");
          }
          return OkStatus();
@@ -273,12 +277,10 @@ bool AnyBad(const std::set<std::string>& bad, const std::vector<std::string>& pa
   return false;
 }
 
-void CheckConfig(const Config& c, const ValidateOptions& o, std::set<std::string>* bad,
-                 std::vector<Status>* problems) {
+void CheckConfig(const Config& c, const ValidateOptions& o, std::set<std::string>* bad, std::vector<Status>* problems) {
   for (const Key& k : Keys()) {
     if (IsBad(*bad, k.path)) continue;
-    if (!k.only_for.empty() &&
-        std::find(k.only_for.begin(), k.only_for.end(), c.scheduler.type) == k.only_for.end()) {
+    if (!k.only_for.empty() && std::find(k.only_for.begin(), k.only_for.end(), c.scheduler.type) == k.only_for.end()) {
       continue;
     }
     Json canonical;

@@ -362,8 +362,8 @@ TEST(ConfigDefaultsTest, EveryDefaultIsDeepSpeedsOrAListedDifference) {
     const std::string ours = key.has_default ? key.default_json : "null";
     if (it->second == ours) {
       ++same;
-      EXPECT_FALSE(ListedAsDifference(key.path)) << key.path << " equals DeepSpeed's default " << ours
-                                                  << " but docs/config.md lists it as a difference";
+      EXPECT_FALSE(ListedAsDifference(key.path))
+          << key.path << " equals DeepSpeed's default " << ours << " but docs/config.md lists it as a difference";
     } else {
       EXPECT_TRUE(ListedAsDifference(key.path))
           << key.path << ": zero's default " << ours << " is not DeepSpeed 0.19.8's "
@@ -453,7 +453,8 @@ TEST(ConfigDefaultsTest, OffloadKeysOfZeros) {
             "<config>: zero_optimization.offload_optimizer.cpu_threads: expected an integer in 0..1024, got 2.5");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"offload_optimizer":
                               {"host_memory_budget": "64GB"}}})")),
-            "<config>: zero_optimization.offload_optimizer.host_memory_budget: expected an integer in 0..9007199254740991, got "
+            "<config>: zero_optimization.offload_optimizer.host_memory_budget: expected an integer in "
+            "0..9007199254740991, got "
             "\"64GB\"");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "aio": {"allow_buffered_fallback": 1}})")),
             "<config>: aio.allow_buffered_fallback: expected true or false, got 1");
@@ -477,16 +478,20 @@ TEST(ConfigDefaultsTest, ChunkedGpuUpdateKeys) {
   EXPECT_EQ(ConfigValueAt(ConfigToJson(*r), "zero_optimization.offload_optimizer.update_device"), "\"gpu\"");
   for (const char* device : {"none", "nvme"}) {
     const std::string m = Message(Parse(std::string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
-        "offload_optimizer": {"nvme_path": "/n", "update_device": "gpu", "device": ")") + device + "\"}}}"));
-    EXPECT_TRUE(Contains(m, "zero_optimization.offload_optimizer.update_device: expected \"cpu\" unless "
-                            "zero_optimization.offload_optimizer.device is \"cpu\""))
+        "offload_optimizer": {"nvme_path": "/n", "update_device": "gpu", "device": ")") +
+                                        device + "\"}}}"));
+    EXPECT_TRUE(Contains(m,
+                         "zero_optimization.offload_optimizer.update_device: expected \"cpu\" unless "
+                         "zero_optimization.offload_optimizer.device is \"cpu\""))
         << m;
     EXPECT_TRUE(Contains(m, std::string("device is \"") + device + "\")")) << m;
   }
   const std::string bad = Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
       "offload_optimizer": {"device": "cpu", "update_device": "GPU", "chunk_size": 0, "chunk_buffers": 1}}})"));
   EXPECT_TRUE(Contains(bad, "zero_optimization.offload_optimizer.update_device")) << bad;
-  EXPECT_TRUE(Contains(bad, "zero_optimization.offload_optimizer.chunk_size: expected an integer in 1..9007199254740991, got 0")) << bad;
+  EXPECT_TRUE(Contains(
+      bad, "zero_optimization.offload_optimizer.chunk_size: expected an integer in 1..9007199254740991, got 0"))
+      << bad;
   EXPECT_TRUE(Contains(bad, "zero_optimization.offload_optimizer.chunk_buffers: expected an integer in 2..1024, got 1"))
       << bad;
   const std::string md = ConfigReferenceMarkdown();
@@ -507,9 +512,11 @@ TEST(ConfigDefaultsTest, OverlapStepKey) {
   EXPECT_EQ(ConfigValueAt(ConfigToJson(*r), "zero_optimization.offload_optimizer.overlap_step"), "true");
   for (const char* extra : {"", R"("device": "cpu", )"}) {
     const std::string m = Message(Parse(std::string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
-        "offload_optimizer": {)") + extra + R"("overlap_step": true}}})"));
-    EXPECT_TRUE(Contains(m, "zero_optimization.offload_optimizer.overlap_step: expected false unless "
-                            "zero_optimization.offload_optimizer.update_device is \"gpu\""))
+        "offload_optimizer": {)") + extra +
+                                        R"("overlap_step": true}}})"));
+    EXPECT_TRUE(Contains(m,
+                         "zero_optimization.offload_optimizer.overlap_step: expected false unless "
+                         "zero_optimization.offload_optimizer.update_device is \"gpu\""))
         << m;
     EXPECT_TRUE(Contains(m, "update_device is \"cpu\")")) << m;
   }
@@ -526,7 +533,8 @@ TEST(ConfigDefaultsTest, FreezeInactiveParameters) {
   EXPECT_EQ(ConfigValueAt(ConfigToJson(*r), "freeze_inactive_parameters"), "false");
   for (const char* managed : {"true", "false"}) {
     r = Parse(std::string(R"({"train_batch_size": 8, "freeze_inactive_parameters": true,
-                            "managed_gradient_accumulation": )") + managed + "}");
+                            "managed_gradient_accumulation": )") +
+              managed + "}");
     ASSERT_TRUE(r.ok()) << Message(r);
     EXPECT_TRUE(r->freeze_inactive_parameters) << managed;
     EXPECT_EQ(ConfigValueAt(ConfigToJson(*r), "freeze_inactive_parameters"), "true");
@@ -578,10 +586,9 @@ TEST(ConfigValuesTest, TypeErrorsShowTheValue) {
             "<config>: fp16.enabled: expected true or false, got 1");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": 2})")),
             "<config>: zero_optimization: expected an object, got 2");
-  EXPECT_EQ(
-      Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"offload_optimizer": {"device": "gpu"}}})")),
-      "<config>: zero_optimization.offload_optimizer.device: expected one of \"none\", \"cpu\", \"nvme\", got "
-      "\"gpu\"");
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"offload_optimizer": {"device": "gpu"}}})")),
+            "<config>: zero_optimization.offload_optimizer.device: expected one of \"none\", \"cpu\", \"nvme\", got "
+            "\"gpu\"");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "optimizer": {"params": {"betas": [0.9, 1.5]}}})")),
             "<config>: optimizer.params.betas: expected [beta1, beta2] with each in [0, 1), got [0.9,1.5]");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "communication_data_type": "int8"})")),
@@ -604,7 +611,8 @@ TEST(ConfigValuesTest, DtypesAcceptAliasesAndNull) {
 
 TEST(ConfigValuesTest, AutoNamesTheHuggingFaceTrainer) {
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": "auto"})")),
-            "<config>: train_batch_size: expected an integer in 1..9007199254740991, got \"auto\" (\"auto\" is a Hugging Face "
+            "<config>: train_batch_size: expected an integer in 1..9007199254740991, got \"auto\" (\"auto\" is a "
+            "Hugging Face "
             "Trainer placeholder: the Trainer replaces it with a number before DeepSpeed reads the config; "
             "replace it with the value you want)");
   EXPECT_TRUE(Contains(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": "auto"})")),
@@ -654,7 +662,8 @@ TEST(ConfigHostileTest, DeepNestingIsAnErrorNotACrash) {
   Result<Config> r = InvalidArgumentError("unset");
   EXPECT_LT(SecondsToParse(text, &r), 5.0);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Contains(Message(r), "<config>: JSON nested deeper than 100 levels at line 1, column 121 ")) << Message(r);
+  EXPECT_TRUE(Contains(Message(r), "<config>: JSON nested deeper than 100 levels at line 1, column 121 "))
+      << Message(r);
 }
 
 TEST(ConfigHostileTest, NumberBeyondDoubleIsAnErrorNamingTheKey) {
@@ -696,15 +705,15 @@ TEST(ConfigHostileTest, ManyUnknownKeysParseInLinearTimeAndAreCounted) {
 TEST(ConfigHostileTest, BatchArithmeticIsCheckedNamingTheKey) {
   // gradient_accumulation_steps 2^62 at world size 4 overflowed train_batch_size to 0 and the job ran
   // forever making no progress.
-  EXPECT_EQ(Message(Parse(R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4611686018427387904})",
-                          4)),
-            "<config>: gradient_accumulation_steps: expected an integer in 1..2147483647, got 4611686018427387904");
+  EXPECT_EQ(
+      Message(Parse(R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4611686018427387904})", 4)),
+      "<config>: gradient_accumulation_steps: expected an integer in 1..2147483647, got 4611686018427387904");
   // Each key within its bounds, their product beyond int64.
-  EXPECT_EQ(Message(Parse(R"({"train_micro_batch_size_per_gpu": 2147483647, "gradient_accumulation_steps": 2147483647})",
-                          4)),
-            "<config>: train_batch_size: expected an integer in 1..9007199254740991 (it is derived: "
-            "train_micro_batch_size_per_gpu x gradient_accumulation_steps x world_size = 2147483647 x 2147483647 x 4), "
-            "got more than 9223372036854775807");
+  EXPECT_EQ(
+      Message(Parse(R"({"train_micro_batch_size_per_gpu": 2147483647, "gradient_accumulation_steps": 2147483647})", 4)),
+      "<config>: train_batch_size: expected an integer in 1..9007199254740991 (it is derived: "
+      "train_micro_batch_size_per_gpu x gradient_accumulation_steps x world_size = 2147483647 x 2147483647 x 4), "
+      "got more than 9223372036854775807");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2147483647,
                               "gradient_accumulation_steps": 2147483647})",
                           4)),
@@ -735,9 +744,10 @@ TEST(ConfigHostileTest, BatchArithmeticIsCheckedNamingTheKey) {
 TEST(ConfigHostileTest, AbsurdValuesAreRefusedAtTheirUpperBound) {
   // Each used to pass and then abort the ranks (bad_alloc starting 1e9 threads) or train into NaN
   // (eps 1e-320 is 0 in fp32; lr 1e308 is inf in fp32).
-  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 1,
+  EXPECT_EQ(
+      Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 1,
                               "offload_optimizer": {"device": "cpu", "cpu_threads": 1000000000}}})")),
-            "<config>: zero_optimization.offload_optimizer.cpu_threads: expected an integer in 0..1024, got 1000000000");
+      "<config>: zero_optimization.offload_optimizer.cpu_threads: expected an integer in 0..1024, got 1000000000");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "optimizer": {"params": {"eps": 1e-320}}})")),
             "<config>: optimizer.params.eps: expected a number in [1e-37, 1e+38], got 1e-320");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "optimizer": {"params": {"lr": 1e308}}})")),
@@ -785,7 +795,8 @@ TEST(ConfigJsonTest, ADirectoryOrAPipeIsNotAConfigFile) {
   }
   reader.join();
   ::unlink(fifo.c_str());
-  EXPECT_EQ(message, "config " + fifo + ": not a regular file (it is a named pipe); give the path of the JSON config file");
+  EXPECT_EQ(message,
+            "config " + fifo + ": not a regular file (it is a named pipe); give the path of the JSON config file");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -978,10 +989,11 @@ TEST(ConfigBatchTest, DerivedValuesMustDivideExactly) {
 }
 
 TEST(ConfigBatchTest, NeitherBatchKeyIsAnError) {
-  EXPECT_TRUE(Contains(Message(Parse("{}")), "train_batch_size: expected train_batch_size or "
-                                             "train_micro_batch_size_per_gpu to be given"));
-  EXPECT_TRUE(Contains(Message(Parse(R"({"gradient_accumulation_steps": 4})")),
-                       "got only gradient_accumulation_steps"));
+  EXPECT_TRUE(Contains(Message(Parse("{}")),
+                       "train_batch_size: expected train_batch_size or "
+                       "train_micro_batch_size_per_gpu to be given"));
+  EXPECT_TRUE(
+      Contains(Message(Parse(R"({"gradient_accumulation_steps": 4})")), "got only gradient_accumulation_steps"));
 }
 
 TEST(ConfigBatchTest, ZeroAndNegativeSizesAndBadWorldSize) {
@@ -989,8 +1001,7 @@ TEST(ConfigBatchTest, ZeroAndNegativeSizesAndBadWorldSize) {
             "<config>: train_micro_batch_size_per_gpu: expected an integer in 1..2147483647, got 0");
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "gradient_accumulation_steps": -2})")),
             "<config>: gradient_accumulation_steps: expected an integer in 1..2147483647, got -2");
-  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8})", 0)),
-            "<config>: world_size: expected an integer >= 1, got 0");
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8})", 0)), "<config>: world_size: expected an integer >= 1, got 0");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1241,18 +1252,19 @@ TEST(ConfigProblemsTest, BothNvmePathsMissingAreTwoProblems) {
 TEST(ConfigProblemsTest, OffloadContradictionsAreListedTogether) {
   // Bad values in file order, then the rules between keys; each names its key. GPU accumulation with both
   // offloads given is no problem of its own, although parameter offload is refused at stage 2.
-  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
+  EXPECT_EQ(
+      Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
                               "offload_optimizer": {"device": "cpu", "cpu_threads": -1, "host_memory_budget": 10},
                               "offload_param": {"device": "cpu", "buffer_size": 0},
                               "offload_grad_accumulation": "gpu"}})")),
-            "<config>: 4 problems in the config:\n"
-            "  <config>: zero_optimization.offload_optimizer.cpu_threads: expected an integer in 0..1024, got -1\n"
-            "  <config>: zero_optimization.offload_param.buffer_size: expected an integer in 1..9007199254740991, got 0\n"
-            "  <config>: zero_optimization.offload_param.device: expected \"none\" below stage 3 (parameter offload "
-            "needs zero_optimization.stage 3; stage is 2), got \"cpu\"\n"
-            "  <config>: zero_optimization.offload_optimizer.host_memory_budget: expected 0 unless "
-            "zero_optimization.offload_optimizer.device is \"nvme\" (the budget splits optimizer state between "
-            "pinned host memory and NVMe; device is \"cpu\", which keeps all of it in host memory), got 10");
+      "<config>: 4 problems in the config:\n"
+      "  <config>: zero_optimization.offload_optimizer.cpu_threads: expected an integer in 0..1024, got -1\n"
+      "  <config>: zero_optimization.offload_param.buffer_size: expected an integer in 1..9007199254740991, got 0\n"
+      "  <config>: zero_optimization.offload_param.device: expected \"none\" below stage 3 (parameter offload "
+      "needs zero_optimization.stage 3; stage is 2), got \"cpu\"\n"
+      "  <config>: zero_optimization.offload_optimizer.host_memory_budget: expected 0 unless "
+      "zero_optimization.offload_optimizer.device is \"nvme\" (the budget splits optimizer state between "
+      "pinned host memory and NVMe; device is \"cpu\", which keeps all of it in host memory), got 10");
   // A refused device is not judged again by the rules that read it.
   EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
                               "offload_optimizer": {"device": "disk", "host_memory_budget": 10},
@@ -1348,7 +1360,8 @@ TEST(ConfigRulesTest, Contradictions) {
        "<config>: zero_optimization.offload_optimizer.ratio: expected a number in (0, 1], got 0"},
       {R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/n",
            "host_memory_budget": -1}}})",
-       "<config>: zero_optimization.offload_optimizer.host_memory_budget: expected an integer in 0..9007199254740991, got -1"},
+       "<config>: zero_optimization.offload_optimizer.host_memory_budget: expected an integer in 0..9007199254740991, "
+       "got -1"},
       {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memory_fallback": "yes"}}})",
        "<config>: zero_optimization.offload_param.pin_memory_fallback: expected true or false, got \"yes\""},
   };

@@ -15,14 +15,12 @@ std::string ConsolidationSummary::ToString() const {
   std::snprintf(buf, sizeof(buf),
                 "%lld tensors, %lld params, %llu bytes in %.3f s (tag %s, global step %lld, "
                 "ZeRO stage %d, saved at dp world size %d)",
-                static_cast<long long>(tensors), static_cast<long long>(params),
-                static_cast<unsigned long long>(bytes), seconds, tag.c_str(),
-                static_cast<long long>(global_steps), zero_stage, dp_world_size);
+                static_cast<long long>(tensors), static_cast<long long>(params), static_cast<unsigned long long>(bytes),
+                seconds, tag.c_str(), static_cast<long long>(global_steps), zero_stage, dp_world_size);
   return buf;
 }
 
-Result<ConsolidationSummary> ConsolidateToFp32(const std::string& checkpoint_dir,
-                                               const std::string& tag,
+Result<ConsolidationSummary> ConsolidateToFp32(const std::string& checkpoint_dir, const std::string& tag,
                                                const std::string& output_path) {
   const auto start = std::chrono::steady_clock::now();
   ZERO_ASSIGN_OR_RETURN(std::string resolved, ResolveTag(checkpoint_dir, tag));

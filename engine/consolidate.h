@@ -29,8 +29,7 @@ struct ConsolidationSummary {
 
 // `tag` empty: the tag named by <checkpoint_dir>/latest. __metadata__ of the output holds format
 // "pt", zero_version, tag, global_steps, skipped_steps, zero_stage, dp_world_size, model_dtype.
-Result<ConsolidationSummary> ConsolidateToFp32(const std::string& checkpoint_dir,
-                                               const std::string& tag,
+Result<ConsolidationSummary> ConsolidateToFp32(const std::string& checkpoint_dir, const std::string& tag,
                                                const std::string& output_path);
 
 }  // namespace zero

@@ -142,8 +142,7 @@ ModuleHandle::~ModuleHandle() {
   if (engine_ != nullptr) engine_->ReleaseModule(module_id_).IgnoreError();
 }
 
-ModuleHandle::ModuleHandle(ModuleHandle&& o) noexcept
-    : engine_(o.engine_), module_id_(o.module_id_) {
+ModuleHandle::ModuleHandle(ModuleHandle&& o) noexcept : engine_(o.engine_), module_id_(o.module_id_) {
   o.engine_ = nullptr;
   o.module_id_ = -1;
 }
@@ -179,15 +178,14 @@ Engine::~Engine() {
   if (impl_->device != nullptr) impl_->device->Synchronize().IgnoreError();
 }
 
-Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* device,
-                                               Communicator* comm, const EngineEnv& env) {
+Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* device, Communicator* comm,
+                                               const EngineEnv& env) {
   if (device == nullptr || comm == nullptr) {
     return InvalidArgumentError("Engine::Create: device and communicator must not be null");
   }
   if (comm->device() != nullptr && comm->device() != device) {
-    return InvalidArgumentError("Engine::Create: the communicator's buffers live on device '" +
-                                comm->device()->name() + "', not on the engine's device '" +
-                                device->name() + "'");
+    return InvalidArgumentError("Engine::Create: the communicator's buffers live on device '" + comm->device()->name() +
+                                "', not on the engine's device '" + device->name() + "'");
   }
   // Every config rule, key checks included, with ParseConfig's messages (no file name: the Config may be
   // built in code), and what the engine does not build; the ranks are the communicator's.
@@ -224,8 +222,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* dev
       return InvalidArgumentError("zero_trace.path: the directory '" + dir.string() + "' of '" +
                                   config.zero_trace.path + "' does not exist (expected an existing directory)");
     }
-    EngineTimelineOptions to{config.wall_clock_breakdown, config.steps_per_print, impl->rank, env.log_sink,
-                             config.zero_trace.enabled, config.zero_trace.path, config.zero_trace.first_step,
+    EngineTimelineOptions to{config.wall_clock_breakdown,
+                             config.steps_per_print,
+                             impl->rank,
+                             env.log_sink,
+                             config.zero_trace.enabled,
+                             config.zero_trace.path,
+                             config.zero_trace.first_step,
                              config.zero_trace.last_step};
     ZERO_RETURN_IF_ERROR(impl->timeline.Configure(to, device, impl->compute));
   }
@@ -253,15 +256,13 @@ Result<int> Engine::RegisterParameter(const ParamSpec& spec) {
   }
   if (spec.name.empty()) return InvalidArgumentError("RegisterParameter: empty parameter name");
   if (m.param_index.count(spec.name) != 0) {
-    return InvalidArgumentError("RegisterParameter: parameter name '" + spec.name +
-                                "' is already registered (index " +
+    return InvalidArgumentError("RegisterParameter: parameter name '" + spec.name + "' is already registered (index " +
                                 std::to_string(m.param_index[spec.name]) + ")");
   }
   int64_t numel = 1;
   for (int64_t d : spec.shape) {
     if (d < 0) {
-      return InvalidArgumentError("RegisterParameter('" + spec.name + "'): negative dimension " +
-                                  std::to_string(d));
+      return InvalidArgumentError("RegisterParameter('" + spec.name + "'): negative dimension " + std::to_string(d));
     }
     if (d != 0 && numel > std::numeric_limits<int64_t>::max() / 4 / d) {
       return InvalidArgumentError("RegisterParameter('" + spec.name + "'): too many elements");
@@ -301,8 +302,7 @@ Status Engine::InitializeFromSlices(
   return InitializeWith(read, true);
 }
 
-Status Engine::InitializeWith(const std::function<Status(int, int64_t, int64_t, float*)>& fill,
-                              bool partition_reads) {
+Status Engine::InitializeWith(const std::function<Status(int, int64_t, int64_t, float*)>& fill, bool partition_reads) {
   Impl& m = *impl_;
   if (!m.broken.ok()) return m.broken;
   if (m.initialized) return FailedPreconditionError("Initialize() called twice");
@@ -420,7 +420,8 @@ Status Engine::Impl::InitializeImpl(const InitFill& fill, bool partition_reads) 
         st = CreateNvmeOptimizerStates(device, opt_total, compute, no);
       } else {
         auto first = CreateHostOptimizerStates(
-            device, on_host, compute, HostStatesOptions(oo, mdt, "optimizer states (the host tier of host_memory_budget)"));
+            device, on_host, compute,
+            HostStatesOptions(oo, mdt, "optimizer states (the host tier of host_memory_budget)"));
         if (!first.ok()) return first.status().WithContext("Initialize");
         auto second = CreateNvmeOptimizerStates(device, opt_total - on_host, compute, no);
         if (!second.ok()) return second.status().WithContext("Initialize");
@@ -475,8 +476,8 @@ Status Engine::Impl::InitializeImpl(const InitFill& fill, bool partition_reads) 
       hi = std::min(p.shard.begin + p.shard.shard, p.numel);
     }
     if (hi > lo) {
-      ZERO_RETURN_IF_ERROR(fill(i, lo, hi - lo, values.data() + lo)
-                               .WithContext("Initialize: initial values of " + ParamName(p)));
+      ZERO_RETURN_IF_ERROR(
+          fill(i, lo, hi - lo, values.data() + lo).WithContext("Initialize: initial values of " + ParamName(p)));
     }
     if (world > 1 && !partition_reads) {  // one rank has nothing to compare with
       sums[i] = Checksum(values.data(), p.numel);
@@ -490,22 +491,21 @@ Status Engine::Impl::InitializeImpl(const InitFill& fill, bool partition_reads) 
       ZERO_RETURN_IF_ERROR(ModelFromMasters(off, p.shard.padded, stage == 3 ? p.part_off : p.full_off));
     } else {
       float* st = staging.as<float>();
-      ZERO_RETURN_IF_ERROR(device->Copy(st, values.data(), static_cast<size_t>(p.numel) * 4,
-                                        CopyKind::kHostToDevice, compute));
-      ZERO_RETURN_IF_ERROR(device->Fill(st + p.numel, DType::kF32,
-                                        static_cast<size_t>(p.shard.padded - p.numel), 0.0f, compute));
-      ZERO_RETURN_IF_ERROR(states->CopyFromDevice(OptState::kMaster, p.part_off, p.shard.shard, st + p.shard.begin,
-                                                  compute));
+      ZERO_RETURN_IF_ERROR(
+          device->Copy(st, values.data(), static_cast<size_t>(p.numel) * 4, CopyKind::kHostToDevice, compute));
+      ZERO_RETURN_IF_ERROR(
+          device->Fill(st + p.numel, DType::kF32, static_cast<size_t>(p.shard.padded - p.numel), 0.0f, compute));
+      ZERO_RETURN_IF_ERROR(
+          states->CopyFromDevice(OptState::kMaster, p.part_off, p.shard.shard, st + p.shard.begin, compute));
       if (stage <= 2) {
-        ZERO_RETURN_IF_ERROR(device->Cast(st, DType::kF32, model_ptr(p.full_off), mdt,
-                                          static_cast<size_t>(p.shard.padded), compute));
+        ZERO_RETURN_IF_ERROR(
+            device->Cast(st, DType::kF32, model_ptr(p.full_off), mdt, static_cast<size_t>(p.shard.padded), compute));
       } else if (host_params != nullptr) {
         ZERO_RETURN_IF_ERROR(host_params->Write(p.part_off, p.shard.shard, [&](void* dst, int64_t at, int64_t len) {
           return device->Cast(st + p.shard.begin + at, DType::kF32, dst, mdt, static_cast<size_t>(len), compute);
         }));
       } else {
-        ZERO_RETURN_IF_ERROR(device->Cast(st + p.shard.begin, DType::kF32, model_ptr(p.part_off), mdt,
-                                          shard, compute));
+        ZERO_RETURN_IF_ERROR(device->Cast(st + p.shard.begin, DType::kF32, model_ptr(p.part_off), mdt, shard, compute));
       }
     }
     // The host vector is refilled for the next parameter.
@@ -516,10 +516,10 @@ Status Engine::Impl::InitializeImpl(const InitFill& fill, bool partition_reads) 
                              .WithContext("Initialize: comparing initial values across ranks"));
     for (int i = 0; i < n_params; ++i) {
       if (sums[i] != -sums[params.size() + i]) {
-        return Agreed(InvalidArgumentError(
-            "Initialize: parameter " + ParamName(params[i]) + " (index " + std::to_string(i) +
-            ") has different initial values on different ranks; init(index, values) must give "
-            "every rank the same values"));
+        return Agreed(
+            InvalidArgumentError("Initialize: parameter " + ParamName(params[i]) + " (index " + std::to_string(i) +
+                                 ") has different initial values on different ranks; init(index, values) must give "
+                                 "every rank the same values"));
       }
     }
   }
@@ -539,8 +539,8 @@ Status Engine::Impl::InitializeImpl(const InitFill& fill, bool partition_reads) 
     max_param_bytes = std::max(max_param_bytes, bytes);
     total_grad_bytes += bytes;
   }
-  const size_t bucket_bytes = std::min(
-      total_grad_bytes, static_cast<size_t>(config.zero.reduce_bucket_size) * SizeOf(mdt));
+  const size_t bucket_bytes =
+      std::min(total_grad_bytes, static_cast<size_t>(config.zero.reduce_bucket_size) * SizeOf(mdt));
   const size_t pool_keep = PerParamReduction() && !DirectToPartition()
                                ? static_cast<size_t>(max_in_flight + 2) * max_param_bytes
                                : 2 * max_param_bytes + (stage >= 2 && !DirectToPartition() ? bucket_bytes : 0);
@@ -565,8 +565,7 @@ Status Engine::Impl::InitializeImpl(const InitFill& fill, bool partition_reads) 
     consumer = [this](int i, const void* reduced) -> Status {
       float* dst = f32(acc, params[i].full_off);
       if (reduced == dst) return OkStatus();
-      return device->Copy(dst, reduced, static_cast<size_t>(params[i].numel) * 4,
-                          CopyKind::kDeviceToDevice, compute);
+      return device->Copy(dst, reduced, static_cast<size_t>(params[i].numel) * 4, CopyKind::kDeviceToDevice, compute);
     };
   } else if (stage == 1) {
     ro.kind = BucketKind::kShards;
@@ -580,9 +579,7 @@ Status Engine::Impl::InitializeImpl(const InitFill& fill, bool partition_reads) 
     ro.kind = BucketKind::kShards;
     ro.comm_dtype = comm_dt;
     ro.name = stage == 2 ? "stage-2 gradient" : "stage-3 gradient";
-    consumer = [this](int i, const void* reduced) -> Status {
-      return AddToPartition(i, reduced, comm_dt);
-    };
+    consumer = [this](int i, const void* reduced) -> Status { return AddToPartition(i, reduced, comm_dt); };
   }
   reducer = std::make_unique<GradientReducer>(device, comm, compute, ro, std::move(consumer));
   if (world > 1 && stage != 3) {
@@ -645,8 +642,7 @@ Status Engine::Impl::InitializeImpl(const InitFill& fill, bool partition_reads) 
       co.module_store = host_params->module_store();
       co.max_store_read_ahead = co.max_uploads_in_flight;
     }
-    coordinator = std::make_unique<ParamCoordinator>(device, comm, compute, mdt, std::move(cps),
-                                                     module_names, co);
+    coordinator = std::make_unique<ParamCoordinator>(device, comm, compute, mdt, std::move(cps), module_names, co);
     if (world > 1) schedule = std::make_unique<ReductionSchedule>(comm, static_cast<int>(module_names.size()));
   }
   // zero_trace: the components report the work they enqueue on their own streams (docs/timeline.md).
@@ -744,8 +740,8 @@ EngineMemory Engine::memory() const {
   const GradPartitionBytes gb = m.grad != nullptr ? m.grad->bytes() : GradPartitionBytes();
   out.host_gradients = gb.host;
   out.gradient_accumulators = m.acc.bytes() + gb.device;
-  out.gradients = m.acc.bytes() + gb.device + gb.device_staging +
-                  (m.grad_pool != nullptr ? m.grad_pool->bytes() : 0) + out.bucket_staging;
+  out.gradients = m.acc.bytes() + gb.device + gb.device_staging + (m.grad_pool != nullptr ? m.grad_pool->bytes() : 0) +
+                  out.bucket_staging;
   out.allgather_staging = m.weight_gather != nullptr ? m.weight_gather->staging_bytes() : 0;
   out.device_peak = m.device->memory_stats().peak;
   return out;

@@ -179,10 +179,10 @@ struct EngineMemory {
                              // with the stage-3 all-gather staging buffers)
   size_t master_params = 0;  // fp32 master weights
   size_t optimizer_states = 0;
-  size_t gradients = 0;      // accumulators + reduction buckets + gradient buffers handed out
-                             // (+ the host gradient partition's device staging slots)
+  size_t gradients = 0;              // accumulators + reduction buckets + gradient buffers handed out
+                                     // (+ the host gradient partition's device staging slots)
   size_t gradient_accumulators = 0;  // of `gradients`: the fp32 accumulators / gradient partition
-  size_t device_peak = 0;    // Device::memory_stats().peak
+  size_t device_peak = 0;            // Device::memory_stats().peak
   // Offloaded optimizer states (not device memory): host bytes (pinned slabs: states, buffers, the
   // host model copy) and bytes of NVMe swap files.
   size_t host_states = 0;
@@ -227,10 +227,10 @@ struct EngineStats {
 
 // The step counters (saved in checkpoints and restored by LoadCheckpoint).
 struct EngineCounters {
-  int64_t global_steps = 0;    // optimizer steps applied or skipped (DeepSpeed's global_steps)
-  int64_t skipped_steps = 0;   // fp16 overflow skips
-  int64_t micro_steps = 0;     // Backward() calls since creation
-  int64_t adam_step = 0;       // t of the last applied AdamW update
+  int64_t global_steps = 0;   // optimizer steps applied or skipped (DeepSpeed's global_steps)
+  int64_t skipped_steps = 0;  // fp16 overflow skips
+  int64_t micro_steps = 0;    // Backward() calls since creation
+  int64_t adam_step = 0;      // t of the last applied AdamW update
 };
 
 // What an Engine takes from its environment besides the config (leveldb's Options::env): the
@@ -246,8 +246,8 @@ struct EngineEnv {
 
 class Engine {
  public:
-  static Result<std::unique_ptr<Engine>> Create(const Config& config, Device* device,
-                                                Communicator* comm, const EngineEnv& env = {});
+  static Result<std::unique_ptr<Engine>> Create(const Config& config, Device* device, Communicator* comm,
+                                                const EngineEnv& env = {});
   ~Engine();
 
   // --- set-up --------------------------------------------------------------------------------
@@ -300,13 +300,13 @@ class Engine {
   // With stop_on_nonfinite (the default), a NaN or inf global gradient norm on a step that would be
   // applied is FAILED_PRECONDITION naming the step, and the engine is unusable afterwards.
   Status Step();
-  bool was_step_applied() const;       // false off-boundary or on fp16 overflow
+  bool was_step_applied() const;  // false off-boundary or on fp16 overflow
   // Unscaled global norm of the last boundary (-1 if none); a plain read, valid when Step()
   // returns. When neither fp16 (overflow check) nor gradient_clipping needs the norm before AdamW,
   // Step() enqueues its sums of squares, then AdamW and the weight publication, and only then waits
   // (once) for the norm at its end; otherwise it waits for it before AdamW. Same value either way.
   double global_grad_norm() const;
-  float loss_scale() const;            // current loss scale (1 without fp16)
+  float loss_scale() const;  // current loss scale (1 without fp16)
   // The factor the user multiplies into every gradient written to grad_buffer() (as a PyTorch
   // user multiplies it into the loss before backward): loss_scale() / gradient_accumulation_steps
   // in managed mode (DeepSpeed's engine.backward divides the loss by GAS before scaling it, so the
@@ -314,7 +314,7 @@ class Engine {
   // DeepSpeed's trajectory), loss_scale() in unmanaged mode (the user divides by what they like).
   // The engine itself then divides by the loss scale only; gradients still accumulate in fp32.
   float gradient_scale() const;
-  double lr() const;                   // lr the next applied step will use
+  double lr() const;  // lr the next applied step will use
   // Stage 0/1 only: while on, Step() at a boundary is refused (no_sync must end before the boundary).
   Status SetNoSync(bool on);
   Status ZeroGrad();  // drops accumulated gradients of the current window
@@ -367,8 +367,7 @@ class Engine {
   // accumulation window, i.e. after a Backward() whose window has not been closed by Step(),
   // since accumulated gradients are not saved. The training state is not changed; an I/O error
   // does not make the engine unusable.
-  Status SaveCheckpoint(const std::string& dir, const std::string& tag = "",
-                        const std::string& client_state_json = "");
+  Status SaveCheckpoint(const std::string& dir, const std::string& tag = "", const std::string& client_state_json = "");
   // After Initialize(), every rank: loads <dir>/<tag> (tag "": the tag in <dir>/latest) saved at
   // any stage and data-parallel world size into this engine's partitions, re-derives the model
   // parameters (cast to the model dtype; gathered at stages 0-2; stage 3 drops every gathered

@@ -30,8 +30,8 @@ Result<ModuleHandle> Engine::GatherModule(const std::string& module) {
   }
   ZERO_RETURN_IF_ERROR(m.timeline.OnGather());
   if (m.StepInFlight()) {
-    ZERO_RETURN_IF_ERROR(m.Guard(
-        m.deferred->Reach(m.module_params[it->second]).WithContext("GatherModule('" + module + "')")));
+    ZERO_RETURN_IF_ERROR(
+        m.Guard(m.deferred->Reach(m.module_params[it->second]).WithContext("GatherModule('" + module + "')")));
   }
   if (m.stage == 3) {
     if (m.schedule != nullptr) {
@@ -41,8 +41,9 @@ Result<ModuleHandle> Engine::GatherModule(const std::string& module) {
       Status s = done.ok() ? m.ReduceModules(*done) : done.status();
       ZERO_RETURN_IF_ERROR(m.Guard(s.WithContext("GatherModule('" + module + "'): reducing gradients")));
     }
-    ZERO_RETURN_IF_ERROR(m.Guard(m.timeline.Timed(EngineTimeline::Kind::kCommunication, kTrackCommunication,
-                                                  "gather module", [&] { return m.coordinator->Acquire(it->second); })
+    ZERO_RETURN_IF_ERROR(m.Guard(m.timeline
+                                     .Timed(EngineTimeline::Kind::kCommunication, kTrackCommunication, "gather module",
+                                            [&] { return m.coordinator->Acquire(it->second); })
                                      .WithContext("GatherModule('" + module + "')")));
   }
   return ModuleHandle(this, it->second);
@@ -65,8 +66,8 @@ Result<const void*> Engine::param(int index) const {
     return FailedPreconditionError(
         "param(" + std::to_string(index) + "): parameter " + ParamName(m.params[index]) +
         " may still be written by the overlapped optimizer step (zero_optimization.offload_optimizer."
-        "overlap_step): reach it through GatherModule(\"" + m.params[index].spec.module +
-        "\") first, at every stage, or call WaitForOptimizerStep()");
+        "overlap_step): reach it through GatherModule(\"" +
+        m.params[index].spec.module + "\") first, at every stage, or call WaitForOptimizerStep()");
   }
   if (m.stage == 3) return m.coordinator->Full(index);
   return static_cast<const void*>(m.model_ptr(m.params[index].full_off));
@@ -116,8 +117,8 @@ Status Engine::GradReady(int index) {
   ZERO_RETURN_IF_ERROR(m.timeline.OnGradient());
   const ParamInfo& p = m.params[index];
   if (m.window.reported(index)) {
-    return InvalidArgumentError("GradReady(" + std::to_string(index) + "): the gradient of parameter " +
-                                ParamName(p) + " was reported twice in one backward");
+    return InvalidArgumentError("GradReady(" + std::to_string(index) + "): the gradient of parameter " + ParamName(p) +
+                                " was reported twice in one backward");
   }
   if (!m.window.handed_out(index)) {
     return FailedPreconditionError("GradReady(" + std::to_string(index) + ") for parameter " + ParamName(p) +
@@ -161,9 +162,9 @@ Status Engine::Impl::GradReadyImpl(int index) {
   void* data = grad_held[index].data();
   // Without contiguous_gradients the buffer is reduced in place; its tail receives the shard.
   void* recv = GradRecvArea() ? ElementPtr(data, mdt, p.shard.padded) : nullptr;
-  return reducer->Add(index, data, mdt, p.numel, [this, index]() {
-    return grad_pool->Release(std::move(grad_held[index]), compute);
-  }, recv);
+  return reducer->Add(
+      index, data, mdt, p.numel, [this, index]() { return grad_pool->Release(std::move(grad_held[index]), compute); },
+      recv);
 }
 
 // Stage 3 with several ranks: every parameter of `modules` (in that order, each module's last
@@ -187,9 +188,9 @@ Status Engine::Impl::ReduceModules(const std::vector<int>& modules) {
       }
       void* data = grad_held[index].data();
       void* recv = GradRecvArea() ? ElementPtr(data, mdt, p.shard.padded) : nullptr;
-      ZERO_RETURN_IF_ERROR(reducer->Add(index, data, mdt, p.numel, [this, index]() {
-        return grad_pool->Release(std::move(grad_held[index]), compute);
-      }, recv));
+      ZERO_RETURN_IF_ERROR(reducer->Add(
+          index, data, mdt, p.numel,
+          [this, index]() { return grad_pool->Release(std::move(grad_held[index]), compute); }, recv));
     }
   }
   return OkStatus();
@@ -229,8 +230,8 @@ Status Engine::Impl::UpdateFromGradient(int index, const void* src) {
   window.MarkUpdated(index);
   if (p.numel == 0) return OkStatus();
   if (src != nullptr) {
-    ZERO_RETURN_IF_ERROR(device->SumOfSquares(src, mdt, static_cast<size_t>(p.numel),
-                                              norm_slots.as<double>() + index, compute));
+    ZERO_RETURN_IF_ERROR(
+        device->SumOfSquares(src, mdt, static_cast<size_t>(p.numel), norm_slots.as<double>() + index, compute));
   }
   // One rank: the partition piece is the whole (unpadded) parameter.
   return states->UpdateFromGradient(p.part_off, p.shard.shard, src, mdt, StepParams(1.0, 1.0), compute);
@@ -246,8 +247,7 @@ Status Engine::Impl::QueueBoundaryReduction(int index) {
   if (world == 1) return OkStatus();
   if (!window.acc_written()[index]) {
     // No local gradient in this window: this rank contributes zeros.
-    ZERO_RETURN_IF_ERROR(device->Fill(f32(acc, p.full_off), DType::kF32, static_cast<size_t>(p.numel), 0.0f,
-                                      compute));
+    ZERO_RETURN_IF_ERROR(device->Fill(f32(acc, p.full_off), DType::kF32, static_cast<size_t>(p.numel), 0.0f, compute));
     window.MarkAccWritten(index);
   }
   if (stage == 1) window.MarkPartWritten(index);  // the reduction writes the whole shard
@@ -306,12 +306,14 @@ Status Engine::Impl::BackwardImpl() {
       }
       ZERO_RETURN_IF_ERROR(ReduceModules(*rest));
     }
-    ZERO_RETURN_IF_ERROR(timeline.Timed(EngineTimeline::Kind::kCommunication, kTrackCommunication,
-                                        "reduce gradients", [&] { return reducer->Drain(); }));
+    ZERO_RETURN_IF_ERROR(timeline.Timed(EngineTimeline::Kind::kCommunication, kTrackCommunication, "reduce gradients",
+                                        [&] { return reducer->Drain(); }));
   }
   // Every contribution of the window is in: pieces whose last one came in an earlier micro step
   // are completed now (offload_grad_accumulation "gpu": sent to the host).
-  if (boundary && grad != nullptr) ZERO_RETURN_IF_ERROR(TimedOffload(kTrackDeviceToHost, "gradients to the partition", [&] { return grad->Finish(); }));
+  if (boundary && grad != nullptr)
+    ZERO_RETURN_IF_ERROR(
+        TimedOffload(kTrackDeviceToHost, "gradients to the partition", [&] { return grad->Finish(); }));
   if (coordinator != nullptr) ZERO_RETURN_IF_ERROR(coordinator->EndMicroStep());
   window.EndBackward();
   ++counters.micro_steps;

@@ -65,8 +65,8 @@ struct Fp16Faults {
 
 // `steps` windows of engine_test_util.h's TrainSteps, with the loss 0.5 v^2 + 0.1 v summed in
 // double, the gradients scaled by the loss scale (as an fp16 user does) and the faults of `to`.
-Status TrainSteps(Engine* e, Device* device, const TestModel& model, int rank, int steps,
-                  Record* rec, const Fp16Faults& to = {}) {
+Status TrainSteps(Engine* e, Device* device, const TestModel& model, int rank, int steps, Record* rec,
+                  const Fp16Faults& to = {}) {
   ::zero::testing::TrainOptions opt;
   opt.steps = steps;
   opt.times_loss_scale = true;
@@ -90,8 +90,8 @@ Status TrainSteps(Engine* e, Device* device, const TestModel& model, int rank, i
 }
 
 bool SameCounters(const EngineCounters& a, const EngineCounters& b) {
-  return a.global_steps == b.global_steps && a.skipped_steps == b.skipped_steps &&
-         a.micro_steps == b.micro_steps && a.adam_step == b.adam_step;
+  return a.global_steps == b.global_steps && a.skipped_steps == b.skipped_steps && a.micro_steps == b.micro_steps &&
+         a.adam_step == b.adam_step;
 }
 
 // Every field of a run bitwise (with `label` in the failure messages).
@@ -405,7 +405,8 @@ TEST(EngineCheckpointTest, LoadsIntoAnotherOffloadMode) {
     int to_stage;
     bool to_offload;
   };
-  for (const Case& c : {Case{2, true, 3, false}, Case{3, false, 1, true}, Case{1, true, 2, true}, Case{3, true, 3, true}}) {
+  for (const Case& c :
+       {Case{2, true, 3, false}, Case{3, false, 1, true}, Case{1, true, 2, true}, Case{3, true, 3, true}}) {
     CheckCrossLoad(ConfigJson(c.from_stage, 1, 0.0, kWarmup, c.from_offload ? cpu : ""),
                    ConfigJson(c.to_stage, 1, 0.0, kWarmup, c.to_offload ? cpu : ""),
                    "stage " + std::to_string(c.from_stage) + (c.from_offload ? " offload" : "") + " -> " +
@@ -449,13 +450,14 @@ TEST(EngineCheckpointTest, UnmanagedResumeWithParameterOffload) {
            "\", \"buffer_count\": 2, \"max_in_cpu\": 0}";
   };
   auto nvme = [&](const std::string& sub) {
-    return "\"sub_group_size\": 50, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + dir +
-           "/" + sub + "\", \"buffer_count\": 2, \"cpu_threads\": 2}";
+    return "\"sub_group_size\": 50, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + dir + "/" + sub +
+           "\", \"buffer_count\": 2, \"cpu_threads\": 2}";
   };
   CheckCrossLoad(ConfigJson(3, 1, 0.0, unmanaged, param), ConfigJson(3, 1, 0.0, unmanaged, param),
                  "unmanaged stage 3 param offload", false);
-  CheckCrossLoad(ConfigJson(3, 1, 0.0, unmanaged, param + ", " + cpu), ConfigJson(3, 1, 0.0, unmanaged, param + ", " + cpu),
-                 "unmanaged stage 3 param + optimizer offload", true);
+  CheckCrossLoad(ConfigJson(3, 1, 0.0, unmanaged, param + ", " + cpu),
+                 ConfigJson(3, 1, 0.0, unmanaged, param + ", " + cpu), "unmanaged stage 3 param + optimizer offload",
+                 true);
   CheckCrossLoad(ConfigJson(3, 1, 0.0, unmanaged, param_nvme("a")), ConfigJson(3, 1, 0.0, unmanaged, param_nvme("b")),
                  "unmanaged stage 3 param nvme", false);
   CheckCrossLoad(ConfigJson(3, 1, 0.0, unmanaged, param_nvme("c") + ", " + nvme("c")),
@@ -469,8 +471,8 @@ TEST(EngineCheckpointTest, UnmanagedResumeWithParameterOffload) {
 TEST(EngineCheckpointTest, NvmeAndTieredStatesResumeAndLoadAcrossModes) {
   const std::string dir = ScratchDir("nvme_states");
   auto nvme = [&](const std::string& sub, int64_t budget) {
-    return "\"sub_group_size\": 50, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + dir + "/" +
-           sub + "\", \"buffer_count\": 2, \"cpu_threads\": 2, \"host_memory_budget\": " + std::to_string(budget) + "}";
+    return "\"sub_group_size\": 50, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + dir + "/" + sub +
+           "\", \"buffer_count\": 2, \"cpu_threads\": 2, \"host_memory_budget\": " + std::to_string(budget) + "}";
   };
   const std::string cpu = "\"offload_optimizer\": {\"device\": \"cpu\"}";
   CheckCrossLoad(ConfigJson(2, 1, 0.0, kWarmup, nvme("a", 0)), ConfigJson(2, 1, 0.0, kWarmup, nvme("b", 0)),
@@ -685,8 +687,8 @@ TEST(EngineCheckpointTest, SaveAndLoadInsideAnAccumulationWindowAreRefused) {
         ZERO_RETURN_IF_ERROR(WriteGrad(e.get(), device, i, Gradient(i, v, rank, 0, 1.0f)));
         if (i == 0) {
           // Mid-backward.
-          ZERO_RETURN_IF_ERROR(Expect(e->SaveCheckpoint(dir, "mid"), StatusCode::kFailedPrecondition,
-                                      "in the middle of a backward"));
+          ZERO_RETURN_IF_ERROR(
+              Expect(e->SaveCheckpoint(dir, "mid"), StatusCode::kFailedPrecondition, "in the middle of a backward"));
         }
       }
       ZERO_RETURN_IF_ERROR(e->Backward());
@@ -717,9 +719,8 @@ TEST(EngineCheckpointTest, SaveAndLoadInsideAnAccumulationWindowAreRefused) {
   }
 
   // Unmanaged accumulation: Backward() calls since the last Step() are a window too.
-  auto config = MakeConfig(ConfigJson(1, 1, 1.0, "\"managed_gradient_accumulation\": false",
-                                      "\"overlap_comm\": false"),
-                           2);
+  auto config =
+      MakeConfig(ConfigJson(1, 1, 1.0, "\"managed_gradient_accumulation\": false", "\"overlap_comm\": false"), 2);
   ASSERT_OK(config);
   Status st = RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
     ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(*config, model, device, comm));
@@ -776,8 +777,8 @@ TEST(EngineCheckpointTest, BadArgumentsAreRefusedOnEveryRank) {
     if (rank == 0) ZERO_RETURN_IF_ERROR(Expect(s, StatusCode::kFailedPrecondition, "rank(s) 1 refused the save"));
     ZERO_RETURN_IF_ERROR(Expect(e->SaveCheckpoint(dir, "a/b"), StatusCode::kInvalidArgument, "a/b"));
     std::vector<float> a(1), b(1);
-    ZERO_RETURN_IF_ERROR(Expect(e->GatherOptimizerState(5, a.data(), nullptr), StatusCode::kInvalidArgument,
-                                "must not be null"));
+    ZERO_RETURN_IF_ERROR(
+        Expect(e->GatherOptimizerState(5, a.data(), nullptr), StatusCode::kInvalidArgument, "must not be null"));
     // Still usable.
     return e->SaveCheckpoint(dir, "t");
   });

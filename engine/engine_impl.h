@@ -43,9 +43,9 @@ struct ParamInfo {
   ParamSpec spec;
   int64_t numel = 0;
   int module = -1;
-  ShardSpec shard;        // this rank's shard of the padded parameter
-  int64_t full_off = 0;   // offset in the full flat buffers (model at stages 0-2; fp32 at stage 0/1)
-  int64_t part_off = 0;   // offset in the partition flat buffers (stages 1-3)
+  ShardSpec shard;       // this rank's shard of the padded parameter
+  int64_t full_off = 0;  // offset in the full flat buffers (model at stages 0-2; fp32 at stage 0/1)
+  int64_t part_off = 0;  // offset in the partition flat buffers (stages 1-3)
   bool persistent = false;
 };
 
@@ -93,7 +93,7 @@ struct Engine::Impl {
   // Flat buffers (see docs/zero.md). full_total / part_total in elements.
   int64_t full_total = 0;
   int64_t part_total = 0;
-  DeviceBuffer model;       // stages 0-2: full params (mdt); stage 3: this rank's shards (mdt)
+  DeviceBuffer model;  // stages 0-2: full params (mdt); stage 3: this rank's shards (mdt)
   // Stage 3 with offload_param.device "cpu" / "nvme": this rank's shards in host memory or in a
   // swap file instead (`model` stays empty; zero/param_store.h). Written only between
   // QuiesceForUpdate and AfterUpdate (or before the coordinator exists), through ModelFromMasters /
@@ -102,13 +102,13 @@ struct Engine::Impl {
   // fp32 master weights and AdamW moments (zero/optimizer_states.h): stage 0 in the full layout,
   // stages 1-3 in the partition layout.
   std::unique_ptr<OptimizerStates> states;
-  DeviceBuffer acc;         // stages 0/1: fp32 full per-rank accumulators (stage 0: reduced in place)
+  DeviceBuffer acc;  // stages 0/1: fp32 full per-rank accumulators (stage 0: reduced in place)
   // The fp32 gradients the boundary reads (zero/grad_partition.h), one piece per parameter: a view
   // of `acc` where the accumulators are the partition (AccIsGrad), otherwise this rank's fp32
   // gradient partition (stages 1-3; none with UpdateInBackward).
   std::unique_ptr<GradPartition> grad;
-  DeviceBuffer norm_slots;  // one device double per parameter
-  PinnedBuffer norm_host;   // their host copy (pinned, so the copy does not block the host)
+  DeviceBuffer norm_slots;            // one device double per parameter
+  PinnedBuffer norm_host;             // their host copy (pinned, so the copy does not block the host)
   std::unique_ptr<Event> norm_ready;  // recorded after that copy
 
   std::unique_ptr<BufferPool> grad_pool;
@@ -142,9 +142,7 @@ struct Engine::Impl {
   // shard layout, padding zeroed when handed out) followed, when the reduce-scatter runs in the
   // model dtype, by the shard-sized area it receives into. Otherwise numel elements.
   bool PerParamReduction() const { return !contiguous && stage >= 2; }
-  bool GradRecvArea() const {
-    return PerParamReduction() && comm_dt == mdt && config.zero.reduce_scatter && world > 1;
-  }
+  bool GradRecvArea() const { return PerParamReduction() && comm_dt == mdt && config.zero.reduce_scatter && world > 1; }
   int64_t GradBufferNumel(const ParamInfo& p) const {
     if (!PerParamReduction() || p.numel == 0) return p.numel;
     return p.shard.padded + (GradRecvArea() ? p.shard.shard : 0);
@@ -184,9 +182,7 @@ struct Engine::Impl {
   // communication_data_type is exact: fp32 (Accumulate reads 16-bit sources exactly as Cast
   // widens them) or the model dtype itself; a narrowing communication dtype still goes through
   // the reducer, whose Cast rounds.
-  bool DirectToPartition() const {
-    return stage >= 2 && world == 1 && (comm_dt == mdt || comm_dt == DType::kF32);
-  }
+  bool DirectToPartition() const { return stage >= 2 && world == 1 && (comm_dt == mdt || comm_dt == DType::kF32); }
   // Update in backward: when a parameter's gradient is final as soon as it is reported (managed,
   // GAS 1, one rank at stages 2/3: DirectToPartition) and nothing needs the global norm before the
   // update (no fp16 overflow check, no clipping), GradReady runs its AdamW at once, through a
@@ -195,8 +191,7 @@ struct Engine::Impl {
   // Bitwise the same as the boundary path: the scratch holds what the partition would (0.0f + g),
   // AdamW is elementwise, and AdamW followed by Cast equals AdamWCast.
   bool UpdateInBackward() const {
-    return managed && gas == 1 && DirectToPartition() && !config.fp16.enabled &&
-           config.gradient_clipping <= 0.0;
+    return managed && gas == 1 && DirectToPartition() && !config.fp16.enabled && config.gradient_clipping <= 0.0;
   }
 
   // A failure that makes the engine unusable. Unless every rank fails together (Agreed), it is
@@ -218,8 +213,8 @@ struct Engine::Impl {
   }
   Status CheckUsable(const char* call) const {
     if (!broken.ok()) {
-      return Status(broken.code(), std::string(call) + ": the engine is unusable after an earlier error: " +
-                                       broken.message());
+      return Status(broken.code(),
+                    std::string(call) + ": the engine is unusable after an earlier error: " + broken.message());
     }
     if (!initialized) {
       return FailedPreconditionError(std::string(call) + " before Initialize()");
@@ -228,9 +223,8 @@ struct Engine::Impl {
   }
   Status CheckIndex(const char* call, int index) const {
     if (index < 0 || index >= static_cast<int>(params.size())) {
-      return InvalidArgumentError(std::string(call) + "(" + std::to_string(index) +
-                                  "): no such parameter (" + std::to_string(params.size()) +
-                                  " registered)");
+      return InvalidArgumentError(std::string(call) + "(" + std::to_string(index) + "): no such parameter (" +
+                                  std::to_string(params.size()) + " registered)");
     }
     return OkStatus();
   }
@@ -279,8 +273,7 @@ struct Engine::Impl {
   Status GatherFp32(int index, OptState which, float* out);
   Status PublishWeights(const std::vector<uint8_t>& update, bool cast);
   Status CheckOutsideWindow(const char* call) const;
-  Status SaveCheckpointImpl(const std::string& dir, const std::string& tag,
-                            const std::string& client_state_json);
+  Status SaveCheckpointImpl(const std::string& dir, const std::string& tag, const std::string& client_state_json);
   Result<std::string> LoadCheckpointImpl(const std::string& dir, const std::string& tag);
 
   // offload_optimizer.overlap_step with the chunked states (docs/offload.md, "Overlap with the next

@@ -10,8 +10,8 @@
 // folder; and a fresh engine that loads the checkpoint and trains on has bitwise the weights of an
 // uninterrupted run. Faults the engine absorbs (a short read it completes, a disk that fills
 // after the swap file was preallocated) must leave the weights bitwise those of a clean run.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -45,8 +45,8 @@ constexpr int kStepsAfter = 2;   // trained after the fault (or after the resume
 
 struct Case {
   int stage;
-  bool tiered;   // host_memory_budget of 1000 elements: the rest on NVMe
-  double clip;   // 0 at stages 2/3: the update runs in GradReady (update in backward)
+  bool tiered;  // host_memory_budget of 1000 elements: the rest on NVMe
+  double clip;  // 0 at stages 2/3: the update runs in GradReady (update in backward)
   // offload_param.device "nvme" (stage 3, two module buffers, no cache) instead of the NVMe
   // optimizer states: the faults hit params.swp.
   bool param_nvme = false;
@@ -64,8 +64,8 @@ std::string Json(const Case& c, const std::string& nvme_path) {
   }
   return ConfigJson(c.stage, 1, c.clip, "",
                     "\"sub_group_size\": 512, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" +
-                        nvme_path + "\", \"buffer_count\": 2" +
-                        (c.tiered ? ", \"host_memory_budget\": 12000" : "") + "}");
+                        nvme_path + "\", \"buffer_count\": 2" + (c.tiered ? ", \"host_memory_budget\": 12000" : "") +
+                        "}");
 }
 
 std::string SwapPath(const Case& c, const std::string& nvme_path) {
@@ -138,24 +138,31 @@ Status Resume(const Case& c, const std::string& nvme_path, const std::string& ck
 }
 
 enum class Fault {
-  kEioRead,       // injected: the next read piece completes with -EIO
-  kEioWrite,      // injected: the next write piece completes with -EIO
-  kEnospcWrite,   // injected: the next write piece completes with -ENOSPC
-  kZeroRead,      // injected: the next read piece transfers 0 bytes (a read at end of file)
-  kShortRead,     // injected: the next read piece transfers 4096 of 8192 bytes (the rest is resubmitted)
-  kTruncate,      // on disk: the swap file cut to half its size
-  kCorrupt,       // on disk: one byte of region 0 flipped
+  kEioRead,      // injected: the next read piece completes with -EIO
+  kEioWrite,     // injected: the next write piece completes with -EIO
+  kEnospcWrite,  // injected: the next write piece completes with -ENOSPC
+  kZeroRead,     // injected: the next read piece transfers 0 bytes (a read at end of file)
+  kShortRead,    // injected: the next read piece transfers 4096 of 8192 bytes (the rest is resubmitted)
+  kTruncate,     // on disk: the swap file cut to half its size
+  kCorrupt,      // on disk: one byte of region 0 flipped
 };
 
 const char* FaultName(Fault f) {
   switch (f) {
-    case Fault::kEioRead: return "EIO on read";
-    case Fault::kEioWrite: return "EIO on write";
-    case Fault::kEnospcWrite: return "ENOSPC on write";
-    case Fault::kZeroRead: return "0-byte read";
-    case Fault::kShortRead: return "short read";
-    case Fault::kTruncate: return "truncated swap file";
-    case Fault::kCorrupt: return "corrupted byte";
+    case Fault::kEioRead:
+      return "EIO on read";
+    case Fault::kEioWrite:
+      return "EIO on write";
+    case Fault::kEnospcWrite:
+      return "ENOSPC on write";
+    case Fault::kZeroRead:
+      return "0-byte read";
+    case Fault::kShortRead:
+      return "short read";
+    case Fault::kTruncate:
+      return "truncated swap file";
+    case Fault::kCorrupt:
+      return "corrupted byte";
   }
   return "?";
 }
@@ -168,25 +175,41 @@ struct Expected {
 
 Expected ExpectedError(Fault f) {
   switch (f) {
-    case Fault::kEioRead: return {StatusCode::kInternal, {"pread", "Input/output error", "length", "dmesg"}};
-    case Fault::kEioWrite: return {StatusCode::kInternal, {"pwrite", "Input/output error", "length", "dmesg"}};
+    case Fault::kEioRead:
+      return {StatusCode::kInternal, {"pread", "Input/output error", "length", "dmesg"}};
+    case Fault::kEioWrite:
+      return {StatusCode::kInternal, {"pwrite", "Input/output error", "length", "dmesg"}};
     case Fault::kEnospcWrite:
       return {StatusCode::kResourceExhausted, {"pwrite", "No space left on device", "length", "free space"}};
-    case Fault::kZeroRead: return {StatusCode::kDataLoss, {"pread", "end of file", "length", "lost"}};
-    case Fault::kTruncate: return {StatusCode::kDataLoss, {"region", "end of file", "truncated", "lost"}};
-    case Fault::kCorrupt: return {StatusCode::kDataLoss, {"checksum mismatch", "region 0", "lost"}};
-    case Fault::kShortRead: break;
+    case Fault::kZeroRead:
+      return {StatusCode::kDataLoss, {"pread", "end of file", "length", "lost"}};
+    case Fault::kTruncate:
+      return {StatusCode::kDataLoss, {"region", "end of file", "truncated", "lost"}};
+    case Fault::kCorrupt:
+      return {StatusCode::kDataLoss, {"checksum mismatch", "region 0", "lost"}};
+    case Fault::kShortRead:
+      break;
   }
   return {StatusCode::kOk, {}};
 }
 
 Status Apply(Fault f, FaultyAioEngine* aio, const std::string& swap) {
   switch (f) {
-    case Fault::kEioRead: aio->FailNthRead(aio->reads_reaped() + 1, EIO); return OkStatus();
-    case Fault::kEioWrite: aio->FailNthWrite(aio->writes_reaped() + 1, EIO); return OkStatus();
-    case Fault::kEnospcWrite: aio->FailNthWrite(aio->writes_reaped() + 1, ENOSPC); return OkStatus();
-    case Fault::kZeroRead: aio->ShortenNthRead(aio->reads_reaped() + 1, 0); return OkStatus();
-    case Fault::kShortRead: aio->ShortenNthRead(aio->reads_reaped() + 1, 4096); return OkStatus();
+    case Fault::kEioRead:
+      aio->FailNthRead(aio->reads_reaped() + 1, EIO);
+      return OkStatus();
+    case Fault::kEioWrite:
+      aio->FailNthWrite(aio->writes_reaped() + 1, EIO);
+      return OkStatus();
+    case Fault::kEnospcWrite:
+      aio->FailNthWrite(aio->writes_reaped() + 1, ENOSPC);
+      return OkStatus();
+    case Fault::kZeroRead:
+      aio->ShortenNthRead(aio->reads_reaped() + 1, 0);
+      return OkStatus();
+    case Fault::kShortRead:
+      aio->ShortenNthRead(aio->reads_reaped() + 1, 4096);
+      return OkStatus();
     case Fault::kTruncate: {
       std::error_code ec;
       const uintmax_t size = std::filesystem::file_size(swap, ec);
@@ -241,7 +264,8 @@ void RunFault(const Case& c, Fault fault, const std::string& dir, const Weights&
       return Masters(e.get(), &after_fault);
     }
     // The failing call: a clear error naming the swap file, where, what happened, what to do.
-    if (failed.ok()) return InternalError(std::string("no error in ") + std::to_string(kStepsAfter) + " steps after the fault");
+    if (failed.ok())
+      return InternalError(std::string("no error in ") + std::to_string(kStepsAfter) + " steps after the fault");
     std::printf("%s, %s:\n  %s\n", c.Name().c_str(), FaultName(fault), failed.ToString().c_str());
     EXPECT_EQ(failed.code(), want.code) << failed.ToString();
     const std::string& m = failed.message();
@@ -284,7 +308,7 @@ void RunAllFaults(const Case& c, const std::vector<Fault>& faults) {
   }
 }
 
-const std::vector<Fault> kAllFaults = {Fault::kEioRead,   Fault::kEioWrite,  Fault::kEnospcWrite, Fault::kZeroRead,
+const std::vector<Fault> kAllFaults = {Fault::kEioRead,   Fault::kEioWrite, Fault::kEnospcWrite, Fault::kZeroRead,
                                        Fault::kShortRead, Fault::kTruncate, Fault::kCorrupt};
 
 TEST(EngineNvmeFaultTest, Stage1) { RunAllFaults({1, false, 0.0}, kAllFaults); }
@@ -296,7 +320,9 @@ TEST(EngineNvmeFaultTest, Stage3Tiered) { RunAllFaults({3, true, 0.0}, kAllFault
 TEST(EngineNvmeFaultTest, Stage3ParamNvme) {
   RunAllFaults({3, false, 0.0, true}, {Fault::kEioRead, Fault::kCorrupt, Fault::kTruncate});
 }
-TEST(EngineNvmeFaultTest, Stage3ParamNvmeClipped) { RunAllFaults({3, false, 1.0, true}, {Fault::kEioRead, Fault::kCorrupt}); }
+TEST(EngineNvmeFaultTest, Stage3ParamNvmeClipped) {
+  RunAllFaults({3, false, 1.0, true}, {Fault::kEioRead, Fault::kCorrupt});
+}
 
 // Appends to `path` in 1 MiB writes until the disk is full (ENOSPC); the bytes written.
 Result<uint64_t> FillDisk(const std::string& path) {
@@ -386,20 +412,23 @@ TEST(EngineNvmeFaultTest, AFaultOnOneRankStopsEveryRankAtOnce) {
   std::vector<Status> steps(2);
   CommOptions options;
   options.timeout = std::chrono::milliseconds(600000);
-  Status s = RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
-    ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(Json(c, nvme), 2));
-    FaultyAioEngine* aio = nullptr;
-    const EngineEnv env = FaultyEnv(&aio);
-    ZERO_ASSIGN_OR_RETURN(auto e, MakeEngineIn(config, device, comm, env));
-    TrainOptions o;
-    o.steps = kStepsBefore;
-    TrainResult r;
-    ZERO_RETURN_IF_ERROR(TrainSteps(e.get(), device, Model(), rank, o, &r));
-    if (rank == 1) aio->FailNthRead(aio->reads_reaped() + 1, EIO);
-    o.steps = 1;
-    steps[rank] = TrainSteps(e.get(), device, Model(), rank, o, &r);
-    return OkStatus();
-  }, options);
+  Status s = RunThreadRanks(
+      2,
+      [&](int rank, Communicator* comm, Device* device) -> Status {
+        ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(Json(c, nvme), 2));
+        FaultyAioEngine* aio = nullptr;
+        const EngineEnv env = FaultyEnv(&aio);
+        ZERO_ASSIGN_OR_RETURN(auto e, MakeEngineIn(config, device, comm, env));
+        TrainOptions o;
+        o.steps = kStepsBefore;
+        TrainResult r;
+        ZERO_RETURN_IF_ERROR(TrainSteps(e.get(), device, Model(), rank, o, &r));
+        if (rank == 1) aio->FailNthRead(aio->reads_reaped() + 1, EIO);
+        o.steps = 1;
+        steps[rank] = TrainSteps(e.get(), device, Model(), rank, o, &r);
+        return OkStatus();
+      },
+      options);
   ASSERT_OK(s);
   std::printf("rank 0: %s\nrank 1: %s\n", steps[0].ToString().c_str(), steps[1].ToString().c_str());
   EXPECT_FALSE(steps[1].ok());

@@ -54,7 +54,8 @@ TEST(EngineOffloadFaultsTest, NvmePathProblemsAreClearErrorsAtInitialize) {
   s = InitializeWith(NvmeJson(stale));
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("optimizer_states.swp"), std::string::npos) << s.ToString();
-  EXPECT_TRUE(std::filesystem::exists(stale + "/zero_swap/rank0/optimizer_states.swp")) << "the stale file is left for the user";
+  EXPECT_TRUE(std::filesystem::exists(stale + "/zero_swap/rank0/optimizer_states.swp"))
+      << "the stale file is left for the user";
 
   // buffer_count below 2 names the key.
   s = InitializeWith("\"sub_group_size\": 64, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + dir +
@@ -85,13 +86,14 @@ TEST(EngineOffloadFaultsTest, OffloadingEnginesReturnTheirPinnedMemory) {
     // Optimizer states on the CPU, on NVMe; then with the parameters offloaded too, to the CPU
     // and to NVMe (their own slab and swap file).
     const std::string c = dir + "/c" + std::to_string(cycle);
-    const std::string extra =
-        cycle % 4 == 0   ? cpu_opt
-        : cycle % 4 == 1 ? NvmeJson(c)
-        : cycle % 4 == 2 ? cpu_opt + ", \"offload_param\": {\"device\": \"cpu\", \"pin_memory\": true, "
-                                     "\"pin_memory_fallback\": true}"
-                         : cpu_opt + ", \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"" + c +
-                               "\", \"buffer_count\": 2, \"max_in_cpu\": 0}";
+    const std::string extra = cycle % 4 == 0   ? cpu_opt
+                              : cycle % 4 == 1 ? NvmeJson(c)
+                              : cycle % 4 == 2
+                                  ? cpu_opt +
+                                        ", \"offload_param\": {\"device\": \"cpu\", \"pin_memory\": true, "
+                                        "\"pin_memory_fallback\": true}"
+                                  : cpu_opt + ", \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"" + c +
+                                        "\", \"buffer_count\": 2, \"max_in_cpu\": 0}";
     Status s = RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
       ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(3, 1, 0.0, "", extra), 2));
       ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(config, SmallModel(), device, comm));

@@ -66,7 +66,8 @@ bool SameLossBits(const std::vector<double>& a, const std::vector<double>& b, st
 
 // Every rank of `got` against the same rank of `ref`: master weights, model parameters, losses
 // and norms, bitwise.
-void ExpectBitwiseEqual(const std::vector<TrainResult>& ref, const std::vector<TrainResult>& got, const std::string& what) {
+void ExpectBitwiseEqual(const std::vector<TrainResult>& ref, const std::vector<TrainResult>& got,
+                        const std::string& what) {
   ASSERT_EQ(ref.size(), got.size());
   for (size_t r = 0; r < ref.size(); ++r) {
     std::string where;
@@ -91,8 +92,9 @@ std::vector<Variant> Variants() {
       {"reduce_scatter false", "\"reduce_scatter\": false"},
       {"allgather_bucket_size 100", "\"allgather_bucket_size\": 100"},
       {"reduce_bucket_size 5", "\"reduce_bucket_size\": 5"},
-      {"all of them", "\"contiguous_gradients\": false, \"reduce_scatter\": false, \"allgather_bucket_size\": 100, "
-                      "\"reduce_bucket_size\": 5"},
+      {"all of them",
+       "\"contiguous_gradients\": false, \"reduce_scatter\": false, \"allgather_bucket_size\": 100, "
+       "\"reduce_bucket_size\": 5"},
   };
 }
 
@@ -231,8 +233,7 @@ TEST(EngineOptionsTest, AllgatherBucketSizeMustBePositive) {
   Status s = RunThreadRanks(1, [](int rank, Communicator* comm, Device* device) -> Status {
     ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(CellJson(1, DType::kF32, 1, ""), 1));
     config.zero.allgather_bucket_size = 0;
-    return Expect(Engine::Create(config, device, comm).status(), StatusCode::kInvalidArgument,
-                  "allgather_bucket_size");
+    return Expect(Engine::Create(config, device, comm).status(), StatusCode::kInvalidArgument, "allgather_bucket_size");
   });
   EXPECT_OK(s);
 }

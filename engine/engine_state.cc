@@ -30,12 +30,12 @@ Status Engine::Impl::GatherFp32(int index, OptState which, float* out) {
   float* mine = tmp.as<float>() + static_cast<int64_t>(rank) * p.shard.shard;
   ZERO_RETURN_IF_ERROR(states->CopyToDevice(which, p.part_off, p.shard.shard, mine, compute));
   if (world > 1) {
-    ZERO_ASSIGN_OR_RETURN(auto w, comm->AllGather(mine, tmp.data(), static_cast<size_t>(p.shard.shard),
-                                                  DType::kF32, compute));
+    ZERO_ASSIGN_OR_RETURN(auto w,
+                          comm->AllGather(mine, tmp.data(), static_cast<size_t>(p.shard.shard), DType::kF32, compute));
     ZERO_RETURN_IF_ERROR(w->StreamWait(compute));
   }
-  ZERO_RETURN_IF_ERROR(device->Copy(out, tmp.data(), static_cast<size_t>(p.numel) * 4,
-                                    CopyKind::kDeviceToHost, compute));
+  ZERO_RETURN_IF_ERROR(
+      device->Copy(out, tmp.data(), static_cast<size_t>(p.numel) * 4, CopyKind::kDeviceToHost, compute));
   ZERO_RETURN_IF_ERROR(device->SynchronizeStream(compute));
   return comm->CheckHealth();
 }
@@ -46,8 +46,7 @@ Status Engine::GatherMasterWeights(int index, float* out) {
   ZERO_RETURN_IF_ERROR(m.CheckIndex("GatherMasterWeights", index));
   ZERO_RETURN_IF_ERROR(WaitForOptimizerStep());
   const ParamInfo& p = m.params[index];
-  return m.Guard(m.GatherFp32(index, OptState::kMaster, out)
-                     .WithContext("GatherMasterWeights(" + ParamName(p) + ")"));
+  return m.Guard(m.GatherFp32(index, OptState::kMaster, out).WithContext("GatherMasterWeights(" + ParamName(p) + ")"));
 }
 
 Status Engine::GatherModelParam(int index, float* out) {
@@ -73,20 +72,19 @@ Status Engine::GatherModelParam(int index, float* out) {
         ZERO_RETURN_IF_ERROR(m.host_params->CopyToDevice(p.part_off, p.shard.shard, uploaded.data()));
         src = uploaded.data();
       }
-      ZERO_RETURN_IF_ERROR(m.device->Cast(src, m.mdt, shard.data(), DType::kF32,
-                                          static_cast<size_t>(p.shard.shard), m.compute));
+      ZERO_RETURN_IF_ERROR(
+          m.device->Cast(src, m.mdt, shard.data(), DType::kF32, static_cast<size_t>(p.shard.shard), m.compute));
       if (m.world == 1) {
         ZERO_RETURN_IF_ERROR(m.device->Copy(as_f32.data(), shard.data(), static_cast<size_t>(p.shard.shard) * 4,
                                             CopyKind::kDeviceToDevice, m.compute));
       } else {
-        ZERO_ASSIGN_OR_RETURN(auto w, m.comm->AllGather(shard.data(), as_f32.data(),
-                                                        static_cast<size_t>(p.shard.shard), DType::kF32,
-                                                        m.compute));
+        ZERO_ASSIGN_OR_RETURN(auto w, m.comm->AllGather(shard.data(), as_f32.data(), static_cast<size_t>(p.shard.shard),
+                                                        DType::kF32, m.compute));
         ZERO_RETURN_IF_ERROR(w->StreamWait(m.compute));
       }
     }
-    ZERO_RETURN_IF_ERROR(m.device->Copy(out, as_f32.data(), static_cast<size_t>(p.numel) * 4,
-                                        CopyKind::kDeviceToHost, m.compute));
+    ZERO_RETURN_IF_ERROR(
+        m.device->Copy(out, as_f32.data(), static_cast<size_t>(p.numel) * 4, CopyKind::kDeviceToHost, m.compute));
     ZERO_RETURN_IF_ERROR(m.device->SynchronizeStream(m.compute));
     return m.comm->CheckHealth();
   }();
@@ -100,8 +98,7 @@ Status Engine::GatherOptimizerState(int index, float* exp_avg_out, float* exp_av
   ZERO_RETURN_IF_ERROR(WaitForOptimizerStep());
   const ParamInfo& p = m.params[index];
   if (exp_avg_out == nullptr || exp_avg_sq_out == nullptr) {
-    return InvalidArgumentError("GatherOptimizerState(" + ParamName(p) +
-                                "): exp_avg and exp_avg_sq must not be null");
+    return InvalidArgumentError("GatherOptimizerState(" + ParamName(p) + "): exp_avg and exp_avg_sq must not be null");
   }
   Status s = [&]() -> Status {
     ZERO_RETURN_IF_ERROR(m.device->Synchronize());
@@ -114,14 +111,14 @@ Status Engine::GatherOptimizerState(int index, float* exp_avg_out, float* exp_av
 // --- checkpoints ----------------------------------------------------------------------------------
 
 Status Engine::Impl::CheckOutsideWindow(const char* call) const {
-  const std::string why =
-      std::string(call) == "SaveCheckpoint"
-          ? "accumulated gradients are not saved in checkpoints"
-          : "the gradients accumulated so far would be applied to the loaded weights";
+  const std::string why = std::string(call) == "SaveCheckpoint"
+                              ? "accumulated gradients are not saved in checkpoints"
+                              : "the gradients accumulated so far would be applied to the loaded weights";
   if (window.reported_count() > 0) {
     return FailedPreconditionError(std::string(call) +
                                    " in the middle of a backward (gradients reported since the "
-                                   "last Backward()): " + why);
+                                   "last Backward()): " +
+                                   why);
   }
   std::string where;
   if (managed && window.pending_step()) {
@@ -133,14 +130,12 @@ Status Engine::Impl::CheckOutsideWindow(const char* call) const {
     where = std::to_string(window.backwards_since_step()) + " Backward() call(s) since the last Step()";
   }
   if (where.empty()) return OkStatus();
-  return FailedPreconditionError(
-      std::string(call) + " inside a gradient accumulation window (" + where + ", micro step " +
-      std::to_string(counters.micro_steps) + "): " + why +
-      "; call it at a window boundary, after Step() has run the optimizer step");
+  return FailedPreconditionError(std::string(call) + " inside a gradient accumulation window (" + where +
+                                 ", micro step " + std::to_string(counters.micro_steps) + "): " + why +
+                                 "; call it at a window boundary, after Step() has run the optimizer step");
 }
 
-Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag,
-                              const std::string& client_state_json) {
+Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag, const std::string& client_state_json) {
   Impl& m = *impl_;
   ZERO_RETURN_IF_ERROR(m.CheckUsable("SaveCheckpoint"));
   ZERO_RETURN_IF_ERROR(m.CheckOutsideWindow("SaveCheckpoint"));
@@ -190,8 +185,8 @@ Status Engine::Impl::SaveCheckpointImpl(const std::string& dir, const std::strin
         ZERO_RETURN_IF_ERROR(states->Read(OptState::kMaster, p.full_off, p.numel, full_master.data()));
         ZERO_RETURN_IF_ERROR(states->Read(OptState::kExpAvg, p.full_off, p.numel, full_avg.data()));
         ZERO_RETURN_IF_ERROR(states->Read(OptState::kExpAvgSq, p.full_off, p.numel, full_sq.data()));
-        shards.push_back(SliceFullParam(p.spec.name, p.spec.shape, p.spec.module, full_master.data(),
-                                        full_avg.data(), full_sq.data(), rank, world));
+        shards.push_back(SliceFullParam(p.spec.name, p.spec.shape, p.spec.module, full_master.data(), full_avg.data(),
+                                        full_sq.data(), rank, world));
         return OkStatus();
       }
       ParamShard sh;
@@ -271,8 +266,7 @@ Result<std::string> Engine::Impl::LoadCheckpointImpl(const std::string& dir, con
       meta.adam_step > meta.global_steps) {
     return DataLossError(what + ": inconsistent counters (global_steps " + std::to_string(meta.global_steps) +
                          ", skipped_steps " + std::to_string(meta.skipped_steps) + ", micro_steps " +
-                         std::to_string(meta.micro_steps) + ", adam_step " + std::to_string(meta.adam_step) +
-                         ")");
+                         std::to_string(meta.micro_steps) + ", adam_step " + std::to_string(meta.adam_step) + ")");
   }
   // The loss scaler resumes when this run and the checkpoint both use a dynamic fp16 scale; a static
   // scale comes from the config, and a non-fp16 checkpoint has no scale to resume (the configured
@@ -282,8 +276,8 @@ Result<std::string> Engine::Impl::LoadCheckpointImpl(const std::string& dir, con
     const CheckpointLossScaler& c = meta.loss_scaler;
     if (c.good_steps < 0 || c.last_overflow_step < -1 || c.hysteresis < 1 ||
         c.hysteresis > std::numeric_limits<int>::max()) {
-      return DataLossError(what + ": loss_scaler: good_steps " + std::to_string(c.good_steps) +
-                           ", hysteresis " + std::to_string(c.hysteresis) + ", last_overflow_step " +
+      return DataLossError(what + ": loss_scaler: good_steps " + std::to_string(c.good_steps) + ", hysteresis " +
+                           std::to_string(c.hysteresis) + ", last_overflow_step " +
                            std::to_string(c.last_overflow_step) + " are not a valid dynamic loss scaler state");
     }
     LossScalerState st;

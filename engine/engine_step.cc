@@ -37,8 +37,8 @@ Status Engine::Step() {
   }
   m.window.ClearPendingStep();
   ZERO_RETURN_IF_ERROR(m.timeline.BeginStep());
-  ZERO_RETURN_IF_ERROR(m.Guard(m.BoundaryImpl().WithContext("Step (global step " +
-                                                            std::to_string(m.counters.global_steps) + ")")));
+  ZERO_RETURN_IF_ERROR(
+      m.Guard(m.BoundaryImpl().WithContext("Step (global step " + std::to_string(m.counters.global_steps) + ")")));
   return m.timeline.EndStep(m.counters.global_steps);
 }
 
@@ -146,8 +146,8 @@ Status Engine::Impl::BoundaryImpl() {
     ZERO_RETURN_IF_ERROR(grad->SumsOfSquares(norm_of, slots));
   }
   if (n_params > 0) {
-    ZERO_RETURN_IF_ERROR(device->Copy(norm_host.data(), slots, sizeof(double) * n_params,
-                                      CopyKind::kDeviceToHost, compute));
+    ZERO_RETURN_IF_ERROR(
+        device->Copy(norm_host.data(), slots, sizeof(double) * n_params, CopyKind::kDeviceToHost, compute));
   }
   ZERO_RETURN_IF_ERROR(device->RecordEvent(norm_ready.get(), compute));
 
@@ -174,9 +174,9 @@ Status Engine::Impl::BoundaryImpl() {
       scaler.Update(true);
       ZERO_RETURN_IF_ERROR(ZeroAccumulators());
       if (scaler.overflow_at_min_scale()) {
-        return Agreed(FailedPreconditionError(
-            "fp16 gradients overflowed with the loss scale already at fp16.min_loss_scale (" +
-            std::to_string(config.fp16.min_loss_scale) + "); cannot decrease it further"));
+        return Agreed(
+            FailedPreconditionError("fp16 gradients overflowed with the loss scale already at fp16.min_loss_scale (" +
+                                    std::to_string(config.fp16.min_loss_scale) + "); cannot decrease it further"));
       }
       return OkStatus();
     }
@@ -207,8 +207,8 @@ Status Engine::Impl::BoundaryImpl() {
 
   // The new weights where the forward reads them (stage 3: the coordinator re-gathers; stages
   // 1/2: the all-gather). Overlapped (one rank): nothing here reads the model copy.
-  ZERO_RETURN_IF_ERROR(timeline.Timed(EngineTimeline::Kind::kCommunication, kTrackCommunication,
-                                      "publish weights", [&] { return PublishWeights(update, /*cast=*/false); }));
+  ZERO_RETURN_IF_ERROR(timeline.Timed(EngineTimeline::Kind::kCommunication, kTrackCommunication, "publish weights",
+                                      [&] { return PublishWeights(update, /*cast=*/false); }));
 
   if (!norm_first) {
     ZERO_RETURN_IF_ERROR(ReadNorm(&total));
@@ -268,8 +268,8 @@ Status Engine::Impl::UpdateAll(const std::vector<uint8_t>& update, const AdamWPa
     int j = i;
     while (runs && j + 1 < n_params && update[j + 1]) ++j;
     const int64_t begin = stage == 0 ? params[i].full_off : params[i].part_off;
-    const int64_t end = stage == 0 ? params[j].full_off + params[j].shard.padded
-                                   : params[j].part_off + params[j].shard.shard;
+    const int64_t end =
+        stage == 0 ? params[j].full_off + params[j].shard.padded : params[j].part_off + params[j].shard.shard;
     const int64_t model_off = (stage == 1 || stage == 2) ? params[i].full_off + params[i].shard.begin : begin;
     if (end > begin) {
       if (overlap) {
@@ -303,9 +303,10 @@ Status Engine::Impl::AgreeOnUpdate(Status local) {
   if (!local.ok()) return agree.ok() ? Agreed(local) : local;
   ZERO_RETURN_IF_ERROR(agree);
   if (failed < 0) return OkStatus();
-  return Agreed(UnavailableError("rank " + std::to_string(static_cast<int>(failed)) +
-                          " failed in the optimizer update (its error says why, e.g. a swap file fault); every rank "
-                          "stops here: create new engines and LoadCheckpoint the last checkpoint"));
+  return Agreed(
+      UnavailableError("rank " + std::to_string(static_cast<int>(failed)) +
+                       " failed in the optimizer update (its error says why, e.g. a swap file fault); every rank "
+                       "stops here: create new engines and LoadCheckpoint the last checkpoint"));
 }
 
 // The fp32 master weights (of the parameters in `update`) in the model dtype, where the forward
@@ -381,7 +382,8 @@ Status Engine::ZeroGrad() {
   ZERO_RETURN_IF_ERROR(m.CheckUsable("ZeroGrad"));
   ZERO_RETURN_IF_ERROR(WaitForOptimizerStep());
   if (m.window.reported_count() > 0) {
-    return FailedPreconditionError("ZeroGrad() in the middle of a backward (gradients reported since the last Backward())");
+    return FailedPreconditionError(
+        "ZeroGrad() in the middle of a backward (gradients reported since the last Backward())");
   }
   if (m.window.any_updated()) {
     return FailedPreconditionError(
@@ -399,7 +401,8 @@ Status Engine::WaitForOptimizerStep() {
   if (m.deferred == nullptr || !m.deferred->unfinished()) return OkStatus();
   ZERO_RETURN_IF_ERROR(m.CheckUsable("WaitForOptimizerStep"));
   ZERO_RETURN_IF_ERROR(m.FlushStep("WaitForOptimizerStep"));
-  return m.Guard(m.deferred->WaitForHost().WithContext("WaitForOptimizerStep: waiting for the optimizer step's chunks"));
+  return m.Guard(
+      m.deferred->WaitForHost().WithContext("WaitForOptimizerStep: waiting for the optimizer step's chunks"));
 }
 
 }  // namespace zero

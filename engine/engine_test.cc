@@ -35,22 +35,20 @@ using namespace ::zero::testing;  // NOLINT: engine_test_util.h's helpers
 
 TEST(EngineApiTest, CallsOutOfOrderAndBadArguments) {
   Status s = RunThreadRanks(1, [](int rank, Communicator* comm, Device* device) -> Status {
-    ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(3, 1, 0.0, "",
-                                                               "\"stage3_param_persistence_threshold\": 0"), 1));
+    ZERO_ASSIGN_OR_RETURN(Config config,
+                          MakeConfig(ConfigJson(3, 1, 0.0, "", "\"stage3_param_persistence_threshold\": 0"), 1));
     ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, device, comm));
     ZERO_RETURN_IF_ERROR(Expect(engine->Step(), StatusCode::kFailedPrecondition, "Step"));
-    ZERO_RETURN_IF_ERROR(Expect(engine->GatherModule("a").status(), StatusCode::kFailedPrecondition,
-                                "GatherModule"));
+    ZERO_RETURN_IF_ERROR(Expect(engine->GatherModule("a").status(), StatusCode::kFailedPrecondition, "GatherModule"));
     ZERO_RETURN_IF_ERROR(Expect(engine->Backward(), StatusCode::kFailedPrecondition, "Backward"));
     ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"a.w", {4, 3}, "a"}).status());
     ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"b.w", {5}, "b"}).status());
-    ZERO_RETURN_IF_ERROR(Expect(engine->RegisterParameter({"a.w", {2}, "a"}).status(),
-                                StatusCode::kInvalidArgument, "a.w"));
+    ZERO_RETURN_IF_ERROR(
+        Expect(engine->RegisterParameter({"a.w", {2}, "a"}).status(), StatusCode::kInvalidArgument, "a.w"));
     ZERO_RETURN_IF_ERROR(engine->Initialize([](int, float* v) { v[0] = 1.0f; }));
-    ZERO_RETURN_IF_ERROR(Expect(engine->RegisterParameter({"c", {1}, "c"}).status(),
-                                StatusCode::kFailedPrecondition, "RegisterParameter"));
-    ZERO_RETURN_IF_ERROR(Expect(engine->Initialize([](int, float*) {}), StatusCode::kFailedPrecondition,
-                                "Initialize"));
+    ZERO_RETURN_IF_ERROR(Expect(engine->RegisterParameter({"c", {1}, "c"}).status(), StatusCode::kFailedPrecondition,
+                                "RegisterParameter"));
+    ZERO_RETURN_IF_ERROR(Expect(engine->Initialize([](int, float*) {}), StatusCode::kFailedPrecondition, "Initialize"));
     ZERO_RETURN_IF_ERROR(Expect(engine->grad_buffer(7).status(), StatusCode::kInvalidArgument,
                                 "grad_buffer(7): no such parameter (2 registered)"));
     ZERO_RETURN_IF_ERROR(Expect(engine->GradReady(-1), StatusCode::kInvalidArgument, "no such parameter"));
@@ -68,8 +66,8 @@ TEST(EngineApiTest, CallsOutOfOrderAndBadArguments) {
     ZERO_RETURN_IF_ERROR(Expect(engine->GradReady(1), StatusCode::kInvalidArgument, "'b.w'"));
     ZERO_RETURN_IF_ERROR(Expect(engine->grad_buffer(1).status(), StatusCode::kInvalidArgument, "'b.w'"));
     ZERO_RETURN_IF_ERROR(Expect(engine->Step(), StatusCode::kFailedPrecondition, "Backward"));
-    ZERO_RETURN_IF_ERROR(Expect(engine->SetNoSync(true), StatusCode::kFailedPrecondition,
-                                "no_sync is not supported at ZeRO stage 3"));
+    ZERO_RETURN_IF_ERROR(
+        Expect(engine->SetNoSync(true), StatusCode::kFailedPrecondition, "no_sync is not supported at ZeRO stage 3"));
     ZERO_RETURN_IF_ERROR(engine->Backward());
     ZERO_RETURN_IF_ERROR(engine->Step());
     if (!engine->was_step_applied()) return InternalError("step not applied");
@@ -129,8 +127,8 @@ TEST(EngineApiTest, InitialValuesMustAgreeAcrossRanks) {
 // one-bit difference apart wherever it is: in a stripe, in the 8-byte tail words, in the last
 // 4 bytes, in a parameter of one element.
 TEST(EngineApiTest, InitialValuesDifferingInOneBitAnywhereAreCaught) {
-  const std::vector<std::pair<int64_t, int64_t>> cases = {{1, 0}, {3, 2}, {8, 0}, {8, 7}, {9, 8},
-                                                          {1001, 500}, {1001, 1000}, {1024, 1023}};
+  const std::vector<std::pair<int64_t, int64_t>> cases = {{1, 0}, {3, 2},      {8, 0},       {8, 7},
+                                                          {9, 8}, {1001, 500}, {1001, 1000}, {1024, 1023}};
   for (const auto& [numel, at] : cases) {
     Status s = RunThreadRanks(2, [&, numel = numel, at = at](int rank, Communicator* comm, Device* device) -> Status {
       ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(1, 1, 0.0), 2));
@@ -208,7 +206,8 @@ TEST(EngineApiTest, ConfigBuiltInCodeIsRefusedWithTheParsersMessage) {
       const Status created = Engine::Create(c, device, comm).status();
       const Result<Config> parsed = ParseConfig("{\"train_batch_size\": 1, " + k.json + "}", ParseOptions());
       if (created.ok() || parsed.ok()) return InternalError(k.json + ": accepted");
-      if (created.code() != StatusCode::kInvalidArgument || "<config>: " + created.message() != parsed.status().message()) {
+      if (created.code() != StatusCode::kInvalidArgument ||
+          "<config>: " + created.message() != parsed.status().message()) {
         return InternalError(k.json + ": Engine::Create says '" + created.message() + "', ParseConfig '" +
                              parsed.status().message() + "'");
       }
@@ -313,7 +312,8 @@ TEST(EngineTrainingTest, UpdateInBackwardKeepsParamUntilStepAndNeedsNoGradientPa
     std::vector<float> got, want;
     for (double clip : {0.0, 1e30}) {  // 1e30: clipping on (the boundary path), never active
       Status s = RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
-        ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(stage, 1, clip, "\"bf16\": {\"enabled\": true}"), 1));
+        ZERO_ASSIGN_OR_RETURN(Config config,
+                              MakeConfig(ConfigJson(stage, 1, clip, "\"bf16\": {\"enabled\": true}"), 1));
         ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, device, comm));
         ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"w", {37}, "m"}).status());
         ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"unused", {5}, "m"}).status());
@@ -321,7 +321,8 @@ TEST(EngineTrainingTest, UpdateInBackwardKeepsParamUntilStepAndNeedsNoGradientPa
           for (int k = 0; k < (index == 0 ? 37 : 5); ++k) v[k] = 0.25f + 0.01f * k;
         }));
         if (clip == 0.0 && engine->memory().gradient_accumulators != 0) {
-          return InternalError("a gradient partition was allocated: " + std::to_string(engine->memory().gradient_accumulators));
+          return InternalError("a gradient partition was allocated: " +
+                               std::to_string(engine->memory().gradient_accumulators));
         }
         std::vector<float> before, after_ready, w(37);
         for (int step = 0; step < 3; ++step) {
@@ -334,7 +335,8 @@ TEST(EngineTrainingTest, UpdateInBackwardKeepsParamUntilStepAndNeedsNoGradientPa
           if (after_ready != before) return InternalError("param() changed before Step()");
           ZERO_RETURN_IF_ERROR(h.Release());
           ZERO_RETURN_IF_ERROR(engine->Backward());
-          if (clip == 0.0 && engine->ZeroGrad().ok()) return InternalError("ZeroGrad accepted after an update in backward");
+          if (clip == 0.0 && engine->ZeroGrad().ok())
+            return InternalError("ZeroGrad accepted after an update in backward");
           ZERO_RETURN_IF_ERROR(engine->Step());
         }
         for (int i = 0; i < 2; ++i) {
@@ -342,14 +344,16 @@ TEST(EngineTrainingTest, UpdateInBackwardKeepsParamUntilStepAndNeedsNoGradientPa
           ZERO_RETURN_IF_ERROR(engine->GatherMasterWeights(i, p.data()));
           ZERO_RETURN_IF_ERROR(engine->GatherOptimizerState(i, m.data(), v.data()));
           ZERO_RETURN_IF_ERROR(engine->GatherModelParam(i, q.data()));
-          for (auto* t : {&p, &m, &v, &q}) (clip == 0.0 ? got : want).insert((clip == 0.0 ? got : want).end(), t->begin(), t->end());
+          for (auto* t : {&p, &m, &v, &q})
+            (clip == 0.0 ? got : want).insert((clip == 0.0 ? got : want).end(), t->begin(), t->end());
         }
         return OkStatus();
       });
       ASSERT_OK(s) << "stage " << stage << " clip " << clip;
     }
     ASSERT_EQ(got.size(), want.size());
-    for (size_t k = 0; k < got.size(); ++k) ASSERT_EQ(FloatBits(got[k]), FloatBits(want[k])) << "stage " << stage << " element " << k;
+    for (size_t k = 0; k < got.size(); ++k)
+      ASSERT_EQ(FloatBits(got[k]), FloatBits(want[k])) << "stage " << stage << " element " << k;
   }
 }
 
@@ -406,8 +410,8 @@ TEST(EngineTrainingTest, UnmanagedWithFreezeLeavesParametersWithoutGradientsUnto
   ro.skip_params = {1, 4};
   for (int stage = 0; stage <= 3; ++stage) {
     const std::string unmanaged = "\"managed_gradient_accumulation\": false, \"freeze_inactive_parameters\": true";
-    const auto r = TrainAll(ConfigJson(stage, 1, 1.0, unmanaged, stage <= 1 ? "\"overlap_comm\": false" : ""),
-                            2, model, ro);
+    const auto r =
+        TrainAll(ConfigJson(stage, 1, 1.0, unmanaged, stage <= 1 ? "\"overlap_comm\": false" : ""), 2, model, ro);
     ExpectSameAcrossRanks(r);
     for (int i : ro.skip_params) {
       for (size_t k = 0; k < r[0].master[i].size(); ++k) {
@@ -510,11 +514,11 @@ TEST(EngineTrainingTest, NonFiniteGradientNormStopsTheStep) {
   for (const int world : {1, 2}) {
     for (const double clip : {1.0, 0.0}) {
       for (const bool stop : {true, false}) {
-        const std::string what = "world " + std::to_string(world) + " clip " + std::to_string(clip) + " stop " +
-                                 std::to_string(stop);
+        const std::string what =
+            "world " + std::to_string(world) + " clip " + std::to_string(clip) + " stop " + std::to_string(stop);
         Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) -> Status {
-          ZERO_ASSIGN_OR_RETURN(
-              Config config, MakeConfig(ConfigJson(2, 1, clip, stop ? "" : "\"stop_on_nonfinite\": false"), world));
+          ZERO_ASSIGN_OR_RETURN(Config config,
+                                MakeConfig(ConfigJson(2, 1, clip, stop ? "" : "\"stop_on_nonfinite\": false"), world));
           ZERO_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, device, comm));
           ZERO_RETURN_IF_ERROR(engine->RegisterParameter({"w", {5}, "m"}).status());
           ZERO_RETURN_IF_ERROR(engine->Initialize([](int, float* v) {
@@ -539,7 +543,8 @@ TEST(EngineTrainingTest, NonFiniteGradientNormStopsTheStep) {
                                                : "the step was applied (without gradient_clipping or fp16"));
           ZERO_RETURN_IF_ERROR(Expect(st, StatusCode::kFailedPrecondition, "set stop_on_nonfinite: false"));
           if (engine->counters().adam_step != 0) return InternalError("adam_step counted");
-          return Expect(engine->Step(), StatusCode::kFailedPrecondition, "the engine is unusable after an earlier error");
+          return Expect(engine->Step(), StatusCode::kFailedPrecondition,
+                        "the engine is unusable after an earlier error");
         });
         EXPECT_OK(s) << what;
       }
@@ -576,8 +581,8 @@ TEST(EngineTrainingTest, WorldOneEveryStageBitwiseLikeStageZeroWithoutBuckets) {
       for (double clip : {0.0, 1.0}) {
         const std::string where = "[" + dtype + "] gas " + std::to_string(gas) + " clip " + std::to_string(clip);
         // communication_data_type is refused at stages 0/1; the reference is stage 0 without it.
-        const std::string base = dtype.find("communication") == std::string::npos ? dtype
-                                 : dtype.substr(0, dtype.find(", "));
+        const std::string base =
+            dtype.find("communication") == std::string::npos ? dtype : dtype.substr(0, dtype.find(", "));
         const auto ref = TrainAll(ConfigJson(0, gas, clip, base), 1, model);
         for (int stage = 0; stage <= 3; ++stage) {
           for (const std::string zero_extra : {"", "\"contiguous_gradients\": false"}) {
@@ -621,7 +626,7 @@ TEST(EngineTrainingTest, NegativeZeroGradientAccumulatesToPositiveZero) {
   for (int world : {1, 2}) {
     for (int stage = 0; stage <= 3; ++stage) {
       for (int gas : {1, 2}) {
-        const std::string json = ConfigJson(stage, gas, 0.0) ;
+        const std::string json = ConfigJson(stage, gas, 0.0);
         // beta1 = 0 (valid: [0, 1)); weight decay 0.
         std::string j = json;
         const std::string from = "\"params\": {\"lr\": 0.01, \"weight_decay\": 0.1}";
@@ -651,9 +656,9 @@ TEST(EngineTrainingTest, NegativeZeroGradientAccumulatesToPositiveZero) {
             for (int k = 0; k < 9; ++k) {
               const uint32_t want = step == 0 ? FloatBits(-1.0f) : 0u;
               if (FloatBits(m[k]) != want) {
-                return InternalError("rank " + std::to_string(rank) + " step " + std::to_string(step) +
-                                     ": exp_avg[" + std::to_string(k) + "] bits " + std::to_string(FloatBits(m[k])) +
-                                     ", expected " + std::to_string(want));
+                return InternalError("rank " + std::to_string(rank) + " step " + std::to_string(step) + ": exp_avg[" +
+                                     std::to_string(k) + "] bits " + std::to_string(FloatBits(m[k])) + ", expected " +
+                                     std::to_string(want));
               }
             }
           }
@@ -679,7 +684,8 @@ TEST(EngineMemoryTest, PartitionedStateIsAboutOneNth) {
     const EngineMemory& b = four[0].memory;
     auto about_quarter = [](size_t full, size_t part) { return part * 4 <= full + 4 * 2048 && part * 3 < full; };
     if (stage >= 1) {
-      EXPECT_TRUE(about_quarter(a.master_params, b.master_params)) << stage << ": " << a.master_params << " " << b.master_params;
+      EXPECT_TRUE(about_quarter(a.master_params, b.master_params))
+          << stage << ": " << a.master_params << " " << b.master_params;
       EXPECT_TRUE(about_quarter(a.optimizer_states, b.optimizer_states)) << stage;
     } else {
       EXPECT_EQ(a.master_params, b.master_params);
@@ -721,8 +727,8 @@ TEST(EngineGradOffloadTest, GradientPartitionOnTheHostAndTheGpuSum) {
         EXPECT_EQ(cpu[r].norms, none[r].norms) << "rank " << r;
       }
       if (stage != 3) continue;
-      const auto gpu = TrainAll(
-          ConfigJson(stage, 2, 0.0, "", cpu_opt + p + ", \"offload_grad_accumulation\": \"gpu\""), world, model, ro);
+      const auto gpu = TrainAll(ConfigJson(stage, 2, 0.0, "", cpu_opt + p + ", \"offload_grad_accumulation\": \"gpu\""),
+                                world, model, ro);
       ASSERT_EQ(gpu.size(), static_cast<size_t>(world));
       for (int r = 0; r < world; ++r) {
         EXPECT_EQ(gpu[r].memory.gradient_accumulators, none[r].memory.gradient_accumulators)
@@ -856,8 +862,8 @@ TEST(EngineMemoryTest, Stage3StepReleasesGatheredParameters) {
       if (after_init == 0) after_init = e->memory().model_params;
       // Everything non-persistent was released by the previous Step().
       if (e->memory().model_params > after_init + 4 * 8 * sizeof(float)) {
-        return InternalError("gathered parameters kept across Step(): " +
-                             std::to_string(e->memory().model_params) + " vs " + std::to_string(after_init));
+        return InternalError("gathered parameters kept across Step(): " + std::to_string(e->memory().model_params) +
+                             " vs " + std::to_string(after_init));
       }
       return OkStatus();
     };
@@ -872,8 +878,11 @@ TEST(EngineMemoryTest, Stage3StepReleasesGatheredParameters) {
 // A module of 5 parameters ("wide") and three blocks of 2, all non-persistent.
 TestModel WideAndBlocks() {
   TestModel m;
-  m.specs = {{"wide.a", {30}, "wide"}, {"wide.b", {7}, "wide"}, {"wide.c", {}, "wide"},
-             {"wide.d", {8, 8}, "wide"}, {"wide.e", {13}, "wide"}};
+  m.specs = {{"wide.a", {30}, "wide"},
+             {"wide.b", {7}, "wide"},
+             {"wide.c", {}, "wide"},
+             {"wide.d", {8, 8}, "wide"},
+             {"wide.e", {13}, "wide"}};
   m.modules = {"wide"};
   for (int k = 0; k < 3; ++k) {
     const std::string mod = "block" + std::to_string(k);
@@ -887,8 +896,8 @@ TestModel WideAndBlocks() {
 // Runs `micro_steps` micro steps (GAS 2: forward over the modules, backward in reverse) and
 // records param_allgathers after every GatherModule, per micro step. In the first micro step every
 // parameter read must equal its initial value bitwise.
-Status CountStage3Gathers(const Config& config, const TestModel& model, int rank, Communicator* comm,
-                          Device* device, int micro_steps, std::vector<std::vector<int64_t>>* deltas) {
+Status CountStage3Gathers(const Config& config, const TestModel& model, int rank, Communicator* comm, Device* device,
+                          int micro_steps, std::vector<std::vector<int64_t>>* deltas) {
   ZERO_ASSIGN_OR_RETURN(auto engine, MakeEngine(config, model, device, comm));
   Engine* e = engine.get();
   const std::vector<std::vector<int>> module_params = ModuleParams(model);
@@ -965,9 +974,9 @@ TEST(EngineStatsTest, Stage3GatherIsOneCollectivePerModuleAndPerPrefetch) {
 TEST(EngineStatsTest, Stage3PersistentAndGatheredParametersShareOneCollective) {
   const TestModel model = WideAndBlocks();
   const int world = 3;
-  auto config = MakeConfig(ConfigJson(3, 1, 1.0, "",
-                                      "\"stage3_param_persistence_threshold\": 10, \"stage3_prefetch_bucket_size\": 0"),
-                           world);
+  auto config = MakeConfig(
+      ConfigJson(3, 1, 1.0, "", "\"stage3_param_persistence_threshold\": 10, \"stage3_prefetch_bucket_size\": 0"),
+      world);
   ASSERT_OK(config);
   std::vector<std::vector<std::vector<int64_t>>> deltas(world);
   Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) {
@@ -993,8 +1002,9 @@ TEST(EngineTrainingTest, LargerModelEveryStage) {
   TrainOptions ro;
   ro.steps = 2;
   for (int stage = 0; stage <= 3; ++stage) {
-    const std::string zero_extra = "\"reduce_bucket_size\": 300000, \"stage3_prefetch_bucket_size\": 400000, "
-                                   "\"stage3_param_persistence_threshold\": 1000, \"overlap_comm\": true";
+    const std::string zero_extra =
+        "\"reduce_bucket_size\": 300000, \"stage3_prefetch_bucket_size\": 400000, "
+        "\"stage3_param_persistence_threshold\": 1000, \"overlap_comm\": true";
     const auto start = std::chrono::steady_clock::now();
     const auto r = TrainAll(ConfigJson(stage, 2, 1.0, "", zero_extra), 2, model, ro);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -1183,9 +1193,8 @@ TEST(EngineOverlapStepTest, StateAccessWaitsForTheStepInFlight) {
         EXPECT_EQ(e->param(0).status().message().find("overlapped optimizer step"), std::string::npos)
             << "a step still in flight after ZeroGrad";
       });
-      run(seed, [&](Engine* e, DeferredDevice*) {
-        ASSERT_OK(e->SaveCheckpoint(dir, "overlap" + std::to_string(seed)));
-      });
+      run(seed,
+          [&](Engine* e, DeferredDevice*) { ASSERT_OK(e->SaveCheckpoint(dir, "overlap" + std::to_string(seed))); });
       // The checkpoint saved in flight holds the completed step: loaded on the CPU backend.
       ASSERT_OK(RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
         ZERO_ASSIGN_OR_RETURN(Config c, MakeConfig(OverlapJson(stage, clip, false), 1));
@@ -1226,7 +1235,8 @@ TEST(EngineOverlapStepTest, RefusedWithSeveralRanksOrParameterOffload) {
   }));
   for (const std::string& e : errors) {
     EXPECT_NE(e.find("zero_optimization.offload_optimizer.overlap_step: needs one data-parallel rank, got 2"),
-              std::string::npos) << e;
+              std::string::npos)
+        << e;
   }
   ASSERT_OK(RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
     ZERO_ASSIGN_OR_RETURN(
@@ -1255,12 +1265,14 @@ TEST(EngineOverlapStepTest, UnmanagedRefusalsSayWhy) {
   for (const std::string& e : errors) {
     EXPECT_NE(e.find("overlap_step: needs one data-parallel rank, got 2 (stages 1/2 all-gather the new weights "
                      "right after the update"),
-              std::string::npos) << e;
+              std::string::npos)
+        << e;
   }
   Status st = RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
     for (const char* param : {"\"offload_param\": {\"device\": \"cpu\"}",
                               "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/tmp\"}"}) {
-      ZERO_ASSIGN_OR_RETURN(Config c, MakeConfig(ConfigJson(3, 1, 0.0, unmanaged, std::string(param) + ", " + overlap), 1));
+      ZERO_ASSIGN_OR_RETURN(Config c,
+                            MakeConfig(ConfigJson(3, 1, 0.0, unmanaged, std::string(param) + ", " + overlap), 1));
       if (c.managed_gradient_accumulation) return InternalError("the config is not unmanaged");
       ZERO_RETURN_IF_ERROR(Expect(Engine::Create(c, device, comm).status(), StatusCode::kUnimplemented,
                                   "(the update writes the host shards through a device scratch)"));

@@ -109,8 +109,7 @@ Status Train(const Config& config, const TestModel& model, int rank, Communicato
   return Snapshot(engine.get(), out, /*optimizer_state=*/false);
 }
 
-std::vector<TrainResult> TrainAll(const std::string& json, int world, const TestModel& model,
-                                  const TrainOptions& opt) {
+std::vector<TrainResult> TrainAll(const std::string& json, int world, const TestModel& model, const TrainOptions& opt) {
   std::vector<TrainResult> results(world);
   auto config = MakeConfig(json, world);
   EXPECT_OK(config) << "\n" << json;

@@ -66,12 +66,11 @@ inline Result<Config> MakeConfig(const std::string& json, int world) {
 inline std::string ConfigJson(int stage, int gas, double clip, const std::string& extra = "",
                               const std::string& zero_extra = "") {
   const bool own_bucket = zero_extra.find("\"reduce_bucket_size\"") != std::string::npos;
-  return "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": " +
-         std::to_string(gas) + ", \"gradient_clipping\": " + std::to_string(clip) +
+  return "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": " + std::to_string(gas) +
+         ", \"gradient_clipping\": " + std::to_string(clip) +
          ", \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.1}}" +
-         (extra.empty() ? "" : ", " + extra) + ", \"zero_optimization\": {\"stage\": " +
-         std::to_string(stage) + (own_bucket ? "" : ", \"reduce_bucket_size\": 40") +
-         (zero_extra.empty() ? "" : ", " + zero_extra) + "}}";
+         (extra.empty() ? "" : ", " + extra) + ", \"zero_optimization\": {\"stage\": " + std::to_string(stage) +
+         (own_bucket ? "" : ", \"reduce_bucket_size\": 40") + (zero_extra.empty() ? "" : ", " + zero_extra) + "}}";
 }
 
 // Parameter `index` (model dtype, full; gathered) as floats.
@@ -99,8 +98,7 @@ inline Status WriteGrad(Engine* engine, Device* device, int index, const std::ve
 }
 
 // A gradient that depends on the parameter's current value, the rank and the micro step.
-inline std::vector<float> Gradient(int index, const std::vector<float>& p, int rank, int64_t micro,
-                                   float scale) {
+inline std::vector<float> Gradient(int index, const std::vector<float>& p, int rank, int64_t micro, float scale) {
   std::vector<float> g(p.size());
   for (size_t e = 0; e < p.size(); ++e) {
     g[e] = scale * (0.5f * p[e] + 0.03f * static_cast<float>((rank + 1) * ((e + index) % 5)) -
@@ -112,8 +110,8 @@ inline std::vector<float> Gradient(int index, const std::vector<float>& p, int r
 // OK when `s` has `code` and contains `needle`; else an error describing what came instead.
 inline Status Expect(const Status& s, StatusCode code, const std::string& needle) {
   if (s.code() != code || s.message().find(needle) == std::string::npos) {
-    return InternalError("expected " + std::string(StatusCodeName(code)) + " containing '" + needle +
-                         "', got " + s.ToString());
+    return InternalError("expected " + std::string(StatusCodeName(code)) + " containing '" + needle + "', got " +
+                         s.ToString());
   }
   return OkStatus();
 }

@@ -18,9 +18,12 @@ int64_t SteadyNs() {
 
 const char* TimerName(int phase) {
   switch (phase) {
-    case 1: return "forward";
-    case 2: return "backward";
-    case 3: return "step";
+    case 1:
+      return "forward";
+    case 2:
+      return "backward";
+    case 3:
+      return "step";
   }
   return "?";
 }
@@ -91,12 +94,18 @@ class EngineTimeline::Observer final : public StreamObserver {
  private:
   TrackId TrackOf(TraceTrack t) {
     switch (t) {
-      case TraceTrack::kCommunication: return kTrackCommunication;
-      case TraceTrack::kHostToDevice: return kTrackHostToDevice;
-      case TraceTrack::kDeviceToHost: return kTrackDeviceToHost;
-      case TraceTrack::kCpuOptimizer: return kTrackCpuOptimizer;
-      case TraceTrack::kIo: return kTrackIo;
-      case TraceTrack::kGpuOptimizer: return timeline_->AddTrack("GPU optimizer");  // only when used
+      case TraceTrack::kCommunication:
+        return kTrackCommunication;
+      case TraceTrack::kHostToDevice:
+        return kTrackHostToDevice;
+      case TraceTrack::kDeviceToHost:
+        return kTrackDeviceToHost;
+      case TraceTrack::kCpuOptimizer:
+        return kTrackCpuOptimizer;
+      case TraceTrack::kIo:
+        return kTrackIo;
+      case TraceTrack::kGpuOptimizer:
+        return timeline_->AddTrack("GPU optimizer");  // only when used
     }
     return kTrackCompute;
   }
@@ -118,10 +127,10 @@ class EngineTimeline::Observer final : public StreamObserver {
   const int64_t max_per_step_;
   std::mutex mu_;
   std::map<SpanId, Timeline::DeviceSpan> open_;  // GUARDED_BY(mu_): begun, not yet ended
-  SpanId next_id_ = 1;                            // GUARDED_BY(mu_)
-  int64_t this_step_ = 0;                         // GUARDED_BY(mu_): admitted in this step
-  int64_t dropped_ = 0;                           // GUARDED_BY(mu_): refused in this step
-  Status error_;                                  // GUARDED_BY(mu_)
+  SpanId next_id_ = 1;                           // GUARDED_BY(mu_)
+  int64_t this_step_ = 0;                        // GUARDED_BY(mu_): admitted in this step
+  int64_t dropped_ = 0;                          // GUARDED_BY(mu_): refused in this step
+  Status error_;                                 // GUARDED_BY(mu_)
 };
 
 EngineTimeline::EngineTimeline() = default;

@@ -39,13 +39,13 @@
 namespace zero {
 
 struct EngineTimelineOptions {
-  bool breakdown = false;       // wall_clock_breakdown
+  bool breakdown = false;  // wall_clock_breakdown
   int64_t steps_per_print = 10;
   int rank = 0;
   // Receives the breakdown line (rank 0 only); null: stdout.
   std::function<void(const std::string& line)> sink;
-  bool trace = false;           // zero_trace.enabled
-  std::string trace_path;       // rank 0 writes it, rank r "<path>.rank<r>"
+  bool trace = false;      // zero_trace.enabled
+  std::string trace_path;  // rank 0 writes it, rank r "<path>.rank<r>"
   // Optimizer steps of this engine (from 1, inclusive; a resumed run counts from its first step).
   int64_t trace_first_step = 2;
   int64_t trace_last_step = 4;

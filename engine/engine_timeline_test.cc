@@ -43,8 +43,8 @@ Result<std::unique_ptr<Engine>> MakeEngineWithSink(const Config& config, const T
 }
 
 struct RankRun {
-  std::vector<std::string> lines;             // what the sink got on this rank
-  std::map<std::string, double> breakdown;    // wall_clock_breakdown() after the run
+  std::vector<std::string> lines;           // what the sink got on this rank
+  std::map<std::string, double> breakdown;  // wall_clock_breakdown() after the run
 };
 
 // `steps` optimizer steps on `world` thread ranks of SmallModel with `json`.
@@ -70,8 +70,7 @@ const char* const kOffload = "\"offload_optimizer\": {\"device\": \"cpu\"}";
 
 TEST(EngineTimelineTest, BreakdownLineEveryStepsPerPrintWithTheFiveTimers) {
   // Stage 2 on two ranks with CPU-offloaded states: every one of the five timers has time.
-  const std::string json =
-      ConfigJson(2, 2, 1.0, "\"wall_clock_breakdown\": true, \"steps_per_print\": 2", kOffload);
+  const std::string json = ConfigJson(2, 2, 1.0, "\"wall_clock_breakdown\": true, \"steps_per_print\": 2", kOffload);
   const std::vector<RankRun> runs = TrainRanks(json, 2, 5);
   ASSERT_EQ(runs.size(), 2u);
   // After optimizer steps 2 and 4; rank 0 only (DeepSpeed's habit).
@@ -205,8 +204,10 @@ TEST(EngineTimelineTest, NvmeRunsHaveIoSpansOfTheirAioWaits) {
   ASSERT_OK(scratch);
   const std::string cpu_opt = "\"offload_optimizer\": {\"device\": \"cpu\"}";
   // NVMe optimizer states; then CPU states with the parameters on NVMe (the param store).
-  const std::string nvme_states = "\"sub_group_size\": 64, \"offload_optimizer\": {\"device\": \"nvme\", "
-                                  "\"nvme_path\": \"" + scratch->File("s") + "\", \"buffer_count\": 2}";
+  const std::string nvme_states =
+      "\"sub_group_size\": 64, \"offload_optimizer\": {\"device\": \"nvme\", "
+      "\"nvme_path\": \"" +
+      scratch->File("s") + "\", \"buffer_count\": 2}";
   const std::string nvme_params = cpu_opt + ", \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"" +
                                   scratch->File("p") + "\", \"buffer_count\": 2, \"max_in_cpu\": 0}";
   for (const std::string& extra : {nvme_states, nvme_params}) {

@@ -45,10 +45,42 @@ double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 // --- generators -------------------------------------------------------------------------------
 
 const char* const kTokens[] = {
-    "{", "}", "[", "]", ",", ":", "\"", "\\", "-", "0", "1e400", "-1e400", "1e-400", "5e-324",
-    "18446744073709551616", "9223372036854775807", "-9223372036854775809", "4611686018427387904",
-    "2147483648", "1.7976931348623157e308", "null", "true", "false", "\"auto\"", "\"\\u0000\"",
-    "\"\\ud800\"", "\xff\xfe", "\"a\": 1,", "NaN", "Infinity", "0x10", "01", "1.", ".5", "\n", "\t",
+    "{",
+    "}",
+    "[",
+    "]",
+    ",",
+    ":",
+    "\"",
+    "\\",
+    "-",
+    "0",
+    "1e400",
+    "-1e400",
+    "1e-400",
+    "5e-324",
+    "18446744073709551616",
+    "9223372036854775807",
+    "-9223372036854775809",
+    "4611686018427387904",
+    "2147483648",
+    "1.7976931348623157e308",
+    "null",
+    "true",
+    "false",
+    "\"auto\"",
+    "\"\\u0000\"",
+    "\"\\ud800\"",
+    "\xff\xfe",
+    "\"a\": 1,",
+    "NaN",
+    "Infinity",
+    "0x10",
+    "01",
+    "1.",
+    ".5",
+    "\n",
+    "\t",
 };
 
 std::string Nesting(int levels) {
@@ -93,8 +125,7 @@ class Gen {
         case 7: {  // a member after an object's '{': valid JSON more often than a random insertion
           const size_t brace = text.find('{', at);
           if (brace == std::string::npos) break;
-          const std::string value = OneIn(4) ? Nesting(OneIn(2) ? 100000 : 95 + static_cast<int>(Below(10)))
-                                             : Value(2);
+          const std::string value = OneIn(4) ? Nesting(OneIn(2) ? 100000 : 95 + static_cast<int>(Below(10))) : Value(2);
           text.insert(brace + 1, "\"" + Name() + "\": " + value + ",");
           break;
         }
@@ -114,16 +145,21 @@ class Gen {
   // A random JSON value (text), occasionally invalid.
   std::string Value(int depth) {
     switch (Below(depth > 3 ? 6 : 9)) {
-      case 0: return std::to_string(static_cast<int64_t>(rng_()) >> Below(64));
-      case 1: return kTokens[10 + Below(11)];
-      case 2: return std::to_string(std::uniform_real_distribution<double>(-10, 10)(rng_));
-      case 3: return OneIn(2) ? "true" : "null";
+      case 0:
+        return std::to_string(static_cast<int64_t>(rng_()) >> Below(64));
+      case 1:
+        return kTokens[10 + Below(11)];
+      case 2:
+        return std::to_string(std::uniform_real_distribution<double>(-10, 10)(rng_));
+      case 3:
+        return OneIn(2) ? "true" : "null";
       case 4: {
-        static const char* const kStrings[] = {"\"cpu\"", "\"nvme\"", "\"gpu\"", "\"none\"", "\"bf16\"",
-                                               "\"fp16\"", "\"WarmupLR\"", "\"AdamW\"", "\"\"", "\"auto\""};
+        static const char* const kStrings[] = {"\"cpu\"",  "\"nvme\"",     "\"gpu\"",   "\"none\"", "\"bf16\"",
+                                               "\"fp16\"", "\"WarmupLR\"", "\"AdamW\"", "\"\"",     "\"auto\""};
         return kStrings[Below(std::size(kStrings))];
       }
-      case 5: return OneIn(20) ? Nesting(static_cast<int>(Below(150))) : "0";
+      case 5:
+        return OneIn(20) ? Nesting(static_cast<int>(Below(150))) : "0";
       case 6: {
         std::string s = "[";
         for (size_t i = 0, n = Below(4); i < n; ++i) s += (i ? "," : "") + Value(depth + 1);
@@ -162,11 +198,18 @@ class Gen {
       const ConfigKeyInfo& k = table[Below(table.size())];
       std::string v;
       switch (Below(4)) {
-        case 0: v = k.default_json; break;
-        case 1: v = k.wrong_type_values.empty() ? "1" : k.wrong_type_values[Below(k.wrong_type_values.size())]; break;
-        case 2: v = k.out_of_range_values.empty() ? "0" : k.out_of_range_values[Below(k.out_of_range_values.size())];
-                break;
-        default: v = Value(2); break;
+        case 0:
+          v = k.default_json;
+          break;
+        case 1:
+          v = k.wrong_type_values.empty() ? "1" : k.wrong_type_values[Below(k.wrong_type_values.size())];
+          break;
+        case 2:
+          v = k.out_of_range_values.empty() ? "0" : k.out_of_range_values[Below(k.out_of_range_values.size())];
+          break;
+        default:
+          v = Value(2);
+          break;
       }
       values[k.path] = v;
     }
@@ -319,10 +362,10 @@ std::string Show(const std::string& text) {
 
 std::vector<std::string> ValidConfigs() {
   std::vector<std::string> out;
-  for (const char* name : {"zero1_minimal.json", "zero2_cpu_offload.json", "zero2_nvme_tiered_offload.json",
-                           "zero3_bf16_cosine.json", "zero3_cpu_offload_unmanaged.json", "zero3_nvme_infinity.json",
-                           "fp16_dynamic_loss_scale.json", "legacy_cpu_offload.json", "typos.json",
-                           "hf_trainer_auto.json"}) {
+  for (const char* name :
+       {"zero1_minimal.json", "zero2_cpu_offload.json", "zero2_nvme_tiered_offload.json", "zero3_bf16_cosine.json",
+        "zero3_cpu_offload_unmanaged.json", "zero3_nvme_infinity.json", "fp16_dynamic_loss_scale.json",
+        "legacy_cpu_offload.json", "typos.json", "hf_trainer_auto.json"}) {
     auto text = ReadFile(std::string("engine/testdata/") + name);
     EXPECT_OK(text);
     if (text.ok()) out.push_back(*text);
@@ -334,9 +377,12 @@ std::vector<std::string> ValidConfigs() {
 std::string ConfigCase(const std::vector<std::string>& valid, int64_t i) {
   Gen g(0x5eed0000u + static_cast<uint64_t>(i));
   switch (i % 3) {
-    case 0: return g.Mutate(valid[g.Below(valid.size())]);
-    case 1: return g.StructuredConfig();
-    default: return g.OneIn(2) ? g.Mutate(g.StructuredConfig()) : g.Value(0);
+    case 0:
+      return g.Mutate(valid[g.Below(valid.size())]);
+    case 1:
+      return g.StructuredConfig();
+    default:
+      return g.OneIn(2) ? g.Mutate(g.StructuredConfig()) : g.Value(0);
   }
 }
 
@@ -352,8 +398,8 @@ std::string CheckConfigCase(const std::string& text, int world) {
   if (s > 5.0) return "parse took " + std::to_string(s) + " s";
   if (!r.ok()) {
     if (r.status().code() != StatusCode::kInvalidArgument) return "code " + r.status().ToString();
-    if (r.status().message().rfind("fuzz.json: ", 0) != 0) return "message does not name the source: " +
-                                                                   r.status().message().substr(0, 200);
+    if (r.status().message().rfind("fuzz.json: ", 0) != 0)
+      return "message does not name the source: " + r.status().message().substr(0, 200);
     return "";
   }
   ++g_config_successes;

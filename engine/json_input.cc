@@ -109,8 +109,8 @@ class BuildingSax {
     if (ex.id == 406) {  // out_of_range.406: a number beyond double's range
       const size_t start = last + 1 >= last_token.size() ? last + 1 - last_token.size() : 0;
       const std::string where = Path();
-      status_ = InvalidArgumentError(source_ + ": number " + Shorten(last_token) + " at " +
-                                     JsonPosition(text_, start) + (where.empty() ? "" : " (key '" + where + "')") +
+      status_ = InvalidArgumentError(source_ + ": number " + Shorten(last_token) + " at " + JsonPosition(text_, start) +
+                                     (where.empty() ? "" : " (key '" + where + "')") +
                                      " is outside the range of a double (magnitude at most 1.8e308)");
       return false;
     }
@@ -133,7 +133,7 @@ class BuildingSax {
   struct Frame {
     J value;
     bool object = false;
-    string_t key;     // object: the key whose value is being read
+    string_t key;      // object: the key whose value is being read
     size_t index = 0;  // array: elements so far
     std::unordered_set<string_t> keys;
   };

@@ -52,8 +52,8 @@ TEST(JsonInputTest, NestingAtTheLimitParsesOneDeeperIsRefused) {
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
     const size_t column = open.size() * kMaxJsonDepth + 1;
-    EXPECT_TRUE(Contains(Message(r), "t.json: JSON nested deeper than 100 levels at line 1, column " +
-                                         std::to_string(column)))
+    EXPECT_TRUE(
+        Contains(Message(r), "t.json: JSON nested deeper than 100 levels at line 1, column " + std::to_string(column)))
         << Message(r);
   }
 }

@@ -21,8 +21,10 @@ Result<LrScheduler> LrScheduler::Create(const SchedulerConfig& config, double ba
   } else if (config.type == "WarmupCosineLR") {
     s.kind_ = Kind::kWarmupCosine;
   } else {
-    return InvalidArgumentError("scheduler.type: expected one of \"\", \"WarmupLR\", \"WarmupDecayLR\", "
-                                "\"WarmupCosineLR\", got \"" + config.type + "\"");
+    return InvalidArgumentError(
+        "scheduler.type: expected one of \"\", \"WarmupLR\", \"WarmupDecayLR\", "
+        "\"WarmupCosineLR\", got \"" +
+        config.type + "\"");
   }
   if (config.warmup_num_steps < 1) {
     return InvalidArgumentError("scheduler.params.warmup_num_steps: expected an integer >= 1, got " +
@@ -48,9 +50,8 @@ Result<LrScheduler> LrScheduler::Create(const SchedulerConfig& config, double ba
     return InvalidArgumentError("scheduler.params.warmup_min_lr/warmup_max_lr: expected numbers >= 0, got " +
                                 std::to_string(s.min_lr_) + " and " + std::to_string(s.max_lr_));
   }
-  if (s.kind_ == Kind::kWarmupCosine &&
-      !(s.warmup_min_ratio_ >= 0.0 && s.warmup_min_ratio_ <= 1.0 && s.cos_min_ratio_ >= 0.0 &&
-        s.cos_min_ratio_ <= 1.0)) {
+  if (s.kind_ == Kind::kWarmupCosine && !(s.warmup_min_ratio_ >= 0.0 && s.warmup_min_ratio_ <= 1.0 &&
+                                          s.cos_min_ratio_ >= 0.0 && s.cos_min_ratio_ <= 1.0)) {
     return InvalidArgumentError("scheduler.params.warmup_min_ratio/cos_min_ratio: expected numbers in [0, 1], got " +
                                 std::to_string(s.warmup_min_ratio_) + " and " + std::to_string(s.cos_min_ratio_));
   }

@@ -34,8 +34,8 @@ TEST(LrSchedulerTest, WarmupLrLog) {
   c.warmup_min_lr = 0.0;
   c.warmup_max_lr = 0.01;
   LrScheduler s = Make(c, 1.0);
-  EXPECT_EQ(s.LrAt(0), 0.0);  // before any scheduler.step(): min lr
-  EXPECT_EQ(s.LrAt(1), 0.0);  // iteration 0: log(1) = 0
+  EXPECT_EQ(s.LrAt(0), 0.0);                                           // before any scheduler.step(): min lr
+  EXPECT_EQ(s.LrAt(1), 0.0);                                           // iteration 0: log(1) = 0
   EXPECT_DOUBLE_EQ(s.LrAt(2), 0.01 * std::log(2.0) / std::log(10.0));  // 0.0030103
   EXPECT_NEAR(s.LrAt(2), 0.0030103, 1e-7);
   EXPECT_NEAR(s.LrAt(5), 0.01 * 0.69897, 1e-7);  // log(5)/log(10)
@@ -93,9 +93,9 @@ TEST(LrSchedulerTest, WarmupCosineLr) {
   c.warmup_min_ratio = 0.1;
   c.cos_min_ratio = 0.0;
   LrScheduler s = Make(c, 2.0);
-  EXPECT_EQ(s.LrAt(0), 0.0);             // DeepSpeed's get_lr() before any step is 0 for this schedule
-  EXPECT_DOUBLE_EQ(s.LrAt(1), 0.2);      // iteration 0: warmup_min_ratio
-  EXPECT_DOUBLE_EQ(s.LrAt(6), 1.1);      // iteration 5: 0.1 + 0.5 * 0.9 = 0.55
+  EXPECT_EQ(s.LrAt(0), 0.0);         // DeepSpeed's get_lr() before any step is 0 for this schedule
+  EXPECT_DOUBLE_EQ(s.LrAt(1), 0.2);  // iteration 0: warmup_min_ratio
+  EXPECT_DOUBLE_EQ(s.LrAt(6), 1.1);  // iteration 5: 0.1 + 0.5 * 0.9 = 0.55
   EXPECT_DOUBLE_EQ(s.LrAt(10), 2.0 * (0.1 + 0.9 * 0.9));
   EXPECT_DOUBLE_EQ(s.LrAt(11), 2.0 * (1 + std::cos(M_PI * 0.01)) / 2);  // iteration 10: 1 of 100
   EXPECT_NEAR(s.LrAt(11), 1.99950656, 1e-8);

@@ -34,8 +34,7 @@ size_t SafetensorsDtypeSize(const std::string& dtype) {
   return 0;
 }
 
-Result<uint64_t> WriteSafetensors(const std::string& path,
-                                  const std::vector<SafetensorsTensorRef>& tensors,
+Result<uint64_t> WriteSafetensors(const std::string& path, const std::vector<SafetensorsTensorRef>& tensors,
                                   const std::map<std::string, std::string>& metadata) {
   ordered_json header = ordered_json::object();
   if (!metadata.empty()) {
@@ -59,8 +58,7 @@ Result<uint64_t> WriteSafetensors(const std::string& path,
                                   " bytes do not hold its shape's elements of " + t.dtype);
     }
     if (t.nbytes > 0 && t.data == nullptr) return InvalidArgumentError(where + ": no data");
-    header[t.name] = {
-        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
     offset += t.nbytes;
   }
   std::string text = header.dump();
@@ -95,8 +93,7 @@ const SafetensorsTensor* SafetensorsFile::Find(const std::string& name) const {
 Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
   ZERO_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
   if (bytes.size() < 8) {
-    return DataLossError(path + ": truncated: expected at least 8 bytes, got " +
-                         std::to_string(bytes.size()));
+    return DataLossError(path + ": truncated: expected at least 8 bytes, got " + std::to_string(bytes.size()));
   }
   uint64_t n;
   std::memcpy(&n, bytes.data(), 8);
@@ -106,8 +103,7 @@ Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
   }
   ordered_json header;
   try {
-    header =
-        ordered_json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+    header = ordered_json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
   } catch (const ordered_json::exception& e) {
     return DataLossError(path + ": header is not valid JSON: " + e.what());
   }
@@ -125,18 +121,16 @@ Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
     if (key == "__metadata__") {
       if (!value.is_object()) return DataLossError(path + ": __metadata__ is not an object");
       for (const auto& [mk, mv] : value.items()) {
-        if (!mv.is_string())
-          return DataLossError(path + ": __metadata__['" + mk + "'] is not a string");
+        if (!mv.is_string()) return DataLossError(path + ": __metadata__['" + mk + "'] is not a string");
         file.metadata[mk] = mv.get<std::string>();
       }
       continue;
     }
     const std::string where = path + ": tensor '" + key + "'";
-    if (!value.is_object() || !value.contains("dtype") || !value["dtype"].is_string() ||
-        !value.contains("shape") || !value["shape"].is_array() || !value.contains("data_offsets") ||
-        !value["data_offsets"].is_array() || value["data_offsets"].size() != 2) {
-      return DataLossError(where +
-                           ": needs dtype (string), shape (array), data_offsets ([begin, end])");
+    if (!value.is_object() || !value.contains("dtype") || !value["dtype"].is_string() || !value.contains("shape") ||
+        !value["shape"].is_array() || !value.contains("data_offsets") || !value["data_offsets"].is_array() ||
+        value["data_offsets"].size() != 2) {
+      return DataLossError(where + ": needs dtype (string), shape (array), data_offsets ([begin, end])");
     }
     SafetensorsTensor t;
     t.name = key;
@@ -144,8 +138,7 @@ Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
     const size_t esize = SafetensorsDtypeSize(t.dtype);
     if (esize == 0) return DataLossError(where + ": unknown dtype '" + t.dtype + "'");
     for (const auto& d : value["shape"]) {
-      if (!d.is_number_unsigned())
-        return DataLossError(where + ": shape holds a non-integer or negative dim");
+      if (!d.is_number_unsigned()) return DataLossError(where + ": shape holds a non-integer or negative dim");
       t.shape.push_back(d.get<int64_t>());
     }
     const auto& off = value["data_offsets"];
@@ -155,29 +148,27 @@ Result<SafetensorsFile> ReadSafetensors(const std::string& path) {
     const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
     const int64_t numel = Numel(t.shape);
     if (e < b || e > data_size || numel < 0 || static_cast<uint64_t>(numel) * esize != e - b) {
-      return DataLossError(where + ": data_offsets [" + std::to_string(b) + ", " +
-                           std::to_string(e) + ") do not fit its shape and dtype within the " +
-                           std::to_string(data_size) + " data bytes");
+      return DataLossError(where + ": data_offsets [" + std::to_string(b) + ", " + std::to_string(e) +
+                           ") do not fit its shape and dtype within the " + std::to_string(data_size) + " data bytes");
     }
     t.data.assign(bytes.data() + data_start + b, e - b);
     slots.push_back({b, e, file.tensors.size()});
     file.tensors.push_back(std::move(t));
   }
-  std::sort(slots.begin(), slots.end(), [](const Slot& x, const Slot& y) {
-    return x.begin != y.begin ? x.begin < y.begin : x.end < y.end;
-  });
+  std::sort(slots.begin(), slots.end(),
+            [](const Slot& x, const Slot& y) { return x.begin != y.begin ? x.begin < y.begin : x.end < y.end; });
   uint64_t pos = 0;
   for (const Slot& s : slots) {
     if (s.begin != pos) {
-      return DataLossError(path + ": tensor '" + file.tensors[s.index].name +
-                           "' starts at data byte " + std::to_string(s.begin) + ", expected " +
-                           std::to_string(pos) + " (offsets must be contiguous)");
+      return DataLossError(path + ": tensor '" + file.tensors[s.index].name + "' starts at data byte " +
+                           std::to_string(s.begin) + ", expected " + std::to_string(pos) +
+                           " (offsets must be contiguous)");
     }
     pos = s.end;
   }
   if (pos != data_size) {
-    return DataLossError(path + ": tensors cover " + std::to_string(pos) +
-                         " data bytes, the file has " + std::to_string(data_size));
+    return DataLossError(path + ": tensors cover " + std::to_string(pos) + " data bytes, the file has " +
+                         std::to_string(data_size));
   }
   std::vector<SafetensorsTensor> ordered;
   ordered.reserve(slots.size());

@@ -34,8 +34,7 @@ struct SafetensorsTensorRef {
 
 // Writes the tensors in the given order, with `metadata` as __metadata__. Names must be unique,
 // non-empty and not "__metadata__". Returns the file size in bytes.
-Result<uint64_t> WriteSafetensors(const std::string& path,
-                                  const std::vector<SafetensorsTensorRef>& tensors,
+Result<uint64_t> WriteSafetensors(const std::string& path, const std::vector<SafetensorsTensorRef>& tensors,
                                   const std::map<std::string, std::string>& metadata);
 
 struct SafetensorsTensor {

@@ -54,8 +54,7 @@ TEST(SafetensorsTest, WritesAlignedHeaderAndReadsBack) {
   EXPECT_EQ(raw[8], '{');
   EXPECT_EQ(raw.size(), 8 + n + 35 * 4 + 4 + 12);
   const std::string header = raw.substr(8, n);
-  EXPECT_THAT(header,
-              HasSubstr(R"("embed.weight":{"dtype":"F32","shape":[7,5],"data_offsets":[0,140]})"));
+  EXPECT_THAT(header, HasSubstr(R"("embed.weight":{"dtype":"F32","shape":[7,5],"data_offsets":[0,140]})"));
   EXPECT_THAT(header, HasSubstr(R"("__metadata__":{"format":"pt","global_steps":"120"})"));
   // The data right after the header is the first tensor's bytes.
   EXPECT_EQ(std::memcmp(raw.data() + 8 + n, s.a.data(), 140), 0);
@@ -88,8 +87,7 @@ TEST(SafetensorsTest, WriterRefusesBadTensors) {
   EXPECT_THAT(WriteSafetensors(dir + "/x", refs, {}).status().message(), HasSubstr("used twice"));
   refs = s.refs;
   refs[1].dtype = "F8";
-  EXPECT_THAT(WriteSafetensors(dir + "/x", refs, {}).status().message(),
-              HasSubstr("unknown dtype 'F8'"));
+  EXPECT_THAT(WriteSafetensors(dir + "/x", refs, {}).status().message(), HasSubstr("unknown dtype 'F8'"));
   EXPECT_FALSE(PathExists(dir + "/x"));
 }
 
@@ -99,9 +97,7 @@ TEST(SafetensorsTest, ReaderRejectsDamage) {
   Sample s = MakeSample();
   ASSERT_OK(WriteSafetensors(path, s.refs, {}));
   const std::string raw = *ReadFile(path);
-  auto write = [&](const std::string& data) {
-    std::ofstream(path, std::ios::binary | std::ios::trunc) << data;
-  };
+  auto write = [&](const std::string& data) { std::ofstream(path, std::ios::binary | std::ios::trunc) << data; };
 
   write(raw.substr(0, raw.size() - 4));
   EXPECT_THAT(ReadSafetensors(path).status().message(), HasSubstr("data_offsets"));

@@ -19,8 +19,8 @@ namespace {
 // panel of B, so each B row loaded from cache feeds four FMAs per element; the inner loop runs over
 // contiguous columns and vectorizes. Each C element sums over p in increasing order.
 template <typename T>
-void GemmCore(int M, int N, int K, const T* A, int64_t sai, int64_t sap, const T* B, int64_t ldb, T* C,
-              int64_t ldc, bool accumulate) {
+void GemmCore(int M, int N, int K, const T* A, int64_t sai, int64_t sap, const T* B, int64_t ldb, T* C, int64_t ldc,
+              bool accumulate) {
   constexpr int kColBlock = 256;
   for (int j0 = 0; j0 < N; j0 += kColBlock) {
     const int nb = std::min(kColBlock, N - j0);
@@ -122,8 +122,8 @@ void LayerNormForward(int M, int N, T eps, const T* x, const T* gain, const T* b
 
 // dx (= or +=) d LN(x) / dx applied to dy; dgain, dbias overwritten.
 template <typename T>
-void LayerNormBackward(int M, int N, const T* x, const T* mean, const T* rstd, const T* gain, const T* dy,
-                       T* dx, bool accumulate, T* dgain, T* dbias) {
+void LayerNormBackward(int M, int N, const T* x, const T* mean, const T* rstd, const T* gain, const T* dy, T* dx,
+                       bool accumulate, T* dgain, T* dbias) {
   for (int j = 0; j < N; ++j) dgain[j] = dbias[j] = T(0);
   for (int i = 0; i < M; ++i) {
     const T* xr = x + static_cast<size_t>(i) * N;
@@ -192,8 +192,7 @@ std::string ByteLmConfig::ToString() const {
 std::vector<ParamSpec> ByteLmParamSpecs(const ByteLmConfig& c) {
   const int64_t k = c.context, d = c.embed_dim, h = c.hidden, f = c.ffn;
   auto normal = [](std::string name, std::vector<int64_t> shape, std::string module, double std) {
-    return ParamSpec{std::move(name), std::move(shape), std::move(module), InitKind::kNormal,
-                     static_cast<float>(std)};
+    return ParamSpec{std::move(name), std::move(shape), std::move(module), InitKind::kNormal, static_cast<float>(std)};
   };
   auto fill = [](std::string name, std::vector<int64_t> shape, std::string module, InitKind kind) {
     return ParamSpec{std::move(name), std::move(shape), std::move(module), kind, 0.0f};
@@ -267,8 +266,7 @@ class ByteLmCpu::Impl {
   virtual ~Impl() = default;
   virtual Status Forward(ParamProvider& params, const uint8_t* tokens, int batch, bool with_loss,
                          ByteLmActivations::State* st) = 0;
-  virtual Status Backward(ParamProvider& params, ByteLmActivations::State* st, float loss_scale,
-                          GradSink& grads) = 0;
+  virtual Status Backward(ParamProvider& params, ByteLmActivations::State* st, float loss_scale, GradSink& grads) = 0;
   // Row 0 of the last Forward's logits, as float.
   virtual std::vector<float> Logits0(ByteLmActivations::State* st) = 0;
 };
@@ -317,8 +315,7 @@ class ModelT final : public ByteLmCpu::Impl {
       for (int b = 0; b < B; ++b) {
         for (int j = 0; j < k; ++j) {
           const uint8_t tok = tokens[static_cast<size_t>(b) * (k + 1) + j];
-          std::memcpy(&a.x0[static_cast<size_t>(b) * K0 + j * d], table + static_cast<size_t>(tok) * d,
-                      sizeof(T) * d);
+          std::memcpy(&a.x0[static_cast<size_t>(b) * K0 + j * d], table + static_cast<size_t>(tok) * d, sizeof(T) * d);
         }
       }
       ZERO_RETURN_IF_ERROR(scope.Close());
@@ -354,8 +351,7 @@ class ModelT final : public ByteLmCpu::Impl {
       std::vector<const T*> p;
       ZERO_RETURN_IF_ERROR(Load(scope, 2 + L, &p));
       T* n = &a.ln[L * Bh];
-      LayerNormForward(B, h, T(c_.layer_norm_eps), &a.resid[L * Bh], p[0], p[1], n, &a.mean[L * B],
-                       &a.rstd[L * B]);
+      LayerNormForward(B, h, T(c_.layer_norm_eps), &a.resid[L * Bh], p[0], p[1], n, &a.mean[L * B], &a.rstd[L * B]);
       GemmNN(B, V, h, n, p[2], a.logits.data());
       AddBiasRows(B, V, p[3], a.logits.data());
       ZERO_RETURN_IF_ERROR(scope.Close());
@@ -375,8 +371,7 @@ class ModelT final : public ByteLmCpu::Impl {
     return OkStatus();
   }
 
-  Status Backward(ParamProvider& params, ByteLmActivations::State* st, float loss_scale,
-                  GradSink& grads) override {
+  Status Backward(ParamProvider& params, ByteLmActivations::State* st, float loss_scale, GradSink& grads) override {
     const int k = c_.context, d = c_.embed_dim, h = c_.hidden, f = c_.ffn, L = c_.layers;
     const int K0 = k * d, V = kByteVocab, B = st->batch;
     const size_t Bh = static_cast<size_t>(B) * h, Bf = static_cast<size_t>(B) * f;
@@ -410,8 +405,8 @@ class ModelT final : public ByteLmCpu::Impl {
       ColumnSum(B, V, a.dlogits.data(), g[3]);
       ZERO_RETURN_IF_ERROR(Emit(grads, m, 3, g[3]));
       GemmNT(B, h, V, a.dlogits.data(), p[2], a.dln.data(), &transpose_);
-      LayerNormBackward(B, h, &a.resid[L * Bh], &a.mean[L * B], &a.rstd[L * B], p[0], a.dln.data(),
-                        a.dresid.data(), /*accumulate=*/false, g[0], g[1]);
+      LayerNormBackward(B, h, &a.resid[L * Bh], &a.mean[L * B], &a.rstd[L * B], p[0], a.dln.data(), a.dresid.data(),
+                        /*accumulate=*/false, g[0], g[1]);
       ZERO_RETURN_IF_ERROR(Emit(grads, m, 0, g[0]));
       ZERO_RETURN_IF_ERROR(Emit(grads, m, 1, g[1]));
       ZERO_RETURN_IF_ERROR(scope.Close());
@@ -436,8 +431,8 @@ class ModelT final : public ByteLmCpu::Impl {
       ColumnSum(B, f, a.dact.data(), g[3]);
       ZERO_RETURN_IF_ERROR(Emit(grads, m, 3, g[3]));
       GemmNT(B, h, f, a.dact.data(), p[2], a.dln.data(), &transpose_);
-      LayerNormBackward(B, h, &a.resid[l * Bh], &a.mean[l * B], &a.rstd[l * B], p[0], a.dln.data(),
-                        a.dresid.data(), /*accumulate=*/true, g[0], g[1]);
+      LayerNormBackward(B, h, &a.resid[l * Bh], &a.mean[l * B], &a.rstd[l * B], p[0], a.dln.data(), a.dresid.data(),
+                        /*accumulate=*/true, g[0], g[1]);
       ZERO_RETURN_IF_ERROR(Emit(grads, m, 0, g[0]));
       ZERO_RETURN_IF_ERROR(Emit(grads, m, 1, g[1]));
       ZERO_RETURN_IF_ERROR(scope.Close());
@@ -486,9 +481,8 @@ class ModelT final : public ByteLmCpu::Impl {
     const ModuleSpec& mod = modules_[m];
     ZERO_ASSIGN_OR_RETURN(std::vector<ParamView> views, scope.Acquire());
     if (views.size() != mod.params.size()) {
-      return InvalidArgumentError("module " + mod.name + ": provider returned " +
-                                  std::to_string(views.size()) + " views, expected " +
-                                  std::to_string(mod.params.size()));
+      return InvalidArgumentError("module " + mod.name + ": provider returned " + std::to_string(views.size()) +
+                                  " views, expected " + std::to_string(mod.params.size()));
     }
     out->clear();
     size_t offset = 0;
@@ -558,8 +552,7 @@ ByteLmCpu::ByteLmCpu(const ByteLmConfig& config, CpuMath math)
 
 ByteLmCpu::~ByteLmCpu() = default;
 
-Result<double> ByteLmCpu::Forward(ParamProvider& params, const uint8_t* tokens, int batch,
-                                  ByteLmActivations* acts) {
+Result<double> ByteLmCpu::Forward(ParamProvider& params, const uint8_t* tokens, int batch, ByteLmActivations* acts) {
   if (batch < 1) return InvalidArgumentError("byte_lm forward: batch must be >= 1");
   if (tokens == nullptr || acts == nullptr) return InvalidArgumentError("byte_lm forward: null argument");
   if (!acts->state_) acts->state_ = std::make_unique<ByteLmActivations::State>();
@@ -567,16 +560,15 @@ Result<double> ByteLmCpu::Forward(ParamProvider& params, const uint8_t* tokens, 
   return acts->state_->loss;
 }
 
-Status ByteLmCpu::Backward(ParamProvider& params, ByteLmActivations* acts, float loss_scale,
-                           GradSink& grads) {
+Status ByteLmCpu::Backward(ParamProvider& params, ByteLmActivations* acts, float loss_scale, GradSink& grads) {
   if (acts == nullptr || !acts->state_ || !acts->state_->has_forward) {
     return FailedPreconditionError("byte_lm backward: no forward on these activations");
   }
   return impl_->Backward(params, acts->state_.get(), loss_scale, grads);
 }
 
-Result<std::string> ByteLmCpu::Sample(ParamProvider& params, std::string_view prompt, int n,
-                                      float temperature, uint64_t seed) {
+Result<std::string> ByteLmCpu::Sample(ParamProvider& params, std::string_view prompt, int n, float temperature,
+                                      uint64_t seed) {
   const int k = config_.context;
   std::string text(prompt);
   if (static_cast<int>(text.size()) < k) text.insert(0, k - text.size(), ' ');

@@ -37,9 +37,7 @@ Status CublasError(const char* what, cublasStatus_t s) {
 
 constexpr int kThreads = 256;
 
-inline unsigned Blocks(size_t n, int threads = kThreads) {
-  return static_cast<unsigned>((n + threads - 1) / threads);
-}
+inline unsigned Blocks(size_t n, int threads = kThreads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
 __device__ __forceinline__ float WarpSum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -77,8 +75,7 @@ Status FromFloat(const float* src, size_t n, void* dst, DType dtype, cudaStream_
 // ---- Embedding. -----------------------------------------------------------------------------------
 
 // x0[b, j*d + c] = table[tokens[b, j], c]
-__global__ void EmbedGatherKernel(const uint8_t* tokens, int batch, int k, int d, const float* table,
-                                  float* x0) {
+__global__ void EmbedGatherKernel(const uint8_t* tokens, int batch, int k, int d, const float* table, float* x0) {
   const size_t n = size_t(batch) * k * d;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const size_t b = i / (size_t(k) * d);
@@ -88,18 +85,16 @@ __global__ void EmbedGatherKernel(const uint8_t* tokens, int batch, int k, int d
   }
 }
 
-Status EmbedGather(const uint8_t* tokens, int batch, int k, int d, const float* table, float* x0,
-                   cudaStream_t s) {
-  EmbedGatherKernel<<<std::min(Blocks(size_t(batch) * k * d), 65535u), kThreads, 0, s>>>(tokens, batch, k, d,
-                                                                                         table, x0);
+Status EmbedGather(const uint8_t* tokens, int batch, int k, int d, const float* table, float* x0, cudaStream_t s) {
+  EmbedGatherKernel<<<std::min(Blocks(size_t(batch) * k * d), 65535u), kThreads, 0, s>>>(tokens, batch, k, d, table,
+                                                                                         x0);
   BLM_LAUNCH_CHECK(EmbedGather);
   return OkStatus();
 }
 
 // dtable[v, c] = sum over (b, j) with tokens[b, j] == v of dx0[b, j*d + c]: one block per byte
 // value, threads over c, rows in the CPU's order. No atomics, so the sum order is fixed.
-__global__ void EmbedScatterKernel(const uint8_t* tokens, int batch, int k, int d, const float* dx0,
-                                   float* dtable) {
+__global__ void EmbedScatterKernel(const uint8_t* tokens, int batch, int k, int d, const float* dx0, float* dtable) {
   const int v = blockIdx.x;
   for (int c = threadIdx.x; c < d; c += blockDim.x) {
     float acc = 0.0f;
@@ -112,8 +107,7 @@ __global__ void EmbedScatterKernel(const uint8_t* tokens, int batch, int k, int 
   }
 }
 
-Status EmbedScatter(const uint8_t* tokens, int batch, int k, int d, const float* dx0, float* dtable,
-                    cudaStream_t s) {
+Status EmbedScatter(const uint8_t* tokens, int batch, int k, int d, const float* dx0, float* dtable, cudaStream_t s) {
   EmbedScatterKernel<<<kByteVocab, std::min(d, 256), 0, s>>>(tokens, batch, k, d, dx0, dtable);
   BLM_LAUNCH_CHECK(EmbedScatter);
   return OkStatus();
@@ -124,8 +118,7 @@ Status EmbedScatter(const uint8_t* tokens, int batch, int k, int d, const float*
 // c[i, j] += bias[j]; then, if residual, c[i, j] += residual[i, j] (the CPU's order).
 __global__ void BiasResidualKernel(float* c, const float* bias, const float* residual, int m, int n) {
   const size_t total = size_t(m) * n;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
-       i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
     float v = c[i] + bias[i % n];
     if (residual != nullptr) v += residual[i];
     c[i] = v;
@@ -138,9 +131,7 @@ Status BiasResidual(float* c, const float* bias, const float* residual, int m, i
   return OkStatus();
 }
 
-__device__ __forceinline__ float GeluF(float u) {
-  return 0.5f * u * (1.0f + erff(u * 0.70710678118654752440f));
-}
+__device__ __forceinline__ float GeluF(float u) { return 0.5f * u * (1.0f + erff(u * 0.70710678118654752440f)); }
 
 __device__ __forceinline__ float GeluGradF(float u) {
   const float cdf = 0.5f * (1.0f + erff(u * 0.70710678118654752440f));
@@ -201,8 +192,8 @@ Status ColumnSum(const float* x, int m, int n, float* out, cudaStream_t s) {
 }
 
 // dgain[j] = sum_i dy[i, j] * xhat[i, j], dbias[j] = sum_i dy[i, j]
-__global__ void LayerNormParamGradKernel(const float* x, const float* mean, const float* rstd,
-                                         const float* dy, int m, int n, float* dgain, float* dbias) {
+__global__ void LayerNormParamGradKernel(const float* x, const float* mean, const float* rstd, const float* dy, int m,
+                                         int n, float* dgain, float* dbias) {
   __shared__ float pg[kRowGroups][kColTile];
   __shared__ float pb[kRowGroups][kColTile];
   const int j = blockIdx.x * kColTile + threadIdx.x;
@@ -233,8 +224,8 @@ __global__ void LayerNormParamGradKernel(const float* x, const float* mean, cons
 
 constexpr int kRowsPerBlock = 4;
 
-__global__ void LayerNormForwardKernel(const float* x, const float* gain, const float* bias, int m, int n,
-                                       float eps, float* y, float* mean, float* rstd) {
+__global__ void LayerNormForwardKernel(const float* x, const float* gain, const float* bias, int m, int n, float eps,
+                                       float* y, float* mean, float* rstd) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.y;
   if (row >= m) return;
   const float* xr = x + size_t(row) * n;
@@ -252,9 +243,8 @@ __global__ void LayerNormForwardKernel(const float* x, const float* gain, const 
   }
 }
 
-__global__ void LayerNormBackwardKernel(const float* x, const float* mean, const float* rstd,
-                                        const float* gain, const float* dy, int m, int n, int accumulate,
-                                        float* dx) {
+__global__ void LayerNormBackwardKernel(const float* x, const float* mean, const float* rstd, const float* gain,
+                                        const float* dy, int m, int n, int accumulate, float* dx) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.y;
   if (row >= m) return;
   const size_t base = size_t(row) * n;
@@ -275,8 +265,8 @@ __global__ void LayerNormBackwardKernel(const float* x, const float* mean, const
   }
 }
 
-Status LayerNormForward(const float* x, const float* gain, const float* bias, int m, int n, float eps,
-                        float* y, float* mean, float* rstd, cudaStream_t s) {
+Status LayerNormForward(const float* x, const float* gain, const float* bias, int m, int n, float eps, float* y,
+                        float* mean, float* rstd, cudaStream_t s) {
   LayerNormForwardKernel<<<(m + kRowsPerBlock - 1) / kRowsPerBlock, dim3(32, kRowsPerBlock), 0, s>>>(
       x, gain, bias, m, n, eps, y, mean, rstd);
   BLM_LAUNCH_CHECK(LayerNormForward);
@@ -284,11 +274,10 @@ Status LayerNormForward(const float* x, const float* gain, const float* bias, in
 }
 
 // dx (= or +=) the input gradient; dgain, dbias overwritten.
-Status LayerNormBackward(const float* x, const float* mean, const float* rstd, const float* gain,
-                         const float* dy, int m, int n, bool accumulate, float* dx, float* dgain,
-                         float* dbias, cudaStream_t s) {
-  LayerNormParamGradKernel<<<(n + kColTile - 1) / kColTile, dim3(kColTile, kRowGroups), 0, s>>>(
-      x, mean, rstd, dy, m, n, dgain, dbias);
+Status LayerNormBackward(const float* x, const float* mean, const float* rstd, const float* gain, const float* dy,
+                         int m, int n, bool accumulate, float* dx, float* dgain, float* dbias, cudaStream_t s) {
+  LayerNormParamGradKernel<<<(n + kColTile - 1) / kColTile, dim3(kColTile, kRowGroups), 0, s>>>(x, mean, rstd, dy, m, n,
+                                                                                                dgain, dbias);
   BLM_LAUNCH_CHECK(LayerNormParamGrad);
   LayerNormBackwardKernel<<<(m + kRowsPerBlock - 1) / kRowsPerBlock, dim3(32, kRowsPerBlock), 0, s>>>(
       x, mean, rstd, gain, dy, m, n, accumulate ? 1 : 0, dx);
@@ -316,8 +305,7 @@ __device__ float BlockReduce(float v, bool is_max, float* shared) {
 }
 
 // lse[b] = log sum_v exp(z[b, v]); row_loss[b] = lse[b] - z[b, target[b]].
-__global__ void SoftmaxLossKernel(const float* logits, const uint8_t* tokens, int k, float* lse,
-                                  float* row_loss) {
+__global__ void SoftmaxLossKernel(const float* logits, const uint8_t* tokens, int k, float* lse, float* row_loss) {
   __shared__ float shared[kByteVocab / 32];
   const int b = blockIdx.x, v = threadIdx.x;
   const float z = logits[size_t(b) * kByteVocab + v];
@@ -345,8 +333,8 @@ __global__ void MeanLossKernel(const float* row_loss, int batch, double* loss) {
 }
 
 // dz[b, v] = (softmax(z)[b, v] - [v == target]) * coef
-__global__ void SoftmaxBackwardKernel(const float* logits, const float* lse, const uint8_t* tokens, int k,
-                                      float coef, float* dlogits) {
+__global__ void SoftmaxBackwardKernel(const float* logits, const float* lse, const uint8_t* tokens, int k, float coef,
+                                      float* dlogits) {
   const int b = blockIdx.x, v = threadIdx.x;
   const size_t at = size_t(b) * kByteVocab + v;
   const int target = tokens[size_t(b) * (k + 1) + k];
@@ -364,8 +352,7 @@ Result<DevicePtr> DeviceAlloc(size_t bytes) {
   void* p = nullptr;
   cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
   if (e != cudaSuccess) {
-    return ResourceExhaustedError("cudaMalloc of " + std::to_string(bytes) +
-                                  " bytes: " + cudaGetErrorString(e));
+    return ResourceExhaustedError("cudaMalloc of " + std::to_string(bytes) + " bytes: " + cudaGetErrorString(e));
   }
   return DevicePtr(p);
 }
@@ -462,13 +449,13 @@ Status ByteLmCuda::Init() {
 
 // C[m,n] = op(A)[m,k] op(B)[k,n] + beta C, all row-major. cuBLAS is column-major, where a row-major
 // X is X^T, so it computes C^T = op(B)^T op(A)^T with the operands swapped.
-Status ByteLmCuda::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a, int lda,
-                        const float* b, int ldb, float* c, int ldc, float beta) {
+Status ByteLmCuda::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a, int lda, const float* b,
+                        int ldb, float* c, int ldc, float beta) {
   const float one = 1.0f;
   const cublasComputeType_t compute = options_.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  BLM_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
-      cublas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &one, b,
-      CUDA_R_32F, ldb, a, CUDA_R_32F, lda, &beta, c, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
+  BLM_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(cublas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                          trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &one, b, CUDA_R_32F, ldb, a,
+                                          CUDA_R_32F, lda, &beta, c, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
   return OkStatus();
 }
 
@@ -510,12 +497,10 @@ std::vector<float*> ByteLmCuda::GradSlots(int m) {
 Status ByteLmCuda::Emit(GradSink& sink, int m, int j, const float* g) {
   const int index = modules_[m].params[j];
   ZERO_ASSIGN_OR_RETURN(GradView view, sink.GradBuffer(index));
-  if (view.data == nullptr)
-    return InvalidArgumentError("gradient of " + specs_[index].name + ": null buffer");
+  if (view.data == nullptr) return InvalidArgumentError("gradient of " + specs_[index].name + ": null buffer");
   const size_t n = specs_[index].numel();
   if (view.dtype == DType::kF32) {
-    BLM_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(view.data, g, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    BLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(view.data, g, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
   } else {
     ZERO_RETURN_IF_ERROR(FromFloat(g, n, view.data, view.dtype, stream_));
   }
@@ -534,8 +519,7 @@ Status ByteLmCuda::Forward(ParamProvider& params, const uint8_t* tokens, int B, 
   ByteLmCudaActivations::State& a = *acts->state_;
   a.has_forward = false;
   ZERO_RETURN_IF_ERROR(a.Reserve(c, B));
-  BLM_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(a.tokens, tokens, size_t(B) * (k + 1), cudaMemcpyHostToDevice, stream_));
+  BLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(a.tokens, tokens, size_t(B) * (k + 1), cudaMemcpyHostToDevice, stream_));
 
   {
     ModuleScope scope(params, modules_[0].name);
@@ -575,8 +559,8 @@ Status ByteLmCuda::Forward(ParamProvider& params, const uint8_t* tokens, int B, 
     std::vector<const float*> p;
     ZERO_RETURN_IF_ERROR(Load(scope, 2 + L, &p));
     float* n = a.ln + L * Bh;
-    ZERO_RETURN_IF_ERROR(LayerNormForward(a.resid + L * Bh, p[0], p[1], B, h, c.layer_norm_eps, n,
-                                          a.mean + L * B, a.rstd + L * B, stream_));
+    ZERO_RETURN_IF_ERROR(LayerNormForward(a.resid + L * Bh, p[0], p[1], B, h, c.layer_norm_eps, n, a.mean + L * B,
+                                          a.rstd + L * B, stream_));
     ZERO_RETURN_IF_ERROR(Gemm(false, false, B, V, h, n, h, p[2], V, a.logits, V, 0.0f));
     ZERO_RETURN_IF_ERROR(BiasResidual(a.logits, p[3], nullptr, B, V, stream_));
     ZERO_RETURN_IF_ERROR(scope.Close());
@@ -597,14 +581,12 @@ Result<double> ByteLmCuda::ReadLoss(const ByteLmCudaActivations& acts) {
     return FailedPreconditionError("byte_lm: no forward on these activations");
   }
   double loss = 0.0;
-  BLM_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(&loss, acts.state_->loss, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  BLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&loss, acts.state_->loss, sizeof(double), cudaMemcpyDeviceToHost, stream_));
   BLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return loss;
 }
 
-Status ByteLmCuda::Backward(ParamProvider& params, ByteLmCudaActivations* acts, float loss_scale,
-                            GradSink& grads) {
+Status ByteLmCuda::Backward(ParamProvider& params, ByteLmCudaActivations* acts, float loss_scale, GradSink& grads) {
   if (acts == nullptr || !acts->state_ || !acts->state_->has_forward) {
     return FailedPreconditionError("byte_lm backward: no forward on these activations");
   }
@@ -630,8 +612,7 @@ Status ByteLmCuda::Backward(ParamProvider& params, ByteLmCudaActivations* acts, 
     ZERO_RETURN_IF_ERROR(ColumnSum(a.dlogits, B, V, g[3], stream_));
     ZERO_RETURN_IF_ERROR(Emit(grads, m, 3, g[3]));
     ZERO_RETURN_IF_ERROR(Gemm(false, true, B, h, V, a.dlogits, V, p[2], V, a.dln, h, 0.0f));
-    ZERO_RETURN_IF_ERROR(LayerNormBackward(a.resid + L * Bh, a.mean + L * B, a.rstd + L * B, p[0], a.dln, B,
-                                           h,
+    ZERO_RETURN_IF_ERROR(LayerNormBackward(a.resid + L * Bh, a.mean + L * B, a.rstd + L * B, p[0], a.dln, B, h,
                                            /*accumulate=*/false, a.dresid, g[0], g[1], stream_));
     ZERO_RETURN_IF_ERROR(Emit(grads, m, 0, g[0]));
     ZERO_RETURN_IF_ERROR(Emit(grads, m, 1, g[1]));
@@ -656,8 +637,7 @@ Status ByteLmCuda::Backward(ParamProvider& params, ByteLmCudaActivations* acts, 
     ZERO_RETURN_IF_ERROR(ColumnSum(a.dact, B, f, g[3], stream_));
     ZERO_RETURN_IF_ERROR(Emit(grads, m, 3, g[3]));
     ZERO_RETURN_IF_ERROR(Gemm(false, true, B, h, f, a.dact, f, p[2], f, a.dln, h, 0.0f));
-    ZERO_RETURN_IF_ERROR(LayerNormBackward(a.resid + l * Bh, a.mean + l * B, a.rstd + l * B, p[0], a.dln, B,
-                                           h,
+    ZERO_RETURN_IF_ERROR(LayerNormBackward(a.resid + l * Bh, a.mean + l * B, a.rstd + l * B, p[0], a.dln, B, h,
                                            /*accumulate=*/true, a.dresid, g[0], g[1], stream_));
     ZERO_RETURN_IF_ERROR(Emit(grads, m, 0, g[0]));
     ZERO_RETURN_IF_ERROR(Emit(grads, m, 1, g[1]));

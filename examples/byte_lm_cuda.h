@@ -72,8 +72,7 @@ class ByteLmCuda {
   // tokens: HOST memory, `batch` rows of context+1 bytes (copied before this returns). If `loss`
   // is not null, waits for the stream and writes the mean cross-entropy; otherwise the loss stays
   // on the device until ReadLoss.
-  Status Forward(ParamProvider& params, const uint8_t* tokens, int batch, ByteLmCudaActivations* acts,
-                 double* loss);
+  Status Forward(ParamProvider& params, const uint8_t* tokens, int batch, ByteLmCudaActivations* acts, double* loss);
   // Waits for the stream and returns the loss of the last Forward on `acts`.
   Result<double> ReadLoss(const ByteLmCudaActivations& acts);
 
@@ -87,8 +86,8 @@ class ByteLmCuda {
   Status Load(ModuleScope& scope, int module, std::vector<const float*>* out);
   std::vector<float*> GradSlots(int module);
   Status Emit(GradSink& sink, int module, int j, const float* g);
-  Status Gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a, int lda, const float* b,
-              int ldb, float* c, int ldc, float beta);
+  Status Gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
+              float* c, int ldc, float beta);
 
   ByteLmConfig config_;
   cudaStream_t stream_;

@@ -101,8 +101,8 @@ struct RunResult {
   HostTensors grads;
 };
 
-RunResult CpuRun(const ByteLmConfig& c, const HostTensors& params, const std::vector<uint8_t>& tokens,
-                 int batch, float loss_scale) {
+RunResult CpuRun(const ByteLmConfig& c, const HostTensors& params, const std::vector<uint8_t>& tokens, int batch,
+                 float loss_scale) {
   ByteLmCpu model(c);
   RunResult r{0, HostTensors(model.specs(), params.dtype())};
   ResidentParams provider(model.specs(), params.ParamViews());
@@ -116,9 +116,8 @@ RunResult CpuRun(const ByteLmConfig& c, const HostTensors& params, const std::ve
   return r;
 }
 
-RunResult GpuRun(const ByteLmConfig& c, const HostTensors& params, const std::vector<uint8_t>& tokens,
-                 int batch, float loss_scale, GradBuffers** sink_out = nullptr,
-                 ResidentParams** provider_out = nullptr) {
+RunResult GpuRun(const ByteLmConfig& c, const HostTensors& params, const std::vector<uint8_t>& tokens, int batch,
+                 float loss_scale, GradBuffers** sink_out = nullptr, ResidentParams** provider_out = nullptr) {
   cudaStream_t stream;
   EXPECT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   auto model = ByteLmCuda::Create(c, stream);
@@ -269,8 +268,7 @@ TEST(ByteLmCudaTest, SgdOnDeviceReducesTheLoss) {
     }
     std::vector<ParamView> views = params.ParamViews();
     for (int i = 0; i < host.size(); ++i) {
-      ASSERT_EQ(cudaMemcpy(const_cast<void*>(views[i].data), host.data(i), host.numel(i) * 4,
-                           cudaMemcpyHostToDevice),
+      ASSERT_EQ(cudaMemcpy(const_cast<void*>(views[i].data), host.data(i), host.numel(i) * 4, cudaMemcpyHostToDevice),
                 cudaSuccess);
     }
     if (step == 0) first = loss;

@@ -63,16 +63,14 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 class Runner {
  public:
   virtual ~Runner() = default;
-  virtual Result<double> Step(const HostTensors& params, const uint8_t* tokens, int batch,
-                              HostTensors* grads) = 0;
+  virtual Result<double> Step(const HostTensors& params, const uint8_t* tokens, int batch, HostTensors* grads) = 0;
   virtual Result<double> Loss(const HostTensors& params, const uint8_t* tokens, int batch) = 0;
 };
 
 class CpuRunner : public Runner {
  public:
   explicit CpuRunner(const ByteLmConfig& c) : model_(c) {}
-  Result<double> Step(const HostTensors& params, const uint8_t* tokens, int batch,
-                      HostTensors* grads) override {
+  Result<double> Step(const HostTensors& params, const uint8_t* tokens, int batch, HostTensors* grads) override {
     ResidentParams provider(model_.specs(), params.ParamViews());
     GradBuffers sink(grads->GradViews());
     ZERO_ASSIGN_OR_RETURN(double loss, model_.Forward(provider, tokens, batch, &acts_));
@@ -116,8 +114,7 @@ class CudaRunner : public Runner {
     }
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
-  Result<double> Step(const HostTensors& params, const uint8_t* tokens, int batch,
-                      HostTensors* grads) override {
+  Result<double> Step(const HostTensors& params, const uint8_t* tokens, int batch, HostTensors* grads) override {
     ZERO_RETURN_IF_ERROR(Upload(params));
     ResidentParams provider(model_->specs(), params_);
     GradBuffers sink(grads_);
@@ -144,8 +141,8 @@ class CudaRunner : public Runner {
   CudaRunner() = default;
   Status Upload(const HostTensors& params) {
     for (size_t i = 0; i < params_.size(); ++i) {
-      if (cudaMemcpyAsync(const_cast<void*>(params_[i].data), params.data(i), bytes_[i],
-                          cudaMemcpyHostToDevice, stream_) != cudaSuccess) {
+      if (cudaMemcpyAsync(const_cast<void*>(params_[i].data), params.data(i), bytes_[i], cudaMemcpyHostToDevice,
+                          stream_) != cudaSuccess) {
         return InternalError("parameter upload failed");
       }
     }
@@ -216,8 +213,7 @@ Status Main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int step = 0; step < steps; ++step) {
     ZERO_RETURN_IF_ERROR(train.FillBatch(
-        BatchSpec{
-            .seed = seed, .step = step, .rank = 0, .world_size = 1, .batch = batch, .context = c.context},
+        BatchSpec{.seed = seed, .step = step, .rank = 0, .world_size = 1, .batch = batch, .context = c.context},
         tokens.data()));
     for (int i = 0; i < master.size(); ++i) {
       if (dtype == DType::kF32) {
@@ -233,8 +229,7 @@ Status Main(int argc, char** argv) {
     adam.bias_correction2 = 1.0f - std::pow(adam.beta2, step + 1);
     for (int i = 0; i < master.size(); ++i) {
       float* p = static_cast<float*>(master.data(i));
-      for (int64_t j = 0; j < master.numel(i); ++j)
-        AdamWReference(&p[j], grads.Get(i, j), &m[i][j], &v[i][j], adam);
+      for (int64_t j = 0; j < master.numel(i); ++j) AdamWReference(&p[j], grads.Get(i, j), &m[i][j], &v[i][j], adam);
     }
     window_loss += loss;
     if ((step + 1) % log_every == 0 || step + 1 == steps) {
@@ -263,8 +258,8 @@ Status Main(int argc, char** argv) {
       sum += loss * n;
       count += n;
     }
-    std::printf("holdout loss %.4f (%.3f bits/byte) over %lld windows\n", sum / count,
-                sum / count / std::log(2.0), static_cast<long long>(count));
+    std::printf("holdout loss %.4f (%.3f bits/byte) over %lld windows\n", sum / count, sum / count / std::log(2.0),
+                static_cast<long long>(count));
   }
 
   const int sample = flags.Int("sample", 200);

@@ -62,8 +62,8 @@ double Loss(ByteLmCpu& model, const HostTensors& params, const std::vector<uint8
 }
 
 // Forward + Backward; returns the loss and fills `grads`.
-double LossAndGrads(ByteLmCpu& model, const HostTensors& params, const std::vector<uint8_t>& tokens,
-                    int batch, float loss_scale, HostTensors* grads) {
+double LossAndGrads(ByteLmCpu& model, const HostTensors& params, const std::vector<uint8_t>& tokens, int batch,
+                    float loss_scale, HostTensors* grads) {
   ResidentParams provider(model.specs(), params.ParamViews());
   GradBuffers sink(grads->GradViews());
   ByteLmActivations acts;
@@ -189,8 +189,7 @@ TEST(ByteLmGradientTest, FloatMathMatchesDouble) {
     float scale = 0;
     for (int64_t j = 0; j < gd.numel(i); ++j) scale = std::max(scale, std::abs(gd.Get(i, j)));
     for (int64_t j = 0; j < gd.numel(i); ++j) {
-      ASSERT_NEAR(gf.Get(i, j), gd.Get(i, j), 1e-5f * scale + 1e-9f)
-          << model_f.specs()[i].name << "[" << j << "]";
+      ASSERT_NEAR(gf.Get(i, j), gd.Get(i, j), 1e-5f * scale + 1e-9f) << model_f.specs()[i].name << "[" << j << "]";
     }
   }
 }
@@ -258,8 +257,8 @@ TEST(ByteLmCallbackTest, EachGradReadyOnceInReverseModuleOrderAndScopesBalanced)
   EXPECT_EQ(provider.held(), 0);
   EXPECT_EQ(provider.max_held(), 1);
   EXPECT_EQ(provider.acquire_log(),
-            (std::vector<std::string>{"embed", "in_proj", "block0", "block1", "block2", "head", "head",
-                                      "block2", "block1", "block0", "in_proj", "embed"}));
+            (std::vector<std::string>{"embed", "in_proj", "block0", "block1", "block2", "head", "head", "block2",
+                                      "block1", "block0", "in_proj", "embed"}));
   for (int i = 0; i < static_cast<int>(model.specs().size()); ++i) {
     EXPECT_EQ(sink.ready_count()[i], 1) << model.specs()[i].name;
   }
@@ -270,8 +269,7 @@ TEST(ByteLmCallbackTest, EachGradReadyOnceInReverseModuleOrderAndScopesBalanced)
     const std::string& m = model.specs()[i].module;
     if (module_order.empty() || module_order.back() != m) module_order.push_back(m);
   }
-  EXPECT_EQ(module_order,
-            (std::vector<std::string>{"head", "block2", "block1", "block0", "in_proj", "embed"}));
+  EXPECT_EQ(module_order, (std::vector<std::string>{"head", "block2", "block1", "block0", "in_proj", "embed"}));
 }
 
 TEST(ByteLmCallbackTest, BackwardOverwritesGradientBuffers) {

@@ -39,7 +39,8 @@ class FlagSet {
                       }});
     return *this;
   }
-  FlagSet& String(const std::string& name, const std::string& arg, std::string Options::*field, const std::string& doc) {
+  FlagSet& String(const std::string& name, const std::string& arg, std::string Options::*field,
+                  const std::string& doc) {
     flags_.push_back({name, arg, doc, [field](const std::string& v, Options* o) {
                         o->*field = v;
                         return OkStatus();
@@ -54,7 +55,8 @@ class FlagSet {
                         char* end = nullptr;
                         const long long x = std::strtoll(v.c_str(), &end, 10);
                         if (v.empty() || *end != '\0' || errno != 0 || x < lo || x > hi) {
-                          return Error(prog, name, "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", v);
+                          return Error(prog, name,
+                                       "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", v);
                         }
                         o->*field = static_cast<T>(x);
                         return OkStatus();
@@ -82,7 +84,8 @@ class FlagSet {
     std::string arg;
     for (const std::string& c : choices) arg += (arg.empty() ? "" : "|") + c;
     flags_.push_back({name, arg, doc, [prog = program_, name, field, choices, arg](const std::string& v, Options* o) {
-                        if (std::find(choices.begin(), choices.end(), v) == choices.end()) return Error(prog, name, arg, v);
+                        if (std::find(choices.begin(), choices.end(), v) == choices.end())
+                          return Error(prog, name, arg, v);
                         o->*field = v;
                         return OkStatus();
                       }});

@@ -25,8 +25,8 @@ Result<ByteDataset> ByteDataset::FromText(std::string text, std::string name) {
 Status ByteDataset::CheckContext(int context) const {
   if (context < 1) return InvalidArgumentError("context must be >= 1, got " + std::to_string(context));
   if (bytes_.size() <= static_cast<size_t>(context)) {
-    return InvalidArgumentError(name_ + ": " + std::to_string(bytes_.size()) +
-                                " bytes, need more than the context (" + std::to_string(context) + ")");
+    return InvalidArgumentError(name_ + ": " + std::to_string(bytes_.size()) + " bytes, need more than the context (" +
+                                std::to_string(context) + ")");
   }
   return OkStatus();
 }
@@ -71,8 +71,7 @@ std::pair<ByteDataset, ByteDataset> ByteDataset::Split(double holdout_fraction) 
   if (holdout_fraction < 0.0) holdout_fraction = 0.0;
   if (holdout_fraction > 1.0) holdout_fraction = 1.0;
   const size_t cut = bytes_.size() - static_cast<size_t>(holdout_fraction * bytes_.size());
-  return {ByteDataset(bytes_.substr(0, cut), name_ + "[train]"),
-          ByteDataset(bytes_.substr(cut), name_ + "[holdout]")};
+  return {ByteDataset(bytes_.substr(0, cut), name_ + "[train]"), ByteDataset(bytes_.substr(cut), name_ + "[holdout]")};
 }
 
 }  // namespace zero::examples

@@ -69,8 +69,7 @@ TEST(ByteDatasetTest, GlobalBatchIndependentOfHowItIsSplit) {
     for (int r = 0; r < 2; ++r) {
       // Micro step m of step `step`, G = 4: each micro batch is 3 rows per rank; the global batch
       // of the step is 4 micro steps x 2 ranks x 3 rows = 24 rows, in (micro, rank, row) order.
-      BatchSpec part{
-          .seed = 9, .step = step * 4 + m, .rank = r, .world_size = 2, .batch = 3, .context = context};
+      BatchSpec part{.seed = 9, .step = step * 4 + m, .rank = r, .world_size = 2, .batch = 3, .context = context};
       auto b = *ds.Batch(part);
       by_micro.insert(by_micro.end(), b.begin(), b.end());
     }

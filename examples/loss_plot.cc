@@ -63,26 +63,21 @@ std::string RenderLossSvg(const std::vector<double>& steps, const std::vector<do
   s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << o.width << "\" height=\"" << o.height
     << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   s << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  s << "<text x=\"" << o.width / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" << o.title
-    << "</text>\n";
+  s << "<text x=\"" << o.width / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" << o.title << "</text>\n";
   for (double y = y0; y <= y1 + ys * 1e-9; y += ys) {
     s << "<line x1=\"" << left << "\" x2=\"" << left + pw << "\" y1=\"" << Y(y) << "\" y2=\"" << Y(y)
       << "\" stroke=\"#e4e4e4\"/>\n";
-    s << "<text x=\"" << left - 6 << "\" y=\"" << Y(y) + 4 << "\" text-anchor=\"end\">" << Fmt(y)
-      << "</text>\n";
+    s << "<text x=\"" << left - 6 << "\" y=\"" << Y(y) + 4 << "\" text-anchor=\"end\">" << Fmt(y) << "</text>\n";
   }
   for (double x = std::ceil(x0 / xs) * xs; x <= x1 + xs * 1e-9; x += xs) {
     s << "<line x1=\"" << X(x) << "\" x2=\"" << X(x) << "\" y1=\"" << top << "\" y2=\"" << top + ph
       << "\" stroke=\"#f0f0f0\"/>\n";
-    s << "<text x=\"" << X(x) << "\" y=\"" << top + ph + 18 << "\" text-anchor=\"middle\">" << Fmt(x)
-      << "</text>\n";
+    s << "<text x=\"" << X(x) << "\" y=\"" << top + ph + 18 << "\" text-anchor=\"middle\">" << Fmt(x) << "</text>\n";
   }
   s << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << pw << "\" height=\"" << ph
     << "\" fill=\"none\" stroke=\"#444\"/>\n";
-  s << "<text x=\"" << left + pw / 2 << "\" y=\"" << o.height - 10
-    << "\" text-anchor=\"middle\">step</text>\n";
-  s << "<text transform=\"translate(18," << top + ph / 2
-    << ") rotate(-90)\" text-anchor=\"middle\">loss</text>\n";
+  s << "<text x=\"" << left + pw / 2 << "\" y=\"" << o.height - 10 << "\" text-anchor=\"middle\">step</text>\n";
+  s << "<text transform=\"translate(18," << top + ph / 2 << ") rotate(-90)\" text-anchor=\"middle\">loss</text>\n";
   auto polyline = [&](const std::vector<std::pair<double, double>>& p, const char* color, double w) {
     if (p.empty()) return;
     s << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"" << w << "\" points=\"";
@@ -105,8 +100,8 @@ std::string RenderLossSvg(const std::vector<double>& steps, const std::vector<do
   return s.str();
 }
 
-Status WriteLossSvg(const std::string& path, const std::vector<double>& steps,
-                    const std::vector<double>& losses, const LossPlotOptions& options) {
+Status WriteLossSvg(const std::string& path, const std::vector<double>& steps, const std::vector<double>& losses,
+                    const LossPlotOptions& options) {
   std::string svg = RenderLossSvg(steps, losses, options);
   std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "wb");

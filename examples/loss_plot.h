@@ -21,7 +21,7 @@ struct LossPlotOptions {
 std::string RenderLossSvg(const std::vector<double>& steps, const std::vector<double>& losses,
                           const LossPlotOptions& options);
 // Renders and writes to `path` (temp file + rename).
-Status WriteLossSvg(const std::string& path, const std::vector<double>& steps,
-                    const std::vector<double>& losses, const LossPlotOptions& options);
+Status WriteLossSvg(const std::string& path, const std::vector<double>& steps, const std::vector<double>& losses,
+                    const LossPlotOptions& options);
 
 }  // namespace zero

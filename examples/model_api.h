@@ -96,8 +96,7 @@ class GradSink {
 // the error) if Close() was not called; Close() releases and reports the error.
 class ModuleScope {
  public:
-  ModuleScope(ParamProvider& provider, std::string module)
-      : provider_(provider), module_(std::move(module)) {}
+  ModuleScope(ParamProvider& provider, std::string module) : provider_(provider), module_(std::move(module)) {}
   ~ModuleScope();
   ModuleScope(const ModuleScope&) = delete;
   ModuleScope& operator=(const ModuleScope&) = delete;

@@ -147,8 +147,9 @@ Status CheckCheckpointFlags(const TrainOptions& o) {
   if (!o.resume_dir.empty()) {
     const std::string latest = o.resume_dir + "/latest";
     if (access(latest.c_str(), R_OK) != 0) {
-      return ErrnoError("--resume: no checkpoint to resume from (" + latest + " is missing; give the directory passed to --save):",
-                        latest, errno);
+      return ErrnoError(
+          "--resume: no checkpoint to resume from (" + latest + " is missing; give the directory passed to --save):",
+          latest, errno);
     }
   }
   return OkStatus();
@@ -176,7 +177,8 @@ Status MaybeSaveCheckpoint(Engine* engine, const TrainOptions& o, int64_t step, 
   if (o.save_dir.empty()) return OkStatus();
   const bool periodic = o.save_every > 0 && step % o.save_every == 0;
   if (final_step ? periodic : !periodic) return OkStatus();  // the last step's periodic save is the final one
-  const std::string client = "{\"zero_train_step\": " + std::to_string(step) + ", \"seed\": " + std::to_string(o.seed) + "}";
+  const std::string client =
+      "{\"zero_train_step\": " + std::to_string(step) + ", \"seed\": " + std::to_string(o.seed) + "}";
   Status st = engine->SaveCheckpoint(o.save_dir, "", client);
   if (!st.ok()) return st.WithContext("--save " + o.save_dir + " at step " + std::to_string(step));
   if (lead) std::printf("  checkpoint saved: %s/global_step%lld\n", o.save_dir.c_str(), static_cast<long long>(step));
@@ -270,8 +272,8 @@ class LoopTiming {
         timeline_->set_enabled(false);
         ZERO_RETURN_IF_ERROR(timeline_->WriteChromeTrace(path_).WithContext("--trace"));
         if (lead) {
-          std::printf("  trace of steps %lld-%lld: %s\n", static_cast<long long>(first_),
-                      static_cast<long long>(last_), path_.c_str());
+          std::printf("  trace of steps %lld-%lld: %s\n", static_cast<long long>(first_), static_cast<long long>(last_),
+                      path_.c_str());
         }
       }
     }

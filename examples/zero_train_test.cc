@@ -234,9 +234,9 @@ TEST(ZeroTrain, UserMistakesNameWhatToFix) {
 // A rank whose environment is refused before the rendezvous (here a short ZERO_JOB_SECRET) names its
 // own rank; every rank used to say "rank 0 of 1".
 TEST(ZeroTrain, EnvironmentErrorNamesTheRank) {
-  RunResult r = RunZeroTrain(Small({"--steps", "3"}), {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1",
-                                                       "MASTER_ADDR=127.0.0.1", "MASTER_PORT=29999",
-                                                       "ZERO_JOB_SECRET=short"});
+  RunResult r =
+      RunZeroTrain(Small({"--steps", "3"}), {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1", "MASTER_ADDR=127.0.0.1",
+                                             "MASTER_PORT=29999", "ZERO_JOB_SECRET=short"});
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_LT(r.seconds, 10) << r.output;
   EXPECT_NE(r.output.find("zero_train: rank 1 of 2: "), std::string::npos) << r.output;
@@ -272,8 +272,7 @@ TEST(ZeroTrain, SaveDirectoryIsCheckedAtTheStart) {
   ASSERT_OK(lock);
   r = RunZeroTrain(Small({"--steps", "5", "--plot", "none", "--save", dir}));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("is in use by another job (pid " + std::to_string(getpid())), std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find("is in use by another job (pid " + std::to_string(getpid())), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("training"), std::string::npos) << r.output;
 }
 
@@ -331,23 +330,23 @@ TEST(ZeroTrain, DyingRankEndsTheJob) {
 namespace {
 
 // Stop after step 10 and resume: the resumed run's steps 11..20 log the same losses, lr and grad
-// norms, bit for bit (the log prints doubles with 17 significant digits, round-trip exact), as the run that never stopped. Then
-// the same checkpoint resumes at 3 ranks, and zero_to_fp32 consolidates it.
+// norms, bit for bit (the log prints doubles with 17 significant digits, round-trip exact), as the run that never
+// stopped. Then the same checkpoint resumes at 3 ranks, and zero_to_fp32 consolidates it.
 TEST(ZeroTrain, SaveAndResumeContinueExactly) {
   const std::string dir = TmpDir() + "/resume";
   const std::string ckpt = dir + "/ckpt";
   mkdir(dir.c_str(), 0755);
   const std::string full = dir + "/full.jsonl", resumed = dir + "/resumed.jsonl", three = dir + "/three.jsonl";
-  RunResult a = RunZeroTrain(Small({"--steps", "20", "--save", ckpt, "--save-every", "10", "--log-json", full,
-                                    "--plot", "none", "--sample", "0"}));
+  RunResult a = RunZeroTrain(Small(
+      {"--steps", "20", "--save", ckpt, "--save-every", "10", "--log-json", full, "--plot", "none", "--sample", "0"}));
   ASSERT_EQ(a.exit_code, 0) << a.output;
   EXPECT_NE(a.output.find("checkpoint saved: " + ckpt + "/global_step10"), std::string::npos) << a.output;
   EXPECT_NE(a.output.find("checkpoint saved: " + ckpt + "/global_step20"), std::string::npos) << a.output;
   EXPECT_EQ(ReadFile(ckpt + "/latest").find("global_step20"), 0u);
   WriteFile(ckpt + "/latest", "global_step10");  // resume from the middle of the run
 
-  RunResult b = RunZeroTrain(Small({"--steps", "20", "--resume", ckpt, "--log-json", resumed, "--plot", "none",
-                                    "--sample", "0"}));
+  RunResult b = RunZeroTrain(
+      Small({"--steps", "20", "--resume", ckpt, "--log-json", resumed, "--plot", "none", "--sample", "0"}));
   ASSERT_EQ(b.exit_code, 0) << b.output;
   EXPECT_NE(b.output.find("resumed from " + ckpt + " at step 10"), std::string::npos) << b.output;
   const auto f = ReadJsonLines(full), r = ReadJsonLines(resumed);
@@ -361,8 +360,8 @@ TEST(ZeroTrain, SaveAndResumeContinueExactly) {
   }
 
   // Another world size: 3 ranks continue from the 2-rank checkpoint (the batch grows with the world).
-  std::vector<std::string> args3 = Small({"--steps", "20", "--resume", ckpt, "--log-json", three, "--plot", "none",
-                                          "--sample", "0"});
+  std::vector<std::string> args3 =
+      Small({"--steps", "20", "--resume", ckpt, "--log-json", three, "--plot", "none", "--sample", "0"});
   args3[1] = "3";  // --nproc 3
   RunResult c = RunZeroTrain(args3);
   ASSERT_EQ(c.exit_code, 0) << c.output;
@@ -408,8 +407,7 @@ TEST(ZeroTrain, WallClockBreakdownAndTrace) {
   ASSERT_EQ(lines.size(), 3u) << r.output;
   for (const std::string& line : lines) {
     double f = -1, b = -1, s = -1;
-    ASSERT_EQ(std::sscanf(line.c_str(), "time (ms) | forward: %lf | backward: %lf | step: %lf", &f, &b, &s), 3)
-        << line;
+    ASSERT_EQ(std::sscanf(line.c_str(), "time (ms) | forward: %lf | backward: %lf | step: %lf", &f, &b, &s), 3) << line;
     EXPECT_GT(f, 0) << line;
     EXPECT_GT(b, 0) << line;
     EXPECT_GT(s, 0) << line;
@@ -421,15 +419,15 @@ TEST(ZeroTrain, WallClockBreakdownAndTrace) {
     const std::string text = ReadFile(path);
     ASSERT_FALSE(text.empty()) << "no trace at " << path;
     const nlohmann::json doc = nlohmann::json::parse(text);  // throws (fails) on malformed JSON
-    std::map<int, std::string> track;                         // tid -> name
+    std::map<int, std::string> track;                        // tid -> name
     std::vector<nlohmann::json> spans;
     for (const auto& e : doc.at("traceEvents")) {
       EXPECT_EQ(e.at("pid").get<int>(), rank) << path;
       if (e.at("ph") == "M" && e.at("name") == "thread_name") track[e.at("tid").get<int>()] = e["args"]["name"];
       if (e.at("ph") == "X") spans.push_back(e);
     }
-    for (const char* name : {"compute", "communication", "host->device", "device->host", "CPU optimizer", "I/O",
-                             "train loop"}) {
+    for (const char* name :
+         {"compute", "communication", "host->device", "device->host", "CPU optimizer", "I/O", "train loop"}) {
       bool found = false;
       for (const auto& [tid, n] : track) found = found || n == name;
       EXPECT_TRUE(found) << "no track '" << name << "' in " << path;

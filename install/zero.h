@@ -10,11 +10,11 @@
 
 #include <zero/version.h>
 
-#include <zero/runtime/status.h>
-#include <zero/runtime/dtype.h>
-#include <zero/runtime/device.h>
 #include <zero/comm/communicator.h>
 #include <zero/comm/rendezvous.h>
 #include <zero/comm/thread_ranks.h>
 #include <zero/engine/config.h>
 #include <zero/engine/engine.h>
+#include <zero/runtime/device.h>
+#include <zero/runtime/dtype.h>
+#include <zero/runtime/status.h>

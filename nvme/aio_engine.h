@@ -86,10 +86,10 @@ using AioTicket = uint64_t;
 
 // Counters since the engine was created (all requests, all threads).
 struct AioStats {
-  uint64_t pieces = 0;            // pieces submitted for the first time
-  uint64_t io_submit_calls = 0;   // successful io_submit system calls
-  uint64_t short_resubmits = 0;   // pieces resubmitted after a short transfer
-  uint64_t retries = 0;           // EINTR/EAGAIN retried (io_submit, io_getevents, completions)
+  uint64_t pieces = 0;                 // pieces submitted for the first time
+  uint64_t io_submit_calls = 0;        // successful io_submit system calls
+  uint64_t short_resubmits = 0;        // pieces resubmitted after a short transfer
+  uint64_t retries = 0;                // EINTR/EAGAIN retried (io_submit, io_getevents, completions)
   uint64_t extend_preallocations = 0;  // writes past the end of file preallocated first (fallocate)
 };
 
@@ -111,10 +111,8 @@ class AioEngine {
   // A direct write that ends past the end of the file fallocates that part first (extending
   // direct writes are synchronous on ext4 and xfs: io_submit would block for each piece); its
   // ENOSPC is reported by Wait like any I/O error. See docs/nvme.md "Benchmark".
-  virtual Result<AioTicket> SubmitRead(AioFile& file, uint64_t offset, void* buffer,
-                                       size_t length) = 0;
-  virtual Result<AioTicket> SubmitWrite(AioFile& file, uint64_t offset, const void* buffer,
-                                        size_t length) = 0;
+  virtual Result<AioTicket> SubmitRead(AioFile& file, uint64_t offset, void* buffer, size_t length) = 0;
+  virtual Result<AioTicket> SubmitWrite(AioFile& file, uint64_t offset, const void* buffer, size_t length) = 0;
 
   // Blocks until the request completes (or `timeout` passes: DeadlineExceeded, the request stays
   // in flight and may be waited for again). Returns its outcome: OK when every byte moved, else

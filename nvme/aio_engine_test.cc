@@ -28,7 +28,6 @@
 namespace zero {
 namespace {
 
-
 AlignedBuffer Zeros(size_t size) {
   auto b = AlignedBuffer::Allocate(size);
   ZERO_CHECK(b.ok());
@@ -44,12 +43,10 @@ std::string FileBytes(const std::string& path, uint64_t offset, size_t size) {
 
 // The first n bytes, byte for byte; a failure names the first differing byte.
 ::testing::AssertionResult Same(const AlignedBuffer& a, const AlignedBuffer& b, size_t n) {
-  return ::zero::testing::SameBits(static_cast<const uint8_t*>(a.data()),
-                                   static_cast<const uint8_t*>(b.data()), n);
+  return ::zero::testing::SameBits(static_cast<const uint8_t*>(a.data()), static_cast<const uint8_t*>(b.data()), n);
 }
 
-AioOptions Opts(int64_t block, int64_t depth, int64_t threads = 1, bool single = false,
-                bool overlap = true) {
+AioOptions Opts(int64_t block, int64_t depth, int64_t threads = 1, bool single = false, bool overlap = true) {
   AioOptions o;
   o.block_size = block;
   o.queue_depth = depth;
@@ -62,8 +59,7 @@ AioOptions Opts(int64_t block, int64_t depth, int64_t threads = 1, bool single =
 class AioEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto d = ScratchDir::CreateWithDirectIo(
-        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    auto d = ScratchDir::CreateWithDirectIo(::testing::UnitTest::GetInstance()->current_test_info()->name());
     ASSERT_OK(d);
     dir_.emplace(std::move(d).value());
   }
@@ -135,18 +131,17 @@ TEST_P(RoundTripTest, ByteExact) {
   EXPECT_EQ(engine->stats().pieces, 2 * ((out.size() + block - 1) / block));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Sizes, RoundTripTest,
-    ::testing::Values(
-        RoundTripCase{"OnePage", Opts(4096, 2), 4096},
-        RoundTripCase{"TinyBlocks", Opts(4096, 2), 12 * 4096},
-        RoundTripCase{"NotAMultipleOfTheBlock", Opts(16384, 2), 5 * 4096},
-        RoundTripCase{"SingleSubmit", Opts(8192, 4, 1, true), 11 * 4096},
-        RoundTripCase{"NoOverlap", Opts(8192, 4, 1, false, false), 13 * 4096},
-        RoundTripCase{"ThreadsMoreThanPieces", Opts(8192, 2, 8), 3 * 4096},
-        RoundTripCase{"Big64MiBFourThreads", Opts(1 << 20, 8, 4), 64 << 20},
-        RoundTripCase{"Big64MiBOddSize", Opts(1 << 20, 4, 3, false, false), (64 << 20) - 12288}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Sizes, RoundTripTest,
+                         ::testing::Values(RoundTripCase{"OnePage", Opts(4096, 2), 4096},
+                                           RoundTripCase{"TinyBlocks", Opts(4096, 2), 12 * 4096},
+                                           RoundTripCase{"NotAMultipleOfTheBlock", Opts(16384, 2), 5 * 4096},
+                                           RoundTripCase{"SingleSubmit", Opts(8192, 4, 1, true), 11 * 4096},
+                                           RoundTripCase{"NoOverlap", Opts(8192, 4, 1, false, false), 13 * 4096},
+                                           RoundTripCase{"ThreadsMoreThanPieces", Opts(8192, 2, 8), 3 * 4096},
+                                           RoundTripCase{"Big64MiBFourThreads", Opts(1 << 20, 8, 4), 64 << 20},
+                                           RoundTripCase{"Big64MiBOddSize", Opts(1 << 20, 4, 3, false, false),
+                                                         (64 << 20) - 12288}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 TEST_F(AioEngineTest, SingleSubmitMakesOneCallPerPieceAndBatchingFewer) {
   AlignedBuffer out = Pattern(64 * 4096, 3);
@@ -246,8 +241,9 @@ TEST_F(AioEngineTest, InjectedEnospcOnNthWriteNamesFileOffsetLength) {
   engine->FailNthWrite(3, ENOSPC);
   Status st = engine->Write(*file, 4096, b.data(), b.size());
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
-  EXPECT_NE(st.message().find("pwrite " + File("f") + " offset " + std::to_string(4096 + 2 * 8192) +
-                              " length 8192"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("pwrite " + File("f") + " offset " + std::to_string(4096 + 2 * 8192) + " length 8192"),
+            std::string::npos)
+      << st.message();
   EXPECT_NE(st.message().find("No space left on device (errno 28)"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("write " + File("f") + " offset 4096 length 65536"), std::string::npos)
       << "the request: " << st.message();
@@ -282,8 +278,7 @@ TEST_F(AioEngineTest, InjectedEnospcOnRead) {
   engine->FailNthRead(4, ENOSPC);
   Status st = engine->Read(*file, 0, b.data(), b.size());
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(st.message().find("pread " + File("f") + " offset 12288 length 4096"), std::string::npos)
-      << st.message();
+  EXPECT_NE(st.message().find("pread " + File("f") + " offset 12288 length 4096"), std::string::npos) << st.message();
 }
 
 struct ShortCase {
@@ -311,16 +306,16 @@ TEST_P(ShortTransferTest, RestIsResubmittedAndDataExact) {
   }
   ASSERT_OK(engine->Read(*file, 0, in.data(), in.size()));
   EXPECT_TRUE(Same(out, in, out.size()));
-  EXPECT_EQ(FileBytes(File("f"), 0, out.size()),
-            std::string(reinterpret_cast<const char*>(out.data()), out.size()));
+  EXPECT_EQ(FileBytes(File("f"), 0, out.size()), std::string(reinterpret_cast<const char*>(out.data()), out.size()));
   EXPECT_EQ(engine->stats().short_resubmits, 1u);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Faults, ShortTransferTest,
-    ::testing::Values(ShortCase{"ReadAligned", false, 8192}, ShortCase{"ReadUnaligned", false, 5000},
-                      ShortCase{"WriteAligned", true, 4096}, ShortCase{"WriteUnaligned", true, 12000}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Faults, ShortTransferTest,
+                         ::testing::Values(ShortCase{"ReadAligned", false, 8192},
+                                           ShortCase{"ReadUnaligned", false, 5000},
+                                           ShortCase{"WriteAligned", true, 4096},
+                                           ShortCase{"WriteUnaligned", true, 12000}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 TEST_F(AioEngineTest, EintrAndEagainCompletionsAreRetried) {
   ASSERT_OK_AND_ASSIGN(auto engine, FaultyAioEngine::Create(Opts(4096, 4)));
@@ -370,8 +365,7 @@ TEST_F(AioEngineTest, WaitTimesOutWhileHeldThenCompletes) {
   ASSERT_OK_AND_ASSIGN(AioTicket t, engine->SubmitWrite(*file, 0, b.data(), b.size()));
   Status st = engine->Wait(t, std::chrono::milliseconds(1));
   EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded);
-  EXPECT_NE(st.message().find("write " + File("f") + " offset 0 length 8192"), std::string::npos)
-      << st.message();
+  EXPECT_NE(st.message().find("write " + File("f") + " offset 0 length 8192"), std::string::npos) << st.message();
   engine->ReleaseIo();
   ASSERT_OK(engine->Wait(t));
 }
@@ -480,8 +474,7 @@ TEST_F(AioEngineTest, DiskFullOnARealSmallFilesystem) {
 // A directory on a filesystem without O_DIRECT: /dev/shm on kernels before 6.6, else a ramfs
 // mounted here. Empty when there is none.
 std::string NoDirectIoDir(const std::string& scratch, std::optional<ScopedMount>* mount) {
-  if (!ProbeDirectIo("/dev/shm").ok() && ProbeDirectIo("/dev/shm").code() ==
-                                             StatusCode::kFailedPrecondition) {
+  if (!ProbeDirectIo("/dev/shm").ok() && ProbeDirectIo("/dev/shm").code() == StatusCode::kFailedPrecondition) {
     return "/dev/shm";
   }
   auto m = ScopedMount::Create(scratch + "/ramfs", "ramfs", "");
@@ -503,8 +496,7 @@ TEST_F(AioEngineTest, NoDirectIoIsAClearErrorOrTheDocumentedFallback) {
     EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
     EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status().message();
     EXPECT_NE(r.status().message().find("does not support direct I/O"), std::string::npos);
-    EXPECT_NE(r.status().message().find("(" + FilesystemType(dir) + ")"), std::string::npos)
-        << r.status().message();
+    EXPECT_NE(r.status().message().find("(" + FilesystemType(dir) + ")"), std::string::npos) << r.status().message();
     EXPECT_NE(r.status().message().find("allow_buffered_fallback"), std::string::npos);
     EXPECT_FALSE(PathExists(path)) << "no file left behind";
     EXPECT_EQ(ProbeDirectIo(dir).code(), StatusCode::kFailedPrecondition);

@@ -14,9 +14,7 @@
 namespace zero {
 
 // Rounds `n` up to a multiple of `alignment` (a power of two).
-inline constexpr uint64_t AlignUp(uint64_t n, uint64_t alignment) {
-  return (n + alignment - 1) & ~(alignment - 1);
-}
+inline constexpr uint64_t AlignUp(uint64_t n, uint64_t alignment) { return (n + alignment - 1) & ~(alignment - 1); }
 
 class AlignedBuffer {
  public:

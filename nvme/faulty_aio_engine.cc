@@ -1,7 +1,7 @@
 #include "nvme/faulty_aio_engine.h"
 
-#include <cstring>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -30,8 +30,7 @@ class FaultyAioEngine::Hook final : public AioIoHook {
     if (delay.count() > 0) std::this_thread::sleep_for(delay);
   }
 
-  void AfterComplete(bool write, const std::string& path, uint64_t offset, size_t length,
-                     int64_t* result) override {
+  void AfterComplete(bool write, const std::string& path, uint64_t offset, size_t length, int64_t* result) override {
     std::lock_guard<std::mutex> l(mu_);
     const int n = write ? ++writes_ : ++reads_;
     for (auto it = rules_.begin(); it != rules_.end(); ++it) {
@@ -120,13 +119,11 @@ Result<std::unique_ptr<AioFile>> FaultyAioEngine::Open(const std::string& path, 
   return base_->Open(path, mode);
 }
 
-Result<AioTicket> FaultyAioEngine::SubmitRead(AioFile& file, uint64_t offset, void* buffer,
-                                              size_t length) {
+Result<AioTicket> FaultyAioEngine::SubmitRead(AioFile& file, uint64_t offset, void* buffer, size_t length) {
   return base_->SubmitRead(file, offset, buffer, length);
 }
 
-Result<AioTicket> FaultyAioEngine::SubmitWrite(AioFile& file, uint64_t offset, const void* buffer,
-                                               size_t length) {
+Result<AioTicket> FaultyAioEngine::SubmitWrite(AioFile& file, uint64_t offset, const void* buffer, size_t length) {
   return base_->SubmitWrite(file, offset, buffer, length);
 }
 

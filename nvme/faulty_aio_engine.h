@@ -41,10 +41,8 @@ class FaultyAioEngine final : public AioEngine {
   int writes_reaped() const;
 
   Result<std::unique_ptr<AioFile>> Open(const std::string& path, AioOpenMode mode) override;
-  Result<AioTicket> SubmitRead(AioFile& file, uint64_t offset, void* buffer,
-                               size_t length) override;
-  Result<AioTicket> SubmitWrite(AioFile& file, uint64_t offset, const void* buffer,
-                                size_t length) override;
+  Result<AioTicket> SubmitRead(AioFile& file, uint64_t offset, void* buffer, size_t length) override;
+  Result<AioTicket> SubmitWrite(AioFile& file, uint64_t offset, const void* buffer, size_t length) override;
   Status Wait(AioTicket ticket, std::chrono::milliseconds timeout = kForever) override;
   AioStats stats() const override { return base_->stats(); }
   const AioOptions& options() const override { return base_->options(); }

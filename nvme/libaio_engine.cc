@@ -29,15 +29,20 @@ constexpr int kMaxNoProgress = 2;
 
 StatusCode CodeForErrno(int err) {
   switch (err) {
-    case ENOENT: return StatusCode::kNotFound;
+    case ENOENT:
+      return StatusCode::kNotFound;
     case ENOSPC:
     case EDQUOT:
-    case ENOMEM: return StatusCode::kResourceExhausted;
+    case ENOMEM:
+      return StatusCode::kResourceExhausted;
     case EACCES:
     case EPERM:
-    case EROFS: return StatusCode::kFailedPrecondition;
-    case EINVAL: return StatusCode::kInvalidArgument;
-    default: return StatusCode::kInternal;
+    case EROFS:
+      return StatusCode::kFailedPrecondition;
+    case EINVAL:
+      return StatusCode::kInvalidArgument;
+    default:
+      return StatusCode::kInternal;
   }
 }
 
@@ -73,8 +78,8 @@ struct Request {
     failed = true;
   }
   std::string Describe() const {
-    return std::string(write ? "write " : "read ") + *path + " offset " + std::to_string(offset) +
-           " length " + std::to_string(length);
+    return std::string(write ? "write " : "read ") + *path + " offset " + std::to_string(offset) + " length " +
+           std::to_string(length);
   }
 };
 
@@ -89,9 +94,9 @@ struct Part {
 struct Piece {
   struct iocb cb;
   Part* part = nullptr;
-  uint64_t rel = 0;     // start within the request
+  uint64_t rel = 0;  // start within the request
   size_t length = 0;
-  size_t done = 0;      // bytes already transferred
+  size_t done = 0;  // bytes already transferred
   int retries = 0;
   int no_progress = 0;
 };
@@ -102,13 +107,11 @@ class LibaioEngine::Impl {
  public:
   class Worker;
 
-  Impl(const AioOptions& options, std::shared_ptr<AioIoHook> hook)
-      : options_(options), hook_(std::move(hook)) {}
+  Impl(const AioOptions& options, std::shared_ptr<AioIoHook> hook) : options_(options), hook_(std::move(hook)) {}
   ~Impl();
 
   Status Start();
-  Result<AioTicket> Submit(bool write, AioFile& file, uint64_t offset, char* buffer,
-                           size_t length);
+  Result<AioTicket> Submit(bool write, AioFile& file, uint64_t offset, char* buffer, size_t length);
   Status Wait(AioTicket ticket, std::chrono::milliseconds timeout);
   // When [offset, offset + length) ends past the end of `file`, fallocates the part past the end
   // (counted in extend_preallocations_). EOPNOTSUPP is not an error (the write goes ahead
@@ -124,8 +127,7 @@ class LibaioEngine::Impl {
 
   const AioOptions options_;
   const std::shared_ptr<AioIoHook> hook_;
-  std::atomic<uint64_t> pieces_{0}, io_submit_calls_{0}, short_resubmits_{0}, retries_{0},
-      extend_preallocations_{0};
+  std::atomic<uint64_t> pieces_{0}, io_submit_calls_{0}, short_resubmits_{0}, retries_{0}, extend_preallocations_{0};
 
  private:
   std::vector<std::unique_ptr<Worker>> workers_;
@@ -140,8 +142,11 @@ class LibaioEngine::Impl {
 class LibaioEngine::Impl::Worker {
  public:
   Worker(Impl* engine, io_context_t ctx)
-      : engine_(engine), ctx_(ctx), depth_(static_cast<size_t>(engine->options_.queue_depth)),
-        slots_(depth_), events_(depth_) {
+      : engine_(engine),
+        ctx_(ctx),
+        depth_(static_cast<size_t>(engine->options_.queue_depth)),
+        slots_(depth_),
+        events_(depth_) {
     for (Piece& p : slots_) free_.push_back(&p);
   }
   ~Worker() { io_destroy(ctx_); }
@@ -275,8 +280,7 @@ class LibaioEngine::Impl::Worker {
     struct timespec ts;
     ts.tv_sec = ms / 1000;
     ts.tv_nsec = (ms % 1000) * 1000000L;
-    int n = io_getevents(ctx_, static_cast<long>(min_nr), static_cast<long>(depth_),
-                         events_.data(), &ts);
+    int n = io_getevents(ctx_, static_cast<long>(min_nr), static_cast<long>(depth_), events_.data(), &ts);
     if (n == -EINTR) {
       engine_->retries_++;
       return;
@@ -288,8 +292,7 @@ class LibaioEngine::Impl::Worker {
       auto result = static_cast<int64_t>(static_cast<long>(events_[k].res));
       const Request& r = *p->part->request;
       if (engine_->hook_) {
-        engine_->hook_->AfterComplete(r.write, *r.path, r.offset + p->rel + p->done,
-                                      p->length - p->done, &result);
+        engine_->hook_->AfterComplete(r.write, *r.path, r.offset + p->rel + p->done, p->length - p->done, &result);
       }
       HandleResult(p, result);
     }
@@ -321,12 +324,11 @@ class LibaioEngine::Impl::Worker {
       if (result == 0 || ++p->no_progress >= kMaxNoProgress) {
         const uint64_t at = r.offset + p->rel + p->done;
         const uint64_t eof = at + static_cast<uint64_t>(result);
-        std::string where = *r.path + " offset " + std::to_string(at) + " length " +
-                            std::to_string(want) + " [" + r.Describe() + "]";
-        Fail(p, r.write ? InternalError("pwrite " + where + ": the write made no progress (" +
-                                        std::to_string(result) + " bytes accepted)")
-                        : DataLossError("pread " + where + ": end of file at byte " +
-                                        std::to_string(eof) +
+        std::string where =
+            *r.path + " offset " + std::to_string(at) + " length " + std::to_string(want) + " [" + r.Describe() + "]";
+        Fail(p, r.write ? InternalError("pwrite " + where + ": the write made no progress (" + std::to_string(result) +
+                                        " bytes accepted)")
+                        : DataLossError("pread " + where + ": end of file at byte " + std::to_string(eof) +
                                         " (the file is shorter than expected)"));
         return;
       }
@@ -342,10 +344,9 @@ class LibaioEngine::Impl::Worker {
     const Request& r = *p->part->request;
     const int err = static_cast<int>(-result);
     const uint64_t at = r.offset + p->rel + p->done;
-    Fail(p, Status(CodeForErrno(err), std::string(what) + " " + *r.path + " offset " +
-                                          std::to_string(at) + " length " +
-                                          std::to_string(p->length - p->done) + ": " +
-                                          ErrnoTextAndNumber(err) + " [" + r.Describe() + "]"));
+    Fail(p, Status(CodeForErrno(err), std::string(what) + " " + *r.path + " offset " + std::to_string(at) + " length " +
+                                          std::to_string(p->length - p->done) + ": " + ErrnoTextAndNumber(err) + " [" +
+                                          r.Describe() + "]"));
   }
   void Fail(Piece* p, Status s) {
     p->part->request->Fail(std::move(s));
@@ -394,11 +395,12 @@ Status LibaioEngine::Impl::Start() {
     io_context_t ctx = nullptr;
     int rc = io_setup(static_cast<int>(options_.queue_depth), &ctx);
     if (rc < 0) {
-      std::string msg = "aio: io_setup(queue_depth " + std::to_string(options_.queue_depth) +
-                        ") for worker " + std::to_string(i) + ": " + ErrnoTextAndNumber(-rc);
+      std::string msg = "aio: io_setup(queue_depth " + std::to_string(options_.queue_depth) + ") for worker " +
+                        std::to_string(i) + ": " + ErrnoTextAndNumber(-rc);
       if (rc == -EAGAIN) {
-        msg += "; the system-wide limit /proc/sys/fs/aio-max-nr is too small for queue_depth x "
-               "intra_op_parallelism x processes";
+        msg +=
+            "; the system-wide limit /proc/sys/fs/aio-max-nr is too small for queue_depth x "
+            "intra_op_parallelism x processes";
       }
       return Status(CodeForErrno(-rc), msg);
     }
@@ -413,8 +415,7 @@ LibaioEngine::Impl::~Impl() {
   for (auto& t : threads_) t.join();
 }
 
-Result<AioTicket> LibaioEngine::Impl::Submit(bool write, AioFile& file, uint64_t offset,
-                                             char* buffer, size_t length) {
+Result<AioTicket> LibaioEngine::Impl::Submit(bool write, AioFile& file, uint64_t offset, char* buffer, size_t length) {
   ZERO_RETURN_IF_ERROR(CheckAioAlignment(file, offset, buffer, length));
   auto* pf = dynamic_cast<PosixAioFile*>(&file);
   if (pf == nullptr) {
@@ -466,29 +467,26 @@ Result<AioTicket> LibaioEngine::Impl::Submit(bool write, AioFile& file, uint64_t
   return ticket;
 }
 
-Status LibaioEngine::Impl::PreallocateIfExtending(const PosixAioFile& file, uint64_t offset,
-                                                  size_t length) {
+Status LibaioEngine::Impl::PreallocateIfExtending(const PosixAioFile& file, uint64_t offset, size_t length) {
   struct stat st;
   if (::fstat(file.fd(), &st) != 0) {
     const int err = errno;
-    return Status(CodeForErrno(err),
-                  "aio write " + file.path() + ": fstat: " + ErrnoTextAndNumber(err));
+    return Status(CodeForErrno(err), "aio write " + file.path() + ": fstat: " + ErrnoTextAndNumber(err));
   }
   const uint64_t end = offset + length;
   if (end <= static_cast<uint64_t>(st.st_size)) return OkStatus();
   // Only the part past the end: blocks inside the file are left as they are (mode 0 never
   // touches written data).
-  const uint64_t from = std::max<uint64_t>(offset, static_cast<uint64_t>(st.st_size) &
-                                                       ~static_cast<uint64_t>(kAioAlignment - 1));
+  const uint64_t from =
+      std::max<uint64_t>(offset, static_cast<uint64_t>(st.st_size) & ~static_cast<uint64_t>(kAioAlignment - 1));
   if (::fallocate(file.fd(), 0, static_cast<off_t>(from), static_cast<off_t>(end - from)) != 0) {
     const int err = errno;
     // A filesystem without fallocate: write anyway (slower there, still correct).
     if (err == EOPNOTSUPP || err == ENOSYS) return OkStatus();
-    return Status(CodeForErrno(err),
-                  "preallocate " + file.path() + " offset " + std::to_string(from) + " length " +
-                      std::to_string(end - from) + " (a write past the end of the file): " +
-                      ErrnoTextAndNumber(err) + " [write " + file.path() + " offset " +
-                      std::to_string(offset) + " length " + std::to_string(length) + "]");
+    return Status(CodeForErrno(err), "preallocate " + file.path() + " offset " + std::to_string(from) + " length " +
+                                         std::to_string(end - from) + " (a write past the end of the file): " +
+                                         ErrnoTextAndNumber(err) + " [write " + file.path() + " offset " +
+                                         std::to_string(offset) + " length " + std::to_string(length) + "]");
   }
   extend_preallocations_++;
   return OkStatus();
@@ -506,8 +504,7 @@ Status LibaioEngine::Impl::Wait(AioTicket ticket, std::chrono::milliseconds time
   if (timeout == kForever) {
     done_cv_.wait(l, pred);
   } else if (!done_cv_.wait_for(l, timeout, pred)) {
-    return DeadlineExceededError("aio " + r->Describe() + ": not complete after " +
-                                 std::to_string(timeout.count()) +
+    return DeadlineExceededError("aio " + r->Describe() + ": not complete after " + std::to_string(timeout.count()) +
                                  " ms (still in flight: wait again before reusing the buffer)");
   }
   requests_.erase(ticket);
@@ -521,8 +518,7 @@ Status LibaioEngine::Impl::Wait(AioTicket ticket, std::chrono::milliseconds time
 LibaioEngine::LibaioEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 LibaioEngine::~LibaioEngine() = default;
 
-Result<std::unique_ptr<LibaioEngine>> LibaioEngine::Create(const AioOptions& options,
-                                                           std::shared_ptr<AioIoHook> hook) {
+Result<std::unique_ptr<LibaioEngine>> LibaioEngine::Create(const AioOptions& options, std::shared_ptr<AioIoHook> hook) {
   ZERO_RETURN_IF_ERROR(ValidateAioOptions(options));
   auto impl = std::make_unique<Impl>(options, std::move(hook));
   ZERO_RETURN_IF_ERROR(impl->Start());
@@ -558,15 +554,16 @@ Result<std::unique_ptr<AioFile>> LibaioEngine::Open(const std::string& path, Aio
   }
   if (fd < 0) {
     const int err = errno;
-    return Status(CodeForErrno(err),
-                  std::string(what) + " " + path + ": " + ErrnoTextAndNumber(err));
+    return Status(CodeForErrno(err), std::string(what) + " " + path + ": " + ErrnoTextAndNumber(err));
   }
   struct stat fst {};
   if (::fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode)) {
     const bool fifo = S_ISFIFO(fst.st_mode), dir = S_ISDIR(fst.st_mode);
     ::close(fd);
     return FailedPreconditionError(std::string(what) + " " + path + ": not a regular file (it is " +
-                                   (fifo ? "a named pipe" : dir ? "a directory" : "not a regular file") +
+                                   (fifo  ? "a named pipe"
+                                    : dir ? "a directory"
+                                          : "not a regular file") +
                                    "); swap files are regular files");
   }
   const int fl = ::fcntl(fd, F_GETFL);
@@ -574,21 +571,16 @@ Result<std::unique_ptr<AioFile>> LibaioEngine::Open(const std::string& path, Aio
   return std::unique_ptr<AioFile>(new PosixAioFile(path, fd, direct, FilesystemType(path)));
 }
 
-Result<AioTicket> LibaioEngine::SubmitRead(AioFile& file, uint64_t offset, void* buffer,
-                                           size_t length) {
+Result<AioTicket> LibaioEngine::SubmitRead(AioFile& file, uint64_t offset, void* buffer, size_t length) {
   return impl_->Submit(false, file, offset, static_cast<char*>(buffer), length);
 }
 
-Result<AioTicket> LibaioEngine::SubmitWrite(AioFile& file, uint64_t offset, const void* buffer,
-                                            size_t length) {
+Result<AioTicket> LibaioEngine::SubmitWrite(AioFile& file, uint64_t offset, const void* buffer, size_t length) {
   // The buffer is only read from (the iocb takes a non-const pointer).
-  return impl_->Submit(true, file, offset, const_cast<char*>(static_cast<const char*>(buffer)),
-                       length);
+  return impl_->Submit(true, file, offset, const_cast<char*>(static_cast<const char*>(buffer)), length);
 }
 
-Status LibaioEngine::Wait(AioTicket ticket, std::chrono::milliseconds timeout) {
-  return impl_->Wait(ticket, timeout);
-}
+Status LibaioEngine::Wait(AioTicket ticket, std::chrono::milliseconds timeout) { return impl_->Wait(ticket, timeout); }
 
 AioStats LibaioEngine::stats() const {
   AioStats s;

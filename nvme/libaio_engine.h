@@ -27,8 +27,7 @@ class AioIoHook {
   virtual void BeforeSubmit(bool write, const std::string& path, uint64_t offset, size_t length) {}
   // After the piece's completion is reaped; may rewrite `*result` (bytes moved, or -errno) to
   // what a kernel could have returned.
-  virtual void AfterComplete(bool write, const std::string& path, uint64_t offset, size_t length,
-                             int64_t* result) {}
+  virtual void AfterComplete(bool write, const std::string& path, uint64_t offset, size_t length, int64_t* result) {}
 };
 
 class LibaioEngine final : public AioEngine {
@@ -40,10 +39,8 @@ class LibaioEngine final : public AioEngine {
   ~LibaioEngine() override;
 
   Result<std::unique_ptr<AioFile>> Open(const std::string& path, AioOpenMode mode) override;
-  Result<AioTicket> SubmitRead(AioFile& file, uint64_t offset, void* buffer,
-                               size_t length) override;
-  Result<AioTicket> SubmitWrite(AioFile& file, uint64_t offset, const void* buffer,
-                                size_t length) override;
+  Result<AioTicket> SubmitRead(AioFile& file, uint64_t offset, void* buffer, size_t length) override;
+  Result<AioTicket> SubmitWrite(AioFile& file, uint64_t offset, const void* buffer, size_t length) override;
   Status Wait(AioTicket ticket, std::chrono::milliseconds timeout = kForever) override;
   AioStats stats() const override;
   const AioOptions& options() const override;

@@ -14,8 +14,8 @@
 
 namespace zero {
 
-Result<ScopedMount> ScopedMount::Create(const std::string& dir, const std::string& fstype,
-                                        const std::string& options, bool read_only) {
+Result<ScopedMount> ScopedMount::Create(const std::string& dir, const std::string& fstype, const std::string& options,
+                                        bool read_only) {
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return ErrnoError("mkdir", dir, errno);
   }
@@ -41,8 +41,7 @@ std::string FindTool(std::initializer_list<const char*> candidates) {
 
 }  // namespace
 
-Result<ScopedMount> ScopedMount::CreateExt4Image(const std::string& dir, const std::string& image,
-                                                 uint64_t bytes) {
+Result<ScopedMount> ScopedMount::CreateExt4Image(const std::string& dir, const std::string& image, uint64_t bytes) {
   const std::string mkfs = FindTool({"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4", "/usr/bin/mkfs.ext4"});
   const std::string mount = FindTool({"/usr/bin/mount", "/bin/mount", "/usr/sbin/mount"});
   if (mkfs.empty() || mount.empty()) {

@@ -96,9 +96,8 @@ Result<std::unique_ptr<SwapFile>> SwapFile::Create(AioEngine* engine, const std:
       ::close(fd);
       ::unlink(path.c_str());
       Status st = ErrnoError("create swap file", path, err);
-      const std::string what = "create swap file " + path + ": cannot preallocate " +
-                               std::to_string(size) + " bytes (" +
-                               std::to_string(size >> 20) + " MiB) on " + FilesystemType(DirOf(path));
+      const std::string what = "create swap file " + path + ": cannot preallocate " + std::to_string(size) +
+                               " bytes (" + std::to_string(size >> 20) + " MiB) on " + FilesystemType(DirOf(path));
       if (err == ENOSPC || err == EDQUOT) {
         return ResourceExhaustedError(what + ": " + std::strerror(err) +
                                       "; free disk space or point the swap path at a larger disk");
@@ -117,8 +116,8 @@ Result<std::unique_ptr<SwapFile>> SwapFile::Create(AioEngine* engine, const std:
     if (!st.ok()) {
       file->reset();
       ::unlink(path.c_str());
-      return st.WithContext("create swap file " + path + ": prewrite (zero-fill) of " +
-                            std::to_string(size) + " bytes");
+      return st.WithContext("create swap file " + path + ": prewrite (zero-fill) of " + std::to_string(size) +
+                            " bytes");
     }
   }
   // An O_PATH descriptor of the same file, for fstat: the swap file's size is checked before
@@ -142,8 +141,8 @@ std::string SwapFile::Describe(size_t i) const {
 
 Status SwapFile::CheckRegion(size_t i) const {
   if (i >= regions_.size()) {
-    return OutOfRangeError("swap file " + path_ + ": region " + std::to_string(i) +
-                           " does not exist (" + std::to_string(regions_.size()) + " regions)");
+    return OutOfRangeError("swap file " + path_ + ": region " + std::to_string(i) + " does not exist (" +
+                           std::to_string(regions_.size()) + " regions)");
   }
   if (regions_[i].busy) {
     return FailedPreconditionError(Describe(i) + ": a read or write is already in flight");
@@ -185,8 +184,7 @@ Result<SwapFile::Io> SwapFile::StartRead(size_t i, void* buffer) {
   ZERO_RETURN_IF_ERROR(CheckRegion(i));
   RegionState& r = regions_[i];
   if (!r.written) {
-    return FailedPreconditionError(Describe(i) +
-                                   ": read before any successful write (or after a failed one)");
+    return FailedPreconditionError(Describe(i) + ": read before any successful write (or after a failed one)");
   }
   ZERO_RETURN_IF_ERROR(CheckExtent(i));
   Io io;
@@ -202,8 +200,8 @@ Result<SwapFile::Io> SwapFile::StartRead(size_t i, void* buffer) {
 
 Status SwapFile::Finish(const Io& io) {
   if (io.region >= regions_.size() || !regions_[io.region].busy) {
-    return FailedPreconditionError("swap file " + path_ + ": Finish of region " +
-                                   std::to_string(io.region) + " with nothing in flight");
+    return FailedPreconditionError("swap file " + path_ + ": Finish of region " + std::to_string(io.region) +
+                                   " with nothing in flight");
   }
   RegionState& r = regions_[io.region];
   Status st = engine_->Wait(io.ticket);
@@ -217,9 +215,8 @@ Status SwapFile::Finish(const Io& io) {
   }
   const uint32_t got = Crc32c(io.buffer, r.layout.bytes);
   if (got != r.crc) {
-    return DataLossError(Describe(io.region) + ": checksum mismatch: expected crc32c " +
-                         Crc32cHex(r.crc) + ", got " + Crc32cHex(got) +
-                         " (the file was changed or corrupted after it was written)");
+    return DataLossError(Describe(io.region) + ": checksum mismatch: expected crc32c " + Crc32cHex(r.crc) + ", got " +
+                         Crc32cHex(got) + " (the file was changed or corrupted after it was written)");
   }
   return OkStatus();
 }
@@ -245,13 +242,14 @@ Status WithSwapFaultAdvice(const Status& s, const std::string& data_loss, const 
       advice = "the disk under " + nvme_path_key + " is full: free space there or move nvme_path to a larger disk";
       break;
     default:
-      advice = "the disk under " + nvme_path_key +
-               " failed an I/O (see dmesg): check it or move nvme_path to another disk";
+      advice =
+          "the disk under " + nvme_path_key + " failed an I/O (see dmesg): check it or move nvme_path to another disk";
       break;
   }
   return Status(s.code(), s.message() + "; " + advice +
                               ". This engine cannot continue: create a new one and LoadCheckpoint the last checkpoint "
-                              "(docs/nvme.md, \"" + doc_section + "\")");
+                              "(docs/nvme.md, \"" +
+                              doc_section + "\")");
 }
 
 }  // namespace zero

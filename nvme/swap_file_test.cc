@@ -24,7 +24,6 @@
 namespace zero {
 namespace {
 
-
 bool Exists(const std::string& p) {
   struct stat st;
   return ::stat(p.c_str(), &st) == 0;
@@ -39,8 +38,7 @@ uint64_t Blocks(const std::string& p) {
 class SwapFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto d = ScratchDir::CreateWithDirectIo(
-        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    auto d = ScratchDir::CreateWithDirectIo(::testing::UnitTest::GetInstance()->current_test_info()->name());
     ASSERT_OK(d);
     dir_.emplace(std::move(d).value());
     AioOptions o;
@@ -132,8 +130,8 @@ TEST_F(SwapFileTest, CorruptedRegionIsDataLossNamingFileRegionOffset) {
   ::close(fd);
   Status st = swap->Read(1, b.data());
   EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
-  for (const char* part : {"region 1 'layer0.exp_avg_sq'", "offset 4096", "300000 bytes",
-                           "checksum mismatch: expected crc32c 0x"}) {
+  for (const char* part :
+       {"region 1 'layer0.exp_avg_sq'", "offset 4096", "300000 bytes", "checksum mismatch: expected crc32c 0x"}) {
     EXPECT_NE(st.message().find(part), std::string::npos) << part << " in " << st.message();
   }
   EXPECT_NE(st.message().find(path), std::string::npos);
@@ -157,8 +155,7 @@ TEST_F(SwapFileTest, TruncatedFileIsDataLossNamingTheRegion) {
   ASSERT_OK(swap->Read(0, bufs[0].data()));  // region 0 is intact
   Status st = swap->Read(1, bufs[1].data());
   EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
-  EXPECT_NE(st.message().find("region 1 'layer0.exp_avg_sq' (offset 4096"), std::string::npos)
-      << st.message();
+  EXPECT_NE(st.message().find("region 1 'layer0.exp_avg_sq' (offset 4096"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("end of file"), std::string::npos) << st.message();
   st = swap->Read(3, bufs[3].data());
   EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
@@ -188,8 +185,7 @@ TEST_F(SwapFileTest, PrewriteZeroFillsTheFileOnceAndItsErrorRemovesIt) {
   {
     ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(engine_.get(), path, kRegions, {true}));
     // 65536-byte pieces over the whole file.
-    EXPECT_EQ(static_cast<uint64_t>(engine_->writes_reaped() - writes_before),
-              (swap->file_size() + 65535) / 65536);
+    EXPECT_EQ(static_cast<uint64_t>(engine_->writes_reaped() - writes_before), (swap->file_size() + 65535) / 65536);
     std::ifstream f(path, std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     EXPECT_EQ(bytes, std::string(swap->file_size(), '\0'));
@@ -205,8 +201,7 @@ TEST_F(SwapFileTest, PrewriteZeroFillsTheFileOnceAndItsErrorRemovesIt) {
   auto r = SwapFile::Create(engine_.get(), path, kRegions, {true});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
-  EXPECT_NE(r.status().message().find("prewrite (zero-fill)"), std::string::npos)
-      << r.status().message();
+  EXPECT_NE(r.status().message().find("prewrite (zero-fill)"), std::string::npos) << r.status().message();
   EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status().message();
   EXPECT_FALSE(Exists(path)) << "a failed prewrite leaves no file behind";
 }
@@ -237,8 +232,7 @@ TEST_F(SwapFileTest, DiskFullAtCreationOnARealSmallFilesystem) {
   if (!m.ok()) GTEST_SKIP() << m.status().message() << " (disk full is tested with injected ENOSPC)";
   auto r = SwapFile::Create(engine_.get(), File("small/s"), {{"big", 8 << 20}});
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
-  for (const char* part : {"cannot preallocate 8388608 bytes (8 MiB)", "No space left on device",
-                           "larger disk"}) {
+  for (const char* part : {"cannot preallocate 8388608 bytes (8 MiB)", "No space left on device", "larger disk"}) {
     EXPECT_NE(r.status().message().find(part), std::string::npos) << part << " in " << r.status().message();
   }
   EXPECT_FALSE(Exists(File("small/s")));

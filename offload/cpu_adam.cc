@@ -27,8 +27,7 @@ enum class Out { kNone, kF32, kBF16, kF16 };
 // The reference's per-call constants, computed with the same float operations it performs per
 // element (device.h: (1 - beta1), sqrtf(bias_correction2), lr * weight_decay, lr / bc1).
 struct Consts {
-  float grad_scale, weight_decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bc2, eps,
-      lr_wd, step;
+  float grad_scale, weight_decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bc2, eps, lr_wd, step;
 };
 
 Consts MakeConsts(const AdamWParams& h) {
@@ -50,15 +49,14 @@ inline float CanonicalNaN(float r) { return r != r ? BitsToFloat(0x7fffffffu) : 
 
 // g: fp32 gradients, or bf16 ones (kBf16G) widened in the kernel as 0.0f + g (WidenToF32's value:
 // -0 becomes +0; a NaN's payload is irrelevant, every NaN result is stored canonical).
-using RangeFn = void (*)(float* p, const void* g, float* m, float* v, void* out,
-                         const AdamWParams& h, const Consts& c, size_t b, size_t e);
+using RangeFn = void (*)(float* p, const void* g, float* m, float* v, void* out, const AdamWParams& h, const Consts& c,
+                         size_t b, size_t e);
 
 // The scalar path and the SIMD paths' tails: AdamWReference itself, exactly as CpuDevice's
 // AdamWCastRange runs it.
 template <bool kAdamW, Out kOut, bool kBf16G = false>
-void ScalarRange(float* __restrict p, const void* __restrict graw, float* __restrict m,
-                 float* __restrict v, void* out, const AdamWParams& params, const Consts&,
-                 size_t b, size_t e) {
+void ScalarRange(float* __restrict p, const void* __restrict graw, float* __restrict m, float* __restrict v, void* out,
+                 const AdamWParams& params, const Consts&, size_t b, size_t e) {
   AdamWParams h = params;
   h.adam_w_mode = kAdamW;  // a constant, so the branch leaves the loop
   for (size_t i = b; i < e; ++i) {
@@ -102,9 +100,8 @@ inline void Store128(uint16_t* dst, __m128i x) {
 
 // kStream: model_out is written with non-temporal stores (REQUIRES: out + b 64-byte aligned).
 template <bool kAdamW, Out kOut, bool kStream, bool kBf16G>
-__attribute__((target("avx512f"))) void Avx512Range(float* p, const void* graw, float* m, float* v,
-                                                    void* out, const AdamWParams& h,
-                                                    const Consts& c, size_t b, size_t e) {
+__attribute__((target("avx512f"))) void Avx512Range(float* p, const void* graw, float* m, float* v, void* out,
+                                                    const AdamWParams& h, const Consts& c, size_t b, size_t e) {
   const float* g = static_cast<const float*>(graw);
   const uint16_t* g16 = static_cast<const uint16_t*>(graw);
   const __m512 zero = _mm512_setzero_ps();
@@ -137,8 +134,7 @@ __attribute__((target("avx512f"))) void Avx512Range(float* p, const void* graw, 
     gi = _mm512_mul_ps(gi, grad_scale);
     if constexpr (!kAdamW) gi = _mm512_add_ps(gi, _mm512_mul_ps(weight_decay, pi));
     mi = _mm512_add_ps(_mm512_mul_ps(beta1, mi), _mm512_mul_ps(one_minus_beta1, gi));
-    vi = _mm512_add_ps(_mm512_mul_ps(beta2, vi),
-                       _mm512_mul_ps(one_minus_beta2, _mm512_mul_ps(gi, gi)));
+    vi = _mm512_add_ps(_mm512_mul_ps(beta2, vi), _mm512_mul_ps(one_minus_beta2, _mm512_mul_ps(gi, gi)));
     __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), sqrt_bc2), eps);
     if constexpr (kAdamW) pi = _mm512_sub_ps(pi, _mm512_mul_ps(lr_wd, pi));
     pi = _mm512_sub_ps(pi, _mm512_mul_ps(step, _mm512_div_ps(mi, denom)));
@@ -179,9 +175,8 @@ __attribute__((target("avx512f"))) void Avx512Range(float* p, const void* graw, 
 // --- AVX2 (+F16C): 8 lanes -----------------------------------------------------------------------
 
 template <bool kAdamW, Out kOut, bool kStream, bool kBf16G>
-__attribute__((target("avx2,f16c"))) void Avx2Range(float* p, const void* graw, float* m, float* v,
-                                                   void* out, const AdamWParams& h,
-                                                   const Consts& c, size_t b, size_t e) {
+__attribute__((target("avx2,f16c"))) void Avx2Range(float* p, const void* graw, float* m, float* v, void* out,
+                                                    const AdamWParams& h, const Consts& c, size_t b, size_t e) {
   const float* g = static_cast<const float*>(graw);
   const uint16_t* g16 = static_cast<const uint16_t*>(graw);
   const __m256 zero = _mm256_setzero_ps();
@@ -213,8 +208,7 @@ __attribute__((target("avx2,f16c"))) void Avx2Range(float* p, const void* graw, 
     gi = _mm256_mul_ps(gi, grad_scale);
     if constexpr (!kAdamW) gi = _mm256_add_ps(gi, _mm256_mul_ps(weight_decay, pi));
     mi = _mm256_add_ps(_mm256_mul_ps(beta1, mi), _mm256_mul_ps(one_minus_beta1, gi));
-    vi = _mm256_add_ps(_mm256_mul_ps(beta2, vi),
-                       _mm256_mul_ps(one_minus_beta2, _mm256_mul_ps(gi, gi)));
+    vi = _mm256_add_ps(_mm256_mul_ps(beta2, vi), _mm256_mul_ps(one_minus_beta2, _mm256_mul_ps(gi, gi)));
     __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), sqrt_bc2), eps);
     if constexpr (kAdamW) pi = _mm256_sub_ps(pi, _mm256_mul_ps(lr_wd, pi));
     pi = _mm256_sub_ps(pi, _mm256_mul_ps(step, _mm256_div_ps(mi, denom)));
@@ -298,9 +292,7 @@ const CpuFeatures& Features() {
 // Tests lower it to pretend the CPU lacks a path (SetCpuAdamPathCeilingForTesting).
 std::atomic<int> path_ceiling{static_cast<int>(CpuAdamPath::kAvx512)};
 
-bool Allowed(CpuAdamPath path) {
-  return static_cast<int>(path) <= path_ceiling.load(std::memory_order_relaxed);
-}
+bool Allowed(CpuAdamPath path) { return static_cast<int>(path) <= path_ceiling.load(std::memory_order_relaxed); }
 
 }  // namespace
 
@@ -319,8 +311,7 @@ const char* CpuAdamPathName(CpuAdamPath path) {
 }
 
 bool ParseCpuAdamPath(std::string_view name, CpuAdamPath* out) {
-  for (CpuAdamPath p : {CpuAdamPath::kAuto, CpuAdamPath::kScalar, CpuAdamPath::kAvx2,
-                        CpuAdamPath::kAvx512}) {
+  for (CpuAdamPath p : {CpuAdamPath::kAuto, CpuAdamPath::kScalar, CpuAdamPath::kAvx2, CpuAdamPath::kAvx512}) {
     if (name == CpuAdamPathName(p)) {
       *out = p;
       return true;
@@ -363,27 +354,25 @@ Status RunCpuAdamW(float* param, const void* grad, bool bf16_grad, float* exp_av
                                    "' is not available on this CPU (best available: '" +
                                    CpuAdamPathName(BestCpuAdamPath()) + "')");
   }
-  if (model_out != nullptr && model_t != DType::kF32 && model_t != DType::kBF16 &&
-      model_t != DType::kF16) {
-    return InvalidArgumentError("CpuAdamW: model_t " +
-                                std::to_string(static_cast<int>(model_t)) +
+  if (model_out != nullptr && model_t != DType::kF32 && model_t != DType::kBF16 && model_t != DType::kF16) {
+    return InvalidArgumentError("CpuAdamW: model_t " + std::to_string(static_cast<int>(model_t)) +
                                 " is not a dtype (expected fp32, bf16 or fp16)");
   }
   if (n == 0) return OkStatus();
   if (param == nullptr || grad == nullptr || exp_avg == nullptr || exp_avg_sq == nullptr) {
     return InvalidArgumentError("CpuAdamW: null " +
-                                std::string(param == nullptr  ? "param"
-                                            : grad == nullptr ? "grad"
+                                std::string(param == nullptr     ? "param"
+                                            : grad == nullptr    ? "grad"
                                             : exp_avg == nullptr ? "exp_avg"
                                                                  : "exp_avg_sq") +
                                 " with n = " + std::to_string(n) + " elements");
   }
   // Tiles start at multiples of 64 elements, so an aligned buffer keeps every tile's SIMD stores
   // aligned, as the non-temporal stores require.
-  const bool stream = options.stream_model_out && model_out != nullptr &&
-                      reinterpret_cast<uintptr_t>(model_out) % 64 == 0;
+  const bool stream =
+      options.stream_model_out && model_out != nullptr && reinterpret_cast<uintptr_t>(model_out) % 64 == 0;
   const RangeFn fn = bf16_grad ? (h.adam_w_mode ? SelectOut<true, true>(path, model_out, model_t, stream)
-                                               : SelectOut<false, true>(path, model_out, model_t, stream))
+                                                : SelectOut<false, true>(path, model_out, model_t, stream))
                                : (h.adam_w_mode ? SelectOut<true, false>(path, model_out, model_t, stream)
                                                 : SelectOut<false, false>(path, model_out, model_t, stream));
   const Consts c = MakeConsts(h);
@@ -402,9 +391,8 @@ Status RunCpuAdamW(float* param, const void* grad, bool bf16_grad, float* exp_av
 
 }  // namespace
 
-Status CpuAdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
-                const AdamWParams& h, void* model_out, DType model_t, ThreadPool* pool,
-                const CpuAdamWOptions& options) {
+Status CpuAdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n, const AdamWParams& h,
+                void* model_out, DType model_t, ThreadPool* pool, const CpuAdamWOptions& options) {
   return RunCpuAdamW(param, grad, false, exp_avg, exp_avg_sq, n, h, model_out, model_t, pool, options);
 }
 

@@ -71,9 +71,8 @@ struct CpuAdamWOptions {
 // Errors (nothing is written): FailedPrecondition if options.path is unavailable on this CPU
 // (naming the path and the best one available); InvalidArgument for a null array with n > 0 or a
 // bad model_t.
-Status CpuAdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
-                const AdamWParams& h, void* model_out, DType model_t, ThreadPool* pool,
-                const CpuAdamWOptions& options = {});
+Status CpuAdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n, const AdamWParams& h,
+                void* model_out, DType model_t, ThreadPool* pool, const CpuAdamWOptions& options = {});
 
 // As CpuAdamW, from bf16 gradients: each is widened in the kernel as 0.0f + g, so the result is
 // bitwise WidenToF32 (zero/host_state_kernels.h: CpuDevice::AccumulateFirst) into fp32 followed by

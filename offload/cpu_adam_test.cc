@@ -6,9 +6,9 @@
 
 #include <cfloat>
 #include <cmath>
-#include <cstdlib>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <limits>
@@ -48,10 +48,9 @@ State MakeState(size_t n, uint32_t seed, bool specials) {
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
   std::uniform_int_distribution<int> exp(-30, 12);
   auto wide = [&] { return std::ldexp(unit(rng), exp(rng)); };
-  const uint32_t kSpecial[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xffffffffu, 0x7fa5a5a5u,
-                               0x7f800000u, 0xff800000u, 0x00000000u, 0x80000000u, 0x00000001u,
-                               0x80400000u, 0x007fffffu, 0x7f7fffffu, 0xff7fffffu, 0x00800000u,
-                               0x71000000u};
+  const uint32_t kSpecial[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xffffffffu, 0x7fa5a5a5u, 0x7f800000u,
+                               0xff800000u, 0x00000000u, 0x80000000u, 0x00000001u, 0x80400000u, 0x007fffffu,
+                               0x7f7fffffu, 0xff7fffffu, 0x00800000u, 0x71000000u};
   std::uniform_int_distribution<int> pick(0, 11 * 16 + 15);
   auto maybe_special = [&](float x) {
     if (!specials) return x;
@@ -145,8 +144,8 @@ Result4 DeviceReference(const State& in, const AdamWParams& h, const Output& o) 
 // stream: non-temporal stores of model_out, into a 64-byte aligned buffer (they are used only
 // for one).
 // g16 non-null: CpuAdamWBf16Grad from those bf16 gradients instead of in.g.
-Result4 RunCpuAdamW(const State& in, const AdamWParams& h, const Output& o, CpuAdamPath path,
-                    ThreadPool* pool, size_t tile = kCpuAdamTileElements, bool stream = false,
+Result4 RunCpuAdamW(const State& in, const AdamWParams& h, const Output& o, CpuAdamPath path, ThreadPool* pool,
+                    size_t tile = kCpuAdamTileElements, bool stream = false,
                     const std::vector<uint16_t>* g16 = nullptr) {
   Result4 r{in, {}};
   const size_t n = in.p.size();
@@ -159,10 +158,10 @@ Result4 RunCpuAdamW(const State& in, const AdamWParams& h, const Output& o, CpuA
   options.tile_elements = tile;
   options.stream_model_out = stream;
   void* out = o.present ? aligned.get() : nullptr;
-  Status st = g16 != nullptr ? CpuAdamWBf16Grad(r.s.p.data(), g16->data(), r.s.m.data(), r.s.v.data(), n, h, out, o.t,
-                                                pool, options)
-                             : CpuAdamW(r.s.p.data(), r.s.g.data(), r.s.m.data(), r.s.v.data(), n, h, out, o.t, pool,
-                                        options);
+  Status st =
+      g16 != nullptr
+          ? CpuAdamWBf16Grad(r.s.p.data(), g16->data(), r.s.m.data(), r.s.v.data(), n, h, out, o.t, pool, options)
+          : CpuAdamW(r.s.p.data(), r.s.g.data(), r.s.m.data(), r.s.v.data(), n, h, out, o.t, pool, options);
   EXPECT_OK(st);
   r.out.assign(aligned.get(), aligned.get() + bytes);
   return r;
@@ -179,8 +178,8 @@ std::string Hex(uint32_t x) {
 std::string Diff(const State& in, const Result4& got, const Result4& want, const Output& o) {
   const size_t n = in.p.size();
   auto inputs = [&](size_t i) {
-    return " (inputs p=" + Hex(FloatBits(in.p[i])) + " g=" + Hex(FloatBits(in.g[i])) +
-           " m=" + Hex(FloatBits(in.m[i])) + " v=" + Hex(FloatBits(in.v[i])) + ")";
+    return " (inputs p=" + Hex(FloatBits(in.p[i])) + " g=" + Hex(FloatBits(in.g[i])) + " m=" + Hex(FloatBits(in.m[i])) +
+           " v=" + Hex(FloatBits(in.v[i])) + ")";
   };
   const std::pair<const char*, const std::vector<float>*> arrays[][2] = {
       {{"param", &got.s.p}, {"param", &want.s.p}},
@@ -190,8 +189,7 @@ std::string Diff(const State& in, const Result4& got, const Result4& want, const
     for (size_t i = 0; i < n; ++i) {
       uint32_t x = FloatBits((*a[0].second)[i]), y = FloatBits((*a[1].second)[i]);
       if (x != y) {
-        return std::string(a[0].first) + "[" + std::to_string(i) + "] = " + Hex(x) +
-               ", expected " + Hex(y) + inputs(i);
+        return std::string(a[0].first) + "[" + std::to_string(i) + "] = " + Hex(x) + ", expected " + Hex(y) + inputs(i);
       }
     }
   }
@@ -202,8 +200,8 @@ std::string Diff(const State& in, const Result4& got, const Result4& want, const
       uint32_t x = 0, y = 0;
       std::memcpy(&x, &got.out[i], es);
       std::memcpy(&y, &want.out[i], es);
-      return std::string("model_out (") + o.name + ")[" + std::to_string(i / es) +
-             "] = " + Hex(x) + ", expected " + Hex(y) + inputs(i / es);
+      return std::string("model_out (") + o.name + ")[" + std::to_string(i / es) + "] = " + Hex(x) + ", expected " +
+             Hex(y) + inputs(i / es);
     }
   }
   return "";
@@ -218,14 +216,12 @@ std::unique_ptr<ThreadPool> Pool(int threads) {
 TEST(CpuAdamTest, ReportsPathsOfThisMachine) {
   std::string paths;
   for (CpuAdamPath p : AvailablePaths()) paths += std::string(" ") + CpuAdamPathName(p);
-  std::cout << "CpuAdamW paths on this machine:" << paths
-            << "; auto = " << CpuAdamPathName(BestCpuAdamPath()) << "\n";
+  std::cout << "CpuAdamW paths on this machine:" << paths << "; auto = " << CpuAdamPathName(BestCpuAdamPath()) << "\n";
   EXPECT_TRUE(CpuAdamPathAvailable(CpuAdamPath::kScalar));
   EXPECT_TRUE(CpuAdamPathAvailable(CpuAdamPath::kAuto));
   EXPECT_NE(BestCpuAdamPath(), CpuAdamPath::kAuto);
   EXPECT_TRUE(CpuAdamPathAvailable(BestCpuAdamPath()));
-  for (CpuAdamPath p :
-       {CpuAdamPath::kAuto, CpuAdamPath::kScalar, CpuAdamPath::kAvx2, CpuAdamPath::kAvx512}) {
+  for (CpuAdamPath p : {CpuAdamPath::kAuto, CpuAdamPath::kScalar, CpuAdamPath::kAvx2, CpuAdamPath::kAvx512}) {
     CpuAdamPath parsed = CpuAdamPath::kAuto;
     ASSERT_TRUE(ParseCpuAdamPath(CpuAdamPathName(p), &parsed));
     EXPECT_EQ(parsed, p);
@@ -247,11 +243,10 @@ TEST(CpuAdamTest, UnavailablePathIsReportedNotRun) {
       const State before = s;
       CpuAdamWOptions options;
       options.path = p;
-      Status st = CpuAdamW(s.p.data(), s.g.data(), s.m.data(), s.v.data(), s.p.size(),
-                           DeepSpeedLike(), nullptr, DType::kF32, nullptr, options);
+      Status st = CpuAdamW(s.p.data(), s.g.data(), s.m.data(), s.v.data(), s.p.size(), DeepSpeedLike(), nullptr,
+                           DType::kF32, nullptr, options);
       EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
-      EXPECT_NE(st.message().find(std::string("'") + CpuAdamPathName(p) + "'"), std::string::npos)
-          << st.ToString();
+      EXPECT_NE(st.message().find(std::string("'") + CpuAdamPathName(p) + "'"), std::string::npos) << st.ToString();
       EXPECT_EQ(std::memcmp(s.p.data(), before.p.data(), 40 * sizeof(float)), 0);
     }
     EXPECT_NE(BestCpuAdamPath(), CpuAdamPath::kAvx512);
@@ -270,13 +265,11 @@ TEST(CpuAdamTest, UnavailablePathIsReportedNotRun) {
 TEST(CpuAdamTest, BadArgumentsAreErrors) {
   State s = MakeState(8, 2, false);
   AdamWParams h = DeepSpeedLike();
-  Status st = CpuAdamW(s.p.data(), nullptr, s.m.data(), s.v.data(), 8, h, nullptr, DType::kF32,
-                       nullptr);
+  Status st = CpuAdamW(s.p.data(), nullptr, s.m.data(), s.v.data(), 8, h, nullptr, DType::kF32, nullptr);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("grad"), std::string::npos) << st.ToString();
   uint16_t out[8];
-  st = CpuAdamW(s.p.data(), s.g.data(), s.m.data(), s.v.data(), 8, h, out,
-                static_cast<DType>(7), nullptr);
+  st = CpuAdamW(s.p.data(), s.g.data(), s.m.data(), s.v.data(), 8, h, out, static_cast<DType>(7), nullptr);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("model_t"), std::string::npos) << st.ToString();
   // n == 0 accepts null arrays and does nothing.
@@ -380,8 +373,8 @@ TEST(CpuAdamTest, IndependentOfThreadsAndTiles) {
 // included (the SIMD paths convert with integer rounding / vcvtps2ph, not dtype.h's code).
 TEST(CpuAdamTest, SixteenBitCopyRoundsLikeDtype) {
   std::vector<float> p;
-  const uint32_t lows[] = {0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x2fff, 0x3000, 0x3001,
-                           0x7fff, 0x8000, 0x8001, 0xffff};
+  const uint32_t lows[] = {0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x2fff,
+                           0x3000, 0x3001, 0x7fff, 0x8000, 0x8001, 0xffff};
   for (uint32_t hi = 0; hi < 0x10000; ++hi) {
     for (uint32_t lo : lows) p.push_back(BitsToFloat(hi << 16 | lo));
   }
@@ -391,8 +384,7 @@ TEST(CpuAdamTest, SixteenBitCopyRoundsLikeDtype) {
     p.push_back(BitsToFloat(abs | 0x80000000u));
   }
   const size_t n = p.size();
-  State in{p, std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f),
-           std::vector<float>(n, 0.0f)};
+  State in{p, std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f)};
   AdamWParams h = DeepSpeedLike();
   h.lr = 0.0f;
   auto pool = Pool(2);
@@ -412,8 +404,8 @@ TEST(CpuAdamTest, SixteenBitCopyRoundsLikeDtype) {
     for (CpuAdamPath path : AvailablePaths()) {
       for (bool stream : {false, true}) {
         const Result4 got = RunCpuAdamW(in, h, o, path, pool.get(), kCpuAdamTileElements, stream);
-        ASSERT_EQ(Diff(in, got, want, o), "") << "path " << CpuAdamPathName(path)
-                                              << (stream ? ", non-temporal stores" : "");
+        ASSERT_EQ(Diff(in, got, want, o), "")
+            << "path " << CpuAdamPathName(path) << (stream ? ", non-temporal stores" : "");
       }
     }
   }

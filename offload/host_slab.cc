@@ -41,10 +41,9 @@ const Numa& GetNuma() {
     n.max_node = reinterpret_cast<int (*)()>(dlsym(lib, "numa_max_node"));
     n.alloc_onnode = reinterpret_cast<void* (*)(size_t, int)>(dlsym(lib, "numa_alloc_onnode"));
     n.free = reinterpret_cast<void (*)(void*, size_t)>(dlsym(lib, "numa_free"));
-    n.node_size64 =
-        reinterpret_cast<long long (*)(int, long long*)>(dlsym(lib, "numa_node_size64"));
-    n.usable = n.available != nullptr && n.max_node != nullptr && n.alloc_onnode != nullptr &&
-               n.free != nullptr && n.available() >= 0;
+    n.node_size64 = reinterpret_cast<long long (*)(int, long long*)>(dlsym(lib, "numa_node_size64"));
+    n.usable = n.available != nullptr && n.max_node != nullptr && n.alloc_onnode != nullptr && n.free != nullptr &&
+               n.available() >= 0;
     return n;
   }();
   return numa;
@@ -76,9 +75,7 @@ bool HasCapIpcLock() {  // capabilities are per thread: mlock checks the calling
   return (caps >> kCapIpcLock) & 1;
 }
 
-std::string NodeText(int node) {
-  return node >= 0 ? "on NUMA node " + std::to_string(node) : "(no NUMA placement)";
-}
+std::string NodeText(int node) { return node >= 0 ? "on NUMA node " + std::to_string(node) : "(no NUMA placement)"; }
 
 // What to change when the memory cannot be had, common to every failure.
 std::string SmallerAdvice() {
@@ -87,9 +84,8 @@ std::string SmallerAdvice() {
 }
 
 std::string PinAdvice(const std::string& key) {
-  return "set " + key + ".pin_memory false (pageable memory: slower copies that overlap less), " +
-         "or " + key + ".pin_memory_fallback true (fall back to pageable with a warning), or " +
-         SmallerAdvice();
+  return "set " + key + ".pin_memory false (pageable memory: slower copies that overlap less), " + "or " + key +
+         ".pin_memory_fallback true (fall back to pageable with a warning), or " + SmallerAdvice();
 }
 
 void WarnFallbackOnce(const Status& why) {
@@ -105,8 +101,8 @@ void WarnFallbackOnce(const Status& why) {
 
 std::string FormatGiB(size_t bytes) {
   char buf[96];
-  std::snprintf(buf, sizeof(buf), "%.2f GiB (%zu bytes)",
-                static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0), bytes);
+  std::snprintf(buf, sizeof(buf), "%.2f GiB (%zu bytes)", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0),
+                bytes);
   return buf;
 }
 
@@ -125,23 +121,20 @@ Result<int> NumaNodeOfPciDevice(const std::string& pci_bus_id, const std::string
   std::ifstream in(path);
   int node = -1;
   if (!(in >> node)) {
-    return NotFoundError("cannot read the NUMA node of PCI device " + pci_bus_id + " from " +
-                         path);
+    return NotFoundError("cannot read the NUMA node of PCI device " + pci_bus_id + " from " + path);
   }
   return node < 0 ? -1 : node;
 }
 
-Status CheckMemlockLimit(size_t bytes, uint64_t limit, size_t already_locked,
-                         bool has_cap_ipc_lock, const std::string& what,
-                         const std::string& config_key) {
+Status CheckMemlockLimit(size_t bytes, uint64_t limit, size_t already_locked, bool has_cap_ipc_lock,
+                         const std::string& what, const std::string& config_key) {
   if (has_cap_ipc_lock || limit == RLIM_INFINITY) return OkStatus();
   if (already_locked <= limit && bytes <= limit - already_locked) return OkStatus();
-  return ResourceExhaustedError(
-      what + ": cannot page-lock " + FormatGiB(bytes) + ": RLIMIT_MEMLOCK (ulimit -l) is " +
-      FormatGiB(limit) + " and this process has " + FormatGiB(already_locked) +
-      " locked already; raise the limit (ulimit -l unlimited, or memlock in "
-      "/etc/security/limits.conf / the container's --ulimit memlock=-1), or " +
-      PinAdvice(config_key));
+  return ResourceExhaustedError(what + ": cannot page-lock " + FormatGiB(bytes) + ": RLIMIT_MEMLOCK (ulimit -l) is " +
+                                FormatGiB(limit) + " and this process has " + FormatGiB(already_locked) +
+                                " locked already; raise the limit (ulimit -l unlimited, or memlock in "
+                                "/etc/security/limits.conf / the container's --ulimit memlock=-1), or " +
+                                PinAdvice(config_key));
 }
 
 size_t HostSlab::live_bytes() { return g_live_bytes.load(); }
@@ -158,15 +151,14 @@ Result<HostSlab> HostSlab::Create(Device* device, size_t bytes, const HostSlabOp
   int known_node = max_node == 0 ? 0 : -1;
   if (options.numa_node >= 0) {
     if (max_node < 0 && options.numa_node > 0) {
-      return FailedPreconditionError(
-          what + ": NUMA node " + std::to_string(options.numa_node) +
-          " was asked for, but libnuma (libnuma.so.1) is not available to place memory; "
-          "install libnuma1 or let " + options.config_key + " choose the node (auto)");
+      return FailedPreconditionError(what + ": NUMA node " + std::to_string(options.numa_node) +
+                                     " was asked for, but libnuma (libnuma.so.1) is not available to place memory; "
+                                     "install libnuma1 or let " +
+                                     options.config_key + " choose the node (auto)");
     }
     if (max_node >= 0 && options.numa_node > max_node) {
       return InvalidArgumentError(what + ": NUMA node " + std::to_string(options.numa_node) +
-                                  " does not exist; this machine has nodes 0.." +
-                                  std::to_string(max_node));
+                                  " does not exist; this machine has nodes 0.." + std::to_string(max_node));
     }
     if (max_node >= 1) bind_node = known_node = options.numa_node;
   } else if (options.numa_node == kNumaNodeAuto && max_node >= 1) {
@@ -176,10 +168,9 @@ Result<HostSlab> HostSlab::Create(Device* device, size_t bytes, const HostSlabOp
       if (node.ok() && *node >= 0 && *node <= max_node) {
         bind_node = known_node = *node;
       } else {
-        std::fprintf(stderr, "zero: WARNING: %s: %s; the slab is not NUMA-placed\n",
-                     what.c_str(),
-                     node.ok() ? ("PCI device " + pci + " reports no NUMA node").c_str()
-                               : node.status().message().c_str());
+        std::fprintf(
+            stderr, "zero: WARNING: %s: %s; the slab is not NUMA-placed\n", what.c_str(),
+            node.ok() ? ("PCI device " + pci + " reports no NUMA node").c_str() : node.status().message().c_str());
       }
     }
   } else if (options.numa_node != kNumaNodeNone && options.numa_node != kNumaNodeAuto) {
@@ -192,17 +183,15 @@ Result<HostSlab> HostSlab::Create(Device* device, size_t bytes, const HostSlabOp
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   const size_t ram = pages > 0 && page > 0 ? static_cast<size_t>(pages) * page : 0;
   if (ram > 0 && bytes > ram) {
-    return ResourceExhaustedError(what + ": cannot allocate " + FormatGiB(bytes) +
-                                  " of host memory " + where + ": the machine has " +
-                                  FormatGiB(ram) + " of RAM in all; " + SmallerAdvice());
+    return ResourceExhaustedError(what + ": cannot allocate " + FormatGiB(bytes) + " of host memory " + where +
+                                  ": the machine has " + FormatGiB(ram) + " of RAM in all; " + SmallerAdvice());
   }
   if (bind_node >= 0 && numa.node_size64 != nullptr) {
     long long node_size = numa.node_size64(bind_node, nullptr);
     if (node_size > 0 && bytes > static_cast<size_t>(node_size)) {
-      return ResourceExhaustedError(
-          what + ": cannot allocate " + FormatGiB(bytes) + " of host memory " + where +
-          ": the node has " + FormatGiB(static_cast<size_t>(node_size)) + " of RAM; " +
-          SmallerAdvice());
+      return ResourceExhaustedError(what + ": cannot allocate " + FormatGiB(bytes) + " of host memory " + where +
+                                    ": the node has " + FormatGiB(static_cast<size_t>(node_size)) + " of RAM; " +
+                                    SmallerAdvice());
     }
   }
 
@@ -212,8 +201,7 @@ Result<HostSlab> HostSlab::Create(Device* device, size_t bytes, const HostSlabOp
   if (pin && mlock_pin) {
     struct rlimit rl;
     if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
-      Status st = CheckMemlockLimit(bytes, rl.rlim_cur, LockedBytes(), HasCapIpcLock(), what,
-                                    options.config_key);
+      Status st = CheckMemlockLimit(bytes, rl.rlim_cur, LockedBytes(), HasCapIpcLock(), what, options.config_key);
       if (!st.ok()) {
         if (!options.fallback_to_pageable) return st;
         WarnFallbackOnce(st);
@@ -235,10 +223,9 @@ Result<HostSlab> HostSlab::Create(Device* device, size_t bytes, const HostSlabOp
   }
   if (p == nullptr) {
     int err = errno != 0 ? errno : ENOMEM;
-    return ResourceExhaustedError(
-        what + ": allocating " + FormatGiB(bytes) + " of host memory " + where + " failed (" +
-        (bind_node >= 0 ? "numa_alloc_onnode" : "mmap") + "): " + std::strerror(err) +
-        " (errno " + std::to_string(err) + "); " + SmallerAdvice());
+    return ResourceExhaustedError(what + ": allocating " + FormatGiB(bytes) + " of host memory " + where + " failed (" +
+                                  (bind_node >= 0 ? "numa_alloc_onnode" : "mmap") + "): " + std::strerror(err) +
+                                  " (errno " + std::to_string(err) + "); " + SmallerAdvice());
   }
   slab.device_ = device;
   slab.data_ = p;
@@ -253,15 +240,14 @@ Result<HostSlab> HostSlab::Create(Device* device, size_t bytes, const HostSlabOp
       if (mlock(p, bytes) != 0) {
         int err = errno;
         st = ResourceExhaustedError(what + ": page-locking " + FormatGiB(bytes) + " " + where +
-                                    " failed (mlock): " + std::strerror(err) + " (errno " +
-                                    std::to_string(err) + "); " + PinAdvice(options.config_key));
+                                    " failed (mlock): " + std::strerror(err) + " (errno " + std::to_string(err) +
+                                    "); " + PinAdvice(options.config_key));
       }
     } else {
       st = device->RegisterHostMemory(p, bytes);
       if (!st.ok()) {
-        st = ResourceExhaustedError(what + ": pinning " + FormatGiB(bytes) + " of host memory " +
-                                    where + " through " + device->name() + " failed: " +
-                                    st.message() + "; " + PinAdvice(options.config_key));
+        st = ResourceExhaustedError(what + ": pinning " + FormatGiB(bytes) + " of host memory " + where + " through " +
+                                    device->name() + " failed: " + st.message() + "; " + PinAdvice(options.config_key));
       }
     }
     if (st.ok()) {
@@ -307,8 +293,8 @@ void HostSlab::Reset() {
     if (mapping_ == Mapping::kNuma) {
       GetNuma().free(data_, bytes_);
     } else if (munmap(data_, bytes_) != 0) {
-      std::fprintf(stderr, "zero: munmap of a %s host slab failed: %s\n",
-                   FormatGiB(bytes_).c_str(), std::strerror(errno));
+      std::fprintf(stderr, "zero: munmap of a %s host slab failed: %s\n", FormatGiB(bytes_).c_str(),
+                   std::strerror(errno));
     }
     g_live_bytes -= bytes_;
   }

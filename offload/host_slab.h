@@ -50,7 +50,9 @@ struct HostSpan {
   size_t offset = 0;
   size_t bytes = 0;
   template <typename T>
-  T* as() const { return static_cast<T*>(data); }
+  T* as() const {
+    return static_cast<T*>(data);
+  }
 };
 
 class HostSlab {
@@ -117,9 +119,8 @@ Result<int> NumaNodeOfPciDevice(const std::string& pci_bus_id, const std::string
 // Whether locking `bytes` more fits RLIMIT_MEMLOCK: OK when `has_cap_ipc_lock`, the limit is
 // RLIM_INFINITY, or already_locked + bytes <= limit; otherwise ResourceExhausted reporting the
 // limit, what is locked already and the request (`what`, `config_key` as in HostSlabOptions).
-Status CheckMemlockLimit(size_t bytes, uint64_t limit, size_t already_locked,
-                         bool has_cap_ipc_lock, const std::string& what,
-                         const std::string& config_key);
+Status CheckMemlockLimit(size_t bytes, uint64_t limit, size_t already_locked, bool has_cap_ipc_lock,
+                         const std::string& what, const std::string& config_key);
 
 // The highest NUMA node id libnuma reports, or -1 when libnuma is missing or numa_available()
 // fails (then the machine is treated as one node).

@@ -97,7 +97,7 @@ class MemlockLimit {
  private:
   __user_cap_header_struct hdr_{};
   __user_cap_data_struct caps_[2]{};
-  struct rlimit old_{};
+  struct rlimit old_ {};
   bool had_cap_ = false;
   bool ok_ = false;
   rlim_t limit_ = 0;
@@ -283,8 +283,8 @@ TEST(HostSlabTest, CheckMemlockLimit) {
   EXPECT_OK(CheckMemlockLimit(MiB, MiB, 0, false, "s", "k"));     // exactly fits
   EXPECT_OK(CheckMemlockLimit(4 * MiB, MiB, 0, true, "s", "k"));  // CAP_IPC_LOCK
   EXPECT_OK(CheckMemlockLimit(4 * MiB, RLIM_INFINITY, 0, false, "s", "k"));
-  Status st = CheckMemlockLimit(MiB, 2 * MiB, MiB + 1, false, "optimizer states",
-                                "zero_optimization.offload_optimizer");
+  Status st =
+      CheckMemlockLimit(MiB, 2 * MiB, MiB + 1, false, "optimizer states", "zero_optimization.offload_optimizer");
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
   EXPECT_THAT(st.message(), HasSubstr("RLIMIT_MEMLOCK (ulimit -l) is 0.00 GiB (2097152 bytes)"));

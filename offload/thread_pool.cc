@@ -21,9 +21,8 @@ Result<std::unique_ptr<ThreadPool>> ThreadPool::Create(int num_threads) {
       pool->workers_.emplace_back([p = pool.get()] { p->WorkerLoop(); });
     } catch (const std::system_error& e) {
       // The destructor joins the workers already started.
-      return ResourceExhaustedError("ThreadPool: could not start worker thread " +
-                                    std::to_string(i) + " of " + std::to_string(num_threads - 1) +
-                                    ": " + e.what() + " (use fewer threads)");
+      return ResourceExhaustedError("ThreadPool: could not start worker thread " + std::to_string(i) + " of " +
+                                    std::to_string(num_threads - 1) + ": " + e.what() + " (use fewer threads)");
     }
   }
   return pool;

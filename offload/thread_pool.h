@@ -52,11 +52,11 @@ class ThreadPool {
 
   std::mutex loop_mu_;  // held by the caller for a whole ParallelFor: one loop at a time
   std::mutex mu_;
-  std::condition_variable work_cv_;  // workers wait here for a new generation or stop_
-  std::condition_variable done_cv_;  // the caller waits here for busy_ == 0
-  uint64_t generation_ = 0;          // GUARDED_BY(mu_), bumped once per loop
-  int busy_ = 0;                     // GUARDED_BY(mu_): workers still inside the current loop
-  bool stop_ = false;                // GUARDED_BY(mu_)
+  std::condition_variable work_cv_;                    // workers wait here for a new generation or stop_
+  std::condition_variable done_cv_;                    // the caller waits here for busy_ == 0
+  uint64_t generation_ = 0;                            // GUARDED_BY(mu_), bumped once per loop
+  int busy_ = 0;                                       // GUARDED_BY(mu_): workers still inside the current loop
+  bool stop_ = false;                                  // GUARDED_BY(mu_)
   const std::function<void(size_t)>* body_ = nullptr;  // the current loop's body
   size_t num_tasks_ = 0;
   std::atomic<size_t> next_task_{0};

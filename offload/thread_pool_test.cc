@@ -20,8 +20,8 @@ TEST(ThreadPoolTest, RunsEveryTaskExactlyOnce) {
         std::vector<std::atomic<int>> hits(tasks);
         (*pool)->ParallelFor(tasks, [&](size_t t) { hits[t].fetch_add(1); });
         for (size_t t = 0; t < tasks; ++t) {
-          ASSERT_EQ(hits[t].load(), 1) << "task " << t << " of " << tasks << ", threads "
-                                       << threads << ", round " << round;
+          ASSERT_EQ(hits[t].load(), 1) << "task " << t << " of " << tasks << ", threads " << threads << ", round "
+                                       << round;
         }
       }
     }

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -68,7 +68,7 @@ struct F16 {
     float sub = static_cast<float>(h & 0x3ffu) * 5.9604644775390625e-8f;  // exact: mant * 2^-24
     uint32_t bits = exp == 0x7c00u ? (em | 0x7f800000u)                   // Inf/NaN, payload kept
                     : exp == 0     ? FloatBits(sub)                       // zero or subnormal
-                                   : em + (112u << 23);  // normal: rebias 15 -> 127
+                                   : em + (112u << 23);                       // normal: rebias 15 -> 127
     return BitsToFloat(sign | bits);
   }
   static uint16_t Store(float v) { return FloatToHalf(v); }
@@ -126,14 +126,12 @@ void ParallelFor(size_t n, int max_threads, const Body& body) {
 // Per-range loops, one instantiation per dtype; separate functions with restrict-qualified
 // pointers so the compiler vectorizes them.
 template <typename S, typename D>
-void CastRange(const typename S::T* __restrict in, typename D::T* __restrict out, size_t b,
-               size_t e) {
+void CastRange(const typename S::T* __restrict in, typename D::T* __restrict out, size_t b, size_t e) {
   for (size_t i = b; i < e; ++i) out[i] = D::Store(S::Load(in[i]));
 }
 
 template <typename S>
-void AccumulateRange(float* __restrict acc, const typename S::T* __restrict in, float scale,
-                     size_t b, size_t e) {
+void AccumulateRange(float* __restrict acc, const typename S::T* __restrict in, float scale, size_t b, size_t e) {
   for (size_t i = b; i < e; ++i) acc[i] = CanonicalNaN(acc[i] + scale * S::Load(in[i]));
 }
 
@@ -141,8 +139,7 @@ void AccumulateRange(float* __restrict acc, const typename S::T* __restrict in, 
 // bitwise the Accumulate into a zero-filled accumulator (the compiler may not drop it: without
 // -ffast-math / -fno-signed-zeros, x + 0.0f is not x).
 template <typename S>
-void AccumulateFirstRange(float* __restrict acc, const typename S::T* __restrict in, float scale,
-                          size_t b, size_t e) {
+void AccumulateFirstRange(float* __restrict acc, const typename S::T* __restrict in, float scale, size_t b, size_t e) {
   for (size_t i = b; i < e; ++i) acc[i] = CanonicalNaN(0.0f + scale * S::Load(in[i]));
 }
 
@@ -152,8 +149,8 @@ void ScaleRange(typename D::T* __restrict x, float s, size_t b, size_t e) {
 }
 
 template <bool kAdamWMode>
-void AdamWRange(float* __restrict p, const float* __restrict g, float* __restrict m,
-                float* __restrict v, const AdamWParams& params, size_t b, size_t e) {
+void AdamWRange(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+                const AdamWParams& params, size_t b, size_t e) {
   AdamWParams h = params;
   h.adam_w_mode = kAdamWMode;  // a constant, so the branch leaves the loop
   for (size_t i = b; i < e; ++i) {
@@ -168,9 +165,8 @@ void AdamWRange(float* __restrict p, const float* __restrict g, float* __restric
 // AdamW writing also the new weight rounded to the model dtype D (the canonicalized value, so the
 // bits equal a later Cast of the stored weight).
 template <bool kAdamWMode, typename D>
-void AdamWCastRange(float* __restrict p, const float* __restrict g, float* __restrict m,
-                    float* __restrict v, typename D::T* __restrict out, const AdamWParams& params,
-                    size_t b, size_t e) {
+void AdamWCastRange(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+                    typename D::T* __restrict out, const AdamWParams& params, size_t b, size_t e) {
   AdamWParams h = params;
   h.adam_w_mode = kAdamWMode;
   for (size_t i = b; i < e; ++i) {
@@ -204,18 +200,15 @@ Result<DeviceBuffer> CpuDevice::Allocate(size_t bytes) {
   // Check-and-count under one lock so concurrent callers cannot overshoot memory_limit.
   std::lock_guard<std::mutex> l(alloc_mu_);
   size_t in_use = memory_stats().in_use;
-  if (options_.memory_limit != 0 &&
-      (bytes > options_.memory_limit || in_use > options_.memory_limit - bytes)) {
-    return ResourceExhaustedError("cpu: out of device memory allocating " + FormatBytes(bytes) +
-                                  "; in use " + FormatBytes(in_use) + ", limit " +
-                                  FormatBytes(options_.memory_limit));
+  if (options_.memory_limit != 0 && (bytes > options_.memory_limit || in_use > options_.memory_limit - bytes)) {
+    return ResourceExhaustedError("cpu: out of device memory allocating " + FormatBytes(bytes) + "; in use " +
+                                  FormatBytes(in_use) + ", limit " + FormatBytes(options_.memory_limit));
   }
   void* p = nullptr;
   int err = posix_memalign(&p, kDeviceAlignment, bytes);
   if (err != 0 || p == nullptr) {
-    return ResourceExhaustedError("cpu: out of device memory allocating " + FormatBytes(bytes) +
-                                  "; in use " + FormatBytes(in_use) + " (" + std::strerror(err) +
-                                  ")");
+    return ResourceExhaustedError("cpu: out of device memory allocating " + FormatBytes(bytes) + "; in use " +
+                                  FormatBytes(in_use) + " (" + std::strerror(err) + ")");
   }
   NoteAlloc(bytes);
   return DeviceBuffer(this, p, bytes);
@@ -226,8 +219,8 @@ Result<PinnedBuffer> CpuDevice::AllocatePinned(size_t bytes) {
   void* p = nullptr;
   int err = posix_memalign(&p, kPinnedAlignment, bytes);
   if (err != 0 || p == nullptr) {
-    return ResourceExhaustedError("cpu: out of host memory allocating " + FormatBytes(bytes) +
-                                  " of pinned memory (" + std::strerror(err) + ")");
+    return ResourceExhaustedError("cpu: out of host memory allocating " + FormatBytes(bytes) + " of pinned memory (" +
+                                  std::strerror(err) + ")");
   }
   return PinnedBuffer(this, p, bytes);
 }
@@ -321,8 +314,7 @@ Status CpuDevice::Copy(void* dst, const void* src, size_t bytes, CopyKind kind, 
     std::memmove(d, s, bytes);
     return OkStatus();
   }
-  ParallelFor(bytes, num_threads_,
-              [d, s](size_t b, size_t e) { std::memcpy(d + b, s + b, e - b); });
+  ParallelFor(bytes, num_threads_, [d, s](size_t b, size_t e) { std::memcpy(d + b, s + b, e - b); });
   return OkStatus();
 }
 
@@ -343,8 +335,7 @@ Status CpuDevice::Fill(void* dst, DType t, size_t n, float value, Stream* stream
   return OkStatus();
 }
 
-Status CpuDevice::Cast(const void* src, DType src_t, void* dst, DType dst_t, size_t n,
-                       Stream* stream) {
+Status CpuDevice::Cast(const void* src, DType src_t, void* dst, DType dst_t, size_t n, Stream* stream) {
   ZERO_RETURN_IF_ERROR(CheckStream(stream));
   if (!ValidDType(src_t) || !ValidDType(dst_t)) return InvalidArgumentError("cpu: Cast: bad dtype");
   if (n == 0) return OkStatus();
@@ -358,40 +349,35 @@ Status CpuDevice::Cast(const void* src, DType src_t, void* dst, DType dst_t, siz
       using D = decltype(d);
       const auto* in = static_cast<const typename S::T*>(src);
       auto* out = static_cast<typename D::T*>(dst);
-      ParallelFor(n, num_threads_,
-                  [in, out](size_t b, size_t e) { CastRange<S, D>(in, out, b, e); });
+      ParallelFor(n, num_threads_, [in, out](size_t b, size_t e) { CastRange<S, D>(in, out, b, e); });
       return 0;
     });
   });
   return OkStatus();
 }
 
-Status CpuDevice::Accumulate(float* acc, const void* src, DType src_t, size_t n, float scale,
-                             Stream* stream) {
+Status CpuDevice::Accumulate(float* acc, const void* src, DType src_t, size_t n, float scale, Stream* stream) {
   ZERO_RETURN_IF_ERROR(CheckStream(stream));
   if (!ValidDType(src_t)) return InvalidArgumentError("cpu: Accumulate: bad dtype");
   if (n == 0) return OkStatus();
   Dispatch(src_t, [&](auto s) {
     using S = decltype(s);
     const auto* in = static_cast<const typename S::T*>(src);
-    ParallelFor(n, num_threads_,
-                [acc, in, scale](size_t b, size_t e) { AccumulateRange<S>(acc, in, scale, b, e); });
+    ParallelFor(n, num_threads_, [acc, in, scale](size_t b, size_t e) { AccumulateRange<S>(acc, in, scale, b, e); });
     return 0;
   });
   return OkStatus();
 }
 
-Status CpuDevice::AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale,
-                                  Stream* stream) {
+Status CpuDevice::AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale, Stream* stream) {
   ZERO_RETURN_IF_ERROR(CheckStream(stream));
   if (!ValidDType(src_t)) return InvalidArgumentError("cpu: AccumulateFirst: bad dtype");
   if (n == 0) return OkStatus();
   Dispatch(src_t, [&](auto s) {
     using S = decltype(s);
     const auto* in = static_cast<const typename S::T*>(src);
-    ParallelFor(n, num_threads_, [acc, in, scale](size_t b, size_t e) {
-      AccumulateFirstRange<S>(acc, in, scale, b, e);
-    });
+    ParallelFor(n, num_threads_,
+                [acc, in, scale](size_t b, size_t e) { AccumulateFirstRange<S>(acc, in, scale, b, e); });
     return 0;
   });
   return OkStatus();
@@ -492,8 +478,8 @@ Status CpuDevice::FiniteCheck(const void* x, DType t, size_t n, int32_t* flag, S
   return OkStatus();
 }
 
-Status CpuDevice::AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                        size_t n, const AdamWParams& h, Stream* stream) {
+Status CpuDevice::AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
+                        const AdamWParams& h, Stream* stream) {
   ZERO_RETURN_IF_ERROR(CheckStream(stream));
   if (n == 0) return OkStatus();
   const AdamWParams hp = h;
@@ -507,9 +493,8 @@ Status CpuDevice::AdamW(float* param, const float* grad, float* exp_avg, float* 
   return OkStatus();
 }
 
-Status CpuDevice::AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                            size_t n, const AdamWParams& h, void* model_out, DType model_t,
-                            Stream* stream) {
+Status CpuDevice::AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
+                            const AdamWParams& h, void* model_out, DType model_t, Stream* stream) {
   ZERO_RETURN_IF_ERROR(CheckStream(stream));
   if (model_out == nullptr) return AdamW(param, grad, exp_avg, exp_avg_sq, n, h, stream);
   if (!ValidDType(model_t)) return InvalidArgumentError("cpu: AdamWCast: bad dtype");

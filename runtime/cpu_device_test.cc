@@ -28,9 +28,7 @@ constexpr DType kAllTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 // Small, odd, and above kCpuParallelThreshold (so the threaded path runs).
 const size_t kSizes[] = {0, 1, 7, 1000, 12345, 1024 * 11 + 5, kCpuParallelThreshold + 37};
 
-std::string Where(DType t, size_t n) {
-  return std::string(DTypeName(t)) + " n=" + std::to_string(n);
-}
+std::string Where(DType t, size_t n) { return std::string(DTypeName(t)) + " n=" + std::to_string(n); }
 
 // A device buffer holding `bytes`.
 DeviceBuffer Upload(Device& dev, const std::vector<uint8_t>& bytes) {
@@ -66,8 +64,7 @@ TEST_P(CpuKernelTest, Fill) {
         testing::RefFill(expect.data(), t, n, value);
         DeviceBuffer buf = Upload(dev_, RandomBytes(t, n, 1, false));
         ASSERT_OK(dev_.Fill(buf.data(), t, n, value, nullptr));
-        ASSERT_EQ(Diff(Download(dev_, buf), expect, SizeOf(t)), "")
-            << Where(t, n) << " value " << value;
+        ASSERT_EQ(Diff(Download(dev_, buf), expect, SizeOf(t)), "") << Where(t, n) << " value " << value;
       }
     }
   }
@@ -83,8 +80,7 @@ TEST_P(CpuKernelTest, CastAllPairs) {
         DeviceBuffer in = Upload(dev_, src);
         DeviceBuffer out = Upload(dev_, std::vector<uint8_t>(n * SizeOf(dt)));
         ASSERT_OK(dev_.Cast(in.data(), st, out.data(), dt, n, nullptr));
-        ASSERT_EQ(Diff(Download(dev_, out), expect, SizeOf(dt)), "")
-            << DTypeName(st) << "->" << Where(dt, n);
+        ASSERT_EQ(Diff(Download(dev_, out), expect, SizeOf(dt)), "") << DTypeName(st) << "->" << Where(dt, n);
       }
     }
   }
@@ -125,8 +121,7 @@ TEST_P(CpuKernelTest, Accumulate) {
         DeviceBuffer s = Upload(dev_, src);
         ASSERT_OK(dev_.Accumulate(a.as<float>(), s.data(), st, n, scale, nullptr));
         std::vector<uint8_t> got = Download(dev_, a);
-        ASSERT_EQ(std::memcmp(got.data(), expect.data(), n * 4), 0)
-            << Where(st, n) << " scale " << scale;
+        ASSERT_EQ(std::memcmp(got.data(), expect.data(), n * 4), 0) << Where(st, n) << " scale " << scale;
       }
     }
   }
@@ -150,8 +145,7 @@ TEST_P(CpuKernelTest, AccumulateFirstEqualsFillAndAccumulate) {
         DeviceBuffer s = Upload(dev_, src);
         ASSERT_OK(dev_.AccumulateFirst(a.as<float>(), s.data(), st, n, scale, nullptr));
         std::vector<uint8_t> got = Download(dev_, a);
-        ASSERT_EQ(std::memcmp(got.data(), expect.data(), n * 4), 0)
-            << Where(st, n) << " scale " << scale;
+        ASSERT_EQ(std::memcmp(got.data(), expect.data(), n * 4), 0) << Where(st, n) << " scale " << scale;
         // The same through the device's own Fill + Accumulate.
         DeviceBuffer b = Upload(dev_, std::vector<uint8_t>(n * 4, 0x5a));
         ASSERT_OK(dev_.Fill(b.data(), DType::kF32, n, 0.0f, nullptr));
@@ -195,13 +189,11 @@ double DocumentedBlock(const void* x, DType t, size_t begin, size_t end) {
 // Sum of blocks [first, first + count), count a power of two: (left half) + (right half).
 double DocumentedRun(const std::vector<double>& blocks, size_t first, size_t count) {
   if (count == 1) return blocks[first];
-  return DocumentedRun(blocks, first, count / 2) +
-         DocumentedRun(blocks, first + count / 2, count / 2);
+  return DocumentedRun(blocks, first, count / 2) + DocumentedRun(blocks, first + count / 2, count / 2);
 }
 double DocumentedSumOfSquares(const void* x, DType t, size_t n) {
   std::vector<double> blocks;
-  for (size_t b = 0; b < n; b += 1024)
-    blocks.push_back(DocumentedBlock(x, t, b, std::min(n, b + 1024)));
+  for (size_t b = 0; b < n; b += 1024) blocks.push_back(DocumentedBlock(x, t, b, std::min(n, b + 1024)));
   // The binary counter leaves one run per set bit of the block count, largest run first in the
   // input; they are added from the smallest (last) run up.
   double total = 0.0;
@@ -281,8 +273,8 @@ TEST_P(CpuKernelTest, AdamWSeveralSteps) {
       std::vector<float> p = RandomFloats(n, 9 + n, 1.0f);
       std::vector<float> m(n, 0.0f), v(n, 0.0f);
       std::vector<float> rp = p, rm = m, rv = v;
-      Result<DeviceBuffer> dp = dev_.Allocate(n * 4), dg = dev_.Allocate(n * 4),
-                           dm = dev_.Allocate(n * 4), dv = dev_.Allocate(n * 4);
+      Result<DeviceBuffer> dp = dev_.Allocate(n * 4), dg = dev_.Allocate(n * 4), dm = dev_.Allocate(n * 4),
+                           dv = dev_.Allocate(n * 4);
       ASSERT_TRUE(dp.ok() && dg.ok() && dm.ok() && dv.ok());
       if (n > 0) {
         std::memcpy(dp->data(), p.data(), n * 4);
@@ -294,8 +286,7 @@ TEST_P(CpuKernelTest, AdamWSeveralSteps) {
         AdamWParams h = testing::AdamWStep(step, w_mode, step == 3 ? 0.25f : 1.0f);
         testing::RefAdamW(rp.data(), g.data(), rm.data(), rv.data(), n, h);
         if (n > 0) std::memcpy(dg->data(), g.data(), n * 4);
-        ASSERT_OK(dev_.AdamW(dp->as<float>(), dg->as<float>(), dm->as<float>(), dv->as<float>(), n,
-                             h, nullptr));
+        ASSERT_OK(dev_.AdamW(dp->as<float>(), dg->as<float>(), dm->as<float>(), dv->as<float>(), n, h, nullptr));
       }
       if (n == 0) continue;
       EXPECT_EQ(std::memcmp(dp->data(), rp.data(), n * 4), 0) << "param n=" << n << " w " << w_mode;
@@ -322,18 +313,15 @@ TEST_P(CpuKernelTest, AdamWCastEqualsAdamWThenCast) {
         for (int step = 1; step <= 3; ++step) {
           DeviceBuffer g = Upload(dev_, RandomBytes(DType::kF32, n, 200 * step + n, step == 3, 3.0f));
           AdamWParams h = testing::AdamWStep(step, w_mode, step == 2 ? 0.25f : 1.0f);
-          ASSERT_OK(dev_.AdamWCast(fp.as<float>(), g.as<float>(), fm.as<float>(), fv.as<float>(), n,
-                                   h, out.data(), mt, nullptr));
-          ASSERT_OK(dev_.AdamW(rp.as<float>(), g.as<float>(), rm.as<float>(), rv.as<float>(), n, h,
-                               nullptr));
+          ASSERT_OK(dev_.AdamWCast(fp.as<float>(), g.as<float>(), fm.as<float>(), fv.as<float>(), n, h, out.data(), mt,
+                                   nullptr));
+          ASSERT_OK(dev_.AdamW(rp.as<float>(), g.as<float>(), rm.as<float>(), rv.as<float>(), n, h, nullptr));
           ASSERT_OK(dev_.Cast(rp.data(), DType::kF32, ref_out.data(), mt, n, nullptr));
-          const std::string where = Where(mt, n) + " w " + std::to_string(w_mode) + " step " +
-                                    std::to_string(step);
+          const std::string where = Where(mt, n) + " w " + std::to_string(w_mode) + " step " + std::to_string(step);
           ASSERT_EQ(Diff(Download(dev_, fp), Download(dev_, rp), 4), "") << "param " << where;
           ASSERT_EQ(Diff(Download(dev_, fm), Download(dev_, rm), 4), "") << "exp_avg " << where;
           ASSERT_EQ(Diff(Download(dev_, fv), Download(dev_, rv), 4), "") << "exp_avg_sq " << where;
-          ASSERT_EQ(Diff(Download(dev_, out), Download(dev_, ref_out), SizeOf(mt)), "")
-              << "model " << where;
+          ASSERT_EQ(Diff(Download(dev_, out), Download(dev_, ref_out), SizeOf(mt)), "") << "model " << where;
         }
       }
     }
@@ -342,8 +330,7 @@ TEST_P(CpuKernelTest, AdamWCastEqualsAdamWThenCast) {
   std::vector<float> p = {1.0f, -2.0f}, g = {0.5f, 0.25f}, m(2, 0.0f), v(2, 0.0f);
   std::vector<float> p2 = p, m2 = m, v2 = v;
   AdamWParams h = testing::AdamWStep(1, true, 1.0f);
-  ASSERT_OK(
-      dev_.AdamWCast(p.data(), g.data(), m.data(), v.data(), 2, h, nullptr, DType::kBF16, nullptr));
+  ASSERT_OK(dev_.AdamWCast(p.data(), g.data(), m.data(), v.data(), 2, h, nullptr, DType::kBF16, nullptr));
   ASSERT_OK(dev_.AdamW(p2.data(), g.data(), m2.data(), v2.data(), 2, h, nullptr));
   EXPECT_EQ(std::memcmp(p.data(), p2.data(), 8), 0);
   EXPECT_EQ(std::memcmp(m.data(), m2.data(), 8), 0);
@@ -360,8 +347,7 @@ TEST_P(CpuKernelTest, CopyLargeAndOverlapping) {
   // Overlapping ranges behave like memmove.
   std::vector<uint8_t> expect = src;
   std::memmove(expect.data() + 1000, expect.data(), bytes - 1000);
-  ASSERT_OK(dev_.Copy(a.as<uint8_t>() + 1000, a.data(), bytes - 1000, CopyKind::kDeviceToDevice,
-                      nullptr));
+  ASSERT_OK(dev_.Copy(a.as<uint8_t>() + 1000, a.data(), bytes - 1000, CopyKind::kDeviceToDevice, nullptr));
   EXPECT_EQ(Download(dev_, a), expect);
 }
 
@@ -418,8 +404,7 @@ TEST(CpuDeviceTest, AllocationFailureNamesBytes) {
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(b.status().message().find("500000 bytes"), std::string::npos) << b.status().ToString();
-  EXPECT_NE(b.status().message().find("in use 700000 bytes"), std::string::npos)
-      << b.status().ToString();
+  EXPECT_NE(b.status().message().find("in use 700000 bytes"), std::string::npos) << b.status().ToString();
   EXPECT_EQ(dev.memory_stats().in_use, 700000u);
 
   // Without a limit, a request the host cannot satisfy fails the same way.
@@ -467,8 +452,7 @@ TEST(DeviceFactoryTest, Names) {
     EXPECT_EQ((*cuda)->kind(), DeviceKind::kCuda);
   } else {
     const Status& st = cuda.status();
-    EXPECT_TRUE(st.code() == StatusCode::kUnimplemented || st.code() == StatusCode::kUnavailable)
-        << st.ToString();
+    EXPECT_TRUE(st.code() == StatusCode::kUnimplemented || st.code() == StatusCode::kUnavailable) << st.ToString();
     EXPECT_TRUE(st.message().find("no CUDA support") != std::string::npos ||
                 st.message().find("cudaGetDeviceCount") != std::string::npos)
         << st.ToString();

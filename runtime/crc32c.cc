@@ -48,10 +48,9 @@ uint32_t Crc32cSoftware(const void* data, size_t size, uint32_t crc) {
     std::memcpy(&lo, p, 4);
     std::memcpy(&hi, p + 4, 4);
     lo ^= c;
-    c = kCrcTables[7][lo & 0xffu] ^ kCrcTables[6][(lo >> 8) & 0xffu] ^
-        kCrcTables[5][(lo >> 16) & 0xffu] ^ kCrcTables[4][lo >> 24] ^ kCrcTables[3][hi & 0xffu] ^
-        kCrcTables[2][(hi >> 8) & 0xffu] ^ kCrcTables[1][(hi >> 16) & 0xffu] ^
-        kCrcTables[0][hi >> 24];
+    c = kCrcTables[7][lo & 0xffu] ^ kCrcTables[6][(lo >> 8) & 0xffu] ^ kCrcTables[5][(lo >> 16) & 0xffu] ^
+        kCrcTables[4][lo >> 24] ^ kCrcTables[3][hi & 0xffu] ^ kCrcTables[2][(hi >> 8) & 0xffu] ^
+        kCrcTables[1][(hi >> 16) & 0xffu] ^ kCrcTables[0][hi >> 24];
     p += 8;
     size -= 8;
   }
@@ -84,9 +83,7 @@ uint32_t Crc32c(const void* data, size_t size, uint32_t crc) {
   return ~static_cast<uint32_t>(c);
 }
 #else
-uint32_t Crc32c(const void* data, size_t size, uint32_t crc) {
-  return Crc32cSoftware(data, size, crc);
-}
+uint32_t Crc32c(const void* data, size_t size, uint32_t crc) { return Crc32cSoftware(data, size, crc); }
 #endif
 
 std::string Crc32cHex(uint32_t crc) {

@@ -22,8 +22,7 @@ bool ValidDType(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == 
 // Destructors cannot return a Status; a failure there is reported and otherwise ignored.
 void WarnIfError(cudaError_t err, const char* what) {
   if (err != cudaSuccess) {
-    std::fprintf(stderr, "zero: %s failed: %s (%s)\n", what, cudaGetErrorString(err),
-                 cudaGetErrorName(err));
+    std::fprintf(stderr, "zero: %s failed: %s (%s)\n", what, cudaGetErrorString(err), cudaGetErrorName(err));
   }
 }
 
@@ -59,21 +58,19 @@ Result<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal) {
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    return UnavailableError(std::string("cuda: no usable GPU: cudaGetDeviceCount failed: ") +
-                            cudaGetErrorString(err) + " (" + cudaGetErrorName(err) + ")");
+    return UnavailableError(std::string("cuda: no usable GPU: cudaGetDeviceCount failed: ") + cudaGetErrorString(err) +
+                            " (" + cudaGetErrorName(err) + ")");
   }
   if (count == 0) return UnavailableError("cuda: no usable GPU: cudaGetDeviceCount found none");
   if (ordinal < 0 || ordinal >= count) {
-    return InvalidArgumentError("cuda:" + std::to_string(ordinal) + ": no such GPU (" +
-                                std::to_string(count) + " visible, ordinals 0.." +
-                                std::to_string(count - 1) + ")");
+    return InvalidArgumentError("cuda:" + std::to_string(ordinal) + ": no such GPU (" + std::to_string(count) +
+                                " visible, ordinals 0.." + std::to_string(count - 1) + ")");
   }
   ZERO_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal));
   cudaDeviceProp prop;
   ZERO_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal));
   int sm_count = 0;
-  ZERO_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, ordinal));
+  ZERO_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, ordinal));
   std::string name = "cuda:" + std::to_string(ordinal) + " (" + prop.name + ")";
   std::unique_ptr<CudaDevice> device(new CudaDevice(ordinal, std::move(name), sm_count));
   ZERO_ASSIGN_OR_RETURN(device->default_stream_, device->NewStream());
@@ -101,8 +98,7 @@ Result<std::unique_ptr<CudaStream>> CudaDevice::NewStream() {
     WarnIfError(cudaStreamDestroy(stream), "cudaStreamDestroy");
     return CudaStatus(err, "cudaMalloc(stream scratch)", __FILE__, __LINE__);
   }
-  return std::unique_ptr<CudaStream>(
-      new CudaStream(ordinal_, stream, static_cast<double*>(scratch)));
+  return std::unique_ptr<CudaStream>(new CudaStream(ordinal_, stream, static_cast<double*>(scratch)));
 }
 
 Result<CudaStream*> CudaDevice::Resolve(Stream* stream) {
@@ -137,9 +133,9 @@ Result<DeviceBuffer> CudaDevice::Allocate(size_t bytes) {
     } else {
       cudaGetLastError();
     }
-    return ResourceExhaustedError(name_ + ": out of device memory allocating " +
-                                  FormatBytes(bytes) + "; in use through this device " +
-                                  FormatBytes(memory_stats().in_use) + "; GPU: " + gpu);
+    return ResourceExhaustedError(name_ + ": out of device memory allocating " + FormatBytes(bytes) +
+                                  "; in use through this device " + FormatBytes(memory_stats().in_use) +
+                                  "; GPU: " + gpu);
   }
   if (err != cudaSuccess) return CudaStatus(err, "cudaMalloc", __FILE__, __LINE__);
   NoteAlloc(bytes);
@@ -153,8 +149,7 @@ Result<PinnedBuffer> CudaDevice::AllocatePinned(size_t bytes) {
   cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
   if (err == cudaErrorMemoryAllocation) {
     cudaGetLastError();
-    return ResourceExhaustedError(name_ + ": out of pinned host memory allocating " +
-                                  FormatBytes(bytes));
+    return ResourceExhaustedError(name_ + ": out of pinned host memory allocating " + FormatBytes(bytes));
   }
   if (err != cudaSuccess) return CudaStatus(err, "cudaHostAlloc", __FILE__, __LINE__);
   return PinnedBuffer(this, p, bytes);
@@ -197,9 +192,7 @@ void CudaDevice::FreeDevice(void* ptr, size_t bytes) {
   NoteFree(bytes);
 }
 
-void CudaDevice::FreePinned(void* ptr, size_t bytes) {
-  WarnIfError(cudaFreeHost(ptr), "cudaFreeHost");
-}
+void CudaDevice::FreePinned(void* ptr, size_t bytes) { WarnIfError(cudaFreeHost(ptr), "cudaFreeHost"); }
 
 // --- streams and events ----------------------------------------------------------------------
 
@@ -309,8 +302,7 @@ Status CudaDevice::Fill(void* dst, DType t, size_t n, float value, Stream* strea
   return OkStatus();
 }
 
-Status CudaDevice::Cast(const void* src, DType src_t, void* dst, DType dst_t, size_t n,
-                        Stream* stream) {
+Status CudaDevice::Cast(const void* src, DType src_t, void* dst, DType dst_t, size_t n, Stream* stream) {
   ZERO_ASSIGN_OR_RETURN(CudaStream * s, Resolve(stream));
   if (!ValidDType(src_t) || !ValidDType(dst_t)) {
     return InvalidArgumentError(name_ + ": Cast: bad dtype");
@@ -318,8 +310,7 @@ Status CudaDevice::Cast(const void* src, DType src_t, void* dst, DType dst_t, si
   if (n == 0 || (src == dst && src_t == dst_t)) return OkStatus();
   if (src_t == dst_t) {
     // A bit copy, as on the CPU backend: NaN payloads pass through unchanged.
-    ZERO_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dst, src, n * SizeOf(src_t), cudaMemcpyDeviceToDevice, s->get()));
+    ZERO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, n * SizeOf(src_t), cudaMemcpyDeviceToDevice, s->get()));
     return OkStatus();
   }
   const cuda_kernels::Launch launch{s->get(), max_blocks()};
@@ -327,8 +318,7 @@ Status CudaDevice::Cast(const void* src, DType src_t, void* dst, DType dst_t, si
   return OkStatus();
 }
 
-Status CudaDevice::Accumulate(float* acc, const void* src, DType src_t, size_t n, float scale,
-                              Stream* stream) {
+Status CudaDevice::Accumulate(float* acc, const void* src, DType src_t, size_t n, float scale, Stream* stream) {
   ZERO_ASSIGN_OR_RETURN(CudaStream * s, Resolve(stream));
   if (!ValidDType(src_t)) return InvalidArgumentError(name_ + ": Accumulate: bad dtype");
   const cuda_kernels::Launch launch{s->get(), max_blocks()};
@@ -336,8 +326,7 @@ Status CudaDevice::Accumulate(float* acc, const void* src, DType src_t, size_t n
   return OkStatus();
 }
 
-Status CudaDevice::AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale,
-                                   Stream* stream) {
+Status CudaDevice::AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale, Stream* stream) {
   ZERO_ASSIGN_OR_RETURN(CudaStream * s, Resolve(stream));
   if (!ValidDType(src_t)) return InvalidArgumentError(name_ + ": AccumulateFirst: bad dtype");
   const cuda_kernels::Launch launch{s->get(), max_blocks()};
@@ -368,23 +357,22 @@ Status CudaDevice::FiniteCheck(const void* x, DType t, size_t n, int32_t* flag, 
   return OkStatus();
 }
 
-Status CudaDevice::AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                         size_t n, const AdamWParams& h, Stream* stream) {
+Status CudaDevice::AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
+                         const AdamWParams& h, Stream* stream) {
   ZERO_ASSIGN_OR_RETURN(CudaStream * s, Resolve(stream));
   const cuda_kernels::Launch launch{s->get(), max_blocks()};
   ZERO_CUDA_RETURN_IF_ERROR(cuda_kernels::AdamW(param, grad, exp_avg, exp_avg_sq, n, h, launch));
   return OkStatus();
 }
 
-Status CudaDevice::AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                             size_t n, const AdamWParams& h, void* model_out, DType model_t,
-                             Stream* stream) {
+Status CudaDevice::AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
+                             const AdamWParams& h, void* model_out, DType model_t, Stream* stream) {
   if (model_out == nullptr) return AdamW(param, grad, exp_avg, exp_avg_sq, n, h, stream);
   ZERO_ASSIGN_OR_RETURN(CudaStream * s, Resolve(stream));
   if (!ValidDType(model_t)) return InvalidArgumentError(name_ + ": AdamWCast: bad dtype");
   const cuda_kernels::Launch launch{s->get(), max_blocks()};
-  ZERO_CUDA_RETURN_IF_ERROR(cuda_kernels::AdamWCast(param, grad, exp_avg, exp_avg_sq, n, h,
-                                                    model_out, model_t, launch));
+  ZERO_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::AdamWCast(param, grad, exp_avg, exp_avg_sq, n, h, model_out, model_t, launch));
   return OkStatus();
 }
 

@@ -57,8 +57,7 @@ class CudaEvent final : public Event {
 
  private:
   friend class CudaDevice;
-  CudaEvent(int ordinal, cudaEvent_t event, bool timing = false)
-      : ordinal_(ordinal), event_(event), timing_(timing) {}
+  CudaEvent(int ordinal, cudaEvent_t event, bool timing = false) : ordinal_(ordinal), event_(event), timing_(timing) {}
   int ordinal_;
   cudaEvent_t event_;
   bool timing_;
@@ -101,19 +100,16 @@ class CudaDevice final : public Device {
   Status Copy(void* dst, const void* src, size_t bytes, CopyKind kind, Stream* stream) override;
 
   Status Fill(void* dst, DType t, size_t n, float value, Stream* stream) override;
-  Status Cast(const void* src, DType src_t, void* dst, DType dst_t, size_t n,
-              Stream* stream) override;
-  Status Accumulate(float* acc, const void* src, DType src_t, size_t n, float scale,
-                    Stream* stream) override;
-  Status AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale,
-                         Stream* stream) override;
+  Status Cast(const void* src, DType src_t, void* dst, DType dst_t, size_t n, Stream* stream) override;
+  Status Accumulate(float* acc, const void* src, DType src_t, size_t n, float scale, Stream* stream) override;
+  Status AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale, Stream* stream) override;
   Status Scale(void* x, DType t, size_t n, float s, Stream* stream) override;
   Status SumOfSquares(const void* x, DType t, size_t n, double* out, Stream* stream) override;
   Status FiniteCheck(const void* x, DType t, size_t n, int32_t* flag, Stream* stream) override;
-  Status AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
-               const AdamWParams& h, Stream* stream) override;
-  Status AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
-                   const AdamWParams& h, void* model_out, DType model_t, Stream* stream) override;
+  Status AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n, const AdamWParams& h,
+               Stream* stream) override;
+  Status AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n, const AdamWParams& h,
+                   void* model_out, DType model_t, Stream* stream) override;
 
  protected:
   void FreeDevice(void* ptr, size_t bytes) override;

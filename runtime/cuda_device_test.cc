@@ -54,8 +54,7 @@ class CudaDeviceTest : public ::testing::Test {
   DeviceBuffer ToGpu(const std::vector<uint8_t>& bytes, size_t offset = 0) {
     Result<DeviceBuffer> buf = gpu_->Allocate(bytes.size() + offset + 16);
     EXPECT_OK(buf);
-    Status st = gpu_->Copy(buf->as<uint8_t>() + offset, bytes.data(), bytes.size(),
-                           CopyKind::kHostToDevice, nullptr);
+    Status st = gpu_->Copy(buf->as<uint8_t>() + offset, bytes.data(), bytes.size(), CopyKind::kHostToDevice, nullptr);
     EXPECT_OK(st);
     return std::move(buf).value();
   }
@@ -106,8 +105,7 @@ TEST_F(CudaDeviceTest, Fill) {
           DeviceBuffer buf = ToGpu(std::vector<uint8_t>(n * SizeOf(t), 0x5a), off * SizeOf(t));
           void* p = buf.as<uint8_t>() + off * SizeOf(t);
           ASSERT_OK(gpu_->Fill(p, t, n, value, nullptr));
-          ASSERT_EQ(Diff(FromGpu(p, n * SizeOf(t)), expect, SizeOf(t)), "")
-              << Where(t, n, off) << " value " << value;
+          ASSERT_EQ(Diff(FromGpu(p, n * SizeOf(t)), expect, SizeOf(t)), "") << Where(t, n, off) << " value " << value;
         }
       }
     }
@@ -124,8 +122,7 @@ TEST_F(CudaDeviceTest, CastAllPairs) {
           ASSERT_OK(cpu_.Cast(src.data(), st, expect.data(), dt, n, nullptr));
           DeviceBuffer in = ToGpu(src, off * SizeOf(st));
           DeviceBuffer out = ToGpu(std::vector<uint8_t>(n * SizeOf(dt)));
-          ASSERT_OK(
-              gpu_->Cast(in.as<uint8_t>() + off * SizeOf(st), st, out.data(), dt, n, nullptr));
+          ASSERT_OK(gpu_->Cast(in.as<uint8_t>() + off * SizeOf(st), st, out.data(), dt, n, nullptr));
           ASSERT_EQ(Diff(FromGpu(out.data(), n * SizeOf(dt)), expect, SizeOf(dt)), "")
               << DTypeName(st) << "->" << Where(dt, n, off);
         }
@@ -142,14 +139,12 @@ TEST_F(CudaDeviceTest, Accumulate) {
           std::vector<uint8_t> acc = RandomBytes(DType::kF32, n, 20 + n, true);
           std::vector<uint8_t> src = RandomBytes(st, n, 30 + n, true);
           std::vector<uint8_t> expect = acc;
-          ASSERT_OK(cpu_.Accumulate(reinterpret_cast<float*>(expect.data()), src.data(), st, n,
-                                    scale, nullptr));
+          ASSERT_OK(cpu_.Accumulate(reinterpret_cast<float*>(expect.data()), src.data(), st, n, scale, nullptr));
           DeviceBuffer a = ToGpu(acc, off * 4);
           DeviceBuffer s = ToGpu(src);
           float* ap = a.as<float>() + off;
           ASSERT_OK(gpu_->Accumulate(ap, s.data(), st, n, scale, nullptr));
-          ASSERT_EQ(Diff(FromGpu(ap, n * 4), expect, 4), "")
-              << Where(st, n, off) << " scale " << scale;
+          ASSERT_EQ(Diff(FromGpu(ap, n * 4), expect, 4), "") << Where(st, n, off) << " scale " << scale;
         }
       }
     }
@@ -166,15 +161,13 @@ TEST_F(CudaDeviceTest, AccumulateFirst) {
           std::vector<uint8_t> src = RandomBytes(st, n, 35 + n, true);
           StoreFromFloat(src.data(), st, 0, -0.0f);
           std::vector<uint8_t> expect(n * 4, 0);
-          ASSERT_OK(cpu_.AccumulateFirst(reinterpret_cast<float*>(expect.data()), src.data(), st,
-                                         n, scale, nullptr));
+          ASSERT_OK(cpu_.AccumulateFirst(reinterpret_cast<float*>(expect.data()), src.data(), st, n, scale, nullptr));
           DeviceBuffer a = ToGpu(RandomBytes(DType::kF32, n, 36 + n, true), off * 4);
           DeviceBuffer s = ToGpu(src, off * SizeOf(st));
           float* ap = a.as<float>() + off;
           const void* sp = s.as<uint8_t>() + off * SizeOf(st);
           ASSERT_OK(gpu_->AccumulateFirst(ap, sp, st, n, scale, nullptr));
-          ASSERT_EQ(Diff(FromGpu(ap, n * 4), expect, 4), "")
-              << Where(st, n, off) << " scale " << scale;
+          ASSERT_EQ(Diff(FromGpu(ap, n * 4), expect, 4), "") << Where(st, n, off) << " scale " << scale;
         }
       }
     }
@@ -192,8 +185,7 @@ TEST_F(CudaDeviceTest, Scale) {
           DeviceBuffer buf = ToGpu(x, off * SizeOf(t));
           void* p = buf.as<uint8_t>() + off * SizeOf(t);
           ASSERT_OK(gpu_->Scale(p, t, n, s, nullptr));
-          ASSERT_EQ(Diff(FromGpu(p, n * SizeOf(t)), expect, SizeOf(t)), "")
-              << Where(t, n, off) << " s " << s;
+          ASSERT_EQ(Diff(FromGpu(p, n * SizeOf(t)), expect, SizeOf(t)), "") << Where(t, n, off) << " s " << s;
         }
       }
     }
@@ -239,8 +231,8 @@ TEST_F(CudaDeviceTest, SumOfSquares) {
   ASSERT_OK(out);
   double* o = out->as<double>();
   for (DType t : kAllTypes) {
-    for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{1000}, size_t{65537},
-                     (size_t{1} << 20) + 3, (size_t{5} << 20) + 1, size_t{20000003}}) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{1000}, size_t{65537}, (size_t{1} << 20) + 3,
+                     (size_t{5} << 20) + 1, size_t{20000003}}) {
       std::vector<uint8_t> x = RandomBytes(t, n, 60 + n, false, 2.0f);
       double expect = -1;
       ASSERT_OK(cpu_.SumOfSquares(x.data(), t, n, &expect, nullptr));
@@ -257,8 +249,7 @@ TEST_F(CudaDeviceTest, SumOfSquares) {
         if (n == 0) {
           EXPECT_EQ(got, 0.0);
         } else {
-          EXPECT_LT(std::fabs(got - expect) / expect, 1e-12)
-              << Where(t, n, off) << " gpu " << got << " cpu " << expect;
+          EXPECT_LT(std::fabs(got - expect) / expect, 1e-12) << Where(t, n, off) << " gpu " << got << " cpu " << expect;
         }
       }
       // The summation order does not depend on the load width.
@@ -278,8 +269,8 @@ TEST_F(CudaDeviceTest, AdamWSeveralSteps) {
           std::memcpy(b.data(), f.data(), n * 4);
           return b;
         };
-        DeviceBuffer dp = ToGpu(bytes(p), off * 4), dm = ToGpu(bytes(m), off * 4),
-                     dv = ToGpu(bytes(v), off * 4), dg = ToGpu(bytes(v), off * 4);
+        DeviceBuffer dp = ToGpu(bytes(p), off * 4), dm = ToGpu(bytes(m), off * 4), dv = ToGpu(bytes(v), off * 4),
+                     dg = ToGpu(bytes(v), off * 4);
         float* gp = dp.as<float>() + off;
         float* gm = dm.as<float>() + off;
         float* gv = dv.as<float>() + off;
@@ -291,8 +282,7 @@ TEST_F(CudaDeviceTest, AdamWSeveralSteps) {
           ASSERT_OK(gpu_->Copy(gg, g.data(), n * 4, CopyKind::kHostToDevice, nullptr));
           ASSERT_OK(gpu_->AdamW(gp, gg, gm, gv, n, h, nullptr));
           std::string where = "n=" + std::to_string(n) + " off=" + std::to_string(off) +
-                              " adam_w_mode=" + std::to_string(w_mode) + " step " +
-                              std::to_string(step);
+                              " adam_w_mode=" + std::to_string(w_mode) + " step " + std::to_string(step);
           ASSERT_EQ(Diff(FromGpu(gp, n * 4), bytes(p), 4), "") << "param " << where;
           ASSERT_EQ(Diff(FromGpu(gm, n * 4), bytes(m), 4), "") << "exp_avg " << where;
           ASSERT_EQ(Diff(FromGpu(gv, n * 4), bytes(v), 4), "") << "exp_avg_sq " << where;
@@ -312,8 +302,7 @@ TEST_F(CudaDeviceTest, AdamWCastSeveralSteps) {
         for (bool w_mode : {true, false}) {
           std::vector<uint8_t> p = RandomBytes(DType::kF32, n, 80 + n, false, 1.0f);
           std::vector<uint8_t> m(n * 4, 0), v(n * 4, 0), model(n * SizeOf(mt), 0);
-          DeviceBuffer dp = ToGpu(p, off * 4), dm = ToGpu(m, off * 4), dv = ToGpu(v, off * 4),
-                       dg = ToGpu(m, off * 4),
+          DeviceBuffer dp = ToGpu(p, off * 4), dm = ToGpu(m, off * 4), dv = ToGpu(v, off * 4), dg = ToGpu(m, off * 4),
                        dmodel = ToGpu(std::vector<uint8_t>(n * SizeOf(mt), 0x5a), off * SizeOf(mt));
           float* gp = dp.as<float>() + off;
           float* gm = dm.as<float>() + off;
@@ -323,20 +312,17 @@ TEST_F(CudaDeviceTest, AdamWCastSeveralSteps) {
           for (int step = 1; step <= 3; ++step) {
             std::vector<uint8_t> g = RandomBytes(DType::kF32, n, 2000 * step + n, step == 3, 3.0f);
             AdamWParams h = testing::AdamWStep(step, w_mode, step == 2 ? 0.125f : 1.0f);
-            ASSERT_OK(cpu_.AdamWCast(reinterpret_cast<float*>(p.data()),
-                                     reinterpret_cast<const float*>(g.data()),
-                                     reinterpret_cast<float*>(m.data()),
-                                     reinterpret_cast<float*>(v.data()), n, h, model.data(), mt,
-                                     nullptr));
+            ASSERT_OK(cpu_.AdamWCast(reinterpret_cast<float*>(p.data()), reinterpret_cast<const float*>(g.data()),
+                                     reinterpret_cast<float*>(m.data()), reinterpret_cast<float*>(v.data()), n, h,
+                                     model.data(), mt, nullptr));
             ASSERT_OK(gpu_->Copy(gg, g.data(), n * 4, CopyKind::kHostToDevice, nullptr));
             ASSERT_OK(gpu_->AdamWCast(gp, gg, gm, gv, n, h, gmodel, mt, nullptr));
-            std::string where = Where(mt, n, off) + " adam_w_mode=" + std::to_string(w_mode) +
-                                " step " + std::to_string(step);
+            std::string where =
+                Where(mt, n, off) + " adam_w_mode=" + std::to_string(w_mode) + " step " + std::to_string(step);
             ASSERT_EQ(Diff(FromGpu(gp, n * 4), p, 4), "") << "param " << where;
             ASSERT_EQ(Diff(FromGpu(gm, n * 4), m, 4), "") << "exp_avg " << where;
             ASSERT_EQ(Diff(FromGpu(gv, n * 4), v, 4), "") << "exp_avg_sq " << where;
-            ASSERT_EQ(Diff(FromGpu(gmodel, n * SizeOf(mt)), model, SizeOf(mt)), "")
-                << "model " << where;
+            ASSERT_EQ(Diff(FromGpu(gmodel, n * SizeOf(mt)), model, SizeOf(mt)), "") << "model " << where;
           }
         }
       }
@@ -371,8 +357,7 @@ TEST_F(CudaDeviceTest, MemoryStatsAndOutOfMemory) {
 
 TEST_F(CudaDeviceTest, PinnedCopiesStreamsAndEvents) {
   const size_t n = size_t{16} << 20;  // 64 MiB of fp32: the kernel takes a while
-  Result<PinnedBuffer> host_in = gpu_->AllocatePinned(n * 4),
-                       host_out = gpu_->AllocatePinned(n * 4);
+  Result<PinnedBuffer> host_in = gpu_->AllocatePinned(n * 4), host_out = gpu_->AllocatePinned(n * 4);
   Result<DeviceBuffer> dev = gpu_->Allocate(n * 4);
   ASSERT_TRUE(host_in.ok() && host_out.ok() && dev.ok());
   for (size_t i = 0; i < n; ++i) host_in->as<float>()[i] = static_cast<float>(i % 1000);
@@ -381,10 +366,8 @@ TEST_F(CudaDeviceTest, PinnedCopiesStreamsAndEvents) {
   Result<std::unique_ptr<Event>> done = gpu_->CreateEvent();
   ASSERT_TRUE(compute.ok() && copy.ok() && done.ok());
   // H2D and a few kernels on `compute`; the D2H on `copy` waits on an event, not on the host.
-  ASSERT_OK(
-      gpu_->Copy(dev->data(), host_in->data(), n * 4, CopyKind::kHostToDevice, compute->get()));
-  for (int i = 0; i < 8; ++i)
-    ASSERT_OK(gpu_->Scale(dev->data(), DType::kF32, n, 2.0f, compute->get()));
+  ASSERT_OK(gpu_->Copy(dev->data(), host_in->data(), n * 4, CopyKind::kHostToDevice, compute->get()));
+  for (int i = 0; i < 8; ++i) ASSERT_OK(gpu_->Scale(dev->data(), DType::kF32, n, 2.0f, compute->get()));
   ASSERT_OK(gpu_->RecordEvent(done->get(), compute->get()));
   ASSERT_OK(gpu_->StreamWaitEvent(copy->get(), done->get()));
   ASSERT_OK(gpu_->Copy(host_out->data(), dev->data(), n * 4, CopyKind::kDeviceToHost, copy->get()));
@@ -398,16 +381,14 @@ TEST_F(CudaDeviceTest, PinnedCopiesStreamsAndEvents) {
   Result<DeviceBuffer> dev2 = gpu_->Allocate(n * 4);
   ASSERT_OK(dev2);
   ASSERT_OK(gpu_->Copy(dev2->data(), dev->data(), n * 4, CopyKind::kDeviceToDevice, copy->get()));
-  ASSERT_OK(
-      gpu_->Copy(host_in->data(), host_out->data(), n * 4, CopyKind::kHostToHost, copy->get()));
+  ASSERT_OK(gpu_->Copy(host_in->data(), host_out->data(), n * 4, CopyKind::kHostToHost, copy->get()));
   ASSERT_OK(gpu_->Synchronize());
   EXPECT_EQ(std::memcmp(host_in->data(), host_out->data(), n * 4), 0);
   EXPECT_EQ(ReadGpu<float>(dev2->as<float>() + n - 1), static_cast<float>((n - 1) % 1000) * 256.0f);
   // Streams of another backend are refused.
   Result<std::unique_ptr<Stream>> cpu_stream = cpu_.CreateStream();
   ASSERT_OK(cpu_stream);
-  EXPECT_EQ(gpu_->Fill(dev->data(), DType::kF32, n, 0.0f, cpu_stream->get()).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu_->Fill(dev->data(), DType::kF32, n, 0.0f, cpu_stream->get()).code(), StatusCode::kInvalidArgument);
 }
 
 // Past 2^31 elements: a 32-bit index would miss the end.
@@ -463,9 +444,8 @@ TEST_F(CudaDeviceTest, MoreThan2To31Elements) {
 // Informative only: achieved bandwidth on 256M elements (no assertion on speed).
 TEST_F(CudaDeviceTest, BandwidthReport) {
   const size_t n = size_t{256} << 20;
-  Result<DeviceBuffer> p = gpu_->Allocate(n * 4), g = gpu_->Allocate(n * 4),
-                       m = gpu_->Allocate(n * 4), v = gpu_->Allocate(n * 4),
-                       h = gpu_->Allocate(n * 2);
+  Result<DeviceBuffer> p = gpu_->Allocate(n * 4), g = gpu_->Allocate(n * 4), m = gpu_->Allocate(n * 4),
+                       v = gpu_->Allocate(n * 4), h = gpu_->Allocate(n * 2);
   ASSERT_TRUE(p.ok() && g.ok() && m.ok() && v.ok() && h.ok());
   ASSERT_OK(gpu_->Fill(p->data(), DType::kF32, n, 0.5f, nullptr));
   ASSERT_OK(gpu_->Fill(g->data(), DType::kF32, n, 0.01f, nullptr));
@@ -488,17 +468,14 @@ TEST_F(CudaDeviceTest, BandwidthReport) {
   time("Accumulate fp32 += fp32", 12,
        [&] { return gpu_->Accumulate(p->as<float>(), g->data(), DType::kF32, n, 1.0f, nullptr); });
   AdamWParams hp = testing::AdamWStep(1, true, 1.0f);
-  time("AdamW fp32", 28, [&] {
-    return gpu_->AdamW(p->as<float>(), g->as<float>(), m->as<float>(), v->as<float>(), n, hp,
-                       nullptr);
-  });
+  time("AdamW fp32", 28,
+       [&] { return gpu_->AdamW(p->as<float>(), g->as<float>(), m->as<float>(), v->as<float>(), n, hp, nullptr); });
   time("AdamWCast fp32 -> bf16", 30, [&] {
-    return gpu_->AdamWCast(p->as<float>(), g->as<float>(), m->as<float>(), v->as<float>(), n, hp,
-                           h->data(), DType::kBF16, nullptr);
+    return gpu_->AdamWCast(p->as<float>(), g->as<float>(), m->as<float>(), v->as<float>(), n, hp, h->data(),
+                           DType::kBF16, nullptr);
   });
-  time("AccumulateFirst fp32 = bf16", 6, [&] {
-    return gpu_->AccumulateFirst(p->as<float>(), h->data(), DType::kBF16, n, 1.0f, nullptr);
-  });
+  time("AccumulateFirst fp32 = bf16", 6,
+       [&] { return gpu_->AccumulateFirst(p->as<float>(), h->data(), DType::kBF16, n, 1.0f, nullptr); });
   Result<DeviceBuffer> out = gpu_->Allocate(8);
   ASSERT_OK(out);
   time("SumOfSquares fp32", 4,

@@ -61,12 +61,8 @@ __device__ __forceinline__ void StorePack(T* p, size_t group, const Pack<T, N>& 
   reinterpret_cast<Pack<T, N>*>(p)[group] = v;
 }
 
-__device__ __forceinline__ size_t GlobalThread() {
-  return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ size_t GridThreads() {
-  return static_cast<size_t>(gridDim.x) * blockDim.x;
-}
+__device__ __forceinline__ size_t GlobalThread() { return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ size_t GridThreads() { return static_cast<size_t>(gridDim.x) * blockDim.x; }
 
 // Runs op.template Apply<N>(g) for every group g of N elements below n / N, then
 // op.template Apply<1>(i) for the tail elements i >= (n / N) * N.
@@ -221,8 +217,7 @@ struct AdamWCastOp {
 // --- reductions ------------------------------------------------------------------------------
 
 template <int N, typename D>
-__global__ void __launch_bounds__(kThreadsPerBlock)
-    FiniteCheckKernel(const typename D::T* x, size_t n, int32_t* flag) {
+__global__ void __launch_bounds__(kThreadsPerBlock) FiniteCheckKernel(const typename D::T* x, size_t n, int32_t* flag) {
   const size_t stride = GridThreads();
   const size_t groups = n / N;
   bool bad = false;
@@ -280,8 +275,7 @@ __global__ void __launch_bounds__(kSumOfSquaresThreads)
   if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
-__global__ void __launch_bounds__(kSumOfSquaresThreads)
-    SumOfSquaresFinal(const double* partials, double* out) {
+__global__ void __launch_bounds__(kSumOfSquaresThreads) SumOfSquaresFinal(const double* partials, double* out) {
   __shared__ double shared[kSumOfSquaresThreads];
   double s = 0.0;
   for (int i = threadIdx.x; i < kSumOfSquaresBlocks; i += kSumOfSquaresThreads) s += partials[i];
@@ -320,16 +314,14 @@ cudaError_t Cast(const void* src, DType src_t, void* dst, DType dst_t, size_t n,
         return cudaErrorInvalidValue;  // same dtype: a byte copy, done by the caller
       } else {
         CastOp<S, D> op{static_cast<const typename S::T*>(src), static_cast<typename D::T*>(dst)};
-        bool vector =
-            Aligned(src, 4 * sizeof(typename S::T)) && Aligned(dst, 4 * sizeof(typename D::T));
+        bool vector = Aligned(src, 4 * sizeof(typename S::T)) && Aligned(dst, 4 * sizeof(typename D::T));
         return LaunchForEach(n, vector, op, l);
       }
     });
   });
 }
 
-cudaError_t Accumulate(float* acc, const void* src, DType src_t, size_t n, float scale,
-                       const Launch& l) {
+cudaError_t Accumulate(float* acc, const void* src, DType src_t, size_t n, float scale, const Launch& l) {
   return Dispatch(src_t, [&](auto s) {
     using S = decltype(s);
     AccumulateOp<S> op{acc, static_cast<const typename S::T*>(src), scale};
@@ -338,8 +330,7 @@ cudaError_t Accumulate(float* acc, const void* src, DType src_t, size_t n, float
   });
 }
 
-cudaError_t AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale,
-                            const Launch& l) {
+cudaError_t AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale, const Launch& l) {
   return Dispatch(src_t, [&](auto s) {
     using S = decltype(s);
     AccumulateFirstOp<S> op{acc, static_cast<const typename S::T*>(src), scale};
@@ -375,11 +366,10 @@ cudaError_t FiniteCheck(const void* x, DType t, size_t n, int32_t* flag, const L
   });
 }
 
-cudaError_t AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
-                  const AdamWParams& h, const Launch& l) {
+cudaError_t AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n, const AdamWParams& h,
+                  const Launch& l) {
   AdamWOp op{param, grad, exp_avg, exp_avg_sq, h};
-  bool vector =
-      Aligned(param, 16) && Aligned(grad, 16) && Aligned(exp_avg, 16) && Aligned(exp_avg_sq, 16);
+  bool vector = Aligned(param, 16) && Aligned(grad, 16) && Aligned(exp_avg, 16) && Aligned(exp_avg_sq, 16);
   return LaunchForEach(n, vector, op, l);
 }
 
@@ -389,24 +379,21 @@ cudaError_t AdamWCast(float* param, const float* grad, float* exp_avg, float* ex
     using D = decltype(d);
     using T = typename D::T;
     AdamWCastOp<D> op{param, grad, exp_avg, exp_avg_sq, static_cast<T*>(model_out), h};
-    bool vector = Aligned(param, 16) && Aligned(grad, 16) && Aligned(exp_avg, 16) &&
-                  Aligned(exp_avg_sq, 16) && Aligned(model_out, 4 * sizeof(T));
+    bool vector = Aligned(param, 16) && Aligned(grad, 16) && Aligned(exp_avg, 16) && Aligned(exp_avg_sq, 16) &&
+                  Aligned(model_out, 4 * sizeof(T));
     return LaunchForEach(n, vector, op, l);
   });
 }
 
-cudaError_t SumOfSquares(const void* x, DType t, size_t n, double* out, double* scratch,
-                         cudaStream_t stream) {
+cudaError_t SumOfSquares(const void* x, DType t, size_t n, double* out, double* scratch, cudaStream_t stream) {
   return Dispatch(t, [&](auto d) {
     using D = decltype(d);
     using T = typename D::T;
     const T* p = static_cast<const T*>(x);
     if (Aligned(x, 4 * sizeof(T))) {
-      SumOfSquaresPartial<true, D>
-          <<<kSumOfSquaresBlocks, kSumOfSquaresThreads, 0, stream>>>(p, n, scratch);
+      SumOfSquaresPartial<true, D><<<kSumOfSquaresBlocks, kSumOfSquaresThreads, 0, stream>>>(p, n, scratch);
     } else {
-      SumOfSquaresPartial<false, D>
-          <<<kSumOfSquaresBlocks, kSumOfSquaresThreads, 0, stream>>>(p, n, scratch);
+      SumOfSquaresPartial<false, D><<<kSumOfSquaresBlocks, kSumOfSquaresThreads, 0, stream>>>(p, n, scratch);
     }
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;

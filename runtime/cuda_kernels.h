@@ -41,22 +41,19 @@ struct Launch {
 cudaError_t Fill(void* dst, DType t, size_t n, float value, const Launch& l);
 // src_t != dst_t.
 cudaError_t Cast(const void* src, DType src_t, void* dst, DType dst_t, size_t n, const Launch& l);
-cudaError_t Accumulate(float* acc, const void* src, DType src_t, size_t n, float scale,
-                       const Launch& l);
+cudaError_t Accumulate(float* acc, const void* src, DType src_t, size_t n, float scale, const Launch& l);
 // acc[i] = 0.0f + scale * src[i] (acc not read).
-cudaError_t AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale,
-                            const Launch& l);
+cudaError_t AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale, const Launch& l);
 cudaError_t Scale(void* x, DType t, size_t n, float s, const Launch& l);
 cudaError_t FiniteCheck(const void* x, DType t, size_t n, int32_t* flag, const Launch& l);
-cudaError_t AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
-                  const AdamWParams& h, const Launch& l);
+cudaError_t AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n, const AdamWParams& h,
+                  const Launch& l);
 // AdamW plus model_out[i] = (model_t) new param[i], in one kernel (model_out non-null).
 cudaError_t AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
                       const AdamWParams& h, void* model_out, DType model_t, const Launch& l);
 // `scratch`: kSumOfSquaresBlocks doubles of device memory owned by the stream (no other kernel may
 // use it concurrently). Writes *out even for n == 0 (0.0).
-cudaError_t SumOfSquares(const void* x, DType t, size_t n, double* out, double* scratch,
-                         cudaStream_t stream);
+cudaError_t SumOfSquares(const void* x, DType t, size_t n, double* out, double* scratch, cudaStream_t stream);
 
 }  // namespace cuda_kernels
 }  // namespace zero

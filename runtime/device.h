@@ -109,7 +109,9 @@ class DeviceBuffer {
 
   void* data() const { return ptr_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   size_t bytes() const { return bytes_; }
   bool empty() const { return ptr_ == nullptr; }
   void Reset();  // frees now (the caller guarantees no stream still uses it)
@@ -133,7 +135,9 @@ class PinnedBuffer {
 
   void* data() const { return ptr_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   size_t bytes() const { return bytes_; }
   void Reset();
 
@@ -202,16 +206,14 @@ class Device {
   // dst[i] = (dst_t) src[i]. src and dst may not overlap unless identical with equal types.
   virtual Status Cast(const void* src, DType src_t, void* dst, DType dst_t, size_t n, Stream* stream) = 0;
   // acc[i] = acc[i] + scale * (float) src[i]   (fp32 accumulator; scale == 1 is exact "acc += src").
-  virtual Status Accumulate(float* acc, const void* src, DType src_t, size_t n, float scale,
-                            Stream* stream) = 0;
+  virtual Status Accumulate(float* acc, const void* src, DType src_t, size_t n, float scale, Stream* stream) = 0;
   // acc[i] = 0.0f + scale * (float) src[i]: Accumulate into an accumulator that holds +0, without
   // reading (or first filling) it; what was in acc is ignored. Bitwise what Fill(acc, 0) followed
   // by Accumulate gives, for every input: a -0 result becomes +0 (0.0f + -0.0f is +0.0f) and a NaN
   // is the canonical NaN, so this is NOT a Cast (which keeps -0 and NaN payloads). For the first
   // contribution to an fp32 accumulator: one pass (read src, write acc) instead of a fill and a
   // read-modify-write. src must not overlap acc.
-  virtual Status AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale,
-                                 Stream* stream) = 0;
+  virtual Status AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale, Stream* stream) = 0;
   // x[i] = (t)((float) x[i] * s).
   virtual Status Scale(void* x, DType t, size_t n, float s, Stream* stream) = 0;
   // *out = sum_i (double) x[i]^2, written (not added) to a device-resident double.
@@ -225,9 +227,8 @@ class Device {
   // kF32: the new weight's bits): bitwise what AdamW followed by Cast(param, kF32, model_out,
   // model_t, n) gives, NaN included, without re-reading the new weights. model_out must not
   // overlap the other buffers; null: AdamW alone.
-  virtual Status AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                           size_t n, const AdamWParams& h, void* model_out, DType model_t,
-                           Stream* stream) = 0;
+  virtual Status AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
+                           const AdamWParams& h, void* model_out, DType model_t, Stream* stream) = 0;
 
  protected:
   // Backends call these from Allocate/free so memory_stats() is tracked in one place.

@@ -34,8 +34,7 @@ Result<std::unique_ptr<Device>> CreateDevice(const std::string& name) {
   if (name == "cuda" || name.rfind("cuda:", 0) == 0) {
     int ordinal = ParseCudaOrdinal(name);
     if (ordinal < 0) {
-      return InvalidArgumentError("device \"" + name +
-                                  "\": expected \"cuda\" or \"cuda:N\" with N a GPU ordinal");
+      return InvalidArgumentError("device \"" + name + "\": expected \"cuda\" or \"cuda:N\" with N a GPU ordinal");
     }
 #if defined(ZERO_HAS_CUDA) && ZERO_HAS_CUDA
     ZERO_ASSIGN_OR_RETURN(std::unique_ptr<CudaDevice> device, CudaDevice::Create(ordinal));
@@ -46,8 +45,7 @@ Result<std::unique_ptr<Device>> CreateDevice(const std::string& name) {
                               "toolkit, or with ZERO_DISABLE_CUDA=1); use \"cpu\"");
 #endif
   }
-  return InvalidArgumentError("unknown device \"" + name +
-                              "\": expected \"cpu\", \"cuda\" or \"cuda:N\"");
+  return InvalidArgumentError("unknown device \"" + name + "\": expected \"cpu\", \"cuda\" or \"cuda:N\"");
 }
 
 }  // namespace zero

@@ -4,9 +4,12 @@ namespace zero {
 
 const char* DTypeName(DType t) {
   switch (t) {
-    case DType::kF32: return "fp32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "fp16";
+    case DType::kF32:
+      return "fp32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "fp16";
   }
   return "?";
 }

@@ -70,9 +70,9 @@ ZERO_HD uint16_t FloatToHalf(float f) {
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: Inf
   if (abs < 0x38800000u) {  // below the smallest normal half (2^-14): subnormal or zero
     if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // < 2^-25 rounds to zero (ties too)
-    uint32_t exp = abs >> 23;                  // 102..112
+    uint32_t exp = abs >> 23;                                   // 102..112
     uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-    uint32_t shift = 126 - exp;                // 14..24: value = mant * 2^(exp-150), unit 2^-24
+    uint32_t shift = 126 - exp;  // 14..24: value = mant * 2^(exp-150), unit 2^-24
     uint32_t half = mant >> shift;
     uint32_t rem = mant & ((1u << shift) - 1u);
     uint32_t mid = 1u << (shift - 1);
@@ -104,18 +104,27 @@ ZERO_HD float HalfToFloat(uint16_t h) {
 // Reads element i of a buffer of type t as float.
 ZERO_HD float LoadAsFloat(const void* p, DType t, size_t i) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kBF16: return Bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
-    default: return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kBF16:
+      return Bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    default:
+      return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
   }
 }
 
 // Writes v (rounded to nearest even) as element i of a buffer of type t.
 ZERO_HD void StoreFromFloat(void* p, DType t, size_t i, float v) {
   switch (t) {
-    case DType::kF32: static_cast<float*>(p)[i] = v; break;
-    case DType::kBF16: static_cast<uint16_t*>(p)[i] = FloatToBf16(v); break;
-    default: static_cast<uint16_t*>(p)[i] = FloatToHalf(v); break;
+    case DType::kF32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(p)[i] = FloatToBf16(v);
+      break;
+    default:
+      static_cast<uint16_t*>(p)[i] = FloatToHalf(v);
+      break;
   }
 }
 

@@ -111,9 +111,9 @@ std::vector<float> Inputs(const Format& f, const Reference& ref) {
       in.push_back(-x);
     }
   }
-  for (float x : {0.0f, -0.0f, INFINITY, -INFINITY, 65504.0f, 65519.99f, 65520.0f, 65536.0f,
-                  -65520.0f, 3.4028235e38f, -3.4028235e38f, 1e-45f, -1e-45f, 1.1754942e-38f,
-                  5.9604645e-8f, 2.9802322e-8f, 2.9802326e-8f, 8.940697e-8f}) {
+  for (float x :
+       {0.0f, -0.0f, INFINITY, -INFINITY, 65504.0f, 65519.99f, 65520.0f, 65536.0f, -65520.0f, 3.4028235e38f,
+        -3.4028235e38f, 1e-45f, -1e-45f, 1.1754942e-38f, 5.9604645e-8f, 2.9802322e-8f, 2.9802326e-8f, 8.940697e-8f}) {
     in.push_back(x);
   }
   std::mt19937_64 rng(12345);

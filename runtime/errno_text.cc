@@ -9,8 +9,6 @@ std::string ErrnoText(int err) {
   return std::string(strerror_r(err, buf, sizeof(buf)));
 }
 
-std::string ErrnoTextAndNumber(int err) {
-  return ErrnoText(err) + " (errno " + std::to_string(err) + ")";
-}
+std::string ErrnoTextAndNumber(int err) { return ErrnoText(err) + " (errno " + std::to_string(err) + ")"; }
 
 }  // namespace zero

@@ -6,8 +6,7 @@ namespace zero {
 
 FaultyDevice::FaultyDevice(Device* inner) : inner_(inner) {}
 
-FaultyDevice::FaultyDevice(std::unique_ptr<Device> inner)
-    : owned_(std::move(inner)), inner_(owned_.get()) {}
+FaultyDevice::FaultyDevice(std::unique_ptr<Device> inner) : owned_(std::move(inner)), inner_(owned_.get()) {}
 
 FaultyDevice::~FaultyDevice() {
   // Buffers still held by users of the wrapper would be freed through it later; free what the
@@ -47,8 +46,7 @@ Status FaultyDevice::Enter(const char* op) {
   const Rule& rule = it->second;
   if (count == rule.nth || (rule.persistent && count > rule.nth)) {
     if (!rule.error.ok()) return rule.error;
-    std::string msg = std::string("injected fault: ") + op + " call " + std::to_string(count) +
-                      " on " + inner_->name();
+    std::string msg = std::string("injected fault: ") + op + " call " + std::to_string(count) + " on " + inner_->name();
     std::string op_name = op;
     if (op_name == "Allocate" || op_name == "AllocatePinned") return ResourceExhaustedError(msg);
     return InternalError(msg);
@@ -64,10 +62,9 @@ Result<DeviceBuffer> FaultyDevice::Allocate(size_t bytes) {
     size_t in_use = memory_stats().in_use;
     std::lock_guard<std::mutex> l(mu_);
     if (bytes > budget_ || in_use > budget_ - bytes) {
-      return ResourceExhaustedError("injected fault: out of device memory on " + inner_->name() +
-                                    " allocating " + std::to_string(bytes) + " bytes; in use " +
-                                    std::to_string(in_use) + " bytes, budget " +
-                                    std::to_string(budget_) + " bytes");
+      return ResourceExhaustedError("injected fault: out of device memory on " + inner_->name() + " allocating " +
+                                    std::to_string(bytes) + " bytes; in use " + std::to_string(in_use) +
+                                    " bytes, budget " + std::to_string(budget_) + " bytes");
     }
   }
   ZERO_ASSIGN_OR_RETURN(DeviceBuffer inner, inner_->Allocate(bytes));
@@ -156,20 +153,17 @@ Status FaultyDevice::Fill(void* dst, DType t, size_t n, float value, Stream* str
   return inner_->Fill(dst, t, n, value, stream);
 }
 
-Status FaultyDevice::Cast(const void* src, DType src_t, void* dst, DType dst_t, size_t n,
-                          Stream* stream) {
+Status FaultyDevice::Cast(const void* src, DType src_t, void* dst, DType dst_t, size_t n, Stream* stream) {
   ZERO_RETURN_IF_ERROR(Enter("Cast"));
   return inner_->Cast(src, src_t, dst, dst_t, n, stream);
 }
 
-Status FaultyDevice::Accumulate(float* acc, const void* src, DType src_t, size_t n, float scale,
-                                Stream* stream) {
+Status FaultyDevice::Accumulate(float* acc, const void* src, DType src_t, size_t n, float scale, Stream* stream) {
   ZERO_RETURN_IF_ERROR(Enter("Accumulate"));
   return inner_->Accumulate(acc, src, src_t, n, scale, stream);
 }
 
-Status FaultyDevice::AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale,
-                                     Stream* stream) {
+Status FaultyDevice::AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale, Stream* stream) {
   ZERO_RETURN_IF_ERROR(Enter("AccumulateFirst"));
   return inner_->AccumulateFirst(acc, src, src_t, n, scale, stream);
 }
@@ -189,15 +183,14 @@ Status FaultyDevice::FiniteCheck(const void* x, DType t, size_t n, int32_t* flag
   return inner_->FiniteCheck(x, t, n, flag, stream);
 }
 
-Status FaultyDevice::AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                           size_t n, const AdamWParams& h, Stream* stream) {
+Status FaultyDevice::AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
+                           const AdamWParams& h, Stream* stream) {
   ZERO_RETURN_IF_ERROR(Enter("AdamW"));
   return inner_->AdamW(param, grad, exp_avg, exp_avg_sq, n, h, stream);
 }
 
-Status FaultyDevice::AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                               size_t n, const AdamWParams& h, void* model_out, DType model_t,
-                               Stream* stream) {
+Status FaultyDevice::AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
+                               const AdamWParams& h, void* model_out, DType model_t, Stream* stream) {
   ZERO_RETURN_IF_ERROR(Enter("AdamWCast"));
   return inner_->AdamWCast(param, grad, exp_avg, exp_avg_sq, n, h, model_out, model_t, stream);
 }

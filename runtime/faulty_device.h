@@ -43,8 +43,7 @@ class FaultyDevice final : public Device {
   // `error` (default: ResourceExhausted for Allocate/AllocatePinned, Internal otherwise, the
   // message naming the op and call number). With `persistent`, every later call fails too.
   // Re-arming an op replaces its previous rule.
-  void FailNthCall(const std::string& op, int64_t nth, bool persistent = false,
-                   Status error = OkStatus());
+  void FailNthCall(const std::string& op, int64_t nth, bool persistent = false, Status error = OkStatus());
   void ClearFaults();  // removes every rule and the budget; counts are kept
   // Calls of `op` made so far (including failed ones).
   int64_t call_count(const std::string& op) const;
@@ -69,19 +68,16 @@ class FaultyDevice final : public Device {
   Status Copy(void* dst, const void* src, size_t bytes, CopyKind kind, Stream* stream) override;
 
   Status Fill(void* dst, DType t, size_t n, float value, Stream* stream) override;
-  Status Cast(const void* src, DType src_t, void* dst, DType dst_t, size_t n,
-              Stream* stream) override;
-  Status Accumulate(float* acc, const void* src, DType src_t, size_t n, float scale,
-                    Stream* stream) override;
-  Status AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale,
-                         Stream* stream) override;
+  Status Cast(const void* src, DType src_t, void* dst, DType dst_t, size_t n, Stream* stream) override;
+  Status Accumulate(float* acc, const void* src, DType src_t, size_t n, float scale, Stream* stream) override;
+  Status AccumulateFirst(float* acc, const void* src, DType src_t, size_t n, float scale, Stream* stream) override;
   Status Scale(void* x, DType t, size_t n, float s, Stream* stream) override;
   Status SumOfSquares(const void* x, DType t, size_t n, double* out, Stream* stream) override;
   Status FiniteCheck(const void* x, DType t, size_t n, int32_t* flag, Stream* stream) override;
-  Status AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
-               const AdamWParams& h, Stream* stream) override;
-  Status AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
-                   const AdamWParams& h, void* model_out, DType model_t, Stream* stream) override;
+  Status AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n, const AdamWParams& h,
+               Stream* stream) override;
+  Status AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n, const AdamWParams& h,
+                   void* model_out, DType model_t, Stream* stream) override;
 
  protected:
   void FreeDevice(void* ptr, size_t bytes) override;

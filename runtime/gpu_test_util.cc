@@ -19,8 +19,7 @@ int CudaDeviceCount(std::string* why) {
   if (err != cudaSuccess) {
     cudaGetLastError();  // Clear the sticky error so a later CUDA call does not report it.
     if (why != nullptr) {
-      *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(err) + " (" + cudaGetErrorName(err) +
-             ")";
+      *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(err) + " (" + cudaGetErrorName(err) + ")";
     }
     return 0;
   }

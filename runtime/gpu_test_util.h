@@ -34,7 +34,7 @@ bool GpuRequired();
 // and GpuRequired()). The including file includes gtest.
 #define ZERO_SKIP_WITHOUT_CUDA_DEVICES(count)                                                  \
   do {                                                                                         \
-    const std::string zero_missing_gpus_ = ::zero::testing::MissingCudaDevices(count);        \
+    const std::string zero_missing_gpus_ = ::zero::testing::MissingCudaDevices(count);         \
     if (!zero_missing_gpus_.empty()) {                                                         \
       if (::zero::testing::GpuRequired() && ::zero::testing::CudaDeviceCount() == 0) {         \
         GTEST_FAIL() << zero_missing_gpus_ << " (ZERO_REQUIRE_GPU is set: a GPU is required)"; \

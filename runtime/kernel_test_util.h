@@ -22,8 +22,7 @@ namespace testing {
 // n elements of type t as raw bytes. Values are normal(0,1) times 10^uniform(-range, range); with
 // `specials`, about 1 in 64 elements is one of +-0, +-Inf, NaN, an fp16/float subnormal, 1e6
 // (fp16 overflow) or the largest finite float.
-inline std::vector<uint8_t> RandomBytes(DType t, size_t n, uint64_t seed, bool specials,
-                                        float range = 4.0f) {
+inline std::vector<uint8_t> RandomBytes(DType t, size_t n, uint64_t seed, bool specials, float range = 4.0f) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> expo(-range, range);
@@ -51,8 +50,8 @@ inline std::vector<float> RandomFloats(size_t n, uint64_t seed, float range = 4.
 
 // "" if a == b, else where the first differing element of `elem_size` bytes is and both values in
 // hex (readable failure messages instead of byte dumps).
-inline std::string FirstDifference(const std::vector<uint8_t>& got,
-                                   const std::vector<uint8_t>& expect, size_t elem_size) {
+inline std::string FirstDifference(const std::vector<uint8_t>& got, const std::vector<uint8_t>& expect,
+                                   size_t elem_size) {
   if (got.size() != expect.size()) {
     return "sizes differ: " + std::to_string(got.size()) + " vs " + std::to_string(expect.size());
   }
@@ -117,8 +116,7 @@ inline bool RefAnyNonFinite(const void* x, DType t, size_t n) {
 }
 
 // AdamW transcribed from the comment in device.h (not by calling AdamWReference).
-inline void RefAdamW(float* p, const float* grad, float* m, float* v, size_t n,
-                     const AdamWParams& h) {
+inline void RefAdamW(float* p, const float* grad, float* m, float* v, size_t n, const AdamWParams& h) {
   for (size_t i = 0; i < n; ++i) {
     float g = grad[i] * h.grad_scale;
     if (!h.adam_w_mode) g += h.weight_decay * p[i];

@@ -19,15 +19,15 @@ namespace zero {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,   // bad config value, bad API argument
-  kNotFound,          // missing file, unknown name
-  kFailedPrecondition,// call out of order (step before backward, ...)
+  kInvalidArgument,     // bad config value, bad API argument
+  kNotFound,            // missing file, unknown name
+  kFailedPrecondition,  // call out of order (step before backward, ...)
   kOutOfRange,
-  kDataLoss,          // checksum mismatch, truncated file
-  kUnavailable,       // peer rank gone, timeout
-  kDeadlineExceeded,  // timed out waiting for a peer
-  kResourceExhausted, // out of memory (device, pinned, disk)
-  kInternal,          // backend error (CUDA, NCCL, Gloo, libaio)
+  kDataLoss,           // checksum mismatch, truncated file
+  kUnavailable,        // peer rank gone, timeout
+  kDeadlineExceeded,   // timed out waiting for a peer
+  kResourceExhausted,  // out of memory (device, pinned, disk)
+  kInternal,           // backend error (CUDA, NCCL, Gloo, libaio)
   kUnimplemented,
 };
 
@@ -99,10 +99,10 @@ class [[nodiscard]] Result {
 #define ZERO_STATUS_CONCAT_INNER(a, b) a##b
 #define ZERO_STATUS_CONCAT(a, b) ZERO_STATUS_CONCAT_INNER(a, b)
 
-#define ZERO_RETURN_IF_ERROR(expr)              \
-  do {                                          \
-    ::zero::Status _zero_st = (expr);           \
-    if (!_zero_st.ok()) return _zero_st;        \
+#define ZERO_RETURN_IF_ERROR(expr)       \
+  do {                                   \
+    ::zero::Status _zero_st = (expr);    \
+    if (!_zero_st.ok()) return _zero_st; \
   } while (0)
 
 #define ZERO_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
@@ -110,15 +110,14 @@ class [[nodiscard]] Result {
   if (!tmp.ok()) return tmp.status();              \
   lhs = std::move(tmp).value()
 
-#define ZERO_ASSIGN_OR_RETURN(lhs, expr) \
-  ZERO_ASSIGN_OR_RETURN_IMPL(ZERO_STATUS_CONCAT(_zero_res_, __LINE__), lhs, expr)
+#define ZERO_ASSIGN_OR_RETURN(lhs, expr) ZERO_ASSIGN_OR_RETURN_IMPL(ZERO_STATUS_CONCAT(_zero_res_, __LINE__), lhs, expr)
 
 // Internal invariant; aborts with file:line. Never used for user input.
-#define ZERO_CHECK(cond)                                                          \
-  do {                                                                            \
-    if (!(cond)) ::zero::CheckFailed(__FILE__, __LINE__, #cond, std::string());   \
+#define ZERO_CHECK(cond)                                                        \
+  do {                                                                          \
+    if (!(cond)) ::zero::CheckFailed(__FILE__, __LINE__, #cond, std::string()); \
   } while (0)
-#define ZERO_CHECK_MSG(cond, msg)                                            \
-  do {                                                                       \
-    if (!(cond)) ::zero::CheckFailed(__FILE__, __LINE__, #cond, (msg));      \
+#define ZERO_CHECK_MSG(cond, msg)                                       \
+  do {                                                                  \
+    if (!(cond)) ::zero::CheckFailed(__FILE__, __LINE__, #cond, (msg)); \
   } while (0)

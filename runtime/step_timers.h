@@ -40,8 +40,8 @@ class StepTimers {
   // Marks the end of one optimizer step: the window's means divide by the steps marked.
   void EndStep();
 
-  int64_t steps() const;                         // steps marked in this window
-  bool has(const std::string& name) const;       // the timer has time in this window
+  int64_t steps() const;                          // steps marked in this window
+  bool has(const std::string& name) const;        // the timer has time in this window
   double TotalMs(const std::string& name) const;  // its sum in the window (0 if none)
   double MeanMs(const std::string& name) const;   // TotalMs / max(steps, 1)
 

@@ -49,7 +49,8 @@ TEST(StepTimers, BreakdownLineIsTheMeanPerStepOverTheWindow) {
   EXPECT_EQ(t.Format(BreakdownTimerNames()),
             "time (ms) | forward: 3.00 | backward: 7.00 | step: 3.00 | communication: 0.75");
   t.Add("my phase", 3.333);
-  EXPECT_EQ(t.FormatAll(), "time (ms) | forward: 3.00 | backward: 7.00 | step: 3.00 | communication: 0.75 | my phase: 1.11");
+  EXPECT_EQ(t.FormatAll(),
+            "time (ms) | forward: 3.00 | backward: 7.00 | step: 3.00 | communication: 0.75 | my phase: 1.11");
 
   // A new window.
   t.Reset();

@@ -28,11 +28,21 @@ void AppendJsonString(std::string* out, const std::string& s) {
   for (const char c : s) {
     const auto u = static_cast<unsigned char>(c);
     switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
+      case '"':
+        *out += "\\\"";
+        break;
+      case '\\':
+        *out += "\\\\";
+        break;
+      case '\n':
+        *out += "\\n";
+        break;
+      case '\r':
+        *out += "\\r";
+        break;
+      case '\t':
+        *out += "\\t";
+        break;
       default:
         if (u < 0x20) {
           char buf[8];
@@ -138,7 +148,10 @@ Timeline::ScopedSpan::ScopedSpan(Timeline* t, TrackId track, std::string name, S
 }
 
 Timeline::ScopedSpan::ScopedSpan(ScopedSpan&& o) noexcept
-    : timeline_(o.timeline_), track_(o.track_), name_(std::move(o.name_)), args_(std::move(o.args_)),
+    : timeline_(o.timeline_),
+      track_(o.track_),
+      name_(std::move(o.name_)),
+      args_(std::move(o.args_)),
       begin_ns_(o.begin_ns_) {
   o.timeline_ = nullptr;
 }
@@ -188,8 +201,7 @@ Result<std::unique_ptr<Event>> Timeline::TakeEvent(Device* device) {
   return device->CreateTimingEvent();
 }
 
-Result<Timeline::DeviceSpan> Timeline::BeginDeviceSpan(TrackId track, std::string name, Stream* stream,
-                                                       SpanArgs args) {
+Result<Timeline::DeviceSpan> Timeline::BeginDeviceSpan(TrackId track, std::string name, Stream* stream, SpanArgs args) {
   DeviceSpan span;
   if (!enabled()) return span;
   std::shared_ptr<const Anchor> anchor;
@@ -215,7 +227,8 @@ Status Timeline::EndDeviceSpan(DeviceSpan span, Stream* stream) {
     std::lock_guard<std::mutex> lock(mu_);
     anchor = anchor_;
   }
-  if (anchor == nullptr) return FailedPreconditionError("Timeline: device span '" + span.name_ + "' ended with no device attached");
+  if (anchor == nullptr)
+    return FailedPreconditionError("Timeline: device span '" + span.name_ + "' ended with no device attached");
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Event> end, TakeEvent(anchor->device));
   Status st = anchor->device->RecordEvent(end.get(), stream);
   if (!st.ok()) return st.WithContext("Timeline: ending device span '" + span.name_ + "'");
@@ -232,11 +245,13 @@ Status Timeline::EndDeviceSpan(DeviceSpan span, Stream* stream) {
 Result<bool> Timeline::TryResolve(Pending& p, bool wait) {
   Device* device = p.anchor->device;
   if (wait) {
-    ZERO_RETURN_IF_ERROR(device->SynchronizeEvent(p.end.get()).WithContext("Timeline: waiting for device span '" + p.name + "'"));
+    ZERO_RETURN_IF_ERROR(
+        device->SynchronizeEvent(p.end.get()).WithContext("Timeline: waiting for device span '" + p.name + "'"));
   }
   ZERO_ASSIGN_OR_RETURN(std::optional<double> to_end, device->ElapsedMilliseconds(p.anchor->event.get(), p.end.get()));
   if (!to_end.has_value()) return false;
-  ZERO_ASSIGN_OR_RETURN(std::optional<double> to_start, device->ElapsedMilliseconds(p.anchor->event.get(), p.start.get()));
+  ZERO_ASSIGN_OR_RETURN(std::optional<double> to_start,
+                        device->ElapsedMilliseconds(p.anchor->event.get(), p.start.get()));
   ZERO_ASSIGN_OR_RETURN(std::optional<double> length, device->ElapsedMilliseconds(p.start.get(), p.end.get()));
   if (!to_start.has_value() || !length.has_value()) return false;
   const int64_t begin = p.anchor->host_ns + std::llround(*to_start * 1e6);

@@ -58,7 +58,7 @@ struct Span {
 };
 
 struct TimelineOptions {
-  int pid = 0;                         // the trace's process id: the rank
+  int pid = 0;                          // the trace's process id: the rank
   std::string process_name = "rank 0";  // its label in the viewer
   bool enabled = true;                  // set_enabled() changes it later
   size_t max_spans = size_t{1} << 20;   // spans past this are dropped (and counted: dropped())
@@ -183,11 +183,11 @@ class Timeline {
   TimelineOptions options_;
   std::atomic<bool> enabled_;
   mutable std::mutex mu_;
-  std::vector<std::string> tracks_;          // GUARDED_BY(mu_)
-  std::vector<Span> spans_;                  // GUARDED_BY(mu_)
-  size_t dropped_ = 0;                       // GUARDED_BY(mu_)
-  std::shared_ptr<const Anchor> anchor_;     // GUARDED_BY(mu_)
-  std::vector<Pending> pending_;             // GUARDED_BY(mu_)
+  std::vector<std::string> tracks_;                  // GUARDED_BY(mu_)
+  std::vector<Span> spans_;                          // GUARDED_BY(mu_)
+  size_t dropped_ = 0;                               // GUARDED_BY(mu_)
+  std::shared_ptr<const Anchor> anchor_;             // GUARDED_BY(mu_)
+  std::vector<Pending> pending_;                     // GUARDED_BY(mu_)
   std::vector<std::unique_ptr<Event>> free_events_;  // GUARDED_BY(mu_): timing events of anchor_'s device
 };
 

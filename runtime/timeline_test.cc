@@ -162,8 +162,8 @@ TEST(Timeline, ChromeTraceStructureAndNesting) {
 TEST(Timeline, SpansFromSeveralThreadsLandOnTheirTracks) {
   Timeline t;
   const TrackId user = t.AddTrack("user work");
-  const std::vector<TrackId> tracks = {kTrackCompute, kTrackCommunication, kTrackHostToDevice, kTrackCpuOptimizer,
-                                       user, user};
+  const std::vector<TrackId> tracks = {kTrackCompute, kTrackCommunication, kTrackHostToDevice, kTrackCpuOptimizer, user,
+                                       user};
   constexpr int kPerThread = 200;
   std::vector<std::thread> threads;
   for (size_t w = 0; w < tracks.size(); ++w) {
@@ -190,7 +190,8 @@ TEST(Timeline, SpansFromSeveralThreadsLandOnTheirTracks) {
     for (size_t i = 1; i < spans.size(); ++i) {
       // Integer nanoseconds printed as exact decimals: compare in nanoseconds.
       const auto ns = [](const json& v) { return std::llround(v.get<double>() * 1000); };
-      EXPECT_LE(ns(spans[i - 1]["ts"]) + ns(spans[i - 1]["dur"]), ns(spans[i]["ts"])) << "worker " << w << " span " << i;
+      EXPECT_LE(ns(spans[i - 1]["ts"]) + ns(spans[i - 1]["dur"]), ns(spans[i]["ts"]))
+          << "worker " << w << " span " << i;
     }
   }
 }
@@ -305,9 +306,7 @@ TEST(Timeline, WriteIsAtomicAndErrorsNameThePath) {
   t.AddSpan(kTrackCompute, "x", 0, 1000);
   ASSERT_OK_AND_ASSIGN(ScratchDir scratch, ScratchDir::Create("timeline_atomic"));
   const std::string path = scratch.File("trace.json");
-  {
-    std::ofstream(path) << "old contents";
-  }
+  { std::ofstream(path) << "old contents"; }
   ASSERT_OK(t.WriteChromeTrace(path));
   EXPECT_EQ(Parse(ReadFile(path)).spans.size(), 1u);
   // Only the trace is left in the directory (no temporary file).

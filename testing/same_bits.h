@@ -31,13 +31,12 @@ std::string ValueAndBits(const T& v) {
   std::memcpy(&bits, &v, sizeof(T));
   char buf[96];
   if constexpr (std::is_same_v<T, float>) {
-    std::snprintf(buf, sizeof(buf), "%.9g (0x%08llx)", static_cast<double>(v),
-                  static_cast<unsigned long long>(bits));
+    std::snprintf(buf, sizeof(buf), "%.9g (0x%08llx)", static_cast<double>(v), static_cast<unsigned long long>(bits));
   } else if constexpr (std::is_same_v<T, double>) {
     std::snprintf(buf, sizeof(buf), "%.17g (0x%016llx)", v, static_cast<unsigned long long>(bits));
   } else if constexpr (std::is_signed_v<T>) {
-    std::snprintf(buf, sizeof(buf), "%lld (0x%0*llx)", static_cast<long long>(v),
-                  static_cast<int>(2 * sizeof(T)), static_cast<unsigned long long>(bits));
+    std::snprintf(buf, sizeof(buf), "%lld (0x%0*llx)", static_cast<long long>(v), static_cast<int>(2 * sizeof(T)),
+                  static_cast<unsigned long long>(bits));
   } else {
     std::snprintf(buf, sizeof(buf), "%llu (0x%0*llx)", static_cast<unsigned long long>(bits),
                   static_cast<int>(2 * sizeof(T)), static_cast<unsigned long long>(bits));
@@ -52,9 +51,8 @@ template <typename T>
 ::testing::AssertionResult SameBits(const T* a, const T* b, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) {
-      return ::testing::AssertionFailure() << "element " << i << " of " << n << ": "
-                                           << internal::ValueAndBits(a[i]) << " vs "
-                                           << internal::ValueAndBits(b[i]);
+      return ::testing::AssertionFailure() << "element " << i << " of " << n << ": " << internal::ValueAndBits(a[i])
+                                           << " vs " << internal::ValueAndBits(b[i]);
     }
   }
   return ::testing::AssertionSuccess();
@@ -71,11 +69,9 @@ template <typename T>
 
 // Piece by piece (one vector per parameter, say); a failure names the piece too.
 template <typename T>
-::testing::AssertionResult SameBits(const std::vector<std::vector<T>>& a,
-                                    const std::vector<std::vector<T>>& b) {
+::testing::AssertionResult SameBits(const std::vector<std::vector<T>>& a, const std::vector<std::vector<T>>& b) {
   if (a.size() != b.size()) {
-    return ::testing::AssertionFailure() << "piece counts differ: " << a.size() << " vs "
-                                         << b.size();
+    return ::testing::AssertionFailure() << "piece counts differ: " << a.size() << " vs " << b.size();
   }
   for (size_t p = 0; p < a.size(); ++p) {
     ::testing::AssertionResult r = SameBits(a[p], b[p]);

@@ -22,8 +22,7 @@ std::string Env(const char* name) {
 // removed first).
 Result<std::string> MakeUnder(const std::string& base, const std::string& name) {
   static std::atomic<int> counter{0};
-  const std::string dir =
-      base + "/" + name + "." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  const std::string dir = base + "/" + name + "." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   if (!std::filesystem::create_directories(dir, ec)) {

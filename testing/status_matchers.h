@@ -38,9 +38,9 @@ template <typename T>
 #define ASSERT_OK(expr) ASSERT_PRED_FORMAT1(::zero::testing::internal::IsOk, expr)
 #define EXPECT_OK(expr) EXPECT_PRED_FORMAT1(::zero::testing::internal::IsOk, expr)
 
-#define ZERO_TESTING_ASSIGN_OK_IMPL(tmp, lhs, expr)                                    \
-  auto tmp = (expr);                                                                   \
-  if (!tmp.ok()) FAIL() << #expr << " is not OK: " << tmp.status().ToString();       \
+#define ZERO_TESTING_ASSIGN_OK_IMPL(tmp, lhs, expr)                            \
+  auto tmp = (expr);                                                           \
+  if (!tmp.ok()) FAIL() << #expr << " is not OK: " << tmp.status().ToString(); \
   lhs = std::move(tmp).value()
 
 #define ASSERT_OK_AND_ASSIGN(lhs, expr) \

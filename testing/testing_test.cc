@@ -43,10 +43,8 @@ TEST(StatusMatchersTest, PassOnOk) {
 }
 
 TEST(StatusMatchersTest, FailuresPrintTheExpressionAndTheStatus) {
-  EXPECT_FATAL_FAILURE(AssertOkOnError(),
-                       "Fails() is not OK: DATA_LOSS: checksum mismatch in shard 3\nwhile saving");
-  EXPECT_NONFATAL_FAILURE(EXPECT_OK(FailsWithResult()),
-                          "FailsWithResult() is not OK: NOT_FOUND: no such tag: step_7");
+  EXPECT_FATAL_FAILURE(AssertOkOnError(), "Fails() is not OK: DATA_LOSS: checksum mismatch in shard 3\nwhile saving");
+  EXPECT_NONFATAL_FAILURE(EXPECT_OK(FailsWithResult()), "FailsWithResult() is not OK: NOT_FOUND: no such tag: step_7");
   EXPECT_FATAL_FAILURE(AssertOkAndAssignOnError(), "FailsWithResult() is not OK: NOT_FOUND");
 }
 
@@ -71,10 +69,8 @@ TEST(SameBitsTest, NamesTheFirstDifferenceAndBothValues) {
   b[2] = 3.0f;
   ::testing::AssertionResult r = SameBits(a, b);
   EXPECT_FALSE(r);
-  EXPECT_EQ(std::string(r.message()),
-            "element 1 of 3: 0.100000001 (0x3dcccccd) vs 0.100000009 (0x3dccccce)");
-  EXPECT_EQ(std::string(SameBits(a, std::vector<float>(2)).message()),
-            "sizes differ: 3 vs 2");
+  EXPECT_EQ(std::string(r.message()), "element 1 of 3: 0.100000001 (0x3dcccccd) vs 0.100000009 (0x3dccccce)");
+  EXPECT_EQ(std::string(SameBits(a, std::vector<float>(2)).message()), "sizes differ: 3 vs 2");
 }
 
 TEST(SameBitsTest, ComparesBitsNotValues) {
@@ -92,8 +88,7 @@ TEST(SameBitsTest, PiecesNameThePiece) {
   std::vector<std::vector<float>> b = a;
   EXPECT_TRUE(SameBits(a, b));
   b[1][1] = 4.0f;
-  EXPECT_EQ(std::string(SameBits(a, b).message()),
-            "piece 1: element 1 of 2: 3 (0x40400000) vs 4 (0x40800000)");
+  EXPECT_EQ(std::string(SameBits(a, b).message()), "piece 1: element 1 of 2: 3 (0x40400000) vs 4 (0x40800000)");
 }
 
 TEST(ScratchDirTest, FreshUniqueAndRemovedByTheOwner) {
@@ -105,8 +100,7 @@ TEST(ScratchDirTest, FreshUniqueAndRemovedByTheOwner) {
     EXPECT_TRUE(std::filesystem::is_directory(a.path()));
     EXPECT_TRUE(std::filesystem::is_empty(a.path()));
     const char* tmp = std::getenv("TEST_TMPDIR");
-    EXPECT_EQ(a.path().rfind(std::string(tmp != nullptr ? tmp : "/tmp") + "/scratch_test.", 0), 0u)
-        << a.path();
+    EXPECT_EQ(a.path().rfind(std::string(tmp != nullptr ? tmp : "/tmp") + "/scratch_test.", 0), 0u) << a.path();
     std::ofstream(a.File("x")) << "data";
     std::filesystem::create_directories(a.File("sub/dir"));
     first = a.path();

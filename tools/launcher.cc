@@ -10,9 +10,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstdio>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -198,9 +198,8 @@ Status LaunchLocal(const std::vector<std::string>& argv, const LaunchOptions& op
     bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     if (!ok) {
       KillAll(pids, done, options.grace_seconds);
-      return UnavailableError("launch: rank " + std::to_string(rank) + " of " +
-                              std::to_string(options.nproc) + " (" + argv[0] + ") failed with " +
-                              DescribeExit(status) + "; the other ranks were stopped");
+      return UnavailableError("launch: rank " + std::to_string(rank) + " of " + std::to_string(options.nproc) + " (" +
+                              argv[0] + ") failed with " + DescribeExit(status) + "; the other ranks were stopped");
     }
   }
   return OkStatus();

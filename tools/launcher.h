@@ -19,8 +19,8 @@ namespace zero {
 struct LaunchOptions {
   int nproc = 1;
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;       // 0: pick a free port
-  int grace_seconds = 5;     // after one rank fails, how long the others get before SIGKILL
+  int master_port = 0;                 // 0: pick a free port
+  int grace_seconds = 5;               // after one rank fails, how long the others get before SIGKILL
   std::vector<std::string> extra_env;  // "KEY=VALUE" added to every child
   // The ranks' ZERO_JOB_SECRET; empty: the launcher's ZERO_JOB_SECRET, else GenerateJobSecret().
   std::string job_secret;

@@ -42,8 +42,9 @@ TEST(LauncherTest, RanksShareAFreshJobSecret) {
   for (int job = 0; job < 2; ++job) {
     const std::string out = dir + "/secret_job" + std::to_string(job) + "_";
     Status st = LaunchLocal({"/bin/sh", "-c",
-                             "printf %s \"$ZERO_JOB_SECRET\" > " + out + "$RANK && "
-                             "printf %s \"$ZERO_JOB_SECRET\" | grep -qxE '[0-9a-f]{64}'"},
+                             "printf %s \"$ZERO_JOB_SECRET\" > " + out +
+                                 "$RANK && "
+                                 "printf %s \"$ZERO_JOB_SECRET\" | grep -qxE '[0-9a-f]{64}'"},
                             o);
     ASSERT_OK(st) << "job " << job;
   }
@@ -105,9 +106,10 @@ TEST(LauncherTest, RanksDieWithTheLauncher) {
     LaunchOptions o;
     o.nproc = 2;
     // Each rank records its pid, then sleeps as a training rank would run.
-    LaunchLocal({"/bin/sh", "-c", "echo $$ > " + dir + "/rank$RANK.tmp && mv " + dir + "/rank$RANK.tmp " + dir +
-                                      "/rank$RANK && exec sleep 60"},
-                o)
+    LaunchLocal(
+        {"/bin/sh", "-c",
+         "echo $$ > " + dir + "/rank$RANK.tmp && mv " + dir + "/rank$RANK.tmp " + dir + "/rank$RANK && exec sleep 60"},
+        o)
         .IgnoreError();
     _exit(0);
   }

@@ -53,8 +53,7 @@ int main(int argc, char** argv) {
     positional.push_back(arg);
   }
   if (positional.size() != 2) {
-    std::fprintf(stderr, "zero_to_fp32: expected 2 arguments, got %zu\n%s", positional.size(),
-                 kUsage);
+    std::fprintf(stderr, "zero_to_fp32: expected 2 arguments, got %zu\n%s", positional.size(), kUsage);
     return 2;
   }
   auto summary = zero::ConsolidateToFp32(positional[0], tag, positional[1]);

@@ -17,8 +17,8 @@ BucketedAllGather::BucketedAllGather(Device* device, Communicator* comm, Stream*
 
 BucketedAllGather::~BucketedAllGather() = default;
 
-std::vector<std::pair<size_t, size_t>> BucketedAllGather::Plan(const std::vector<int64_t>& shards,
-                                                               int world_size, int64_t bucket_numel) {
+std::vector<std::pair<size_t, size_t>> BucketedAllGather::Plan(const std::vector<int64_t>& shards, int world_size,
+                                                               int64_t bucket_numel) {
   std::vector<std::pair<size_t, size_t>> out;
   size_t begin = 0;
   while (begin < shards.size()) {
@@ -107,8 +107,8 @@ Status BucketedAllGather::Launch(std::vector<AllGatherItem> items, int64_t buffe
     if (!work.ok()) return work.status().WithContext(what);
     f.work = std::move(work).value();
   } else {
-    auto buffer = pool_.AcquireAtLeast(static_cast<size_t>(buffer_numel) * SizeOf(t),
-                                       "allocating an all-gather bucket buffer");
+    auto buffer =
+        pool_.AcquireAtLeast(static_cast<size_t>(buffer_numel) * SizeOf(t), "allocating an all-gather bucket buffer");
     if (!buffer.ok()) return buffer.status().WithContext(what);
     f.buffer = std::move(buffer).value();
     void* mine = ElementPtr(f.buffer.data(), t, static_cast<int64_t>(rank) * f.segment);
@@ -142,11 +142,12 @@ Status BucketedAllGather::Complete(Flight* f) {
   for (int r = 0; r < world; ++r) {
     for (size_t j = 0; j < f->items.size(); ++j) {
       const AllGatherItem& it = f->items[j];
-      ZERO_RETURN_IF_ERROR(device_->Copy(ElementPtr(it.full, t, static_cast<int64_t>(r) * it.shard),
-                                         ElementPtr(f->buffer.data(), t, static_cast<int64_t>(r) * f->segment + f->offset[j]),
-                                         static_cast<size_t>(it.shard) * SizeOf(t), CopyKind::kDeviceToDevice,
-                                         compute_)
-                               .WithContext(what + ": unpacking"));
+      ZERO_RETURN_IF_ERROR(
+          device_
+              ->Copy(ElementPtr(it.full, t, static_cast<int64_t>(r) * it.shard),
+                     ElementPtr(f->buffer.data(), t, static_cast<int64_t>(r) * f->segment + f->offset[j]),
+                     static_cast<size_t>(it.shard) * SizeOf(t), CopyKind::kDeviceToDevice, compute_)
+              .WithContext(what + ": unpacking"));
     }
   }
   return pool_.Release(std::move(f->buffer), compute_);

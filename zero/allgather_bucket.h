@@ -50,7 +50,7 @@
 namespace zero {
 
 struct AllGatherItem {
-  int param = -1;      // passed back to fill (and named in errors)
+  int param = -1;        // passed back to fill (and named in errors)
   void* full = nullptr;  // the full padded parameter: N * shard elements of the gather dtype
   int64_t shard = 0;     // elements of one rank's shard
 };
@@ -69,8 +69,7 @@ class BucketedAllGather {
   // stream.
   using FillFn = std::function<Status(int param, void* dst)>;
 
-  BucketedAllGather(Device* device, Communicator* comm, Stream* compute,
-                    const BucketedAllGatherOptions& options);
+  BucketedAllGather(Device* device, Communicator* comm, Stream* compute, const BucketedAllGatherOptions& options);
   ~BucketedAllGather();
   BucketedAllGather(const BucketedAllGather&) = delete;
   BucketedAllGather& operator=(const BucketedAllGather&) = delete;
@@ -92,8 +91,8 @@ class BucketedAllGather {
     std::vector<AllGatherItem> items;
     std::vector<int64_t> offset;  // of item j in a segment
     int64_t segment = 0;
-    DeviceBuffer buffer;          // empty: in place (one item, or one rank)
-    std::unique_ptr<Work> work;   // null: nothing to wait for
+    DeviceBuffer buffer;         // empty: in place (one item, or one rank)
+    std::unique_ptr<Work> work;  // null: nothing to wait for
   };
   Status Launch(std::vector<AllGatherItem> items, int64_t buffer_numel, const FillFn& fill,
                 std::deque<Flight>* flights);

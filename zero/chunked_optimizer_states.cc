@@ -26,13 +26,16 @@ ChunkedOptimizerStates::~ChunkedOptimizerStates() { Drain().IgnoreError(); }
 Result<std::unique_ptr<ChunkedOptimizerStates>> ChunkedOptimizerStates::Create(
     Device* device, int64_t numel, Stream* stream, const ChunkedOptimizerStatesOptions& options) {
   if (options.chunk_numel < 1) {
-    return InvalidArgumentError("chunked optimizer states: zero_optimization.offload_optimizer.chunk_size must be "
-                                ">= 1 element, got " + std::to_string(options.chunk_numel));
+    return InvalidArgumentError(
+        "chunked optimizer states: zero_optimization.offload_optimizer.chunk_size must be "
+        ">= 1 element, got " +
+        std::to_string(options.chunk_numel));
   }
   if (options.chunk_buffers < 2) {
-    return InvalidArgumentError("chunked optimizer states: zero_optimization.offload_optimizer.chunk_buffers must be "
-                                ">= 2 (one set is uploaded while another is updated), got " +
-                                std::to_string(options.chunk_buffers));
+    return InvalidArgumentError(
+        "chunked optimizer states: zero_optimization.offload_optimizer.chunk_buffers must be "
+        ">= 2 (one set is uploaded while another is updated), got " +
+        std::to_string(options.chunk_buffers));
   }
   if (numel < 0) return InvalidArgumentError("chunked optimizer states: numel " + std::to_string(numel) + " < 0");
   std::unique_ptr<ChunkedOptimizerStates> s(new ChunkedOptimizerStates(device, stream, numel, options));
@@ -44,9 +47,10 @@ Status ChunkedOptimizerStates::Init(const ChunkedOptimizerStatesOptions& o) {
   const size_t state_bytes = static_cast<size_t>(numel_) * 4;
   const bool keep_copy = SizeOf(model_dtype_) == 2;
   const size_t copy_bytes = keep_copy ? static_cast<size_t>(numel_) * 2 : 0;
-  ZERO_ASSIGN_OR_RETURN(slab_, HostSlab::Create(device_, 3 * HostSlab::AlignedSize(state_bytes) +
-                                                             (keep_copy ? HostSlab::AlignedSize(copy_bytes) : 0),
-                                                o.slab));
+  ZERO_ASSIGN_OR_RETURN(
+      slab_, HostSlab::Create(
+                 device_, 3 * HostSlab::AlignedSize(state_bytes) + (keep_copy ? HostSlab::AlignedSize(copy_bytes) : 0),
+                 o.slab));
   for (int k = 0; k < 3; ++k) {
     ZERO_ASSIGN_OR_RETURN(HostSpan sp, slab_.Take(state_bytes, OptStateName(kStates[k])));
     state_[k] = sp.as<float>();
@@ -63,7 +67,8 @@ Status ChunkedOptimizerStates::Init(const ChunkedOptimizerStatesOptions& o) {
                               {&update_, "update"},
                               {&download_, "download"}}) {
     auto st = device_->CreateStream();
-    if (!st.ok()) return st.status().WithContext(std::string("chunked optimizer states: creating the ") + name + " stream");
+    if (!st.ok())
+      return st.status().WithContext(std::string("chunked optimizer states: creating the ") + name + " stream");
     *stream = std::move(st).value();
   }
   auto event = [&](std::unique_ptr<Event>* e) -> Status {
@@ -167,8 +172,10 @@ Status ChunkedOptimizerStates::Pipeline(Kind kind, int64_t offset, int64_t n, co
   if (widen && scratch_.empty()) {
     auto b = device_->Allocate(static_cast<size_t>(chunk_) * 4);
     if (!b.ok()) {
-      return b.status().WithContext("chunked optimizer states: allocating the gradient chunk of the update in "
-                                    "backward (" + std::to_string(chunk_) + " fp32 elements)");
+      return b.status().WithContext(
+          "chunked optimizer states: allocating the gradient chunk of the update in "
+          "backward (" +
+          std::to_string(chunk_) + " fp32 elements)");
     }
     scratch_ = std::move(b).value();
   }
@@ -190,7 +197,8 @@ Status ChunkedOptimizerStates::Pipeline(Kind kind, int64_t offset, int64_t n, co
     ZERO_RETURN_IF_ERROR(WaitForHostRange(b, b + len));
     StreamObserver::SpanId trace = TraceBegin(observer_, TraceTrack::kHostToDevice, "chunk upload", upload_.get());
     for (int k = 0; k < moved; ++k) {
-      ZERO_RETURN_IF_ERROR(device_->Copy(s.state[k].data(), state_[k] + b, bytes, CopyKind::kHostToDevice, upload_.get()));
+      ZERO_RETURN_IF_ERROR(
+          device_->Copy(s.state[k].data(), state_[k] + b, bytes, CopyKind::kHostToDevice, upload_.get()));
     }
     TraceEnd(observer_, trace, upload_.get());
     ZERO_RETURN_IF_ERROR(device_->RecordEvent(s.uploaded.get(), upload_.get()));
@@ -201,8 +209,8 @@ Status ChunkedOptimizerStates::Pipeline(Kind kind, int64_t offset, int64_t n, co
     if (widen) {
       float* w = scratch_.as<float>();
       if (grads != nullptr) {
-        ZERO_RETURN_IF_ERROR(
-            device_->AccumulateFirst(w, ElementPtr(grads, grad_t, at), grad_t, static_cast<size_t>(len), 1.0f, update_.get()));
+        ZERO_RETURN_IF_ERROR(device_->AccumulateFirst(w, ElementPtr(grads, grad_t, at), grad_t,
+                                                      static_cast<size_t>(len), 1.0f, update_.get()));
       } else {
         ZERO_RETURN_IF_ERROR(device_->Fill(w, DType::kF32, static_cast<size_t>(len), 0.0f, update_.get()));
       }
@@ -218,7 +226,8 @@ Status ChunkedOptimizerStates::Pipeline(Kind kind, int64_t offset, int64_t n, co
     void* out = to_copy ? s.model.data() : model_out != nullptr ? ElementPtr(model_out, model_t, at) : nullptr;
     const DType out_t = to_copy ? model_dtype_ : model_t;
     if (cast) {
-      ZERO_RETURN_IF_ERROR(device_->Cast(s.state[0].data(), DType::kF32, out, out_t, static_cast<size_t>(len), update_.get()));
+      ZERO_RETURN_IF_ERROR(
+          device_->Cast(s.state[0].data(), DType::kF32, out, out_t, static_cast<size_t>(len), update_.get()));
     } else {
       ZERO_RETURN_IF_ERROR(device_->AdamWCast(s.state[0].as<float>(), g, s.state[1].as<float>(), s.state[2].as<float>(),
                                               static_cast<size_t>(len), h, out, out_t, update_.get()));
@@ -233,7 +242,8 @@ Status ChunkedOptimizerStates::Pipeline(Kind kind, int64_t offset, int64_t n, co
       ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(download_.get(), updated.get()));
       trace = TraceBegin(observer_, TraceTrack::kDeviceToHost, "chunk download", download_.get());
       for (int k = 0; k < 3; ++k) {
-        ZERO_RETURN_IF_ERROR(device_->Copy(state_[k] + b, s.state[k].data(), bytes, CopyKind::kDeviceToHost, download_.get()));
+        ZERO_RETURN_IF_ERROR(
+            device_->Copy(state_[k] + b, s.state[k].data(), bytes, CopyKind::kDeviceToHost, download_.get()));
       }
       if (to_copy) {
         ZERO_RETURN_IF_ERROR(device_->Copy(copy_ + static_cast<size_t>(b) * 2, s.model.data(),
@@ -267,7 +277,8 @@ Status ChunkedOptimizerStates::UpdateFromGradient(int64_t offset, int64_t n, con
 
 Status ChunkedOptimizerStates::CastMaster(int64_t offset, int64_t n, void* model_out, DType model_t, Stream* stream) {
   ZERO_RETURN_IF_ERROR(Check(offset, n, "CastMaster"));
-  if (model_t == model_dtype_ && CopyCurrent(offset, offset + n)) return PublishCopy(offset, n, model_out, stream, nullptr);
+  if (model_t == model_dtype_ && CopyCurrent(offset, offset + n))
+    return PublishCopy(offset, n, model_out, stream, nullptr);
   return Pipeline(Kind::kCast, offset, n, nullptr, DType::kF32, AdamWParams(), model_out, model_t, stream);
 }
 
@@ -281,7 +292,8 @@ Status ChunkedOptimizerStates::UpdateAfter(int64_t offset, int64_t n, const floa
 Status ChunkedOptimizerStates::CastMasterAfter(int64_t offset, int64_t n, void* model_out, DType model_t,
                                                Event* after) {
   ZERO_RETURN_IF_ERROR(Check(offset, n, "CastMasterAfter"));
-  if (model_t == model_dtype_ && CopyCurrent(offset, offset + n)) return PublishCopy(offset, n, model_out, nullptr, after);
+  if (model_t == model_dtype_ && CopyCurrent(offset, offset + n))
+    return PublishCopy(offset, n, model_out, nullptr, after);
   return Pipeline(Kind::kCast, offset, n, nullptr, DType::kF32, AdamWParams(), model_out, model_t, nullptr, after);
 }
 

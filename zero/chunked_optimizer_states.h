@@ -136,10 +136,10 @@ class ChunkedOptimizerStates final : public OptimizerStates {
 
  private:
   struct Set {
-    DeviceBuffer state[3];              // master, exp_avg, exp_avg_sq (chunk_ elements each)
-    DeviceBuffer model;                 // the new weights in model_dtype_ (with the host copy)
-    std::unique_ptr<Event> uploaded;   // upload stream: its states (or masters) landed
-    std::unique_ptr<Event> free;       // the last reader/writer of the set is done
+    DeviceBuffer state[3];            // master, exp_avg, exp_avg_sq (chunk_ elements each)
+    DeviceBuffer model;               // the new weights in model_dtype_ (with the host copy)
+    std::unique_ptr<Event> uploaded;  // upload stream: its states (or masters) landed
+    std::unique_ptr<Event> free;      // the last reader/writer of the set is done
   };
   struct Record {
     int64_t end = 0;
@@ -182,8 +182,8 @@ class ChunkedOptimizerStates final : public OptimizerStates {
   HostSlab slab_;
   float* state_[3] = {nullptr, nullptr, nullptr};
   DType model_dtype_ = DType::kF32;
-  uint8_t* copy_ = nullptr;                 // the host model copy (16-bit model_dtype_), or null
-  std::map<int64_t, int64_t> copy_valid_;   // begin -> end: where copy_ is current; disjoint, merged
+  uint8_t* copy_ = nullptr;                // the host model copy (16-bit model_dtype_), or null
+  std::map<int64_t, int64_t> copy_valid_;  // begin -> end: where copy_ is current; disjoint, merged
   int64_t copy_published_ = 0;
   std::unique_ptr<Stream> upload_, update_, download_;
   std::vector<Set> sets_;
@@ -191,7 +191,7 @@ class ChunkedOptimizerStates final : public OptimizerStates {
   std::unique_ptr<Event> entry_;    // the caller's stream at the start of a call
   std::unique_ptr<Event> widened_;  // update stream: the last widening of UpdateFromGradient
   std::unique_ptr<Event> tail_[3];  // WaitForUpdates' marks on the three streams
-  DeviceBuffer scratch_;  // the widened gradients of UpdateFromGradient (allocated on first use)
+  DeviceBuffer scratch_;            // the widened gradients of UpdateFromGradient (allocated on first use)
   // Declared before records_: the pooled events' deleters return them here while records_ dies.
   std::vector<std::unique_ptr<Event>> spare_events_;
   std::map<int64_t, Record> records_;  // begin -> the latest chunk over [begin, end); disjoint

@@ -188,8 +188,7 @@ TEST(ChunkedOptimizerStatesTest, HostModelCopyPublishesTheSameBits) {
         ASSERT_OK(dd.SynchronizeStream(s));
         std::fill(g16.begin(), g16.end(), uint16_t{0x7f80});  // the gradients may be reused now
         ASSERT_OK(ref.UpdateFromGradient(0, 500, keep.data(), DType::kBF16, h, nullptr));
-        ASSERT_OK(
-            ref.UpdateFromGradient(500, kN - 500, keep.data() + 500, DType::kBF16, h, nullptr));
+        ASSERT_OK(ref.UpdateFromGradient(500, kN - 500, keep.data() + 500, DType::kBF16, h, nullptr));
         expect_cast(0, kN, true, "after the update in backward");
       }
       // Masters changed by Write over [200, 300) and Update over [0, 100): stale there only.
@@ -247,8 +246,7 @@ TEST(ChunkedOptimizerStatesTest, PublicationsFromTheCopyOrderTheNextStepsDownloa
         ASSERT_OK(dd.RecordEvent(mark->get(), s));
         ASSERT_OK(ch.CastMasterAfter(0, kN, got[step - 1].data(), DType::kBF16, mark->get()));
         marks.push_back(std::move(mark).value());
-        ASSERT_OK(
-            ref.UpdateFromGradient(500, kN - 500, g16.data() + 500, DType::kBF16, h, nullptr));
+        ASSERT_OK(ref.UpdateFromGradient(500, kN - 500, g16.data() + 500, DType::kBF16, h, nullptr));
         ASSERT_OK(ref.UpdateFromGradient(0, 500, g16.data(), DType::kBF16, h, nullptr));
         ASSERT_OK(ref.CastMaster(0, kN, want[step - 1].data(), DType::kBF16, nullptr));
       }
@@ -406,8 +404,7 @@ TEST(ChunkedOptimizerStatesTest, UpdateAfterOrdersOnTheEventOnly) {
       ASSERT_OK((*ref)->Update(0, kN, g.data(), h, want.data(), DType::kF32, nullptr));
       for (int64_t b = 0; b < kN; b += 50) {
         const int64_t n = std::min<int64_t>(50, kN - b);
-        ASSERT_OK(
-            ch.UpdateAfter(b, n, dev_g.data() + b, h, got.data() + b, DType::kF32, mark->get()));
+        ASSERT_OK(ch.UpdateAfter(b, n, dev_g.data() + b, h, got.data() + b, DType::kF32, mark->get()));
         if (b == 100) {
           // Read the chunk just queued: its event alone orders the read.
           auto c = ch.Chunk(b + 3);
@@ -430,8 +427,7 @@ TEST(ChunkedOptimizerStatesTest, UpdateAfterOrdersOnTheEventOnly) {
     // The cast after the updates, chunk by chunk after a fresh mark.
     ASSERT_OK(dd.RecordEvent(mark->get(), s));
     for (int64_t b = 0; b < kN; b += 50) {
-      ASSERT_OK(ch.CastMasterAfter(b, std::min<int64_t>(50, kN - b), got_cast.data() + b,
-                                   DType::kF32, mark->get()));
+      ASSERT_OK(ch.CastMasterAfter(b, std::min<int64_t>(50, kN - b), got_cast.data() + b, DType::kF32, mark->get()));
     }
     ASSERT_OK(ch.WaitForUpdates(s));
     ASSERT_OK(dd.SynchronizeStream(s));

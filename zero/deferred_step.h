@@ -74,7 +74,7 @@ class DeferredStep {
 
  private:
   struct Piece {
-    int64_t begin = 0;             // state elements [begin, begin + n)
+    int64_t begin = 0;  // state elements [begin, begin + n)
     int64_t n = 0;
     void* model_out = nullptr;     // where the new weights (or the cast masters) go
     const float* grads = nullptr;  // fp32 gradients of `begin`; null: a cast of the masters
@@ -90,9 +90,9 @@ class DeferredStep {
   const DType model_t_;
   bool in_flight_ = false;
   bool unfinished_ = false;
-  AdamWParams h_;               // the in-flight step's hyperparameters (lr, t, loss scale, clip)
-  std::vector<Piece> pieces_;   // in state order, disjoint
-  size_t pieces_queued_ = 0;    // every piece before it is queued
+  AdamWParams h_;              // the in-flight step's hyperparameters (lr, t, loss scale, clip)
+  std::vector<Piece> pieces_;  // in state order, disjoint
+  size_t pieces_queued_ = 0;   // every piece before it is queued
   std::unique_ptr<Event> mark_;
   std::vector<uint8_t> param_waited_;
 };

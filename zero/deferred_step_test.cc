@@ -80,8 +80,7 @@ bool WrittenRange(const std::vector<float>& model, int64_t begin, int64_t end) {
 TEST(DeferredStepTest, QueuesAsTheForwardReachesParameters) {
   Fixture f;
   f.SetUp();
-  DeferredStep step(&f.cpu, f.cpu.default_stream(), f.chunked.get(), {{0, 8}, {8, 8}, {8, 20}, {20, 40}},
-                    DType::kF32);
+  DeferredStep step(&f.cpu, f.cpu.default_stream(), f.chunked.get(), {{0, 8}, {8, 8}, {8, 20}, {20, 40}}, DType::kF32);
   EXPECT_FALSE(step.in_flight());
   EXPECT_FALSE(step.unfinished());
   ASSERT_OK(step.Begin(Params()));

@@ -42,8 +42,8 @@ class DeviceGradPartition final : public GradPartition {
     for (int i : which) {
       const GradPiece& p = pieces_[i];
       if (p.n == 0) continue;
-      ZERO_RETURN_IF_ERROR(device_->SumOfSquares(data_ + p.offset, DType::kF32, static_cast<size_t>(p.n), slots + i,
-                                                 stream_));
+      ZERO_RETURN_IF_ERROR(
+          device_->SumOfSquares(data_ + p.offset, DType::kF32, static_cast<size_t>(p.n), slots + i, stream_));
     }
     return OkStatus();
   }
@@ -54,8 +54,8 @@ class DeviceGradPartition final : public GradPartition {
   Status Read(int i, float* out) override {
     const GradPiece& p = pieces_[i];
     if (p.n == 0) return OkStatus();
-    ZERO_RETURN_IF_ERROR(device_->Copy(out, data_ + p.offset, static_cast<size_t>(p.n) * 4, CopyKind::kDeviceToHost,
-                                       stream_));
+    ZERO_RETURN_IF_ERROR(
+        device_->Copy(out, data_ + p.offset, static_cast<size_t>(p.n) * 4, CopyKind::kDeviceToHost, stream_));
     return device_->SynchronizeStream(stream_);
   }
   GradPartitionBytes bytes() const override { return GradPartitionBytes{owned_.bytes(), 0}; }
@@ -118,7 +118,8 @@ class HostGradPartition final : public GradPartition {
       ZERO_ASSIGN_OR_RETURN(sl.landed, NewEvent());
       ZERO_ASSIGN_OR_RETURN(sl.staged, NewEvent());
     }
-    ZERO_ASSIGN_OR_RETURN(HostSpan pp, slab_.Take(std::max<size_t>(1, pieces_.size()) * sizeof(double), "norm partials"));
+    ZERO_ASSIGN_OR_RETURN(HostSpan pp,
+                          slab_.Take(std::max<size_t>(1, pieces_.size()) * sizeof(double), "norm partials"));
     partials_ = pp.as<double>();
     ZERO_ASSIGN_OR_RETURN(stored_, NewEvent());
     ZERO_ASSIGN_OR_RETURN(partials_copied_, NewEvent());
@@ -142,7 +143,8 @@ class HostGradPartition final : public GradPartition {
       // the host slot on the copy stream once that device copy is done.
       ZERO_ASSIGN_OR_RETURN(const size_t s, worker_->Acquire());
       Slot& sl = slots_[s];
-      ZERO_RETURN_IF_ERROR(device_->Copy(sl.dev, ElementPtr(src, src_t, at), bytes, CopyKind::kDeviceToDevice, stream_));
+      ZERO_RETURN_IF_ERROR(
+          device_->Copy(sl.dev, ElementPtr(src, src_t, at), bytes, CopyKind::kDeviceToDevice, stream_));
       ZERO_RETURN_IF_ERROR(device_->RecordEvent(sl.staged.get(), stream_));
       ZERO_RETURN_IF_ERROR(device_->StreamWaitEvent(copy_.get(), sl.staged.get()));
       {
@@ -159,8 +161,8 @@ class HostGradPartition final : public GradPartition {
     if (p.n == 0) return OkStatus();
     // Straight into the piece: nothing else writes it in this window.
     TraceDeviceScope trace(observer_, TraceTrack::kDeviceToHost, "gradients to the host partition", stream_);
-    ZERO_RETURN_IF_ERROR(device_->Copy(part_ + p.offset, src, static_cast<size_t>(p.n) * 4, CopyKind::kDeviceToHost,
-                                       stream_));
+    ZERO_RETURN_IF_ERROR(
+        device_->Copy(part_ + p.offset, src, static_cast<size_t>(p.n) * 4, CopyKind::kDeviceToHost, stream_));
     return device_->RecordEvent(stored_.get(), stream_);
   }
   Status Zero(int i) override {
@@ -182,8 +184,8 @@ class HostGradPartition final : public GradPartition {
     std::vector<double> sums(which.size());
     SumsOfSquaresF32(pool_, spans, sums.data());
     for (size_t k = 0; k < which.size(); ++k) partials_[which[k]] = sums[k];
-    ZERO_RETURN_IF_ERROR(device_->Copy(slots, partials_, pieces_.size() * sizeof(double), CopyKind::kHostToDevice,
-                                       stream_));
+    ZERO_RETURN_IF_ERROR(
+        device_->Copy(slots, partials_, pieces_.size() * sizeof(double), CopyKind::kHostToDevice, stream_));
     return device_->RecordEvent(partials_copied_.get(), stream_);
   }
   Status Update(OptimizerStates* states, int64_t offset, int64_t n, const AdamWParams& h, void* model_out,
@@ -210,8 +212,8 @@ class HostGradPartition final : public GradPartition {
 
  private:
   struct Slot {
-    void* data = nullptr;  // host: the chunk as it came (src_t)
-    void* dev = nullptr;   // device: the same chunk, staged on the caller's stream
+    void* data = nullptr;           // host: the chunk as it came (src_t)
+    void* dev = nullptr;            // device: the same chunk, staged on the caller's stream
     std::unique_ptr<Event> staged;  // caller's stream: the device slot holds the chunk
     std::unique_ptr<Event> landed;  // copy stream: the host slot holds it
   };
@@ -340,8 +342,7 @@ Result<std::unique_ptr<GradPartition>> CreateHostGradPartition(Device* device, S
   return std::unique_ptr<GradPartition>(std::move(p));
 }
 
-Result<std::unique_ptr<GradPartition>> CreateGpuAccumulatedGradPartition(Device* device, Stream* stream,
-                                                                         int64_t numel,
+Result<std::unique_ptr<GradPartition>> CreateGpuAccumulatedGradPartition(Device* device, Stream* stream, int64_t numel,
                                                                          std::vector<GradPiece> pieces,
                                                                          const HostGradPartitionOptions& options) {
   auto sum = CreateDeviceGradPartition(device, stream, numel, pieces);

@@ -20,9 +20,9 @@
 //     chunk into the host partition as it lands (on the states' thread pool), so backward goes on
 //     meanwhile. Add blocks only when every slot is in use. The device slots are the only device
 //     memory (staging_slots x chunk_numel x 4 bytes): no full-model staging copy. Store (stage 1,
-//     the GPU sum's flush) copies straight into the partition on the caller's stream. The norm is CpuDevice::SumOfSquares' order on
-//     the host (the same bits as the CPU backend's device norm); AdamW reads the host partition in
-//     place (OptimizerStates::UpdateFromHost).
+//     the GPU sum's flush) copies straight into the partition on the caller's stream. The norm is
+//     CpuDevice::SumOfSquares' order on the host (the same bits as the CPU backend's device norm); AdamW reads the host
+//     partition in place (OptimizerStates::UpdateFromHost).
 //   - GPU-accumulated (CreateGpuAccumulatedGradPartition; offload_grad_accumulation "gpu"): a
 //     device fp32 sum (4 bytes per element on the device) in front of a host partition. Every add
 //     goes to the device sum; a piece's sum is copied to the host once per window, when its last
@@ -95,8 +95,8 @@ class GradPartition {
   // AdamW over state elements [offset, offset + n) of `states` from the partition's elements at the
   // same offsets (the state and partition layouts coincide), writing the rounded weights to
   // `model_out` (device memory, may be null) as OptimizerStates::Update does.
-  virtual Status Update(OptimizerStates* states, int64_t offset, int64_t n, const AdamWParams& h,
-                        void* model_out, DType model_t) = 0;
+  virtual Status Update(OptimizerStates* states, int64_t offset, int64_t n, const AdamWParams& h, void* model_out,
+                        DType model_t) = 0;
   // Piece i's n values into host memory `out`; blocking, after every call before it (tests, debugging).
   virtual Status Read(int i, float* out) = 0;
   virtual GradPartitionBytes bytes() const = 0;
@@ -132,8 +132,7 @@ Result<std::unique_ptr<GradPartition>> CreateHostGradPartition(Device* device, S
                                                                std::vector<GradPiece> pieces,
                                                                const HostGradPartitionOptions& options);
 // A device fp32 sum of `numel` elements in front of a host partition made with `options`.
-Result<std::unique_ptr<GradPartition>> CreateGpuAccumulatedGradPartition(Device* device, Stream* stream,
-                                                                         int64_t numel,
+Result<std::unique_ptr<GradPartition>> CreateGpuAccumulatedGradPartition(Device* device, Stream* stream, int64_t numel,
                                                                          std::vector<GradPiece> pieces,
                                                                          const HostGradPartitionOptions& options);
 

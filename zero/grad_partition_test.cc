@@ -63,8 +63,7 @@ void RunWindow(GradPartition* g, Device* device) {
       auto src = device->Allocate(static_cast<size_t>(std::max<int64_t>(n, 1)) * 4);
       ASSERT_OK(src);
       const DType t = micro == 1 ? DType::kBF16 : DType::kF32;
-      ASSERT_OK(
-          device->Cast(host.data(), DType::kF32, src->data(), t, static_cast<size_t>(n), nullptr));
+      ASSERT_OK(device->Cast(host.data(), DType::kF32, src->data(), t, static_cast<size_t>(n), nullptr));
       ASSERT_OK(g->Add(i, src->data(), t, !written[i], micro == 2));
       written[i] = 1;
     }
@@ -217,8 +216,7 @@ TEST(GradPartitionTest, HostAddsOverlapTheCallersStreamSafely) {
         const int64_t n = (*host)->piece(i).n;
         keep.push_back(Grad(i, micro, n));
         const DType t = micro == 1 ? DType::kBF16 : DType::kF32;
-        ASSERT_OK(device.Cast(keep.back().data(), DType::kF32, src->data(), t,
-                              static_cast<size_t>(n), compute));
+        ASSERT_OK(device.Cast(keep.back().data(), DType::kF32, src->data(), t, static_cast<size_t>(n), compute));
         ASSERT_OK((*host)->Add(i, src->data(), t, !written[i], micro == 2));
         written[i] = 1;
       }

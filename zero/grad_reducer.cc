@@ -88,8 +88,7 @@ Status GradientReducer::LaunchPlanned(int bucket) {
   return LaunchItems(std::move(items));
 }
 
-Status GradientReducer::Add(int param, void* src, DType src_t, int64_t numel, ReleaseFn release,
-                            void* recv) {
+Status GradientReducer::Add(int param, void* src, DType src_t, int64_t numel, ReleaseFn release, void* recv) {
   if (!failed_.ok()) return failed_;
   if (!plan_.empty()) {
     ZERO_RETURN_IF_ERROR(AddPlanned(Pending{param, src, src_t, numel, std::move(release), recv}));
@@ -124,8 +123,7 @@ Status GradientReducer::Drain() {
 
 Status GradientReducer::Poll() {
   if (!failed_.ok()) return failed_;
-  while (!in_flight_.empty() &&
-         (in_flight_.front().work == nullptr || in_flight_.front().work->IsCompleted())) {
+  while (!in_flight_.empty() && (in_flight_.front().work == nullptr || in_flight_.front().work->IsCompleted())) {
     ZERO_RETURN_IF_ERROR(ProcessOldest());
   }
   return OkStatus();
@@ -142,8 +140,7 @@ Status GradientReducer::LaunchItems(std::vector<Pending> items) {
   while (static_cast<int>(in_flight_.size()) >= options_.max_in_flight) {
     ZERO_RETURN_IF_ERROR(ProcessOldest());
   }
-  std::stable_sort(items.begin(), items.end(),
-                   [](const Pending& a, const Pending& b) { return a.param < b.param; });
+  std::stable_sort(items.begin(), items.end(), [](const Pending& a, const Pending& b) { return a.param < b.param; });
   std::vector<BucketItem> layout_items;
   layout_items.reserve(items.size());
   for (const Pending& p : items) layout_items.push_back(BucketItem{p.param, p.numel});
@@ -157,7 +154,7 @@ Status GradientReducer::LaunchItems(std::vector<Pending> items) {
   const int64_t staging_numel = f.layout.send_numel() + (recv_area ? f.layout.recv_numel() : 0);
   if (staging_numel > 0) {
     auto staging = staging_.AcquireAtLeast(static_cast<size_t>(staging_numel) * SizeOf(t),
-                                    "allocating a gradient bucket's staging buffer");
+                                           "allocating a gradient bucket's staging buffer");
     if (!staging.ok()) return Fail(staging.status());
     f.staging = std::move(staging).value();
   }
@@ -186,8 +183,7 @@ Status GradientReducer::LaunchItems(std::vector<Pending> items) {
   return OkStatus();
 }
 
-Status GradientReducer::LaunchOne(int param, void* src, DType src_t, int64_t numel, ReleaseFn release,
-                                  void* recv) {
+Status GradientReducer::LaunchOne(int param, void* src, DType src_t, int64_t numel, ReleaseFn release, void* recv) {
   while (static_cast<int>(in_flight_.size()) >= options_.max_in_flight) {
     ZERO_RETURN_IF_ERROR(ProcessOldest());
   }
@@ -209,9 +205,8 @@ Status GradientReducer::LaunchOne(int param, void* src, DType src_t, int64_t num
       if (!staging.ok()) return Fail(staging.status());
       f.staging = std::move(staging).value();
       send = f.staging.data();
-      Status s = src == nullptr
-                     ? device_->Fill(send, t, static_cast<size_t>(send_numel), 0.0f, compute_)
-                     : device_->Cast(src, src_t, send, t, static_cast<size_t>(send_numel), compute_);
+      Status s = src == nullptr ? device_->Fill(send, t, static_cast<size_t>(send_numel), 0.0f, compute_)
+                                : device_->Cast(src, src_t, send, t, static_cast<size_t>(send_numel), compute_);
       if (!s.ok()) return Fail(s.WithContext("converting the gradient of parameter " + std::to_string(param)));
     }
     if (release) {
@@ -252,9 +247,9 @@ Status GradientReducer::Issue(InFlight* f, void* send, void* recv) {
     f->recv = send;  // the mean (or sum) over one rank is the value itself
     return OkStatus();
   }
-  f->span = TraceBegin(observer_, TraceTrack::kCommunication,
-                       options_.scatter && options_.kind != BucketKind::kFull ? "reduce-scatter" : "all-reduce",
-                       compute_);
+  f->span =
+      TraceBegin(observer_, TraceTrack::kCommunication,
+                 options_.scatter && options_.kind != BucketKind::kFull ? "reduce-scatter" : "all-reduce", compute_);
   if (options_.kind == BucketKind::kFull) {
     auto work = comm_->AllReduce(send, segment, t, options_.op, compute_);
     if (!work.ok()) return Fail(work.status().WithContext(what("all-reduce")));
@@ -283,18 +278,16 @@ Status GradientReducer::ProcessOldest() {
   if (f.work != nullptr) {
     Status s = f.work->StreamWait(compute_);
     if (!s.ok()) {
-      return Fail(s.WithContext(std::string(options_.name) + " reduction of " +
-                                (options_.contiguous ? "bucket with parameters " : "parameter ") +
-                                std::to_string(f.layout.items().front().param) +
-                                (options_.contiguous
-                                     ? ".." + std::to_string(f.layout.items().back().param)
-                                     : std::string())));
+      return Fail(
+          s.WithContext(std::string(options_.name) + " reduction of " +
+                        (options_.contiguous ? "bucket with parameters " : "parameter ") +
+                        std::to_string(f.layout.items().front().param) +
+                        (options_.contiguous ? ".." + std::to_string(f.layout.items().back().param) : std::string())));
     }
     TraceEnd(observer_, f.span, compute_);
   }
   for (int j = 0; j < f.layout.size(); ++j) {
-    Status s = consumer_(f.layout.items()[j].param,
-                         ElementPtr(f.recv, options_.comm_dtype, f.layout.item_offset(j)));
+    Status s = consumer_(f.layout.items()[j].param, ElementPtr(f.recv, options_.comm_dtype, f.layout.item_offset(j)));
     if (!s.ok()) return Fail(s);
   }
   if (f.release) {

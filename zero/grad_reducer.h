@@ -82,8 +82,8 @@ struct GradientReducerOptions {
   int64_t bucket_numel = 500000000;  // launch once a bucket holds at least this many elements
   bool overlap = true;
   int max_in_flight = 2;
-  bool contiguous = true;  // false: no buckets, one collective per Add straight from its buffer
-  bool scatter = true;     // kShards: false reduces with AllReduce (this rank keeps its segment)
+  bool contiguous = true;         // false: no buckets, one collective per Add straight from its buffer
+  bool scatter = true;            // kShards: false reduces with AllReduce (this rank keeps its segment)
   const char* name = "gradient";  // for error messages: "gradient reduce-scatter ..."
 };
 
@@ -92,8 +92,8 @@ class GradientReducer {
   using Consumer = std::function<Status(int param, const void* reduced)>;
   using ReleaseFn = std::function<Status()>;
 
-  GradientReducer(Device* device, Communicator* comm, Stream* compute,
-                  const GradientReducerOptions& options, Consumer consumer);
+  GradientReducer(Device* device, Communicator* comm, Stream* compute, const GradientReducerOptions& options,
+                  Consumer consumer);
   ~GradientReducer();
 
   // Queues `numel` elements of `src_t` at `src` (device memory, written on the compute stream).
@@ -139,8 +139,8 @@ class GradientReducer {
     BucketLayout layout;
     DeviceBuffer staging;
     const void* recv = nullptr;
-    std::unique_ptr<Work> work;  // null: nothing to wait for (one rank)
-    ReleaseFn release;           // per parameter: gives the source back once consumed
+    std::unique_ptr<Work> work;       // null: nothing to wait for (one rank)
+    ReleaseFn release;                // per parameter: gives the source back once consumed
     StreamObserver::SpanId span = 0;  // the collective's trace span
   };
 
@@ -163,9 +163,9 @@ class GradientReducer {
   int64_t open_numel_ = 0;
   // The plan (empty: none): buckets of parameters, each parameter's bucket, what was added.
   std::vector<std::vector<BucketItem>> plan_;
-  std::vector<int> bucket_of_;             // by parameter index; -1: not in the plan
+  std::vector<int> bucket_of_;                // by parameter index; -1: not in the plan
   std::vector<std::optional<Pending>> slot_;  // by parameter index: added since the last launch
-  std::vector<int> added_;                 // per bucket
+  std::vector<int> added_;                    // per bucket
   int next_bucket_ = 0;
   std::deque<InFlight> in_flight_;
   int64_t buckets_launched_ = 0;

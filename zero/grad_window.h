@@ -87,7 +87,7 @@ class GradWindow {
   bool managed_ = true;
   int64_t gas_ = 1;
   std::vector<uint8_t> handed_out_;
-  std::vector<uint8_t> reported_;       // in the current backward
+  std::vector<uint8_t> reported_;  // in the current backward
   std::vector<uint8_t> active_;
   std::vector<uint8_t> reduce_queued_;
   std::vector<uint8_t> acc_written_;

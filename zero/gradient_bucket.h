@@ -66,8 +66,7 @@ class BucketLayout {
 // Enqueues on `stream` the copies (Cast when src_t != send_t) that put item j's gradient (numel
 // elements of src_t at `src`, device memory) into its places in `send` (send_t), and zero-fills
 // its padding. `send` holds layout.send_numel() elements.
-Status PackBucketItem(Device* device, Stream* stream, const BucketLayout& layout, int j,
-                      const void* src, DType src_t, void* send, DType send_t);
-
+Status PackBucketItem(Device* device, Stream* stream, const BucketLayout& layout, int j, const void* src, DType src_t,
+                      void* send, DType send_t);
 
 }  // namespace zero

@@ -50,8 +50,7 @@ TEST(BucketLayoutTest, PackPutsEachShardInItsRankSegmentWithZeroPadding) {
     grads.push_back(g);
   }
   for (int j = 0; j < 4; ++j) {
-    ASSERT_OK(PackBucketItem(&device, nullptr, l, j, grads[j].data(), DType::kF32, send.data(),
-                             DType::kF32));
+    ASSERT_OK(PackBucketItem(&device, nullptr, l, j, grads[j].data(), DType::kF32, send.data(), DType::kF32));
   }
   for (int r = 0; r < world; ++r) {
     for (int j = 0; j < 4; ++j) {
@@ -59,8 +58,7 @@ TEST(BucketLayoutTest, PackPutsEachShardInItsRankSegmentWithZeroPadding) {
       for (int64_t k = 0; k < shard; ++k) {
         const int64_t src = r * shard + k;
         const float want = src < sizes[j] ? grads[j][src] : 0.0f;
-        EXPECT_EQ(send[r * l.segment() + l.item_offset(j) + k], want)
-            << "rank " << r << " item " << j << " k " << k;
+        EXPECT_EQ(send[r * l.segment() + l.item_offset(j) + k], want) << "rank " << r << " item " << j << " k " << k;
       }
     }
   }
@@ -71,8 +69,7 @@ TEST(BucketLayoutTest, PackCastsToTheCommDtype) {
   BucketLayout l(BucketKind::kShards, 2, {{0, 3}});
   std::vector<float> g = {1.0f, 1.00390625f, -2.5f};
   std::vector<uint16_t> send(l.send_numel(), 0xffff);
-  ASSERT_OK(
-      PackBucketItem(&device, nullptr, l, 0, g.data(), DType::kF32, send.data(), DType::kBF16));
+  ASSERT_OK(PackBucketItem(&device, nullptr, l, 0, g.data(), DType::kF32, send.data(), DType::kBF16));
   EXPECT_EQ(Bf16ToFloat(send[0]), 1.0f);
   EXPECT_EQ(Bf16ToFloat(send[1]), 1.0f);  // rounded to nearest even
   EXPECT_EQ(Bf16ToFloat(send[2]), -2.5f);
@@ -116,10 +113,11 @@ TEST(GradientReducerTest, ReduceScatterGivesEachRankTheMeanOfItsShards) {
           for (int64_t k = 0; k < sp.shard; ++k) {
             const int64_t e = sp.begin + k;
             float want = 0.0f;
-            if (e < sizes[i]) want = (((1.0f + e + 10.0f * i) + (2.0f + e + 10.0f * i)) + (3.0f + e + 10.0f * i)) / 3.0f;
+            if (e < sizes[i])
+              want = (((1.0f + e + 10.0f * i) + (2.0f + e + 10.0f * i)) + (3.0f + e + 10.0f * i)) / 3.0f;
             if (got[i][k] != want) {
-              return InternalError("param " + std::to_string(i) + " elem " + std::to_string(e) +
-                                   " got " + std::to_string(got[i][k]) + " want " + std::to_string(want));
+              return InternalError("param " + std::to_string(i) + " elem " + std::to_string(e) + " got " +
+                                   std::to_string(got[i][k]) + " want " + std::to_string(want));
             }
           }
         }
@@ -139,12 +137,11 @@ TEST(GradientReducerTest, AllReduceFullAndSumOp) {
     o.op = ReduceOp::kSum;
     o.bucket_numel = 6;
     std::vector<std::vector<float>> got(sizes.size());
-    GradientReducer reducer(device, comm, device->default_stream(), o,
-                            [&](int param, const void* reduced) -> Status {
-                              const float* r = static_cast<const float*>(reduced);
-                              got[param].assign(r, r + sizes[param]);
-                              return OkStatus();
-                            });
+    GradientReducer reducer(device, comm, device->default_stream(), o, [&](int param, const void* reduced) -> Status {
+      const float* r = static_cast<const float*>(reduced);
+      got[param].assign(r, r + sizes[param]);
+      return OkStatus();
+    });
     std::vector<std::vector<float>> grads(sizes.size());
     for (size_t i = 0; i < sizes.size(); ++i) {
       grads[i].assign(sizes[i], 1.5f * (rank + 1) + i);
@@ -185,14 +182,13 @@ TEST(GradientReducerTest, PerParameterAndAllReduceModesGiveTheSameValues) {
           o.contiguous = contiguous;
           o.scatter = scatter;
           std::vector<std::vector<float>> got(sizes.size());
-          GradientReducer reducer(device, comm, device->default_stream(), o,
-                                  [&](int param, const void* reduced) -> Status {
-                                    const int64_t n = kind == BucketKind::kFull ? sizes[param]
-                                                                                : ShardNumel(sizes[param], world);
-                                    got[param].resize(n);
-                                    for (int64_t k = 0; k < n; ++k) got[param][k] = LoadAsFloat(reduced, DType::kBF16, k);
-                                    return OkStatus();
-                                  });
+          GradientReducer reducer(
+              device, comm, device->default_stream(), o, [&](int param, const void* reduced) -> Status {
+                const int64_t n = kind == BucketKind::kFull ? sizes[param] : ShardNumel(sizes[param], world);
+                got[param].resize(n);
+                for (int64_t k = 0; k < n; ++k) got[param][k] = LoadAsFloat(reduced, DType::kBF16, k);
+                return OkStatus();
+              });
           // Padded buffers (zero padding) plus a receive area, in src_t.
           std::vector<std::vector<uint8_t>> bufs(sizes.size());
           int released = 0;
@@ -204,10 +200,13 @@ TEST(GradientReducerTest, PerParameterAndAllReduceModesGiveTheSameValues) {
               StoreFromFloat(bufs[i].data(), src_t, k, 0.37f * (rank + 1) + 0.011f * k + 1.3f * i);
             }
             void* recv = mode == 2 && src_t == DType::kBF16 ? ElementPtr(bufs[i].data(), src_t, padded) : nullptr;
-            ZERO_RETURN_IF_ERROR(reducer.Add(i, bufs[i].data(), src_t, sizes[i], [&]() {
-              ++released;
-              return OkStatus();
-            }, recv));
+            ZERO_RETURN_IF_ERROR(reducer.Add(
+                i, bufs[i].data(), src_t, sizes[i],
+                [&]() {
+                  ++released;
+                  return OkStatus();
+                },
+                recv));
           }
           ZERO_RETURN_IF_ERROR(reducer.Drain());
           if (released != static_cast<int>(sizes.size())) return InternalError("not all released");
@@ -231,8 +230,8 @@ TEST(GradientReducerTest, PerParameterAndAllReduceModesGiveTheSameValues) {
           ASSERT_EQ(results[mode][i].size(), results[0][i].size()) << "mode " << mode << " param " << i;
           for (size_t k = 0; k < results[0][i].size(); ++k) {
             EXPECT_EQ(FloatBits(results[mode][i][k]), FloatBits(results[0][i][k]))
-                << "kind " << static_cast<int>(kind) << " " << DTypeName(src_t) << " mode " << mode
-                << " param " << i << " elem " << k;
+                << "kind " << static_cast<int>(kind) << " " << DTypeName(src_t) << " mode " << mode << " param " << i
+                << " elem " << k;
           }
         }
       }

@@ -14,7 +14,6 @@
 namespace zero {
 namespace {
 
-
 class HostOptimizerStates final : public OptimizerStates {
  public:
   HostOptimizerStates(Device* device, Stream* stream, int64_t numel, const HostOptimizerStatesOptions& o)
@@ -97,7 +96,8 @@ class HostOptimizerStates final : public OptimizerStates {
       const int64_t at = offset + c * chunk_;
       TraceHostScope trace(observer_, TraceTrack::kCpuOptimizer, "CPU AdamW");
       ZERO_RETURN_IF_ERROR(CpuAdamW(state_[0] + at, grad_[k], state_[1] + at, state_[2] + at,
-                                    static_cast<size_t>(len(c)), h, ElementPtr(model_copy_, mdt_, at), mdt_, pool_.get()));
+                                    static_cast<size_t>(len(c)), h, ElementPtr(model_copy_, mdt_, at), mdt_,
+                                    pool_.get()));
     }
     if (model_out != nullptr) ZERO_RETURN_IF_ERROR(CastMaster(offset, n, model_out, model_t, stream));
     return OkStatus();
@@ -131,8 +131,8 @@ class HostOptimizerStates final : public OptimizerStates {
       Slot& sl = slots_[s];
       TraceDeviceScope trace(observer_, TraceTrack::kDeviceToHost, "gradients to the host", stream);
       if (grad != nullptr) {
-        ZERO_RETURN_IF_ERROR(device_->Copy(sl.grad, ElementPtr(grad, grad_t, at), static_cast<size_t>(len) * SizeOf(grad_t),
-                                           CopyKind::kDeviceToHost, stream));
+        ZERO_RETURN_IF_ERROR(device_->Copy(sl.grad, ElementPtr(grad, grad_t, at),
+                                           static_cast<size_t>(len) * SizeOf(grad_t), CopyKind::kDeviceToHost, stream));
       }
       ZERO_RETURN_IF_ERROR(device_->RecordEvent(sl.landed.get(), stream));
       worker_->Push(Task{s, offset + at, len, grad != nullptr, grad_t, h});
@@ -147,16 +147,16 @@ class HostOptimizerStates final : public OptimizerStates {
     TraceDeviceScope trace(observer_, TraceTrack::kHostToDevice, "weights to the device", stream);
     if (model_t == mdt_) {
       // The model copy is round(master) already: one copy.
-      ZERO_RETURN_IF_ERROR(device_->Copy(model_out, ElementPtr(model_copy_, mdt_, offset), static_cast<size_t>(n) * SizeOf(mdt_),
-                                         CopyKind::kHostToDevice, stream));
+      ZERO_RETURN_IF_ERROR(device_->Copy(model_out, ElementPtr(model_copy_, mdt_, offset),
+                                         static_cast<size_t>(n) * SizeOf(mdt_), CopyKind::kHostToDevice, stream));
       return device_->RecordEvent(copied_.get(), stream);
     }
     for (int64_t at = 0; at < n; at += chunk_) {
       const int64_t m = std::min(chunk_, n - at);
       ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(copied_.get()));  // cast_ is free
       RoundInto(state_[0] + offset + at, cast_, model_t, m);
-      ZERO_RETURN_IF_ERROR(device_->Copy(ElementPtr(model_out, model_t, at), cast_, static_cast<size_t>(m) * SizeOf(model_t),
-                                         CopyKind::kHostToDevice, stream));
+      ZERO_RETURN_IF_ERROR(device_->Copy(ElementPtr(model_out, model_t, at), cast_,
+                                         static_cast<size_t>(m) * SizeOf(model_t), CopyKind::kHostToDevice, stream));
       ZERO_RETURN_IF_ERROR(device_->RecordEvent(copied_.get(), stream));
     }
     return OkStatus();
@@ -167,7 +167,8 @@ class HostOptimizerStates final : public OptimizerStates {
     ZERO_RETURN_IF_ERROR(WaitForWorker());
     if (n == 0) return OkStatus();
     TraceDeviceScope trace(observer_, TraceTrack::kHostToDevice, "states to the device", stream);
-    ZERO_RETURN_IF_ERROR(device_->Copy(dst, at(which, offset), static_cast<size_t>(n) * 4, CopyKind::kHostToDevice, stream));
+    ZERO_RETURN_IF_ERROR(
+        device_->Copy(dst, at(which, offset), static_cast<size_t>(n) * 4, CopyKind::kHostToDevice, stream));
     return device_->SynchronizeStream(stream);
   }
   Status CopyFromDevice(OptState which, int64_t offset, int64_t n, const float* src, Stream* stream) override {
@@ -177,7 +178,8 @@ class HostOptimizerStates final : public OptimizerStates {
     ZERO_RETURN_IF_ERROR(device_->SynchronizeEvent(copied_.get()));
     {
       TraceDeviceScope trace(observer_, TraceTrack::kDeviceToHost, "states to the host", stream);
-      ZERO_RETURN_IF_ERROR(device_->Copy(at(which, offset), src, static_cast<size_t>(n) * 4, CopyKind::kDeviceToHost, stream));
+      ZERO_RETURN_IF_ERROR(
+          device_->Copy(at(which, offset), src, static_cast<size_t>(n) * 4, CopyKind::kDeviceToHost, stream));
     }
     ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream));
     if (which == OptState::kMaster) RoundInto(state_[0] + offset, ElementPtr(model_copy_, mdt_, offset), mdt_, n);
@@ -222,7 +224,7 @@ class HostOptimizerStates final : public OptimizerStates {
 
  private:
   struct Slot {
-    void* grad = nullptr;     // the chunk's gradients as they came (grad_t)
+    void* grad = nullptr;      // the chunk's gradients as they came (grad_t)
     float* widened = nullptr;  // 0.0f + g in fp32
     std::unique_ptr<Event> landed;
   };
@@ -241,7 +243,6 @@ class HostOptimizerStates final : public OptimizerStates {
   }
 
   void RoundInto(const float* src, void* dst, DType t, int64_t n) { RoundToDType(pool_.get(), src, dst, t, n); }
-
 
   Status RunTask(const Task& t) {
     Slot& sl = slots_[t.slot];

@@ -34,8 +34,7 @@ TEST(HostOptimizerStatesTest, BitwiseEqualToDeviceStates) {
     EXPECT_GE((*host)->bytes().host, 3u * kN * 4);
     std::vector<float> init(kN);
     for (int64_t i = 0; i < kN; ++i) init[i] = 0.5f - 0.001f * static_cast<float>(i % 113);
-    for (auto* st : {host->get(), dev->get()})
-      ASSERT_OK(st->Write(OptState::kMaster, 0, kN, init.data()));
+    for (auto* st : {host->get(), dev->get()}) ASSERT_OK(st->Write(OptState::kMaster, 0, kN, init.data()));
     for (int step = 1; step <= 3; ++step) {
       std::vector<float> g(kN);
       for (int64_t i = 0; i < kN; ++i) g[i] = 0.01f * static_cast<float>((i * 7 + step) % 29) - 0.1f;
@@ -86,8 +85,7 @@ TEST(HostOptimizerStatesTest, UpdateFromGradientEqualsDeviceStates) {
     ASSERT_OK(dev);
     std::vector<float> init(kN);
     for (int64_t i = 0; i < kN; ++i) init[i] = 0.25f + 0.002f * static_cast<float>(i % 61);
-    for (auto* st : {host->get(), dev->get()})
-      ASSERT_OK(st->Write(OptState::kMaster, 0, kN, init.data()));
+    for (auto* st : {host->get(), dev->get()}) ASSERT_OK(st->Write(OptState::kMaster, 0, kN, init.data()));
     for (int step = 1; step <= 3; ++step) {
       std::vector<uint8_t> g(static_cast<size_t>(kN) * SizeOf(t));
       for (int64_t i = 0; i < kN; ++i) {

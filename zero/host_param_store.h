@@ -35,7 +35,6 @@ struct HostParamStoreOptions {
 
 class HostParamStore final : public ParamStore {
  public:
-
   static Result<std::unique_ptr<HostParamStore>> Create(Device* device, Stream* stream, DType dtype, int64_t numel,
                                                         const HostParamStoreOptions& options);
 

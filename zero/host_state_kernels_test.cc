@@ -45,18 +45,17 @@ TEST(HostStateKernelsTest, WidenedAdamWEqualsWidenThenAdamW) {
           g32[0] = -0.0f;
           if (n > 3) g32[3] = std::numeric_limits<float>::quiet_NaN();
           std::vector<uint8_t> g(static_cast<size_t>(n) * SizeOf(gt));
-          ASSERT_OK(
-              cpu.Cast(g32.data(), DType::kF32, g.data(), gt, static_cast<size_t>(n), nullptr));
+          ASSERT_OK(cpu.Cast(g32.data(), DType::kF32, g.data(), gt, static_cast<size_t>(n), nullptr));
           const void* grad = null_grad ? nullptr : g.data();
           std::vector<float> p1 = p, m1 = m, v1 = v, p2 = p, m2 = m, v2 = v, s1(n), s2(n, 7.0f);
           std::vector<uint16_t> o1(n, 1), o2(n, 2);
           WidenToF32(pool->get(), grad, gt, s1.data(), n);
-          ASSERT_OK(CpuAdamW(p1.data(), s1.data(), m1.data(), v1.data(), static_cast<size_t>(n), h,
-                             o1.data(), DType::kBF16, pool->get()));
+          ASSERT_OK(CpuAdamW(p1.data(), s1.data(), m1.data(), v1.data(), static_cast<size_t>(n), h, o1.data(),
+                             DType::kBF16, pool->get()));
           CpuAdamWOptions o;
           o.stream_model_out = stream;
-          ASSERT_OK(WidenedAdamW(pool->get(), grad, gt, s2.data(), p2.data(), m2.data(), v2.data(),
-                                 n, h, o2.data(), DType::kBF16, o));
+          ASSERT_OK(WidenedAdamW(pool->get(), grad, gt, s2.data(), p2.data(), m2.data(), v2.data(), n, h, o2.data(),
+                                 DType::kBF16, o));
           EXPECT_EQ(0, std::memcmp(p1.data(), p2.data(), n * 4)) << "master";
           EXPECT_EQ(0, std::memcmp(m1.data(), m2.data(), n * 4)) << "exp_avg";
           EXPECT_EQ(0, std::memcmp(v1.data(), v2.data(), n * 4)) << "exp_avg_sq";

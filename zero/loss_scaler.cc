@@ -35,8 +35,7 @@ Result<LossScaler> LossScaler::Dynamic(const DynamicLossScaleOptions& options) {
                                 std::to_string(options.scale_window));
   }
   if (options.hysteresis < 1) {
-    return InvalidArgumentError("fp16.hysteresis: expected an integer >= 1, got " +
-                                std::to_string(options.hysteresis));
+    return InvalidArgumentError("fp16.hysteresis: expected an integer >= 1, got " + std::to_string(options.hysteresis));
   }
   if (!(options.min_scale > 0.0) || !std::isfinite(options.min_scale)) {
     return InvalidArgumentError("fp16.min_loss_scale: expected a number > 0, got " + Num(options.min_scale));
@@ -81,8 +80,7 @@ Status LossScaler::Restore(const LossScalerState& state) {
   if (!dynamic_) return OkStatus();  // a static scale comes from the config, not the checkpoint
   if (state.cur_iter < 0 || state.last_overflow_iter < -1 || state.last_overflow_iter >= state.cur_iter) {
     return DataLossError(where + "expected -1 <= last_overflow_iter < cur_iter, got last_overflow_iter " +
-                         std::to_string(state.last_overflow_iter) + " and cur_iter " +
-                         std::to_string(state.cur_iter));
+                         std::to_string(state.last_overflow_iter) + " and cur_iter " + std::to_string(state.cur_iter));
   }
   if (state.cur_hysteresis < 1 || state.cur_hysteresis > options_.hysteresis) {
     return DataLossError(where + "cur_hysteresis: expected 1.." + std::to_string(options_.hysteresis) + ", got " +

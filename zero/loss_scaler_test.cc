@@ -130,11 +130,11 @@ TEST(LossScalerTest, StateRoundTripContinuesIdentically) {
 
 TEST(LossScalerTest, RestoreRejectsImpossibleStates) {
   LossScaler s = MakeDynamic(8, 4, 3, false, 1);
-  EXPECT_EQ(s.Restore({0.0, 5, 2, 1}).code(), StatusCode::kDataLoss);     // scale
-  EXPECT_EQ(s.Restore({0.5, 5, 2, 1}).code(), StatusCode::kDataLoss);     // below min_scale
-  EXPECT_EQ(s.Restore({256.0, 5, 5, 1}).code(), StatusCode::kDataLoss);   // overflow not before cur_iter
-  EXPECT_EQ(s.Restore({256.0, 5, 2, 4}).code(), StatusCode::kDataLoss);   // hysteresis above 3
-  EXPECT_EQ(s.Restore({256.0, 5, 2, 0}).code(), StatusCode::kDataLoss);   // hysteresis below 1
+  EXPECT_EQ(s.Restore({0.0, 5, 2, 1}).code(), StatusCode::kDataLoss);    // scale
+  EXPECT_EQ(s.Restore({0.5, 5, 2, 1}).code(), StatusCode::kDataLoss);    // below min_scale
+  EXPECT_EQ(s.Restore({256.0, 5, 5, 1}).code(), StatusCode::kDataLoss);  // overflow not before cur_iter
+  EXPECT_EQ(s.Restore({256.0, 5, 2, 4}).code(), StatusCode::kDataLoss);  // hysteresis above 3
+  EXPECT_EQ(s.Restore({256.0, 5, 2, 0}).code(), StatusCode::kDataLoss);  // hysteresis below 1
   EXPECT_OK(s.Restore({256.0, 5, -1, 3}));
   EXPECT_EQ(s.scale(), 256.0f);
 }

@@ -18,7 +18,6 @@
 namespace zero {
 namespace {
 
-
 class NvmeOptimizerStates final : public OptimizerStates {
  public:
   NvmeOptimizerStates(Device* device, Stream* stream, int64_t numel, const NvmeOptimizerStatesOptions& o)
@@ -41,9 +40,10 @@ class NvmeOptimizerStates final : public OptimizerStates {
 
   Status Init(const NvmeOptimizerStatesOptions& o) {
     if (o.buffer_count < 2) {
-      return InvalidArgumentError("zero_optimization.offload_optimizer.buffer_count: NVMe optimizer states need >= 2 "
-                                  "group buffers (one updated while the next is read), got " +
-                                  std::to_string(o.buffer_count));
+      return InvalidArgumentError(
+          "zero_optimization.offload_optimizer.buffer_count: NVMe optimizer states need >= 2 "
+          "group buffers (one updated while the next is read), got " +
+          std::to_string(o.buffer_count));
     }
     dir_ = o.dir;
     std::error_code ec;
@@ -103,7 +103,8 @@ class NvmeOptimizerStates final : public OptimizerStates {
     ZERO_RETURN_IF_ERROR(Check(offset, n, "Update"));
     for (int64_t at = 0; at < n; at += chunk_) {
       const int64_t len = std::min(chunk_, n - at);
-      ZERO_RETURN_IF_ERROR(device_->Copy(grad_, grads + at, static_cast<size_t>(len) * 4, CopyKind::kDeviceToHost, stream));
+      ZERO_RETURN_IF_ERROR(
+          device_->Copy(grad_, grads + at, static_cast<size_t>(len) * 4, CopyKind::kDeviceToHost, stream));
       ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream));
       ZERO_RETURN_IF_ERROR(UpdateRange(offset + at, len, grad_, h));
     }
@@ -125,8 +126,8 @@ class NvmeOptimizerStates final : public OptimizerStates {
       const int64_t len = end - at;
       end = at;
       if (grad != nullptr) {
-        ZERO_RETURN_IF_ERROR(device_->Copy(raw_, ElementPtr(grad, grad_t, at), static_cast<size_t>(len) * SizeOf(grad_t),
-                                           CopyKind::kDeviceToHost, stream));
+        ZERO_RETURN_IF_ERROR(device_->Copy(raw_, ElementPtr(grad, grad_t, at),
+                                           static_cast<size_t>(len) * SizeOf(grad_t), CopyKind::kDeviceToHost, stream));
         ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream));
       }
       WidenToF32(pool_.get(), grad != nullptr ? raw_ : nullptr, grad_t, grad_, len);
@@ -139,16 +140,16 @@ class NvmeOptimizerStates final : public OptimizerStates {
     ZERO_RETURN_IF_ERROR(Check(offset, n, "CastMaster"));
     if (n == 0) return OkStatus();
     if (model_t == mdt_) {
-      ZERO_RETURN_IF_ERROR(device_->Copy(model_out, ElementPtr(model_copy_, mdt_, offset), static_cast<size_t>(n) * SizeOf(mdt_),
-                                         CopyKind::kHostToDevice, stream));
+      ZERO_RETURN_IF_ERROR(device_->Copy(model_out, ElementPtr(model_copy_, mdt_, offset),
+                                         static_cast<size_t>(n) * SizeOf(mdt_), CopyKind::kHostToDevice, stream));
       return device_->SynchronizeStream(stream);  // the model copy may change after this returns
     }
     for (int64_t at = 0; at < n; at += chunk_) {
       const int64_t len = std::min(chunk_, n - at);
       ZERO_RETURN_IF_ERROR(Read(OptState::kMaster, offset + at, len, grad_));
       RoundToDType(pool_.get(), grad_, raw_, model_t, len);
-      ZERO_RETURN_IF_ERROR(device_->Copy(ElementPtr(model_out, model_t, at), raw_, static_cast<size_t>(len) * SizeOf(model_t),
-                                         CopyKind::kHostToDevice, stream));
+      ZERO_RETURN_IF_ERROR(device_->Copy(ElementPtr(model_out, model_t, at), raw_,
+                                         static_cast<size_t>(len) * SizeOf(model_t), CopyKind::kHostToDevice, stream));
       ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream));
     }
     return OkStatus();
@@ -159,7 +160,8 @@ class NvmeOptimizerStates final : public OptimizerStates {
     for (int64_t at = 0; at < n; at += chunk_) {
       const int64_t len = std::min(chunk_, n - at);
       ZERO_RETURN_IF_ERROR(Read(which, offset + at, len, grad_));
-      ZERO_RETURN_IF_ERROR(device_->Copy(dst + at, grad_, static_cast<size_t>(len) * 4, CopyKind::kHostToDevice, stream));
+      ZERO_RETURN_IF_ERROR(
+          device_->Copy(dst + at, grad_, static_cast<size_t>(len) * 4, CopyKind::kHostToDevice, stream));
       ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream));
     }
     return OkStatus();
@@ -168,7 +170,8 @@ class NvmeOptimizerStates final : public OptimizerStates {
     ZERO_RETURN_IF_ERROR(Check(offset, n, "CopyFromDevice"));
     for (int64_t at = 0; at < n; at += chunk_) {
       const int64_t len = std::min(chunk_, n - at);
-      ZERO_RETURN_IF_ERROR(device_->Copy(grad_, src + at, static_cast<size_t>(len) * 4, CopyKind::kDeviceToHost, stream));
+      ZERO_RETURN_IF_ERROR(
+          device_->Copy(grad_, src + at, static_cast<size_t>(len) * 4, CopyKind::kDeviceToHost, stream));
       ZERO_RETURN_IF_ERROR(device_->SynchronizeStream(stream));
       ZERO_RETURN_IF_ERROR(Write(which, offset + at, len, grad_));
     }
@@ -184,10 +187,11 @@ class NvmeOptimizerStates final : public OptimizerStates {
   }
   Status Write(OptState which, int64_t offset, int64_t n, const float* host) override {
     ZERO_RETURN_IF_ERROR(Check(offset, n, "Write"));
-    ZERO_RETURN_IF_ERROR(ForGroups(offset, n, /*dirty=*/true, [&](float* g, int64_t glen, int64_t from, int64_t len, int64_t done) {
-      std::memcpy(g + static_cast<int64_t>(which) * glen + from, host + done, static_cast<size_t>(len) * 4);
-      return OkStatus();
-    }));
+    ZERO_RETURN_IF_ERROR(
+        ForGroups(offset, n, /*dirty=*/true, [&](float* g, int64_t glen, int64_t from, int64_t len, int64_t done) {
+          std::memcpy(g + static_cast<int64_t>(which) * glen + from, host + done, static_cast<size_t>(len) * 4);
+          return OkStatus();
+        }));
     if (which == OptState::kMaster) {
       RoundToDType(pool_.get(), host, ElementPtr(model_copy_, mdt_, offset), mdt_, n);
     }
@@ -203,12 +207,12 @@ class NvmeOptimizerStates final : public OptimizerStates {
 
  private:
   struct Buffer {
-    float* data;       // [master | exp_avg | exp_avg_sq] of group `group`
-    int64_t group;     // -1: empty
-    bool writing;      // a write of it is in flight (io)
+    float* data;    // [master | exp_avg | exp_avg_sq] of group `group`
+    int64_t group;  // -1: empty
+    bool writing;   // a write of it is in flight (io)
     SwapFile::Io io;
-    bool reading;      // a read into it is in flight (io)
-    bool dirty;        // changed since it was read or last written: written back when evicted
+    bool reading;  // a read into it is in flight (io)
+    bool dirty;    // changed since it was read or last written: written back when evicted
   };
 
   int64_t GroupLen(int64_t g) const { return std::min(group_, numel_ - g * group_); }
@@ -420,10 +424,10 @@ class NvmeOptimizerStates final : public OptimizerStates {
   HostSlab slab_;
   std::vector<Buffer> bufs_;
   size_t next_victim_ = 0;
-  int64_t last_group_ = -1;  // the group the last access was in (ForGroups)
+  int64_t last_group_ = -1;     // the group the last access was in (ForGroups)
   std::vector<uint8_t> fresh_;  // by group: never written, so all zeros (loaded without a read)
-  int direction_ = 1;        // +1 / -1: the way the accesses last moved
-  Status failed_;  // the first swap file error (SwapError); every later call is refused
+  int direction_ = 1;           // +1 / -1: the way the accesses last moved
+  Status failed_;               // the first swap file error (SwapError); every later call is refused
   float* grad_ = nullptr;
   void* raw_ = nullptr;
   void* model_copy_ = nullptr;

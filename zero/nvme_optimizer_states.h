@@ -34,9 +34,9 @@
 namespace zero {
 
 struct NvmeOptimizerStatesOptions {
-  std::string dir;                 // created if missing (one rank's folder under nvme_path)
+  std::string dir;                   // created if missing (one rank's folder under nvme_path)
   int64_t group_numel = 1000000000;  // sub_group_size
-  int buffer_count = 4;            // group buffers in host memory, >= 2
+  int buffer_count = 4;              // group buffers in host memory, >= 2
   AioOptions aio;
   // Creates the aio engine from `aio` (empty: LibaioEngine). Tests inject faults through it.
   AioEngineFactory aio_engine_factory;

@@ -49,8 +49,7 @@ TEST(NvmeOptimizerStatesTest, BitwiseEqualToDeviceStatesWithRealSwapIo) {
     ASSERT_OK(dev);
     std::vector<float> init(kN);
     for (int64_t i = 0; i < kN; ++i) init[i] = 0.3f - 0.0007f * static_cast<float>(i % 211);
-    for (auto* st : {nv->get(), dev->get()})
-      ASSERT_OK(st->Write(OptState::kMaster, 0, kN, init.data()));
+    for (auto* st : {nv->get(), dev->get()}) ASSERT_OK(st->Write(OptState::kMaster, 0, kN, init.data()));
     for (int step = 1; step <= 3; ++step) {
       AdamWParams h;
       h.lr = 0.02f;
@@ -63,8 +62,7 @@ TEST(NvmeOptimizerStatesTest, BitwiseEqualToDeviceStatesWithRealSwapIo) {
       for (int64_t i = 0; i < kN; ++i) g16[i] = FloatToBf16(g[i]);
       std::vector<uint16_t> a(kN), b(kN);
       for (auto* st : {nv->get(), dev->get()}) {
-        ASSERT_OK(st->Update(100, 1700, g.data() + 100, h, (st == nv->get() ? a : b).data() + 100,
-                             DType::kBF16, s));
+        ASSERT_OK(st->Update(100, 1700, g.data() + 100, h, (st == nv->get() ? a : b).data() + 100, DType::kBF16, s));
         ASSERT_OK(st->UpdateFromGradient(1800, kN - 1800, g16.data() + 1800, DType::kBF16, h, s));
         ASSERT_OK(st->UpdateFromGradient(0, 100, nullptr, DType::kBF16, h, s));
       }
@@ -109,8 +107,7 @@ TEST(TieredOptimizerStatesTest, HostThenNvmeEqualsDeviceStates) {
   EXPECT_GT(tiered->bytes().nvme, 0u);
   std::vector<float> init(kN);
   for (int64_t i = 0; i < kN; ++i) init[i] = -0.2f + 0.0003f * static_cast<float>(i % 501);
-  for (OptimizerStates* st : {tiered.get(), dev->get()})
-    ASSERT_OK(st->Write(OptState::kMaster, 0, kN, init.data()));
+  for (OptimizerStates* st : {tiered.get(), dev->get()}) ASSERT_OK(st->Write(OptState::kMaster, 0, kN, init.data()));
   for (int step = 1; step <= 2; ++step) {
     AdamWParams h;
     h.lr = 0.01f;
@@ -121,8 +118,8 @@ TEST(TieredOptimizerStatesTest, HostThenNvmeEqualsDeviceStates) {
     std::vector<uint16_t> g16(kN), a(kN), b(kN);
     for (int64_t i = 0; i < kN; ++i) g16[i] = FloatToBf16(g[i]);
     for (OptimizerStates* st : {tiered.get(), dev->get()}) {
-      ASSERT_OK(st->Update(1000, 1000, g.data() + 1000, h,
-                           (st == tiered.get() ? a : b).data() + 1000, DType::kBF16, s));
+      ASSERT_OK(
+          st->Update(1000, 1000, g.data() + 1000, h, (st == tiered.get() ? a : b).data() + 1000, DType::kBF16, s));
       ASSERT_OK(st->UpdateFromGradient(0, 1000, g16.data(), DType::kBF16, h, s));
       ASSERT_OK(st->UpdateFromGradient(2000, kN - 2000, g16.data() + 2000, DType::kBF16, h, s));
     }

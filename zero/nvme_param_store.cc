@@ -16,23 +16,23 @@ struct NvmeParamStore::Module {
   std::vector<int> members;  // indices into shards_, in parameter order
   std::vector<int64_t> at;   // each member's offset in the module (elements)
   int64_t numel = 0;
-  int region = -1;           // -1: no shards (nothing stored)
-  bool on_disk = false;      // the region holds the module (written at least once)
-  Slot* slot = nullptr;      // where it is in host memory, if it is
+  int region = -1;       // -1: no shards (nothing stored)
+  bool on_disk = false;  // the region holds the module (written at least once)
+  Slot* slot = nullptr;  // where it is in host memory, if it is
 };
 
 struct NvmeParamStore::Slot {
   char* data = nullptr;
-  size_t bytes = 0;          // capacity
-  size_t cache_off = 0;      // cache slots: offset in the cache area
+  size_t bytes = 0;      // capacity
+  size_t cache_off = 0;  // cache slots: offset in the cache area
   bool cache = false;
-  int module = -1;           // -1: empty
-  bool reading = false;      // io is a read into it
-  bool writing = false;      // io is its write-back
+  int module = -1;       // -1: empty
+  bool reading = false;  // io is a read into it
+  bool writing = false;  // io is its write-back
   SwapFile::Io io;
-  bool dirty = false;        // changed since read or written back
-  bool ahead = false;        // read ahead (Prefetch), not yet used
-  bool fenced = false;       // uploads from it were enqueued after `fence`'s last record
+  bool dirty = false;   // changed since read or written back
+  bool ahead = false;   // read ahead (Prefetch), not yet used
+  bool fenced = false;  // uploads from it were enqueued after `fence`'s last record
   std::unique_ptr<Event> fence;
   uint64_t last_use = 0;
 };
@@ -98,18 +98,20 @@ Status NvmeParamStore::Init(std::vector<StoredShard> shards, const std::vector<s
   size_t total_padded = 0;
   for (const Module& mod : modules_) {
     if (mod.numel > o.buffer_numel) {
-      return InvalidArgumentError(
-          "module '" + mod.name + "' has " + std::to_string(mod.numel) + " elements of shards on this rank (" +
-          std::to_string(mod.members.size()) + " parameters), more than zero_optimization.offload_param.buffer_size (" +
-          std::to_string(o.buffer_numel) + "): a module is read into one buffer; raise "
-          "zero_optimization.offload_param.buffer_size to at least " + std::to_string(mod.numel));
+      return InvalidArgumentError("module '" + mod.name + "' has " + std::to_string(mod.numel) +
+                                  " elements of shards on this rank (" + std::to_string(mod.members.size()) +
+                                  " parameters), more than zero_optimization.offload_param.buffer_size (" +
+                                  std::to_string(o.buffer_numel) +
+                                  "): a module is read into one buffer; raise "
+                                  "zero_optimization.offload_param.buffer_size to at least " +
+                                  std::to_string(mod.numel));
     }
     largest = std::max(largest, mod.numel);
     if (mod.numel > 0) total_padded += Padded(mod.numel, dtype_);
   }
   // The cache: max_in_cpu elements, no more than every module takes.
-  cache_bytes_ = std::min(total_padded, static_cast<size_t>(AlignUp(static_cast<uint64_t>(o.cache_numel) *
-                                                                        SizeOf(dtype_), kAioAlignment)));
+  cache_bytes_ = std::min(
+      total_padded, static_cast<size_t>(AlignUp(static_cast<uint64_t>(o.cache_numel) * SizeOf(dtype_), kAioAlignment)));
   if (o.cache_numel == 0) cache_bytes_ = 0;
   bool needs_buffers = false;
   for (const Module& mod : modules_) {

@@ -54,12 +54,12 @@ struct StoredShard {
 };
 
 struct NvmeParamStoreOptions {
-  std::string dir;  // created if missing (one rank's folder under offload_param.nvme_path)
-  int buffer_count = 5;                  // offload_param.buffer_count, >= 1
-  int64_t buffer_numel = 100000000;      // offload_param.buffer_size (elements), >= 1
-  int64_t cache_numel = 0;               // offload_param.max_in_cpu (elements), >= 0
+  std::string dir;                   // created if missing (one rank's folder under offload_param.nvme_path)
+  int buffer_count = 5;              // offload_param.buffer_count, >= 1
+  int64_t buffer_numel = 100000000;  // offload_param.buffer_size (elements), >= 1
+  int64_t cache_numel = 0;           // offload_param.max_in_cpu (elements), >= 0
   AioOptions aio;
-  AioEngineFactory aio_engine_factory;   // empty: LibaioEngine
+  AioEngineFactory aio_engine_factory;  // empty: LibaioEngine
   HostSlabOptions slab;
   int64_t scratch_numel = int64_t{1} << 20;  // device scratch elements (model dtype)
 };
@@ -123,8 +123,8 @@ class NvmeParamStore final : public ParamStore, public ModuleShardStore {
   // A slot for module m (not in host memory): a free buffer or cache space, evicting as needed;
   // `wait` false: nullptr instead of waiting for any I/O or evicting a module read ahead.
   Result<Slot*> Place(int m, bool wait);
-  Status Evict(Slot& s);                   // waits for its I/O and upload, writes back if dirty
-  Status Settle(Slot& s);                  // waits for its I/O and upload
+  Status Evict(Slot& s);   // waits for its I/O and upload, writes back if dirty
+  Status Settle(Slot& s);  // waits for its I/O and upload
   Status StartWriteBack(Slot& s);
   // fn(module, param, piece offset in the partition, length) over the shards' pieces in range.
   template <typename Fn>

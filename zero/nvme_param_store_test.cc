@@ -76,8 +76,8 @@ TEST(NvmeParamStoreTest, RoundTripsThroughOneBufferAndTheFile) {
   CpuDevice device;
   const std::string rank_dir = dir.path() + "/zero_swap/rank0";
   {
-    ASSERT_OK_AND_ASSIGN(auto s, NvmeParamStore::Create(&device, device.default_stream(), DType::kF32, kNumel,
-                                                        Shards(), kModules, Options(rank_dir, 1, 0)));
+    ASSERT_OK_AND_ASSIGN(auto s, NvmeParamStore::Create(&device, device.default_stream(), DType::kF32, kNumel, Shards(),
+                                                        kModules, Options(rank_dir, 1, 0)));
     EXPECT_TRUE(std::filesystem::exists(rank_dir + "/params.swp"));
     EXPECT_EQ(s->host_address(0), nullptr);
     EXPECT_EQ(s->module_store(), s.get());
@@ -105,8 +105,8 @@ TEST(NvmeParamStoreTest, RoundTripsThroughOneBufferAndTheFile) {
 TEST(NvmeParamStoreTest, PrefetchReadsAheadWithinTheBuffers) {
   ASSERT_OK_AND_ASSIGN(ScratchDir dir, ScratchDir::CreateWithDirectIo("param_store_prefetch"));
   CpuDevice device;
-  ASSERT_OK_AND_ASSIGN(auto s, NvmeParamStore::Create(&device, device.default_stream(), DType::kF32, kNumel,
-                                                      Shards(), kModules, Options(dir.path(), 2, 0)));
+  ASSERT_OK_AND_ASSIGN(auto s, NvmeParamStore::Create(&device, device.default_stream(), DType::kF32, kNumel, Shards(),
+                                                      kModules, Options(dir.path(), 2, 0)));
   WriteAll(s.get(), &device, 2.0f);
   ASSERT_OK(s->AfterWrites());
   // The writes left module 1 (then 2) in the buffers, their write-backs in flight; Load(0) takes
@@ -140,8 +140,8 @@ TEST(NvmeParamStoreTest, CacheKeepsModulesInHostMemoryLeastRecentlyUsedFirst) {
   CpuDevice device;
   // A cache of 1024 elements (4096 bytes): module 2 (100 elements, 4096 bytes padded) lives
   // there; modules 0 (1900) and 1 (1500) do not fit and go through the one buffer.
-  ASSERT_OK_AND_ASSIGN(auto s, NvmeParamStore::Create(&device, device.default_stream(), DType::kF32, kNumel,
-                                                      Shards(), kModules, Options(dir.path(), 1, 1024)));
+  ASSERT_OK_AND_ASSIGN(auto s, NvmeParamStore::Create(&device, device.default_stream(), DType::kF32, kNumel, Shards(),
+                                                      kModules, Options(dir.path(), 1, 1024)));
   WriteAll(s.get(), &device, 3.0f);
   ASSERT_OK(s->AfterWrites());
   ASSERT_OK(s->Load(2).status());
@@ -174,7 +174,11 @@ TEST(NvmeParamStoreTest, ModuleLargerThanBufferSizeIsRefusedNamingTheKey) {
 TEST(NvmeParamStoreTest, StaleSwapFileIsRefused) {
   ASSERT_OK_AND_ASSIGN(ScratchDir dir, ScratchDir::CreateWithDirectIo("param_store_stale"));
   CpuDevice device;
-  { std::FILE* f = std::fopen((dir.path() + "/params.swp").c_str(), "w"); ASSERT_NE(f, nullptr); std::fclose(f); }
+  {
+    std::FILE* f = std::fopen((dir.path() + "/params.swp").c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fclose(f);
+  }
   auto s = NvmeParamStore::Create(&device, device.default_stream(), DType::kF32, kNumel, Shards(), kModules,
                                   Options(dir.path(), 2, 0));
   ASSERT_FALSE(s.ok());
@@ -185,8 +189,8 @@ TEST(NvmeParamStoreTest, StaleSwapFileIsRefused) {
 TEST(NvmeParamStoreTest, CorruptionIsCaughtByTheChecksumAndEndsTheStore) {
   ASSERT_OK_AND_ASSIGN(ScratchDir dir, ScratchDir::CreateWithDirectIo("param_store_crc"));
   CpuDevice device;
-  ASSERT_OK_AND_ASSIGN(auto s, NvmeParamStore::Create(&device, device.default_stream(), DType::kF32, kNumel,
-                                                      Shards(), kModules, Options(dir.path(), 1, 0)));
+  ASSERT_OK_AND_ASSIGN(auto s, NvmeParamStore::Create(&device, device.default_stream(), DType::kF32, kNumel, Shards(),
+                                                      kModules, Options(dir.path(), 1, 0)));
   WriteAll(s.get(), &device, 4.0f);
   ASSERT_OK(s->AfterWrites());
   ASSERT_OK(s->Load(2).status());  // module 1 is on disk only now

@@ -29,14 +29,16 @@ Status CheckStateRange(const char* what, const char* call, int64_t offset, int64
 }
 
 Status OptimizerStates::CastMasterToHost(int64_t offset, int64_t n, void* host_out, DType model_t) {
-  return UnimplementedError("CastMasterToHost: these optimizer states keep no masters in host memory "
-                            "(casts_to_host() is false); cast into device memory with CastMaster");
+  return UnimplementedError(
+      "CastMasterToHost: these optimizer states keep no masters in host memory "
+      "(casts_to_host() is false); cast into device memory with CastMaster");
 }
 
 Status OptimizerStates::UpdateFromHost(int64_t offset, int64_t n, const float* grads, const AdamWParams& h,
                                        void* model_out, DType model_t, Stream* stream) {
-  return UnimplementedError("UpdateFromHost: these optimizer states do not update on the host "
-                            "(updates_from_host() is false); pass device gradients to Update");
+  return UnimplementedError(
+      "UpdateFromHost: these optimizer states do not update on the host "
+      "(updates_from_host() is false); pass device gradients to Update");
 }
 
 namespace {
@@ -89,7 +91,8 @@ class DeviceOptimizerStates final : public OptimizerStates {
 
   Status CastMaster(int64_t offset, int64_t n, void* model_out, DType model_t, Stream* stream) override {
     ZERO_RETURN_IF_ERROR(Check(offset, n, "CastMaster"));
-    return device_->Cast(at(OptState::kMaster, offset), DType::kF32, model_out, model_t, static_cast<size_t>(n), stream);
+    return device_->Cast(at(OptState::kMaster, offset), DType::kF32, model_out, model_t, static_cast<size_t>(n),
+                         stream);
   }
   Status CopyToDevice(OptState which, int64_t offset, int64_t n, float* dst, Stream* stream) override {
     ZERO_RETURN_IF_ERROR(Check(offset, n, "CopyToDevice"));

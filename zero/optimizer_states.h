@@ -78,8 +78,8 @@ class OptimizerStates {
   virtual bool updates_from_host() const { return false; }
   // As Update, from n fp32 gradients in host memory at `grads` (read before it returns). The
   // default (updates_from_host() false): Unimplemented.
-  virtual Status UpdateFromHost(int64_t offset, int64_t n, const float* grads, const AdamWParams& h,
-                                void* model_out, DType model_t, Stream* stream);
+  virtual Status UpdateFromHost(int64_t offset, int64_t n, const float* grads, const AdamWParams& h, void* model_out,
+                                DType model_t, Stream* stream);
   // The thread pool the host update runs on, for other host passes that share its cores (the
   // host gradient partition's adds and norm); null where there is none. Owned by the states.
   virtual ThreadPool* host_thread_pool() { return nullptr; }

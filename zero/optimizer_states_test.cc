@@ -46,8 +46,8 @@ TEST(DeviceOptimizerStatesTest, UpdateEqualsAdamWCastAndCopiesAreExact) {
   std::vector<uint16_t> model(kN), want_model(kN);
   // The reference: Device::AdamWCast on copies, over the same sub-range [100, 900).
   std::vector<float> rp = p, rm = m, rv = v;
-  ASSERT_OK(device.AdamWCast(rp.data() + 100, g.data() + 100, rm.data() + 100, rv.data() + 100, 800,
-                             h, want_model.data() + 100, DType::kBF16, s));
+  ASSERT_OK(device.AdamWCast(rp.data() + 100, g.data() + 100, rm.data() + 100, rv.data() + 100, 800, h,
+                             want_model.data() + 100, DType::kBF16, s));
   ASSERT_OK(states.Update(100, 800, g.data() + 100, h, model.data() + 100, DType::kBF16, s));
   ASSERT_OK(states.Read(OptState::kMaster, 0, kN, got.data()));
   EXPECT_EQ(0, std::memcmp(got.data(), rp.data(), kN * 4));

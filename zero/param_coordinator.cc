@@ -11,8 +11,7 @@ constexpr size_t kMaxLookahead = 1024;
 }  // namespace
 
 ParamCoordinator::ParamCoordinator(Device* device, Communicator* comm, Stream* compute, DType dtype,
-                                   std::vector<CoordinatedParam> params,
-                                   std::vector<std::string> module_names,
+                                   std::vector<CoordinatedParam> params, std::vector<std::string> module_names,
                                    const ParamCoordinatorOptions& options)
     : device_(device),
       comm_(comm),
@@ -105,8 +104,9 @@ Status ParamCoordinator::Upload(Flight& f, const std::vector<void*>& dst) {
         if (loaded >= 0) s = store->Uploaded(loaded, upload_stream_.get());
         if (!s.ok()) return Fail(s.WithContext(Describe(f)));
         Result<const void*> b = store->Load(p.spec.module);
-        if (!b.ok()) return Fail(b.status().WithContext(Describe(f) + ": loading the shards of module '" +
-                                                        modules_[p.spec.module].name + "'"));
+        if (!b.ok())
+          return Fail(b.status().WithContext(Describe(f) + ": loading the shards of module '" +
+                                             modules_[p.spec.module].name + "'"));
         base = static_cast<const char*>(*b);
         loaded = p.spec.module;
       }
@@ -164,8 +164,8 @@ Status ParamCoordinator::Claim(int module, Flight* f) {
         auto buf = pool_.Acquire(static_cast<size_t>(p.spec.padded) * SizeOf(dtype_),
                                  "allocating a gathered stage-3 parameter");
         if (!buf.ok()) {
-          return Fail(buf.status().WithContext("parameter '" + p.spec.name + "' (module '" +
-                                               modules_[module].name + "')"));
+          return Fail(
+              buf.status().WithContext("parameter '" + p.spec.name + "' (module '" + modules_[module].name + "')"));
         }
         p.full = std::move(buf).value();
       }
@@ -355,8 +355,8 @@ Status ParamCoordinator::MakeRoom(int64_t needed_live, int demanded) {
   // Staging of earlier flights first: completing them frees it without losing any gathered
   // parameter, and the demand's collective is queued behind theirs anyway.
   while (live_numel_ + needed_live > options_.max_live_numel) {
-    auto it = std::find_if(flights_.begin(), flights_.end(),
-                           [](const auto& kv) { return kv.second.staging_numel > 0; });
+    auto it =
+        std::find_if(flights_.begin(), flights_.end(), [](const auto& kv) { return kv.second.staging_numel > 0; });
     if (it == flights_.end()) break;
     ZERO_RETURN_IF_ERROR(Complete(it->first));
   }
@@ -414,8 +414,7 @@ Status ParamCoordinator::Prefetch() {
       break;
     }
     // live_numel_ already includes what this flight claimed so far; its staging comes at launch.
-    if (live_numel_ + need.live + StagingNumel(bucket + need.all, count + need.count) >
-        options_.max_live_numel) {
+    if (live_numel_ + need.live + StagingNumel(bucket + need.all, count + need.count) > options_.max_live_numel) {
       break;
     }
     ZERO_RETURN_IF_ERROR(Claim(m, &f));
@@ -567,8 +566,8 @@ Result<const void*> ParamCoordinator::Full(int param) const {
   if (p.state == State::kReady && !p.stale && (p.spec.persistent || mod.ref > 0)) {
     return Data(p);
   }
-  return FailedPreconditionError("parameter '" + p.spec.name + "' is not gathered: hold GatherModule(\"" +
-                                 mod.name + "\") while using it (stage 3)");
+  return FailedPreconditionError("parameter '" + p.spec.name + "' is not gathered: hold GatherModule(\"" + mod.name +
+                                 "\") while using it (stage 3)");
 }
 
 }  // namespace zero

@@ -7,11 +7,11 @@
 //
 // Acquire(m) (GatherModule) gathers every parameter of module m that is not resident: a full
 // buffer of n_pad elements (model dtype) from the pool for each, and ONE AllGather for all of them
-// (see Coalescing; with one rank neither: the shard is the full parameter), issued with `after` = the compute stream; then the compute stream waits for
-// that gather (never the host on CUDA). Modules are reference counted; Release(m) at count 0 frees
-// the module's non-persistent parameters, unless the module is used again soon (see below).
-// Persistent parameters (numel <= stage3_param_persistence_threshold) are gathered on first use
-// after each optimizer step and then kept; they are not counted as live.
+// (see Coalescing; with one rank neither: the shard is the full parameter), issued with `after` = the compute stream;
+// then the compute stream waits for that gather (never the host on CUDA). Modules are reference counted; Release(m) at
+// count 0 frees the module's non-persistent parameters, unless the module is used again soon (see below). Persistent
+// parameters (numel <= stage3_param_persistence_threshold) are gathered on first use after each optimizer step and then
+// kept; they are not counted as live.
 //
 // Coalescing: every gather (a demand, a prefetch of one or several modules, the re-gather of held
 // modules after an update) of parameters p1..pk is one "flight" and one collective:
@@ -26,7 +26,8 @@
 //     contiguous. The pack is k copies of this rank's shards (a copy per parameter instead of a
 //     collective per parameter).
 //   - k == 1: no staging: the AllGather writes straight into the full buffer (no pack, no unpack).
-//   - N == 1 (device shards; for host shards see Shard source): no collective, no copy and no buffer: the one shard is the whole padded parameter,
+//   - N == 1 (device shards; for host shards see Shard source): no collective, no copy and no buffer: the one shard is
+//   the whole padded parameter,
 //     and Full() points at it (the caller's shard storage; it changes in place between
 //     QuiesceForUpdate() and AfterUpdate()). Such parameters still count as live elements, so
 //     the limits, the trace and the statistics behave as with more ranks; they hold no memory.
@@ -235,12 +236,12 @@ class ParamCoordinator {
   };
   // One coalesced gather (see Coalescing in the file comment).
   struct Flight {
-    std::vector<int> params;      // in claim order: their shards' order in a segment
-    std::vector<int64_t> offset;  // of params[j] in a segment
-    int64_t segment = 0;          // S = sum of shards
-    int64_t staging_numel = 0;    // N*S with a staging buffer (counted live until completion), else 0
-    DeviceBuffer staging;         // empty: in place (one parameter)
-    std::unique_ptr<Work> work;   // null: nothing to wait for
+    std::vector<int> params;          // in claim order: their shards' order in a segment
+    std::vector<int64_t> offset;      // of params[j] in a segment
+    int64_t segment = 0;              // S = sum of shards
+    int64_t staging_numel = 0;        // N*S with a staging buffer (counted live until completion), else 0
+    DeviceBuffer staging;             // empty: in place (one parameter)
+    std::unique_ptr<Work> work;       // null: nothing to wait for
     std::unique_ptr<Event> uploaded;  // host shards, one rank: recorded after the uploads
     StreamObserver::SpanId span = 0;  // the all-gather's trace span
   };
@@ -301,14 +302,14 @@ class ParamCoordinator {
   std::vector<Param> params_;
   std::vector<int64_t> module_offset_;  // module store: a parameter's shard offset in its module
   std::vector<Module> modules_;
-  BufferPool pool_;          // full buffers
-  BufferPool staging_pool_;  // flights' staging buffers
+  BufferPool pool_;                    // full buffers
+  BufferPool staging_pool_;            // flights' staging buffers
   std::map<int64_t, Flight> flights_;  // in flight, by launch order
   int64_t next_flight_ = 0;
   int64_t live_numel_ = 0;
 
-  bool recording_ = true;        // this micro step's calls become the trace
-  bool record_next_ = false;     // the trace broke: record the next micro step
+  bool recording_ = true;     // this micro step's calls become the trace
+  bool record_next_ = false;  // the trace broke: record the next micro step
   bool trace_valid_ = false;
   std::vector<int> recorded_;
   std::vector<int> trace_;

@@ -29,9 +29,8 @@ struct Model {
 
 float Value(int param, int64_t e) { return 1000.0f * param + static_cast<float>(e); }
 
-Result<std::unique_ptr<ParamCoordinator>> Build(Model& m, int rank, int world, Communicator* comm,
-                                                Device* device, const ParamCoordinatorOptions& o,
-                                                int64_t persistence_threshold) {
+Result<std::unique_ptr<ParamCoordinator>> Build(Model& m, int rank, int world, Communicator* comm, Device* device,
+                                                const ParamCoordinatorOptions& o, int64_t persistence_threshold) {
   int64_t total = 0;
   for (int64_t n : m.sizes) {
     m.shard_off.push_back(total);
@@ -59,8 +58,7 @@ Result<std::unique_ptr<ParamCoordinator>> Build(Model& m, int rank, int world, C
     c.persistent = m.sizes[i] <= persistence_threshold;
     ps.push_back(c);
   }
-  return std::make_unique<ParamCoordinator>(device, comm, device->default_stream(), DType::kF32, ps,
-                                            m.module_names, o);
+  return std::make_unique<ParamCoordinator>(device, comm, device->default_stream(), DType::kF32, ps, m.module_names, o);
 }
 
 Status CheckGathered(ParamCoordinator& pc, const Model& m, int param) {
@@ -68,8 +66,8 @@ Status CheckGathered(ParamCoordinator& pc, const Model& m, int param) {
   const float* f = static_cast<const float*>(full);
   for (int64_t e = 0; e < m.sizes[param]; ++e) {
     if (f[e] != Value(param, e)) {
-      return InternalError("param " + std::to_string(param) + " element " + std::to_string(e) +
-                           " = " + std::to_string(f[e]));
+      return InternalError("param " + std::to_string(param) + " element " + std::to_string(e) + " = " +
+                           std::to_string(f[e]));
     }
   }
   return OkStatus();
@@ -173,7 +171,8 @@ TEST(ParamCoordinatorTest, ModulesLargerThanTheBucketArePrefetchedOneAhead) {
       // The trace is b0 b1 b2 b3 b3 b2 b1 b0: after most demands the next module is gathered ahead
       // (not after the last one, nor where the next is the module just demanded).
       if (st.prefetched_modules < 5) {
-        return InternalError("prefetched " + std::to_string(st.prefetched_modules) + " modules, expected one ahead of each demand");
+        return InternalError("prefetched " + std::to_string(st.prefetched_modules) +
+                             " modules, expected one ahead of each demand");
       }
       if (st.prefetch_hits < 5) return InternalError("prefetch hits " + std::to_string(st.prefetch_hits));
       // One module held plus one ahead: never three modules' worth live.
@@ -190,8 +189,8 @@ TEST(ParamCoordinatorTest, KeepsModulesReusedSoonAndEvictsForDemand) {
   Status s = RunThreadRanks(2, [](int rank, Communicator* comm, Device* device) -> Status {
     Model m = FourBlocks();
     ParamCoordinatorOptions o;
-    o.prefetch_bucket_numel = 0;    // no prefetch
-    o.max_live_numel = 220;         // two modules
+    o.prefetch_bucket_numel = 0;  // no prefetch
+    o.max_live_numel = 220;       // two modules
     o.max_reuse_distance = 1 << 30;
     ZERO_ASSIGN_OR_RETURN(auto pc, Build(m, rank, 2, comm, device, o, 0));
     int64_t peak = 0;
@@ -381,16 +380,14 @@ Status CheckOneModule(int rank, int world, Communicator* comm, Device* device, D
 
 TEST(ParamCoordinatorTest, ModuleOfKParametersIsOneCollective) {
   // Odd sizes (padding, tail ranks with only padding), an empty parameter, a scalar.
-  const std::vector<std::vector<int64_t>> cases = {
-      {101, 3, 64, 1, 0, 257, 2}, {5}, {7, 0}, {1, 1, 1, 1}, {1000, 999}};
+  const std::vector<std::vector<int64_t>> cases = {{101, 3, 64, 1, 0, 257, 2}, {5}, {7, 0}, {1, 1, 1, 1}, {1000, 999}};
   for (int world : {1, 2, 3, 4}) {
     for (DType t : {DType::kF32, DType::kBF16}) {
       for (const auto& sizes : cases) {
         Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) {
           return CheckOneModule(rank, world, comm, device, t, sizes);
         });
-        EXPECT_OK(s) << "world " << world << " " << DTypeName(t) << " " << sizes.size()
-                     << " params";
+        EXPECT_OK(s) << "world " << world << " " << DTypeName(t) << " " << sizes.size() << " params";
       }
     }
   }
@@ -583,7 +580,8 @@ TEST(ParamCoordinatorTest, AfterUpdateRegathersHeldModulesInOneCollective) {
       for (int64_t k = 0; k < ShardNumel(m.sizes[i], 2); ++k) sh[m.shard_off[i] + k] += 0.25f;
     }
     ZERO_RETURN_IF_ERROR(pc->AfterUpdate());
-    if (pc->stats().allgathers != 4) return InternalError("re-gather took " + std::to_string(pc->stats().allgathers - 3));
+    if (pc->stats().allgathers != 4)
+      return InternalError("re-gather took " + std::to_string(pc->stats().allgathers - 3));
     for (int i : {0, 1, 4, 5}) {
       ZERO_ASSIGN_OR_RETURN(const void* full, pc->Full(i));
       const float* f = static_cast<const float*>(full);

@@ -51,8 +51,8 @@ class ParamStore {
   // When host_address() is nullptr: the coordinator's view of the store (module by module).
   virtual ModuleShardStore* module_store() = 0;
 
-  virtual size_t host_bytes() const = 0;    // host memory held (slabs, buffers, caches)
-  virtual size_t device_bytes() const = 0;  // device memory held (the scratch)
+  virtual size_t host_bytes() const = 0;           // host memory held (slabs, buffers, caches)
+  virtual size_t device_bytes() const = 0;         // device memory held (the scratch)
   virtual size_t nvme_bytes() const { return 0; }  // swap file size
 
   // The per-stream trace's hook (zero/trace_observer.h; null: none); set before the store is used.

@@ -11,9 +11,7 @@ int64_t PaddedNumel(int64_t numel, int world_size) {
   return (numel + world_size - 1) / world_size * world_size;
 }
 
-int64_t ShardNumel(int64_t numel, int world_size) {
-  return PaddedNumel(numel, world_size) / world_size;
-}
+int64_t ShardNumel(int64_t numel, int world_size) { return PaddedNumel(numel, world_size) / world_size; }
 
 int64_t ShardBegin(int64_t numel, int world_size, int rank) {
   ZERO_CHECK(rank >= 0 && rank < world_size);

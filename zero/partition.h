@@ -45,8 +45,6 @@ struct FlatLayout {
 FlatLayout MakeFlatLayout(const std::vector<int64_t>& sizes, int64_t alignment);
 
 // Rounds n up to a multiple of alignment.
-inline int64_t AlignUp(int64_t n, int64_t alignment) {
-  return (n + alignment - 1) / alignment * alignment;
-}
+inline int64_t AlignUp(int64_t n, int64_t alignment) { return (n + alignment - 1) / alignment * alignment; }
 
 }  // namespace zero

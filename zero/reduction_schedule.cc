@@ -8,8 +8,7 @@ namespace zero {
 ReductionSchedule::ReductionSchedule(Communicator* comm, int num_modules)
     : comm_(comm), complete_(static_cast<size_t>(num_modules), 0), flag_(static_cast<size_t>(num_modules), 0) {}
 
-Result<std::vector<int>> ReductionSchedule::Agree(const std::vector<int>& candidates, const char* where,
-                                                 int* late) {
+Result<std::vector<int>> ReductionSchedule::Agree(const std::vector<int>& candidates, const char* where, int* late) {
   std::vector<int> out;
   if (candidates.empty() && late == nullptr) return out;
   std::vector<double> flags(candidates.size());
@@ -71,7 +70,8 @@ Result<std::vector<int>> ReductionSchedule::AtBackward() {
   ZERO_ASSIGN_OR_RETURN(std::vector<int> out, Agree(remaining, "at the end of backward", &late));
   if (late >= 0) {
     return FailedPreconditionError(
-        "rank " + std::to_string(late) + " reported a gradient after its module's gradients were reduced in this "
+        "rank " + std::to_string(late) +
+        " reported a gradient after its module's gradients were reduced in this "
         "micro step (at stage 3 with several ranks, a module is reduced at the first gather after its release "
         "once some rank has reported one of its parameters; every rank must report a module's gradients before "
         "that gather, or all ranks only after their last gather); that rank's error names the parameters");

@@ -39,9 +39,9 @@
 namespace zero {
 
 struct ReductionScheduleStats {
-  int64_t host_allreduces = 0;     // flag all-reduces issued (recording anchors and Backward())
-  int64_t recorded_anchors = 0;    // anchors decided by flags
-  int64_t replayed_anchors = 0;    // anchors decided by the recorded sequence
+  int64_t host_allreduces = 0;   // flag all-reduces issued (recording anchors and Backward())
+  int64_t recorded_anchors = 0;  // anchors decided by flags
+  int64_t replayed_anchors = 0;  // anchors decided by the recorded sequence
 };
 
 class ReductionSchedule {

@@ -30,16 +30,14 @@ const char* kConfig = R"({
 zero::Result<float> ReadScalar(zero::Engine* engine, zero::Device* device, int index) {
   ZERO_ASSIGN_OR_RETURN(const void* p, engine->param(index));
   float value = 0.0f;
-  ZERO_RETURN_IF_ERROR(device->Copy(&value, p, sizeof(float), zero::CopyKind::kDeviceToHost,
-                                    device->default_stream()));
+  ZERO_RETURN_IF_ERROR(device->Copy(&value, p, sizeof(float), zero::CopyKind::kDeviceToHost, device->default_stream()));
   ZERO_RETURN_IF_ERROR(device->SynchronizeStream(device->default_stream()));
   return value;
 }
 
 zero::Status WriteGrad(zero::Engine* engine, zero::Device* device, int index, float g) {
   ZERO_ASSIGN_OR_RETURN(void* buf, engine->grad_buffer(index));
-  ZERO_RETURN_IF_ERROR(device->Copy(buf, &g, sizeof(float), zero::CopyKind::kHostToDevice,
-                                    device->default_stream()));
+  ZERO_RETURN_IF_ERROR(device->Copy(buf, &g, sizeof(float), zero::CopyKind::kHostToDevice, device->default_stream()));
   ZERO_RETURN_IF_ERROR(device->SynchronizeStream(device->default_stream()));
   return engine->GradReady(index);
 }
@@ -47,11 +45,9 @@ zero::Status WriteGrad(zero::Engine* engine, zero::Device* device, int index, fl
 // One rank's whole training run.
 zero::Status Train(zero::Communicator* comm, zero::Device* device, int steps) {
   const int rank = comm->rank();
-  ZERO_ASSIGN_OR_RETURN(zero::Config config,
-                        zero::ParseConfig(kConfig, {.world_size = comm->world_size(),
-                                                    .source = "linear_regression config"}));
-  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine,
-                        zero::Engine::Create(config, device, comm));
+  ZERO_ASSIGN_OR_RETURN(zero::Config config, zero::ParseConfig(kConfig, {.world_size = comm->world_size(),
+                                                                         .source = "linear_regression config"}));
+  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<zero::Engine> engine, zero::Engine::Create(config, device, comm));
   ZERO_ASSIGN_OR_RETURN(const int w, engine->RegisterParameter({"linear.weight", {}, "linear"}));
   ZERO_ASSIGN_OR_RETURN(const int b, engine->RegisterParameter({"linear.bias", {}, "linear"}));
   ZERO_RETURN_IF_ERROR(engine->Initialize([](int, float* values) { values[0] = 0.0f; }));
@@ -102,8 +98,7 @@ zero::Status Train(zero::Communicator* comm, zero::Device* device, int steps) {
 zero::Status RunProcessRank(int steps) {
   ZERO_ASSIGN_OR_RETURN(zero::RendezvousOptions opts, zero::RendezvousFromEnv());
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<zero::Device> device, zero::CreateDevice("cpu"));
-  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<zero::Communicator> comm,
-                        zero::CreateCommunicator("gloo", device.get(), opts));
+  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<zero::Communicator> comm, zero::CreateCommunicator("gloo", device.get(), opts));
   return Train(comm.get(), device.get(), steps);
 }
 
@@ -120,12 +115,11 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("zero %s\n", ZERO_VERSION);
-  const zero::Status st =
-      std::getenv("WORLD_SIZE") != nullptr
-          ? RunProcessRank(steps)
-          : zero::RunThreadRanks(2, [&](int, zero::Communicator* comm, zero::Device* device) {
-              return Train(comm, device, steps);
-            });
+  const zero::Status st = std::getenv("WORLD_SIZE") != nullptr
+                              ? RunProcessRank(steps)
+                              : zero::RunThreadRanks(2, [&](int, zero::Communicator* comm, zero::Device* device) {
+                                  return Train(comm, device, steps);
+                                });
   if (!st.ok()) {
     std::fprintf(stderr, "linear_regression: %s\n", st.ToString().c_str());
     return 1;

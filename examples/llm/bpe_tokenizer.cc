@@ -278,8 +278,7 @@ void SplitTiktokenStyle(std::string_view text, int max_digits, std::vector<std::
       end += i;
     } else if (c.cls == kLetter) {
       end = run(i, kLetter);
-    } else if (c.cls != kNumber && !IsNewline(text[i]) && i + c.len < n &&
-               CharAt(text, i + c.len).cls == kLetter) {
+    } else if (c.cls != kNumber && !IsNewline(text[i]) && i + c.len < n && CharAt(text, i + c.len).cls == kLetter) {
       end = run(i + c.len, kLetter);  // one leading non-letter, non-digit, non-newline character
     } else if (c.cls == kNumber) {
       end = i;
@@ -340,8 +339,8 @@ Result<BpeTokenizer> BpeTokenizer::Train(std::string_view text, int vocab_size, 
 Result<BpeTokenizer> BpeTokenizer::Train(const std::vector<std::string_view>& texts, int vocab_size,
                                          int64_t min_frequency) {
   if (vocab_size < 257) {
-    return InvalidArgumentError("vocab_size must be >= 257 (256 bytes + \"" + std::string(kEndOfText) +
-                                "\"), got " + std::to_string(vocab_size));
+    return InvalidArgumentError("vocab_size must be >= 257 (256 bytes + \"" + std::string(kEndOfText) + "\"), got " +
+                                std::to_string(vocab_size));
   }
   BpeTokenizer t;
   const std::array<uint8_t, 256> order = BaseTokenOrder();
@@ -499,9 +498,8 @@ Status BpeTokenizer::Finish(const std::string& name) {
   for (size_t id = 0; id < tokens_.size(); ++id) {
     if (tokens_[id].used && tokens_[id].added) added_ids_.push_back(static_cast<int32_t>(id));
   }
-  std::stable_sort(added_ids_.begin(), added_ids_.end(), [&](int32_t x, int32_t y) {
-    return tokens_[x].bytes.size() > tokens_[y].bytes.size();
-  });
+  std::stable_sort(added_ids_.begin(), added_ids_.end(),
+                   [&](int32_t x, int32_t y) { return tokens_[x].bytes.size() > tokens_[y].bytes.size(); });
   eos_id_ = -1;
   for (const char* eos : {kEndOfText, "<|end_of_text|>", "</s>"}) {
     for (int32_t id : added_ids_) {
@@ -617,9 +615,7 @@ std::string BpeTokenizer::token_string(int32_t id) const {
   return tokens_[id].added ? tokens_[id].bytes : BytesToByteLevel(tokens_[id].bytes);
 }
 
-bool BpeTokenizer::is_special(int32_t id) const {
-  return id >= 0 && id < vocab_size() && tokens_[id].special;
-}
+bool BpeTokenizer::is_special(int32_t id) const { return id >= 0 && id < vocab_size() && tokens_[id].special; }
 
 int32_t BpeTokenizer::TokenId(std::string_view bytes) const {
   auto it = model_ids_.find(std::string(bytes));
@@ -658,11 +654,10 @@ std::string BpeTokenizer::ToJson() const {
                                                           {"use_regex", true}}
                                                    : Json::parse(pre_tokenizer_json_);
   j["post_processor"] = post_processor_json_.empty() ? Json() : Json::parse(post_processor_json_);
-  j["decoder"] = decoder_json_.empty() ? Json{{"type", "ByteLevel"},
-                                              {"add_prefix_space", true},
-                                              {"trim_offsets", true},
-                                              {"use_regex", true}}
-                                       : Json::parse(decoder_json_);
+  j["decoder"] =
+      decoder_json_.empty()
+          ? Json{{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}
+          : Json::parse(decoder_json_);
   Json model = Json::object();
   model["type"] = "BPE";
   model["dropout"] = nullptr;
@@ -766,7 +761,8 @@ Result<BpeTokenizer> BpeTokenizer::FromJson(std::string_view json_text, const st
       return bad("pre_tokenizer", supported + Shown(pre));
     }
     t.pre_tokenizer_json_ = pre.dump();
-    if (j.contains("post_processor") && !j["post_processor"].is_null()) t.post_processor_json_ = j["post_processor"].dump();
+    if (j.contains("post_processor") && !j["post_processor"].is_null())
+      t.post_processor_json_ = j["post_processor"].dump();
     if (j.contains("decoder") && !j["decoder"].is_null()) t.decoder_json_ = j["decoder"].dump();
     Json extras = Json::object();
     for (const char* key : {"unk_token", "fuse_unk", "byte_fallback"}) {
@@ -828,8 +824,8 @@ Result<BpeTokenizer> BpeTokenizer::FromJson(std::string_view json_text, const st
         continue;
       }
       if (token.used) {
-        return bad("model.vocab[\"" + key + "\"]", "id " + std::to_string(id) + " is also \"" +
-                                                       t.token_string(id) + "\"");
+        return bad("model.vocab[\"" + key + "\"]",
+                   "id " + std::to_string(id) + " is also \"" + t.token_string(id) + "\"");
       }
       Result<std::string> bytes = ByteLevelToBytes(key);
       if (!bytes.ok()) return bad("model.vocab", bytes.status().message() + " (not a byte-level vocabulary)");
@@ -859,7 +855,10 @@ Result<BpeTokenizer> BpeTokenizer::FromJson(std::string_view json_text, const st
       }
       auto l = key_ids.find(left), rt = key_ids.find(right), res = key_ids.find(left + right);
       if (l == key_ids.end() || rt == key_ids.end() || res == key_ids.end()) {
-        return bad(key, Shown(m) + ": \"" + (l == key_ids.end() ? left : rt == key_ids.end() ? right : left + right) +
+        return bad(key, Shown(m) + ": \"" +
+                            (l == key_ids.end()    ? left
+                             : rt == key_ids.end() ? right
+                                                   : left + right) +
                             "\" is not in model.vocab");
       }
       // A repeated pair takes its last rank, as the Python library's map of merges does.

@@ -111,9 +111,9 @@ class BpeTokenizer {
   struct Token {
     std::string bytes;
     bool used = false;
-    bool added = false;    // an added token: cut out of the text before pre-tokenization
-    bool special = false;  // "special": true in added_tokens (skipped by Decode(skip_special))
-    bool in_model = false; // in model.vocab (else only in added_tokens)
+    bool added = false;     // an added token: cut out of the text before pre-tokenization
+    bool special = false;   // "special": true in added_tokens (skipped by Decode(skip_special))
+    bool in_model = false;  // in model.vocab (else only in added_tokens)
   };
   struct MergeValue {
     int32_t rank;
@@ -123,8 +123,7 @@ class BpeTokenizer {
   BpeTokenizer() = default;
   Status Finish(const std::string& name);  // byte ids, eos, the added-token list
   void EncodeWord(std::string_view word, std::vector<int32_t>* out) const;
-  void EncodeSegment(std::string_view segment,
-                     std::unordered_map<std::string_view, std::vector<int32_t>>* cache,
+  void EncodeSegment(std::string_view segment, std::unordered_map<std::string_view, std::vector<int32_t>>* cache,
                      std::vector<int32_t>* out) const;
 
   std::vector<Token> tokens_;

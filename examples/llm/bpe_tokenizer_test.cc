@@ -60,7 +60,7 @@ TEST(ByteLevelTest, TableIsGpt2s) {
       EXPECT_EQ(map[b], next++) << "byte " << b;
     }
   }
-  EXPECT_EQ(next, 0x144u);  // 68 non-printable bytes
+  EXPECT_EQ(next, 0x144u);                                           // 68 non-printable bytes
   EXPECT_EQ(BytesToByteLevel(" hello\n"), "\xc4\xa0hello\xc4\x8a");  // "Ġhello Ċ"
   std::string all;
   for (int b = 0; b < 256; ++b) all.push_back(static_cast<char>(b));
@@ -99,11 +99,11 @@ TEST(PreTokenizeTest, SplitsLikeGpt2sRegex) {
 
 TEST(PreTokenizeTest, SplitsLikeLlama3AndQwen2Regexes) {
   // Expected pieces are what tokenizers 0.23's Split(Regex(pattern), "isolated") gives.
-  const std::string text =
-      "'S 'LL x'\xc5\xbf 'hello \"quoted\" 12345 a1b  \n\n  x \t\nfoo\r\n\r\n  \tbar!!\n\n end  ";
-  const std::vector<std::string> head = {"'S", " '", "LL", " x", "'\xc5\xbf", " '", "hello", " \"", "quoted", "\"", " "};
-  const std::vector<std::string> tail = {" a", "1", "b", "  \n\n", " ", " x", " \t\n", "foo", "\r\n\r\n", "  ",
-                                         "\tbar", "!!\n\n", " end", "  "};
+  const std::string text = "'S 'LL x'\xc5\xbf 'hello \"quoted\" 12345 a1b  \n\n  x \t\nfoo\r\n\r\n  \tbar!!\n\n end  ";
+  const std::vector<std::string> head = {"'S",    " '",  "LL",     " x", "'\xc5\xbf", " '",
+                                         "hello", " \"", "quoted", "\"", " "};
+  const std::vector<std::string> tail = {" a",  "1",        "b",  "  \n\n", " ",      " x",   " \t\n",
+                                         "foo", "\r\n\r\n", "  ", "\tbar",  "!!\n\n", " end", "  "};
   auto expect = [&](std::vector<std::string> digits) {
     std::vector<std::string> v = head;
     v.insert(v.end(), digits.begin(), digits.end());
@@ -137,8 +137,8 @@ TEST(BpeTokenizerTest, MergesMostFrequentPairLowestIdsOnTies) {
   EXPECT_EQ(t->eos_id(), 259);
   EXPECT_EQ(t->token_bytes(259), kEndOfText);
   EXPECT_TRUE(t->is_special(259));
-  EXPECT_EQ(t->Encode("aaabdaaabac"), (std::vector<int32_t>{258, t->TokenId("d"), 258, t->TokenId("a"),
-                                                          t->TokenId("c")}));
+  EXPECT_EQ(t->Encode("aaabdaaabac"),
+            (std::vector<int32_t>{258, t->TokenId("d"), 258, t->TokenId("a"), t->TokenId("c")}));
   // Base ids follow GPT-2's vocabulary: '!' is 0, the space byte is 220.
   EXPECT_EQ(t->TokenId("!"), 0);
   EXPECT_EQ(t->TokenId(" "), 220);
@@ -207,7 +207,8 @@ TEST(BpeTokenizerTest, LoadsHuggingFaceStyleFile) {
   const std::string json = R"({"version": "1.0", "added_tokens": [{"id": 258, "content": "<|im_end|>",
       "special": true}], "normalizer": null,
       "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": true, "use_regex": true},
-      "model": {"type": "BPE", "vocab": {)" + vocab + R"(}, "merges": [["Ġ", "h"], "Ġh i"]}})";
+      "model": {"type": "BPE", "vocab": {)" +
+                           vocab + R"(}, "merges": [["Ġ", "h"], "Ġh i"]}})";
   auto t = BpeTokenizer::FromJson(json, "hf.json");
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   EXPECT_EQ(t->vocab_size(), 259);
@@ -233,10 +234,12 @@ TEST(BpeTokenizerTest, LoadsQwenStyleFileAndKeepsItsSettings) {
     return R"({"version": "1.0", "added_tokens": [{"id": 257, "content": "<|endoftext|>", "special": true}],
         "normalizer": {"type": "NFC"},
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-          {"type": "Split", "pattern": {"Regex": ")" + re + R"("}, "behavior": "Isolated", "invert": false},
+          {"type": "Split", "pattern": {"Regex": ")" +
+           re + R"("}, "behavior": "Isolated", "invert": false},
           {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]},
         "post_processor": {"type": "TemplateProcessing", "single": []},
-        "model": {"type": "BPE", "vocab": {)" + vocab + R"(}, "merges": ["1 2"]}})";
+        "model": {"type": "BPE", "vocab": {)" +
+           vocab + R"(}, "merges": ["1 2"]}})";
   };
   auto t = BpeTokenizer::FromJson(make(regex), "qwen.json");
   ASSERT_TRUE(t.ok()) << t.status().ToString();
@@ -272,17 +275,20 @@ TEST(BpeTokenizerTest, RefusesOtherKindsNamingFileAndKey) {
   EXPECT_NE(t.status().message().find("WordPiece"), std::string::npos) << t.status().message();
 
   auto m = BpeTokenizer::FromJson(R"({"model": {"type": "BPE", "vocab": {}, "merges": []},
-      "pre_tokenizer": {"type": "Metaspace"}})", "x.json");
+      "pre_tokenizer": {"type": "Metaspace"}})",
+                                  "x.json");
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("x.json: pre_tokenizer"), std::string::npos) << m.status().message();
 
   auto n = BpeTokenizer::FromJson(R"({"model": {"type": "BPE", "vocab": {}, "merges": []},
-      "normalizer": {"type": "Lowercase"}, "pre_tokenizer": {"type": "ByteLevel"}})", "y.json");
+      "normalizer": {"type": "Lowercase"}, "pre_tokenizer": {"type": "ByteLevel"}})",
+                                  "y.json");
   ASSERT_FALSE(n.ok());
   EXPECT_NE(n.status().message().find("y.json: normalizer"), std::string::npos) << n.status().message();
 
   auto v = BpeTokenizer::FromJson(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
-      "pre_tokenizer": {"type": "ByteLevel"}})", "z.json");
+      "pre_tokenizer": {"type": "ByteLevel"}})",
+                                  "z.json");
   ASSERT_FALSE(v.ok());
   EXPECT_NE(v.status().message().find("z.json: model.vocab"), std::string::npos) << v.status().message();
 

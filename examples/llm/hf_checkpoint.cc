@@ -29,9 +29,8 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 // A shard name must stay inside the directory.
 bool SafeFileName(const std::string& name) {
-  return !name.empty() && name.find('/') == std::string::npos &&
-         name.find('\\') == std::string::npos && name.find("..") == std::string::npos &&
-         name.find('\0') == std::string::npos;
+  return !name.empty() && name.find('/') == std::string::npos && name.find('\\') == std::string::npos &&
+         name.find("..") == std::string::npos && name.find('\0') == std::string::npos;
 }
 
 bool Ignorable(const std::string& name, const std::set<std::string>& ignorable) {
@@ -130,17 +129,17 @@ Result<HfWeights> HfWeights::Open(const std::string& dir) {
     for (const TensorInfo& t : w.files_[i].tensors()) {
       auto [it, inserted] = w.where_.emplace(t.name, static_cast<int>(i));
       if (!inserted) {
-        return DataLossError(dir + ": tensor '" + t.name + "' is in both " +
-                             w.file_names_[it->second] + " and " + w.file_names_[i]);
+        return DataLossError(dir + ": tensor '" + t.name + "' is in both " + w.file_names_[it->second] + " and " +
+                             w.file_names_[i]);
       }
       auto listed = weight_map.find(t.name);
       if (listed == weight_map.end()) {
-        return DataLossError(dir + ": tensor '" + t.name + "' is in " + w.file_names_[i] +
-                             " but " + kHfIndexFile + "'s weight_map does not list it");
+        return DataLossError(dir + ": tensor '" + t.name + "' is in " + w.file_names_[i] + " but " + kHfIndexFile +
+                             "'s weight_map does not list it");
       }
       if (listed->second != w.file_names_[i]) {
-        return DataLossError(dir + ": tensor '" + t.name + "' is in " + w.file_names_[i] +
-                             " and also mapped to " + listed->second + " by " + kHfIndexFile);
+        return DataLossError(dir + ": tensor '" + t.name + "' is in " + w.file_names_[i] + " and also mapped to " +
+                             listed->second + " by " + kHfIndexFile);
       }
     }
   }
@@ -177,8 +176,7 @@ DType HfWeights::dtype_of(const std::string& name) const {
   return t->dtype;
 }
 
-Status HfWeights::Check(const std::vector<examples::ParamSpec>& specs,
-                        const std::set<std::string>& ignorable) const {
+Status HfWeights::Check(const std::vector<examples::ParamSpec>& specs, const std::set<std::string>& ignorable) const {
   std::vector<std::string> missing, wrong, extra;
   std::set<std::string> wanted;
   for (const examples::ParamSpec& spec : specs) {
@@ -197,17 +195,16 @@ Status HfWeights::Check(const std::vector<examples::ParamSpec>& specs,
     }
   }
   if (missing.empty() && wrong.empty() && extra.empty()) return OkStatus();
-  std::string msg = dir_ + ": the checkpoint does not match the model (" +
-                    std::to_string(missing.size()) + " missing, " + std::to_string(wrong.size()) +
-                    " with the wrong shape, " + std::to_string(extra.size()) + " unexpected):";
+  std::string msg = dir_ + ": the checkpoint does not match the model (" + std::to_string(missing.size()) +
+                    " missing, " + std::to_string(wrong.size()) + " with the wrong shape, " +
+                    std::to_string(extra.size()) + " unexpected):";
   for (const auto* list : {&missing, &wrong, &extra}) {
     for (const std::string& line : *list) msg += "\n  " + line;
   }
   return InvalidArgumentError(msg);
 }
 
-Status HfWeights::ReadSlice(const std::string& name, int64_t begin, int64_t count,
-                            float* out) const {
+Status HfWeights::ReadSlice(const std::string& name, int64_t begin, int64_t count, float* out) const {
   auto it = where_.find(name);
   if (it == where_.end()) return NotFoundError(dir_ + ": no tensor '" + name + "' in the checkpoint");
   const SafetensorsFile& f = files_[it->second];
@@ -222,10 +219,8 @@ std::string HfShardName(int k, int n) {
   return buf;
 }
 
-Status ExportHf(const std::string& dir, const std::string& config_json,
-                const std::vector<examples::ParamSpec>& specs, DType dtype,
-                const std::function<Status(int index, float* out)>& values,
-                int64_t max_shard_bytes) {
+Status ExportHf(const std::string& dir, const std::string& config_json, const std::vector<examples::ParamSpec>& specs,
+                DType dtype, const std::function<Status(int index, float* out)>& values, int64_t max_shard_bytes) {
   if (max_shard_bytes <= 0) {
     return InvalidArgumentError("export to " + dir + ": max_shard_bytes must be positive, got " +
                                 std::to_string(max_shard_bytes));
@@ -242,15 +237,13 @@ Status ExportHf(const std::string& dir, const std::string& config_json,
   std::set<std::string> names;
   for (size_t i = 0; i < specs.size(); ++i) {
     if (!names.insert(specs[i].name).second) {
-      return InvalidArgumentError("export to " + dir + ": parameter '" + specs[i].name +
-                                  "' used twice in the list");
+      return InvalidArgumentError("export to " + dir + ": parameter '" + specs[i].name + "' used twice in the list");
     }
     int64_t n = 1;
     for (int64_t d : specs[i].shape) {
       if (d < 0 || (d != 0 && n > INT64_MAX / 4 / d)) {
-        return InvalidArgumentError("export to " + dir + ": parameter '" + specs[i].name +
-                                    "' has shape " + ShapeString(specs[i].shape) +
-                                    " (a negative dim or too many elements)");
+        return InvalidArgumentError("export to " + dir + ": parameter '" + specs[i].name + "' has shape " +
+                                    ShapeString(specs[i].shape) + " (a negative dim or too many elements)");
       }
       n *= d;
     }

@@ -67,8 +67,7 @@ void ExpectValues(const HfWeights& w, const std::vector<ParamSpec>& specs, DType
     for (int64_t j = 0; j < n; ++j) {
       uint16_t bits[2];
       StoreFromFloat(bits, dtype, 0, Value(static_cast<int>(i), j));
-      const float want = dtype == DType::kF32 ? Value(static_cast<int>(i), j)
-                                              : LoadAsFloat(bits, dtype, 0);
+      const float want = dtype == DType::kF32 ? Value(static_cast<int>(i), j) : LoadAsFloat(bits, dtype, 0);
       ASSERT_EQ(got[j], want) << specs[i].name << "[" << j << "]";
     }
   }
@@ -116,15 +115,13 @@ TEST(HfCheckpointTest, ShardsWithIndexAndRemovesStaleFiles) {
   ASSERT_TRUE(st.ok()) << st.ToString();
   // BF16 bytes 32 | 16 | 64 | 6 | 200 | 4: greedy in order gives {32+16}, {64}, {6}, {200}, {4}.
   EXPECT_EQ(Listing(dir), (std::vector<std::string>{
-                              "config.json", "model-00001-of-00005.safetensors",
-                              "model-00002-of-00005.safetensors", "model-00003-of-00005.safetensors",
-                              "model-00004-of-00005.safetensors", "model-00005-of-00005.safetensors",
-                              "model.safetensors.index.json", "tokenizer.json"}));
+                              "config.json", "model-00001-of-00005.safetensors", "model-00002-of-00005.safetensors",
+                              "model-00003-of-00005.safetensors", "model-00004-of-00005.safetensors",
+                              "model-00005-of-00005.safetensors", "model.safetensors.index.json", "tokenizer.json"}));
   auto index = nlohmann::json::parse(*ReadFile(dir + "/model.safetensors.index.json"));
   EXPECT_EQ(index["metadata"]["total_size"], 32 + 16 + 64 + 6 + 200 + 4);
   EXPECT_EQ(index["weight_map"].size(), specs.size());
-  EXPECT_EQ(index["weight_map"]["model.layers.0.input_layernorm.weight"],
-            "model-00001-of-00005.safetensors");
+  EXPECT_EQ(index["weight_map"]["model.layers.0.input_layernorm.weight"], "model-00001-of-00005.safetensors");
   EXPECT_EQ(index["weight_map"]["model.norm.weight"], "model-00005-of-00005.safetensors");
   for (int k = 1; k <= 5; ++k) {
     auto f = SafetensorsFile::Open(dir + "/" + HfShardName(k, 5));
@@ -142,13 +139,11 @@ TEST(HfCheckpointTest, ShardsWithIndexAndRemovesStaleFiles) {
 
   // Fewer shards, then one file again: the old shards and index go.
   ASSERT_TRUE(ExportHf(dir, kConfig, specs, DType::kBF16, ValuesOf(specs), 250).ok());
-  EXPECT_EQ(Listing(dir),
-            (std::vector<std::string>{"config.json", "model-00001-of-00002.safetensors",
-                                      "model-00002-of-00002.safetensors",
-                                      "model.safetensors.index.json", "tokenizer.json"}));
-  ASSERT_TRUE(ExportHf(dir, kConfig, specs, DType::kF16, ValuesOf(specs)).ok());
-  EXPECT_EQ(Listing(dir), (std::vector<std::string>{"config.json", "model.safetensors",
+  EXPECT_EQ(Listing(dir), (std::vector<std::string>{"config.json", "model-00001-of-00002.safetensors",
+                                                    "model-00002-of-00002.safetensors", "model.safetensors.index.json",
                                                     "tokenizer.json"}));
+  ASSERT_TRUE(ExportHf(dir, kConfig, specs, DType::kF16, ValuesOf(specs)).ok());
+  EXPECT_EQ(Listing(dir), (std::vector<std::string>{"config.json", "model.safetensors", "tokenizer.json"}));
   auto w16 = HfWeights::Open(dir);
   ASSERT_TRUE(w16.ok());
   ExpectValues(*w16, specs, DType::kF16);
@@ -206,10 +201,7 @@ TEST(HfCheckpointTest, ImportExportIsBitwise) {
       }
       st = ExportHf(
           dst, kConfig, specs, in->dtype_of(specs[0].name),
-          [&](int i, float* out) {
-            return in->ReadSlice(specs[i].name, 0, specs[i].numel(), out);
-          },
-          max_bytes);
+          [&](int i, float* out) { return in->ReadSlice(specs[i].name, 0, specs[i].numel(), out); }, max_bytes);
       ASSERT_TRUE(st.ok()) << st.ToString();
       const std::vector<std::string> files = Listing(src);
       ASSERT_EQ(Listing(dst), files);
@@ -240,9 +232,8 @@ TEST(HfCheckpointTest, ForeignSingleFileExportsToTheSameBytes) {
   ASSERT_TRUE(WriteSafetensors(src + "/model.safetensors", tensors, {{"format", "pt"}}).ok());
   auto in = HfWeights::Open(src);
   ASSERT_TRUE(in.ok()) << in.status().ToString();
-  Status st = ExportHf(dst, kConfig, specs, DType::kBF16, [&](int i, float* out) {
-    return in->ReadSlice(specs[i].name, 0, specs[i].numel(), out);
-  });
+  Status st = ExportHf(dst, kConfig, specs, DType::kBF16,
+                       [&](int i, float* out) { return in->ReadSlice(specs[i].name, 0, specs[i].numel(), out); });
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_TRUE(*ReadFile(src + "/model.safetensors") == *ReadFile(dst + "/model.safetensors"));
 }
@@ -258,26 +249,24 @@ TEST(HfCheckpointTest, CheckListsEveryProblemInOneMessage) {
   ASSERT_TRUE(w.ok()) << w.status().ToString();
 
   std::vector<ParamSpec> model = Specs();
-  model[2].shape = {8, 4};                                  // transposed q_proj
-  model[3].shape = {4};                                     // q_norm of another head_dim
+  model[2].shape = {8, 4};                                                        // transposed q_proj
+  model[3].shape = {4};                                                           // q_norm of another head_dim
   model.push_back({"model.layers.0.self_attn.k_proj.weight", {4, 8}, "layer0"});  // missing
-  model.push_back({"model.layers.1.input_layernorm.weight", {8}, "layer1"});       // missing
+  model.push_back({"model.layers.1.input_layernorm.weight", {8}, "layer1"});      // missing
   const std::set<std::string> tied = {"lm_head.weight", "rotary_emb.inv_freq"};
   Status st = w->Check(model, tied);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   const std::string q_file = w->file_of("model.layers.0.self_attn.q_proj.weight");
-  EXPECT_THAT(
-      st.message(),
-      AllOf(HasSubstr(dir), HasSubstr("2 missing, 2 with the wrong shape, 1 unexpected"),
-            HasSubstr("missing model.layers.0.self_attn.k_proj.weight [4, 8]"),
-            HasSubstr("missing model.layers.1.input_layernorm.weight [8]"),
-            HasSubstr("wrong shape model.layers.0.self_attn.q_proj.weight in " + q_file +
-                      ": expected [8, 4], got [4, 8]"),
-            HasSubstr("wrong shape model.layers.0.self_attn.q_norm.weight in "),
-            HasSubstr("expected [4], got [3]"),
-            HasSubstr("unexpected model.layers.0.self_attn.extra_bias in " +
-                      w->file_of("model.layers.0.self_attn.extra_bias")),
-            Not(HasSubstr("lm_head")), Not(HasSubstr("inv_freq"))));
+  EXPECT_THAT(st.message(), AllOf(HasSubstr(dir), HasSubstr("2 missing, 2 with the wrong shape, 1 unexpected"),
+                                  HasSubstr("missing model.layers.0.self_attn.k_proj.weight [4, 8]"),
+                                  HasSubstr("missing model.layers.1.input_layernorm.weight [8]"),
+                                  HasSubstr("wrong shape model.layers.0.self_attn.q_proj.weight in " + q_file +
+                                            ": expected [8, 4], got [4, 8]"),
+                                  HasSubstr("wrong shape model.layers.0.self_attn.q_norm.weight in "),
+                                  HasSubstr("expected [4], got [3]"),
+                                  HasSubstr("unexpected model.layers.0.self_attn.extra_bias in " +
+                                            w->file_of("model.layers.0.self_attn.extra_bias")),
+                                  Not(HasSubstr("lm_head")), Not(HasSubstr("inv_freq"))));
   // Without the ignorable names, lm_head and inv_freq are reported too.
   EXPECT_THAT(w->Check(Specs(), {}).message(),
               AllOf(HasSubstr("3 unexpected"), HasSubstr("unexpected lm_head.weight in "),
@@ -291,9 +280,7 @@ TEST(HfCheckpointTest, CheckListsEveryProblemInOneMessage) {
 std::string ShardedDir(const std::string& index) {
   const std::string dir = ScratchDir("hf_bad");
   const float v[2] = {1.0f, 2.0f};
-  EXPECT_TRUE(WriteSafetensors(dir + "/a.safetensors",
-                               {{"x", DType::kF32, {2}, v}, {"y", DType::kF32, {1}, v}})
-                  .ok());
+  EXPECT_TRUE(WriteSafetensors(dir + "/a.safetensors", {{"x", DType::kF32, {2}, v}, {"y", DType::kF32, {1}, v}}).ok());
   EXPECT_TRUE(WriteSafetensors(dir + "/b.safetensors", {{"z", DType::kF32, {2}, v}}).ok());
   EXPECT_TRUE(WriteFileAtomic(dir + "/model.safetensors.index.json", index).ok());
   return dir;
@@ -328,14 +315,12 @@ TEST(HfCheckpointTest, RefusesBadDirectoriesAndIndexes) {
       {"slash", R"({"weight_map": {"x": "sub/a.safetensors"}})", "'sub/a.safetensors' is not a file name"},
       {"dotdot", R"({"weight_map": {"x": "..a.safetensors"}})", "is not a file name"},
       {"not a string", R"({"weight_map": {"x": 3}})", "weight_map['x'] is not a file name"},
-      {"missing shard",
-       R"({"weight_map": {"x": "a.safetensors", "y": "a.safetensors", "z": "c.safetensors"}})",
+      {"missing shard", R"({"weight_map": {"x": "a.safetensors", "y": "a.safetensors", "z": "c.safetensors"}})",
        "names shard c.safetensors"},
       {"tensor not in its shard",
        R"({"weight_map": {"x": "a.safetensors", "y": "a.safetensors", "z": "b.safetensors", "q": "b.safetensors"}})",
        "maps tensor 'q' to b.safetensors, which does not hold it"},
-      {"mapped elsewhere",
-       R"({"weight_map": {"x": "b.safetensors", "y": "a.safetensors", "z": "b.safetensors"}})",
+      {"mapped elsewhere", R"({"weight_map": {"x": "b.safetensors", "y": "a.safetensors", "z": "b.safetensors"}})",
        "tensor 'x' is in a.safetensors and also mapped to b.safetensors"},
       {"unlisted", R"({"weight_map": {"x": "a.safetensors", "z": "b.safetensors"}})",
        "tensor 'y' is in a.safetensors but"},
@@ -347,16 +332,15 @@ TEST(HfCheckpointTest, RefusesBadDirectoriesAndIndexes) {
   {  // x in both shards
     const std::string dir = ShardedDir(good);
     const float v[2] = {1.0f, 2.0f};
-    ASSERT_TRUE(WriteSafetensors(dir + "/b.safetensors",
-                                 {{"z", DType::kF32, {2}, v}, {"x", DType::kF32, {2}, v}})
-                    .ok());
+    ASSERT_TRUE(
+        WriteSafetensors(dir + "/b.safetensors", {{"z", DType::kF32, {2}, v}, {"x", DType::kF32, {2}, v}}).ok());
     EXPECT_THAT(OpenError(dir), HasSubstr("tensor 'x' is in both a.safetensors and b.safetensors"));
   }
   {  // a broken shard names the index and the shard's own problem
     const std::string dir = ShardedDir(good);
     ASSERT_TRUE(WriteFileAtomic(dir + "/b.safetensors", std::string(3, '\0')).ok());
-    EXPECT_THAT(OpenError(dir), AllOf(HasSubstr("names shard b.safetensors"),
-                                      HasSubstr(dir + "/b.safetensors: truncated")));
+    EXPECT_THAT(OpenError(dir),
+                AllOf(HasSubstr("names shard b.safetensors"), HasSubstr(dir + "/b.safetensors: truncated")));
   }
   {  // both layouts at once
     const std::string dir = ShardedDir(good);
@@ -411,11 +395,10 @@ TEST(HfCheckpointTest, ExportRefusesBadArgumentsAndStopsOnValueErrors) {
       },
       64);
   EXPECT_EQ(st.code(), StatusCode::kInternal);
-  EXPECT_THAT(st.message(),
-              AllOf(HasSubstr("'model.layers.0.mlp.down_proj.weight'"), HasSubstr("device lost")));
-  EXPECT_EQ(Listing(out), (std::vector<std::string>{"model-00001-of-00005.safetensors",
-                                                    "model-00002-of-00005.safetensors",
-                                                    "model-00003-of-00005.safetensors"}));
+  EXPECT_THAT(st.message(), AllOf(HasSubstr("'model.layers.0.mlp.down_proj.weight'"), HasSubstr("device lost")));
+  EXPECT_EQ(Listing(out),
+            (std::vector<std::string>{"model-00001-of-00005.safetensors", "model-00002-of-00005.safetensors",
+                                      "model-00003-of-00005.safetensors"}));
 }
 
 }  // namespace

@@ -30,8 +30,7 @@ namespace {
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
 
 Status FeStatus(fe::error_t e, const char* what, const AttentionShape& s) {
-  return UnimplementedError(std::string("cuDNN attention ") + what + " for " + s.ToString() + ": " +
-                            e.get_message());
+  return UnimplementedError(std::string("cuDNN attention ") + what + " for " + s.ToString() + ": " + e.get_message());
 }
 
 // [batch, seq, heads, head_dim] row-major seen as cuDNN's (b, h, s, d).
@@ -165,8 +164,7 @@ struct CudnnAttention::Impl {
         return &p;
       }
     }
-    if (s.batch <= 0 || s.seq <= 0 || s.heads <= 0 || s.kv_heads <= 0 || s.head_dim <= 0 ||
-        s.heads % s.kv_heads != 0) {
+    if (s.batch <= 0 || s.seq <= 0 || s.heads <= 0 || s.kv_heads <= 0 || s.head_dim <= 0 || s.heads % s.kv_heads != 0) {
       return InvalidArgumentError("cuDNN attention: invalid shape " + s.ToString());
     }
     plans.push_back(Plans{s, OkStatus(), nullptr, nullptr});
@@ -185,8 +183,7 @@ struct CudnnAttention::Impl {
                  const char* what) {
     fe::error_t e = g.execute(handle, pack, workspace);
     if (!e.is_good()) {
-      return InternalError(std::string("cuDNN attention ") + what + " for " + s.ToString() + ": " +
-                           e.get_message());
+      return InternalError(std::string("cuDNN attention ") + what + " for " + s.ToString() + ": " + e.get_message());
     }
     return OkStatus();
   }
@@ -219,16 +216,13 @@ Status CudnnAttention::Prepare(const AttentionShape& shape) { return impl_->Find
 Status CudnnAttention::Forward(const AttentionShape& shape, const void* q, const void* k, const void* v, void* o,
                                float* stats) {
   ZERO_ASSIGN_OR_RETURN(Impl::Plans * p, impl_->Find(shape));
-  std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(q)},
-                                             {kK, const_cast<void*>(k)},
-                                             {kV, const_cast<void*>(v)},
-                                             {kO, o},
-                                             {kStats, stats}};
+  std::unordered_map<int64_t, void*> pack = {
+      {kQ, const_cast<void*>(q)}, {kK, const_cast<void*>(k)}, {kV, const_cast<void*>(v)}, {kO, o}, {kStats, stats}};
   return impl_->Execute(*p->fwd, pack, shape, "forward");
 }
 
-Status CudnnAttention::Backward(const AttentionShape& shape, const void* q, const void* k, const void* v,
-                                const void* o, const void* dout, const float* stats, void* dq, void* dk, void* dv) {
+Status CudnnAttention::Backward(const AttentionShape& shape, const void* q, const void* k, const void* v, const void* o,
+                                const void* dout, const float* stats, void* dq, void* dk, void* dv) {
   ZERO_ASSIGN_OR_RETURN(Impl::Plans * p, impl_->Find(shape));
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(q)},
                                              {kK, const_cast<void*>(k)},
@@ -262,8 +256,8 @@ Status CudnnAttention::Prepare(const AttentionShape&) { return UnavailableError(
 Status CudnnAttention::Forward(const AttentionShape&, const void*, const void*, const void*, void*, float*) {
   return UnavailableError("cuDNN attention: not built");
 }
-Status CudnnAttention::Backward(const AttentionShape&, const void*, const void*, const void*, const void*,
-                                const void*, const float*, void*, void*, void*) {
+Status CudnnAttention::Backward(const AttentionShape&, const void*, const void*, const void*, const void*, const void*,
+                                const float*, void*, void*, void*) {
   return UnavailableError("cuDNN attention: not built");
 }
 

@@ -32,8 +32,8 @@ struct AttentionShape {
   int batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 0.0f;
   bool operator==(const AttentionShape& o) const {
-    return batch == o.batch && seq == o.seq && heads == o.heads && kv_heads == o.kv_heads &&
-           head_dim == o.head_dim && scale == o.scale;
+    return batch == o.batch && seq == o.seq && heads == o.heads && kv_heads == o.kv_heads && head_dim == o.head_dim &&
+           scale == o.scale;
   }
   std::string ToString() const;
 };
@@ -60,8 +60,7 @@ class CudnnAttention {
 
   // o = softmax(scale * q k^T + causal mask) v per head (head h reads kv head h / (heads / kv_heads)),
   // stats = its log-sum-exp. Buffers as in the layout above, bf16 except stats.
-  Status Forward(const AttentionShape& shape, const void* q, const void* k, const void* v, void* o,
-                 float* stats);
+  Status Forward(const AttentionShape& shape, const void* q, const void* k, const void* v, void* o, float* stats);
 
   // dq, dk, dv (bf16, q's and k's layouts) of Forward's o given dout (bf16, o's layout) and the
   // forward's o and stats. dk and dv sum the heads of each group.

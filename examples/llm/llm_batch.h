@@ -28,19 +28,19 @@ struct LlmBatch {
   // row and position of the first bad id.
   Status Validate(int64_t vocab_size, int64_t max_positions) const {
     if (batch < 1 || seq < 1) {
-      return InvalidArgumentError("llm batch: expected batch >= 1 and seq >= 1, got batch " +
-                                  std::to_string(batch) + ", seq " + std::to_string(seq));
+      return InvalidArgumentError("llm batch: expected batch >= 1 and seq >= 1, got batch " + std::to_string(batch) +
+                                  ", seq " + std::to_string(seq));
     }
     if (seq > max_positions) {
-      return InvalidArgumentError("llm batch: seq " + std::to_string(seq) +
-                                  " exceeds max_position_embeddings " + std::to_string(max_positions));
+      return InvalidArgumentError("llm batch: seq " + std::to_string(seq) + " exceeds max_position_embeddings " +
+                                  std::to_string(max_positions));
     }
     const size_t n = static_cast<size_t>(batch) * seq;
     if (inputs.size() != n || targets.size() != n) {
       return InvalidArgumentError("llm batch: expected " + std::to_string(n) + " inputs and targets (batch " +
                                   std::to_string(batch) + " x seq " + std::to_string(seq) + "), got " +
-                                  std::to_string(inputs.size()) + " inputs and " +
-                                  std::to_string(targets.size()) + " targets");
+                                  std::to_string(inputs.size()) + " inputs and " + std::to_string(targets.size()) +
+                                  " targets");
     }
     for (size_t i = 0; i < n; ++i) {
       const char* what = nullptr;

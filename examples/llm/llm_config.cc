@@ -56,8 +56,7 @@ Status ValidateFrom(const LlmConfig& c, const std::string& source) {
                     std::to_string(c.num_key_value_heads));
   }
   if (c.head_dim % 2 != 0) {
-    return KeyError(source, "head_dim", "an even number (RoPE rotates pairs of elements)",
-                    std::to_string(c.head_dim));
+    return KeyError(source, "head_dim", "an even number (RoPE rotates pairs of elements)", std::to_string(c.head_dim));
   }
   if (c.architecture == kLlamaArchitecture && c.hidden_size % c.num_attention_heads != 0) {
     return KeyError(source, "hidden_size",
@@ -94,8 +93,10 @@ Status ValidateFrom(const LlmConfig& c, const std::string& source) {
   if (!(c.initializer_range >= 0.0) || !std::isfinite(c.initializer_range)) {
     return KeyError(source, "initializer_range", "a number >= 0", std::to_string(c.initializer_range));
   }
-  if (c.bos_token_id < -1) return KeyError(source, "bos_token_id", "an id >= 0 or absent", std::to_string(c.bos_token_id));
-  if (c.eos_token_id < -1) return KeyError(source, "eos_token_id", "an id >= 0 or absent", std::to_string(c.eos_token_id));
+  if (c.bos_token_id < -1)
+    return KeyError(source, "bos_token_id", "an id >= 0 or absent", std::to_string(c.bos_token_id));
+  if (c.eos_token_id < -1)
+    return KeyError(source, "eos_token_id", "an id >= 0 or absent", std::to_string(c.eos_token_id));
   if (c.torch_dtype != "bfloat16" && c.torch_dtype != "float16" && c.torch_dtype != "float32") {
     return KeyError(source, "torch_dtype", "\"bfloat16\", \"float16\" or \"float32\"", "\"" + c.torch_dtype + "\"");
   }
@@ -441,10 +442,10 @@ Status LlmConfig::Validate() const { return ValidateFrom(*this, "llm config"); }
 
 int64_t LlmConfig::NumParams() const {
   const int64_t H = hidden_size, q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim;
-  const int64_t per_layer = 2 * H                                   // input and post-attention norms
-                            + H * q + 2 * H * kv + q * H            // q, k, v, o
-                            + (qk_norm() ? 2 * head_dim : 0)        // q_norm, k_norm
-                            + 3 * H * intermediate_size;            // gate, up, down
+  const int64_t per_layer = 2 * H                             // input and post-attention norms
+                            + H * q + 2 * H * kv + q * H      // q, k, v, o
+                            + (qk_norm() ? 2 * head_dim : 0)  // q_norm, k_norm
+                            + 3 * H * intermediate_size;      // gate, up, down
   return vocab_size * H * ((tie_word_embeddings ? 1 : 2) + extra_heads) + num_hidden_layers * per_layer + H;
 }
 
@@ -487,7 +488,8 @@ Result<LlmConfig> LoadHfConfig(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     const int err = errno;
-    if (err == ENOENT) return NotFoundError(path + ": no such file or directory (expected a config.json or a folder holding one)");
+    if (err == ENOENT)
+      return NotFoundError(path + ": no such file or directory (expected a config.json or a folder holding one)");
     return ErrnoError("stat", path, err);
   }
   std::string file = path;

@@ -53,8 +53,8 @@ struct LlmConfig {
   double rms_norm_eps = 1e-6;
   double initializer_range = 0.02;
   bool tie_word_embeddings = false;
-  int64_t bos_token_id = -1;  // -1: absent
-  int64_t eos_token_id = -1;  // -1: absent (a list in config.json keeps its first id)
+  int64_t bos_token_id = -1;             // -1: absent
+  int64_t eos_token_id = -1;             // -1: absent (a list in config.json keeps its first id)
   std::string torch_dtype = "bfloat16";  // "bfloat16", "float16" or "float32"
   // Not Hugging Face's: untied output heads beside the model's own (zero_llm --extra-heads), each a
   // [vocab, hidden] weight "extra_heads.<k>.weight" in module "extra_head<k>"; a batch picks the
@@ -118,8 +118,8 @@ Result<LlmConfig> LoadHfConfig(const std::string& path);
 // A config.json that transformers (4.4x and 5.x) from_pretrained loads as the config's class:
 // model_type, architectures, every size, hidden_act "silu", no biases, rope_scaling (null, or the
 // llama3 object) and rope_parameters {rope_type, rope_theta, and llama3's keys} (5.x's form) next to
-// the top-level rope_theta (4.x's), use_cache, both dtype keys. ParseHfConfig(ToHfConfigJson(c)) == c for every valid c.
-// REQUIRES: config.Validate().ok().
+// the top-level rope_theta (4.x's), use_cache, both dtype keys. ParseHfConfig(ToHfConfigJson(c)) == c for every valid
+// c. REQUIRES: config.Validate().ok().
 std::string ToHfConfigJson(const LlmConfig& config);
 
 // Published model shapes (the numbers of each model's config.json) and "tiny", a 131k-parameter

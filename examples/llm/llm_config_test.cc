@@ -121,7 +121,7 @@ TEST(LlmConfigTest, Llama31ReadsItsLlama3RopeScalingAndWritesItBack) {
   EXPECT_EQ(c->rope_scaling.high_freq_factor, 4.0);
   EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 8192);
   EXPECT_FALSE(c->qk_norm());
-  EXPECT_EQ(c->head_dim, 128);  // hidden_size / num_attention_heads: the config has no head_dim
+  EXPECT_EQ(c->head_dim, 128);         // hidden_size / num_attention_heads: the config has no head_dim
   EXPECT_EQ(c->eos_token_id, 128001);  // the first of the list
   // The preset is the shape without the scaling.
   LlmConfig unscaled = *c;
@@ -238,25 +238,64 @@ struct Refusal {
 
 TEST(LlmConfigTest, EveryRefusalNamesSourceAndKey) {
   const std::vector<Refusal> cases = {
-      {kQwen3_06B, [](Json& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; },
+      {kQwen3_06B,
+       [](Json& j) {
+         j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+       },
        "rope_scaling.rope_type"},
-      {kQwen3_06B, [](Json& j) { j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}}; },
+      {kQwen3_06B,
+       [](Json& j) {
+         j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+       },
        "rope_parameters.rope_type"},
-      {kQwen3_06B, [](Json& j) { j["rope_parameters"] = {{"rope_type", "default"}, {"factor", 2.0}}; },
+      {kQwen3_06B,
+       [](Json& j) {
+         j["rope_parameters"] = {{"rope_type", "default"}, {"factor", 2.0}};
+       },
        "rope_parameters.factor"},
-      {kQwen3_06B, [](Json& j) { j["rope_parameters"] = {{"rope_theta", 5.0}}; }, "rope_parameters.rope_theta"},
+      {kQwen3_06B,
+       [](Json& j) {
+         j["rope_parameters"] = {{"rope_theta", 5.0}};
+       },
+       "rope_parameters.rope_theta"},
       {kQwen3_06B, [](Json& j) { j["use_sliding_window"] = true; }, "use_sliding_window"},
-      {kQwen3_06B, [](Json& j) { j["layer_types"] = {"full_attention", "sliding_attention"}; }, "layer_types[1]"},
+      {kQwen3_06B,
+       [](Json& j) {
+         j["layer_types"] = {"full_attention", "sliding_attention"};
+       },
+       "layer_types[1]"},
       {kQwen3_06B, [](Json& j) { j["attention_bias"] = true; }, "attention_bias"},
-      {kLlama31_8B, [](Json& j) { j["rope_scaling"] = nullptr; j["mlp_bias"] = true; }, "mlp_bias"},
+      {kLlama31_8B,
+       [](Json& j) {
+         j["rope_scaling"] = nullptr;
+         j["mlp_bias"] = true;
+       },
+       "mlp_bias"},
       {kQwen3_06B, [](Json& j) { j["hidden_act"] = "gelu"; }, "hidden_act"},
       {kQwen3_06B, [](Json& j) { j["attention_dropout"] = 0.1; }, "attention_dropout"},
-      {kQwen3_06B, [](Json& j) { j["quantization_config"] = {{"quant_method", "awq"}}; }, "quantization_config"},
-      {kQwen3_06B, [](Json& j) { j["architectures"] = {"MistralForCausalLM"}; j.erase("model_type"); },
+      {kQwen3_06B,
+       [](Json& j) {
+         j["quantization_config"] = {{"quant_method", "awq"}};
+       },
+       "quantization_config"},
+      {kQwen3_06B,
+       [](Json& j) {
+         j["architectures"] = {"MistralForCausalLM"};
+         j.erase("model_type");
+       },
        "architectures[0]"},
-      {kQwen3_06B, [](Json& j) { j["architectures"] = {"Qwen3ForCausalLM", "X"}; }, "architectures"},
+      {kQwen3_06B,
+       [](Json& j) {
+         j["architectures"] = {"Qwen3ForCausalLM", "X"};
+       },
+       "architectures"},
       {kQwen3_06B, [](Json& j) { j["model_type"] = "llama"; }, "model_type"},
-      {kQwen3_06B, [](Json& j) { j.erase("architectures"); j.erase("model_type"); }, "architectures"},
+      {kQwen3_06B,
+       [](Json& j) {
+         j.erase("architectures");
+         j.erase("model_type");
+       },
+       "architectures"},
       {kQwen3_06B, [](Json& j) { j.erase("hidden_size"); }, "hidden_size"},
       {kQwen3_06B, [](Json& j) { j.erase("vocab_size"); }, "vocab_size"},
       {kQwen3_06B, [](Json& j) { j.erase("intermediate_size"); }, "intermediate_size"},
@@ -271,13 +310,22 @@ TEST(LlmConfigTest, EveryRefusalNamesSourceAndKey) {
       {kQwen3_06B, [](Json& j) { j["hidden_size"] = 1024.5; }, "hidden_size"},
       {kQwen3_06B, [](Json& j) { j["num_key_value_heads"] = 5; }, "num_key_value_heads"},
       {kQwen3_06B, [](Json& j) { j["head_dim"] = 127; }, "head_dim"},
-      {kLlama31_8B, [](Json& j) { j["rope_scaling"] = nullptr; j["num_attention_heads"] = 24; j["head_dim"] = 128; },
+      {kLlama31_8B,
+       [](Json& j) {
+         j["rope_scaling"] = nullptr;
+         j["num_attention_heads"] = 24;
+         j["head_dim"] = 128;
+       },
        "hidden_size"},
       {kQwen3_06B, [](Json& j) { j["rope_theta"] = -1.0; }, "rope_theta"},
       {kQwen3_06B, [](Json& j) { j["rms_norm_eps"] = 0.0; }, "rms_norm_eps"},
       {kQwen3_06B, [](Json& j) { j["tie_word_embeddings"] = 1; }, "tie_word_embeddings"},
       {kQwen3_06B, [](Json& j) { j["eos_token_id"] = "x"; }, "eos_token_id"},
-      {kQwen3_06B, [](Json& j) { j["eos_token_id"] = {1, "x"}; }, "eos_token_id[1]"},
+      {kQwen3_06B,
+       [](Json& j) {
+         j["eos_token_id"] = {1, "x"};
+       },
+       "eos_token_id[1]"},
       {kQwen3_06B, [](Json& j) { j["torch_dtype"] = "int8"; }, "torch_dtype"},
       {kQwen3_06B, [](Json& j) { j["dtype"] = "float32"; }, "dtype"},
   };
@@ -289,7 +337,10 @@ TEST(LlmConfigTest, EveryRefusalNamesSourceAndKey) {
         << "key " << r.key << ": " << c.status().message();
   }
   // The unsupported architecture's message lists the supported ones.
-  auto mistral = ParseEdited(kQwen3_06B, [](Json& j) { j["architectures"] = {"MistralForCausalLM"}; j.erase("model_type"); });
+  auto mistral = ParseEdited(kQwen3_06B, [](Json& j) {
+    j["architectures"] = {"MistralForCausalLM"};
+    j.erase("model_type");
+  });
   EXPECT_NE(mistral.status().message().find("LlamaForCausalLM"), std::string::npos);
   EXPECT_NE(mistral.status().message().find("Qwen3ForCausalLM"), std::string::npos);
   EXPECT_NE(mistral.status().message().find("MistralForCausalLM"), std::string::npos);
@@ -421,11 +472,11 @@ TEST(LlmParamsTest, Qwen3TiedNamesShapesModules) {
   const auto specs = LlmParamSpecs(c);
   ASSERT_EQ(specs.size(), 1u + 2 * 11 + 1);
   const std::vector<std::string> layer0 = {
-      "model.layers.0.input_layernorm.weight",   "model.layers.0.self_attn.q_proj.weight",
-      "model.layers.0.self_attn.k_proj.weight",  "model.layers.0.self_attn.v_proj.weight",
-      "model.layers.0.self_attn.o_proj.weight",  "model.layers.0.self_attn.q_norm.weight",
-      "model.layers.0.self_attn.k_norm.weight",  "model.layers.0.post_attention_layernorm.weight",
-      "model.layers.0.mlp.gate_proj.weight",     "model.layers.0.mlp.up_proj.weight",
+      "model.layers.0.input_layernorm.weight",  "model.layers.0.self_attn.q_proj.weight",
+      "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight",
+      "model.layers.0.self_attn.o_proj.weight", "model.layers.0.self_attn.q_norm.weight",
+      "model.layers.0.self_attn.k_norm.weight", "model.layers.0.post_attention_layernorm.weight",
+      "model.layers.0.mlp.gate_proj.weight",    "model.layers.0.mlp.up_proj.weight",
       "model.layers.0.mlp.down_proj.weight"};
   const auto names = Names(specs);
   EXPECT_EQ(names[0], "model.embed_tokens.weight");
@@ -433,12 +484,12 @@ TEST(LlmParamsTest, Qwen3TiedNamesShapesModules) {
   EXPECT_EQ(names[12], "model.layers.1.input_layernorm.weight");
   EXPECT_EQ(names.back(), "model.norm.weight");
   EXPECT_EQ(specs[0].shape, (std::vector<int64_t>{512, 64}));
-  EXPECT_EQ(specs[2].shape, (std::vector<int64_t>{64, 64}));   // q: 4 heads * 16
-  EXPECT_EQ(specs[3].shape, (std::vector<int64_t>{32, 64}));   // k: 2 kv heads * 16
-  EXPECT_EQ(specs[5].shape, (std::vector<int64_t>{64, 64}));   // o
-  EXPECT_EQ(specs[6].shape, (std::vector<int64_t>{16}));       // q_norm
-  EXPECT_EQ(specs[9].shape, (std::vector<int64_t>{192, 64}));  // gate
-  EXPECT_EQ(specs[11].shape, (std::vector<int64_t>{64, 192})); // down
+  EXPECT_EQ(specs[2].shape, (std::vector<int64_t>{64, 64}));    // q: 4 heads * 16
+  EXPECT_EQ(specs[3].shape, (std::vector<int64_t>{32, 64}));    // k: 2 kv heads * 16
+  EXPECT_EQ(specs[5].shape, (std::vector<int64_t>{64, 64}));    // o
+  EXPECT_EQ(specs[6].shape, (std::vector<int64_t>{16}));        // q_norm
+  EXPECT_EQ(specs[9].shape, (std::vector<int64_t>{192, 64}));   // gate
+  EXPECT_EQ(specs[11].shape, (std::vector<int64_t>{64, 192}));  // down
   EXPECT_EQ(specs[1].init, examples::InitKind::kOnes);
   EXPECT_EQ(specs[6].init, examples::InitKind::kOnes);
   EXPECT_EQ(specs[2].init, examples::InitKind::kNormal);

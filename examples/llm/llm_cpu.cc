@@ -37,7 +37,8 @@ std::vector<float> RopeInverseFrequencies(int64_t head_dim, double theta, const 
     const float low = static_cast<float>(scaling.low_freq_factor);
     const float old_len = static_cast<float>(scaling.original_max_position_embeddings);
     const double low_wavelen = static_cast<double>(scaling.original_max_position_embeddings) / scaling.low_freq_factor;
-    const double high_wavelen = static_cast<double>(scaling.original_max_position_embeddings) / scaling.high_freq_factor;
+    const double high_wavelen =
+        static_cast<double>(scaling.original_max_position_embeddings) / scaling.high_freq_factor;
     const float two_pi = static_cast<float>(2.0 * 3.14159265358979323846);
     const float span = static_cast<float>(scaling.high_freq_factor - scaling.low_freq_factor);
     for (int64_t i = 0; i < half; ++i) {
@@ -251,14 +252,13 @@ struct Acts {
     size_t n = 0;
     auto add = [&n](const std::vector<T>& v) { n += v.capacity(); };
     for (const LayerActs<T>& l : layers) {
-      for (const auto* v : {&l.resid_in, &l.rstd_in, &l.x_in, &l.q_raw, &l.k_raw, &l.q_rstd, &l.k_rstd, &l.q,
-                            &l.k, &l.v, &l.probs, &l.attn, &l.resid_mid, &l.rstd_mid, &l.x_mid, &l.gate, &l.up,
-                            &l.act}) {
+      for (const auto* v : {&l.resid_in, &l.rstd_in, &l.x_in, &l.q_raw, &l.k_raw, &l.q_rstd, &l.k_rstd, &l.q, &l.k,
+                            &l.v, &l.probs, &l.attn, &l.resid_mid, &l.rstd_mid, &l.x_mid, &l.gate, &l.up, &l.act}) {
         add(*v);
       }
     }
-    for (const auto* v : {&resid_final, &rstd_final, &x_final, &logits, &lse, &rope_cos, &rope_sin, &dh, &dx,
-                          &dlogits, &dq, &dk, &dv, &dattn, &dgate, &dup, &tied_grad}) {
+    for (const auto* v : {&resid_final, &rstd_final, &x_final, &logits, &lse, &rope_cos, &rope_sin, &dh, &dx, &dlogits,
+                          &dq, &dk, &dv, &dattn, &dgate, &dup, &tied_grad}) {
       add(*v);
     }
     return static_cast<int64_t>(n * sizeof(T));
@@ -345,7 +345,7 @@ class ModelT final : public LlmCpu::Impl {
     }
 
     std::vector<T> h(static_cast<size_t>(N * H_));  // the residual stream
-    {  // embed
+    {                                               // embed
       ModuleScope scope(params, kEmbedModule);
       std::vector<const T*> p;
       ZERO_RETURN_IF_ERROR(Load(scope, 0, &param_scratch_, &p));
@@ -680,8 +680,7 @@ class ModelT final : public LlmCpu::Impl {
   }
 
   // On entry a->dh holds dL/d(layer output); on return dL/d(layer input).
-  Status LayerBackward(int64_t l, int64_t B, int64_t S, const std::vector<const T*>& p, Acts<T>* a,
-                       GradSink& grads) {
+  Status LayerBackward(int64_t l, int64_t B, int64_t S, const std::vector<const T*>& p, Acts<T>* a, GradSink& grads) {
     const int64_t N = B * S, half = hd_ / 2;
     const Local w = LocalIndex();
     const LayerParamIndex gi = LayerParams(c_, l);
@@ -745,11 +744,11 @@ class ModelT final : public LlmCpu::Impl {
       dq_raw_.resize(N * qd_);
       dk_raw_.resize(N * kvd_);
       T* g = GradScratch(hd_);
-      RmsNormBackward(N * nh_, hd_, s.q_raw.data(), s.q_rstd.data(), p[w.q_norm], a->dq.data(), dq_raw_.data(),
-                      false, g);
+      RmsNormBackward(N * nh_, hd_, s.q_raw.data(), s.q_rstd.data(), p[w.q_norm], a->dq.data(), dq_raw_.data(), false,
+                      g);
       ZERO_RETURN_IF_ERROR(Emit(grads, gi.q_norm, g));
-      RmsNormBackward(N * nkv_, hd_, s.k_raw.data(), s.k_rstd.data(), p[w.k_norm], a->dk.data(), dk_raw_.data(),
-                      false, g);
+      RmsNormBackward(N * nkv_, hd_, s.k_raw.data(), s.k_rstd.data(), p[w.k_norm], a->dk.data(), dk_raw_.data(), false,
+                      g);
       ZERO_RETURN_IF_ERROR(Emit(grads, gi.k_norm, g));
       a->dq.swap(dq_raw_);
       a->dk.swap(dk_raw_);

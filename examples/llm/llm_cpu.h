@@ -109,8 +109,7 @@ class LlmCpu {
   // overwritten, converted to the buffer's dtype with round-to-nearest-even. On error some
   // gradients may have been written and reported ready. REQUIRES: Forward on `acts` by an LlmCpu
   // of this config and math (checked: FailedPrecondition).
-  Status Backward(examples::ParamProvider& params, LlmActivations* acts, float loss_scale,
-                  examples::GradSink& grads);
+  Status Backward(examples::ParamProvider& params, LlmActivations* acts, float loss_scale, examples::GradSink& grads);
 
   // The logits [vocab_size] of the next token after `ids` (the last position's), for a greedy or
   // sampling decoder. Runs a full forward over ids (no cache), acquiring modules as Forward does.

@@ -121,10 +121,8 @@ struct Variant {
   const char* arch;
   bool tied;
 };
-const Variant kVariants[] = {{kQwen3Architecture, true},
-                             {kQwen3Architecture, false},
-                             {kLlamaArchitecture, true},
-                             {kLlamaArchitecture, false}};
+const Variant kVariants[] = {
+    {kQwen3Architecture, true}, {kQwen3Architecture, false}, {kLlamaArchitecture, true}, {kLlamaArchitecture, false}};
 
 // An independent, direct reading of the contract's formulas (double, loops written for clarity,
 // RoPE angles in double): catches layout errors a gradient check cannot see (head pairing, GQA
@@ -275,9 +273,8 @@ TEST(LlmCpuGradientTest, MatchesFiniteDifferencesForEveryParameter) {
         const double err = std::abs(analytic - numeric);
         worst = std::max(worst, err / (1e-6 + std::abs(numeric)));
         largest = std::max(largest, std::abs(numeric));
-        ASSERT_LE(err, 1e-7 + 1e-5 * std::abs(numeric))
-            << c.ToString() << " " << model.specs()[i].name << "[" << j << "] analytic " << analytic << " numeric "
-            << numeric;
+        ASSERT_LE(err, 1e-7 + 1e-5 * std::abs(numeric)) << c.ToString() << " " << model.specs()[i].name << "[" << j
+                                                        << "] analytic " << analytic << " numeric " << numeric;
         ++checked;
       }
       EXPECT_GT(largest, 1e-4) << model.specs()[i].name << ": a gradient that is all ~0 checks nothing";
@@ -314,8 +311,8 @@ TEST(LlmCpuGradientTest, FloatMathMatchesDouble) {
 // gradient is reported while its module is held.
 class LoggingProvider : public ParamProvider {
  public:
-  LoggingProvider(const std::vector<ParamSpec>& specs, std::vector<ParamView> views,
-                  std::vector<std::string>* log, std::set<std::string>* held)
+  LoggingProvider(const std::vector<ParamSpec>& specs, std::vector<ParamView> views, std::vector<std::string>* log,
+                  std::set<std::string>* held)
       : inner_(specs, std::move(views)), log_(log), held_(held) {}
   Result<std::vector<ParamView>> Acquire(const std::string& module) override {
     log_->push_back("A:" + module);
@@ -383,13 +380,13 @@ TEST(LlmCpuProtocolTest, ModuleOrderAndGradReadyFollowTheContract) {
     std::vector<std::string> expected_acquires, expected_events;
     if (var.tied) {
       expected_acquires = {"embed", "layer0", "layer1", "head", "embed"};
-      expected_events = {"A:embed", "R:embed", "A:layer0", "R:layer0", "A:layer1", "R:layer1",
-                         "A:head",  "A:embed", "R:embed",  "R:head",   // forward
-                         "A:head",  "A:embed", "R:embed",  "R:head",   "A:layer1", "R:layer1",
-                         "A:layer0", "R:layer0", "A:embed", "R:embed"};
+      expected_events = {"A:embed",  "R:embed",  "A:layer0", "R:layer0", "A:layer1",
+                         "R:layer1", "A:head",   "A:embed",  "R:embed",  "R:head",  // forward
+                         "A:head",   "A:embed",  "R:embed",  "R:head",   "A:layer1",
+                         "R:layer1", "A:layer0", "R:layer0", "A:embed",  "R:embed"};
     } else {
       expected_acquires = {"embed", "layer0", "layer1", "head"};
-      expected_events = {"A:embed", "R:embed", "A:layer0", "R:layer0", "A:layer1", "R:layer1", "A:head", "R:head",
+      expected_events = {"A:embed", "R:embed", "A:layer0", "R:layer0", "A:layer1", "R:layer1", "A:head",  "R:head",
                          "A:head",  "R:head",  "A:layer1", "R:layer1", "A:layer0", "R:layer0", "A:embed", "R:embed"};
     }
     EXPECT_EQ(forward_acquires, expected_acquires) << c.ToString();
@@ -445,10 +442,10 @@ TEST(LlmCpuExtraHeadTest, AnExtraHeadIsTheUntiedModelWithItsWeightAsLmHead) {
     if (!var.tied) expected_ready[LmHeadIndex(c)] = 0;
     EXPECT_EQ(sink.inner().ready_count(), expected_ready) << c.ToString();
     const std::vector<std::string> expected_events = {
-        "A:embed", "R:embed", "A:layer0", "R:layer0", "A:layer1", "R:layer1", "A:head", "A:extra_head1",
-        "R:extra_head1", "R:head",  // forward
-        "A:head", "A:extra_head1", "R:extra_head1", "R:head", "A:layer1", "R:layer1", "A:layer0", "R:layer0",
-        "A:embed", "R:embed"};
+        "A:embed",  "R:embed",       "A:layer0",      "R:layer0",      "A:layer1",
+        "R:layer1", "A:head",        "A:extra_head1", "R:extra_head1", "R:head",  // forward
+        "A:head",   "A:extra_head1", "R:extra_head1", "R:head",        "A:layer1",
+        "R:layer1", "A:layer0",      "R:layer0",      "A:embed",       "R:embed"};
     EXPECT_EQ(ModuleEvents(log), expected_events) << c.ToString();
     EXPECT_EQ(provider.inner().held(), 0);
 
@@ -498,7 +495,8 @@ TEST(LlmCpuProtocolTest, ErrorsReleaseEverything) {
   HostTensors grads(model.specs(), DType::kF32);
   const LlmBatch batch = RandomBatch(c, 1, 4, 2);
   // The second "embed" acquire is the tied head's in forward.
-  for (const auto& [module, call] : std::vector<std::pair<std::string, int>>{{"layer1", 1}, {"embed", 2}, {"head", 1}}) {
+  for (const auto& [module, call] :
+       std::vector<std::pair<std::string, int>>{{"layer1", 1}, {"embed", 2}, {"head", 1}}) {
     FailingProvider provider(model.specs(), params.ParamViews(), module, call);
     LlmActivations acts;
     auto loss = model.Forward(provider, batch, &acts);

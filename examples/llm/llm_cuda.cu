@@ -36,23 +36,23 @@ Status CublasStatus(cublasStatus_t s, const char* call, const char* file, int li
                        cublasGetStatusString(s) + " (" + cublasGetStatusName(s) + ")");
 }
 
-#define LLM_CUBLAS_RETURN_IF_ERROR(call)                                              \
-  do {                                                                                \
-    cublasStatus_t _llm_cublas_s = (call);                                            \
-    if (_llm_cublas_s != CUBLAS_STATUS_SUCCESS) {                                     \
-      return ::zero::llm::CublasStatus(_llm_cublas_s, #call, __FILE__, __LINE__);     \
-    }                                                                                 \
+#define LLM_CUBLAS_RETURN_IF_ERROR(call)                                          \
+  do {                                                                            \
+    cublasStatus_t _llm_cublas_s = (call);                                        \
+    if (_llm_cublas_s != CUBLAS_STATUS_SUCCESS) {                                 \
+      return ::zero::llm::CublasStatus(_llm_cublas_s, #call, __FILE__, __LINE__); \
+    }                                                                             \
   } while (0)
 
 // ZERO_CUDA_RETURN_IF_ERROR that also consumes the error it reports, so the next launch check
 // (cudaGetLastError) names its own launch, not this call.
-#define LLM_CUDA_RETURN_IF_ERROR(call)                                         \
-  do {                                                                         \
-    cudaError_t _llm_cuda_e = (call);                                          \
-    if (_llm_cuda_e != cudaSuccess) {                                          \
-      cudaGetLastError();                                                      \
-      return ::zero::CudaStatus(_llm_cuda_e, #call, __FILE__, __LINE__);       \
-    }                                                                          \
+#define LLM_CUDA_RETURN_IF_ERROR(call)                                   \
+  do {                                                                   \
+    cudaError_t _llm_cuda_e = (call);                                    \
+    if (_llm_cuda_e != cudaSuccess) {                                    \
+      cudaGetLastError();                                                \
+      return ::zero::CudaStatus(_llm_cuda_e, #call, __FILE__, __LINE__); \
+    }                                                                    \
   } while (0)
 
 struct DeviceFree {
@@ -75,8 +75,8 @@ Result<DevicePtr> DeviceAlloc(size_t bytes, const std::string& what) {
   const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
   if (e != cudaSuccess) {
     cudaGetLastError();  // cudaMalloc's failure is not sticky; clear it for the next launch check
-    return ResourceExhaustedError("llm_cuda: cudaMalloc of " + std::to_string(bytes) + " bytes for " + what +
-                                  ": " + cudaGetErrorString(e));
+    return ResourceExhaustedError("llm_cuda: cudaMalloc of " + std::to_string(bytes) + " bytes for " + what + ": " +
+                                  cudaGetErrorString(e));
   }
   return DevicePtr(p);
 }
@@ -115,9 +115,12 @@ class Arena {
 
 cudaDataType_t CudaType(DType t) {
   switch (t) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kBF16: return CUDA_R_16BF;
-    default: return CUDA_R_16F;
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    default:
+      return CUDA_R_16F;
   }
 }
 
@@ -125,10 +128,10 @@ inline void* At(void* base, DType t, int64_t i) { return ElementPtr(base, t, i);
 
 // What one layer's forward saves (compute dtype unless fp32 is named).
 struct LayerBuffers {
-  float* rstd1 = nullptr;  // [N]
-  void* xn1 = nullptr;     // [N, H] input_layernorm output
-  void* q_raw = nullptr;   // [N, QD] qk_norm only: before the per-head norm
-  void* k_raw = nullptr;   // [N, KVD]
+  float* rstd1 = nullptr;   // [N]
+  void* xn1 = nullptr;      // [N, H] input_layernorm output
+  void* q_raw = nullptr;    // [N, QD] qk_norm only: before the per-head norm
+  void* k_raw = nullptr;    // [N, KVD]
   float* q_rstd = nullptr;  // [N * nh]
   float* k_rstd = nullptr;  // [N * nkv]
   void* q = nullptr;        // [N, QD] after norm and RoPE
@@ -236,18 +239,18 @@ struct LlmCudaActivations::State {
 
   int32_t *inputs = nullptr, *targets = nullptr, *positions = nullptr, *unique_ids = nullptr, *starts = nullptr;
   float *rope_cos = nullptr, *rope_sin = nullptr;
-  float* hs = nullptr;  // [L + 1, N, H] fp32: each layer's input, then the final norm's input
+  float* hs = nullptr;               // [L + 1, N, H] fp32: each layer's input, then the final norm's input
   std::vector<LayerBuffers> layers;  // L, or 1 reused by every layer with checkpointing
 
   // Workspace.
-  float* dh = nullptr;    // [N, H] gradient of the residual stream
-  void* dh_t = nullptr;   // [N, H] dh in the compute dtype (= dh for fp32)
-  float* dxn = nullptr;   // [N, H] gradient of a norm's output
-  float* da = nullptr;    // [N, I]
-  void* dg = nullptr;     // [N, I]
-  void* du = nullptr;     // [N, I]
-  void* dout = nullptr;   // [N, QD] gradient of the attention output
-  float* delta = nullptr;  // [B, nh, S]
+  float* dh = nullptr;                                // [N, H] gradient of the residual stream
+  void* dh_t = nullptr;                               // [N, H] dh in the compute dtype (= dh for fp32)
+  float* dxn = nullptr;                               // [N, H] gradient of a norm's output
+  float* da = nullptr;                                // [N, I]
+  void* dg = nullptr;                                 // [N, I]
+  void* du = nullptr;                                 // [N, I]
+  void* dout = nullptr;                               // [N, QD] gradient of the attention output
+  float* delta = nullptr;                             // [B, nh, S]
   float *dq = nullptr, *dk = nullptr, *dv = nullptr;  // [N, QD], [N, KVD], [N, KVD]
   void *dq_t = nullptr, *dk_t = nullptr, *dv_t = nullptr;
   float* partial = nullptr;  // column-reduction partial sums
@@ -339,7 +342,8 @@ class LlmCuda::Impl {
       for (int i : modules_[m].params) {
         if (specs_[i].shape.size() == 2) {
           bytes += AlignUp(specs_[i].numel() * 4);
-          if (i != EmbedIndex() && i != lm_head_ && i < HfParamCount(c_)) max_grad_stage_ = std::max(max_grad_stage_, specs_[i].numel());
+          if (i != EmbedIndex() && i != lm_head_ && i < HfParamCount(c_))
+            max_grad_stage_ = std::max(max_grad_stage_, specs_[i].numel());
         }
       }
       if (static_cast<int>(m) == head_module_ && (c_.tie_word_embeddings || c_.extra_heads > 0)) {
@@ -365,8 +369,7 @@ class LlmCuda::Impl {
       if (options_.compute) compute = *options_.compute;
       ZERO_RETURN_IF_ERROR(Prepare(st, batch, compute));
       prof_.Mark("prepare");
-      ZERO_RETURN_IF_ERROR(
-          kernels::EmbeddingForward(st.inputs, N, H_, views[0].data, views[0].dtype, st.hs, stream_));
+      ZERO_RETURN_IF_ERROR(kernels::EmbeddingForward(st.inputs, N, H_, views[0].data, views[0].dtype, st.hs, stream_));
       prof_.Mark("embedding_forward");
       ZERO_RETURN_IF_ERROR(scope.Close());
     }
@@ -394,11 +397,11 @@ class LlmCuda::Impl {
       if (want_loss) {
         for (int64_t r0 = 0; r0 < N; r0 += st.chunk_rows) {
           const int64_t rows = std::min(st.chunk_rows, N - r0);
-          ZERO_RETURN_IF_ERROR(LinearForward(T, At(st.xnF, T, r0 * H_), w_out, rows, V_, H_, st.logits,
-                                             DType::kF32, 0.0f));
+          ZERO_RETURN_IF_ERROR(
+              LinearForward(T, At(st.xnF, T, r0 * H_), w_out, rows, V_, H_, st.logits, DType::kF32, 0.0f));
           prof_.Mark("gemm_fwd");
-          ZERO_RETURN_IF_ERROR(kernels::CrossEntropy(st.logits, st.targets + r0, rows, V_, 0.0f,
-                                                     st.row_loss + r0, nullptr, T, stream_));
+          ZERO_RETURN_IF_ERROR(
+              kernels::CrossEntropy(st.logits, st.targets + r0, rows, V_, 0.0f, st.row_loss + r0, nullptr, T, stream_));
           prof_.Mark("cross_entropy");
         }
         ZERO_RETURN_IF_ERROR(kernels::SumToDouble(st.row_loss, N, st.loss_sum, stream_));
@@ -468,8 +471,7 @@ class LlmCuda::Impl {
         ZERO_RETURN_IF_ERROR(kernels::CrossEntropy(st.logits, st.targets + r0, rows, V_, coef, st.row_loss + r0,
                                                    st.dlogits, T, stream_));
         prof_.Mark("cross_entropy");
-        ZERO_RETURN_IF_ERROR(
-            LinearBackwardWeight(T, st.dlogits, xn, rows, V_, H_, dw_out, dw_t, c == 0 ? 0.0f : 1.0f));
+        ZERO_RETURN_IF_ERROR(LinearBackwardWeight(T, st.dlogits, xn, rows, V_, H_, dw_out, dw_t, c == 0 ? 0.0f : 1.0f));
         prof_.Mark("gemm_wgrad");
         ZERO_RETURN_IF_ERROR(
             LinearBackwardInput(T, st.dlogits, w_out, rows, V_, H_, st.dxn + r0 * H_, DType::kF32, 0.0f));
@@ -479,17 +481,16 @@ class LlmCuda::Impl {
       prof_.Mark("sum_to_double");
       st.loss_ready = true;
       const float* h_final = st.hs + L_ * N * H_;
-      ZERO_RETURN_IF_ERROR(NormWeightGrad(grads, final_norm_, h_final, DType::kF32, st.rstdF, st.dxn, DType::kF32,
-                                          N, H_, st));
+      ZERO_RETURN_IF_ERROR(
+          NormWeightGrad(grads, final_norm_, h_final, DType::kF32, st.rstdF, st.dxn, DType::kF32, N, H_, st));
       prof_.Mark("rmsnorm_wgrad");
       ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(h_final, DType::kF32, st.rstdF, hw.data[0], hw.dtype[0], st.dxn,
-                                                    DType::kF32, N, static_cast<int>(H_), false, st.dh,
-                                                    DType::kF32, stream_));
+                                                    DType::kF32, N, static_cast<int>(H_), false, st.dh, DType::kF32,
+                                                    stream_));
       prof_.Mark("rms_norm_backward");
       if (!out.tied) {
         if (dw_out == st.vh) {
-          ZERO_RETURN_IF_ERROR(
-              kernels::Convert(st.vh, DType::kF32, head_view.data, head_view.dtype, V_ * H_, stream_));
+          ZERO_RETURN_IF_ERROR(kernels::Convert(st.vh, DType::kF32, head_view.data, head_view.dtype, V_ * H_, stream_));
           prof_.Mark("convert");
         }
         ZERO_RETURN_IF_ERROR(grads.GradReady(out.weight));
@@ -555,8 +556,8 @@ class LlmCuda::Impl {
     const int64_t B = batch.batch, S = batch.seq, N = B * S;
     if (N > INT32_MAX / 2) return InvalidArgumentError("llm_cuda: batch * seq = " + std::to_string(N) + " too large");
     const bool ckpt = options_.activation_checkpointing;
-    if (!st.allocated || st.owner != this || st.batch != batch.batch || st.seq != batch.seq ||
-        st.compute != compute || st.checkpointing != ckpt) {
+    if (!st.allocated || st.owner != this || st.batch != batch.batch || st.seq != batch.seq || st.compute != compute ||
+        st.checkpointing != ckpt) {
       // The old buffers may still be read by enqueued work.
       LLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
       st.allocated = false;
@@ -569,8 +570,8 @@ class LlmCuda::Impl {
       st.checkpointing = ckpt;
       st.chunk_rows = ChunkRows(N);
       ZERO_RETURN_IF_ERROR(Plan(st, B, S, compute, ckpt));
-      ZERO_RETURN_IF_ERROR(st.arena.Allocate("the activations of batch " + std::to_string(B) + " x seq " +
-                                             std::to_string(S)));
+      ZERO_RETURN_IF_ERROR(
+          st.arena.Allocate("the activations of batch " + std::to_string(B) + " x seq " + std::to_string(S)));
       void* pinned = nullptr;
       LLM_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&pinned, (5 * N + 1) * sizeof(int32_t), cudaHostAllocDefault));
       st.pinned.reset(pinned);
@@ -600,8 +601,7 @@ class LlmCuda::Impl {
     st.counted = 0;
     for (int64_t n = 0; n < N; ++n) st.counted += h_targets[n] != kIgnoreIndex ? 1 : 0;
     std::iota(h_positions, h_positions + N, 0);
-    std::stable_sort(h_positions, h_positions + N,
-                     [&](int32_t a, int32_t b) { return h_inputs[a] < h_inputs[b]; });
+    std::stable_sort(h_positions, h_positions + N, [&](int32_t a, int32_t b) { return h_inputs[a] < h_inputs[b]; });
     int64_t u = 0;
     for (int64_t p = 0; p < N; ++p) {
       if (p == 0 || h_inputs[h_positions[p]] != h_inputs[h_positions[p - 1]]) {
@@ -810,8 +810,7 @@ class LlmCuda::Impl {
       }
       ZERO_RETURN_IF_ERROR(LinearBackwardWeight(T, dy, x, M, out, in, grad_stage_.get(), DType::kF32, 0.0f));
       prof_.Mark("gemm_wgrad");
-      ZERO_RETURN_IF_ERROR(
-          kernels::Convert(grad_stage_.get(), DType::kF32, view.data, view.dtype, out * in, stream_));
+      ZERO_RETURN_IF_ERROR(kernels::Convert(grad_stage_.get(), DType::kF32, view.data, view.dtype, out * in, stream_));
       prof_.Mark("convert");
     }
     return sink.GradReady(index);
@@ -864,17 +863,16 @@ class LlmCuda::Impl {
     }
     const float one = 1.0f;
     // cuBLAS is column-major, where a row-major X is X^T: compute C^T = op(B)^T op(A)^T.
-    LLM_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                            static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &one, b,
-                                            CudaType(bt), static_cast<int>(ldb), a, CudaType(at),
-                                            static_cast<int>(lda), &beta, c, CudaType(ct), static_cast<int>(ldc),
-                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    LLM_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+        cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
+        static_cast<int>(m), static_cast<int>(k), &one, b, CudaType(bt), static_cast<int>(ldb), a, CudaType(at),
+        static_cast<int>(lda), &beta, c, CudaType(ct), static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return OkStatus();
   }
 
   // y[M, out] = x[M, in] W^T (+ beta y), W [out, in].
-  Status LinearForward(DType T, const void* x, const void* w, int64_t M, int64_t out, int64_t in, void* y,
-                       DType yt, float beta) {
+  Status LinearForward(DType T, const void* x, const void* w, int64_t M, int64_t out, int64_t in, void* y, DType yt,
+                       float beta) {
     return Gemm(false, true, M, out, in, x, T, in, w, T, in, y, yt, out, beta);
   }
   // dx[M, in] = dy[M, out] W (+ beta dx).
@@ -899,19 +897,19 @@ class LlmCuda::Impl {
     LayerBuffers& b = st.layers[st.checkpointing ? 0 : l];
     const float* h_in = st.hs + l * N * H_;
     const int H = static_cast<int>(H_), hd = static_cast<int>(hd_);
-    ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(h_in, DType::kF32, w.data[p.in_norm], w.dtype[p.in_norm], N, H,
-                                                 eps_, b.xn1, T, b.rstd1, stream_));
+    ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(h_in, DType::kF32, w.data[p.in_norm], w.dtype[p.in_norm], N, H, eps_,
+                                                 b.xn1, T, b.rstd1, stream_));
     prof_.Mark("rms_norm_forward");
     if (c_.qk_norm()) {
       ZERO_RETURN_IF_ERROR(LinearForward(T, b.xn1, w.data[p.q], N, qd_, H_, b.q_raw, T, 0.0f));
       prof_.Mark("gemm_fwd");
       ZERO_RETURN_IF_ERROR(LinearForward(T, b.xn1, w.data[p.k], N, kvd_, H_, b.k_raw, T, 0.0f));
       prof_.Mark("gemm_fwd");
-      ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(b.q_raw, T, w.data[p.q_norm], w.dtype[p.q_norm], N * nh_, hd,
-                                                   eps_, b.q, T, b.q_rstd, stream_));
+      ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(b.q_raw, T, w.data[p.q_norm], w.dtype[p.q_norm], N * nh_, hd, eps_,
+                                                   b.q, T, b.q_rstd, stream_));
       prof_.Mark("rms_norm_forward");
-      ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(b.k_raw, T, w.data[p.k_norm], w.dtype[p.k_norm], N * nkv_, hd,
-                                                   eps_, b.k, T, b.k_rstd, stream_));
+      ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(b.k_raw, T, w.data[p.k_norm], w.dtype[p.k_norm], N * nkv_, hd, eps_,
+                                                   b.k, T, b.k_rstd, stream_));
       prof_.Mark("rms_norm_forward");
     } else {
       ZERO_RETURN_IF_ERROR(LinearForward(T, b.xn1, w.data[p.q], N, qd_, H_, b.q, T, 0.0f));
@@ -936,13 +934,12 @@ class LlmCuda::Impl {
     }
     prof_.Mark("attention_forward");
     // h_mid = h_in + o Wo^T: the residual add is the product's beta = 1.
-    LLM_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(b.h_mid, h_in, N * H_ * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    LLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.h_mid, h_in, N * H_ * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
     prof_.Mark("copy");
     ZERO_RETURN_IF_ERROR(LinearForward(T, b.o, w.data[p.o], N, H_, qd_, b.h_mid, DType::kF32, 1.0f));
     prof_.Mark("gemm_fwd");
-    ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(b.h_mid, DType::kF32, w.data[p.post_norm], w.dtype[p.post_norm], N,
-                                                 H, eps_, b.xn2, T, b.rstd2, stream_));
+    ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(b.h_mid, DType::kF32, w.data[p.post_norm], w.dtype[p.post_norm], N, H,
+                                                 eps_, b.xn2, T, b.rstd2, stream_));
     prof_.Mark("rms_norm_forward");
     ZERO_RETURN_IF_ERROR(LinearForward(T, b.xn2, w.data[p.gate], N, I_, H_, b.g, T, 0.0f));
     prof_.Mark("gemm_fwd");
@@ -1011,8 +1008,7 @@ class LlmCuda::Impl {
     if (use_cudnn) {
       // cuDNN writes bf16 gradients; RoPE's inverse and the q/k-norm backward start from fp32 ones
       // (dv is used as it is).
-      ZERO_RETURN_IF_ERROR(
-          cudnn_->Backward(Shape(st), b.q, b.k, b.v, b.o, st.dout, b.lse, DqT(st), DkT(st), DvT(st)));
+      ZERO_RETURN_IF_ERROR(cudnn_->Backward(Shape(st), b.q, b.k, b.v, b.o, st.dout, b.lse, DqT(st), DkT(st), DvT(st)));
       prof_.Mark("attention_backward");
       ZERO_RETURN_IF_ERROR(kernels::Convert(DqT(st), T, st.dq, F, N * qd_, stream_));
       ZERO_RETURN_IF_ERROR(kernels::Convert(DkT(st), T, st.dk, F, N * kvd_, stream_));
@@ -1044,11 +1040,11 @@ class LlmCuda::Impl {
       prof_.Mark("rmsnorm_wgrad");
       ZERO_RETURN_IF_ERROR(NormWeightGrad(grads, gi.k_norm, b.k_raw, T, b.k_rstd, st.dk, F, N * nkv_, hd_, st));
       prof_.Mark("rmsnorm_wgrad");
-      ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(b.q_raw, T, b.q_rstd, w.data[p.q_norm], w.dtype[p.q_norm], st.dq,
-                                                    F, N * nh_, hd, false, dq_t, T, stream_));
+      ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(b.q_raw, T, b.q_rstd, w.data[p.q_norm], w.dtype[p.q_norm], st.dq, F,
+                                                    N * nh_, hd, false, dq_t, T, stream_));
       prof_.Mark("rms_norm_backward");
-      ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(b.k_raw, T, b.k_rstd, w.data[p.k_norm], w.dtype[p.k_norm], st.dk,
-                                                    F, N * nkv_, hd, false, dk_t, T, stream_));
+      ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(b.k_raw, T, b.k_rstd, w.data[p.k_norm], w.dtype[p.k_norm], st.dk, F,
+                                                    N * nkv_, hd, false, dk_t, T, stream_));
       prof_.Mark("rms_norm_backward");
     } else {
       ZERO_RETURN_IF_ERROR(kernels::Convert(st.dq, F, dq_t, T, N * qd_, stream_));
@@ -1068,8 +1064,8 @@ class LlmCuda::Impl {
     prof_.Mark("gemm_dgrad");
     ZERO_RETURN_IF_ERROR(NormWeightGrad(grads, gi.input_norm, h_in, F, b.rstd1, st.dxn, F, N, H_, st));
     prof_.Mark("rmsnorm_wgrad");
-    ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(h_in, F, b.rstd1, w.data[p.in_norm], w.dtype[p.in_norm], st.dxn, F,
-                                                  N, H, /*accumulate=*/true, st.dh, F, stream_));
+    ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(h_in, F, b.rstd1, w.data[p.in_norm], w.dtype[p.in_norm], st.dxn, F, N,
+                                                  H, /*accumulate=*/true, st.dh, F, stream_));
     prof_.Mark("rms_norm_backward");
     return OkStatus();
   }
@@ -1109,8 +1105,7 @@ LlmCuda::LlmCuda(const LlmConfig& config, cudaStream_t stream, LlmCudaOptions op
 
 LlmCuda::~LlmCuda() = default;
 
-Result<std::unique_ptr<LlmCuda>> LlmCuda::Create(const LlmConfig& config, cudaStream_t stream,
-                                                 LlmCudaOptions options) {
+Result<std::unique_ptr<LlmCuda>> LlmCuda::Create(const LlmConfig& config, cudaStream_t stream, LlmCudaOptions options) {
   ZERO_RETURN_IF_ERROR(config.Validate());
   if (config.head_dim > kernels::kMaxHeadDim) {
     return UnimplementedError("llm_cuda: head_dim " + std::to_string(config.head_dim) +
@@ -1151,7 +1146,8 @@ std::string LlmCuda::attention_backend() const { return impl_->attention_backend
 std::string LlmCuda::attention_note() const { return impl_->attention_note(); }
 
 Status LlmCuda::Backward(ParamProvider& params, LlmCudaActivations* acts, float loss_scale, GradSink& grads) {
-  if (acts == nullptr || !acts->state_) return FailedPreconditionError("llm_cuda backward: no forward on these activations");
+  if (acts == nullptr || !acts->state_)
+    return FailedPreconditionError("llm_cuda backward: no forward on these activations");
   return impl_->Backward(params, *acts->state_, loss_scale, grads);
 }
 

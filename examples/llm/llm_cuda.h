@@ -14,8 +14,8 @@
 // input); the residual adds are fused into the products (beta = 1). Norm statistics, softmax
 // statistics, attention scores and accumulators are fp32; RMSNorm, RoPE (LlmCpu's tables), SwiGLU
 // and cross-entropy follow LlmCpu's formulas operation by operation, so with fp32 compute the two
-// differ only by summation order, libm ulps and the cross-entropy's online rescaling of its sum. Gradients are computed with fp32 accumulation and
-// rounded once into the sink's dtype (round to nearest even).
+// differ only by summation order, libm ulps and the cross-entropy's online rescaling of its sum. Gradients are computed
+// with fp32 accumulation and rounded once into the sink's dtype (round to nearest even).
 //
 // Memory and work. Attention is flash style: the seq x seq scores never reach global memory (the
 // forward saves each row's log-sum-exp; the backward recomputes scores tile by tile). The lm_head

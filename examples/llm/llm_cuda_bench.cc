@@ -28,7 +28,8 @@ namespace {
 
 const char kUsage[] =
     "usage: llm_cuda_bench [--preset=NAME] [--seq=S] [--batch=B] [--layers=L] [--dtype=bf16|fp32]\n"
-    "                      [--checkpointing] [--profile] [--attention=auto|kernel|cudnn] [--steps=N] [--warmup=N] [--logits-chunk-mib=M]\n"
+    "                      [--checkpointing] [--profile] [--attention=auto|kernel|cudnn] [--steps=N] [--warmup=N] "
+    "[--logits-chunk-mib=M]\n"
     "  --preset           a preset of llm_config.h (default tiny)\n"
     "  --layers           override num_hidden_layers (to fit a large preset on one GPU)\n"
     "  --dtype            parameters, gradients and compute (default bf16)\n"
@@ -98,9 +99,9 @@ Result<Options> Parse(int argc, char** argv) {
   return o;
 }
 
-#define BENCH_CUDA(call)                                                                     \
-  do {                                                                                       \
-    const cudaError_t _e = (call);                                                           \
+#define BENCH_CUDA(call)                                                                             \
+  do {                                                                                               \
+    const cudaError_t _e = (call);                                                                   \
     if (_e != cudaSuccess) return InternalError(std::string(#call) + ": " + cudaGetErrorString(_e)); \
   } while (0)
 

@@ -158,9 +158,9 @@ class DeviceInts {
   int32_t* p_ = nullptr;
 };
 
-#define EXPECT_OK(expr)                              \
-  do {                                               \
-    const ::zero::Status _s = (expr);                \
+#define EXPECT_OK(expr)                                     \
+  do {                                                      \
+    const ::zero::Status _s = (expr);                       \
     EXPECT_TRUE(_s.ok()) << #expr << ": " << _s.ToString(); \
   } while (0)
 
@@ -193,10 +193,10 @@ TEST_P(LlmKernelTest, RmsNormForwardBackwardAndWeightGradient) {
   DeviceArray partial(kernels::RmsNormWeightGradScratch(rows, cols), DType::kF32);
   EXPECT_OK(kernels::RmsNormForward(dx_in.get(), t(), dw_in.get(), DType::kBF16, rows, cols, eps, d_y.get(), t(),
                                     d_rstd.f(), nullptr));
-  EXPECT_OK(kernels::RmsNormBackward(dx_in.get(), t(), d_rstd.f(), dw_in.get(), DType::kBF16, d_dy.get(),
-                                     DType::kF32, rows, cols, /*accumulate=*/true, d_dx.get(), DType::kF32, nullptr));
-  EXPECT_OK(kernels::RmsNormWeightGrad(dx_in.get(), t(), d_rstd.f(), d_dy.get(), DType::kF32, rows, cols,
-                                       partial.f(), d_dw.get(), DType::kF32, nullptr));
+  EXPECT_OK(kernels::RmsNormBackward(dx_in.get(), t(), d_rstd.f(), dw_in.get(), DType::kBF16, d_dy.get(), DType::kF32,
+                                     rows, cols, /*accumulate=*/true, d_dx.get(), DType::kF32, nullptr));
+  EXPECT_OK(kernels::RmsNormWeightGrad(dx_in.get(), t(), d_rstd.f(), d_dy.get(), DType::kF32, rows, cols, partial.f(),
+                                       d_dw.get(), DType::kF32, nullptr));
   Sync();
   std::vector<double> y(rows * cols), rstd(rows), dx(rows * cols), dw(cols, 0.0);
   for (int64_t r = 0; r < rows; ++r) {
@@ -337,8 +337,8 @@ TEST_P(LlmKernelTest, FlashAttentionMatchesTheDirectSoftmax) {
   // Sequences that end mid-tile, GQA groups of 1, 2 and 4, every head-dim chunk count.
   for (const Shape& sh : {Shape{2, 77, 4, 2, 16}, Shape{1, 64, 2, 2, 48}, Shape{1, 45, 4, 1, 128},
                           Shape{1, 33, 2, 1, 256}, Shape{3, 5, 2, 2, 6}}) {
-    SCOPED_TRACE("B=" + std::to_string(sh.B) + " S=" + std::to_string(sh.S) + " heads=" + std::to_string(sh.nh) +
-                 "/" + std::to_string(sh.nkv) + " hd=" + std::to_string(sh.hd));
+    SCOPED_TRACE("B=" + std::to_string(sh.B) + " S=" + std::to_string(sh.S) + " heads=" + std::to_string(sh.nh) + "/" +
+                 std::to_string(sh.nkv) + " hd=" + std::to_string(sh.hd));
     const int64_t N = int64_t(sh.B) * sh.S, qn = N * sh.nh * sh.hd, kn = N * sh.nkv * sh.hd;
     // Scores of std ~2 after scaling: far from uniform softmax rows.
     const auto q = Rounded(RandomNormal(qn, 1.5f, 10 + sh.hd), t());
@@ -349,18 +349,18 @@ TEST_P(LlmKernelTest, FlashAttentionMatchesTheDirectSoftmax) {
     DeviceArray d_lse(N * sh.nh, DType::kF32), d_delta(N * sh.nh, DType::kF32);
     DeviceArray d_dq(qn, DType::kF32), d_dk(kn, DType::kF32), d_dv(kn, DType::kF32);
     const float scale = 1.0f / std::sqrt(static_cast<float>(sh.hd));
-    EXPECT_OK(kernels::AttentionForward(d_q.get(), d_k.get(), d_v.get(), t(), sh.B, sh.S, sh.nh, sh.nkv, sh.hd,
-                                        scale, d_o.get(), d_lse.f(), nullptr));
-    EXPECT_OK(kernels::AttentionBackward(d_q.get(), d_k.get(), d_v.get(), d_o.get(), d_do.get(), t(), d_lse.f(),
-                                         sh.B, sh.S, sh.nh, sh.nkv, sh.hd, scale, d_delta.f(), d_dq.f(), d_dk.f(),
-                                         d_dv.f(), nullptr));
+    EXPECT_OK(kernels::AttentionForward(d_q.get(), d_k.get(), d_v.get(), t(), sh.B, sh.S, sh.nh, sh.nkv, sh.hd, scale,
+                                        d_o.get(), d_lse.f(), nullptr));
+    EXPECT_OK(kernels::AttentionBackward(d_q.get(), d_k.get(), d_v.get(), d_o.get(), d_do.get(), t(), d_lse.f(), sh.B,
+                                         sh.S, sh.nh, sh.nkv, sh.hd, scale, d_delta.f(), d_dq.f(), d_dk.f(), d_dv.f(),
+                                         nullptr));
     Sync();
     const AttnRef ref = AttentionReference(q, k, v, dout, sh.B, sh.S, sh.nh, sh.nkv, sh.hd);
     const double e_o = RelL2(d_o.Download(), ref.o), e_lse = RelL2(d_lse.Download(), ref.lse);
     const double e_dq = RelL2(d_dq.Download(), ref.dq), e_dk = RelL2(d_dk.Download(), ref.dk);
     const double e_dv = RelL2(d_dv.Download(), ref.dv);
-    std::printf("attention %s B=%d S=%d heads=%d/%d hd=%d: o %.2g lse %.2g dq %.2g dk %.2g dv %.2g\n",
-                DTypeName(t()), sh.B, sh.S, sh.nh, sh.nkv, sh.hd, e_o, e_lse, e_dq, e_dk, e_dv);
+    std::printf("attention %s B=%d S=%d heads=%d/%d hd=%d: o %.2g lse %.2g dq %.2g dk %.2g dv %.2g\n", DTypeName(t()),
+                sh.B, sh.S, sh.nh, sh.nkv, sh.hd, e_o, e_lse, e_dq, e_dk, e_dv);
     const double grad_bound = t() == DType::kF32 ? 5e-5 : 1e-2;
     EXPECT_LE(e_o, Bound());
     EXPECT_LE(e_lse, 1e-5);
@@ -385,10 +385,10 @@ TEST(CudnnAttentionTest, MatchesTheDirectSoftmaxAndRepeatsBitwise) {
   struct Shape {
     int B, S, nh, nkv, hd;
   };
-  for (const Shape& sh : {Shape{2, 77, 4, 2, 64}, Shape{1, 128, 8, 2, 128}, Shape{1, 300, 4, 4, 128},
-                          Shape{2, 64, 4, 1, 32}}) {
-    SCOPED_TRACE("B=" + std::to_string(sh.B) + " S=" + std::to_string(sh.S) + " heads=" + std::to_string(sh.nh) +
-                 "/" + std::to_string(sh.nkv) + " hd=" + std::to_string(sh.hd));
+  for (const Shape& sh :
+       {Shape{2, 77, 4, 2, 64}, Shape{1, 128, 8, 2, 128}, Shape{1, 300, 4, 4, 128}, Shape{2, 64, 4, 1, 32}}) {
+    SCOPED_TRACE("B=" + std::to_string(sh.B) + " S=" + std::to_string(sh.S) + " heads=" + std::to_string(sh.nh) + "/" +
+                 std::to_string(sh.nkv) + " hd=" + std::to_string(sh.hd));
     const int64_t N = int64_t(sh.B) * sh.S, qn = N * sh.nh * sh.hd, kn = N * sh.nkv * sh.hd;
     const auto q = Rounded(RandomNormal(qn, 1.5f, 20 + sh.hd), t);
     const auto k = Rounded(RandomNormal(kn, 1.5f, 21 + sh.hd), t);
@@ -400,12 +400,12 @@ TEST(CudnnAttentionTest, MatchesTheDirectSoftmaxAndRepeatsBitwise) {
     const Status prepared = (*attn)->Prepare(shape);
     ASSERT_TRUE(prepared.ok()) << prepared.ToString();
     EXPECT_OK((*attn)->Forward(shape, d_q.get(), d_k.get(), d_v.get(), d_o.get(), d_lse.f()));
-    EXPECT_OK((*attn)->Backward(shape, d_q.get(), d_k.get(), d_v.get(), d_o.get(), d_do.get(), d_lse.f(),
-                                d_dq.get(), d_dk.get(), d_dv.get()));
+    EXPECT_OK((*attn)->Backward(shape, d_q.get(), d_k.get(), d_v.get(), d_o.get(), d_do.get(), d_lse.f(), d_dq.get(),
+                                d_dk.get(), d_dv.get()));
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     const std::vector<float> dq1 = d_dq.Download(), dk1 = d_dk.Download(), dv1 = d_dv.Download();
-    EXPECT_OK((*attn)->Backward(shape, d_q.get(), d_k.get(), d_v.get(), d_o.get(), d_do.get(), d_lse.f(),
-                                d_dq.get(), d_dk.get(), d_dv.get()));
+    EXPECT_OK((*attn)->Backward(shape, d_q.get(), d_k.get(), d_v.get(), d_o.get(), d_do.get(), d_lse.f(), d_dq.get(),
+                                d_dk.get(), d_dv.get()));
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     EXPECT_EQ(dq1, d_dq.Download()) << "dq differs between two runs";
     EXPECT_EQ(dk1, d_dk.Download()) << "dk differs between two runs";
@@ -413,8 +413,8 @@ TEST(CudnnAttentionTest, MatchesTheDirectSoftmaxAndRepeatsBitwise) {
     const AttnRef ref = AttentionReference(q, k, v, dout, sh.B, sh.S, sh.nh, sh.nkv, sh.hd);
     const double e_o = RelL2(d_o.Download(), ref.o), e_lse = RelL2(d_lse.Download(), ref.lse);
     const double e_dq = RelL2(dq1, ref.dq), e_dk = RelL2(dk1, ref.dk), e_dv = RelL2(dv1, ref.dv);
-    std::printf("cudnn attention B=%d S=%d heads=%d/%d hd=%d: o %.2g lse %.2g dq %.2g dk %.2g dv %.2g\n", sh.B,
-                sh.S, sh.nh, sh.nkv, sh.hd, e_o, e_lse, e_dq, e_dk, e_dv);
+    std::printf("cudnn attention B=%d S=%d heads=%d/%d hd=%d: o %.2g lse %.2g dq %.2g dk %.2g dv %.2g\n", sh.B, sh.S,
+                sh.nh, sh.nkv, sh.hd, e_o, e_lse, e_dq, e_dk, e_dv);
     EXPECT_LE(e_o, 1e-2);
     EXPECT_LE(e_lse, 1e-5);
     EXPECT_LE(e_dq, 1e-2);
@@ -433,8 +433,8 @@ TEST_P(LlmKernelTest, CrossEntropyLossAndGradient) {
   DeviceArray d_logits(logits, DType::kF32), d_loss(rows, DType::kF32), d_grad(rows * vocab, t());
   DeviceArray d_sum(2, DType::kF32);  // one double
   DeviceInts d_targets(targets);
-  EXPECT_OK(kernels::CrossEntropy(d_logits.f(), d_targets.get(), rows, vocab, coef, d_loss.f(), d_grad.get(), t(),
-                                  nullptr));
+  EXPECT_OK(
+      kernels::CrossEntropy(d_logits.f(), d_targets.get(), rows, vocab, coef, d_loss.f(), d_grad.get(), t(), nullptr));
   EXPECT_OK(kernels::SumToDouble(d_loss.f(), rows, static_cast<double*>(d_sum.get()), nullptr));
   Sync();
   std::vector<double> loss(rows, 0.0), grad(rows * vocab, 0.0);
@@ -684,8 +684,8 @@ void ExpectClose(const std::string& label, const std::vector<ParamSpec>& specs, 
       worst_name = specs[i].name;
     }
   }
-  std::printf("%s: loss %.9g vs %.9g (relative %.2g); worst gradient relative L2 %.2g (%s)\n", label.c_str(),
-              gpu.loss, cpu.loss, loss_err, worst, worst_name.c_str());
+  std::printf("%s: loss %.9g vs %.9g (relative %.2g); worst gradient relative L2 %.2g (%s)\n", label.c_str(), gpu.loss,
+              cpu.loss, loss_err, worst, worst_name.c_str());
 }
 
 bool SameBits(const HostTensors& a, const HostTensors& b) {
@@ -706,8 +706,8 @@ TEST_F(LlmCudaModelTest, Fp32MatchesCpu) {
     const auto specs = LlmParamSpecs(m.config);
     const HostTensors params = RandomParams(specs, DType::kF32, 1);
     const LlmBatch batch = RandomBatch(m.config, m.batch, m.seq, 2);
-    ExpectClose("fp32 " + m.name, specs, GpuRun(m.config, params, batch, 1.0f),
-                CpuRun(m.config, params, batch, 1.0f), 1e-5, 1e-4);
+    ExpectClose("fp32 " + m.name, specs, GpuRun(m.config, params, batch, 1.0f), CpuRun(m.config, params, batch, 1.0f),
+                1e-5, 1e-4);
   }
 }
 
@@ -769,8 +769,8 @@ TEST_F(LlmCudaModelTest, Bf16MatchesCpu) {
     const auto specs = LlmParamSpecs(m.config);
     const HostTensors params = RandomParams(specs, DType::kBF16, 5, 0.1f);
     const LlmBatch batch = RandomBatch(m.config, m.batch, m.seq, 6);
-    ExpectClose("bf16 " + m.name, specs, GpuRun(m.config, params, batch, 1.0f),
-                CpuRun(m.config, params, batch, 1.0f), 1e-2, 5e-2);
+    ExpectClose("bf16 " + m.name, specs, GpuRun(m.config, params, batch, 1.0f), CpuRun(m.config, params, batch, 1.0f),
+                1e-2, 5e-2);
   }
 }
 
@@ -786,8 +786,8 @@ TEST_F(LlmCudaModelTest, CudnnAttentionMatchesTheModelsOwnKernels) {
     const RunResult kernel = GpuRun(m.config, params, batch, 1.0f, own);
     RunResult as_ref{kernel.loss, HostTensors(specs, DType::kF32)};
     for (int i = 0; i < kernel.grads.size(); ++i) as_ref.grads.SetAll(i, kernel.grads.GetAll(i));
-    ExpectClose("auto (cuDNN) vs own attention, bf16 " + m.name, specs, GpuRun(m.config, params, batch, 1.0f),
-                as_ref, 1e-2, 5e-2);
+    ExpectClose("auto (cuDNN) vs own attention, bf16 " + m.name, specs, GpuRun(m.config, params, batch, 1.0f), as_ref,
+                1e-2, 5e-2);
   }
   if (CudnnAttention::Built()) {
     // The backend the model reports, and kCudnn's refusals.
@@ -951,12 +951,12 @@ TEST_F(LlmCudaModelTest, ModuleOrderAndGradReadyFollowTheContract) {
     }
     std::vector<std::string> expected;
     if (tied) {
-      expected = {"A:embed", "R:embed", "A:layer0", "R:layer0", "A:layer1", "R:layer1", "A:head",   "A:embed",
-                  "R:embed", "R:head",  "A:head",   "A:embed",  "R:embed",  "R:head",   "A:layer1", "R:layer1",
-                  "A:layer0", "R:layer0", "A:embed", "R:embed"};
+      expected = {"A:embed",  "R:embed",  "A:layer0", "R:layer0", "A:layer1", "R:layer1", "A:head",
+                  "A:embed",  "R:embed",  "R:head",   "A:head",   "A:embed",  "R:embed",  "R:head",
+                  "A:layer1", "R:layer1", "A:layer0", "R:layer0", "A:embed",  "R:embed"};
     } else {
-      expected = {"A:embed", "R:embed",  "A:layer0", "R:layer0", "A:layer1", "R:layer1", "A:head",  "R:head",
-                  "A:head",  "R:head",   "A:layer1", "R:layer1", "A:layer0", "R:layer0", "A:embed", "R:embed"};
+      expected = {"A:embed", "R:embed", "A:layer0", "R:layer0", "A:layer1", "R:layer1", "A:head",  "R:head",
+                  "A:head",  "R:head",  "A:layer1", "R:layer1", "A:layer0", "R:layer0", "A:embed", "R:embed"};
     }
     EXPECT_EQ(modules, expected) << (tied ? "tied" : "untied");
     EXPECT_EQ(provider.max_held(), tied ? 2 : 1);

@@ -142,7 +142,8 @@ unsigned GridForVec(int64_t n, int v) { return GridFor((n + v - 1) / v); }
 namespace {
 template <int V>
 __global__ void ConvertKernel(const void* src, DType st, void* dst, DType dt, int64_t n) {
-  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V; i < n; i += int64_t(gridDim.x) * blockDim.x * V) {
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V; i < n;
+       i += int64_t(gridDim.x) * blockDim.x * V) {
     float v[V];
     LoadV<V>(src, st, i, v);
     StoreV<V>(dst, dt, i, v);
@@ -173,8 +174,8 @@ Status Convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t n, 
 // ---- Embedding --------------------------------------------------------------------------------
 
 namespace {
-__global__ void EmbeddingForwardKernel(const int32_t* ids, int64_t rows, int64_t hidden, const void* table,
-                                       DType tt, float* out) {
+__global__ void EmbeddingForwardKernel(const int32_t* ids, int64_t rows, int64_t hidden, const void* table, DType tt,
+                                       float* out) {
   const int64_t n = rows * hidden;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = i / hidden, c = i - row * hidden;
@@ -183,9 +184,8 @@ __global__ void EmbeddingForwardKernel(const int32_t* ids, int64_t rows, int64_t
 }
 
 // Block u owns vocabulary row unique_ids[u]; thread c of block column y owns column y * 256 + c.
-__global__ void EmbeddingBackwardKernel(const int32_t* positions, const int32_t* unique_ids,
-                                        const int32_t* starts, int64_t hidden, const float* dh, int accumulate,
-                                        void* grad, DType gt) {
+__global__ void EmbeddingBackwardKernel(const int32_t* positions, const int32_t* unique_ids, const int32_t* starts,
+                                        int64_t hidden, const float* dh, int accumulate, void* grad, DType gt) {
   const int64_t u = blockIdx.x;
   const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   if (c >= hidden) return;
@@ -197,24 +197,24 @@ __global__ void EmbeddingBackwardKernel(const int32_t* positions, const int32_t*
 }
 }  // namespace
 
-Status EmbeddingForward(const int32_t* ids, int64_t rows, int64_t hidden, const void* table, DType table_t,
-                        float* out, cudaStream_t stream) {
+Status EmbeddingForward(const int32_t* ids, int64_t rows, int64_t hidden, const void* table, DType table_t, float* out,
+                        cudaStream_t stream) {
   if (rows <= 0 || hidden <= 0) return OkStatus();
   EmbeddingForwardKernel<<<GridFor(rows * hidden), kThreads, 0, stream>>>(ids, rows, hidden, table, table_t, out);
   return LaunchStatus("EmbeddingForwardKernel");
 }
 
-Status EmbeddingBackward(const int32_t* positions, const int32_t* unique_ids, const int32_t* starts,
-                         int64_t num_unique, int64_t hidden, const float* dh, bool accumulate, void* grad,
-                         DType grad_t, cudaStream_t stream) {
+Status EmbeddingBackward(const int32_t* positions, const int32_t* unique_ids, const int32_t* starts, int64_t num_unique,
+                         int64_t hidden, const float* dh, bool accumulate, void* grad, DType grad_t,
+                         cudaStream_t stream) {
   if (num_unique <= 0 || hidden <= 0) return OkStatus();
   if (num_unique > 0x7fffffff || (hidden + kThreads - 1) / kThreads > 65535) {
     return InvalidArgumentError("EmbeddingBackward: " + std::to_string(num_unique) + " rows of width " +
                                 std::to_string(hidden) + " exceed the grid");
   }
   const dim3 grid(static_cast<unsigned>(num_unique), static_cast<unsigned>((hidden + kThreads - 1) / kThreads));
-  EmbeddingBackwardKernel<<<grid, kThreads, 0, stream>>>(positions, unique_ids, starts, hidden, dh,
-                                                        accumulate ? 1 : 0, grad, grad_t);
+  EmbeddingBackwardKernel<<<grid, kThreads, 0, stream>>>(positions, unique_ids, starts, hidden, dh, accumulate ? 1 : 0,
+                                                         grad, grad_t);
   return LaunchStatus("EmbeddingBackwardKernel");
 }
 
@@ -329,8 +329,8 @@ __global__ void ColumnFinishKernel(const float* partial, int64_t chunks, int col
 }
 }  // namespace
 
-Status RmsNormForward(const void* x, DType x_t, const void* w, DType w_t, int64_t rows, int cols, float eps,
-                      void* y, DType y_t, float* rstd, cudaStream_t stream) {
+Status RmsNormForward(const void* x, DType x_t, const void* w, DType w_t, int64_t rows, int cols, float eps, void* y,
+                      DType y_t, float* rstd, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return OkStatus();
   const dim3 block(32, kRowWarps);
   const unsigned grid = static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps);
@@ -343,17 +343,16 @@ Status RmsNormForward(const void* x, DType x_t, const void* w, DType w_t, int64_
 }
 
 Status RmsNormBackward(const void* x, DType x_t, const float* rstd, const void* w, DType w_t, const void* dy,
-                       DType dy_t, int64_t rows, int cols, bool accumulate, void* dx, DType dx_t,
-                       cudaStream_t stream) {
+                       DType dy_t, int64_t rows, int cols, bool accumulate, void* dx, DType dx_t, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return OkStatus();
   const dim3 block(32, kRowWarps);
   const unsigned grid = static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps);
   if (cols % 4 == 0 && VecOk(x, x_t) && VecOk(w, w_t) && VecOk(dy, dy_t) && VecOk(dx, dx_t)) {
-    RmsNormBackwardKernel<4><<<grid, block, 0, stream>>>(x, x_t, rstd, w, w_t, dy, dy_t, rows, cols,
-                                                         accumulate ? 1 : 0, dx, dx_t);
+    RmsNormBackwardKernel<4>
+        <<<grid, block, 0, stream>>>(x, x_t, rstd, w, w_t, dy, dy_t, rows, cols, accumulate ? 1 : 0, dx, dx_t);
   } else {
-    RmsNormBackwardKernel<1><<<grid, block, 0, stream>>>(x, x_t, rstd, w, w_t, dy, dy_t, rows, cols,
-                                                         accumulate ? 1 : 0, dx, dx_t);
+    RmsNormBackwardKernel<1>
+        <<<grid, block, 0, stream>>>(x, x_t, rstd, w, w_t, dy, dy_t, rows, cols, accumulate ? 1 : 0, dx, dx_t);
   }
   return LaunchStatus("RmsNormBackwardKernel");
 }
@@ -371,12 +370,12 @@ Status RmsNormWeightGrad(const void* x, DType x_t, const float* rstd, const void
   const dim3 block(kColTile, kRowGroups);
   if (cols % 4 == 0 && VecOk(x, x_t) && VecOk(dy, dy_t)) {
     const dim3 grid((cols + 4 * kColTile - 1) / (4 * kColTile), static_cast<unsigned>(chunks));
-    RmsNormWeightPartialKernel<4><<<grid, block, 0, stream>>>(x, x_t, rstd, dy, dy_t, std::max<int64_t>(rows, 0),
-                                                              cols, chunk, partial);
+    RmsNormWeightPartialKernel<4>
+        <<<grid, block, 0, stream>>>(x, x_t, rstd, dy, dy_t, std::max<int64_t>(rows, 0), cols, chunk, partial);
   } else {
     const dim3 grid((cols + kColTile - 1) / kColTile, static_cast<unsigned>(chunks));
-    RmsNormWeightPartialKernel<1><<<grid, block, 0, stream>>>(x, x_t, rstd, dy, dy_t, std::max<int64_t>(rows, 0),
-                                                              cols, chunk, partial);
+    RmsNormWeightPartialKernel<1>
+        <<<grid, block, 0, stream>>>(x, x_t, rstd, dy, dy_t, std::max<int64_t>(rows, 0), cols, chunk, partial);
   }
   ZERO_RETURN_IF_ERROR(LaunchStatus("RmsNormWeightPartialKernel"));
   ColumnFinishKernel<<<(cols + kThreads - 1) / kThreads, kThreads, 0, stream>>>(partial, chunks, cols, dw, dw_t);
@@ -388,11 +387,12 @@ Status RmsNormWeightGrad(const void* x, DType x_t, const float* rstd, const void
 namespace {
 // Thread i rotates the V pairs (k, k + half) .. (k + V - 1, k + V - 1 + half) of one row and head.
 template <int V>
-__global__ void RopeKernel(void* x, DType xt, int64_t rows, int seq, int heads, int head_dim,
-                           const float* cos_table, const float* sin_table, int inverse) {
+__global__ void RopeKernel(void* x, DType xt, int64_t rows, int seq, int heads, int head_dim, const float* cos_table,
+                           const float* sin_table, int inverse) {
   const int half = head_dim / 2;
   const int64_t n = rows * heads * half;
-  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V; i < n; i += int64_t(gridDim.x) * blockDim.x * V) {
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V; i < n;
+       i += int64_t(gridDim.x) * blockDim.x * V) {
     const int64_t row_head = i / half;
     const int k = static_cast<int>(i - row_head * half);
     const int64_t t = (row_head / heads) % seq;
@@ -423,8 +423,8 @@ Status Rope(void* x, DType x_t, int64_t rows, int seq, int heads, int head_dim, 
   if (seq <= 0) return InvalidArgumentError("Rope: seq must be positive");
   const int64_t n = rows * heads * (head_dim / 2);
   if ((head_dim / 2) % 4 == 0 && VecOk(x, x_t) && VecOk(cos_table, DType::kF32) && VecOk(sin_table, DType::kF32)) {
-    RopeKernel<4><<<GridForVec(n, 4), kThreads, 0, stream>>>(x, x_t, rows, seq, heads, head_dim, cos_table,
-                                                             sin_table, inverse ? 1 : 0);
+    RopeKernel<4><<<GridForVec(n, 4), kThreads, 0, stream>>>(x, x_t, rows, seq, heads, head_dim, cos_table, sin_table,
+                                                             inverse ? 1 : 0);
   } else {
     RopeKernel<1><<<GridFor(n), kThreads, 0, stream>>>(x, x_t, rows, seq, heads, head_dim, cos_table, sin_table,
                                                        inverse ? 1 : 0);
@@ -439,7 +439,8 @@ __device__ __forceinline__ float Sigmoid(float g) { return 1.0f / (1.0f + expf(-
 
 template <int V>
 __global__ void SwiGluForwardKernel(const void* g, const void* u, DType t, int64_t n, void* a) {
-  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V; i < n; i += int64_t(gridDim.x) * blockDim.x * V) {
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V; i < n;
+       i += int64_t(gridDim.x) * blockDim.x * V) {
     float gv[V], uv[V], av[V];
     LoadV<V>(g, t, i, gv);
     LoadV<V>(u, t, i, uv);
@@ -451,7 +452,8 @@ __global__ void SwiGluForwardKernel(const void* g, const void* u, DType t, int64
 template <int V>
 __global__ void SwiGluBackwardKernel(const void* g, const void* u, DType t, const float* da, int64_t n, void* dg,
                                      void* du) {
-  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V; i < n; i += int64_t(gridDim.x) * blockDim.x * V) {
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V; i < n;
+       i += int64_t(gridDim.x) * blockDim.x * V) {
     float gv[V], uv[V], d[V], dgv[V], duv[V];
     LoadV<V>(g, t, i, gv);
     LoadV<V>(u, t, i, uv);
@@ -521,8 +523,8 @@ __device__ __forceinline__ void LoadTile(float* dst, const typename E::T* src, i
 
 template <class E, int kChunks>
 __global__ void __launch_bounds__(kAttnWarps * 32)
-    AttnForwardKernel(const typename E::T* q, const typename E::T* k, const typename E::T* v, int seq, int nh,
-                      int nkv, int hd, float scale, typename E::T* o, float* lse) {
+    AttnForwardKernel(const typename E::T* q, const typename E::T* k, const typename E::T* v, int seq, int nh, int nkv,
+                      int hd, float scale, typename E::T* o, float* lse) {
   extern __shared__ float smem[];
   const int ld = hd + 1;
   float* sq = smem;
@@ -570,7 +572,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
       l[rr] = l[rr] * alpha + WarpSum(p);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) acc[rr][c] *= alpha;
-      // Partly unrolled: full unrolling inside the unrolled row loop spills the accumulators.
+        // Partly unrolled: full unrolling inside the unrolled row loop spills the accumulators.
 #pragma unroll 4
       for (int j = 0; j < kTile; ++j) {
         const float pj = __shfl_sync(kFullMask, p, j);
@@ -697,8 +699,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 template <class E, int kChunks>
 __global__ void __launch_bounds__(kAttnWarps * 32)
     AttnBackwardDkvKernel(const typename E::T* q, const typename E::T* k, const typename E::T* v,
-                          const typename E::T* dout, const float* lse, const float* delta, int seq, int nh,
-                          int nkv, int hd, float scale, float* dk, float* dv) {
+                          const typename E::T* dout, const float* lse, const float* delta, int seq, int nh, int nkv,
+                          int hd, float scale, float* dk, float* dv) {
   extern __shared__ float smem[];
   const int ld = hd + 1;
   float* sk = smem;
@@ -787,11 +789,10 @@ Status CheckAttentionShape(const char* what, DType t, int batch, int seq, int nh
   ZERO_RETURN_IF_ERROR(NeedActivationDType(t, what));
   if (batch < 1 || seq < 1 || nh < 1 || nkv < 1 || nh % nkv != 0 || head_dim < 1 || head_dim > kMaxHeadDim ||
       batch > 65535 || nh > 65535) {
-    return InvalidArgumentError(std::string(what) + ": unsupported shape batch=" + std::to_string(batch) +
-                                " seq=" + std::to_string(seq) + " heads=" + std::to_string(nh) + "/" +
-                                std::to_string(nkv) + " head_dim=" + std::to_string(head_dim) +
-                                " (needs heads % kv_heads == 0, head_dim <= " + std::to_string(kMaxHeadDim) +
-                                ", batch and heads <= 65535)");
+    return InvalidArgumentError(
+        std::string(what) + ": unsupported shape batch=" + std::to_string(batch) + " seq=" + std::to_string(seq) +
+        " heads=" + std::to_string(nh) + "/" + std::to_string(nkv) + " head_dim=" + std::to_string(head_dim) +
+        " (needs heads % kv_heads == 0, head_dim <= " + std::to_string(kMaxHeadDim) + ", batch and heads <= 65535)");
   }
   return OkStatus();
 }
@@ -809,8 +810,8 @@ Status WithChunks(int head_dim, F&& f) {
 
 template <class Kernel>
 Status SetSharedBytes(Kernel kernel, size_t bytes, const char* name) {
-  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(bytes));
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (e != cudaSuccess) {
     cudaGetLastError();
     return InternalError(std::string("cudaFuncSetAttribute(") + name + ", " + std::to_string(bytes) +
@@ -820,8 +821,8 @@ Status SetSharedBytes(Kernel kernel, size_t bytes, const char* name) {
 }
 
 template <class E>
-Status AttentionForwardT(const void* q, const void* k, const void* v, int batch, int seq, int nh, int nkv,
-                         int head_dim, float scale, void* o, float* lse, cudaStream_t stream) {
+Status AttentionForwardT(const void* q, const void* k, const void* v, int batch, int seq, int nh, int nkv, int head_dim,
+                         float scale, void* o, float* lse, cudaStream_t stream) {
   using T = typename E::T;
   return WithChunks(head_dim, [&](auto chunks) -> Status {
     auto kernel = AttnForwardKernel<E, decltype(chunks)::value>;
@@ -829,8 +830,8 @@ Status AttentionForwardT(const void* q, const void* k, const void* v, int batch,
     ZERO_RETURN_IF_ERROR(SetSharedBytes(kernel, bytes, "AttnForwardKernel"));
     const dim3 grid((seq + kTile - 1) / kTile, nh, batch);
     kernel<<<grid, kAttnWarps * 32, bytes, stream>>>(static_cast<const T*>(q), static_cast<const T*>(k),
-                                                    static_cast<const T*>(v), seq, nh, nkv, head_dim, scale,
-                                                    static_cast<T*>(o), lse);
+                                                     static_cast<const T*>(v), seq, nh, nkv, head_dim, scale,
+                                                     static_cast<T*>(o), lse);
     return LaunchStatus("AttnForwardKernel");
   });
 }
@@ -852,30 +853,30 @@ Status AttentionBackwardT(const void* q, const void* k, const void* v, const voi
     ZERO_RETURN_IF_ERROR(SetSharedBytes(dq_kernel, dq_bytes, "AttnBackwardDqKernel"));
     const unsigned tiles = (seq + kTile - 1) / kTile;
     dq_kernel<<<dim3(tiles, nh, batch), kAttnWarps * 32, dq_bytes, stream>>>(
-        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-        static_cast<const T*>(dout), lse, delta, seq, nh, nkv, head_dim, scale, dq);
+        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<const T*>(dout), lse,
+        delta, seq, nh, nkv, head_dim, scale, dq);
     ZERO_RETURN_IF_ERROR(LaunchStatus("AttnBackwardDqKernel"));
     auto dkv_kernel = AttnBackwardDkvKernel<E, kChunks>;
     const size_t dkv_bytes = AttnSharedBytes(4, head_dim, 2 * kTile);
     ZERO_RETURN_IF_ERROR(SetSharedBytes(dkv_kernel, dkv_bytes, "AttnBackwardDkvKernel"));
     dkv_kernel<<<dim3(tiles, nkv, batch), kAttnWarps * 32, dkv_bytes, stream>>>(
-        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-        static_cast<const T*>(dout), lse, delta, seq, nh, nkv, head_dim, scale, dk, dv);
+        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<const T*>(dout), lse,
+        delta, seq, nh, nkv, head_dim, scale, dk, dv);
     return LaunchStatus("AttnBackwardDkvKernel");
   });
 }
 }  // namespace
 
-Status AttentionForward(const void* q, const void* k, const void* v, DType t, int batch, int seq, int nh,
-                        int nkv, int head_dim, float scale, void* o, float* lse, cudaStream_t stream) {
+Status AttentionForward(const void* q, const void* k, const void* v, DType t, int batch, int seq, int nh, int nkv,
+                        int head_dim, float scale, void* o, float* lse, cudaStream_t stream) {
   ZERO_RETURN_IF_ERROR(CheckAttentionShape("AttentionForward", t, batch, seq, nh, nkv, head_dim));
   if (t == DType::kF32) return AttentionForwardT<F32>(q, k, v, batch, seq, nh, nkv, head_dim, scale, o, lse, stream);
   return AttentionForwardT<BF16>(q, k, v, batch, seq, nh, nkv, head_dim, scale, o, lse, stream);
 }
 
 Status AttentionBackward(const void* q, const void* k, const void* v, const void* o, const void* dout, DType t,
-                         const float* lse, int batch, int seq, int nh, int nkv, int head_dim, float scale,
-                         float* delta, float* dq, float* dk, float* dv, cudaStream_t stream) {
+                         const float* lse, int batch, int seq, int nh, int nkv, int head_dim, float scale, float* delta,
+                         float* dq, float* dk, float* dv, cudaStream_t stream) {
   ZERO_RETURN_IF_ERROR(CheckAttentionShape("AttentionBackward", t, batch, seq, nh, nkv, head_dim));
   if (t == DType::kF32) {
     return AttentionBackwardT<F32>(q, k, v, o, dout, lse, batch, seq, nh, nkv, head_dim, scale, delta, dq, dk, dv,
@@ -949,7 +950,7 @@ Status CrossEntropy(const float* logits, const int32_t* targets, int64_t rows, i
   if (rows <= 0) return OkStatus();
   if (rows > 0x7fffffff) return InvalidArgumentError("CrossEntropy: too many rows: " + std::to_string(rows));
   CrossEntropyKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, targets, vocab, coef, row_loss,
-                                                                          dlogits, dlogits_t);
+                                                                           dlogits, dlogits_t);
   return LaunchStatus("CrossEntropyKernel");
 }
 

@@ -34,30 +34,29 @@ Status Convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t n, 
 // ---- Embedding --------------------------------------------------------------------------------
 
 // out[n, c] = table[ids[n], c] (fp32 out). REQUIRES: 0 <= ids[n] < vocab (checked by the caller).
-Status EmbeddingForward(const int32_t* ids, int64_t rows, int64_t hidden, const void* table, DType table_t,
-                        float* out, cudaStream_t stream);
+Status EmbeddingForward(const int32_t* ids, int64_t rows, int64_t hidden, const void* table, DType table_t, float* out,
+                        cudaStream_t stream);
 
 // The lookup's gradient, summed per vocabulary row in a fixed order: for u < num_unique, row
 // id = unique_ids[u] of `grad` becomes
 //   (accumulate ? grad[id, :] : 0) + sum over p in [starts[u], starts[u+1]) of dh[positions[p], :]
 // added in increasing p (positions sorted by id, then by position). Rows of `grad` whose id has
 // no position are not touched (the caller zeroes them first when not accumulating).
-Status EmbeddingBackward(const int32_t* positions, const int32_t* unique_ids, const int32_t* starts,
-                         int64_t num_unique, int64_t hidden, const float* dh, bool accumulate, void* grad,
-                         DType grad_t, cudaStream_t stream);
+Status EmbeddingBackward(const int32_t* positions, const int32_t* unique_ids, const int32_t* starts, int64_t num_unique,
+                         int64_t hidden, const float* dh, bool accumulate, void* grad, DType grad_t,
+                         cudaStream_t stream);
 
 // ---- RMSNorm (also Qwen3's per-head q/k norm: rows = N * heads, cols = head_dim) ---------------
 
 // rstd[r] = 1 / sqrt(sum_c x[r,c]^2 / cols + eps) (fp32); y[r,c] = (x[r,c] * rstd[r]) * w[c].
-Status RmsNormForward(const void* x, DType x_t, const void* w, DType w_t, int64_t rows, int cols, float eps,
-                      void* y, DType y_t, float* rstd, cudaStream_t stream);
+Status RmsNormForward(const void* x, DType x_t, const void* w, DType w_t, int64_t rows, int cols, float eps, void* y,
+                      DType y_t, float* rstd, cudaStream_t stream);
 
 // The input gradient: with g = dy * w and xhat = x * rstd,
 //   dx[r,c] = (accumulate ? dx[r,c] : 0) + rstd[r] * (g[r,c] - xhat[r,c] * sum_c' g*xhat / cols).
 // dx may alias dy only when !accumulate and both have the same dtype.
 Status RmsNormBackward(const void* x, DType x_t, const float* rstd, const void* w, DType w_t, const void* dy,
-                       DType dy_t, int64_t rows, int cols, bool accumulate, void* dx, DType dx_t,
-                       cudaStream_t stream);
+                       DType dy_t, int64_t rows, int cols, bool accumulate, void* dx, DType dx_t, cudaStream_t stream);
 
 // The weight gradient dw[c] = sum_r dy[r,c] * (x[r,c] * rstd[r]), summed in fixed row chunks whose
 // partial sums are then added in chunk order. `partial` holds RmsNormWeightGradScratch(rows, cols)
@@ -88,16 +87,16 @@ Status SwiGluBackward(const void* g, const void* u, DType t, const float* da, in
 // o = softmax(q k^T * scale + causal mask) v per (batch, q head), kv head = head / (nh / nkv);
 // lse[b, h, t] = the row's log-sum-exp of the scaled scores (fp32). q, k, v, o: activation dtype t.
 // Online softmax over key tiles in fp32. REQUIRES: head_dim <= kMaxHeadDim, nh % nkv == 0.
-Status AttentionForward(const void* q, const void* k, const void* v, DType t, int batch, int seq, int nh,
-                        int nkv, int head_dim, float scale, void* o, float* lse, cudaStream_t stream);
+Status AttentionForward(const void* q, const void* k, const void* v, DType t, int batch, int seq, int nh, int nkv,
+                        int head_dim, float scale, void* o, float* lse, cudaStream_t stream);
 
 // Gradients of AttentionForward given dout (dtype t), recomputing the scores tile by tile:
 // delta[b,h,t] = sum_d dout * o (scratch, [batch, nh, seq] floats), then dq (fp32, [N, nh, hd]) by
 // one kernel over query tiles, and dk, dv (fp32, [N, nkv, hd]) by one over key tiles that sums the
 // q heads of a group in head order. No atomics.
 Status AttentionBackward(const void* q, const void* k, const void* v, const void* o, const void* dout, DType t,
-                         const float* lse, int batch, int seq, int nh, int nkv, int head_dim, float scale,
-                         float* delta, float* dq, float* dk, float* dv, cudaStream_t stream);
+                         const float* lse, int batch, int seq, int nh, int nkv, int head_dim, float scale, float* delta,
+                         float* dq, float* dk, float* dv, cudaStream_t stream);
 
 // ---- Cross-entropy over the vocabulary --------------------------------------------------------
 

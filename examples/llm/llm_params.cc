@@ -37,9 +37,7 @@ int FinalNormIndex(const LlmConfig& config) {
   return 1 + static_cast<int>(config.num_hidden_layers) * ParamsPerLayer(config);
 }
 
-int LmHeadIndex(const LlmConfig& config) {
-  return config.tie_word_embeddings ? -1 : FinalNormIndex(config) + 1;
-}
+int LmHeadIndex(const LlmConfig& config) { return config.tie_word_embeddings ? -1 : FinalNormIndex(config) + 1; }
 
 int OutputWeightIndex(const LlmConfig& config) {
   return config.tie_word_embeddings ? EmbedIndex() : LmHeadIndex(config);

@@ -60,9 +60,9 @@ int HfParamCount(const LlmConfig& config);
 // Which output weight a batch's logits come from (LlmBatch::head): 0 the model's own
 // (OutputWeightIndex), k >= 1 extra head k-1.
 struct OutputHead {
-  int weight = -1;          // its parameter index
-  bool tied = false;        // it is the embedding (head 0 of a tied model)
-  std::string module;       // the module to acquire for it besides "head": "" (own head), "extra_head<k>"
+  int weight = -1;     // its parameter index
+  bool tied = false;   // it is the embedding (head 0 of a tied model)
+  std::string module;  // the module to acquire for it besides "head": "" (own head), "extra_head<k>"
 };
 // InvalidArgument naming the head and the range when head is not in 0..extra_heads.
 Result<OutputHead> SelectOutputHead(const LlmConfig& config, int head);

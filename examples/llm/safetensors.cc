@@ -60,16 +60,14 @@ Result<int> OpenRegular(const std::string& path, uint64_t* size) {
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return ErrnoError("stat", path, errno);
   if (!S_ISREG(st.st_mode)) {
-    return InvalidArgumentError(path + ": is " + FileTypeName(st.st_mode) +
-                                ", expected a regular file");
+    return InvalidArgumentError(path + ": is " + FileTypeName(st.st_mode) + ", expected a regular file");
   }
   *size = static_cast<uint64_t>(st.st_size);
   return fd.release();
 }
 
 // pread of exactly `size` bytes at `offset`; *got receives how many arrived (fewer at EOF).
-Status PreadLoop(int fd, const std::string& path, uint64_t offset, size_t size, void* out,
-                 size_t* got) {
+Status PreadLoop(int fd, const std::string& path, uint64_t offset, size_t size, void* out, size_t* got) {
   *got = 0;
   char* p = static_cast<char*>(out);
   while (*got < size) {
@@ -85,10 +83,14 @@ Status PreadLoop(int fd, const std::string& path, uint64_t offset, size_t size, 
 }
 
 bool ParseSafetensorsDType(const std::string& s, DType* out) {
-  if (s == "F32") *out = DType::kF32;
-  else if (s == "BF16") *out = DType::kBF16;
-  else if (s == "F16") *out = DType::kF16;
-  else return false;
+  if (s == "F32")
+    *out = DType::kF32;
+  else if (s == "BF16")
+    *out = DType::kBF16;
+  else if (s == "F16")
+    *out = DType::kF16;
+  else
+    return false;
   return true;
 }
 
@@ -108,9 +110,7 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-std::string Range(uint64_t b, uint64_t e) {
-  return "[" + std::to_string(b) + ", " + std::to_string(e) + ")";
-}
+std::string Range(uint64_t b, uint64_t e) { return "[" + std::to_string(b) + ", " + std::to_string(e) + ")"; }
 
 // The deepest nesting of objects/arrays in `text`, ignoring brackets inside strings; stops
 // counting once past `limit`.
@@ -119,9 +119,12 @@ int JsonDepth(const std::string& text, int limit) {
   bool in_string = false, escaped = false;
   for (char c : text) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
     if (c == '"') {
@@ -168,9 +171,12 @@ Result<std::string> CheckUtf8(const std::string& s, const std::string& what) {
 
 const char* SafetensorsDTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
   }
   return "?";
 }
@@ -223,9 +229,8 @@ Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
                          " exceeds the format's 100 MB limit (not a safetensors file?)");
   }
   if (n > file_size - 8) {
-    return DataLossError(path + ": truncated: header length " + std::to_string(n) +
-                         " runs past the end of the file (" + std::to_string(file_size) +
-                         " bytes)");
+    return DataLossError(path + ": truncated: header length " + std::to_string(n) + " runs past the end of the file (" +
+                         std::to_string(file_size) + " bytes)");
   }
   std::string text(n, '\0');
   ZERO_RETURN_IF_ERROR(PreadLoop(file.fd_, path, 8, n, text.data(), &got));
@@ -238,8 +243,7 @@ Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
     return DataLossError(path + ": header is not a JSON object (it must start with '{')");
   }
   if (JsonDepth(text, kMaxJsonDepth) > kMaxJsonDepth) {
-    return DataLossError(path + ": header JSON nests deeper than " +
-                         std::to_string(kMaxJsonDepth) + " levels");
+    return DataLossError(path + ": header JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   }
   ordered_json header;
   std::string duplicate;
@@ -277,8 +281,7 @@ Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
     t.name = key;
     const std::string dtype_name = dtype.get<std::string>();
     if (!ParseSafetensorsDType(dtype_name, &t.dtype)) {
-      return DataLossError(where + ": dtype " + dtype_name +
-                           " not supported, expected F32, BF16 or F16");
+      return DataLossError(where + ": dtype " + dtype_name + " not supported, expected F32, BF16 or F16");
     }
     if (!shape.is_array()) return DataLossError(where + ": shape is not an array");
     for (size_t i = 0; i < shape.size(); ++i) {
@@ -287,13 +290,11 @@ Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
         return DataLossError(where + ": shape[" + std::to_string(i) + "] is not an integer");
       }
       if (!d.is_number_unsigned()) {
-        return DataLossError(where + ": shape[" + std::to_string(i) + "] is negative (" +
-                             d.dump() + ")");
+        return DataLossError(where + ": shape[" + std::to_string(i) + "] is negative (" + d.dump() + ")");
       }
       const uint64_t v = d.get<uint64_t>();
       if (v > static_cast<uint64_t>(INT64_MAX)) {
-        return DataLossError(where + ": shape[" + std::to_string(i) + "] = " + d.dump() +
-                             " is too large");
+        return DataLossError(where + ": shape[" + std::to_string(i) + "] = " + d.dump() + " is too large");
       }
       t.shape.push_back(static_cast<int64_t>(v));
     }
@@ -306,33 +307,28 @@ Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
     const int64_t numel = t.numel();
     const uint64_t esize = SizeOf(t.dtype);
     if (numel < 0 || static_cast<uint64_t>(numel) > UINT64_MAX / esize) {
-      return DataLossError(where + ": shape " + ShapeString(t.shape) +
-                           " has more elements than a file can hold");
+      return DataLossError(where + ": shape " + ShapeString(t.shape) + " has more elements than a file can hold");
     }
     if (t.data_end < t.data_begin) {
-      return DataLossError(where + ": data_offsets " + Range(t.data_begin, t.data_end) +
-                           " end before they begin");
+      return DataLossError(where + ": data_offsets " + Range(t.data_begin, t.data_end) + " end before they begin");
     }
     const uint64_t nbytes = static_cast<uint64_t>(numel) * esize;
     if (t.data_end - t.data_begin != nbytes) {
       return DataLossError(where + ": data_offsets " + Range(t.data_begin, t.data_end) + " hold " +
-                           std::to_string(t.data_end - t.data_begin) + " bytes, its shape " +
-                           ShapeString(t.shape) + " of " + dtype_name + " needs " +
-                           std::to_string(nbytes));
+                           std::to_string(t.data_end - t.data_begin) + " bytes, its shape " + ShapeString(t.shape) +
+                           " of " + dtype_name + " needs " + std::to_string(nbytes));
     }
     if (t.data_end > data_size) {
       return DataLossError(where + ": data_offsets " + Range(t.data_begin, t.data_end) +
-                           " run past the end of the file (the data holds " +
-                           std::to_string(data_size) + " bytes; truncated?)");
+                           " run past the end of the file (the data holds " + std::to_string(data_size) +
+                           " bytes; truncated?)");
     }
     file.tensors_.push_back(std::move(t));
   }
 
-  std::stable_sort(file.tensors_.begin(), file.tensors_.end(),
-                   [](const TensorInfo& a, const TensorInfo& b) {
-                     return a.data_begin != b.data_begin ? a.data_begin < b.data_begin
-                                                         : a.data_end < b.data_end;
-                   });
+  std::stable_sort(file.tensors_.begin(), file.tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.data_begin != b.data_begin ? a.data_begin < b.data_begin : a.data_end < b.data_end;
+  });
   // The ranges must tile the buffer exactly, as the reference implementation requires.
   uint64_t pos = 0;
   for (size_t i = 0; i < file.tensors_.size(); ++i) {
@@ -372,12 +368,10 @@ Status SafetensorsFile::CheckOwned(const TensorInfo& info) const {
   return OkStatus();
 }
 
-Status SafetensorsFile::PreadExact(const TensorInfo& info, uint64_t offset, size_t size,
-                                   void* out) const {
+Status SafetensorsFile::PreadExact(const TensorInfo& info, uint64_t offset, size_t size, void* out) const {
   size_t got = 0;
   Status st = PreadLoop(fd_, path_, offset, size, out, &got);
-  const std::string where =
-      "tensor '" + info.name + "', file bytes " + Range(offset, offset + size);
+  const std::string where = "tensor '" + info.name + "', file bytes " + Range(offset, offset + size);
   if (!st.ok()) return Status(st.code(), st.message() + " (" + where + ")");
   if (got < size) {
     return DataLossError(path_ + ": " + where + ": got only " + std::to_string(got) +
@@ -386,14 +380,13 @@ Status SafetensorsFile::PreadExact(const TensorInfo& info, uint64_t offset, size
   return OkStatus();
 }
 
-Status SafetensorsFile::ReadAsFloat(const TensorInfo& info, int64_t begin_element, int64_t count,
-                                    float* out) const {
+Status SafetensorsFile::ReadAsFloat(const TensorInfo& info, int64_t begin_element, int64_t count, float* out) const {
   ZERO_RETURN_IF_ERROR(CheckOwned(info));
   const int64_t numel = info.numel();
   if (begin_element < 0 || count < 0 || begin_element > numel || count > numel - begin_element) {
     return InvalidArgumentError(path_ + ": tensor '" + info.name + "': " + std::to_string(count) +
-                                " elements from element " + std::to_string(begin_element) +
-                                " are outside its " + std::to_string(numel) + " elements");
+                                " elements from element " + std::to_string(begin_element) + " are outside its " +
+                                std::to_string(numel) + " elements");
   }
   if (count == 0) return OkStatus();
   if (out == nullptr) return InvalidArgumentError("ReadAsFloat: null output for " + info.name);
@@ -406,8 +399,7 @@ Status SafetensorsFile::ReadAsFloat(const TensorInfo& info, int64_t begin_elemen
   for (int64_t done = 0; done < count;) {
     const int64_t n = std::min(count - done, kConvertChunk);
     ZERO_RETURN_IF_ERROR(
-        PreadExact(info, base + static_cast<uint64_t>(done) * 2, static_cast<size_t>(n) * 2,
-                   buf.data()));
+        PreadExact(info, base + static_cast<uint64_t>(done) * 2, static_cast<size_t>(n) * 2, buf.data()));
     for (int64_t i = 0; i < n; ++i) out[done + i] = LoadAsFloat(buf.data(), info.dtype, i);
     done += n;
   }
@@ -431,9 +423,8 @@ SafetensorsWriter::SafetensorsWriter(AtomicFileWriter writer, std::vector<Tensor
       ends_(std::move(ends)),
       data_bytes_(ends_.empty() ? 0 : ends_.back()) {}
 
-Result<SafetensorsWriter> SafetensorsWriter::Open(
-    const std::string& path, const std::vector<TensorToWrite>& layout,
-    const std::map<std::string, std::string>& metadata) {
+Result<SafetensorsWriter> SafetensorsWriter::Open(const std::string& path, const std::vector<TensorToWrite>& layout,
+                                                  const std::map<std::string, std::string>& metadata) {
   // Built as text so that every name is checked (and named) on its own.
   std::string header = "{";
   if (!metadata.empty()) {
@@ -441,8 +432,7 @@ Result<SafetensorsWriter> SafetensorsWriter::Open(
     bool first = true;
     for (const auto& [k, v] : metadata) {
       ZERO_ASSIGN_OR_RETURN(std::string key, CheckUtf8(k, path + ": metadata key"));
-      ZERO_ASSIGN_OR_RETURN(std::string value,
-                            CheckUtf8(v, path + ": metadata value of '" + k + "'"));
+      ZERO_ASSIGN_OR_RETURN(std::string value, CheckUtf8(v, path + ": metadata value of '" + k + "'"));
       header += (first ? "" : ",") + key + ":" + value;
       first = false;
     }
@@ -467,9 +457,8 @@ Result<SafetensorsWriter> SafetensorsWriter::Open(
                                   " has a negative dim or too many elements");
     }
     const uint64_t nbytes = static_cast<uint64_t>(numel) * SizeOf(t.dtype);
-    ordered_json entry = {{"dtype", SafetensorsDTypeName(t.dtype)},
-                          {"shape", t.shape},
-                          {"data_offsets", {offset, offset + nbytes}}};
+    ordered_json entry = {
+        {"dtype", SafetensorsDTypeName(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + nbytes}}};
     header += (header.size() > 1 ? "," : "") + name + ":" + entry.dump();
     offset += nbytes;
     ends.push_back(offset);

@@ -76,8 +76,7 @@ class SafetensorsFile {
   // (INVALID_ARGUMENT otherwise, and for a range outside the tensor). A short read (the file shrank
   // after Open) is DATA_LOSS; an I/O error carries the errno text; both name the file, tensor and
   // byte offsets. On error out's contents are unspecified.
-  Status ReadAsFloat(const TensorInfo& info, int64_t begin_element, int64_t count,
-                     float* out) const;
+  Status ReadAsFloat(const TensorInfo& info, int64_t begin_element, int64_t count, float* out) const;
   // Reads the tensor's raw little-endian bytes (data_end - data_begin of them) into `out`.
   Status ReadRaw(const TensorInfo& info, void* out) const;
 
@@ -118,8 +117,7 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite
 // Move-only; one thread at a time.
 class SafetensorsWriter {
  public:
-  static Result<SafetensorsWriter> Open(const std::string& path,
-                                        const std::vector<TensorToWrite>& layout,
+  static Result<SafetensorsWriter> Open(const std::string& path, const std::vector<TensorToWrite>& layout,
                                         const std::map<std::string, std::string>& metadata = {});
 
   // Appends the next `size` bytes of the buffer (INVALID_ARGUMENT past the last tensor's end).
@@ -132,8 +130,7 @@ class SafetensorsWriter {
   uint64_t data_bytes() const { return data_bytes_; }
 
  private:
-  SafetensorsWriter(AtomicFileWriter writer, std::vector<TensorToWrite> layout,
-                    std::vector<uint64_t> ends);
+  SafetensorsWriter(AtomicFileWriter writer, std::vector<TensorToWrite> layout, std::vector<uint64_t> ends);
 
   AtomicFileWriter writer_;
   std::vector<TensorToWrite> layout_;

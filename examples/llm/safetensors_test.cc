@@ -38,8 +38,7 @@ std::vector<uint8_t> Encode(const std::vector<float>& values, DType dtype) {
 }
 
 // Writes raw bytes: the 8-byte length `n` (the header's size unless given), the header, the data.
-void WriteRaw(const std::string& path, const std::string& header, size_t data_bytes,
-              int64_t n = -1) {
+void WriteRaw(const std::string& path, const std::string& header, size_t data_bytes, int64_t n = -1) {
   uint64_t len = n >= 0 ? static_cast<uint64_t>(n) : header.size();
   std::string bytes(reinterpret_cast<const char*>(&len), 8);
   bytes += header;
@@ -56,8 +55,7 @@ std::string OpenError(const std::string& path) {
 TEST(LlmSafetensorsTest, RoundTripsAllDtypes) {
   const std::string path = ScratchDir("llm_st") + "/model.safetensors";
   const std::vector<float> a = Values(35, 1.0f), b = Values(64, 300.0f), c = Values(6, 0.01f);
-  const std::vector<uint8_t> ab = Encode(a, DType::kF32), bb = Encode(b, DType::kBF16),
-                             cb = Encode(c, DType::kF16);
+  const std::vector<uint8_t> ab = Encode(a, DType::kF32), bb = Encode(b, DType::kBF16), cb = Encode(c, DType::kF16);
   const float scalar = 42.25f;
   std::vector<TensorToWrite> tensors = {
       {"model.embed_tokens.weight", DType::kF32, {7, 5}, ab.data()},
@@ -117,8 +115,7 @@ TEST(LlmSafetensorsTest, HeaderBytesFollowTheFormat) {
   ASSERT_EQ(n % 8, 0u);
   ASSERT_GE(n, expected.size());
   EXPECT_EQ(raw->substr(8, expected.size()), expected);
-  EXPECT_EQ(raw->substr(8 + expected.size(), n - expected.size()),
-            std::string(n - expected.size(), ' '));
+  EXPECT_EQ(raw->substr(8 + expected.size(), n - expected.size()), std::string(n - expected.size(), ' '));
   ASSERT_EQ(raw->size(), 8 + n + 6);
   EXPECT_EQ(raw->substr(8 + n), std::string("\x00\x3c\x00\x40\x00\xc0", 6));  // little-endian
 }
@@ -130,14 +127,13 @@ TEST(LlmSafetensorsTest, ReadAsFloatReadsRanges) {
   const std::vector<float> v = Values(n, 10.0f);
   const std::vector<uint8_t> bf = Encode(v, DType::kBF16);
   const std::vector<float> small = {1.5f, -2.0f, 3.25f, 4.0f};
-  ASSERT_TRUE(WriteSafetensors(path, {{"small", DType::kF32, {2, 2}, small.data()},
-                                      {"big", DType::kBF16, {n}, bf.data()}})
-                  .ok());
+  ASSERT_TRUE(
+      WriteSafetensors(path, {{"small", DType::kF32, {2, 2}, small.data()}, {"big", DType::kBF16, {n}, bf.data()}})
+          .ok());
   auto f = SafetensorsFile::Open(path);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   const TensorInfo& big = *f->Find("big");
-  for (auto [begin, count] : {std::pair<int64_t, int64_t>{0, 1}, {65000, 1500}, {n - 3, 3},
-                              {12345, 0}, {0, n}}) {
+  for (auto [begin, count] : {std::pair<int64_t, int64_t>{0, 1}, {65000, 1500}, {n - 3, 3}, {12345, 0}, {0, n}}) {
     std::vector<float> got(count + 1, -7.0f);
     Status st = f->ReadAsFloat(big, begin, count, got.data());
     ASSERT_TRUE(st.ok()) << st.ToString();
@@ -159,8 +155,7 @@ TEST(LlmSafetensorsTest, ReadAsFloatReadsRanges) {
   }
   TensorInfo foreign = big;
   foreign.data_begin += 2;
-  EXPECT_THAT(f->ReadAsFloat(foreign, 0, 1, out.data()).message(),
-              HasSubstr("not a tensor of this file"));
+  EXPECT_THAT(f->ReadAsFloat(foreign, 0, 1, out.data()).message(), HasSubstr("not a tensor of this file"));
 }
 
 TEST(LlmSafetensorsTest, ShortReadAfterOpenNamesFileTensorAndOffsets) {
@@ -174,9 +169,8 @@ TEST(LlmSafetensorsTest, ShortReadAfterOpenNamesFileTensorAndOffsets) {
   Status st = f->ReadAsFloat(*f->Find("a"), 5, 50, out.data());
   EXPECT_EQ(st.code(), StatusCode::kDataLoss);
   const uint64_t begin = f->data_start() + 20, end = begin + 200;
-  EXPECT_THAT(st.message(),
-              AllOf(HasSubstr(path), HasSubstr("'a'"),
-                    HasSubstr("[" + std::to_string(begin) + ", " + std::to_string(end) + ")")));
+  EXPECT_THAT(st.message(), AllOf(HasSubstr(path), HasSubstr("'a'"),
+                                  HasSubstr("[" + std::to_string(begin) + ", " + std::to_string(end) + ")")));
   EXPECT_THAT(f->ReadRaw(*f->Find("a"), out.data()).message(), HasSubstr("shrank"));
 }
 
@@ -184,9 +178,9 @@ struct Hostile {
   const char* what;
   std::string header;
   size_t data_bytes;
-  int64_t n;              // the header length field, -1 for the header's size
-  std::string expect;     // a substring of the error
-  std::string tensor;     // the tensor the error must name ("" when none applies)
+  int64_t n;           // the header length field, -1 for the header's size
+  std::string expect;  // a substring of the error
+  std::string tensor;  // the tensor the error must name ("" when none applies)
 };
 
 TEST(LlmSafetensorsTest, RefusesHostileHeaders) {
@@ -196,47 +190,39 @@ TEST(LlmSafetensorsTest, RefusesHostileHeaders) {
   const std::vector<Hostile> cases = {
       {"length past the end", R"({})", 0, 1000, "runs past the end of the file", ""},
       {"absurd length", R"({})", 0, int64_t{1} << 40, "100 MB", ""},
-      {"overlap",
-       R"({"w1":{)" + f32_2 + R"(,"data_offsets":[0,8]},"w2":{)" + f32_2 +
-           R"(,"data_offsets":[4,12]}})",
-       12, -1, "overlaps tensor 'w1'", "w2"},
-      {"gap",
-       R"({"w1":{)" + f32_2 + R"(,"data_offsets":[0,8]},"w2":{)" + f32_2 +
-           R"(,"data_offsets":[12,20]}})",
-       20, -1, "data bytes [8, 12) belong to no tensor", "w2"},
+      {"overlap", R"({"w1":{)" + f32_2 + R"(,"data_offsets":[0,8]},"w2":{)" + f32_2 + R"(,"data_offsets":[4,12]}})", 12,
+       -1, "overlaps tensor 'w1'", "w2"},
+      {"gap", R"({"w1":{)" + f32_2 + R"(,"data_offsets":[0,8]},"w2":{)" + f32_2 + R"(,"data_offsets":[12,20]}})", 20,
+       -1, "data bytes [8, 12) belong to no tensor", "w2"},
       {"trailing bytes", R"({"w1":{)" + f32_2 + R"(,"data_offsets":[0,8]}})", 12, -1,
        "data bytes [8, 12) after the last tensor", ""},
       {"offsets past the end", R"({"w1":{)" + f32_2 + R"(,"data_offsets":[0,8]}})", 4, -1,
        "run past the end of the file", "w1"},
       {"wrong nbytes", R"({"w1":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8, -1,
        "its shape [3] of F32 needs 12", "w1"},
-      {"end before begin", R"({"w1":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", 8, -1,
-       "end before they begin", "w1"},
+      {"end before begin", R"({"w1":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", 8, -1, "end before they begin",
+       "w1"},
       {"F64", R"({"w1":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", 8, -1,
        "F64 not supported, expected F32, BF16 or F16", "w1"},
-      {"unknown dtype", R"({"w1":{"dtype":"Q7","shape":[1],"data_offsets":[0,8]}})", 8, -1,
-       "Q7 not supported", "w1"},
-      {"dtype not a string", R"({"w1":{"dtype":4,"shape":[1],"data_offsets":[0,4]}})", 4, -1,
-       "dtype is not a string", "w1"},
-      {"no data_offsets", R"({"w1":{"dtype":"F32","shape":[1]}})", 4, -1, "no 'data_offsets'",
+      {"unknown dtype", R"({"w1":{"dtype":"Q7","shape":[1],"data_offsets":[0,8]}})", 8, -1, "Q7 not supported", "w1"},
+      {"dtype not a string", R"({"w1":{"dtype":4,"shape":[1],"data_offsets":[0,4]}})", 4, -1, "dtype is not a string",
        "w1"},
+      {"no data_offsets", R"({"w1":{"dtype":"F32","shape":[1]}})", 4, -1, "no 'data_offsets'", "w1"},
       {"no shape", R"({"w1":{"dtype":"F32","data_offsets":[0,4]}})", 4, -1, "no 'shape'", "w1"},
       {"shape not an array", R"({"w1":{"dtype":"F32","shape":"2","data_offsets":[0,8]}})", 8, -1,
        "shape is not an array", "w1"},
       {"fractional dim", R"({"w1":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", 4, -1,
        "shape[0] is not an integer", "w1"},
-      {"negative dim", R"({"w1":{"dtype":"F32","shape":[2,-2],"data_offsets":[0,16]}})", 16, -1,
-       "shape[1] is negative", "w1"},
-      {"numel overflow",
-       R"({"w1":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,4]}})", 4, -1,
+      {"negative dim", R"({"w1":{"dtype":"F32","shape":[2,-2],"data_offsets":[0,16]}})", 16, -1, "shape[1] is negative",
+       "w1"},
+      {"numel overflow", R"({"w1":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,4]}})", 4, -1,
        "more elements than a file can hold", "w1"},
       {"offsets not two", R"({"w1":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", 4, -1,
        "data_offsets is not [begin, end]", "w1"},
       {"entry not an object", R"({"w1":[1,2]})", 0, -1, "entry is not an object", "w1"},
       {"repeated name",
-       R"({"w1":{)" + f32_2 + R"(,"data_offsets":[0,8]},"w1":{)" + f32_2 +
-           R"(,"data_offsets":[8,16]}})",
-       16, -1, "repeats the key 'w1'", ""},
+       R"({"w1":{)" + f32_2 + R"(,"data_offsets":[0,8]},"w1":{)" + f32_2 + R"(,"data_offsets":[8,16]}})", 16, -1,
+       "repeats the key 'w1'", ""},
       {"metadata value not a string", R"({"__metadata__":{"step":3}})", 0, -1,
        "__metadata__ key 'step' is not a string", ""},
       {"malformed JSON", R"({"w1":{"dtype":"F32",)", 0, -1, "not valid JSON", ""},
@@ -288,13 +274,11 @@ TEST(LlmSafetensorsTest, WriterRefusesBadInputAndLeavesNoHalfFile) {
   const std::string dir = ScratchDir("llm_st");
   const std::string path = dir + "/w.safetensors";
   const float x[2] = {1.0f, 2.0f};
-  EXPECT_THAT(WriteSafetensors(path, {{"a", DType::kF32, {2}, x}, {"a", DType::kF32, {2}, x}})
-                  .message(),
+  EXPECT_THAT(WriteSafetensors(path, {{"a", DType::kF32, {2}, x}, {"a", DType::kF32, {2}, x}}).message(),
               AllOf(HasSubstr(path), HasSubstr("'a'"), HasSubstr("used twice")));
   EXPECT_THAT(WriteSafetensors(path, {{"__metadata__", DType::kF32, {2}, x}}).message(),
               HasSubstr("not a valid tensor name"));
-  EXPECT_THAT(WriteSafetensors(path, {{"bad\xff", DType::kF32, {2}, x}}).message(),
-              HasSubstr("not valid UTF-8"));
+  EXPECT_THAT(WriteSafetensors(path, {{"bad\xff", DType::kF32, {2}, x}}).message(), HasSubstr("not valid UTF-8"));
   EXPECT_THAT(WriteSafetensors(path, {{"neg", DType::kF32, {-2}, x}}).message(),
               AllOf(HasSubstr("'neg'"), HasSubstr("negative")));
   EXPECT_THAT(WriteSafetensors(path, {{"null", DType::kF32, {2}, nullptr}}).message(),
@@ -304,8 +288,7 @@ TEST(LlmSafetensorsTest, WriterRefusesBadInputAndLeavesNoHalfFile) {
   // An old file survives a writer that never completes.
   ASSERT_TRUE(WriteSafetensors(path, {{"old", DType::kF32, {2}, x}}).ok());
   {
-    auto w = SafetensorsWriter::Open(path, {{"a", DType::kF32, {2}, nullptr},
-                                            {"b", DType::kBF16, {3}, nullptr}});
+    auto w = SafetensorsWriter::Open(path, {{"a", DType::kF32, {2}, nullptr}, {"b", DType::kBF16, {3}, nullptr}});
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     EXPECT_EQ(w->data_bytes(), 14u);
     ASSERT_TRUE(w->Append(x, 8).ok());

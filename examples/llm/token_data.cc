@@ -208,7 +208,8 @@ Status WriteTokenBin(const std::string& path, const std::vector<int32_t>& tokens
 }
 
 Result<std::vector<int32_t>> ReadTokenBin(const std::string& path, int64_t vocab_size) {
-  if (vocab_size < 1) return InvalidArgumentError(path + ": vocab_size must be >= 1, got " + std::to_string(vocab_size));
+  if (vocab_size < 1)
+    return InvalidArgumentError(path + ": vocab_size must be >= 1, got " + std::to_string(vocab_size));
   ZERO_ASSIGN_OR_RETURN(std::string bytes, ReadRegularFile(path));
   if (bytes.size() % 4 != 0) {
     return DataLossError(path + ": " + std::to_string(bytes.size()) +
@@ -220,8 +221,8 @@ Result<std::vector<int32_t>> ReadTokenBin(const std::string& path, int64_t vocab
     std::memcpy(&id, bytes.data() + 4 * i, 4);
     if (id >= static_cast<uint64_t>(vocab_size)) {
       return InvalidArgumentError(path + ": token id " + std::to_string(id) + " at position " + std::to_string(i) +
-                                  " is out of range: expected 0.." + std::to_string(vocab_size - 1) +
-                                  " (vocab_size " + std::to_string(vocab_size) + ")");
+                                  " is out of range: expected 0.." + std::to_string(vocab_size - 1) + " (vocab_size " +
+                                  std::to_string(vocab_size) + ")");
     }
     tokens[i] = static_cast<int32_t>(id);
   }
@@ -338,7 +339,7 @@ Result<std::vector<ReverseTextExample>> ReverseTextExamples(std::string_view cor
     for (int attempt = 0; attempt < kAttempts && snippet.empty(); ++attempt) {
       size_t pos = examples::SplitMix64Next(&state) % corpus.size();
       const int want = max_snippet_chars - static_cast<int>(examples::SplitMix64Next(&state) %
-                                                             static_cast<uint64_t>(max_snippet_chars / 2 + 1));
+                                                            static_cast<uint64_t>(max_snippet_chars / 2 + 1));
       while (pos < corpus.size() && (static_cast<uint8_t>(corpus[pos]) & 0xC0) == 0x80) ++pos;
       // Characters of one line, at most `want`.
       std::vector<std::string_view> chars;
@@ -391,8 +392,8 @@ void ReverseTextRow(const ReverseTextExample& example, int seq, int32_t* inputs,
   }
 }
 
-LlmBatch ReverseTextBatch(const std::vector<ReverseTextExample>& examples, int seq, int batch, int64_t step,
-                          int rank, int world, uint64_t seed) {
+LlmBatch ReverseTextBatch(const std::vector<ReverseTextExample>& examples, int seq, int batch, int64_t step, int rank,
+                          int world, uint64_t seed) {
   if (!SamplerArgsOk(seq, batch, step, rank, world) || examples.empty()) return LlmBatch();
   LlmBatch b = EmptyRows(batch, seq);
   const uint64_t key = SplitMix64(seed ^ kExampleKey);

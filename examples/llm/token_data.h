@@ -87,8 +87,8 @@ void ReverseTextRow(const ReverseTextExample& example, int seq, int32_t* inputs,
 
 // `batch` rows of examples drawn (see the top) from all of them. REQUIRES: examples non-empty,
 // seq >= 1, batch >= 1, 0 <= rank < world, step >= 0; otherwise an empty batch (batch 0).
-LlmBatch ReverseTextBatch(const std::vector<ReverseTextExample>& examples, int seq, int batch, int64_t step,
-                          int rank, int world, uint64_t seed);
+LlmBatch ReverseTextBatch(const std::vector<ReverseTextExample>& examples, int seq, int batch, int64_t step, int rank,
+                          int world, uint64_t seed);
 
 // Every example once, in order, one LlmBatch (batch 1) each: for evaluation.
 std::vector<LlmBatch> ReverseTextEvalWindows(const std::vector<ReverseTextExample>& examples, int seq);

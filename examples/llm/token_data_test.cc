@@ -229,10 +229,11 @@ TEST(CorpusTest, DefaultCorpusIsOnThisMachineAndCapped) {
   EXPECT_EQ(tok->vocab_size(), 4096);
   EXPECT_EQ(tok->Decode(ids), *corpus);
   auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
-  std::printf("corpus: %zu bytes loaded in %.3f s; BPE training to %d tokens: %.3f s; encoding: %.3f s, "
-              "%zu tokens (%.2f bytes/token)\n",
-              corpus->size(), secs(t0, t1), tok->vocab_size(), secs(t1, t2), secs(t2, t3), ids.size(),
-              static_cast<double>(corpus->size()) / ids.size());
+  std::printf(
+      "corpus: %zu bytes loaded in %.3f s; BPE training to %d tokens: %.3f s; encoding: %.3f s, "
+      "%zu tokens (%.2f bytes/token)\n",
+      corpus->size(), secs(t0, t1), tok->vocab_size(), secs(t1, t2), secs(t2, t3), ids.size(),
+      static_cast<double>(corpus->size()) / ids.size());
 }
 
 TEST(CorpusTest, ExplicitPathsAndErrors) {

@@ -172,10 +172,10 @@ Result<std::string> ReadTextFile(const std::string& path) {
 
 // Everything a rank trains and evaluates on: token ids (or, for the task, prepared rows).
 struct Data {
-  std::string source;                 // for the header line
-  std::vector<int32_t> train, eval;   // token streams (LM data)
+  std::string source;                                     // for the header line
+  std::vector<int32_t> train, eval;                       // token streams (LM data)
   std::vector<ReverseTextExample> task_train, task_eval;  // the reverse-text task
-  std::string tokenizer_json;         // the tokenizer used (empty for .bin data)
+  std::string tokenizer_json;                             // the tokenizer used (empty for .bin data)
 };
 
 Result<BpeTokenizer> TokenizerFor(const LlmTrainOptions& o, const LlmConfig& c, const std::string& text) {
@@ -191,8 +191,7 @@ Result<BpeTokenizer> TokenizerFor(const LlmTrainOptions& o, const LlmConfig& c, 
     }
     return t;
   }
-  const int vocab = o.tokenizer_vocab > 0 ? o.tokenizer_vocab
-                                          : static_cast<int>(std::min<int64_t>(c.vocab_size, 4096));
+  const int vocab = o.tokenizer_vocab > 0 ? o.tokenizer_vocab : static_cast<int>(std::min<int64_t>(c.vocab_size, 4096));
   if (vocab > c.vocab_size) {
     return InvalidArgumentError("--tokenizer-vocab " + std::to_string(vocab) + " exceeds the model's vocab_size " +
                                 std::to_string(c.vocab_size));
@@ -281,7 +280,8 @@ Result<std::pair<double, int64_t>> Evaluate(const Data& d, const LlmTrainOptions
   for (size_t base = 0; base < windows.size(); base += world) {
     const size_t i = base + rank;
     const bool mine = i < windows.size();
-    ZERO_RETURN_IF_ERROR(model->Forward(params, windows[mine ? i : 0], /*need_loss=*/true).WithContext("eval window " + std::to_string(i)));
+    ZERO_RETURN_IF_ERROR(model->Forward(params, windows[mine ? i : 0], /*need_loss=*/true)
+                             .WithContext("eval window " + std::to_string(i)));
     ZERO_ASSIGN_OR_RETURN(double loss, model->Loss());
     if (mine) {
       const int64_t n = model->CountedTargets();
@@ -296,7 +296,7 @@ Result<std::pair<double, int64_t>> Evaluate(const Data& d, const LlmTrainOptions
 // --- one rank ----------------------------------------------------------------------------------------
 
 double HostPeakBytes() {
-  struct rusage ru{};
+  struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<double>(ru.ru_maxrss) * 1024.0;
 }
@@ -330,8 +330,8 @@ Status InitializeWeights(Engine* engine, const LlmTrainOptions& o, const LlmConf
   });
 }
 
-Status Export(Engine* engine, const LlmTrainOptions& o, const LlmConfig& c, const std::vector<examples::ParamSpec>& specs,
-              const std::string& tokenizer_json, bool lead) {
+Status Export(Engine* engine, const LlmTrainOptions& o, const LlmConfig& c,
+              const std::vector<examples::ParamSpec>& specs, const std::string& tokenizer_json, bool lead) {
   // Every rank takes part in each gather; rank 0 writes. The extra heads are not Hugging Face's.
   const std::vector<examples::ParamSpec> hf(specs.begin(), specs.begin() + HfParamCount(c));
   std::vector<std::vector<float>> full(hf.size());
@@ -340,7 +340,9 @@ Status Export(Engine* engine, const LlmTrainOptions& o, const LlmConfig& c, cons
     ZERO_RETURN_IF_ERROR(engine->GatherMasterWeights(static_cast<int>(i), full[i].data()));
   }
   if (!lead) return OkStatus();
-  const DType dtype = c.torch_dtype == "float32" ? DType::kF32 : c.torch_dtype == "float16" ? DType::kF16 : DType::kBF16;
+  const DType dtype = c.torch_dtype == "float32"   ? DType::kF32
+                      : c.torch_dtype == "float16" ? DType::kF16
+                                                   : DType::kBF16;
   ZERO_RETURN_IF_ERROR(ExportHf(o.export_hf, ToHfConfigJson(c), hf, dtype, [&](int index, float* out) {
     std::copy(full[index].begin(), full[index].end(), out);
     return OkStatus();
@@ -350,8 +352,7 @@ Status Export(Engine* engine, const LlmTrainOptions& o, const LlmConfig& c, cons
     std::ofstream(o.export_hf + "/tokenizer.json") << tokenizer_json;
     std::ofstream(o.export_hf + "/tokenizer_config.json")
         << "{\"tokenizer_class\": \"PreTrainedTokenizerFast\", \"eos_token\": \"" << kEndOfText
-        << "\", \"pad_token\": \"" << kEndOfText << "\", \"model_max_length\": " << c.max_position_embeddings
-        << "}\n";
+        << "\", \"pad_token\": \"" << kEndOfText << "\", \"model_max_length\": " << c.max_position_embeddings << "}\n";
   }
   std::printf("exported the model to %s (Hugging Face directory, %s)\n", o.export_hf.c_str(), c.torch_dtype.c_str());
   return OkStatus();
@@ -398,11 +399,13 @@ Status RunRank(const LlmTrainOptions& o, RankContext* ctx) {
   examples::EngineGrads grads(engine.get());
 
   if (lead) {
-    std::printf("zero_llm: %s\n  data: %s\n  ZeRO stage %d, %s, %d rank(s) on %s, seq %d, micro batch %lld, GAS %lld: %lld tokens per step\n",
-                mc.ToString().c_str(), data.source.c_str(), config.zero.stage, DTypeName(config.model_dtype()),
-                ro.world_size, o.device.c_str(), o.seq, static_cast<long long>(config.train_micro_batch_size_per_gpu),
-                static_cast<long long>(config.gradient_accumulation_steps),
-                static_cast<long long>(config.train_batch_size * o.seq));
+    std::printf(
+        "zero_llm: %s\n  data: %s\n  ZeRO stage %d, %s, %d rank(s) on %s, seq %d, micro batch %lld, GAS %lld: %lld "
+        "tokens per step\n",
+        mc.ToString().c_str(), data.source.c_str(), config.zero.stage, DTypeName(config.model_dtype()), ro.world_size,
+        o.device.c_str(), o.seq, static_cast<long long>(config.train_micro_batch_size_per_gpu),
+        static_cast<long long>(config.gradient_accumulation_steps),
+        static_cast<long long>(config.train_batch_size * o.seq));
     if (o.extra_heads > 0) std::printf("  %d extra head(s), schedule %s\n", o.extra_heads, o.heads.c_str());
     if (!config.managed_gradient_accumulation) std::printf("  unmanaged gradient accumulation\n");
     for (const std::string& w : config.warnings) std::printf("warning: %s\n", w.c_str());
@@ -498,10 +501,12 @@ Status RunRank(const LlmTrainOptions& o, RankContext* ctx) {
           std::snprintf(b, sizeof(b), ", MFU %.1f%%", 100.0 * tflops / (kPeakTflopsPerGpu * ro.world_size));
           mfu = b;
         }
-        std::printf("step %lld/%d  loss %.4f  lr %.3g  grad norm %.3g  %s tok/s  %.2f model TFLOPS%s  peak %s device, %s host per rank\n",
-                    static_cast<long long>(step + 1), o.steps, window_loss / window_steps, lr,
-                    engine->global_grad_norm(), examples::FormatCount(tps).c_str(), tflops, mfu.c_str(),
-                    examples::FormatBytes(peaks[0]).c_str(), examples::FormatBytes(peaks[1]).c_str());
+        std::printf(
+            "step %lld/%d  loss %.4f  lr %.3g  grad norm %.3g  %s tok/s  %.2f model TFLOPS%s  peak %s device, %s host "
+            "per rank\n",
+            static_cast<long long>(step + 1), o.steps, window_loss / window_steps, lr, engine->global_grad_norm(),
+            examples::FormatCount(tps).c_str(), tflops, mfu.c_str(), examples::FormatBytes(peaks[0]).c_str(),
+            examples::FormatBytes(peaks[1]).c_str());
         std::fflush(stdout);
       }
       window_loss = window_seconds = window_tokens = 0;

@@ -22,20 +22,20 @@ struct LlmTrainOptions {
   // Data: --data FILE (.bin of little-endian uint32 token ids, or text tokenized with the
   // tokenizer), or --task reverse-text; neither: the built-in corpus (examples/llm/token_data.h).
   std::string data;
-  std::string task;            // "" or "reverse-text"
-  std::string tokenizer;       // tokenizer.json; "": the model directory's, else trained on the text
-  int tokenizer_vocab = 0;     // vocabulary of a trained tokenizer; 0: min(model vocab, 4096)
+  std::string task;         // "" or "reverse-text"
+  std::string tokenizer;    // tokenizer.json; "": the model directory's, else trained on the text
+  int tokenizer_vocab = 0;  // vocabulary of a trained tokenizer; 0: min(model vocab, 4096)
   int64_t corpus_bytes = 4 << 20;
-  double holdout = 0.05;       // the text's last share held out for eval (training runs only)
+  double holdout = 0.05;  // the text's last share held out for eval (training runs only)
 
   int seq = 128;
-  int batch = 8;      // micro batch per rank (the built-in config's train_micro_batch_size_per_gpu)
-  int gas = 1;        // gradient_accumulation_steps of the built-in config
-  int stage = 3;      // zero_optimization.stage of the built-in config
-  double lr = 3e-3;   // the built-in config's peak lr
+  int batch = 8;            // micro batch per rank (the built-in config's train_micro_batch_size_per_gpu)
+  int gas = 1;              // gradient_accumulation_steps of the built-in config
+  int stage = 3;            // zero_optimization.stage of the built-in config
+  double lr = 3e-3;         // the built-in config's peak lr
   std::string config_path;  // a DeepSpeed-style JSON instead of the built-in config
   std::string device = "cpu";
-  int nproc = 0;      // 0: 2 on cpu, every visible GPU on cuda
+  int nproc = 0;  // 0: 2 on cpu, every visible GPU on cuda
   int steps = 400;
   uint64_t seed = 1;
   double timeout_s = 0;

@@ -31,8 +31,9 @@ std::string Tmp(const std::string& name) { return zero::testing::TestTmpDir() + 
 
 // The tiny preset on 200 kB of the built-in corpus, a 512-token tokenizer, short rows.
 std::vector<std::string> Tiny(std::vector<std::string> extra) {
-  std::vector<std::string> a = {"--preset", "tiny", "--corpus-bytes", "200000", "--tokenizer-vocab", "512",
-                                "--seq", "32", "--batch", "4", "--lr", "0.01", "--plot", "none"};
+  std::vector<std::string> a = {
+      "--preset", "tiny", "--corpus-bytes", "200000", "--tokenizer-vocab", "512", "--seq", "32", "--batch", "4",
+      "--lr",     "0.01", "--plot",         "none"};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
 }
@@ -100,8 +101,8 @@ TEST_F(ZeroLlmTest, EvalOnlyPrintsOneLineAndAgreesAcrossWorldSizesAndStages) {
   for (int i = 0; i < 33 * 5 + 7; ++i) ids.push_back((i * 37 + 11) % 500);
   ASSERT_TRUE(WriteTokenBin(Tmp("eval.bin"), ids).ok());
   RunResult one = RunLlm(Tiny({"--nproc", "1", "--model", Tmp("export"), "--data", Tmp("eval.bin"), "--eval-only"}));
-  RunResult two = RunLlm(Tiny({"--nproc", "2", "--stage", "3", "--model", Tmp("export"), "--data", Tmp("eval.bin"),
-                               "--eval-only"}));
+  RunResult two = RunLlm(
+      Tiny({"--nproc", "2", "--stage", "3", "--model", Tmp("export"), "--data", Tmp("eval.bin"), "--eval-only"}));
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(two.exit_code, 0) << two.output;
   // 5 whole windows of seq + 1 = 33 tokens (the partial sixth is dropped): 5 * 32 targets.
@@ -168,10 +169,10 @@ void ExpectSameBitsAndControlDiffers(const RunResult& a, const RunResult& b, con
 // control: without the extra head's micro step the weights differ, so the head is in the sum.
 TEST(ZeroLlmHeads, GradAccumulationOnHostOrDeviceAgreeWithAHeadOnlyInTheFirstMicroStep) {
   auto run = [&](const std::string& acc, const std::string& heads) {
-    const std::string cfg = OffloadConfig("first_micro_" + acc + ".json", 4,
-                                          ", \"offload_grad_accumulation\": \"" + acc + "\"", "");
-    return RunLlm(Tiny({"--nproc", "2", "--config", cfg, "--task", "reverse-text", "--extra-heads", "1",
-                        "--heads", heads, "--steps", "3", "--hash-weights", "--eval-windows", "0"}),
+    const std::string cfg =
+        OffloadConfig("first_micro_" + acc + ".json", 4, ", \"offload_grad_accumulation\": \"" + acc + "\"", "");
+    return RunLlm(Tiny({"--nproc", "2", "--config", cfg, "--task", "reverse-text", "--extra-heads", "1", "--heads",
+                        heads, "--steps", "3", "--hash-weights", "--eval-windows", "0"}),
                   180);
   };
   ExpectSameBitsAndControlDiffers(run("cpu", "first-micro"), run("gpu", "first-micro"), run("cpu", "main"),
@@ -184,8 +185,8 @@ TEST(ZeroLlmHeads, GradAccumulationOnHostOrDeviceAgreeWithAHeadOnlyInTheFirstMic
 // between windows (each is absent from every other window). The control: the heads matter.
 TEST(ZeroLlmHeads, UnmanagedEqualsManagedWithHeadsAlternatingBetweenWindows) {
   auto run = [&](bool managed, const std::string& heads) {
-    const std::string cfg = OffloadConfig(std::string("alternate_") + (managed ? "managed" : "unmanaged") + ".json",
-                                          2, "", managed ? "" : ", \"managed_gradient_accumulation\": false");
+    const std::string cfg = OffloadConfig(std::string("alternate_") + (managed ? "managed" : "unmanaged") + ".json", 2,
+                                          "", managed ? "" : ", \"managed_gradient_accumulation\": false");
     return RunLlm(Tiny({"--nproc", "2", "--config", cfg, "--extra-heads", "1", "--heads", heads, "--steps", "4",
                         "--hash-weights", "--eval-windows", "0"}),
                   180);

@@ -52,8 +52,8 @@ uint64_t SplitMix64(uint64_t x) {
 // cells.py's init_key / grad_key.
 uint64_t InitKey(int p) { return SplitMix64(0x1417000000000000ull | static_cast<uint64_t>(p)); }
 uint64_t GradKey(int step, int micro, int p) {
-  return SplitMix64(0x6ad0000000000000ull | (static_cast<uint64_t>(step) << 24) |
-                    (static_cast<uint64_t>(micro) << 8) | static_cast<uint64_t>(p));
+  return SplitMix64(0x6ad0000000000000ull | (static_cast<uint64_t>(step) << 24) | (static_cast<uint64_t>(micro) << 8) |
+                    static_cast<uint64_t>(p));
 }
 
 struct ParamInfo {
@@ -119,8 +119,7 @@ Status WriteGrad(Engine* engine, Device* device, DType dtype, int index, const s
   return engine->GradReady(index);
 }
 
-Status RunCell(const json& cell, const std::vector<ParamInfo>& params, Device* device, Communicator* comm,
-               json* out) {
+Status RunCell(const json& cell, const std::vector<ParamInfo>& params, Device* device, Communicator* comm, json* out) {
   const std::string name = cell.at("name").get<std::string>();
   ParseOptions po;
   po.world_size = 1;

@@ -145,7 +145,7 @@ void ExpectGradientPartition(const CellSpec& cell, const std::vector<RankTrace>&
   for (size_t r = 0; r < traces.size(); ++r) {
     const EngineMemory& m = traces[r].memory;
     EXPECT_EQ(m.host_gradients > 0, host) << "rank " << r << ": host gradient partition";
-    if (!host || cell.stage < 2) continue;  // stage 1 keeps its full fp32 accumulators on the device
+    if (!host || cell.stage < 2) continue;            // stage 1 keeps its full fp32 accumulators on the device
     const size_t partition_bytes = m.host_gradients;  // the partition and its staging slots
     if (cell.gpu_grad_accumulation) {
       EXPECT_GT(m.gradient_accumulators, 0u) << "rank " << r << ": no fp32 device sum";
@@ -164,9 +164,7 @@ void ExpectTiers(const CellSpec& cell, const std::vector<RankTrace>& traces) {
   }
 }
 
-std::string MatrixName(const ::testing::TestParamInfo<MatrixParam>& info) {
-  return MatrixCell(info.param).Name();
-}
+std::string MatrixName(const ::testing::TestParamInfo<MatrixParam>& info) { return MatrixCell(info.param).Name(); }
 
 INSTANTIATE_TEST_SUITE_P(Cells, MatrixTest,
                          ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(1, 2, 3, 4),
@@ -190,7 +188,9 @@ INSTANTIATE_TEST_SUITE_P(Cells, OffloadMatrixTest,
                          ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1, 2, 3),
                                             ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
                                             ::testing::Values(1, 4), ::testing::Bool()),
-                         [](const ::testing::TestParamInfo<MatrixParam>& info) { return OffloadCell(info.param).Name(); });
+                         [](const ::testing::TestParamInfo<MatrixParam>& info) {
+                           return OffloadCell(info.param).Name();
+                         });
 
 // offload_param.device "cpu" at stage 3 (the shards in host memory, uploaded for every gather,
 // buffer_count 2) with offload_optimizer none or "cpu": the same arithmetic (values are only moved),
@@ -310,7 +310,8 @@ TEST_P(OverflowTest, SkipsAndRescalesLikeReference) { RunOverflowCell(GetParam()
 class OffloadOverflowTest : public ::testing::TestWithParam<OverflowParam> {};
 TEST_P(OffloadOverflowTest, SkipsAndRescalesLikeReference) { RunOverflowCell(GetParam(), true); }
 INSTANTIATE_TEST_SUITE_P(Fp16, OffloadOverflowTest,
-                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1, 2), ::testing::Values(1, 4)),
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1, 2),
+                                            ::testing::Values(1, 4)),
                          [](const ::testing::TestParamInfo<OverflowParam>& info) {
                            return "s" + std::to_string(std::get<0>(info.param)) + "_w" +
                                   std::to_string(std::get<1>(info.param)) + "_gas" +
@@ -399,15 +400,21 @@ void RunUnmanagedSpec(const CellSpec& cell) {
     const RankTrace& t = traces[r];
     ASSERT_EQ(t.master_snapshots.size(), 3u);
     if (!cell.freeze_inactive) {
-      EXPECT_NE(t.master_snapshots[0][kHeadBW], t.initial_master[kHeadBW]) << "rank " << r << ": head_b not stepped in window A";
-      EXPECT_NE(t.master_snapshots[1][kHeadAW], t.master_snapshots[0][kHeadAW]) << "rank " << r << ": head_a not stepped in window B";
-      EXPECT_NE(t.exp_avg_snapshots[1][kHeadAW], t.exp_avg_snapshots[0][kHeadAW]) << "rank " << r << ": head_a's moments did not decay";
+      EXPECT_NE(t.master_snapshots[0][kHeadBW], t.initial_master[kHeadBW])
+          << "rank " << r << ": head_b not stepped in window A";
+      EXPECT_NE(t.master_snapshots[1][kHeadAW], t.master_snapshots[0][kHeadAW])
+          << "rank " << r << ": head_a not stepped in window B";
+      EXPECT_NE(t.exp_avg_snapshots[1][kHeadAW], t.exp_avg_snapshots[0][kHeadAW])
+          << "rank " << r << ": head_a's moments did not decay";
       continue;
     }
-    EXPECT_EQ(t.master_snapshots[0][kHeadBW], t.initial_master[kHeadBW]) << "rank " << r << ": head_b master changed in window A";
+    EXPECT_EQ(t.master_snapshots[0][kHeadBW], t.initial_master[kHeadBW])
+        << "rank " << r << ": head_b master changed in window A";
     EXPECT_EQ(t.model_snapshots[0][kHeadBW], t.initial_model[kHeadBW]) << "rank " << r;
-    EXPECT_EQ(t.master_snapshots[1][kHeadAW], t.master_snapshots[0][kHeadAW]) << "rank " << r << ": head_a master changed in window B";
-    EXPECT_EQ(t.master_snapshots[2][kHeadBW], t.master_snapshots[1][kHeadBW]) << "rank " << r << ": head_b master changed in the second window A";
+    EXPECT_EQ(t.master_snapshots[1][kHeadAW], t.master_snapshots[0][kHeadAW])
+        << "rank " << r << ": head_a master changed in window B";
+    EXPECT_EQ(t.master_snapshots[2][kHeadBW], t.master_snapshots[1][kHeadBW])
+        << "rank " << r << ": head_b master changed in the second window A";
     EXPECT_NE(t.master_snapshots[1][kHeadBW], t.master_snapshots[0][kHeadBW]) << "head_b must move in window B";
     // Moments: head_b's are still zero after window 0, head_a's unchanged by window 1, head_b's
     // unchanged by window 2.
@@ -464,7 +471,9 @@ INSTANTIATE_TEST_SUITE_P(Cells, TieredMatrixTest,
                          ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1, 2),
                                             ::testing::Values(DType::kBF16), ::testing::Values(1, 4),
                                             ::testing::Bool()),
-                         [](const ::testing::TestParamInfo<MatrixParam>& info) { return TieredCell(info.param).Name(); });
+                         [](const ::testing::TestParamInfo<MatrixParam>& info) {
+                           return TieredCell(info.param).Name();
+                         });
 
 // offload_optimizer.update_device "gpu" (host states streamed through the device in chunks of 37
 // elements, 3 staging sets, AdamW on the device): stages 1-3, worlds 1-2, fp32/bf16, GAS 1/2,
@@ -513,8 +522,8 @@ INSTANTIATE_TEST_SUITE_P(Cells, GpuChunkMatrixTest,
 
 // offload_optimizer.overlap_step (one rank): the chunked GPU update queued under the next forward
 // (GatherModule queues and waits for its module's chunks; the rest is queued before the next
-// backward's first gradient). Stages 1-3 (stage 0 has no optimizer offload), fp32/bf16, GAS 1/2, with and without clipping (without,
-// GAS 1 at stages 2/3: the casts after the update in backward are what is deferred), weight decay
+// backward's first gradient). Stages 1-3 (stage 0 has no optimizer offload), fp32/bf16, GAS 1/2, with and without
+// clipping (without, GAS 1 at stages 2/3: the casts after the update in backward are what is deferred), weight decay
 // 0.1, over a schedule where head B first gets a gradient in window 2 (its module is not gathered
 // before then, so its chunks are only queued by the flush): the trajectory (losses, norms) and the
 // final weights and moments bitwise as the reference and as the synchronous chunked step.
@@ -608,8 +617,8 @@ INSTANTIATE_TEST_SUITE_P(Windows, OffloadUnmanagedTest,
                                             ::testing::Bool()),
                          [](const ::testing::TestParamInfo<UnmanagedParam>& info) {
                            return "s" + std::to_string(std::get<0>(info.param)) + "_w2_" +
-                                  DTypeName(std::get<2>(info.param)) +
-                                  (std::get<3>(info.param) ? "_freeze" : "_step") + "_offload";
+                                  DTypeName(std::get<2>(info.param)) + (std::get<3>(info.param) ? "_freeze" : "_step") +
+                                  "_offload";
                          });
 
 INSTANTIATE_TEST_SUITE_P(Windows, UnmanagedTest,
@@ -618,8 +627,7 @@ INSTANTIATE_TEST_SUITE_P(Windows, UnmanagedTest,
                                             ::testing::Bool()),
                          [](const ::testing::TestParamInfo<UnmanagedParam>& info) {
                            return "s" + std::to_string(std::get<0>(info.param)) + "_w" +
-                                  std::to_string(std::get<1>(info.param)) + "_" +
-                                  DTypeName(std::get<2>(info.param)) +
+                                  std::to_string(std::get<1>(info.param)) + "_" + DTypeName(std::get<2>(info.param)) +
                                   (std::get<3>(info.param) ? "_freeze" : "_step");
                          });
 
@@ -645,7 +653,9 @@ CellSpec ParamOffloadUnmanagedCell(const ParamOffloadUnmanagedParam& p, bool nvm
   return c;
 }
 class ParamOffloadUnmanagedTest : public ::testing::TestWithParam<ParamOffloadUnmanagedParam> {};
-TEST_P(ParamOffloadUnmanagedTest, InactiveParameters) { RunUnmanagedSpec(ParamOffloadUnmanagedCell(GetParam(), false)); }
+TEST_P(ParamOffloadUnmanagedTest, InactiveParameters) {
+  RunUnmanagedSpec(ParamOffloadUnmanagedCell(GetParam(), false));
+}
 INSTANTIATE_TEST_SUITE_P(Windows, ParamOffloadUnmanagedTest,
                          ::testing::Combine(::testing::Values(1, 2), ::testing::Values(DType::kF32, DType::kBF16),
                                             ::testing::Bool(), ::testing::Values(0, 1)),
@@ -763,7 +773,8 @@ TEST_P(OffloadUnmanagedOverflowTest, SkipsAndRescalesLikeReference) {
   EXPECT_EQ(ref->steps[1].loss_scale_after, s0) << "hysteresis 2: the first overflow keeps the scale";
   EXPECT_EQ(ref->steps[2].loss_scale_after, s0 / 2) << "the second overflow halves it";
   bool grew = false;
-  for (size_t i = 3; i < ref->steps.size(); ++i) grew |= ref->steps[i].loss_scale_after > ref->steps[i - 1].loss_scale_after;
+  for (size_t i = 3; i < ref->steps.size(); ++i)
+    grew |= ref->steps[i].loss_scale_after > ref->steps[i - 1].loss_scale_after;
   EXPECT_TRUE(grew) << "the scale should grow again within the run (loss_scale_window 2)";
   std::vector<RankTrace> traces;
   Status st = RunEngine(config, cell.world, schedule, &traces);
@@ -774,14 +785,15 @@ TEST_P(OffloadUnmanagedOverflowTest, SkipsAndRescalesLikeReference) {
     EXPECT_GT(traces[r].memory.host_params, 0u) << "rank " << r << ": no shards in host memory";
   }
 }
-INSTANTIATE_TEST_SUITE_P(Fp16, OffloadUnmanagedOverflowTest,
-                         ::testing::Values(UnmanagedOverflowParam{1, 1, true, false}, UnmanagedOverflowParam{1, 2, true, false},
-                                           UnmanagedOverflowParam{2, 2, true, false}, UnmanagedOverflowParam{3, 2, true, false},
-                                           UnmanagedOverflowParam{3, 1, false, true}, UnmanagedOverflowParam{3, 2, false, true},
-                                           UnmanagedOverflowParam{3, 1, true, true}, UnmanagedOverflowParam{3, 2, true, true}),
-                         [](const ::testing::TestParamInfo<UnmanagedOverflowParam>& info) {
-                           return UnmanagedOverflowCell(info.param).Name();
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Fp16, OffloadUnmanagedOverflowTest,
+    ::testing::Values(UnmanagedOverflowParam{1, 1, true, false}, UnmanagedOverflowParam{1, 2, true, false},
+                      UnmanagedOverflowParam{2, 2, true, false}, UnmanagedOverflowParam{3, 2, true, false},
+                      UnmanagedOverflowParam{3, 1, false, true}, UnmanagedOverflowParam{3, 2, false, true},
+                      UnmanagedOverflowParam{3, 1, true, true}, UnmanagedOverflowParam{3, 2, true, true}),
+    [](const ::testing::TestParamInfo<UnmanagedOverflowParam>& info) {
+      return UnmanagedOverflowCell(info.param).Name();
+    });
 
 // Ranks that use different parameters in the same micro step, reporting in different orders: rank
 // 0 uses head A only, rank 1 head B only, rank 2 both; some micro steps swap them. Stages 0-2: odd
@@ -843,13 +855,13 @@ void RunDifferentHeadsCell(const CellSpec& cell) {
   schedule.odd_ranks_report_forward = cell.stage < 3;
   schedule.odd_ranks_report_params_forward = cell.stage == 3;
   const Heads a{true, false}, b{false, true}, both{true, true};
-  RunPerRankHeads(cell, schedule,
-                  {{{a, b, both}, {b, a, a}}, {{a, b, b}, {a, b, both}}, {{b, a, both}, {both, b, a}}});
+  RunPerRankHeads(cell, schedule, {{{a, b, both}, {b, a, a}}, {{a, b, b}, {a, b, both}}, {{b, a, both}, {both, b, a}}});
 }
 
 // The same at stage 3 with offload: offload_param "cpu" (optimizer on the device), offload_optimizer
 // "cpu", and both; worlds 2-3, fp32/bf16, managed (GAS 2) and unmanaged.
-using OffloadDifferentHeadsParam = std::tuple<int, int, DType, bool>;  // offload 0 param/1 optimizer/2 both, world, dtype, managed
+using OffloadDifferentHeadsParam =
+    std::tuple<int, int, DType, bool>;  // offload 0 param/1 optimizer/2 both, world, dtype, managed
 CellSpec OffloadDifferentHeadsCell(const OffloadDifferentHeadsParam& p) {
   CellSpec c;
   c.stage = 3;
@@ -863,7 +875,9 @@ CellSpec OffloadDifferentHeadsCell(const OffloadDifferentHeadsParam& p) {
   return c;
 }
 class OffloadDifferentHeadsTest : public ::testing::TestWithParam<OffloadDifferentHeadsParam> {};
-TEST_P(OffloadDifferentHeadsTest, SameLayoutOnEveryRank) { RunDifferentHeadsCell(OffloadDifferentHeadsCell(GetParam())); }
+TEST_P(OffloadDifferentHeadsTest, SameLayoutOnEveryRank) {
+  RunDifferentHeadsCell(OffloadDifferentHeadsCell(GetParam()));
+}
 INSTANTIATE_TEST_SUITE_P(Ranks, OffloadDifferentHeadsTest,
                          ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Values(2, 3),
                                             ::testing::Values(DType::kF32, DType::kBF16), ::testing::Bool()),
@@ -876,8 +890,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, DifferentHeadsTest,
                                             ::testing::Values(DType::kF32, DType::kBF16), ::testing::Bool()),
                          [](const ::testing::TestParamInfo<DifferentHeadsParam>& info) {
                            return "s" + std::to_string(std::get<0>(info.param)) + "_w" +
-                                  std::to_string(std::get<1>(info.param)) + "_" +
-                                  DTypeName(std::get<2>(info.param)) +
+                                  std::to_string(std::get<1>(info.param)) + "_" + DTypeName(std::get<2>(info.param)) +
                                   (std::get<3>(info.param) ? "_managed" : "_unmanaged");
                          });
 
@@ -900,8 +913,7 @@ TEST_P(Stage3LateReportsTest, EveryRankReportingAfterItsGathersIsExact) {
   RunPerRankHeads(cell, schedule, {{{a, b, both}, {b, a, a}}, {{both, b, a}, {a, b, b}}});
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, Stage3LateReportsTest,
-                         ::testing::Combine(::testing::Values(2, 3), ::testing::Bool()),
+INSTANTIATE_TEST_SUITE_P(Ranks, Stage3LateReportsTest, ::testing::Combine(::testing::Values(2, 3), ::testing::Bool()),
                          [](const ::testing::TestParamInfo<Stage3LateParam>& info) {
                            return "w" + std::to_string(std::get<0>(info.param)) +
                                   (std::get<1>(info.param) ? "_managed" : "_unmanaged");
@@ -1013,8 +1025,7 @@ INSTANTIATE_TEST_SUITE_P(Pairs, UnmanagedEqualsManagedTest,
                                             ::testing::Bool()),
                          [](const ::testing::TestParamInfo<ManagedPairParam>& info) {
                            return "s" + std::to_string(std::get<0>(info.param)) + "_" +
-                                  DTypeName(std::get<1>(info.param)) +
-                                  (std::get<2>(info.param) ? "_freeze" : "_step");
+                                  DTypeName(std::get<1>(info.param)) + (std::get<2>(info.param) ? "_freeze" : "_step");
                          });
 
 // ---------------------------------------------------------------------------------------------
@@ -1025,9 +1036,12 @@ using CrossParam = std::tuple<int, DType, int>;  // world, dtype, GAS
 // Unit roundoff of the dtype the micro-first order rounds each micro step's mean to.
 double UnitRoundoff(DType t) {
   switch (t) {
-    case DType::kF32: return std::ldexp(1.0, -24);
-    case DType::kBF16: return std::ldexp(1.0, -8);
-    default: return std::ldexp(1.0, -11);
+    case DType::kF32:
+      return std::ldexp(1.0, -24);
+    case DType::kBF16:
+      return std::ldexp(1.0, -8);
+    default:
+      return std::ldexp(1.0, -11);
   }
 }
 
@@ -1078,8 +1092,8 @@ TEST_P(CrossOrderTest, Stage1AndStage2Agree) {
       base += da * da;
     }
     const double rel = std::sqrt(diff) / std::sqrt(base);
-    std::printf("cross-order w%d %s gas%d %-14s relative change difference %.3g (tolerance %.3g)\n",
-                cell.world, DTypeName(cell.dtype), cell.gas, ModelParams(ModelDims())[p].name.c_str(), rel, tol);
+    std::printf("cross-order w%d %s gas%d %-14s relative change difference %.3g (tolerance %.3g)\n", cell.world,
+                DTypeName(cell.dtype), cell.gas, ModelParams(ModelDims())[p].name.c_str(), rel, tol);
     EXPECT_LE(rel, tol) << ModelParams(ModelDims())[p].name;
   }
   for (size_t w = 0; w < a.losses.size(); ++w) {
@@ -1100,8 +1114,7 @@ INSTANTIATE_TEST_SUITE_P(Orders, CrossOrderTest,
                                             ::testing::Values(1, 4)),
                          [](const ::testing::TestParamInfo<CrossParam>& info) {
                            return "w" + std::to_string(std::get<0>(info.param)) + "_" +
-                                  DTypeName(std::get<1>(info.param)) + "_gas" +
-                                  std::to_string(std::get<2>(info.param));
+                                  DTypeName(std::get<1>(info.param)) + "_gas" + std::to_string(std::get<2>(info.param));
                          });
 
 // ---------------------------------------------------------------------------------------------
@@ -1145,8 +1158,8 @@ TEST_P(MemoryTest, PartitionedStateIsOneNth) {
   const size_t slack = 256 * specs.size();
   for (int stage = 0; stage <= 3; ++stage) {
     const EngineMemory& m = mem[stage][0];
-    std::printf("memory w%d stage %d rank 0: model_params %zu master %zu optimizer %zu gradients %zu staging %zu\n", world,
-                stage, m.model_params, m.master_params, m.optimizer_states, m.gradients, m.bucket_staging);
+    std::printf("memory w%d stage %d rank 0: model_params %zu master %zu optimizer %zu gradients %zu staging %zu\n",
+                world, stage, m.model_params, m.master_params, m.optimizer_states, m.gradients, m.bucket_staging);
   }
   for (int r = 0; r < world; ++r) {
     const EngineMemory& m0 = mem[0][r];
@@ -1201,7 +1214,9 @@ struct SameDeviceCell {
   CellSpec spec;
   bool different_heads = false;
   bool overflow = false;
-  std::string Name() const { return spec.Name() + (different_heads ? "_diffheads" : "") + (overflow ? "_overflow" : ""); }
+  std::string Name() const {
+    return spec.Name() + (different_heads ? "_diffheads" : "") + (overflow ? "_overflow" : "");
+  }
 };
 
 std::vector<SameDeviceCell> SameDeviceCells() {

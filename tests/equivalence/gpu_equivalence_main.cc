@@ -31,11 +31,12 @@
 // --list (print the selected cells' names and exit; touches no device), --sync_device
 // (synchronize the whole device around host reads/writes; for diagnosing an ordering problem),
 // --port P (TCP store port for world > 1 with NCCL, default 29517), --skip_without_gpu (with fewer
-// than the CUDA devices the run needs (--world, or 1 with same_device), report every cell skipped and exit 0 instead of failing at set-up; the
-// `bazel test` target passes it; ZERO_REQUIRE_GPU=1 overrides it, as in runtime/gpu_test_util.h).
+// than the CUDA devices the run needs (--world, or 1 with same_device), report every cell skipped and exit 0 instead of
+// failing at set-up; the `bazel test` target passes it; ZERO_REQUIRE_GPU=1 overrides it, as in
+// runtime/gpu_test_util.h).
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -308,10 +309,18 @@ std::string XmlEscape(const std::string& s) {
   std::string out;
   for (char ch : s) {
     switch (ch) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
       default:
         if (static_cast<unsigned char>(ch) < 0x20 && ch != '\n' && ch != '\t') {
           out += '?';
@@ -574,8 +583,7 @@ int Main(const Flags& flags) {
     std::fflush(stdout);
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("%s comparison, %.1f s\n%d passed, %d failed\n", exact ? "bitwise" : "tolerance", secs, passed,
-              failed);
+  std::printf("%s comparison, %.1f s\n%d passed, %d failed\n", exact ? "bitwise" : "tolerance", secs, passed, failed);
   const bool reported = WriteJUnitReport(results);
   return failed == 0 && reported ? 0 : 1;
 }
@@ -615,7 +623,8 @@ int main(int argc, char** argv) {
     } else if (a == "--port") {
       flags.port = std::atoi(value("--port"));
     } else {
-      std::fprintf(stderr, "unknown flag %s (flags: --world N --comm nccl|same_device --device_prefix cuda|cpu --filter S "
+      std::fprintf(stderr,
+                   "unknown flag %s (flags: --world N --comm nccl|same_device --device_prefix cuda|cpu --filter S "
                    "--list --sync_device --port P --skip_without_gpu)\n",
                    a.c_str());
       return 2;

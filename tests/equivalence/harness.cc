@@ -2,9 +2,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <cstdlib>
 #include <sstream>
 
 #include <unistd.h>
@@ -38,8 +38,8 @@ int64_t TotalNumel(const ModelDims& dims) {
 namespace {
 
 // Reads parameter `index` (model dtype, on the device) into host floats.
-Status ReadParam(Engine* engine, Device* device, DType dtype, int index, int64_t numel,
-                 std::vector<float>* out, bool sync_device) {
+Status ReadParam(Engine* engine, Device* device, DType dtype, int index, int64_t numel, std::vector<float>* out,
+                 bool sync_device) {
   ZERO_ASSIGN_OR_RETURN(const void* ptr, engine->param(index));
   if (sync_device) ZERO_RETURN_IF_ERROR(device->Synchronize());
   std::vector<uint8_t> host(static_cast<size_t>(numel) * SizeOf(dtype));
@@ -50,8 +50,8 @@ Status ReadParam(Engine* engine, Device* device, DType dtype, int index, int64_t
   return OkStatus();
 }
 
-Status WriteGrad(Engine* engine, Device* device, DType dtype, int index,
-                 const std::vector<float>& grad, bool sync_device) {
+Status WriteGrad(Engine* engine, Device* device, DType dtype, int index, const std::vector<float>& grad,
+                 bool sync_device) {
   ZERO_ASSIGN_OR_RETURN(void* ptr, engine->grad_buffer(index));
   std::vector<uint8_t> host(grad.size() * SizeOf(dtype));
   for (size_t i = 0; i < grad.size(); ++i) StoreFromFloat(host.data(), dtype, i, grad[i]);
@@ -61,8 +61,7 @@ Status WriteGrad(Engine* engine, Device* device, DType dtype, int index,
   return engine->GradReady(index);
 }
 
-Status GatherAll(Engine* engine, int n, const std::vector<int64_t>& numel, bool master,
-                 Tensors* out) {
+Status GatherAll(Engine* engine, int n, const std::vector<int64_t>& numel, bool master, Tensors* out) {
   out->assign(n, {});
   for (int i = 0; i < n; ++i) {
     (*out)[i].resize(numel[i]);
@@ -95,15 +94,13 @@ bool ModuleUsed(const CellModel& model, const ModuleInfo& m, Heads heads) {
 
 }  // namespace
 
-Status RunEngineRank(const Config& config, const ModelDims& dims, const Schedule& schedule,
-                     Device* device, Communicator* comm, RankTrace* out,
-                     const DriverOptions& options) {
+Status RunEngineRank(const Config& config, const ModelDims& dims, const Schedule& schedule, Device* device,
+                     Communicator* comm, RankTrace* out, const DriverOptions& options) {
   return RunEngineRank(config, MlpCellModel(dims), schedule, device, comm, out, options);
 }
 
-Status RunEngineRank(const Config& config, const CellModel& model, const Schedule& schedule,
-                     Device* device, Communicator* comm, RankTrace* out,
-                     const DriverOptions& options) {
+Status RunEngineRank(const Config& config, const CellModel& model, const Schedule& schedule, Device* device,
+                     Communicator* comm, RankTrace* out, const DriverOptions& options) {
   const int rank = comm->rank();
   const DType dtype = config.model_dtype();
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, device, comm));
@@ -112,8 +109,8 @@ Status RunEngineRank(const Config& config, const CellModel& model, const Schedul
   for (size_t i = 0; i < specs.size(); ++i) {
     ZERO_ASSIGN_OR_RETURN(int index, engine->RegisterParameter(specs[i]));
     if (index != static_cast<int>(i)) {
-      return InternalError("RegisterParameter returned index " + std::to_string(index) + " for " +
-                           specs[i].name + ", expected " + std::to_string(i));
+      return InternalError("RegisterParameter returned index " + std::to_string(index) + " for " + specs[i].name +
+                           ", expected " + std::to_string(i));
     }
     numel.push_back(Numel(specs[i]));
   }
@@ -191,16 +188,14 @@ Status RunEngineRank(const Config& config, const CellModel& model, const Schedul
       }
       const bool boundary_expected = j + 1 == win.micros.size();
       if (schedule.managed && engine->is_gradient_accumulation_boundary() != boundary_expected) {
-        note("is_gradient_accumulation_boundary() before Backward() of window " + std::to_string(w) +
-             " micro " + std::to_string(j) + " is " +
-             (engine->is_gradient_accumulation_boundary() ? "true" : "false"));
+        note("is_gradient_accumulation_boundary() before Backward() of window " + std::to_string(w) + " micro " +
+             std::to_string(j) + " is " + (engine->is_gradient_accumulation_boundary() ? "true" : "false"));
       }
       ZERO_RETURN_IF_ERROR(engine->Backward());
       if (schedule.managed) {
         ZERO_RETURN_IF_ERROR(engine->Step());
         if (!boundary_expected && engine->was_step_applied()) {
-          note("was_step_applied() true off the boundary, window " + std::to_string(w) + " micro " +
-               std::to_string(j));
+          note("was_step_applied() true off the boundary, window " + std::to_string(w) + " micro " + std::to_string(j));
         }
       }
     }
@@ -224,8 +219,8 @@ Status RunEngineRank(const Config& config, const CellModel& model, const Schedul
       ZERO_RETURN_IF_ERROR(GatherAll(engine.get(), n, numel, false, &out->model_snapshots.back()));
       out->exp_avg_snapshots.emplace_back();
       out->exp_avg_sq_snapshots.emplace_back();
-      ZERO_RETURN_IF_ERROR(GatherMoments(engine.get(), n, numel, &out->exp_avg_snapshots.back(),
-                                         &out->exp_avg_sq_snapshots.back()));
+      ZERO_RETURN_IF_ERROR(
+          GatherMoments(engine.get(), n, numel, &out->exp_avg_snapshots.back(), &out->exp_avg_sq_snapshots.back()));
     }
   }
   out->memory = engine->memory();
@@ -265,8 +260,7 @@ int CompareTensors(const std::string& what, const Tensors& ref, const Tensors& g
                    const std::vector<std::string>& names, std::vector<std::string>* out) {
   int bad = 0;
   if (ref.size() != got.size()) {
-    out->push_back(what + ": " + std::to_string(got.size()) + " tensors, reference has " +
-                   std::to_string(ref.size()));
+    out->push_back(what + ": " + std::to_string(got.size()) + " tensors, reference has " + std::to_string(ref.size()));
     return 1;
   }
   for (size_t p = 0; p < ref.size(); ++p) {
@@ -288,9 +282,8 @@ int CompareTensors(const std::string& what, const Tensors& ref, const Tensors& g
     if (count > 0) {
       ++bad;
       std::ostringstream s;
-      s << what << " " << names[p] << ": " << count << "/" << ref[p].size()
-        << " elements differ (allowed " << ulps << " ulp), first [" << first
-        << "] engine " << FloatBitsString(got[p][first]) << " reference "
+      s << what << " " << names[p] << ": " << count << "/" << ref[p].size() << " elements differ (allowed " << ulps
+        << " ulp), first [" << first << "] engine " << FloatBitsString(got[p][first]) << " reference "
         << FloatBitsString(ref[p][first]) << ", worst " << worst << " ulp";
       out->push_back(s.str());
     }
@@ -321,8 +314,8 @@ int CompareRankTrace(const RefTrace& ref, int rank, const RankTrace& got, const 
     for (size_t j = 0; j < ref.losses[w].size(); ++j) {
       float e = got.losses[w][j], f = ref.losses[w][j][rank];
       if (UlpDistance(e, f) > tol.loss_ulps) {
-        out->push_back(r + "loss window " + std::to_string(w) + " micro " + std::to_string(j) +
-                       ": engine " + FloatBitsString(e) + " reference " + FloatBitsString(f));
+        out->push_back(r + "loss window " + std::to_string(w) + " micro " + std::to_string(j) + ": engine " +
+                       FloatBitsString(e) + " reference " + FloatBitsString(f));
         ++bad;
       }
     }
@@ -335,7 +328,8 @@ int CompareRankTrace(const RefTrace& ref, int rank, const RankTrace& got, const 
       out->push_back(at + what + " engine " + e + " reference " + f);
       ++bad;
     };
-    if (a.applied != b.applied) mismatch("was_step_applied", a.applied ? "true" : "false", b.applied ? "true" : "false");
+    if (a.applied != b.applied)
+      mismatch("was_step_applied", a.applied ? "true" : "false", b.applied ? "true" : "false");
     if (FloatBits(a.loss_scale_used) != FloatBits(b.loss_scale_used)) {
       mismatch("loss scale used", FloatBitsString(a.loss_scale_used), FloatBitsString(b.loss_scale_used));
     }
@@ -404,12 +398,14 @@ std::string NvmeTestDir() {
 }
 
 std::string CellSpec::Name() const {
-  std::string s = "s" + std::to_string(stage) + "_w" + std::to_string(world) + "_" + DTypeName(dtype) +
-                  "_gas" + std::to_string(gas) + (clip > 0 ? "_clip" : "_noclip");
+  std::string s = "s" + std::to_string(stage) + "_w" + std::to_string(world) + "_" + DTypeName(dtype) + "_gas" +
+                  std::to_string(gas) + (clip > 0 ? "_clip" : "_noclip");
   if (!managed) s += "_unmanaged";
   if (freeze_inactive) s += "_freeze";
   if (offload_optimizer) {
-    s += nvme ? (host_memory_budget > 0 ? "_tiered" : "_nvme") : gpu_update_chunk > 0 ? (overlap_step ? "_gpuoverlap" : "_gpuchunk") : "_offload";
+    s += nvme                   ? (host_memory_budget > 0 ? "_tiered" : "_nvme")
+         : gpu_update_chunk > 0 ? (overlap_step ? "_gpuoverlap" : "_gpuchunk")
+                                : "_offload";
   }
   if (offload_param) s += nvme_param ? "_paramnvme" : "_paramoffload";
   if (gpu_grad_accumulation) s += "_gpuacc";
@@ -430,12 +426,10 @@ std::string CellConfigJson(const CellSpec& c) {
     << "  \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_min_lr\": 0.001, "
        "\"warmup_max_lr\": 0.01, \"warmup_num_steps\": 3, \"warmup_type\": \"linear\"}},\n"
     << "  \"fp16\": {\"enabled\": " << (c.dtype == DType::kF16 ? "true" : "false")
-    << ", \"initial_scale_power\": " << c.initial_scale_power
-    << ", \"loss_scale_window\": " << c.loss_scale_window << ", \"hysteresis\": " << c.hysteresis
-    << "},\n"
+    << ", \"initial_scale_power\": " << c.initial_scale_power << ", \"loss_scale_window\": " << c.loss_scale_window
+    << ", \"hysteresis\": " << c.hysteresis << "},\n"
     << "  \"bf16\": {\"enabled\": " << (c.dtype == DType::kBF16 ? "true" : "false") << "},\n"
-    << "  \"zero_optimization\": {\"stage\": " << c.stage
-    << ", \"reduce_bucket_size\": " << c.reduce_bucket_size
+    << "  \"zero_optimization\": {\"stage\": " << c.stage << ", \"reduce_bucket_size\": " << c.reduce_bucket_size
     << ", \"allgather_bucket_size\": " << c.reduce_bucket_size
     << ", \"stage3_param_persistence_threshold\": " << c.persistence_threshold
     << ", \"stage3_prefetch_bucket_size\": " << 2 * c.reduce_bucket_size
@@ -446,18 +440,20 @@ std::string CellConfigJson(const CellSpec& c) {
             : "")
     << (c.offload_optimizer && !c.nvme ? "}" : "")
     << (c.offload_param && !c.nvme_param ? ", \"offload_param\": {\"device\": \"cpu\", \"buffer_count\": 2}" : "")
-    << (c.offload_param && c.nvme_param
-            ? ", \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"" + NvmeTestDir() +
-                  "\", \"buffer_count\": 2, \"max_in_cpu\": 0}"
-            : "")
+    << (c.offload_param && c.nvme_param ? ", \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"" +
+                                              NvmeTestDir() + "\", \"buffer_count\": 2, \"max_in_cpu\": 0}"
+                                        : "")
     << (c.gpu_grad_accumulation ? ", \"offload_grad_accumulation\": \"gpu\"" : "")
     << (c.offload_optimizer && c.nvme
-            ? ", \"sub_group_size\": " + std::to_string(c.sub_group_size) + ", \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + NvmeTestDir() +
+            ? ", \"sub_group_size\": " + std::to_string(c.sub_group_size) +
+                  ", \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + NvmeTestDir() +
                   "\", \"buffer_count\": 2, \"cpu_threads\": 2, \"host_memory_budget\": " +
                   std::to_string(c.host_memory_budget) + "}"
             : "")
     << "}"
-    << ((c.offload_optimizer && c.nvme) || c.nvme_param ? ",\n  \"aio\": {\"block_size\": 4096, \"queue_depth\": 4}" : "") << "\n"
+    << ((c.offload_optimizer && c.nvme) || c.nvme_param ? ",\n  \"aio\": {\"block_size\": 4096, \"queue_depth\": 4}"
+                                                        : "")
+    << "\n"
     << "}\n";
   return j.str();
 }

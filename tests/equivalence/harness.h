@@ -66,7 +66,7 @@ struct StepRecord {
   float loss_scale_used = 0;  // the loss scale the user multiplied in during the window
   double lr_used = 0;         // engine lr() before the boundary: the lr this step uses if applied
   bool applied = false;
-  double grad_norm = 0;       // global_grad_norm() after the boundary
+  double grad_norm = 0;  // global_grad_norm() after the boundary
   float loss_scale_after = 0;
   int64_t global_steps = 0;
   int64_t skipped_steps = 0;
@@ -80,13 +80,13 @@ struct RankTrace {
   std::vector<std::vector<float>> losses;  // [window][micro]
   std::vector<StepRecord> steps;
   Tensors initial_master, initial_model;
-  Tensors master, model;                   // after the last window
-  Tensors exp_avg, exp_avg_sq;             // AdamW moments after the last window
-  std::vector<Tensors> master_snapshots;   // [window] (Schedule::snapshots)
+  Tensors master, model;                  // after the last window
+  Tensors exp_avg, exp_avg_sq;            // AdamW moments after the last window
+  std::vector<Tensors> master_snapshots;  // [window] (Schedule::snapshots)
   std::vector<Tensors> model_snapshots;
   std::vector<Tensors> exp_avg_snapshots, exp_avg_sq_snapshots;
-  EngineMemory memory;                     // after the last window, no module gathered
-  std::vector<std::string> notes;          // protocol violations seen while driving (empty = none)
+  EngineMemory memory;             // after the last window, no module gathered
+  std::vector<std::string> notes;  // protocol violations seen while driving (empty = none)
 };
 
 // The reference's record: the same, with every rank's losses.
@@ -99,8 +99,8 @@ struct RefTrace {
   std::vector<Tensors> master_snapshots, model_snapshots;
   std::vector<Tensors> exp_avg_snapshots, exp_avg_sq_snapshots;
   std::vector<std::string> names;  // parameter names (for messages)
-  int clipped_steps = 0;   // boundaries whose clip coefficient exceeded 1
-  int overflow_steps = 0;  // boundaries skipped for fp16 overflow
+  int clipped_steps = 0;           // boundaries whose clip coefficient exceeded 1
+  int overflow_steps = 0;          // boundaries skipped for fp16 overflow
 };
 
 struct DriverOptions {
@@ -112,13 +112,11 @@ struct DriverOptions {
 // Drives an engine through `schedule` on this rank (every rank calls it; collective). Parameters
 // are read with Device::Copy on the default stream (then synchronized); gradients are written the
 // same way before GradReady.
-Status RunEngineRank(const Config& config, const CellModel& model, const Schedule& schedule,
-                     Device* device, Communicator* comm, RankTrace* out,
-                     const DriverOptions& options = {});
+Status RunEngineRank(const Config& config, const CellModel& model, const Schedule& schedule, Device* device,
+                     Communicator* comm, RankTrace* out, const DriverOptions& options = {});
 // The same with the suite's small model (MlpCellModel(dims)).
-Status RunEngineRank(const Config& config, const ModelDims& dims, const Schedule& schedule,
-                     Device* device, Communicator* comm, RankTrace* out,
-                     const DriverOptions& options = {});
+Status RunEngineRank(const Config& config, const ModelDims& dims, const Schedule& schedule, Device* device,
+                     Communicator* comm, RankTrace* out, const DriverOptions& options = {});
 
 // How far an engine rank may be from the reference. Zero everywhere means bitwise.
 struct Tolerance {
@@ -149,7 +147,7 @@ struct CellSpec {
   int gas = 1;
   double clip = 0.0;
   bool managed = true;
-  bool freeze_inactive = false;  // freeze_inactive_parameters
+  bool freeze_inactive = false;    // freeze_inactive_parameters
   bool offload_optimizer = false;  // offload_optimizer.device "cpu" (CPU AdamW, host states)
   // With offload_optimizer: "nvme" instead, swap files (real O_DIRECT I/O) under NvmeTestDir()
   // (ScratchDir::CreateWithDirectIo), sub_group_size 300, 2 group buffers.
@@ -175,7 +173,7 @@ struct CellSpec {
   int64_t reduce_bucket_size = 100;
   int64_t sub_group_size = 300;  // nvme cells: elements per swapped sub-group
   int micro_batch = 4;           // train_micro_batch_size_per_gpu (the batch arithmetic only)
-  std::string Name() const;  // "s2_w3_bf16_gas4_clip"
+  std::string Name() const;      // "s2_w3_bf16_gas4_clip"
 };
 std::string CellConfigJson(const CellSpec& cell);
 std::string NvmeTestDir();

@@ -38,8 +38,8 @@ llm::LlmBatch LlmCellModel::MakeBatch(int rank, int window, int micro) const {
   const size_t n = static_cast<size_t>(batch_) * seq_;
   b.inputs.resize(n);
   b.targets.resize(n);
-  const uint64_t key = examples::SplitMix64(examples::SplitMix64(examples::SplitMix64(seed_ ^ (rank + 1)) ^ (window + 1)) ^
-                                            (micro + 1));
+  const uint64_t key =
+      examples::SplitMix64(examples::SplitMix64(examples::SplitMix64(seed_ ^ (rank + 1)) ^ (window + 1)) ^ (micro + 1));
   // One stream of seq+1 ids per row: inputs are its first seq, targets its last seq; every 7th
   // target (offset by the row) is ignored, so the loss counts a different number per row.
   for (int r = 0; r < batch_; ++r) {

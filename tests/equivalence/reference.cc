@@ -11,9 +11,7 @@
 
 namespace zero::equivalence {
 
-ReductionOrder OrderOfStage(int stage) {
-  return stage <= 1 ? ReductionOrder::kRankFirst : ReductionOrder::kMicroFirst;
-}
+ReductionOrder OrderOfStage(int stage) { return stage <= 1 ? ReductionOrder::kRankFirst : ReductionOrder::kMicroFirst; }
 
 namespace {
 
@@ -85,13 +83,13 @@ double ContractSumOfSquares(const Tensors& acc, int stage, int world) {
 
 }  // namespace
 
-Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder order,
-                              const ModelDims& dims, const Schedule& schedule) {
+Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder order, const ModelDims& dims,
+                              const Schedule& schedule) {
   return RunReference(config, world, order, MlpCellModel(dims), schedule);
 }
 
-Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder order,
-                              const CellModel& cell_model, const Schedule& schedule) {
+Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder order, const CellModel& cell_model,
+                              const Schedule& schedule) {
   const DType dtype = config.model_dtype();
   const bool fp16 = config.fp16.enabled;
   const bool managed = config.managed_gradient_accumulation;
@@ -123,9 +121,8 @@ Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder or
   for (size_t w = 0; w < schedule.windows.size(); ++w) {
     const Window& win = schedule.windows[w];
     if (managed && static_cast<int64_t>(win.micros.size()) != config.gradient_accumulation_steps) {
-      return InvalidArgumentError("managed window " + std::to_string(w) + " has " +
-                                  std::to_string(win.micros.size()) + " micro steps, GAS is " +
-                                  std::to_string(config.gradient_accumulation_steps));
+      return InvalidArgumentError("managed window " + std::to_string(w) + " has " + std::to_string(win.micros.size()) +
+                                  " micro steps, GAS is " + std::to_string(config.gradient_accumulation_steps));
     }
     StepRecord rec;
     rec.loss_scale_used = fp16 ? scaler.scale() : 1.0f;
@@ -150,8 +147,8 @@ Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder or
       for (int r = 0; r < world; ++r) {
         const float target_scale = micro.overflow_rank == r ? kOverflowTargetScale : 1.0f;
         const Heads own = HeadsOf(micro, r);
-        losses[r] = cell_model.ForwardBackward(model, r, static_cast<int>(w), static_cast<int>(j), target_scale,
-                                               own, seed, &g[r]);
+        losses[r] = cell_model.ForwardBackward(model, r, static_cast<int>(w), static_cast<int>(j), target_scale, own,
+                                               seed, &g[r]);
         for (int p = 0; p < n; ++p) {
           // A parameter this rank does not use: not reported, it contributes zeros.
           if (!cell_model.ParamUsed(p, own)) g[r][p].assign(numel[p], 0.0f);

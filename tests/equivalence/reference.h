@@ -44,10 +44,10 @@ enum class ReductionOrder {
 ReductionOrder OrderOfStage(int stage);
 
 // Runs the reference for `world` ranks. `config` is the same parsed config the engine gets.
-Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder order,
-                              const CellModel& model, const Schedule& schedule);
+Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder order, const CellModel& model,
+                              const Schedule& schedule);
 // The same with the suite's small model (MlpCellModel(dims)).
-Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder order,
-                              const ModelDims& dims, const Schedule& schedule);
+Result<RefTrace> RunReference(const Config& config, int world, ReductionOrder order, const ModelDims& dims,
+                              const Schedule& schedule);
 
 }  // namespace zero::equivalence

@@ -51,11 +51,16 @@ void InitValues(const ModelDims& d, int index, float* out) {
   const int64_t n = Numel(spec);
   float scale = 0.1f;
   switch (index) {
-    case kEmbedW: scale = 1.0f / std::sqrt(static_cast<float>(d.d_in)); break;
+    case kEmbedW:
+      scale = 1.0f / std::sqrt(static_cast<float>(d.d_in));
+      break;
     case kBlockW:
     case kHeadAW:
-    case kHeadBW: scale = 1.0f / std::sqrt(static_cast<float>(d.hidden)); break;
-    default: break;
+    case kHeadBW:
+      scale = 1.0f / std::sqrt(static_cast<float>(d.hidden));
+      break;
+    default:
+      break;
   }
   for (int64_t i = 0; i < n; ++i) out[i] = scale * Uniform(1000 + index, static_cast<uint64_t>(i), 7, 11);
   if (index == kGain) out[0] = 0.8f;  // not representable in bf16/fp16
@@ -78,9 +83,8 @@ bool ParamUsed(int index, Heads heads) {
   return true;
 }
 
-float ForwardBackward(const ModelDims& d, const std::vector<std::vector<float>>& p,
-                      const Batch& batch, Heads heads, float seed,
-                      std::vector<std::vector<float>>* grads) {
+float ForwardBackward(const ModelDims& d, const std::vector<std::vector<float>>& p, const Batch& batch, Heads heads,
+                      float seed, std::vector<std::vector<float>>* grads) {
   const int B = d.batch, I = d.d_in, H = d.hidden, O = d.out;
   const std::vector<float>& W0 = p[kEmbedW];
   const std::vector<float>& b0 = p[kEmbedB];

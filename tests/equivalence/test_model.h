@@ -74,9 +74,8 @@ struct Heads {
 // Forward and backward. params[i]: parameter i's values as float (read from the model dtype).
 // grads: resized to kNumParams; gradients of parameters of used modules are written (float),
 // those of an unused head are set empty. Returns the loss L (not multiplied by seed).
-float ForwardBackward(const ModelDims& dims, const std::vector<std::vector<float>>& params,
-                      const Batch& batch, Heads heads, float seed,
-                      std::vector<std::vector<float>>* grads);
+float ForwardBackward(const ModelDims& dims, const std::vector<std::vector<float>>& params, const Batch& batch,
+                      Heads heads, float seed, std::vector<std::vector<float>>* grads);
 
 // Whether parameter `index` receives a gradient with these heads.
 bool ParamUsed(int index, Heads heads);
@@ -101,8 +100,8 @@ class CellModel {
   // the float gradients of seed * loss (an unused parameter's entry is left empty). `target_scale`
   // 1 is a normal batch; a huge value (harness.h's kOverflowTargetScale) asks for gradients that overflow fp16 (models
   // without that case ignore it).
-  virtual float ForwardBackward(const std::vector<std::vector<float>>& params, int rank, int window,
-                                int micro, float target_scale, Heads heads, float seed,
+  virtual float ForwardBackward(const std::vector<std::vector<float>>& params, int rank, int window, int micro,
+                                float target_scale, Heads heads, float seed,
                                 std::vector<std::vector<float>>* grads) const = 0;
 };
 
@@ -117,8 +116,8 @@ class MlpCellModel final : public CellModel {
   float ForwardBackward(const std::vector<std::vector<float>>& params, int rank, int window, int micro,
                         float target_scale, Heads heads, float seed,
                         std::vector<std::vector<float>>* grads) const override {
-    return equivalence::ForwardBackward(dims_, params, MakeBatch(dims_, rank, window, micro, target_scale),
-                                        heads, seed, grads);
+    return equivalence::ForwardBackward(dims_, params, MakeBatch(dims_, rank, window, micro, target_scale), heads, seed,
+                                        grads);
   }
 
  private:
