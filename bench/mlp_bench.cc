@@ -24,7 +24,7 @@
 // Gradient accumulation (--gas N): the engine's managed mode (gradient_accumulation_steps N): each
 // optimizer step is N micro steps (forward, backward, Backward()) of the same batch, then one
 // Step(); the loss gradient is multiplied by gradient_scale() (1/N) as the engine asks. --clip X sets
-// gradient_clipping (0: off). Either one turns the update in backward off (engine.h).
+// gradient_clipping (0: off). Either one turns the update in backward off (docs/zero.md, "Update in backward").
 //
 // PCIe bytes per optimizer step (PcieCount; world 1, bf16 parameters, E = parameter count; what the
 // configuration implies by docs/offload.md's data paths, counted, not measured; GB = 1e9 bytes):
@@ -355,7 +355,7 @@ PcieCount CountPcie(const Options& o) {
     return c;
   }
   c.counted = true;
-  // engine.h, "Update in backward": managed, GAS 1, one rank, stages 2/3, no clipping (bf16: no fp16).
+  // docs/zero.md, "Update in backward": managed, GAS 1, one rank, stages 2/3, no clipping (bf16: no fp16).
   const bool in_backward = o.gas == 1 && o.stage >= 2 && o.clip == 0.0;
   if (o.update_device == "gpu") {
     c.h2d = 12 * e + (in_backward ? 2 * e : 0);

@@ -19,102 +19,10 @@
 //   between windows: engine->SaveCheckpoint(dir); after Initialize(): engine->LoadCheckpoint(dir)
 //     (any world size and stage; docs/checkpoints.md)
 //
-// Partitioning: every parameter is sharded on its own: numel n is padded to n_pad = ceil(n/N)*N
-// and rank r owns elements [r*n_pad/N, (r+1)*n_pad/N) (zero/partition.h). Stage 0: nothing is
-// partitioned. Stage 1: fp32 master weights and AdamW moments are partitioned. Stage 2: also the
-// fp32 gradient accumulators (gradients are reduce-scattered as they are produced, in buckets of
-// reduce_bucket_size elements, on the communicator while backward continues). Stage 3: also the
-// model-dtype parameters; GatherModule all-gathers a module's parameters (one collective for all
-// of them) and the handle releases them (parameters of at most stage3_param_persistence_threshold
-// elements stay gathered), prefetching the modules that followed last step (one collective per
-// prefetch), within stage3_prefetch_bucket_size and stage3_max_live_parameters.
-//
-// Collective shapes (docs/zero.md; none changes a value, see Arithmetic):
-//   - contiguous_gradients (default true): gradients are packed into bucket buffers in shard layout
-//     and reduced with one collective per bucket. false: no packing copy and no bucket buffers:
-//     each parameter's gradient is reduced on its own, straight from the buffer grad_buffer()
-//     handed out (stages 2/3: padded to n_pad, which is its own shard layout; stages 0/1: from the
-//     fp32 accumulator), one collective per parameter, still overlapped with backward.
-//   - reduce_scatter (default true): false reduces with all-reduce instead of reduce-scatter
-//     (stages 1-3) and each rank keeps its own shards of the result: N times the traffic.
-//   - allgather_bucket_size (default 5e8): stages 1/2 all-gather the updated parameters in buckets
-//     of up to that many gathered elements (one collective per bucket; a larger parameter alone).
-//
-// Arithmetic (what the equivalence suite checks bitwise):
-//   - Reduction is the mean over ranks ("gradient_allreduce_op": "mean"; "sum" skips the division):
-//     fp32 sum in rank order, divided by N, rounded once to the reduced buffer's dtype. Element by
-//     element, whatever the collective (reduce-scatter or all-reduce) and whatever the bucket
-//     shapes, so contiguous_gradients, reduce_scatter, reduce_bucket_size and
-//     allgather_bucket_size leave every result bitwise the same.
-//   - Stages 0/1 accumulate each rank's gradients locally in fp32 across micro steps and reduce the
-//     fp32 sums at the boundary backward. Stages 2/3 reduce each micro step's gradients in the model
-//     dtype and add the result to the fp32 partition. Every fp32 sum starts from +0: the window's
-//     first contribution is 0.0f + g (Device::AccumulateFirst; -0 becomes +0, NaN canonical), the
-//     later ones are added, and a parameter without any contribution reads as zeros. With one
-//     rank no reduction happens (the mean over one rank is the value itself) and stages 2/3 add
-//     the model-dtype gradient straight into the fp32 partition (communication_data_type fp32 or
-//     the model dtype: the same bits as converting first).
-//   - At the boundary: sum of squares of the fp32 accumulators in double (partials all-reduced),
-//     overflow check (fp16: skip the step, update the loss scale), clip coefficient
-//     max(1, (norm/loss_scale + 1e-6)/clip), and one AdamW pass with grad_scale =
-//     1 / (loss_scale * clip_coef) (the 1/GAS of managed mode is in gradient_scale()), then the new
-//     fp32 weights are rounded to the model dtype (in the AdamW pass itself, Device::AdamWCast:
-//     the same bits as a separate cast) and all-gathered (stages 1/2).
-//   - Spelled out (as the equivalence suite models it): the sum of squares is taken per parameter
-//     over this rank's partition (stage 0: the whole parameter) with Device::SumOfSquares, added
-//     in parameter order, and the ranks' sums are added in rank order (AllReduceHost; stages 1-3);
-//     norm = sqrt(sum) in double; global_grad_norm() = norm / loss_scale (+Inf after an fp16
-//     overflow). AdamW gets lr = (float) the scheduler's lr, bias corrections (float)(1 - beta^t)
-//     computed in double (std::pow), t = applied steps; the master weights start as the init
-//     values exactly, the model parameters as those rounded to the model dtype.
-//
-// Update in backward: in managed mode with gradient_accumulation_steps 1, one rank, stages 2/3,
-// and nothing that needs the global norm before the update (no fp16, gradient_clipping 0), a
-// parameter's gradient is final when it is reported, so GradReady(i) runs its AdamW at once (on
-// the compute stream through a 64 MiB fp32 scratch; with offload_optimizer "cpu" on the host
-// states' worker thread, overlapped with the rest of backward) and no fp32 gradient partition is allocated
-// (4 bytes per parameter less); the model copy (what param() reads) is cast from the new masters
-// at Step(), so param() does not change before Step(). Bitwise the same as updating at Step().
-// ZeroGrad() after such a Backward() is refused (the update already ran).
-//
-// Parameter offload (offload_param.device "cpu", stage 3): this rank's shards live in one host
-// slab instead of device memory; the coordinator uploads them for each gather (zero/
-// param_coordinator.h, "Shard source"; at most offload_param.buffer_count uploads in flight), the
-// update writes the new weights there (docs/offload.md), and with one rank param() points at a
-// gathered copy, not at the shard. A parameter whose shard exceeds offload_param.buffer_size is an
-// Initialize error naming it. Bitwise the same as without (values are only moved).
-//
-// Gradient partition with optimizer offload (offload_optimizer "cpu" with the CPU AdamW, stages
-// 1-3; zero/grad_partition.h, docs/offload.md): the fp32 partition lives in pinned host memory; the
-// reduced pieces are copied device->host through a few pinned staging slots as their reductions
-// complete and added there by a worker (offload_grad_accumulation "cpu"), or summed on the device
-// and sent once per step ("gpu": at the piece's last add of the boundary micro step, at the end of
-// the boundary backward, or at Step() when unmanaged). The norm partials are taken on the host in
-// CpuDevice::SumOfSquares' order and AdamW reads the host partition in place. Bitwise the same as
-// on the device on the CPU backend (the same kernels, the same order).
-//
-// Accumulation modes: managed (default): the boundary is every gradient_accumulation_steps-th
-// Backward(); Step() off the boundary only advances. Unmanaged (managed_gradient_accumulation
-// false): Backward() may be called any number of times; Step() is the boundary: it reduces what
-// stages 0/1 accumulated. Either way every parameter is updated at the boundary, one that no rank
-// reported in the window with a zero gradient (DeepSpeed's behaviour: its moments decay, weight
-// decay and momentum move it), so unmanaged equals managed for the same boundaries, bitwise;
-// freeze_inactive_parameters: true keeps such a parameter's weights and moments instead (PyTorch's
-// set_to_none behaviour). Active sets reset at every Step().
-//
-// Ranks may report different parameters, in different orders. Stages 0-2 with several ranks: the
-// gradient buckets are fixed by parameter index (last registered first, the usual backward order;
-// overlap is best when gradients come in that order), and a parameter a rank did not report in a
-// micro step contributes zeros to the mean. Stage 3 with several ranks (its gathers and reductions
-// share the communicator, so reductions must start at the same point among the gathers on every
-// rank): a reported gradient waits until every rank agrees its module is complete - at the first
-// GatherModule after the module's release once some rank has reported one of its parameters, or at
-// Backward() - and then all of that module's parameters are reduced, zeros for the ones this rank
-// did not report (zero/reduction_schedule.h: decided by one small host all-reduce per gather in the
-// first micro step, replayed without any collective while later micro steps gather the same
-// modules). So every rank must report a module's gradients before the gather that follows its
-// release (the usual backward), or every rank only after its last gather; a rank reporting after
-// another rank's report made the module complete makes Backward() fail on every rank, naming it.
+// What each stage keeps on a rank, how gradients are reduced and parameters gathered, the
+// arithmetic contract the equivalence suite checks bitwise, the update in backward and the modes
+// (collective shapes, accumulation, ranks reporting different parameters): docs/zero.md. Offload:
+// docs/offload.md and docs/nvme.md; accumulation windows: docs/accumulation.md.
 //
 // Threading: an Engine is used from one thread. Errors: every call returns a Status naming the
 // parameter, module, key or rank at fault; after a communication error the engine is unusable.
@@ -287,7 +195,11 @@ class Engine {
   // engine's (zero padding, reduced in place).
   Result<void*> grad_buffer(int index);
   // The gradient is written: it is queued for accumulation/reduction and the buffer must not be
-  // touched again. Reporting a parameter twice in one backward is an error naming it.
+  // touched again. Reporting a parameter twice in one backward is an error naming it. Ranks may
+  // report different parameters in different orders; at stage 3 with several ranks a module's
+  // gradients must be reported before the gather that follows its release (or by every rank only
+  // after its last gather), else Backward() fails on every rank naming the late one (docs/zero.md,
+  // "Ranks that use different parameters").
   Status GradReady(int index);
   // Ends the current micro step's backward: flushes partial buckets, waits for this micro step's
   // reductions, advances micro_steps. Parameters not reported received no gradient (treated as zero
@@ -301,10 +213,10 @@ class Engine {
   // applied is FAILED_PRECONDITION naming the step, and the engine is unusable afterwards.
   Status Step();
   bool was_step_applied() const;  // false off-boundary or on fp16 overflow
-  // Unscaled global norm of the last boundary (-1 if none); a plain read, valid when Step()
-  // returns. When neither fp16 (overflow check) nor gradient_clipping needs the norm before AdamW,
-  // Step() enqueues its sums of squares, then AdamW and the weight publication, and only then waits
-  // (once) for the norm at its end; otherwise it waits for it before AdamW. Same value either way.
+  // Unscaled global norm of the last boundary (-1 if none; +Inf after an fp16 overflow); a plain
+  // read, valid when Step() returns. When neither fp16 (overflow check) nor gradient_clipping needs the norm before
+  // AdamW, Step() enqueues its sums of squares, then AdamW and the weight publication, and only then waits (once) for
+  // the norm at its end; otherwise it waits for it before AdamW. Same value either way.
   double global_grad_norm() const;
   float loss_scale() const;  // current loss scale (1 without fp16)
   // The factor the user multiplies into every gradient written to grad_buffer() (as a PyTorch
@@ -317,7 +229,9 @@ class Engine {
   double lr() const;  // lr the next applied step will use
   // Stage 0/1 only: while on, Step() at a boundary is refused (no_sync must end before the boundary).
   Status SetNoSync(bool on);
-  Status ZeroGrad();  // drops accumulated gradients of the current window
+  // Drops accumulated gradients of the current window. Refused after a Backward() whose update
+  // already ran in backward (docs/zero.md, "Update in backward").
+  Status ZeroGrad();
   // zero_optimization.offload_optimizer.overlap_step (docs/offload.md, "Overlap with the next
   // forward"): Step() queues only the first chunks of the streamed GPU update and returns; the rest
   // are queued as the next forward's GatherModule reaches their modules. This completes the step:

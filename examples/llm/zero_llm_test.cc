@@ -117,7 +117,8 @@ std::string WeightsHash(const std::string& output) {
 }
 
 // The same rows (--sequential-data) at stages 1 and 3 with two ranks, fp32, GAS 1: the two reduction
-// orders coincide there (engine.h), so the fp32 master weights are bitwise equal; another seed moves them.
+// orders coincide there (docs/zero.md, "The arithmetic contract"), so the fp32 master weights are bitwise equal;
+// another seed moves them.
 TEST(ZeroLlmHash, StagesOneAndThreeTrainTheSameBits) {
   std::vector<int32_t> ids;
   for (int i = 0; i < 33 * 40; ++i) ids.push_back((i * 7919 + i / 3) % 512);

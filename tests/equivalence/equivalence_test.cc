@@ -1,5 +1,5 @@
 // The ZeRO equivalence suite: the engine, run as N thread ranks over Gloo on the CPU backend, must
-// reproduce the single-process reference (reference.h) of engine.h's arithmetic contract.
+// reproduce the single-process reference (reference.h) of docs/zero.md's arithmetic contract.
 //
 // Cells and what is compared (docs/equivalence.md has the table and the reasons):
 //   Matrix:     stage {0,1,2,3} x world {1,2,3,4} x dtype {fp32,bf16,fp16} x GAS {1,4} x clipping
@@ -136,7 +136,7 @@ void ExpectStatesOffTheDevice(const std::vector<RankTrace>& traces) {
 // (offload_optimizer "cpu", update_device "cpu") in host memory, none of it on the device with
 // offload_grad_accumulation "cpu" and the 4-byte device sum with "gpu". Not where there is no
 // partition: stage 1 with one rank (the device accumulators are the partition) and the update in
-// backward (engine.h). Other offload kinds keep it on the device.
+// backward (docs/zero.md, "Update in backward"). Other offload kinds keep it on the device.
 void ExpectGradientPartition(const CellSpec& cell, const std::vector<RankTrace>& traces) {
   const bool in_backward = cell.managed && cell.gas == 1 && cell.world == 1 && cell.stage >= 2 &&
                            cell.dtype != DType::kF16 && cell.clip <= 0.0;

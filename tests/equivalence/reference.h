@@ -1,4 +1,4 @@
-// The reference trainer: what engine.h's ARITHMETIC CONTRACT says a run must produce, computed in
+// The reference trainer: what docs/zero.md's arithmetic contract says a run must produce, computed in
 // one process with no communicator and no partitioning.
 //
 // It holds the full fp32 master weights, the AdamW moments and the model-dtype parameters (as the
