@@ -471,6 +471,9 @@ class AsyncDevice final : public Device {
   Status AdamWCast(float*, const float*, float*, float*, size_t, const AdamWParams&, void*, DType, Stream*) override {
     return UnimplementedError("async");
   }
+  Status AdamWFromGradient(float*, const void*, DType, float*, float*, size_t, const AdamWParams&, Stream*) override {
+    return UnimplementedError("async");
+  }
 
  protected:
   void FreeDevice(void* ptr, size_t bytes) override {

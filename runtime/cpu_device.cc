@@ -162,6 +162,23 @@ void AdamWRange(float* __restrict p, const float* __restrict g, float* __restric
   }
 }
 
+// AdamW from gradients of dtype S, each widened as AccumulateFirstRange writes it.
+template <bool kAdamWMode, typename S>
+void AdamWFromGradientRange(float* __restrict p, const typename S::T* __restrict g, float* __restrict m,
+                            float* __restrict v, const AdamWParams& params, size_t b, size_t e) {
+  AdamWParams h = params;
+  h.adam_w_mode = kAdamWMode;
+  const float scale = 1.0f;
+  for (size_t i = b; i < e; ++i) {
+    const float gi = CanonicalNaN(0.0f + scale * S::Load(g[i]));
+    float pi = p[i], mi = m[i], vi = v[i];
+    AdamWReference(&pi, gi, &mi, &vi, h);
+    p[i] = CanonicalNaN(pi);
+    m[i] = CanonicalNaN(mi);
+    v[i] = CanonicalNaN(vi);
+  }
+}
+
 // AdamW writing also the new weight rounded to the model dtype D (the canonicalized value, so the
 // bits equal a later Cast of the stored weight).
 template <bool kAdamWMode, typename D>
@@ -508,6 +525,27 @@ Status CpuDevice::AdamWCast(float* param, const float* grad, float* exp_avg, flo
         AdamWCastRange<true, D>(param, grad, exp_avg, exp_avg_sq, out, hp, b, e);
       } else {
         AdamWCastRange<false, D>(param, grad, exp_avg, exp_avg_sq, out, hp, b, e);
+      }
+    });
+    return 0;
+  });
+  return OkStatus();
+}
+
+Status CpuDevice::AdamWFromGradient(float* param, const void* grad, DType grad_t, float* exp_avg, float* exp_avg_sq,
+                                    size_t n, const AdamWParams& h, Stream* stream) {
+  ZERO_RETURN_IF_ERROR(CheckStream(stream));
+  if (!ValidDType(grad_t)) return InvalidArgumentError("cpu: AdamWFromGradient: bad dtype");
+  if (n == 0) return OkStatus();
+  const AdamWParams hp = h;
+  Dispatch(grad_t, [&](auto s) {
+    using S = decltype(s);
+    const auto* g = static_cast<const typename S::T*>(grad);
+    ParallelFor(n, num_threads_, [=, &hp](size_t b, size_t e) {
+      if (hp.adam_w_mode) {
+        AdamWFromGradientRange<true, S>(param, g, exp_avg, exp_avg_sq, hp, b, e);
+      } else {
+        AdamWFromGradientRange<false, S>(param, g, exp_avg, exp_avg_sq, hp, b, e);
       }
     });
     return 0;

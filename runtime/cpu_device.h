@@ -82,6 +82,8 @@ class CpuDevice final : public Device {
                Stream* stream) override;
   Status AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n, const AdamWParams& h,
                    void* model_out, DType model_t, Stream* stream) override;
+  Status AdamWFromGradient(float* param, const void* grad, DType grad_t, float* exp_avg, float* exp_avg_sq, size_t n,
+                           const AdamWParams& h, Stream* stream) override;
 
  protected:
   void FreeDevice(void* ptr, size_t bytes) override;

@@ -336,6 +336,44 @@ TEST_P(CpuKernelTest, AdamWCastEqualsAdamWThenCast) {
   EXPECT_EQ(std::memcmp(m.data(), m2.data(), 8), 0);
 }
 
+// AdamWFromGradient: the same param / exp_avg / exp_avg_sq bits as AccumulateFirst into an fp32
+// scratch followed by AdamW, for every gradient dtype and both modes, over several steps (gradients
+// with Inf, NaN and -0 salted in: -0 must reach AdamW as +0, a NaN payload as the canonical NaN).
+TEST_P(CpuKernelTest, AdamWFromGradientEqualsAccumulateFirstThenAdamW) {
+  for (DType gt : kAllTypes) {
+    for (size_t n : kSizes) {
+      for (bool w_mode : {true, false}) {
+        std::vector<uint8_t> p0 = RandomBytes(DType::kF32, n, 29 + n, false, 1.0f);
+        DeviceBuffer fp = Upload(dev_, p0), fm = Upload(dev_, std::vector<uint8_t>(n * 4, 0)),
+                     fv = Upload(dev_, std::vector<uint8_t>(n * 4, 0));
+        DeviceBuffer rp = Upload(dev_, p0), rm = Upload(dev_, std::vector<uint8_t>(n * 4, 0)),
+                     rv = Upload(dev_, std::vector<uint8_t>(n * 4, 0));
+        DeviceBuffer scratch = Upload(dev_, std::vector<uint8_t>(n * 4, 0x5a));
+        for (int step = 1; step <= 3; ++step) {
+          DeviceBuffer g = Upload(dev_, RandomBytes(gt, n, 300 * step + n, step == 3, 3.0f));
+          AdamWParams h = testing::AdamWStep(step, w_mode, step == 2 ? 0.25f : 1.0f);
+          ASSERT_OK(
+              dev_.AdamWFromGradient(fp.as<float>(), g.data(), gt, fm.as<float>(), fv.as<float>(), n, h, nullptr));
+          ASSERT_OK(dev_.AccumulateFirst(scratch.as<float>(), g.data(), gt, n, 1.0f, nullptr));
+          ASSERT_OK(dev_.AdamW(rp.as<float>(), scratch.as<float>(), rm.as<float>(), rv.as<float>(), n, h, nullptr));
+          const std::string where = Where(gt, n) + " w " + std::to_string(w_mode) + " step " + std::to_string(step);
+          ASSERT_EQ(Diff(Download(dev_, fp), Download(dev_, rp), 4), "") << "param " << where;
+          ASSERT_EQ(Diff(Download(dev_, fm), Download(dev_, rm), 4), "") << "exp_avg " << where;
+          ASSERT_EQ(Diff(Download(dev_, fv), Download(dev_, rv), 4), "") << "exp_avg_sq " << where;
+        }
+      }
+    }
+  }
+  // A -0 gradient is a +0 one: exp_avg stays +0 (beta1 * +0 + (1 - beta1) * +0), not -0.
+  for (DType gt : kAllTypes) {
+    std::vector<uint8_t> neg_zero(SizeOf(gt), 0);
+    neg_zero.back() = 0x80;
+    float p = 1.0f, m = 0.0f, v = 0.0f;
+    ASSERT_OK(dev_.AdamWFromGradient(&p, neg_zero.data(), gt, &m, &v, 1, testing::AdamWStep(1, true, 1.0f), nullptr));
+    EXPECT_FALSE(std::signbit(m)) << DTypeName(gt);
+  }
+}
+
 TEST_P(CpuKernelTest, CopyLargeAndOverlapping) {
   const size_t bytes = (size_t{3} << 20) + 5;
   std::vector<uint8_t> src = RandomBytes(DType::kF32, bytes / 4 + 1, 11, false);

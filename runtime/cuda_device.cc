@@ -376,4 +376,13 @@ Status CudaDevice::AdamWCast(float* param, const float* grad, float* exp_avg, fl
   return OkStatus();
 }
 
+Status CudaDevice::AdamWFromGradient(float* param, const void* grad, DType grad_t, float* exp_avg, float* exp_avg_sq,
+                                     size_t n, const AdamWParams& h, Stream* stream) {
+  ZERO_ASSIGN_OR_RETURN(CudaStream * s, Resolve(stream));
+  if (!ValidDType(grad_t)) return InvalidArgumentError(name_ + ": AdamWFromGradient: bad dtype");
+  const cuda_kernels::Launch launch{s->get(), max_blocks()};
+  ZERO_CUDA_RETURN_IF_ERROR(cuda_kernels::AdamWFromGradient(param, grad, grad_t, exp_avg, exp_avg_sq, n, h, launch));
+  return OkStatus();
+}
+
 }  // namespace zero

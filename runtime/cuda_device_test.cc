@@ -1,6 +1,6 @@
 // CudaDevice against CpuDevice on the same random inputs: elementwise kernels bitwise equal,
 // SumOfSquares within 1e-12 relative; copies, pinned memory, streams and events; one test past
-// 2^31 elements; bandwidth lines for Accumulate, AccumulateFirst, AdamW and AdamWCast
+// 2^31 elements; bandwidth lines for Accumulate, AccumulateFirst, AdamW, AdamWCast and AdamWFromGradient
 // (informative). Skips without a GPU.
 // Run on the GPU machine: bazel-bin/runtime/cuda_device_test
 #include "runtime/cuda_device.h"
@@ -330,6 +330,42 @@ TEST_F(CudaDeviceTest, AdamWCastSeveralSteps) {
   }
 }
 
+// AdamWFromGradient (AdamW reading 16-bit or fp32 gradients in one kernel): param and moments
+// bitwise the CPU backend's (itself checked against AccumulateFirst + AdamW), every gradient dtype,
+// both modes, aligned and misaligned; the last step's gradients carry Inf/NaN/-0.
+TEST_F(CudaDeviceTest, AdamWFromGradientSeveralSteps) {
+  for (DType gt : kAllTypes) {
+    for (size_t n : {size_t{1}, size_t{1001}, (size_t{3} << 20) + 5}) {
+      for (size_t off : kOffsets) {
+        for (bool w_mode : {true, false}) {
+          std::vector<uint8_t> p = RandomBytes(DType::kF32, n, 90 + n, false, 1.0f);
+          std::vector<uint8_t> m(n * 4, 0), v(n * 4, 0);
+          DeviceBuffer dp = ToGpu(p, off * 4), dm = ToGpu(m, off * 4), dv = ToGpu(v, off * 4),
+                       dg = ToGpu(std::vector<uint8_t>(n * SizeOf(gt), 0), off * SizeOf(gt));
+          float* gp = dp.as<float>() + off;
+          float* gm = dm.as<float>() + off;
+          float* gv = dv.as<float>() + off;
+          void* gg = dg.as<uint8_t>() + off * SizeOf(gt);
+          for (int step = 1; step <= 3; ++step) {
+            std::vector<uint8_t> g = RandomBytes(gt, n, 3000 * step + n, step == 3, 3.0f);
+            AdamWParams h = testing::AdamWStep(step, w_mode, step == 2 ? 0.125f : 1.0f);
+            ASSERT_OK(cpu_.AdamWFromGradient(reinterpret_cast<float*>(p.data()), g.data(), gt,
+                                             reinterpret_cast<float*>(m.data()), reinterpret_cast<float*>(v.data()), n,
+                                             h, nullptr));
+            ASSERT_OK(gpu_->Copy(gg, g.data(), n * SizeOf(gt), CopyKind::kHostToDevice, nullptr));
+            ASSERT_OK(gpu_->AdamWFromGradient(gp, gg, gt, gm, gv, n, h, nullptr));
+            std::string where =
+                Where(gt, n, off) + " adam_w_mode=" + std::to_string(w_mode) + " step " + std::to_string(step);
+            ASSERT_EQ(Diff(FromGpu(gp, n * 4), p, 4), "") << "param " << where;
+            ASSERT_EQ(Diff(FromGpu(gm, n * 4), m, 4), "") << "exp_avg " << where;
+            ASSERT_EQ(Diff(FromGpu(gv, n * 4), v, 4), "") << "exp_avg_sq " << where;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaDeviceTest, MemoryStatsAndOutOfMemory) {
   MemoryStats before = gpu_->memory_stats();
   {
@@ -473,6 +509,10 @@ TEST_F(CudaDeviceTest, BandwidthReport) {
   time("AdamWCast fp32 -> bf16", 30, [&] {
     return gpu_->AdamWCast(p->as<float>(), g->as<float>(), m->as<float>(), v->as<float>(), n, hp, h->data(),
                            DType::kBF16, nullptr);
+  });
+  time("AdamWFromGradient bf16 grad", 26, [&] {
+    return gpu_->AdamWFromGradient(p->as<float>(), h->data(), DType::kBF16, m->as<float>(), v->as<float>(), n, hp,
+                                   nullptr);
   });
   time("AccumulateFirst fp32 = bf16", 6,
        [&] { return gpu_->AccumulateFirst(p->as<float>(), h->data(), DType::kBF16, n, 1.0f, nullptr); });

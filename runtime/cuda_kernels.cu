@@ -186,6 +186,32 @@ struct AdamWOp {
   }
 };
 
+// AdamW from gradients of dtype S, each widened as AccumulateFirstOp writes it.
+template <typename S>
+struct AdamWFromGradientOp {
+  float* param;
+  const typename S::T* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  AdamWParams h;
+  float scale;  // 1.0f: the same expression as AccumulateFirstOp's
+  template <int N>
+  __device__ __forceinline__ void Apply(size_t g) const {
+    Pack<float, N> p = LoadPack<N>(param, g);
+    Pack<typename S::T, N> in = LoadPack<N>(grad, g);
+    Pack<float, N> m = LoadPack<N>(exp_avg, g);
+    Pack<float, N> v = LoadPack<N>(exp_avg_sq, g);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float gr = 0.0f + scale * S::Load(in.v[j]);
+      AdamWReference(&p.v[j], gr, &m.v[j], &v.v[j], h);
+    }
+    StorePack<N>(param, g, p);
+    StorePack<N>(exp_avg, g, m);
+    StorePack<N>(exp_avg_sq, g, v);
+  }
+};
+
 // AdamW that also stores the new weight rounded to the model dtype D (what Cast would write).
 template <typename D>
 struct AdamWCastOp {
@@ -371,6 +397,17 @@ cudaError_t AdamW(float* param, const float* grad, float* exp_avg, float* exp_av
   AdamWOp op{param, grad, exp_avg, exp_avg_sq, h};
   bool vector = Aligned(param, 16) && Aligned(grad, 16) && Aligned(exp_avg, 16) && Aligned(exp_avg_sq, 16);
   return LaunchForEach(n, vector, op, l);
+}
+
+cudaError_t AdamWFromGradient(float* param, const void* grad, DType grad_t, float* exp_avg, float* exp_avg_sq, size_t n,
+                              const AdamWParams& h, const Launch& l) {
+  return Dispatch(grad_t, [&](auto s) {
+    using S = decltype(s);
+    using T = typename S::T;
+    AdamWFromGradientOp<S> op{param, static_cast<const T*>(grad), exp_avg, exp_avg_sq, h, 1.0f};
+    bool vector = Aligned(param, 16) && Aligned(grad, 4 * sizeof(T)) && Aligned(exp_avg, 16) && Aligned(exp_avg_sq, 16);
+    return LaunchForEach(n, vector, op, l);
+  });
 }
 
 cudaError_t AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,

@@ -48,6 +48,10 @@ cudaError_t Scale(void* x, DType t, size_t n, float s, const Launch& l);
 cudaError_t FiniteCheck(const void* x, DType t, size_t n, int32_t* flag, const Launch& l);
 cudaError_t AdamW(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n, const AdamWParams& h,
                   const Launch& l);
+// AdamW from gradients of grad_t, each read as 0.0f + 1.0f * (float) grad[i] (AccumulateFirst's
+// widening), in one kernel.
+cudaError_t AdamWFromGradient(float* param, const void* grad, DType grad_t, float* exp_avg, float* exp_avg_sq, size_t n,
+                              const AdamWParams& h, const Launch& l);
 // AdamW plus model_out[i] = (model_t) new param[i], in one kernel (model_out non-null).
 cudaError_t AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
                       const AdamWParams& h, void* model_out, DType model_t, const Launch& l);

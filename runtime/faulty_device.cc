@@ -189,6 +189,12 @@ Status FaultyDevice::AdamW(float* param, const float* grad, float* exp_avg, floa
   return inner_->AdamW(param, grad, exp_avg, exp_avg_sq, n, h, stream);
 }
 
+Status FaultyDevice::AdamWFromGradient(float* param, const void* grad, DType grad_t, float* exp_avg, float* exp_avg_sq,
+                                       size_t n, const AdamWParams& h, Stream* stream) {
+  ZERO_RETURN_IF_ERROR(Enter("AdamWFromGradient"));
+  return inner_->AdamWFromGradient(param, grad, grad_t, exp_avg, exp_avg_sq, n, h, stream);
+}
+
 Status FaultyDevice::AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n,
                                const AdamWParams& h, void* model_out, DType model_t, Stream* stream) {
   ZERO_RETURN_IF_ERROR(Enter("AdamWCast"));

@@ -7,7 +7,8 @@
 // every later one when `persistent`). Operation names are the Device method names: "Allocate",
 // "AllocatePinned", "CreateStream", "CreateEvent", "RecordEvent", "StreamWaitEvent",
 // "SynchronizeEvent", "SynchronizeStream", "Synchronize", "Copy", "Fill", "Cast", "Accumulate",
-// "AccumulateFirst", "Scale", "SumOfSquares", "FiniteCheck", "AdamW", "AdamWCast". A failed
+// "AccumulateFirst", "Scale", "SumOfSquares", "FiniteCheck", "AdamW", "AdamWCast",
+// "AdamWFromGradient". A failed
 // call does nothing on the wrapped device. Buffers allocated through the wrapper are owned by it
 // (its memory_stats() count them) and freed through the wrapped device; the wrapped device must
 // outlive the wrapper and every buffer it handed out. Thread-safe.
@@ -78,6 +79,8 @@ class FaultyDevice final : public Device {
                Stream* stream) override;
   Status AdamWCast(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t n, const AdamWParams& h,
                    void* model_out, DType model_t, Stream* stream) override;
+  Status AdamWFromGradient(float* param, const void* grad, DType grad_t, float* exp_avg, float* exp_avg_sq, size_t n,
+                           const AdamWParams& h, Stream* stream) override;
 
  protected:
   void FreeDevice(void* ptr, size_t bytes) override;

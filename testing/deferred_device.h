@@ -111,6 +111,10 @@ class DeferredDevice final : public Device {
   Status AdamW(float* p, const float* g, float* m, float* v, size_t n, const AdamWParams& h, Stream* s) override {
     return Enqueue(s, [=, this] { return inner_.AdamW(p, g, m, v, n, h, nullptr); });
   }
+  Status AdamWFromGradient(float* p, const void* g, DType gt, float* m, float* v, size_t n, const AdamWParams& h,
+                           Stream* s) override {
+    return Enqueue(s, [=, this] { return inner_.AdamWFromGradient(p, g, gt, m, v, n, h, nullptr); });
+  }
   Status AdamWCast(float* p, const float* g, float* m, float* v, size_t n, const AdamWParams& h, void* out, DType t,
                    Stream* s) override {
     return Enqueue(s, [=, this] { return inner_.AdamWCast(p, g, m, v, n, h, out, t, nullptr); });

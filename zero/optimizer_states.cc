@@ -66,11 +66,16 @@ class DeviceOptimizerStates final : public OptimizerStates {
     return device_->AdamWCast(at(OptState::kMaster, offset), grads, at(OptState::kExpAvg, offset),
                               at(OptState::kExpAvgSq, offset), static_cast<size_t>(n), h, model_out, model_t, stream);
   }
-  // Through a chunk-sized fp32 scratch (reused in stream order), chunk by chunk.
+  // One pass reading the gradient in its own dtype (Device::AdamWFromGradient); zero gradients
+  // (null) through a chunk-sized fp32 scratch of zeros (reused in stream order), chunk by chunk.
   Status UpdateFromGradient(int64_t offset, int64_t n, const void* grad, DType grad_t, const AdamWParams& h,
                             Stream* stream) override {
     ZERO_RETURN_IF_ERROR(Check(offset, n, "UpdateFromGradient"));
     if (n == 0) return OkStatus();
+    if (grad != nullptr) {
+      return device_->AdamWFromGradient(at(OptState::kMaster, offset), grad, grad_t, at(OptState::kExpAvg, offset),
+                                        at(OptState::kExpAvgSq, offset), static_cast<size_t>(n), h, stream);
+    }
     constexpr int64_t kChunk = int64_t{1} << 24;  // 64 MiB of fp32
     ZERO_ASSIGN_OR_RETURN(DeviceBuffer scratch,
                           scratch_.Acquire(static_cast<size_t>(std::min(n, kChunk)) * 4,
@@ -78,12 +83,7 @@ class DeviceOptimizerStates final : public OptimizerStates {
     for (int64_t at = 0; at < n; at += kChunk) {
       const size_t len = static_cast<size_t>(std::min(kChunk, n - at));
       float* g = scratch.as<float>();
-      if (grad != nullptr) {
-        const void* src = ElementPtr(grad, grad_t, at);
-        ZERO_RETURN_IF_ERROR(device_->AccumulateFirst(g, src, grad_t, len, 1.0f, stream));
-      } else {
-        ZERO_RETURN_IF_ERROR(device_->Fill(g, DType::kF32, len, 0.0f, stream));
-      }
+      ZERO_RETURN_IF_ERROR(device_->Fill(g, DType::kF32, len, 0.0f, stream));
       ZERO_RETURN_IF_ERROR(Update(offset + at, static_cast<int64_t>(len), g, h, nullptr, DType::kF32, stream));
     }
     return scratch_.Release(std::move(scratch), stream);
