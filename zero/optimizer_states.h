@@ -46,11 +46,11 @@ class OptimizerStates {
   // weights rounded to `model_t` are written there in the same pass (AdamWCast). On `stream`.
   virtual Status Update(int64_t offset, int64_t n, const float* grads, const AdamWParams& h, void* model_out,
                         DType model_t, Stream* stream) = 0;
-  // The update in backward (engine.h): AdamW over [offset, offset + n) from gradients of `grad_t`
-  // at `grad` (device memory, n elements, written on `stream`; null: zero gradients), widened
-  // exactly as Device::AccumulateFirst does (0.0f + g). May return before the update is done (host
-  // states run it on a worker, overlapped with the caller's backward); `grad` may be reused once
-  // `stream` passes this call. Every other call waits for the updates queued before it.
+  // The update in backward (docs/zero.md, "Update in backward"): AdamW over [offset, offset + n) from gradients of
+  // `grad_t` at `grad` (device memory, n elements, written on `stream`; null: zero gradients), widened exactly as
+  // Device::AccumulateFirst does (0.0f + g); device states read `grad` in place (Device::AdamWFromGradient). May return
+  // before the update is done (host states run it on a worker, overlapped with the caller's backward); `grad` may be
+  // reused once `stream` passes this call. Every other call waits for the updates queued before it.
   virtual Status UpdateFromGradient(int64_t offset, int64_t n, const void* grad, DType grad_t, const AdamWParams& h,
                                     Stream* stream) = 0;
   // model_out[i] = master[offset + i] rounded to `model_t` (device memory), on `stream`.
