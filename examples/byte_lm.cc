@@ -189,15 +189,16 @@ std::string ByteLmConfig::ToString() const {
   return s.str();
 }
 
-std::vector<ParamSpec> ByteLmParamSpecs(const ByteLmConfig& c) {
+std::vector<ModelParamSpec> ByteLmParamSpecs(const ByteLmConfig& c) {
   const int64_t k = c.context, d = c.embed_dim, h = c.hidden, f = c.ffn;
   auto normal = [](std::string name, std::vector<int64_t> shape, std::string module, double std) {
-    return ParamSpec{std::move(name), std::move(shape), std::move(module), InitKind::kNormal, static_cast<float>(std)};
+    return ModelParamSpec{std::move(name), std::move(shape), std::move(module), InitKind::kNormal,
+                          static_cast<float>(std)};
   };
   auto fill = [](std::string name, std::vector<int64_t> shape, std::string module, InitKind kind) {
-    return ParamSpec{std::move(name), std::move(shape), std::move(module), kind, 0.0f};
+    return ModelParamSpec{std::move(name), std::move(shape), std::move(module), kind, 0.0f};
   };
-  std::vector<ParamSpec> p;
+  std::vector<ModelParamSpec> p;
   p.push_back(normal("embed.table", {kByteVocab, d}, "embed", 1.0));
   p.push_back(normal("in_proj.weight", {k * d, h}, "in_proj", 1.0 / std::sqrt(double(k * d))));
   p.push_back(fill("in_proj.bias", {h}, "in_proj", InitKind::kZeros));
@@ -276,7 +277,7 @@ namespace {
 template <typename T>
 class ModelT final : public ByteLmCpu::Impl {
  public:
-  ModelT(const ByteLmConfig& c, const std::vector<ParamSpec>& specs, const std::vector<ModuleSpec>& modules)
+  ModelT(const ByteLmConfig& c, const std::vector<ModelParamSpec>& specs, const std::vector<ModuleSpec>& modules)
       : c_(c), specs_(specs), modules_(modules) {
     int64_t max_module = 0;
     for (const ModuleSpec& m : modules_) {
@@ -487,7 +488,7 @@ class ModelT final : public ByteLmCpu::Impl {
     out->clear();
     size_t offset = 0;
     for (size_t j = 0; j < views.size(); ++j) {
-      const ParamSpec& spec = specs_[mod.params[j]];
+      const ModelParamSpec& spec = specs_[mod.params[j]];
       const ParamView& v = views[j];
       if (v.data == nullptr) return InvalidArgumentError("parameter " + spec.name + ": null data");
       const int64_t n = spec.numel();
@@ -529,7 +530,7 @@ class ModelT final : public ByteLmCpu::Impl {
   }
 
   const ByteLmConfig c_;
-  const std::vector<ParamSpec>& specs_;
+  const std::vector<ModelParamSpec>& specs_;
   const std::vector<ModuleSpec>& modules_;
   std::vector<T> param_scratch_;
   std::vector<T> grad_scratch_;

@@ -59,7 +59,7 @@ struct ByteLmConfig {
 //                     head.out.bias [256]                                      module "head"
 // Initialization: normal(0, 1) for the table, normal(0, 1/sqrt(fan_in)) for weights (fc2 also
 // divided by sqrt(2 L), the out projection by 2), zeros for biases, ones for LayerNorm gains.
-std::vector<ParamSpec> ByteLmParamSpecs(const ByteLmConfig& config);
+std::vector<ModelParamSpec> ByteLmParamSpecs(const ByteLmConfig& config);
 
 enum class CpuMath { kFloat, kDouble };
 
@@ -92,7 +92,7 @@ class ByteLmCpu {
   ByteLmCpu& operator=(const ByteLmCpu&) = delete;
 
   const ByteLmConfig& config() const { return config_; }
-  const std::vector<ParamSpec>& specs() const { return specs_; }
+  const std::vector<ModelParamSpec>& specs() const { return specs_; }
   const std::vector<ModuleSpec>& modules() const { return modules_; }
 
   // tokens: `batch` rows of context+1 bytes each (the inputs, then the byte to predict). Returns the
@@ -115,7 +115,7 @@ class ByteLmCpu {
  private:
   ByteLmConfig config_;
   CpuMath math_;
-  std::vector<ParamSpec> specs_;
+  std::vector<ModelParamSpec> specs_;
   std::vector<ModuleSpec> modules_;
   std::unique_ptr<Impl> impl_;
 };

@@ -469,7 +469,7 @@ Status ByteLmCuda::Load(ModuleScope& scope, int m, std::vector<const float*>* ou
   out->clear();
   size_t offset = 0;
   for (size_t j = 0; j < views.size(); ++j) {
-    const ParamSpec& spec = specs_[mod.params[j]];
+    const ModelParamSpec& spec = specs_[mod.params[j]];
     const ParamView& v = views[j];
     if (v.data == nullptr) return InvalidArgumentError("parameter " + spec.name + ": null data");
     if (v.dtype == DType::kF32) {

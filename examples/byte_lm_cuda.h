@@ -65,7 +65,7 @@ class ByteLmCuda {
   ByteLmCuda& operator=(const ByteLmCuda&) = delete;
 
   const ByteLmConfig& config() const { return config_; }
-  const std::vector<ParamSpec>& specs() const { return specs_; }
+  const std::vector<ModelParamSpec>& specs() const { return specs_; }
   const std::vector<ModuleSpec>& modules() const { return modules_; }
   cudaStream_t stream() const { return stream_; }
 
@@ -92,7 +92,7 @@ class ByteLmCuda {
   ByteLmConfig config_;
   cudaStream_t stream_;
   ByteLmCudaOptions options_;
-  std::vector<ParamSpec> specs_;
+  std::vector<ModelParamSpec> specs_;
   std::vector<ModuleSpec> modules_;
   cublasContext* cublas_ = nullptr;
   float* param_scratch_ = nullptr;  // device, max module numel

@@ -81,11 +81,11 @@ std::vector<uint8_t> RandomTokens(int batch, int context, uint64_t seed) {
   return t;
 }
 
-HostTensors RandomParams(const std::vector<ParamSpec>& specs, DType dtype, uint64_t seed) {
+HostTensors RandomParams(const std::vector<ModelParamSpec>& specs, DType dtype, uint64_t seed) {
   HostTensors p(specs, dtype);
   for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
     std::vector<float> v = InitParam(specs[i], seed);
-    ParamSpec noise = specs[i];
+    ModelParamSpec noise = specs[i];
     noise.init = InitKind::kNormal;
     noise.init_std = 0.2f;
     noise.name += ".noise";
@@ -143,7 +143,7 @@ RunResult GpuRun(const ByteLmConfig& c, const HostTensors& params, const std::ve
 }
 
 // Also prints the observed errors, so the tolerances can be judged against them.
-void ExpectClose(const std::string& label, const std::vector<ParamSpec>& specs, const RunResult& gpu,
+void ExpectClose(const std::string& label, const std::vector<ModelParamSpec>& specs, const RunResult& gpu,
                  const RunResult& cpu, double loss_tol, double grad_tol) {
   EXPECT_NEAR(gpu.loss, cpu.loss, loss_tol * std::abs(cpu.loss));
   double worst = 0;

@@ -94,7 +94,7 @@ class CudaRunner : public Runner {
     auto r = std::unique_ptr<CudaRunner>(new CudaRunner());
     if (cudaStreamCreate(&r->stream_) != cudaSuccess) return InternalError("cudaStreamCreate failed");
     ZERO_ASSIGN_OR_RETURN(r->model_, ByteLmCuda::Create(c, r->stream_));
-    for (const ParamSpec& s : r->model_->specs()) {
+    for (const ModelParamSpec& s : r->model_->specs()) {
       void *p = nullptr, *g = nullptr;
       const size_t bytes = s.numel() * SizeOf(dtype);
       if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMalloc(&g, bytes) != cudaSuccess) {
@@ -195,7 +195,7 @@ Status Main(int argc, char** argv) {
     return InvalidArgumentError("--device: expected cpu or cuda, got " + device);
   }
 
-  const std::vector<ParamSpec> specs = ByteLmParamSpecs(c);
+  const std::vector<ModelParamSpec> specs = ByteLmParamSpecs(c);
   HostTensors master(specs, DType::kF32);
   master.Init(specs, seed);
   HostTensors model_params(specs, dtype), grads(specs, dtype);

@@ -38,11 +38,11 @@ std::vector<uint8_t> RandomTokens(int batch, int context, uint64_t seed) {
 
 // Parameters from the initializer, then every tensor perturbed so LayerNorm gains/biases and the
 // biases are not at their symmetric initial values (a gradient check at ones/zeros misses bugs).
-HostTensors RandomParams(const std::vector<ParamSpec>& specs, DType dtype, uint64_t seed) {
+HostTensors RandomParams(const std::vector<ModelParamSpec>& specs, DType dtype, uint64_t seed) {
   HostTensors p(specs, dtype);
   for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
     std::vector<float> v = InitParam(specs[i], seed);
-    ParamSpec noise = specs[i];
+    ModelParamSpec noise = specs[i];
     noise.init = InitKind::kNormal;
     noise.init_std = 0.3f;
     noise.name += ".noise";
@@ -103,7 +103,7 @@ TEST(ByteLmConfigTest, RejectsBadValues) {
 }
 
 TEST(InitTest, SlicesEqualTheWholeAndSeedsDiffer) {
-  ParamSpec spec{"w", {100, 37}, "m", InitKind::kNormal, 0.5f};
+  ModelParamSpec spec{"w", {100, 37}, "m", InitKind::kNormal, 0.5f};
   std::vector<float> all = InitParam(spec, 7);
   std::vector<float> part(1000);
   InitParamSlice(spec, 7, 1234, 1000, part.data());
@@ -117,14 +117,14 @@ TEST(InitTest, SlicesEqualTheWholeAndSeedsDiffer) {
   const double mean = sum / all.size(), stddev = std::sqrt(sq / all.size() - mean * mean);
   EXPECT_NEAR(mean, 0.0, 0.03);
   EXPECT_NEAR(stddev, 0.5, 0.03);
-  ParamSpec ones{"g", {5}, "m", InitKind::kOnes, 0.0f};
+  ModelParamSpec ones{"g", {5}, "m", InitKind::kOnes, 0.0f};
   EXPECT_EQ(InitParam(ones, 1), std::vector<float>(5, 1.0f));
 }
 
 TEST(InitTest, ThreadedSlicesEqualSmallOnes) {
   // 5M elements: filled by several threads where the machine has them; each 4096-element slice
   // below is filled on one thread.
-  ParamSpec spec{"big", {5000, 1000}, "m", InitKind::kNormal, 0.02f};
+  ModelParamSpec spec{"big", {5000, 1000}, "m", InitKind::kNormal, 0.02f};
   std::vector<float> all = InitParam(spec, 3);
   std::vector<float> part(4096);
   for (int64_t at : {int64_t{0}, int64_t{1} << 20, int64_t{2500000}, spec.numel() - 4096}) {

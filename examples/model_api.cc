@@ -23,13 +23,13 @@ uint64_t Fnv1a(const std::string& s) {
 
 }  // namespace
 
-int64_t ParamSpec::numel() const {
+int64_t ModelParamSpec::numel() const {
   int64_t n = 1;
   for (int64_t s : shape) n *= s;
   return n;
 }
 
-std::vector<ModuleSpec> GroupByModule(const std::vector<ParamSpec>& specs) {
+std::vector<ModuleSpec> GroupByModule(const std::vector<ModelParamSpec>& specs) {
   std::vector<ModuleSpec> modules;
   std::map<std::string, int> index;
   for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
@@ -40,13 +40,13 @@ std::vector<ModuleSpec> GroupByModule(const std::vector<ParamSpec>& specs) {
   return modules;
 }
 
-int64_t TotalNumel(const std::vector<ParamSpec>& specs) {
+int64_t TotalNumel(const std::vector<ModelParamSpec>& specs) {
   int64_t n = 0;
-  for (const ParamSpec& s : specs) n += s.numel();
+  for (const ModelParamSpec& s : specs) n += s.numel();
   return n;
 }
 
-void InitParamSlice(const ParamSpec& spec, uint64_t seed, int64_t begin, int64_t count, float* out) {
+void InitParamSlice(const ModelParamSpec& spec, uint64_t seed, int64_t begin, int64_t count, float* out) {
   ZERO_CHECK(begin >= 0 && count >= 0 && begin + count <= spec.numel());
   if (spec.init != InitKind::kNormal) {
     float v = spec.init == InitKind::kOnes ? 1.0f : 0.0f;
@@ -83,7 +83,7 @@ void InitParamSlice(const ParamSpec& spec, uint64_t seed, int64_t begin, int64_t
   for (std::thread& th : pool) th.join();
 }
 
-std::vector<float> InitParam(const ParamSpec& spec, uint64_t seed) {
+std::vector<float> InitParam(const ModelParamSpec& spec, uint64_t seed) {
   std::vector<float> v(spec.numel());
   InitParamSlice(spec, seed, 0, spec.numel(), v.data());
   return v;
@@ -105,7 +105,7 @@ Status ModuleScope::Close() {
   return provider_.Release(module_);
 }
 
-ResidentParams::ResidentParams(const std::vector<ParamSpec>& specs, std::vector<ParamView> views)
+ResidentParams::ResidentParams(const std::vector<ModelParamSpec>& specs, std::vector<ParamView> views)
     : modules_(GroupByModule(specs)), views_(std::move(views)) {
   ZERO_CHECK(views_.size() == specs.size());
 }
@@ -159,8 +159,8 @@ Status GradBuffers::GradReady(int param_index) {
   return OkStatus();
 }
 
-HostTensors::HostTensors(const std::vector<ParamSpec>& specs, DType dtype) : dtype_(dtype) {
-  for (const ParamSpec& s : specs) {
+HostTensors::HostTensors(const std::vector<ModelParamSpec>& specs, DType dtype) : dtype_(dtype) {
+  for (const ModelParamSpec& s : specs) {
     numel_.push_back(s.numel());
     data_.emplace_back(static_cast<size_t>(s.numel()) * SizeOf(dtype), 0);
   }
@@ -177,7 +177,7 @@ std::vector<float> HostTensors::GetAll(int i) const {
   return v;
 }
 
-void HostTensors::Init(const std::vector<ParamSpec>& specs, uint64_t seed) {
+void HostTensors::Init(const std::vector<ModelParamSpec>& specs, uint64_t seed) {
   ZERO_CHECK(static_cast<int>(specs.size()) == size());
   for (int i = 0; i < size(); ++i) SetAll(i, InitParam(specs[i], seed));
 }

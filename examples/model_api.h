@@ -1,6 +1,6 @@
 // The contract between a user's model code and the engine that owns its parameters and gradients.
 //
-// A model describes its parameters as a list of ParamSpec (name, shape, the module that uses it,
+// A model describes its parameters as a list of ModelParamSpec (name, shape, the module that uses it,
 // how to initialize it) and never allocates or owns them. While it runs, it asks a ParamProvider
 // for one module's parameters at a time (Acquire ... Release, so ZeRO stage 3 can gather a module
 // just before it runs and free it after) and writes each gradient into the buffer a GradSink hands
@@ -25,7 +25,9 @@ namespace zero::examples {
 
 enum class InitKind { kNormal, kZeros, kOnes };
 
-struct ParamSpec {
+// One parameter as the model declares it: the engine's zero::ParamSpec (name, shape, module) plus how
+// to initialize it.
+struct ModelParamSpec {
   std::string name;            // unique, e.g. "block0.fc1.weight"
   std::vector<int64_t> shape;  // row-major; a linear layer's weight is [in, out]
   std::string module;          // the unit that is acquired/released together, e.g. "block0"
@@ -35,23 +37,23 @@ struct ParamSpec {
   int64_t numel() const;
 };
 
-// Modules in forward order, each with the indices (into the ParamSpec list) of its parameters, in
+// Modules in forward order, each with the indices (into the ModelParamSpec list) of its parameters, in
 // list order. Every parameter belongs to exactly one module.
 struct ModuleSpec {
   std::string name;
   std::vector<int> params;
 };
-std::vector<ModuleSpec> GroupByModule(const std::vector<ParamSpec>& specs);
+std::vector<ModuleSpec> GroupByModule(const std::vector<ModelParamSpec>& specs);
 
-int64_t TotalNumel(const std::vector<ParamSpec>& specs);
+int64_t TotalNumel(const std::vector<ModelParamSpec>& specs);
 
 // Fills out[0, count) with elements [begin, begin + count) of parameter `spec` for `seed`. Each
 // element is a pure function of (seed, spec.name, element index), so every rank produces the same
 // values and a rank may initialize only its own partition. Slices of more than 2^21 elements are
 // filled by several threads (up to hardware_concurrency, 32 at most): the same values. REQUIRES:
 // begin + count <= numel.
-void InitParamSlice(const ParamSpec& spec, uint64_t seed, int64_t begin, int64_t count, float* out);
-std::vector<float> InitParam(const ParamSpec& spec, uint64_t seed);
+void InitParamSlice(const ModelParamSpec& spec, uint64_t seed, int64_t begin, int64_t count, float* out);
+std::vector<float> InitParam(const ModelParamSpec& spec, uint64_t seed);
 
 struct ParamView {
   const void* data = nullptr;
@@ -114,7 +116,7 @@ class ModuleScope {
 // read. Not thread-safe.
 class ResidentParams : public ParamProvider {
  public:
-  ResidentParams(const std::vector<ParamSpec>& specs, std::vector<ParamView> views);
+  ResidentParams(const std::vector<ModelParamSpec>& specs, std::vector<ParamView> views);
 
   Result<std::vector<ParamView>> Acquire(const std::string& module) override;
   Status Release(const std::string& module) override;
@@ -137,7 +139,7 @@ class ResidentParams : public ParamProvider {
   int max_held_ = 0;
 };
 
-// Fixed gradient buffers indexed like the ParamSpec list; `on_ready` (may be empty) is called from
+// Fixed gradient buffers indexed like the ModelParamSpec list; `on_ready` (may be empty) is called from
 // GradReady. Counts GradReady per parameter.
 class GradBuffers : public GradSink {
  public:
@@ -156,11 +158,11 @@ class GradBuffers : public GradSink {
   std::vector<int> ready_order_;
 };
 
-// Owning host storage for one tensor per ParamSpec, all of one dtype (parameters or gradients of a
+// Owning host storage for one tensor per ModelParamSpec, all of one dtype (parameters or gradients of a
 // test or demo). Not used by the models themselves.
 class HostTensors {
  public:
-  HostTensors(const std::vector<ParamSpec>& specs, DType dtype);
+  HostTensors(const std::vector<ModelParamSpec>& specs, DType dtype);
 
   DType dtype() const { return dtype_; }
   int size() const { return static_cast<int>(data_.size()); }
@@ -174,7 +176,7 @@ class HostTensors {
   void SetAll(int i, const std::vector<float>& values);
   std::vector<float> GetAll(int i) const;
   // Every tensor from InitParam(spec, seed), rounded to the dtype.
-  void Init(const std::vector<ParamSpec>& specs, uint64_t seed);
+  void Init(const std::vector<ModelParamSpec>& specs, uint64_t seed);
 
   std::vector<ParamView> ParamViews() const;
   std::vector<GradView> GradViews();

@@ -445,7 +445,7 @@ void PrintHeader(const TrainOptions& o, const Config& c, const ByteDataset& trai
 
 // Mean loss over `rows` windows of the held-out text with the CPU model on full fp32 parameters.
 Result<std::pair<double, int64_t>> HoldoutLoss(const ByteLmConfig& mc, const ByteDataset& holdout,
-                                               const std::vector<ParamSpec>& specs,
+                                               const std::vector<ModelParamSpec>& specs,
                                                const std::vector<ParamView>& views) {
   ByteLmCpu model(mc);
   ResidentParams provider(specs, views);
@@ -517,7 +517,7 @@ Status RunRank(const TrainOptions& o, RankContext* ctx) {
   auto engine_or = Engine::Create(config, device.get(), comm.get(), env);
   if (!engine_or.ok()) return engine_or.status().WithContext("creating the engine");
   std::unique_ptr<Engine> engine = std::move(engine_or).value();
-  const std::vector<ParamSpec> specs = ByteLmParamSpecs(o.model);
+  const std::vector<ModelParamSpec> specs = ByteLmParamSpecs(o.model);
   ZERO_RETURN_IF_ERROR(RegisterAndInitialize(engine.get(), specs, o.seed).WithContext("registering the model"));
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> model, CreateModelRunner(o, device.get()));
   EngineParams params(engine.get(), specs);

@@ -4,9 +4,9 @@
 
 namespace zero::examples {
 
-Status RegisterAndInitialize(Engine* engine, const std::vector<ParamSpec>& specs, uint64_t seed) {
+Status RegisterAndInitialize(Engine* engine, const std::vector<ModelParamSpec>& specs, uint64_t seed) {
   for (size_t i = 0; i < specs.size(); ++i) {
-    const ParamSpec& s = specs[i];
+    const ModelParamSpec& s = specs[i];
     ZERO_ASSIGN_OR_RETURN(int index, engine->RegisterParameter(zero::ParamSpec{s.name, s.shape, s.module}));
     if (index != static_cast<int>(i)) {
       return InternalError("RegisterParameter('" + s.name + "') returned index " + std::to_string(index) +
@@ -14,12 +14,12 @@ Status RegisterAndInitialize(Engine* engine, const std::vector<ParamSpec>& specs
     }
   }
   return engine->Initialize([&](int index, float* values) {
-    const ParamSpec& s = specs[index];
+    const ModelParamSpec& s = specs[index];
     InitParamSlice(s, seed, 0, s.numel(), values);
   });
 }
 
-EngineParams::EngineParams(Engine* engine, const std::vector<ParamSpec>& specs)
+EngineParams::EngineParams(Engine* engine, const std::vector<ModelParamSpec>& specs)
     : engine_(engine), dtype_(engine->config().model_dtype()) {
   for (const ModuleSpec& m : GroupByModule(specs)) module_params_[m.name] = m.params;
 }

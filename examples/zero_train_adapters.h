@@ -26,11 +26,11 @@ namespace zero::examples {
 
 // Registers `specs` with the engine in order (engine index i == spec index i, checked) and
 // initializes them with InitParam(spec, seed) (the same values on every rank).
-Status RegisterAndInitialize(Engine* engine, const std::vector<ParamSpec>& specs, uint64_t seed);
+Status RegisterAndInitialize(Engine* engine, const std::vector<ModelParamSpec>& specs, uint64_t seed);
 
 class EngineParams final : public ParamProvider {
  public:
-  EngineParams(Engine* engine, const std::vector<ParamSpec>& specs);
+  EngineParams(Engine* engine, const std::vector<ModelParamSpec>& specs);
   ~EngineParams() override;  // releases anything still held (ignoring errors)
 
   Result<std::vector<ParamView>> Acquire(const std::string& module) override;

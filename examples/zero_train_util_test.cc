@@ -206,7 +206,7 @@ TEST(ZeroTrainAdapters, TrainsThroughTheEngineAtStage3) {
   mc.hidden = 8;
   mc.ffn = 12;
   mc.layers = 1;
-  const std::vector<ParamSpec> specs = ByteLmParamSpecs(mc);
+  const std::vector<ModelParamSpec> specs = ByteLmParamSpecs(mc);
   ParseOptions po;
   po.world_size = 2;
   auto config = ParseConfig(R"({"train_micro_batch_size_per_gpu": 6, "gradient_accumulation_steps": 2,

@@ -176,10 +176,11 @@ DType HfWeights::dtype_of(const std::string& name) const {
   return t->dtype;
 }
 
-Status HfWeights::Check(const std::vector<examples::ParamSpec>& specs, const std::set<std::string>& ignorable) const {
+Status HfWeights::Check(const std::vector<examples::ModelParamSpec>& specs,
+                        const std::set<std::string>& ignorable) const {
   std::vector<std::string> missing, wrong, extra;
   std::set<std::string> wanted;
-  for (const examples::ParamSpec& spec : specs) {
+  for (const examples::ModelParamSpec& spec : specs) {
     wanted.insert(spec.name);
     const TensorInfo* t = Find(spec.name);
     if (t == nullptr) {
@@ -219,8 +220,9 @@ std::string HfShardName(int k, int n) {
   return buf;
 }
 
-Status ExportHf(const std::string& dir, const std::string& config_json, const std::vector<examples::ParamSpec>& specs,
-                DType dtype, const std::function<Status(int index, float* out)>& values, int64_t max_shard_bytes) {
+Status ExportHf(const std::string& dir, const std::string& config_json,
+                const std::vector<examples::ModelParamSpec>& specs, DType dtype,
+                const std::function<Status(int index, float* out)>& values, int64_t max_shard_bytes) {
   if (max_shard_bytes <= 0) {
     return InvalidArgumentError("export to " + dir + ": max_shard_bytes must be positive, got " +
                                 std::to_string(max_shard_bytes));

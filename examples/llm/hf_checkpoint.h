@@ -7,7 +7,7 @@
 // (safetensors.h) and reads tensors, or element ranges of them, on demand, so a ZeRO stage 3 rank
 // reads only its partition. ExportHf writes such a directory from values computed one tensor at a
 // time. Tensors are named as in transformers (LLM_CONTRACT.md); this file knows nothing of the
-// model beyond the ParamSpec list it is given. Each file is written atomically; a directory as a
+// model beyond the ModelParamSpec list it is given. Each file is written atomically; a directory as a
 // whole is not (a crash mid-export can leave some new shards beside old ones).
 #pragma once
 
@@ -58,7 +58,7 @@ class HfWeights {
   // "model.layers.3.self_attn.rotary_emb.inv_freq"; a tied model passes "lm_head.weight").
   // Otherwise INVALID_ARGUMENT listing EVERY missing tensor, wrong shape (expected and got) and
   // unexpected tensor in one message, each with its file.
-  Status Check(const std::vector<examples::ParamSpec>& specs, const std::set<std::string>& ignorable) const;
+  Status Check(const std::vector<examples::ModelParamSpec>& specs, const std::set<std::string>& ignorable) const;
 
   // Reads elements [begin, begin + count) (flat, row-major) of tensor `name` as float into
   // out[0, count); reads only those bytes. NOT_FOUND for an unknown name; otherwise as
@@ -92,8 +92,8 @@ std::string HfShardName(int k, int n);
 // transformers' save_pretrained does, so a stale file never shadows the new ones. An error from
 // `values` is returned with the tensor's name; the shard being written is then not published
 // (earlier shards are) and no index, config or clean-up follows.
-Status ExportHf(const std::string& dir, const std::string& config_json, const std::vector<examples::ParamSpec>& specs,
-                DType dtype, const std::function<Status(int index, float* out)>& values,
-                int64_t max_shard_bytes = 5'000'000'000);
+Status ExportHf(const std::string& dir, const std::string& config_json,
+                const std::vector<examples::ModelParamSpec>& specs, DType dtype,
+                const std::function<Status(int index, float* out)>& values, int64_t max_shard_bytes = 5'000'000'000);
 
 }  // namespace zero::llm

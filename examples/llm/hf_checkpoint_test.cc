@@ -19,7 +19,7 @@
 namespace zero::llm {
 namespace {
 
-using examples::ParamSpec;
+using examples::ModelParamSpec;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -28,7 +28,7 @@ using zero::testing::ScratchDir;
 const char kConfig[] = R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 4})";
 
 // A small Llama-shaped list; the 10x10 tensor is larger than the sharded tests' shard limit.
-std::vector<ParamSpec> Specs() {
+std::vector<ModelParamSpec> Specs() {
   return {
       {"model.embed_tokens.weight", {4, 4}, "embed"},
       {"model.layers.0.input_layernorm.weight", {8}, "layer0"},
@@ -41,12 +41,12 @@ std::vector<ParamSpec> Specs() {
 
 float Value(int param, int64_t j) { return 0.37f * static_cast<float>(param + 1) - 0.011f * j; }
 
-Status FillValues(const std::vector<ParamSpec>& specs, int i, float* out) {
+Status FillValues(const std::vector<ModelParamSpec>& specs, int i, float* out) {
   for (int64_t j = 0; j < specs[i].numel(); ++j) out[j] = Value(i, j);
   return OkStatus();
 }
 
-std::function<Status(int, float*)> ValuesOf(const std::vector<ParamSpec>& specs) {
+std::function<Status(int, float*)> ValuesOf(const std::vector<ModelParamSpec>& specs) {
   return [&specs](int i, float* out) { return FillValues(specs, i, out); };
 }
 
@@ -57,7 +57,7 @@ std::vector<std::string> Listing(const std::string& dir) {
 }
 
 // Every value of every spec reads back as Value() rounded to `dtype`.
-void ExpectValues(const HfWeights& w, const std::vector<ParamSpec>& specs, DType dtype) {
+void ExpectValues(const HfWeights& w, const std::vector<ModelParamSpec>& specs, DType dtype) {
   for (size_t i = 0; i < specs.size(); ++i) {
     const int64_t n = specs[i].numel();
     std::vector<float> got(n);
@@ -75,7 +75,7 @@ void ExpectValues(const HfWeights& w, const std::vector<ParamSpec>& specs, DType
 
 TEST(HfCheckpointTest, ExportsOneFileAndReadsItBack) {
   const std::string dir = ScratchDir("hf") + "/new/model";  // created by the export
-  const std::vector<ParamSpec> specs = Specs();
+  const std::vector<ModelParamSpec> specs = Specs();
   Status st = ExportHf(dir, kConfig, specs, DType::kBF16, ValuesOf(specs));
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(Listing(dir), (std::vector<std::string>{"config.json", "model.safetensors"}));
@@ -105,7 +105,7 @@ TEST(HfCheckpointTest, ExportsOneFileAndReadsItBack) {
 
 TEST(HfCheckpointTest, ShardsWithIndexAndRemovesStaleFiles) {
   const std::string dir = ScratchDir("hf");
-  const std::vector<ParamSpec> specs = Specs();
+  const std::vector<ModelParamSpec> specs = Specs();
   // An earlier unsharded save, which the sharded one must replace.
   ASSERT_TRUE(ExportHf(dir, kConfig, specs, DType::kF32, ValuesOf(specs)).ok());
   ASSERT_TRUE(WriteFileAtomic(dir + "/tokenizer.json", "{}").ok());  // not a weights file: kept
@@ -171,7 +171,7 @@ std::vector<uint8_t> RandomBits(int64_t numel, DType dtype, std::mt19937& rng) {
 
 // Import -> export with no change reproduces every byte, in each dtype, one file and sharded.
 TEST(HfCheckpointTest, ImportExportIsBitwise) {
-  const std::vector<ParamSpec> specs = Specs();
+  const std::vector<ModelParamSpec> specs = Specs();
   std::mt19937 rng(1234);
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (int64_t max_bytes : {int64_t{5'000'000'000}, int64_t{100}}) {
@@ -179,7 +179,7 @@ TEST(HfCheckpointTest, ImportExportIsBitwise) {
       const std::string src = ScratchDir("hf_src"), dst = ScratchDir("hf_dst");
       // The source: written by the export from random bits (so sharded sources have an index).
       std::vector<std::vector<uint8_t>> bits;
-      for (const ParamSpec& s : specs) bits.push_back(RandomBits(s.numel(), dtype, rng));
+      for (const ModelParamSpec& s : specs) bits.push_back(RandomBits(s.numel(), dtype, rng));
       Status st = ExportHf(
           src, kConfig, specs, dtype,
           [&](int i, float* out) {
@@ -221,11 +221,11 @@ TEST(HfCheckpointTest, ImportExportIsBitwise) {
 // A file written by WriteSafetensors directly (not by the export) exports to the same bytes.
 TEST(HfCheckpointTest, ForeignSingleFileExportsToTheSameBytes) {
   const std::string src = ScratchDir("hf_src"), dst = ScratchDir("hf_dst");
-  const std::vector<ParamSpec> specs = Specs();
+  const std::vector<ModelParamSpec> specs = Specs();
   std::mt19937 rng(99);
   std::vector<std::vector<uint8_t>> bits;
   std::vector<TensorToWrite> tensors;
-  for (const ParamSpec& s : specs) bits.push_back(RandomBits(s.numel(), DType::kBF16, rng));
+  for (const ModelParamSpec& s : specs) bits.push_back(RandomBits(s.numel(), DType::kBF16, rng));
   for (size_t i = 0; i < specs.size(); ++i) {
     tensors.push_back({specs[i].name, DType::kBF16, specs[i].shape, bits[i].data()});
   }
@@ -240,7 +240,7 @@ TEST(HfCheckpointTest, ForeignSingleFileExportsToTheSameBytes) {
 
 TEST(HfCheckpointTest, CheckListsEveryProblemInOneMessage) {
   const std::string dir = ScratchDir("hf");
-  std::vector<ParamSpec> on_disk = Specs();
+  std::vector<ModelParamSpec> on_disk = Specs();
   on_disk.push_back({"lm_head.weight", {4, 4}, "head"});
   on_disk.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", {2}, "layer0"});
   on_disk.push_back({"model.layers.0.self_attn.extra_bias", {4}, "layer0"});
@@ -248,7 +248,7 @@ TEST(HfCheckpointTest, CheckListsEveryProblemInOneMessage) {
   auto w = HfWeights::Open(dir);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
 
-  std::vector<ParamSpec> model = Specs();
+  std::vector<ModelParamSpec> model = Specs();
   model[2].shape = {8, 4};                                                        // transposed q_proj
   model[3].shape = {4};                                                           // q_norm of another head_dim
   model.push_back({"model.layers.0.self_attn.k_proj.weight", {4, 8}, "layer0"});  // missing
@@ -366,7 +366,7 @@ TEST(HfCheckpointTest, RefusesBadDirectoriesAndIndexes) {
 
 TEST(HfCheckpointTest, ExportRefusesBadArgumentsAndStopsOnValueErrors) {
   const std::string dir = ScratchDir("hf");
-  const std::vector<ParamSpec> specs = Specs();
+  const std::vector<ModelParamSpec> specs = Specs();
   ASSERT_TRUE(WriteFileAtomic(dir + "/file", "x").ok());
   EXPECT_THAT(ExportHf(dir + "/file", kConfig, specs, DType::kBF16, ValuesOf(specs)).message(),
               AllOf(HasSubstr(dir + "/file"), HasSubstr("not a directory")));
@@ -376,11 +376,11 @@ TEST(HfCheckpointTest, ExportRefusesBadArgumentsAndStopsOnValueErrors) {
               HasSubstr("config.json is not a JSON object"));
   EXPECT_THAT(ExportHf(dir + "/m", kConfig, specs, DType::kBF16, ValuesOf(specs), 0).message(),
               HasSubstr("max_shard_bytes must be positive"));
-  std::vector<ParamSpec> neg = specs;
+  std::vector<ModelParamSpec> neg = specs;
   neg[1].shape = {-8};
   EXPECT_THAT(ExportHf(dir + "/m", kConfig, neg, DType::kBF16, ValuesOf(specs)).message(),
               AllOf(HasSubstr("'model.layers.0.input_layernorm.weight'"), HasSubstr("[-8]")));
-  std::vector<ParamSpec> twice = specs;
+  std::vector<ModelParamSpec> twice = specs;
   twice[1].name = twice[0].name;
   EXPECT_THAT(ExportHf(dir + "/m", kConfig, twice, DType::kBF16, ValuesOf(specs)).message(),
               AllOf(HasSubstr("'model.embed_tokens.weight'"), HasSubstr("used twice")));

@@ -427,7 +427,7 @@ TEST(LlmConfigTest, PresetsAndCounts) {
   for (const std::string& name : PresetNames()) {
     const LlmConfig c = PresetOrDie(name.c_str());
     ASSERT_TRUE(c.Validate().ok()) << name << ": " << c.Validate().ToString();
-    const std::vector<examples::ParamSpec> specs = LlmParamSpecs(c);
+    const std::vector<examples::ModelParamSpec> specs = LlmParamSpecs(c);
     EXPECT_EQ(c.NumParams(), examples::TotalNumel(specs)) << name;
     // MatmulParams: every 2-D tensor but the embedding, plus the embedding once more when tied
     // (then it is also the lm_head).
@@ -461,7 +461,7 @@ TEST(LlmConfigTest, ValidateNamesTheKey) {
 
 // ---- Parameter list. -------------------------------------------------------------------------------
 
-std::vector<std::string> Names(const std::vector<examples::ParamSpec>& specs) {
+std::vector<std::string> Names(const std::vector<examples::ModelParamSpec>& specs) {
   std::vector<std::string> n;
   for (const auto& s : specs) n.push_back(s.name);
   return n;

@@ -14,10 +14,10 @@ namespace zero::llm {
 
 using examples::GradSink;
 using examples::GradView;
+using examples::ModelParamSpec;
 using examples::ModuleScope;
 using examples::ModuleSpec;
 using examples::ParamProvider;
-using examples::ParamSpec;
 using examples::ParamView;
 
 // ---- RoPE tables. ---------------------------------------------------------------------------------
@@ -314,7 +314,7 @@ namespace {
 template <typename T>
 class ModelT final : public LlmCpu::Impl {
  public:
-  ModelT(const LlmConfig& c, const std::vector<ParamSpec>& specs, const std::vector<ModuleSpec>& modules)
+  ModelT(const LlmConfig& c, const std::vector<ModelParamSpec>& specs, const std::vector<ModuleSpec>& modules)
       : c_(c),
         specs_(specs),
         modules_(modules),
@@ -788,7 +788,7 @@ class ModelT final : public LlmCpu::Impl {
     out->clear();
     int64_t offset = 0;
     for (size_t j = 0; j < views.size(); ++j) {
-      const ParamSpec& spec = specs_[mod.params[j]];
+      const ModelParamSpec& spec = specs_[mod.params[j]];
       const ParamView& v = views[j];
       if (v.data == nullptr) return InvalidArgumentError("parameter " + spec.name + ": null data");
       const int64_t n = spec.numel();
@@ -844,7 +844,7 @@ class ModelT final : public LlmCpu::Impl {
   }
 
   const LlmConfig c_;
-  const std::vector<ParamSpec>& specs_;
+  const std::vector<ModelParamSpec>& specs_;
   const std::vector<ModuleSpec>& modules_;
   const int64_t H_, I_, V_, L_, nh_, nkv_, hd_, qd_, kvd_;
   const T eps_;

@@ -95,7 +95,7 @@ class LlmCpu {
 
   const LlmConfig& config() const { return config_; }
   CpuMath math() const { return math_; }
-  const std::vector<examples::ParamSpec>& specs() const { return specs_; }
+  const std::vector<examples::ModelParamSpec>& specs() const { return specs_; }
   const std::vector<examples::ModuleSpec>& modules() const { return modules_; }
 
   // Mean cross-entropy (nats) over the targets that are not kIgnoreIndex (0 when none is), saving
@@ -121,7 +121,7 @@ class LlmCpu {
  private:
   LlmConfig config_;
   CpuMath math_;
-  std::vector<examples::ParamSpec> specs_;
+  std::vector<examples::ModelParamSpec> specs_;
   std::vector<examples::ModuleSpec> modules_;
   std::unique_ptr<Impl> impl_;
 };

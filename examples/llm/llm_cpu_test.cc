@@ -25,8 +25,8 @@ using examples::GradView;
 using examples::HostTensors;
 using examples::InitKind;
 using examples::InitParam;
+using examples::ModelParamSpec;
 using examples::ParamProvider;
-using examples::ParamSpec;
 using examples::ParamView;
 using examples::ResidentParams;
 
@@ -75,11 +75,11 @@ LlmBatch RandomBatch(const LlmConfig& c, int batch, int seq, uint64_t seed) {
 
 // The initializer's values plus noise of std 0.3 on every tensor, so norm weights are off their
 // symmetric value 1 and the linears large enough that attention is far from uniform.
-HostTensors RandomParams(const std::vector<ParamSpec>& specs, DType dtype, uint64_t seed) {
+HostTensors RandomParams(const std::vector<ModelParamSpec>& specs, DType dtype, uint64_t seed) {
   HostTensors p(specs, dtype);
   for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
     std::vector<float> v = InitParam(specs[i], seed);
-    ParamSpec noise = specs[i];
+    ModelParamSpec noise = specs[i];
     noise.init = InitKind::kNormal;
     noise.init_std = 0.3f;
     noise.name += ".noise";
@@ -311,7 +311,7 @@ TEST(LlmCpuGradientTest, FloatMathMatchesDouble) {
 // gradient is reported while its module is held.
 class LoggingProvider : public ParamProvider {
  public:
-  LoggingProvider(const std::vector<ParamSpec>& specs, std::vector<ParamView> views, std::vector<std::string>* log,
+  LoggingProvider(const std::vector<ModelParamSpec>& specs, std::vector<ParamView> views, std::vector<std::string>* log,
                   std::set<std::string>* held)
       : inner_(specs, std::move(views)), log_(log), held_(held) {}
   Result<std::vector<ParamView>> Acquire(const std::string& module) override {
@@ -335,7 +335,7 @@ class LoggingProvider : public ParamProvider {
 
 class LoggingSink : public GradSink {
  public:
-  LoggingSink(const std::vector<ParamSpec>& specs, std::vector<GradView> views, std::vector<std::string>* log,
+  LoggingSink(const std::vector<ModelParamSpec>& specs, std::vector<GradView> views, std::vector<std::string>* log,
               const std::set<std::string>* held)
       : specs_(specs), inner_(std::move(views)), log_(log), held_(held) {}
   Result<GradView> GradBuffer(int i) override { return inner_.GradBuffer(i); }
@@ -347,7 +347,7 @@ class LoggingSink : public GradSink {
   GradBuffers& inner() { return inner_; }
 
  private:
-  const std::vector<ParamSpec>& specs_;
+  const std::vector<ModelParamSpec>& specs_;
   GradBuffers inner_;
   std::vector<std::string>* log_;
   const std::set<std::string>* held_;
@@ -463,7 +463,7 @@ TEST(LlmCpuExtraHeadTest, AnExtraHeadIsTheUntiedModelWithItsWeightAsLmHead) {
 // returns the error and leaves nothing acquired.
 class FailingProvider : public ResidentParams {
  public:
-  FailingProvider(const std::vector<ParamSpec>& specs, std::vector<ParamView> views, std::string fail, int on_call)
+  FailingProvider(const std::vector<ModelParamSpec>& specs, std::vector<ParamView> views, std::string fail, int on_call)
       : ResidentParams(specs, std::move(views)), fail_(std::move(fail)), on_call_(on_call) {}
   Result<std::vector<ParamView>> Acquire(const std::string& module) override {
     if (module == fail_ && ++calls_ == on_call_) return UnavailableError("injected: " + module);

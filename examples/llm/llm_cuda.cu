@@ -23,10 +23,10 @@ namespace zero::llm {
 
 using examples::GradSink;
 using examples::GradView;
+using examples::ModelParamSpec;
 using examples::ModuleScope;
 using examples::ModuleSpec;
 using examples::ParamProvider;
-using examples::ParamSpec;
 using examples::ParamView;
 
 namespace {
@@ -287,7 +287,7 @@ class LlmCuda::Impl {
  public:
   using State = LlmCudaActivations::State;
 
-  Impl(const LlmConfig& c, const std::vector<ParamSpec>& specs, const std::vector<ModuleSpec>& modules,
+  Impl(const LlmConfig& c, const std::vector<ModelParamSpec>& specs, const std::vector<ModuleSpec>& modules,
        cudaStream_t stream, const LlmCudaOptions& options)
       : c_(c),
         specs_(specs),
@@ -742,7 +742,7 @@ class LlmCuda::Impl {
     out->data.clear();
     out->dtype.clear();
     for (size_t j = 0; j < views.size(); ++j) {
-      const ParamSpec& spec = specs_[mod.params[j]];
+      const ModelParamSpec& spec = specs_[mod.params[j]];
       const ParamView& v = views[j];
       if (convert && spec.shape.size() == 2 && v.dtype != compute) {
         if (!weight_scratch_) {
@@ -1071,7 +1071,7 @@ class LlmCuda::Impl {
   }
 
   const LlmConfig c_;
-  const std::vector<ParamSpec>& specs_;
+  const std::vector<ModelParamSpec>& specs_;
   const std::vector<ModuleSpec>& modules_;
   cudaStream_t stream_;
   const LlmCudaOptions options_;

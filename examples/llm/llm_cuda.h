@@ -122,7 +122,7 @@ class LlmCuda {
 
   const LlmConfig& config() const { return config_; }
   const LlmCudaOptions& options() const { return options_; }
-  const std::vector<examples::ParamSpec>& specs() const { return specs_; }
+  const std::vector<examples::ModelParamSpec>& specs() const { return specs_; }
   const std::vector<examples::ModuleSpec>& modules() const { return modules_; }
   cudaStream_t stream() const { return stream_; }
 
@@ -166,7 +166,7 @@ class LlmCuda {
   LlmConfig config_;
   cudaStream_t stream_;
   LlmCudaOptions options_;
-  std::vector<examples::ParamSpec> specs_;
+  std::vector<examples::ModelParamSpec> specs_;
   std::vector<examples::ModuleSpec> modules_;
   std::unique_ptr<Impl> impl_;
 };

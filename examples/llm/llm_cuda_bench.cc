@@ -118,7 +118,7 @@ Status Run(const Options& o) {
   if (o.layers > 0) c.num_hidden_layers = o.layers;
   c.max_position_embeddings = std::max<int64_t>(c.max_position_embeddings, o.seq);
   ZERO_RETURN_IF_ERROR(c.Validate());
-  const std::vector<examples::ParamSpec> specs = LlmParamSpecs(c);
+  const std::vector<examples::ModelParamSpec> specs = LlmParamSpecs(c);
   const size_t es = SizeOf(o.dtype);
 
   // A block of random values in the dtype, tiled into every matrix; ones into every norm weight.
@@ -147,7 +147,7 @@ Status Run(const Options& o) {
   BENCH_CUDA(cudaMemcpy(d_ones, host_ones.data(), host_ones.size(), cudaMemcpyHostToDevice));
   std::vector<examples::ParamView> pviews;
   std::vector<examples::GradView> gviews;
-  for (const examples::ParamSpec& spec : specs) {
+  for (const examples::ModelParamSpec& spec : specs) {
     const int64_t n = spec.numel();
     void* p = nullptr;
     void* g = nullptr;

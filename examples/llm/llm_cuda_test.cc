@@ -61,7 +61,7 @@ using examples::GradView;
 using examples::HostTensors;
 using examples::InitKind;
 using examples::InitParam;
-using examples::ParamSpec;
+using examples::ModelParamSpec;
 using examples::ParamView;
 using examples::ResidentParams;
 
@@ -561,11 +561,11 @@ LlmBatch RandomBatch(const LlmConfig& c, int batch, int seq, uint64_t seed) {
 
 // The initializer's values plus noise of std `noise` (0.3 as llm_cpu_test: norm weights off 1 and
 // attention far from uniform).
-HostTensors RandomParams(const std::vector<ParamSpec>& specs, DType dtype, uint64_t seed, float noise_std = 0.3f) {
+HostTensors RandomParams(const std::vector<ModelParamSpec>& specs, DType dtype, uint64_t seed, float noise_std = 0.3f) {
   HostTensors p(specs, dtype);
   for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
     std::vector<float> v = InitParam(specs[i], seed);
-    ParamSpec noise = specs[i];
+    ModelParamSpec noise = specs[i];
     noise.init = InitKind::kNormal;
     noise.init_std = noise_std;
     noise.name += ".noise";
@@ -666,7 +666,7 @@ RunResult GpuRun(const LlmConfig& c, const HostTensors& params, const LlmBatch& 
 }
 
 // Relative L2 error of every gradient; prints the worst.
-void ExpectClose(const std::string& label, const std::vector<ParamSpec>& specs, const RunResult& gpu,
+void ExpectClose(const std::string& label, const std::vector<ModelParamSpec>& specs, const RunResult& gpu,
                  const RunResult& cpu, double loss_tol, double grad_tol) {
   const double loss_err = std::abs(gpu.loss - cpu.loss) / std::abs(cpu.loss);
   EXPECT_LE(loss_err, loss_tol) << label << ": loss " << gpu.loss << " vs " << cpu.loss;
@@ -890,7 +890,7 @@ TEST_F(LlmCudaModelTest, LossScaleByAPowerOfTwoIsExact) {
 // is held.
 class LoggingProvider : public ResidentParams {
  public:
-  LoggingProvider(const std::vector<ParamSpec>& specs, std::vector<ParamView> views, std::vector<std::string>* log,
+  LoggingProvider(const std::vector<ModelParamSpec>& specs, std::vector<ParamView> views, std::vector<std::string>* log,
                   std::multiset<std::string>* held)
       : ResidentParams(specs, std::move(views)), log_(log), held_(held) {}
   Result<std::vector<ParamView>> Acquire(const std::string& module) override {
@@ -911,7 +911,7 @@ class LoggingProvider : public ResidentParams {
 
 class LoggingSink : public GradBuffers {
  public:
-  LoggingSink(const std::vector<ParamSpec>& specs, std::vector<GradView> views, std::vector<std::string>* log,
+  LoggingSink(const std::vector<ModelParamSpec>& specs, std::vector<GradView> views, std::vector<std::string>* log,
               std::multiset<std::string>* held)
       : GradBuffers(std::move(views)), specs_(specs), log_(log), held_(held) {}
   Status GradReady(int i) override {
@@ -921,7 +921,7 @@ class LoggingSink : public GradBuffers {
   }
 
  private:
-  const std::vector<ParamSpec>& specs_;
+  const std::vector<ModelParamSpec>& specs_;
   std::vector<std::string>* log_;
   std::multiset<std::string>* held_;
 };

@@ -5,7 +5,7 @@
 namespace zero::llm {
 
 using examples::InitKind;
-using examples::ParamSpec;
+using examples::ModelParamSpec;
 
 std::string LayerModule(int64_t layer) { return "layer" + std::to_string(layer); }
 std::string ExtraHeadModule(int64_t k) { return "extra_head" + std::to_string(k); }
@@ -64,18 +64,18 @@ Result<OutputHead> SelectOutputHead(const LlmConfig& config, int head) {
   return h;
 }
 
-std::vector<ParamSpec> LlmParamSpecs(const LlmConfig& c) {
+std::vector<ModelParamSpec> LlmParamSpecs(const LlmConfig& c) {
   ZERO_CHECK_MSG(c.Validate().ok(), c.Validate().ToString());
   const float init_std = static_cast<float>(c.initializer_range);
   const int64_t V = c.vocab_size, H = c.hidden_size, I = c.intermediate_size;
   const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
   auto linear = [&](std::string name, std::vector<int64_t> shape, const std::string& module) {
-    return ParamSpec{std::move(name), std::move(shape), module, InitKind::kNormal, init_std};
+    return ModelParamSpec{std::move(name), std::move(shape), module, InitKind::kNormal, init_std};
   };
   auto norm = [](std::string name, int64_t n, const std::string& module) {
-    return ParamSpec{std::move(name), {n}, module, InitKind::kOnes, 0.0f};
+    return ModelParamSpec{std::move(name), {n}, module, InitKind::kOnes, 0.0f};
   };
-  std::vector<ParamSpec> p;
+  std::vector<ModelParamSpec> p;
   p.push_back(linear("model.embed_tokens.weight", {V, H}, kEmbedModule));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string m = LayerModule(l);

@@ -32,7 +32,7 @@ std::string ExtraHeadModule(int64_t k);  // "extra_head<k>"
 //   model.norm.weight [H], (untied) lm_head.weight [V, H]                         module "head"
 //   per extra head k (LlmConfig::extra_heads): extra_heads.<k>.weight [V, H]      module "extra_head<k>"
 // Norm weights start at ones; the embedding and every linear at normal(0, initializer_range).
-std::vector<examples::ParamSpec> LlmParamSpecs(const LlmConfig& config);
+std::vector<examples::ModelParamSpec> LlmParamSpecs(const LlmConfig& config);
 
 // Global parameter indices of one layer's tensors; q_norm and k_norm are -1 without qk_norm.
 struct LayerParamIndex {

@@ -305,7 +305,7 @@ double HostPeakBytes() {
 // partition: Engine::InitializeFromSlices) or the preset's deterministic initialization.
 // Extra heads (--extra-heads) are not in the directory: they start from the preset initialization.
 Status InitializeWeights(Engine* engine, const LlmTrainOptions& o, const LlmConfig& c,
-                         const std::vector<examples::ParamSpec>& specs) {
+                         const std::vector<examples::ModelParamSpec>& specs) {
   if (o.model_dir.empty()) return examples::RegisterAndInitialize(engine, specs, o.seed);
   const int hf_params = HfParamCount(c);
   ZERO_ASSIGN_OR_RETURN(HfWeights weights, HfWeights::Open(o.model_dir));
@@ -315,7 +315,7 @@ Status InitializeWeights(Engine* engine, const LlmTrainOptions& o, const LlmConf
     if (EndsWith(n, "rotary_emb.inv_freq")) ignorable.insert(n);
   }
   ZERO_RETURN_IF_ERROR(
-      weights.Check(std::vector<examples::ParamSpec>(specs.begin(), specs.begin() + hf_params), ignorable));
+      weights.Check(std::vector<examples::ModelParamSpec>(specs.begin(), specs.begin() + hf_params), ignorable));
   for (size_t i = 0; i < specs.size(); ++i) {
     ZERO_ASSIGN_OR_RETURN(int index, engine->RegisterParameter({specs[i].name, specs[i].shape, specs[i].module}));
     if (index != static_cast<int>(i)) return InternalError("registration order");
@@ -331,9 +331,9 @@ Status InitializeWeights(Engine* engine, const LlmTrainOptions& o, const LlmConf
 }
 
 Status Export(Engine* engine, const LlmTrainOptions& o, const LlmConfig& c,
-              const std::vector<examples::ParamSpec>& specs, const std::string& tokenizer_json, bool lead) {
+              const std::vector<examples::ModelParamSpec>& specs, const std::string& tokenizer_json, bool lead) {
   // Every rank takes part in each gather; rank 0 writes. The extra heads are not Hugging Face's.
-  const std::vector<examples::ParamSpec> hf(specs.begin(), specs.begin() + HfParamCount(c));
+  const std::vector<examples::ModelParamSpec> hf(specs.begin(), specs.begin() + HfParamCount(c));
   std::vector<std::vector<float>> full(hf.size());
   for (size_t i = 0; i < hf.size(); ++i) {
     full[i].resize(static_cast<size_t>(hf[i].numel()));
@@ -392,7 +392,7 @@ Status RunRank(const LlmTrainOptions& o, RankContext* ctx) {
   auto engine_or = Engine::Create(config, device.get(), comm.get(), env);
   if (!engine_or.ok()) return engine_or.status().WithContext("creating the engine");
   std::unique_ptr<Engine> engine = std::move(engine_or).value();
-  const std::vector<examples::ParamSpec> specs = LlmParamSpecs(mc);
+  const std::vector<examples::ModelParamSpec> specs = LlmParamSpecs(mc);
   ZERO_RETURN_IF_ERROR(InitializeWeights(engine.get(), o, mc, specs).WithContext("initial weights"));
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> model, CreateRunner(o, mc, device.get()));
   examples::EngineParams params(engine.get(), specs);

@@ -14,7 +14,7 @@ LlmCellModel::LlmCellModel(const llm::LlmConfig& config, int batch, int seq, uin
 
 std::vector<ParamSpec> LlmCellModel::Params() const {
   std::vector<ParamSpec> out;
-  for (const examples::ParamSpec& s : specs_) out.push_back(ParamSpec{s.name, s.shape, s.module});
+  for (const examples::ModelParamSpec& s : specs_) out.push_back(ParamSpec{s.name, s.shape, s.module});
   return out;
 }
 

@@ -44,7 +44,7 @@ class LlmCellModel final : public CellModel {
   llm::LlmConfig config_;
   int batch_, seq_;
   uint64_t seed_;
-  std::vector<examples::ParamSpec> specs_;
+  std::vector<examples::ModelParamSpec> specs_;
 };
 
 // The model of the transformer cells: the tiny preset, 2 rows of 16 tokens per rank and micro step.

@@ -116,7 +116,7 @@ Status TrainThroughModelApi(const Config& config, int steps, Device* device, Com
                             std::vector<std::vector<float>>* master, std::vector<std::vector<float>>* exp_avg) {
   const LlmCellModel& cell_model = TinyModel();
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config, device, comm));
-  const std::vector<examples::ParamSpec> specs = llm::LlmParamSpecs(cell_model.config());
+  const std::vector<examples::ModelParamSpec> specs = llm::LlmParamSpecs(cell_model.config());
   ZERO_RETURN_IF_ERROR(examples::RegisterAndInitialize(engine.get(), specs, kInitSeed));
   llm::LlmCpu model(cell_model.config());
   llm::LlmActivations acts;
