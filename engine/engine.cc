@@ -24,20 +24,15 @@
 #include "engine/lr_scheduler.h"
 #include "zero/allgather_bucket.h"
 #include "zero/buffer_pool.h"
-#include "zero/chunked_optimizer_states.h"
 #include "zero/grad_partition.h"
 #include "zero/grad_reducer.h"
 #include "zero/gradient_bucket.h"
-#include "zero/host_optimizer_states.h"
-#include "zero/host_param_store.h"
 #include "zero/loss_scaler.h"
-#include "zero/nvme_optimizer_states.h"
-#include "zero/nvme_param_store.h"
 #include "zero/optimizer_states.h"
 #include "zero/param_coordinator.h"
 #include "zero/partition.h"
 #include "zero/reduction_schedule.h"
-#include "zero/tiered_optimizer_states.h"
+#include "zero/state_factory.h"
 
 namespace zero {
 
@@ -102,26 +97,17 @@ double Checksum(const float* v, int64_t n) {
 
 }  // namespace
 
-// The host slab of an offload section (offload_optimizer or offload_param: both carry
-// pin_memory and pin_memory_fallback): what it holds and the config key its errors name.
-template <typename OffloadSection>
-static HostSlabOptions OffloadSlab(const OffloadSection& section, std::string what, std::string config_key) {
-  HostSlabOptions o;
-  o.pin_memory = section.pin_memory;
-  o.fallback_to_pageable = section.pin_memory_fallback;
-  o.what = std::move(what);
-  o.config_key = std::move(config_key);
-  return o;
-}
+// --- config -> the state factory's plans (zero/state_factory.h) -----------------------------------
 
-// The CPU AdamW's host states (offload_optimizer "cpu", and the host tier of tiered states).
-static HostOptimizerStatesOptions HostStatesOptions(const OffloadOptimizerConfig& oo, DType model_dtype,
-                                                    std::string what) {
-  HostOptimizerStatesOptions ho;
-  ho.slab = OffloadSlab(oo, std::move(what), "zero_optimization.offload_optimizer");
-  ho.cpu_threads = oo.cpu_threads;
-  ho.model_dtype = model_dtype;
-  return ho;
+// The host slab of an offload section (offload_optimizer or offload_param: both carry pin_memory
+// and pin_memory_fallback) and the config key its errors name; the factory says what it holds.
+template <typename OffloadSection>
+static HostSlabOptions OffloadSlab(const OffloadSection& section, std::string config_key) {
+  HostSlabOptions slab;
+  slab.pin_memory = section.pin_memory;
+  slab.fallback_to_pageable = section.pin_memory_fallback;
+  slab.config_key = std::move(config_key);
+  return slab;
 }
 
 // The aio engine's options from the config's "aio" block (both NVMe swap files use them).
@@ -134,6 +120,69 @@ static AioOptions AioOptionsOf(const AioConfig& a) {
   o.overlap_events = a.overlap_events;
   o.allow_buffered_fallback = a.allow_buffered_fallback;
   return o;
+}
+
+// One rank's folder under an NVMe path; the swap file of a killed run there is refused.
+static std::string RankSwapDir(const std::string& nvme_path, int rank) {
+  return nvme_path + "/zero_swap/rank" + std::to_string(rank);
+}
+
+// zero_optimization.offload_param: stage 3's shards on the device, in host memory or on NVMe.
+static ParamStorePlan ParamStorePlanOf(const Config& config, int rank, int world, const EngineEnv& env) {
+  const OffloadParamConfig& offload_param = config.zero.offload_param;
+  ParamStorePlan plan;
+  switch (offload_param.device) {
+    case OffloadDevice::kCpu:
+      plan.placement = ParamPlacement::kHost;
+      break;
+    case OffloadDevice::kNvme:
+      plan.placement = ParamPlacement::kNvme;
+      break;
+    case OffloadDevice::kNone:
+      return plan;
+  }
+  plan.slab = OffloadSlab(offload_param, "zero_optimization.offload_param");
+  plan.world_size = world;
+  plan.buffer_numel = offload_param.buffer_size;
+  plan.buffer_count = static_cast<int>(std::min<int64_t>(offload_param.buffer_count, 1 << 20));
+  plan.cache_numel = offload_param.max_in_cpu;
+  plan.nvme_dir = RankSwapDir(offload_param.nvme_path, rank);
+  plan.aio = AioOptionsOf(config.aio);
+  plan.aio_engine_factory = env.aio_engine_factory;
+  return plan;
+}
+
+// zero_optimization.offload_optimizer: the states on the device, in host memory (the CPU AdamW, or
+// AdamW on the device in chunks with update_device "gpu"), or on NVMe behind host_memory_budget.
+static OptimizerStatesPlan OptimizerStatesPlanOf(const Config& config, int rank, DType model_dtype,
+                                                 const EngineEnv& env, std::vector<DeferredStep::Range> param_ranges) {
+  const OffloadOptimizerConfig& offload_optimizer = config.zero.offload_optimizer;
+  OptimizerStatesPlan plan;
+  plan.model_dtype = model_dtype;
+  switch (offload_optimizer.device) {
+    case OffloadDevice::kCpu:
+      plan.placement =
+          offload_optimizer.update_device == "gpu" ? OptimizerPlacement::kHostChunked : OptimizerPlacement::kHost;
+      break;
+    case OffloadDevice::kNvme:
+      plan.placement = OptimizerPlacement::kNvme;
+      break;
+    case OffloadDevice::kNone:
+      return plan;
+  }
+  plan.slab = OffloadSlab(offload_optimizer, "zero_optimization.offload_optimizer");
+  plan.cpu_threads = offload_optimizer.cpu_threads;
+  plan.chunk_numel = offload_optimizer.chunk_size;
+  plan.chunk_buffers = static_cast<int>(offload_optimizer.chunk_buffers);
+  plan.overlap_step = offload_optimizer.overlap_step;
+  plan.param_ranges = std::move(param_ranges);
+  plan.nvme_dir = RankSwapDir(offload_optimizer.nvme_path, rank);
+  plan.nvme_group_numel = config.zero.sub_group_size;
+  plan.nvme_buffer_count = static_cast<int>(offload_optimizer.buffer_count);
+  plan.aio = AioOptionsOf(config.aio);
+  plan.aio_engine_factory = env.aio_engine_factory;
+  plan.host_memory_budget = offload_optimizer.host_memory_budget;
+  return plan;
 }
 
 // --- ModuleHandle ---------------------------------------------------------------------------------
@@ -336,109 +385,15 @@ Status Engine::Impl::InitializeImpl(const InitFill& fill, bool partition_reads) 
   full_total = full.total;
   part_total = part.total;
 
-  // Storage per stage (docs/zero.md).
-  const int64_t opt_total = stage == 0 ? full_total : part_total;
-  const OffloadParamConfig& po = config.zero.offload_param;
-  if (po.device == OffloadDevice::kCpu) {
-    // Parameter offload: every shard must fit one upload (DeepSpeed finds this at run time).
-    for (const ParamInfo& p : params) {
-      if (p.shard.shard > po.buffer_size) {
-        return InvalidArgumentError(
-            "Initialize: parameter " + ParamName(p) + " has a shard of " + std::to_string(p.shard.shard) +
-            " elements (" + std::to_string(p.numel) + " over " + std::to_string(world) +
-            " ranks), more than zero_optimization.offload_param.buffer_size (" + std::to_string(po.buffer_size) +
-            "); raise zero_optimization.offload_param.buffer_size to at least " + std::to_string(p.shard.shard));
-      }
-    }
-    HostParamStoreOptions ho;
-    ho.slab = OffloadSlab(po, "parameter shards (offload_param.device \"cpu\")", "zero_optimization.offload_param");
-    ho.scratch_numel = int64_t{1} << 20;  // the device side of the writes: 2-4 MiB, chunked
-    auto store = HostParamStore::Create(device, compute, mdt, part_total, ho);
-    if (!store.ok()) return store.status().WithContext("Initialize");
-    host_params = std::move(store).value();
-  } else if (po.device == OffloadDevice::kNvme) {
-    // Parameter swap: the shards in <nvme_path>/zero_swap/rank<r>/params.swp, module by module
-    // (zero/nvme_param_store.h); a module larger than buffer_size is refused here, naming it.
-    std::vector<StoredShard> shards;
-    for (const ParamInfo& p : params) shards.push_back({p.spec.name, p.part_off, p.shard.shard, p.module});
-    NvmeParamStoreOptions no;
-    no.dir = po.nvme_path + "/zero_swap/rank" + std::to_string(rank);
-    no.buffer_count = static_cast<int>(std::min<int64_t>(po.buffer_count, 1 << 20));
-    no.buffer_numel = po.buffer_size;
-    no.cache_numel = po.max_in_cpu;
-    no.aio = AioOptionsOf(config.aio);
-    no.aio_engine_factory = env.aio_engine_factory;
-    no.slab = OffloadSlab(po, "parameter buffers (offload_param.device \"nvme\")", "zero_optimization.offload_param");
-    no.scratch_numel = int64_t{1} << 20;
-    auto store = NvmeParamStore::Create(device, compute, mdt, part_total, std::move(shards), module_names, no);
-    if (!store.ok()) return store.status().WithContext("Initialize");
-    host_params = std::move(store).value();
-  } else {
-    ZERO_RETURN_IF_ERROR(Allocate(&model, stage == 3 ? part_total : full_total, mdt, "model parameters"));
-  }
-  {
-    const OffloadOptimizerConfig& oo = config.zero.offload_optimizer;
-    Result<std::unique_ptr<OptimizerStates>> st = std::unique_ptr<OptimizerStates>();
-    if (oo.device == OffloadDevice::kCpu && oo.update_device == "gpu") {
-      // AdamW on the device over the host states, streamed in chunks (docs/offload.md).
-      ChunkedOptimizerStatesOptions co;
-      co.slab = OffloadSlab(oo, "optimizer states (offload_optimizer.update_device \"gpu\")",
-                            "zero_optimization.offload_optimizer");
-      co.chunk_numel = oo.chunk_size;
-      co.chunk_buffers = static_cast<int>(oo.chunk_buffers);
-      co.model_dtype = mdt;  // 16-bit: the update in backward keeps a host model copy for Step's publish
-      auto c = ChunkedOptimizerStates::Create(device, opt_total, compute, co);
-      if (!c.ok()) return c.status().WithContext("Initialize");
-      if (oo.overlap_step) {
-        std::vector<DeferredStep::Range> ranges;
-        ranges.reserve(params.size());
-        for (const ParamInfo& q : params) {
-          const int64_t b = stage == 0 ? q.full_off : q.part_off;
-          ranges.push_back({b, b + (stage == 0 ? q.numel : q.shard.shard)});
-        }
-        deferred = std::make_unique<DeferredStep>(device, compute, c.value().get(), std::move(ranges), mdt);
-      }
-      st = std::unique_ptr<OptimizerStates>(std::move(c).value());
-    } else if (oo.device == OffloadDevice::kCpu) {
-      st = CreateHostOptimizerStates(device, opt_total, compute,
-                                     HostStatesOptions(oo, mdt, "optimizer states (offload_optimizer.device \"cpu\")"));
-    } else if (oo.device == OffloadDevice::kNvme) {
-      // One folder per rank under nvme_path; the swap file of a killed run there is refused.
-      NvmeOptimizerStatesOptions no;
-      no.dir = oo.nvme_path + "/zero_swap/rank" + std::to_string(rank);
-      no.group_numel = config.zero.sub_group_size;
-      no.buffer_count = static_cast<int>(oo.buffer_count);
-      no.aio = AioOptionsOf(config.aio);
-      no.aio_engine_factory = env.aio_engine_factory;
-      no.slab = OffloadSlab(oo, "NVMe optimizer state buffers", "zero_optimization.offload_optimizer");
-      no.cpu_threads = oo.cpu_threads;
-      no.model_dtype = mdt;
-      // Tiered: as many elements as host_memory_budget holds (12 bytes each) in pinned host
-      // memory, the partition's first ones; the rest on NVMe.
-      const int64_t on_host = std::min<int64_t>(opt_total, oo.host_memory_budget / 12);
-      if (on_host == 0) {
-        st = CreateNvmeOptimizerStates(device, opt_total, compute, no);
-      } else {
-        auto first = CreateHostOptimizerStates(
-            device, on_host, compute,
-            HostStatesOptions(oo, mdt, "optimizer states (the host tier of host_memory_budget)"));
-        if (!first.ok()) return first.status().WithContext("Initialize");
-        auto second = CreateNvmeOptimizerStates(device, opt_total - on_host, compute, no);
-        if (!second.ok()) return second.status().WithContext("Initialize");
-        st = CreateTieredOptimizerStates(std::move(first).value(), std::move(second).value());
-      }
-    } else {
-      st = CreateDeviceOptimizerStates(device, opt_total, compute);
-    }
-    if (!st.ok()) return st.status().WithContext("Initialize");
-    states = std::move(st).value();
-  }
+  // Storage per stage (docs/zero.md); which storage each state gets is zero/state_factory.h's.
+  ZERO_RETURN_IF_ERROR(SetUpParamStorage());
+  ZERO_RETURN_IF_ERROR(SetUpOptimizerStates());
   // Zero-filled once here: padding and the gaps between pieces stay zero for good; the pieces
   // themselves are overwritten by each window's first contribution (AddGradient).
   if (stage <= 1) {
     ZERO_RETURN_IF_ERROR(Allocate(&acc, full_total, DType::kF32, "fp32 gradient accumulators"));
   }
-  ZERO_RETURN_IF_ERROR(CreateGradPartition());
+  ZERO_RETURN_IF_ERROR(SetUpGradPartition());
   {
     const size_t bytes = std::max<size_t>(1, params.size()) * sizeof(double);
     auto b = device->Allocate(bytes);
@@ -657,36 +612,52 @@ Status Engine::Impl::InitializeImpl(const InitFill& fill, bool partition_reads) 
   return OkStatus();
 }
 
+// Stage 3's shards: a ParamStore with offload_param, else the device buffer `model` (stages 0-2:
+// the full parameters).
+Status Engine::Impl::SetUpParamStorage() {
+  std::vector<ParamShardInfo> shards;
+  shards.reserve(params.size());
+  for (const ParamInfo& p : params) shards.push_back({p.spec.name, p.numel, p.part_off, p.shard.shard, p.module});
+  auto store = CreateParamStore(device, compute, mdt, part_total, shards, module_names,
+                                ParamStorePlanOf(config, rank, world, env));
+  if (!store.ok()) return store.status().WithContext("Initialize");
+  host_params = std::move(store).value();
+  if (host_params != nullptr) return OkStatus();
+  return Allocate(&model, stage == 3 ? part_total : full_total, mdt, "model parameters");
+}
+
+// The fp32 masters and moments (stage 0 in the full layout, else the partition layout) and, with
+// overlap_step, the overlapped step's scheduler over each parameter's state elements.
+Status Engine::Impl::SetUpOptimizerStates() {
+  std::vector<DeferredStep::Range> ranges;
+  ranges.reserve(params.size());
+  for (const ParamInfo& q : params) {
+    const int64_t b = stage == 0 ? q.full_off : q.part_off;
+    ranges.push_back({b, b + (stage == 0 ? q.numel : q.shard.shard)});
+  }
+  auto built = CreateOptimizerStates(device, compute, stage == 0 ? full_total : part_total,
+                                     OptimizerStatesPlanOf(config, rank, mdt, env, std::move(ranges)));
+  if (!built.ok()) return built.status().WithContext("Initialize");
+  states = std::move(built->states);
+  deferred = std::move(built->deferred_step);
+  return OkStatus();
+}
+
 // The fp32 gradients the boundary reads, one piece per parameter (stage 0: its full accumulator;
 // otherwise its shard in the partition layout). Zero from creation: padding and gaps stay zero.
-Status Engine::Impl::CreateGradPartition() {
+Status Engine::Impl::SetUpGradPartition() {
   std::vector<GradPiece> pieces;
   pieces.reserve(params.size());
   for (const ParamInfo& p : params) {
     pieces.push_back(stage == 0 ? GradPiece{p.full_off, p.numel} : GradPiece{p.part_off, p.shard.shard});
   }
-  if (AccIsGrad()) {
-    grad = CreateDeviceGradPartitionView(device, compute, acc.as<float>(), std::move(pieces));
-    return OkStatus();
-  }
-  if (UpdateInBackward()) return OkStatus();  // no partition: engine.h, "Update in backward"
-  // Optimizer offload with the CPU AdamW (host states that update from host gradients): the
-  // partition lives in pinned host memory, the reduced pieces stream there during backward
-  // (offload_grad_accumulation "cpu"), or are summed on the device and sent once per step ("gpu").
-  // Otherwise (no offload, update_device "gpu", NVMe states) on the device.
-  Result<std::unique_ptr<GradPartition>> g = std::unique_ptr<GradPartition>();
-  if (states->updates_from_host() && states->host_thread_pool() != nullptr) {
-    const OffloadOptimizerConfig& oo = config.zero.offload_optimizer;
-    HostGradPartitionOptions ho;
-    ho.slab = OffloadSlab(oo, "fp32 gradient partition (offload_optimizer.device \"cpu\")",
-                          "zero_optimization.offload_optimizer");
-    ho.pool = states->host_thread_pool();
-    g = config.zero.offload_grad_accumulation == "gpu"
-            ? CreateGpuAccumulatedGradPartition(device, compute, part_total, std::move(pieces), ho)
-            : CreateHostGradPartition(device, compute, part_total, std::move(pieces), ho);
-  } else {
-    g = CreateDeviceGradPartition(device, compute, part_total, std::move(pieces));
-  }
+  GradPartitionPlan plan;
+  plan.view_accumulators = AccIsGrad();
+  plan.accumulators = AccIsGrad() ? acc.as<float>() : nullptr;
+  plan.update_in_backward = UpdateInBackward();
+  plan.accumulate_on_device = config.zero.offload_grad_accumulation == "gpu";
+  plan.slab = OffloadSlab(config.zero.offload_optimizer, "zero_optimization.offload_optimizer");
+  auto g = CreateGradPartition(device, compute, part_total, std::move(pieces), states.get(), plan);
   if (!g.ok()) return g.status().WithContext("Initialize");
   grad = std::move(g).value();
   return OkStatus();

@@ -253,7 +253,9 @@ struct Engine::Impl {
   Status ZeroAccumulators();
   Status AddGradient(float* dst, const void* src, DType src_t, int64_t n, bool first);
   Status AddToPartition(int index, const void* src, DType src_t);
-  Status CreateGradPartition();
+  Status SetUpParamStorage();
+  Status SetUpOptimizerStates();
+  Status SetUpGradPartition();
   AdamWParams StepParams(double loss_scale, double clip_coef) const;
   Status UpdateFromGradient(int index, const void* src);
   Status ReadNorm(double* total);
