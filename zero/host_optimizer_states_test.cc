@@ -65,7 +65,7 @@ TEST(HostOptimizerStatesTest, BitwiseEqualToDeviceStates) {
 }
 
 // The update in backward: 16-bit gradients queued to the worker (few slots, small chunks: the
-// caller waits for slots) and zero gradients, against the device states' scratch path; then the
+// caller waits for slots) and zero gradients, against the device states (AdamWFromGradient); then the
 // published model copy and every state, bitwise.
 TEST(HostOptimizerStatesTest, UpdateFromGradientEqualsDeviceStates) {
   CpuDevice device;
