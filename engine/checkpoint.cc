@@ -79,33 +79,35 @@ Status LocalSaveChecks(const std::string& tag, int world, const CheckpointMeta& 
 }
 
 // Rank 0's part of the save once every rank file is in <root>/<tag>/.
-Status FinishSave(const std::string& root, const std::string& dir, const std::string& tag, CheckpointMeta meta) {
-  CrashPoint("rank_files_written", 0);
-  Status st = WriteCheckpointMetadata(root, tag, std::move(meta));
+Status FinishSave(FileSystem& fs, const std::string& root, const std::string& dir, const std::string& tag,
+                  CheckpointMeta meta) {
+  fs.CrashPoint("rank_files_written", 0);
+  Status st = WriteCheckpointMetadata(root, tag, std::move(meta), &fs);
   if (!st.ok()) {
-    RemoveTree(root).IgnoreError();
+    RemoveTree(fs, root).IgnoreError();
     return st.WithContext("`latest` is unchanged");
   }
-  CrashPoint("metadata_written", 0);
+  fs.CrashPoint("metadata_written", 0);
   // On failure the staging root may hold the previous copy (fallback swap): kept for
   // CleanStaleSaves.
-  ZERO_RETURN_IF_ERROR(InstallStagedTag(root, dir, tag).WithContext("`latest` is unchanged"));
-  CrashPoint("swapped", 0);
-  st = WriteLatest(dir, tag);
+  ZERO_RETURN_IF_ERROR(InstallStagedTag(root, dir, tag, &fs).WithContext("`latest` is unchanged"));
+  fs.CrashPoint("swapped", 0);
+  st = WriteLatest(dir, tag, &fs);
   if (!st.ok()) {
-    RemoveTree(root).IgnoreError();
+    RemoveTree(fs, root).IgnoreError();
     return st.WithContext(TagDirectory(dir, tag) + " is complete, but `latest` was not updated");
   }
-  CrashPoint("latest_written", 0);
+  fs.CrashPoint("latest_written", 0);
   // The save is complete; a staging root that cannot be removed now is removed by the next save.
-  RemoveTree(root).IgnoreError();
+  RemoveTree(fs, root).IgnoreError();
   return OkStatus();
 }
 
 }  // namespace
 
 Status SaveCheckpoint(Communicator* comm, const std::string& dir, const std::string& tag, CheckpointMeta meta,
-                      const std::vector<ParamShard>& shards) {
+                      const std::vector<ParamShard>& shards, FileSystem* fs_or_null) {
+  FileSystem& fs = *FileSystemOrDefault(fs_or_null);
   const int rank = comm->rank();
   const int world = comm->world_size();
   const std::string what = "save checkpoint '" + tag + "' in " + dir + " (rank " + std::to_string(rank) + " of " +
@@ -144,10 +146,10 @@ Status SaveCheckpoint(Communicator* comm, const std::string& dir, const std::str
   if (rank == 0) {
     auto lock = DirectoryLock::Acquire(dir);
     if (lock.ok()) dir_lock = std::move(lock).value();
-    Status cleaned = lock.ok() ? CleanStaleSaves(dir).status() : lock.status();
-    auto root = cleaned.ok() ? CreateStagingRoot(dir, tag) : Result<std::string>(cleaned);
+    Status cleaned = lock.ok() ? CleanStaleSaves(dir, &fs).status() : lock.status();
+    auto root = cleaned.ok() ? CreateStagingRoot(dir, tag, &fs) : Result<std::string>(cleaned);
     if (root.ok() && root->size() > sizeof(staging.message)) {
-      RemoveTree(*root).IgnoreError();
+      RemoveTree(fs, *root).IgnoreError();
       root = InvalidArgumentError("checkpoint directory path is too long (" + std::to_string(root->size()) + " bytes)");
     }
     staging = root.ok() ? Encode(OkStatus(), *root) : Encode(root.status());
@@ -160,13 +162,13 @@ Status SaveCheckpoint(Communicator* comm, const std::string& dir, const std::str
 
   // (3) Every rank's file, into the staging directory; (4) agreement that all succeeded (the
   // barrier before rank 0 finalizes).
-  auto info = WriteRankFile(root, tag, rank, world, shards);
+  auto info = WriteRankFile(root, tag, rank, world, shards, &fs);
   std::vector<double> failed(world, 0.0);
   failed[rank] = info.ok() ? 0.0 : 1.0;
   st = comm->AllReduceHost(failed.data(), failed.size(), ReduceOp::kMax);
   if (!st.ok()) return st.WithContext(what + ": waiting for the other ranks' files");
   if (!info.ok() || !RankList(failed).empty()) {
-    if (rank == 0) RemoveTree(root).IgnoreError();  // every rank is past its write
+    if (rank == 0) RemoveTree(fs, root).IgnoreError();  // every rank is past its write
     if (!info.ok()) return info.status().WithContext(what + ": `latest` is unchanged");
     // Not DATA_LOSS: this rank lost nothing, and the failed save changed no checkpoint.
     return UnavailableError(what + ": writing failed on rank(s) " + RankList(failed) +
@@ -176,7 +178,7 @@ Status SaveCheckpoint(Communicator* comm, const std::string& dir, const std::str
 
   // (5) Rank 0: metadata.json, the swap into place, then latest; (6) its result to everyone.
   WireStatus result;
-  if (rank == 0) result = Encode(FinishSave(root, dir, tag, std::move(meta)));
+  if (rank == 0) result = Encode(FinishSave(fs, root, dir, tag, std::move(meta)));
   st = comm->BroadcastHost(&result, sizeof(result), 0);
   if (!st.ok()) return st.WithContext(what + ": receiving rank 0's result");
   Status final_status = Decode(result);
@@ -185,7 +187,7 @@ Status SaveCheckpoint(Communicator* comm, const std::string& dir, const std::str
 }
 
 Result<LoadedCheckpoint> LoadCheckpoint(Communicator* comm, const std::string& dir, const std::string& tag,
-                                        const std::vector<ParamSignature>& model, bool partitioned) {
+                                        const std::vector<ParamSignature>& model, bool partitioned, FileSystem* fs) {
   const int rank = comm->rank();
   const int world = comm->world_size();
   const std::string what = "load checkpoint " + (tag.empty() ? "(latest)" : "'" + tag + "'") + " from " + dir +
@@ -193,7 +195,7 @@ Result<LoadedCheckpoint> LoadCheckpoint(Communicator* comm, const std::string& d
   // Rank 0 resolves the tag once for everyone.
   WireStatus resolved;
   if (rank == 0) {
-    auto t = ResolveTag(dir, tag);
+    auto t = ResolveTag(dir, tag, fs);
     resolved = t.ok() ? Encode(OkStatus(), *t) : Encode(t.status());
   }
   Status st = comm->BroadcastHost(&resolved, sizeof(resolved), 0);
@@ -210,7 +212,8 @@ Result<LoadedCheckpoint> LoadCheckpoint(Communicator* comm, const std::string& d
     out = InvalidArgumentError("this rank asked for tag '" + tag + "', rank 0 for '" + chosen + "'");
   } else {
     LoadedCheckpoint loaded;
-    auto shards = LoadShardsForRank(dir, chosen, model, partitioned ? rank : 0, partitioned ? world : 1, &loaded.meta);
+    auto shards =
+        LoadShardsForRank(dir, chosen, model, partitioned ? rank : 0, partitioned ? world : 1, &loaded.meta, fs);
     if (shards.ok()) {
       loaded.shards = std::move(shards).value();
       out = std::move(loaded);

@@ -21,6 +21,7 @@
 
 #include "comm/communicator.h"
 #include "engine/checkpoint_format.h"
+#include "runtime/file_system.h"
 #include "runtime/status.h"
 
 namespace zero {
@@ -37,9 +38,10 @@ namespace zero {
 // same Status. A crash or error at any step leaves <dir>/<tag> and `latest` as they were, or both at the complete new
 // copy (once the swap is done); never a half-written checkpoint (docs/checkpoints.md, "Atomicity"). meta.params must
 // list the parameters in the order of `shards` (MakeCheckpointParam), meta.dp_world_size must be comm->world_size();
-// meta.tag and meta.rank_files are filled here.
+// meta.tag and meta.rank_files are filled here. Every file operation goes through `fs` (null: the
+// POSIX file system), which also hears the save's crash points (checkpoint_directory.h).
 Status SaveCheckpoint(Communicator* comm, const std::string& dir, const std::string& tag, CheckpointMeta meta,
-                      const std::vector<ParamShard>& shards);
+                      const std::vector<ParamShard>& shards, FileSystem* fs = nullptr);
 
 struct LoadedCheckpoint {
   CheckpointMeta meta;             // as saved (dp_world_size is the saving world's)
@@ -50,8 +52,9 @@ struct LoadedCheckpoint {
 // broadcast, so all ranks load the same one even if `latest` moves meanwhile). `partitioned`: each
 // shard is this rank's PartitionRange of the parameter (stages 1-3); false: full tensors (stage 0).
 // Fails on every rank if it fails on any; the message names the failing ranks (a rank's own error
-// in full).
+// in full). Files are read through `fs` (null: the POSIX file system).
 Result<LoadedCheckpoint> LoadCheckpoint(Communicator* comm, const std::string& dir, const std::string& tag,
-                                        const std::vector<ParamSignature>& model, bool partitioned);
+                                        const std::vector<ParamSignature>& model, bool partitioned,
+                                        FileSystem* fs = nullptr);
 
 }  // namespace zero

@@ -1,12 +1,12 @@
 // Kills a real saving process at every phase of SaveCheckpoint (engine/checkpoint.h) and checks
 // that `latest` then names the last good checkpoint, bit for bit, for a new tag, for the tag
 // `latest` already names (the default tag right after a load), and for another existing tag; at
-// world sizes 1 and 2 (Gloo thread ranks). Each save runs in a fork()ed child whose crash hook
-// _exits at the named point; the parent stays single-threaded and reads the files the child left.
+// world sizes 1 and 2 (Gloo thread ranks). Each save runs in a fork()ed child on a FaultyFileSystem
+// (runtime/faulty_file_system.h) that _exits at the named crash point; the parent stays
+// single-threaded and reads the files the child left.
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -17,6 +17,7 @@
 #include "engine/checkpoint_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/faulty_file_system.h"
 #include "testing/status_matchers.h"
 
 namespace zero {
@@ -29,16 +30,6 @@ using zero::testing::SyntheticModel;
 using zero::testing::SyntheticState;
 
 constexpr int kCrashExit = 42;
-
-// The crash the child was told to simulate (set in the child only, after fork()).
-const char* g_crash_point = nullptr;
-int g_crash_rank = 0;
-
-void CrashHook(const char* point, int rank) {
-  if (g_crash_point != nullptr && std::strcmp(point, g_crash_point) == 0 && rank == g_crash_rank) {
-    ::_exit(kCrashExit);  // no destructors, no flushing: as a kill would leave it
-  }
-}
 
 // The synthetic state, made distinct per `version` (every value and counter differs).
 FullState StateV(int version, int world) {
@@ -74,16 +65,19 @@ int InChild(Body body) {
   return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
+// Whether the child's file system can exchange two paths (false: the save's two-rename fallback).
+enum class Exchange { kSupported, kOff };
+
 // A collective save of `full` at `world` thread ranks in a child; crashes at `point` on `rank`
 // when point is set. Returns the child's exit status: 0 saved, kCrashExit crashed there.
 int SaveInChild(const std::string& dir, const std::string& tag, const FullState& full, int world,
-                const char* point = nullptr, int rank = 0) {
+                const char* point = nullptr, int rank = 0, Exchange exchange = Exchange::kSupported) {
   return InChild([&]() -> int {
-    g_crash_point = point;
-    g_crash_rank = rank;
-    SetCrashPointHookForTest(&CrashHook);
+    FaultyFileSystem fs;
+    if (point != nullptr) fs.ExitAtCrashPoint(point, rank, kCrashExit);
+    fs.SetExchangeSupported(exchange == Exchange::kSupported);
     Status st = RunThreadRanks(world, [&](int r, Communicator* comm, Device*) {
-      return SaveCheckpoint(comm, dir, tag, MetaFor(full, world), ShardFor(full, r, world));
+      return SaveCheckpoint(comm, dir, tag, MetaFor(full, world), ShardFor(full, r, world), &fs);
     });
     if (!st.ok()) std::fprintf(stderr, "save in child: %s\n", st.ToString().c_str());
     return st.ok() ? 0 : 1;
@@ -230,21 +224,24 @@ INSTANTIATE_TEST_SUITE_P(AllPhases, CrashAtEveryPhaseTest,
 
 class FallbackSwapTest : public ::testing::TestWithParam<int> {
  protected:
-  void SetUp() override { ForceRenameFallbackForTest(true); }
-  void TearDown() override { ForceRenameFallbackForTest(false); }
+  // A save on a file system without RENAME_EXCHANGE.
+  static int Save(const std::string& dir, const std::string& tag, const FullState& full, int world,
+                  const char* point = nullptr) {
+    return SaveInChild(dir, tag, full, world, point, 0, Exchange::kOff);
+  }
 };
 
 TEST_P(FallbackSwapTest, CrashBetweenTheRenamesKeepsTheOldCopyAndTheNextSaveRestoresIt) {
   const int world = GetParam();
   const std::string dir = ScratchDir("fallback");
   const FullState old_state = StateV(1, world), new_state = StateV(3, world);
-  ASSERT_EQ(SaveInChild(dir, "t", old_state, world), 0);
+  ASSERT_EQ(Save(dir, "t", old_state, world), 0);
   // A complete overwrite through the fallback works.
-  ASSERT_EQ(SaveInChild(dir, "t", new_state, world), 0);
+  ASSERT_EQ(Save(dir, "t", new_state, world), 0);
   ExpectTagHolds(dir, "t", new_state);
   EXPECT_THAT(StagingDirs(dir), ::testing::IsEmpty());
 
-  ASSERT_EQ(SaveInChild(dir, "t", old_state, world, "fallback_old_moved_away"), kCrashExit);
+  ASSERT_EQ(Save(dir, "t", old_state, world, "fallback_old_moved_away"), kCrashExit);
   // <dir>/t is gone for the moment; load says where the intact previous copy is.
   EXPECT_FALSE(PathExists(dir + "/t"));
   auto latest = ReadLatest(dir);
@@ -256,7 +253,7 @@ TEST_P(FallbackSwapTest, CrashBetweenTheRenamesKeepsTheOldCopyAndTheNextSaveRest
 
   // The next save (another tag) puts it back, then saves.
   const FullState next = StateV(4, world);
-  ASSERT_EQ(SaveInChild(dir, "u", next, world), 0);
+  ASSERT_EQ(Save(dir, "u", next, world), 0);
   EXPECT_THAT(StagingDirs(dir), ::testing::IsEmpty());
   ExpectTagHolds(dir, "t", new_state);
   ExpectTagHolds(dir, "u", next);

@@ -1,15 +1,13 @@
 #include "engine/checkpoint_directory.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <random>
 
-#include "engine/checkpoint_io.h"
+#include "runtime/atomic_file.h"
 
 namespace zero {
 
@@ -42,54 +40,55 @@ std::string DefaultTag(int64_t global_steps) { return "global_step" + std::to_st
 namespace {
 constexpr const char* kStagingTagFile = "saving_tag";
 constexpr const char* kStagingPrevious = "previous";
-std::atomic<bool> g_force_rename_fallback{false};
 
 bool IsStagingRoot(const std::string& name) { return name.rfind(kStagingPrefix, 0) == 0; }
 }  // namespace
 
-void ForceRenameFallbackForTest(bool force) { g_force_rename_fallback.store(force); }
-
-Result<std::string> CreateStagingRoot(const std::string& dir, const std::string& tag) {
+Result<std::string> CreateStagingRoot(const std::string& dir, const std::string& tag, FileSystem* fs_or_null) {
+  FileSystem& fs = *FileSystemOrDefault(fs_or_null);
   ZERO_RETURN_IF_ERROR(ValidateTag(tag));
-  ZERO_RETURN_IF_ERROR(CreateDirectories(dir));
+  ZERO_RETURN_IF_ERROR(CreateDirectories(fs, dir));
   std::random_device rd;
   for (int attempt = 0; attempt < 8; ++attempt) {
     char name[64];
     std::snprintf(name, sizeof(name), "%s%d.%08x%08x", kStagingPrefix, static_cast<int>(::getpid()), rd(), rd());
     const std::string root = JoinPath(dir, name);
-    if (::mkdir(root.c_str(), 0755) != 0) {
-      if (errno == EEXIST) continue;
-      return ErrnoError("mkdir", root, errno);
+    int err = 0;
+    Status made = fs.CreateDirectory(root, &err);
+    if (!made.ok()) {
+      if (err == EEXIST) continue;
+      return made;
     }
-    ZERO_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(root, kStagingTagFile), tag));
-    ZERO_RETURN_IF_ERROR(SyncDirectory(dir));
+    ZERO_RETURN_IF_ERROR(WriteFileAtomic(fs, JoinPath(root, kStagingTagFile), tag));
+    ZERO_RETURN_IF_ERROR(fs.SyncDirectory(dir));
     return root;
   }
   return InternalError("create a staging directory in " + dir + ": no free name after 8 attempts");
 }
 
-Status InstallStagedTag(const std::string& staging_root, const std::string& dir, const std::string& tag) {
+Status InstallStagedTag(const std::string& staging_root, const std::string& dir, const std::string& tag,
+                        FileSystem* fs_or_null) {
+  FileSystem& fs = *FileSystemOrDefault(fs_or_null);
   ZERO_RETURN_IF_ERROR(ValidateTag(tag));
   const std::string staged = TagDirectory(staging_root, tag);
   const std::string target = TagDirectory(dir, tag);
   const std::string what = "install checkpoint " + staged + " as " + target;
-  if (!PathExists(target)) {
-    ZERO_RETURN_IF_ERROR(RenamePath(staged, target).WithContext(what));
+  if (!PathExists(fs, target)) {
+    ZERO_RETURN_IF_ERROR(fs.Rename(staged, target).WithContext(what));
   } else {
-    Status st = g_force_rename_fallback.load() ? UnimplementedError("exchange forced off for a test")
-                                               : ExchangePaths(staged, target);
+    Status st = fs.Exchange(staged, target);
     if (st.code() == StatusCode::kUnimplemented) {
       // Two renames: the old copy moves into the staging root first, so it is never destroyed;
       // a crash between them leaves `target` missing and CleanStaleSaves (or a person) moves the
       // old copy back.
       const std::string previous = JoinPath(staging_root, kStagingPrevious);
-      ZERO_RETURN_IF_ERROR(RenamePath(target, previous).WithContext(what));
-      ZERO_RETURN_IF_ERROR(SyncDirectory(dir));
-      ZERO_RETURN_IF_ERROR(SyncDirectory(staging_root));
-      CrashPoint("fallback_old_moved_away", 0);
-      st = RenamePath(staged, target);
+      ZERO_RETURN_IF_ERROR(fs.Rename(target, previous).WithContext(what));
+      ZERO_RETURN_IF_ERROR(fs.SyncDirectory(dir));
+      ZERO_RETURN_IF_ERROR(fs.SyncDirectory(staging_root));
+      fs.CrashPoint("fallback_old_moved_away", 0);
+      st = fs.Rename(staged, target);
       if (!st.ok()) {
-        Status back = RenamePath(previous, target);
+        Status back = fs.Rename(previous, target);
         return st.WithContext(what + (back.ok() ? " (the previous copy was put back)"
                                                 : " (putting the previous copy back failed: " + back.message() + ")"));
       }
@@ -97,47 +96,48 @@ Status InstallStagedTag(const std::string& staging_root, const std::string& dir,
       return st.WithContext(what);
     }
   }
-  ZERO_RETURN_IF_ERROR(SyncDirectory(dir));
-  return SyncDirectory(staging_root);
+  ZERO_RETURN_IF_ERROR(fs.SyncDirectory(dir));
+  return fs.SyncDirectory(staging_root);
 }
 
-Result<std::vector<std::string>> CleanStaleSaves(const std::string& dir) {
+Result<std::vector<std::string>> CleanStaleSaves(const std::string& dir, FileSystem* fs_or_null) {
+  FileSystem& fs = *FileSystemOrDefault(fs_or_null);
   std::vector<std::string> done;
-  if (!PathExists(dir)) return done;
-  ZERO_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(dir));
+  if (!PathExists(fs, dir)) return done;
+  ZERO_ASSIGN_OR_RETURN(std::vector<std::string> names, fs.ListDirectory(dir));
   for (const std::string& name : names) {
     if (!IsStagingRoot(name)) continue;
     const std::string root = JoinPath(dir, name);
     const std::string previous = JoinPath(root, kStagingPrevious);
-    auto tag = ReadFile(JoinPath(root, kStagingTagFile));
-    if (tag.ok() && ValidateTag(*tag).ok() && PathExists(previous) && !PathExists(TagDirectory(dir, *tag))) {
+    auto tag = fs.ReadFile(JoinPath(root, kStagingTagFile));
+    if (tag.ok() && ValidateTag(*tag).ok() && PathExists(fs, previous) && !PathExists(fs, TagDirectory(dir, *tag))) {
       // A save died between the two renames of the fallback swap: put the old copy back.
-      ZERO_RETURN_IF_ERROR(RenamePath(previous, TagDirectory(dir, *tag))
+      ZERO_RETURN_IF_ERROR(fs.Rename(previous, TagDirectory(dir, *tag))
                                .WithContext("restore the previous copy of tag '" + *tag +
                                             "' left by an "
                                             "interrupted save"));
-      ZERO_RETURN_IF_ERROR(SyncDirectory(dir));
+      ZERO_RETURN_IF_ERROR(fs.SyncDirectory(dir));
       done.push_back("restored " + TagDirectory(dir, *tag) + " from " + previous);
     }
     ZERO_RETURN_IF_ERROR(
-        RemoveTree(root).WithContext("remove the staging directory " + root + " left by an interrupted save"));
+        RemoveTree(fs, root).WithContext("remove the staging directory " + root + " left by an interrupted save"));
     done.push_back("removed " + root);
   }
-  if (!done.empty()) ZERO_RETURN_IF_ERROR(SyncDirectory(dir));
+  if (!done.empty()) ZERO_RETURN_IF_ERROR(fs.SyncDirectory(dir));
   return done;
 }
 
 namespace {
 // Where an interrupted fallback swap left the previous copy of `tag`, or "".
-std::string FindPreviousCopy(const std::string& dir, const std::string& tag) {
-  auto names = ListDirectory(dir);
+std::string FindPreviousCopy(FileSystem& fs, const std::string& dir, const std::string& tag) {
+  auto names = fs.ListDirectory(dir);
   if (!names.ok()) return "";
   for (const std::string& name : *names) {
     if (!IsStagingRoot(name)) continue;
     const std::string root = JoinPath(dir, name);
-    auto t = ReadFile(JoinPath(root, kStagingTagFile));
+    auto t = fs.ReadFile(JoinPath(root, kStagingTagFile));
     const std::string previous = JoinPath(root, kStagingPrevious);
-    if (t.ok() && *t == tag && PathExists(JoinPath(previous, kMetadataFileName))) return previous;
+    if (t.ok() && *t == tag && PathExists(fs, JoinPath(previous, kMetadataFileName))) return previous;
   }
   return "";
 }
@@ -145,19 +145,20 @@ std::string FindPreviousCopy(const std::string& dir, const std::string& tag) {
 
 // --- latest --------------------------------------------------------------------------------------
 
-Status WriteLatest(const std::string& dir, const std::string& tag) {
+Status WriteLatest(const std::string& dir, const std::string& tag, FileSystem* fs) {
   ZERO_RETURN_IF_ERROR(ValidateTag(tag));
-  return WriteFileAtomic(JoinPath(dir, kLatestFileName), tag);
+  return WriteFileAtomic(*FileSystemOrDefault(fs), JoinPath(dir, kLatestFileName), tag);
 }
 
-Result<std::string> ReadLatest(const std::string& dir) {
-  if (!PathExists(dir)) return NotFoundError("checkpoint directory " + dir + " does not exist");
+Result<std::string> ReadLatest(const std::string& dir, FileSystem* fs_or_null) {
+  FileSystem& fs = *FileSystemOrDefault(fs_or_null);
+  if (!PathExists(fs, dir)) return NotFoundError("checkpoint directory " + dir + " does not exist");
   const std::string path = JoinPath(dir, kLatestFileName);
-  if (!PathExists(path)) {
+  if (!PathExists(fs, path)) {
     return NotFoundError(path + " is missing: no checkpoint was completed in " + dir +
                          " (pass a tag explicitly to load an incomplete save's files)");
   }
-  ZERO_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  ZERO_ASSIGN_OR_RETURN(std::string text, fs.ReadFile(path));
   size_t b = 0, e = text.size();
   while (b < e && std::isspace(static_cast<unsigned char>(text[b]))) ++b;
   while (e > b && std::isspace(static_cast<unsigned char>(text[e - 1]))) --e;
@@ -165,8 +166,8 @@ Result<std::string> ReadLatest(const std::string& dir) {
   Status valid = ValidateTag(tag);
   if (!valid.ok()) return DataLossError(path + ": " + valid.message());
   const std::string meta_path = JoinPath(TagDirectory(dir, tag), kMetadataFileName);
-  if (!PathExists(meta_path)) {
-    const std::string previous = FindPreviousCopy(dir, tag);
+  if (!PathExists(fs, meta_path)) {
+    const std::string previous = FindPreviousCopy(fs, dir, tag);
     if (!previous.empty()) {
       return NotFoundError(path + " names tag '" + tag + "', but " + meta_path +
                            " does not exist: a save of that tag was interrupted while swapping "
@@ -179,8 +180,8 @@ Result<std::string> ReadLatest(const std::string& dir) {
   return tag;
 }
 
-Result<std::string> ResolveTag(const std::string& dir, const std::string& tag) {
-  if (tag.empty()) return ReadLatest(dir);
+Result<std::string> ResolveTag(const std::string& dir, const std::string& tag, FileSystem* fs) {
+  if (tag.empty()) return ReadLatest(dir, fs);
   ZERO_RETURN_IF_ERROR(ValidateTag(tag));
   return tag;
 }

@@ -4,14 +4,16 @@
 // that make a save appear whole or not at all (CreateStagingRoot, InstallStagedTag,
 // CleanStaleSaves). It never reads or writes a rank file's or metadata.json's contents
 // (checkpoint_rank_file.h and checkpoint_metadata.h do); it only checks that a tag's metadata.json
-// exists. Thread-safe: no shared state but the test switch ForceRenameFallbackForTest. Files are
-// read, written, renamed and synced with checkpoint_io.h; the layout is in checkpoint_format.h.
+// exists. Thread-safe: no shared state. Files are read, written, renamed and synced through the
+// FileSystem each function takes (`fs`, null: the POSIX one; runtime/file_system.h), which also
+// hears the crash points below; the layout is in checkpoint_format.h.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "runtime/file_system.h"
 #include "runtime/status.h"
 
 namespace zero {
@@ -33,12 +35,12 @@ std::string DefaultTag(int64_t global_steps);
 
 // --- latest -------------------------------------------------------------------------------------
 // Writes <dir>/latest = tag, atomically. Call only after the tag's metadata.json exists.
-Status WriteLatest(const std::string& dir, const std::string& tag);
+Status WriteLatest(const std::string& dir, const std::string& tag, FileSystem* fs = nullptr);
 // The tag in <dir>/latest (whitespace trimmed), checked to name a tag whose metadata.json exists.
 // When it does not, the NOT_FOUND error names the previous copy an interrupted swap left, if any.
-Result<std::string> ReadLatest(const std::string& dir);
+Result<std::string> ReadLatest(const std::string& dir, FileSystem* fs = nullptr);
 // `tag` itself when not empty (checked with ValidateTag), else ReadLatest(dir).
-Result<std::string> ResolveTag(const std::string& dir, const std::string& tag);
+Result<std::string> ResolveTag(const std::string& dir, const std::string& tag, FileSystem* fs = nullptr);
 
 // --- staging and the swap (what SaveCheckpoint in checkpoint.h runs) ---------------------------
 // A save writes the whole tag into a staging directory and swaps it in only when complete:
@@ -47,24 +49,24 @@ Result<std::string> ResolveTag(const std::string& dir, const std::string& tag);
 //   WriteCheckpointMetadata(root, tag, meta)  rank 0: <root>/<tag>/metadata.json
 //   InstallStagedTag(root, dir, tag)          rank 0: <root>/<tag> becomes <dir>/<tag>
 //   WriteLatest(dir, tag); RemoveTree(root)   rank 0 (the root then holds the old copy, if any)
-// Crash points (checkpoint_io.h CrashPoint): "writing_rank_file" (rank r, its file half written),
-// "rank_files_written", "metadata_written", "swapped", "latest_written" (rank 0), and
-// "fallback_old_moved_away" (inside the rename fallback below).
+// Crash points (FileSystem::CrashPoint, where a test's FaultyFileSystem can end the process):
+// "writing_rank_file" (rank r, its file half written), "rank_files_written", "metadata_written",
+// "swapped", "latest_written" (rank 0), and "fallback_old_moved_away" (inside the rename fallback
+// below).
 //
 // Makes the staging directory (and `dir`). The tag must be valid.
-Result<std::string> CreateStagingRoot(const std::string& dir, const std::string& tag);
+Result<std::string> CreateStagingRoot(const std::string& dir, const std::string& tag, FileSystem* fs = nullptr);
 // Moves <root>/<tag> to <dir>/<tag>. When <dir>/<tag> exists, the two are exchanged atomically
-// (renameat2 RENAME_EXCHANGE), so the tag's name always holds a complete checkpoint and the old
-// copy ends in the staging root. Where the filesystem cannot exchange, two renames: the old copy
+// (FileSystem::Exchange), so the tag's name always holds a complete checkpoint and the old copy
+// ends in the staging root. Where the filesystem cannot exchange (UNIMPLEMENTED), two renames: the old copy
 // to <root>/previous, then the new one in (a crash between them leaves <dir>/<tag> missing, the
 // old copy intact; CleanStaleSaves moves it back). fsyncs both directories.
-Status InstallStagedTag(const std::string& staging_root, const std::string& dir, const std::string& tag);
+Status InstallStagedTag(const std::string& staging_root, const std::string& dir, const std::string& tag,
+                        FileSystem* fs = nullptr);
 // Removes every staging directory in `dir` (left by saves that crashed or failed), first moving
 // back a previous copy that an interrupted fallback swap left there when its tag is missing.
 // Returns what it did ("removed <path>", "restored <tag dir> from <path>"). Call only when no
 // other save into `dir` runs (one job per checkpoint directory).
-Result<std::vector<std::string>> CleanStaleSaves(const std::string& dir);
-// Tests only: InstallStagedTag uses the two-rename fallback even where exchange works.
-void ForceRenameFallbackForTest(bool force);
+Result<std::vector<std::string>> CleanStaleSaves(const std::string& dir, FileSystem* fs = nullptr);
 
 }  // namespace zero

@@ -8,7 +8,7 @@
 
 namespace zero {
 
-Status WriteCheckpointMetadata(const std::string& dir, const std::string& tag, CheckpointMeta meta) {
+Status WriteCheckpointMetadata(const std::string& dir, const std::string& tag, CheckpointMeta meta, FileSystem* fs) {
   ZERO_RETURN_IF_ERROR(ValidateTag(tag));
   const std::string tag_dir = TagDirectory(dir, tag);
   const int world = meta.dp_world_size;
@@ -17,7 +17,7 @@ Status WriteCheckpointMetadata(const std::string& dir, const std::string& tag, C
   std::vector<RankFileInfo> infos;
   std::vector<int> missing;
   for (int r = 0; r < world; ++r) {
-    auto info = ReadRankFileInfo(dir, tag, r, world);
+    auto info = ReadRankFileInfo(dir, tag, r, world, fs);
     if (!info.ok()) {
       if (info.status().code() != StatusCode::kNotFound) return info.status();
       missing.push_back(r);
@@ -51,12 +51,12 @@ Status WriteCheckpointMetadata(const std::string& dir, const std::string& tag, C
     }
   }
   meta.rank_files = std::move(infos);
-  return WriteMetadata(dir, tag, meta);
+  return WriteMetadata(dir, tag, meta, fs);
 }
 
-Status FinalizeCheckpoint(const std::string& dir, const std::string& tag, CheckpointMeta meta) {
-  ZERO_RETURN_IF_ERROR(WriteCheckpointMetadata(dir, tag, std::move(meta)));
-  return WriteLatest(dir, tag);
+Status FinalizeCheckpoint(const std::string& dir, const std::string& tag, CheckpointMeta meta, FileSystem* fs) {
+  ZERO_RETURN_IF_ERROR(WriteCheckpointMetadata(dir, tag, std::move(meta), fs));
+  return WriteLatest(dir, tag, fs);
 }
 
 }  // namespace zero

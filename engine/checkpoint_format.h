@@ -51,6 +51,7 @@
 #include "engine/checkpoint_metadata.h"
 #include "engine/checkpoint_rank_file.h"
 #include "engine/checkpoint_repartition.h"
+#include "runtime/file_system.h"
 #include "runtime/status.h"
 
 namespace zero {
@@ -59,9 +60,11 @@ namespace zero {
 // meta.tag and meta.rank_files from the files on disk (ReadRankFileInfo; when the caller already
 // gathered the RankFileInfos into meta.rank_files, they must match the disk), then WriteMetadata,
 // then WriteLatest. Missing rank files: FAILED_PRECONDITION naming them and the world size, saying
-// save must be called on every rank; `latest` is left as it was.
-Status FinalizeCheckpoint(const std::string& dir, const std::string& tag, CheckpointMeta meta);
+// save must be called on every rank; `latest` is left as it was. `fs`: null: the POSIX file system.
+Status FinalizeCheckpoint(const std::string& dir, const std::string& tag, CheckpointMeta meta,
+                          FileSystem* fs = nullptr);
 // FinalizeCheckpoint without `latest`: checks the rank files, writes metadata.json.
-Status WriteCheckpointMetadata(const std::string& dir, const std::string& tag, CheckpointMeta meta);
+Status WriteCheckpointMetadata(const std::string& dir, const std::string& tag, CheckpointMeta meta,
+                               FileSystem* fs = nullptr);
 
 }  // namespace zero

@@ -8,9 +8,10 @@
 #include <utility>
 
 #include "engine/checkpoint_directory.h"
-#include "engine/checkpoint_io.h"
 #include "engine/json_input.h"
+#include "runtime/atomic_file.h"
 #include "runtime/crc32c.h"
+#include "runtime/file_system.h"
 #include "zero/partition.h"
 
 namespace zero {
@@ -185,7 +186,7 @@ std::string SealMetadataText(std::string_view json_text) {
   return body;
 }
 
-Status WriteMetadata(const std::string& dir, const std::string& tag, const CheckpointMeta& meta) {
+Status WriteMetadata(const std::string& dir, const std::string& tag, const CheckpointMeta& meta, FileSystem* fs) {
   ZERO_RETURN_IF_ERROR(ValidateTag(tag));
   const std::string path = JoinPath(TagDirectory(dir, tag), kMetadataFileName);
   if (meta.tag != tag) {
@@ -232,24 +233,25 @@ Status WriteMetadata(const std::string& dir, const std::string& tag, const Check
     files.push_back({{"rank", r}, {"file", f.file}, {"bytes", f.bytes}, {"crc32c", Crc32cHex(f.crc32c)}});
   }
   j["rank_files"] = std::move(files);
-  return WriteFileAtomic(path, SealMetadataText(j.dump(1)));
+  return WriteFileAtomic(*FileSystemOrDefault(fs), path, SealMetadataText(j.dump(1)));
 }
 
 // --- reading -------------------------------------------------------------------------------------
 
-Result<CheckpointMeta> ReadMetadata(const std::string& dir, const std::string& tag) {
+Result<CheckpointMeta> ReadMetadata(const std::string& dir, const std::string& tag, FileSystem* fs_or_null) {
+  FileSystem& fs = *FileSystemOrDefault(fs_or_null);
   ZERO_RETURN_IF_ERROR(ValidateTag(tag));
   const std::string tag_dir = TagDirectory(dir, tag);
   const std::string path = JoinPath(tag_dir, kMetadataFileName);
-  if (!PathExists(path)) {
-    if (PathExists(tag_dir)) {
+  if (!PathExists(fs, path)) {
+    if (PathExists(fs, tag_dir)) {
       return NotFoundError(path + " is missing: the save of tag '" + tag +
                            "' did not complete (rank 0 writes metadata.json last, after every "
                            "rank's file)");
     }
     return NotFoundError("checkpoint tag '" + tag + "' does not exist: " + tag_dir + " is missing");
   }
-  ZERO_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  ZERO_ASSIGN_OR_RETURN(std::string text, fs.ReadFile(path));
   Seal seal;
   const bool sealed = FindSeal(text, &seal);
   if (sealed) {

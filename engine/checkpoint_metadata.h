@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "runtime/dtype.h"
+#include "runtime/file_system.h"
 #include "runtime/status.h"
 
 namespace zero {
@@ -89,7 +90,9 @@ Status CheckJsonText(const std::string& text, const std::string& what);
 // --- writing ------------------------------------------------------------------------------------
 // Writes metadata.json atomically. REQUIRES: meta.tag == tag, meta.rank_files has dp_world_size
 // entries, every param's numel/n_pad agree with its shape and the world size, the JSON texts parse.
-Status WriteMetadata(const std::string& dir, const std::string& tag, const CheckpointMeta& meta);
+// `fs`: where (null: the POSIX file system), as for every file function of the checkpoint code.
+Status WriteMetadata(const std::string& dir, const std::string& tag, const CheckpointMeta& meta,
+                     FileSystem* fs = nullptr);
 // The metadata.json text for a JSON object `json_text` (with or without a seal already): the
 // text with a last entry "metadata_crc32c" holding the CRC32C of every byte before that entry
 // (docs/checkpoints.md). For tools and tests that edit metadata.json; WriteMetadata seals.
@@ -99,6 +102,6 @@ std::string SealMetadataText(std::string_view json_text);
 // Parses and checks metadata.json: format and version (another version: FAILED_PRECONDITION
 // naming both), every key present with the right type, the param table consistent. Returns the
 // tag directory's name as meta.tag (a renamed tag directory loads under its new name).
-Result<CheckpointMeta> ReadMetadata(const std::string& dir, const std::string& tag);
+Result<CheckpointMeta> ReadMetadata(const std::string& dir, const std::string& tag, FileSystem* fs = nullptr);
 
 }  // namespace zero

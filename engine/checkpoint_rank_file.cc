@@ -6,8 +6,9 @@
 #include <string_view>
 
 #include "engine/checkpoint_directory.h"
-#include "engine/checkpoint_io.h"
+#include "runtime/atomic_file.h"
 #include "runtime/crc32c.h"
+#include "runtime/file_system.h"
 #include "zero/partition.h"
 
 namespace zero {
@@ -221,7 +222,8 @@ Result<std::vector<ParamShard>> ParseRankFile(const std::string& path, const std
 // --- writing -------------------------------------------------------------------------------------
 
 Result<RankFileInfo> WriteRankFile(const std::string& dir, const std::string& tag, int rank, int world,
-                                   const std::vector<ParamShard>& shards) {
+                                   const std::vector<ParamShard>& shards, FileSystem* fs_or_null) {
+  FileSystem& fs = *FileSystemOrDefault(fs_or_null);
   ZERO_RETURN_IF_ERROR(ValidateTag(tag));
   if (world < 1 || rank < 0 || rank >= world) {
     return InvalidArgumentError("WriteRankFile: rank " + std::to_string(rank) + " is not in a dp world of size " +
@@ -254,9 +256,9 @@ Result<RankFileInfo> WriteRankFile(const std::string& dir, const std::string& ta
   }
 
   const std::string tag_dir = TagDirectory(dir, tag);
-  ZERO_RETURN_IF_ERROR(CreateDirectories(tag_dir));
+  ZERO_RETURN_IF_ERROR(CreateDirectories(fs, tag_dir));
   const std::string path = JoinPath(tag_dir, RankFileName(rank));
-  ZERO_ASSIGN_OR_RETURN(AtomicFileWriter w, AtomicFileWriter::Open(path));
+  ZERO_ASSIGN_OR_RETURN(AtomicFileWriter w, AtomicFileWriter::Open(fs, path));
   ZERO_RETURN_IF_ERROR(w.Append(MakeHeader(rank, world, shards.size(), total)));
   for (size_t i = 0; i < shards.size(); ++i) {
     const ParamShard& s = shards[i];
@@ -264,7 +266,7 @@ Result<RankFileInfo> WriteRankFile(const std::string& dir, const std::string& ta
     ZERO_RETURN_IF_ERROR(w.Append(s.master.data(), s.master.size() * sizeof(float)));
     ZERO_RETURN_IF_ERROR(w.Append(s.exp_avg.data(), s.exp_avg.size() * sizeof(float)));
     ZERO_RETURN_IF_ERROR(w.Append(s.exp_avg_sq.data(), s.exp_avg_sq.size() * sizeof(float)));
-    if (i == shards.size() / 2) CrashPoint("writing_rank_file", rank);  // tests: a partial file
+    if (i == shards.size() / 2) fs.CrashPoint("writing_rank_file", rank);  // tests: a partial file
   }
   std::string trailer;
   Put<uint32_t>(&trailer, w.crc());
@@ -279,10 +281,12 @@ Result<RankFileInfo> WriteRankFile(const std::string& dir, const std::string& ta
 
 // --- reading -------------------------------------------------------------------------------------
 
-Result<RankFileInfo> ReadRankFileInfo(const std::string& dir, const std::string& tag, int rank, int world) {
+Result<RankFileInfo> ReadRankFileInfo(const std::string& dir, const std::string& tag, int rank, int world,
+                                      FileSystem* fs_or_null) {
+  FileSystem& fs = *FileSystemOrDefault(fs_or_null);
   const std::string path = JoinPath(TagDirectory(dir, tag), RankFileName(rank));
-  ZERO_ASSIGN_OR_RETURN(uint64_t size, FileSize(path));  // NOT_FOUND names the file
-  ZERO_ASSIGN_OR_RETURN(std::string header, ReadFileRange(path, 0, std::min<uint64_t>(size, kHeaderBytes)));
+  ZERO_ASSIGN_OR_RETURN(uint64_t size, FileSize(fs, path));  // NOT_FOUND names the file
+  ZERO_ASSIGN_OR_RETURN(std::string header, fs.ReadFileRange(path, 0, std::min<uint64_t>(size, kHeaderBytes)));
   ZERO_ASSIGN_OR_RETURN(RankHeader h, ParseHeader(path, header.data(), header.size()));
   ZERO_RETURN_IF_ERROR(CheckHeaderIdentity(path, h, rank, world));
   if (size != h.file_bytes) {
@@ -290,7 +294,7 @@ Result<RankFileInfo> ReadRankFileInfo(const std::string& dir, const std::string&
                          " bytes (from its header), got " + std::to_string(size));
   }
   if (size < kHeaderBytes + kTrailerBytes) return DataLossError(path + ": bad trailer (the file is corrupt)");
-  ZERO_ASSIGN_OR_RETURN(std::string trailer, ReadFileRange(path, size - kTrailerBytes, kTrailerBytes));
+  ZERO_ASSIGN_OR_RETURN(std::string trailer, fs.ReadFileRange(path, size - kTrailerBytes, kTrailerBytes));
   if (std::memcmp(trailer.data() + 4, kTrailerMagic, 4) != 0) {
     return DataLossError(path + ": bad trailer (the file is corrupt)");
   }
@@ -298,21 +302,22 @@ Result<RankFileInfo> ReadRankFileInfo(const std::string& dir, const std::string&
 }
 
 Result<std::vector<ParamShard>> ReadRankFile(const std::string& dir, const std::string& tag, int rank,
-                                             const CheckpointMeta& meta) {
+                                             const CheckpointMeta& meta, FileSystem* fs_or_null) {
+  FileSystem& fs = *FileSystemOrDefault(fs_or_null);
   const std::string tag_dir = TagDirectory(dir, tag);
   const std::string path = JoinPath(tag_dir, RankFileName(rank));
   if (rank < 0 || rank >= meta.dp_world_size || static_cast<int>(meta.rank_files.size()) != meta.dp_world_size) {
     return InvalidArgumentError("checkpoint " + tag_dir + " was saved with dp world size " +
                                 std::to_string(meta.dp_world_size) + "; it has no rank " + std::to_string(rank));
   }
-  if (!PathExists(path)) {
+  if (!PathExists(fs, path)) {
     return NotFoundError("checkpoint " + tag_dir + " was saved with dp world size " +
                          std::to_string(meta.dp_world_size) + ", but its rank file " + RankFileName(rank) +
                          " is missing (" + path + ")");
   }
   const RankFileInfo& info = meta.rank_files[rank];
   const std::string ctx = "rank " + std::to_string(rank) + " file";
-  ZERO_ASSIGN_OR_RETURN(std::string data, ReadFile(path));
+  ZERO_ASSIGN_OR_RETURN(std::string data, fs.ReadFile(path));
   if (data.size() != info.bytes) {
     return DataLossError(ctx + ": " + path + (data.size() < info.bytes ? ": truncated" : ": longer than expected") +
                          ": expected " + std::to_string(info.bytes) + " bytes (metadata.json), got " +

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/checkpoint_metadata.h"
+#include "runtime/file_system.h"
 #include "runtime/status.h"
 
 namespace zero {
@@ -32,17 +33,19 @@ struct ParamShard {
 // Writes rank `rank`'s file atomically (creating <dir>/<tag>/ if needed). Checks each shard:
 // numel == product(shape), 0 <= begin <= end <= PaddedNumel(numel, world), and the three arrays
 // hold end - begin floats; errors name the parameter. Returns the file's size and checksum.
+// `fs` (here and below): where (null: the POSIX file system); it hears "writing_rank_file".
 Result<RankFileInfo> WriteRankFile(const std::string& dir, const std::string& tag, int rank, int world,
-                                   const std::vector<ParamShard>& shards);
+                                   const std::vector<ParamShard>& shards, FileSystem* fs = nullptr);
 
 // Size and checksum of a rank file, from its header and trailer (the contents are not read), and
 // checks that its header names `rank` and `world`. Missing: NOT_FOUND naming the file.
-Result<RankFileInfo> ReadRankFileInfo(const std::string& dir, const std::string& tag, int rank, int world);
+Result<RankFileInfo> ReadRankFileInfo(const std::string& dir, const std::string& tag, int rank, int world,
+                                      FileSystem* fs = nullptr);
 
 // Reads and verifies rank `rank`'s file against `meta` (size, CRC32C, header, records matching the
 // param table): missing file: NOT_FOUND naming it and the world size the checkpoint was saved with;
 // truncated or corrupt: DATA_LOSS naming the file and the sizes or checksums.
 Result<std::vector<ParamShard>> ReadRankFile(const std::string& dir, const std::string& tag, int rank,
-                                             const CheckpointMeta& meta);
+                                             const CheckpointMeta& meta, FileSystem* fs = nullptr);
 
 }  // namespace zero

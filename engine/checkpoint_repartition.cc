@@ -67,9 +67,9 @@ const FullParam* FullState::Find(const std::string& name) const {
   return nullptr;
 }
 
-Result<FullState> LoadFullState(const std::string& dir, const std::string& tag) {
+Result<FullState> LoadFullState(const std::string& dir, const std::string& tag, FileSystem* fs) {
   FullState full;
-  ZERO_ASSIGN_OR_RETURN(full.meta, ReadMetadata(dir, tag));
+  ZERO_ASSIGN_OR_RETURN(full.meta, ReadMetadata(dir, tag, fs));
   const CheckpointMeta& meta = full.meta;
   full.params.resize(meta.params.size());
   for (size_t i = 0; i < meta.params.size(); ++i) {
@@ -85,7 +85,7 @@ Result<FullState> LoadFullState(const std::string& dir, const std::string& tag) 
   }
   std::vector<Intervals> seen(meta.params.size());
   for (int r = 0; r < meta.dp_world_size; ++r) {
-    ZERO_ASSIGN_OR_RETURN(std::vector<ParamShard> shards, ReadRankFile(dir, tag, r, meta));
+    ZERO_ASSIGN_OR_RETURN(std::vector<ParamShard> shards, ReadRankFile(dir, tag, r, meta, fs));
     for (size_t i = 0; i < shards.size(); ++i) {
       FullParam& f = full.params[i];
       CopyOverlap(shards[i], f.numel, 0, f.numel, f.master.data(), f.exp_avg.data(), f.exp_avg_sq.data());
@@ -167,12 +167,12 @@ Status CheckModelMatches(const CheckpointMeta& meta, const std::vector<ParamSign
 
 Result<std::vector<ParamShard>> LoadShardsForRank(const std::string& dir, const std::string& tag,
                                                   const std::vector<ParamSignature>& model, int rank, int world,
-                                                  CheckpointMeta* meta_out) {
+                                                  CheckpointMeta* meta_out, FileSystem* fs) {
   if (world < 1 || rank < 0 || rank >= world) {
     return InvalidArgumentError("LoadShardsForRank: rank " + std::to_string(rank) + " is not in a dp world of size " +
                                 std::to_string(world));
   }
-  ZERO_ASSIGN_OR_RETURN(CheckpointMeta meta, ReadMetadata(dir, tag));
+  ZERO_ASSIGN_OR_RETURN(CheckpointMeta meta, ReadMetadata(dir, tag, fs));
   ZERO_RETURN_IF_ERROR(CheckModelMatches(meta, model));
   // meta index -> model index
   std::unordered_map<std::string, size_t> model_index;
@@ -196,7 +196,7 @@ Result<std::vector<ParamShard>> LoadShardsForRank(const std::string& dir, const 
   }
   std::vector<Intervals> seen(meta.params.size());
   for (int old_rank = 0; old_rank < meta.dp_world_size; ++old_rank) {
-    ZERO_ASSIGN_OR_RETURN(std::vector<ParamShard> old, ReadRankFile(dir, tag, old_rank, meta));
+    ZERO_ASSIGN_OR_RETURN(std::vector<ParamShard> old, ReadRankFile(dir, tag, old_rank, meta, fs));
     for (size_t i = 0; i < old.size(); ++i) {
       ParamShard& s = out[to_model[i]];
       CopyOverlap(old[i], s.numel, s.begin, s.end, s.master.data(), s.exp_avg.data(), s.exp_avg_sq.data());

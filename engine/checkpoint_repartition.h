@@ -14,6 +14,7 @@
 
 #include "engine/checkpoint_metadata.h"
 #include "engine/checkpoint_rank_file.h"
+#include "runtime/file_system.h"
 #include "runtime/status.h"
 #include "zero/partition.h"
 
@@ -44,7 +45,8 @@ struct FullState {
 
 // Reads every rank file of the checkpoint and reassembles the full tensors. The slices of each
 // parameter must cover [0, numel) exactly once (errors name the parameter and the gap or overlap).
-Result<FullState> LoadFullState(const std::string& dir, const std::string& tag);
+// `fs` (here and below): where (null: the POSIX file system).
+Result<FullState> LoadFullState(const std::string& dir, const std::string& tag, FileSystem* fs = nullptr);
 
 // Rank `rank`'s PartitionRange slice of full host arrays (numel floats each),
 // padding zero, as partitioned stages hold it. REQUIRES: no negative dim, 0 <= rank < world.
@@ -73,6 +75,6 @@ Status CheckModelMatches(const CheckpointMeta& meta, const std::vector<ParamSign
 // (optional) receives the metadata (counters, loss scaler, scheduler, config).
 Result<std::vector<ParamShard>> LoadShardsForRank(const std::string& dir, const std::string& tag,
                                                   const std::vector<ParamSignature>& model, int rank, int world,
-                                                  CheckpointMeta* meta_out = nullptr);
+                                                  CheckpointMeta* meta_out = nullptr, FileSystem* fs = nullptr);
 
 }  // namespace zero
