@@ -182,6 +182,7 @@ static OptimizerStatesPlan OptimizerStatesPlanOf(const Config& config, int rank,
   plan.aio = AioOptionsOf(config.aio);
   plan.aio_engine_factory = env.aio_engine_factory;
   plan.host_memory_budget = offload_optimizer.host_memory_budget;
+  plan.offload_ratio = offload_optimizer.ratio;
   return plan;
 }
 
@@ -512,31 +513,23 @@ Status Engine::Impl::InitializeImpl(const InitFill& fill, bool partition_reads) 
   ro.max_in_flight = max_in_flight;
   // Stage 0 all-reduces anyway; stages 1-3 reduce-scatter unless reduce_scatter is false.
   ro.scatter = config.zero.reduce_scatter;
-  GradientReducer::Consumer consumer;
   if (stage == 0) {
     ro.kind = BucketKind::kFull;
+    ro.delivery = ReducedDelivery::kStore;  // into the accumulators (the partition's view of them)
     ro.comm_dtype = DType::kF32;
     ro.name = "stage-0 gradient";
-    consumer = [this](int i, const void* reduced) -> Status {
-      float* dst = f32(acc, params[i].full_off);
-      if (reduced == dst) return OkStatus();
-      return device->Copy(dst, reduced, static_cast<size_t>(params[i].numel) * 4, CopyKind::kDeviceToDevice, compute);
-    };
   } else if (stage == 1) {
     ro.kind = BucketKind::kShards;
+    ro.delivery = ReducedDelivery::kStore;  // a no-op where it was reduce-scattered into the partition
     ro.comm_dtype = DType::kF32;
     ro.name = "stage-1 gradient";
-    consumer = [this](int i, const void* reduced) -> Status {
-      // (A no-op where it was reduce-scattered straight into the partition.)
-      return grad->Store(i, static_cast<const float*>(reduced));
-    };
   } else {
     ro.kind = BucketKind::kShards;
+    ro.delivery = ReducedDelivery::kAdd;
     ro.comm_dtype = comm_dt;
     ro.name = stage == 2 ? "stage-2 gradient" : "stage-3 gradient";
-    consumer = [this](int i, const void* reduced) -> Status { return AddToPartition(i, reduced, comm_dt); };
   }
-  reducer = std::make_unique<GradientReducer>(device, comm, compute, ro, std::move(consumer));
+  reducer = std::make_unique<GradientReducer>(device, comm, compute, ro, grad.get(), &window);
   if (world > 1 && stage != 3) {
     // Every rank reduces the same buckets whatever it reports, in whatever order: the layout is
     // fixed by parameter index, last registered first (the order a backward usually produces), and

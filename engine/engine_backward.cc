@@ -211,9 +211,10 @@ Status Engine::Impl::AddGradient(float* dst, const void* src, DType src_t, int64
   return device->Accumulate(dst, src, src_t, static_cast<size_t>(n), 1.0f, compute);
 }
 
-// Stages 1-3: a (reduced, or with one rank the model-dtype) gradient of parameter `index` into its
-// piece of the partition, first contribution of the window or not as AddGradient. `last`: the
-// managed boundary micro step, after which the piece gets nothing more in this window.
+// Stages 2/3 with one rank (DirectToPartition): the model-dtype gradient of parameter `index` into
+// its piece of the partition, first contribution of the window or not as AddGradient. `last`: the
+// managed boundary micro step, after which the piece gets nothing more in this window. (With
+// several ranks the reducer adds the reduced shards itself, with the same flags: grad_reducer.h.)
 Status Engine::Impl::AddToPartition(int index, const void* src, DType src_t) {
   const bool first = window.FirstToPartition(index);
   return grad->Add(index, src, src_t, first, /*last=*/window.AtBoundary());

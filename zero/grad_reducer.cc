@@ -7,12 +7,14 @@
 namespace zero {
 
 GradientReducer::GradientReducer(Device* device, Communicator* comm, Stream* compute,
-                                 const GradientReducerOptions& options, Consumer consumer)
+                                 const GradientReducerOptions& options, GradPartition* partition,
+                                 PartitionWindow* window)
     : device_(device),
       comm_(comm),
       compute_(compute),
       options_(options),
-      consumer_(std::move(consumer)),
+      partition_(partition),
+      window_(window),
       // Keeps up to max_in_flight idle staging buffers for reuse.
       staging_(device, ~size_t{0}) {
   ZERO_CHECK(options_.max_in_flight >= 1);
@@ -287,7 +289,7 @@ Status GradientReducer::ProcessOldest() {
     TraceEnd(observer_, f.span, compute_);
   }
   for (int j = 0; j < f.layout.size(); ++j) {
-    Status s = consumer_(f.layout.items()[j].param, ElementPtr(f.recv, options_.comm_dtype, f.layout.item_offset(j)));
+    Status s = Deliver(f.layout.items()[j].param, ElementPtr(f.recv, options_.comm_dtype, f.layout.item_offset(j)));
     if (!s.ok()) return Fail(s);
   }
   if (f.release) {
@@ -295,6 +297,15 @@ Status GradientReducer::ProcessOldest() {
     if (!s.ok()) return Fail(s);
   }
   return staging_.Release(std::move(f.staging), compute_);
+}
+
+// Where the reduction was scattered straight into the piece (recv), Store is a no-op.
+Status GradientReducer::Deliver(int param, const void* reduced) {
+  if (options_.delivery == ReducedDelivery::kStore) {
+    return partition_->Store(param, static_cast<const float*>(reduced));
+  }
+  const bool first = window_->FirstToPartition(param);
+  return partition_->Add(param, reduced, options_.comm_dtype, first, /*last=*/window_->AtBoundary());
 }
 
 }  // namespace zero

@@ -2,8 +2,10 @@
 //
 // Owns the open bucket (the gradients queued but not yet launched), the reductions in flight and
 // their staging buffers. It does not own the gradients it is handed (the caller's buffers, given
-// back through each item's release callback once the reducer is done reading them) nor what the
-// reduced values are added to (the consumer callback does that).
+// back through each item's release callback once the reducer is done reading them) nor the fp32
+// gradient partition (zero/grad_partition.h) it delivers the reduced values into: stored
+// (ReducedDelivery::kStore, stages 0/1's window sums) or added with the window's first/last flags
+// (kAdd, stages 2/3), which a PartitionWindow (zero/grad_window.h) gives.
 //
 // Two modes (GradientReducerOptions::contiguous, DeepSpeed's zero_optimization.contiguous_gradients):
 //
@@ -33,15 +35,17 @@
 //
 // Reduce-scatter or all-reduce (GradientReducerOptions::scatter, DeepSpeed's reduce_scatter): for
 // kShards, scatter = false reduces the whole shard-layout buffer with an in-place AllReduce and the
-// consumer reads this rank's segment of the result: the same values (every element is summed in rank
+// partition receives this rank's segment of the result: the same values (every element is summed in rank
 // order either way, Gloo), N times the received traffic and no receive area.
 //
 // In both modes at most `max_in_flight` reductions (buckets, or parameters) are in flight;
 // launching another first completes the oldest. Completed reductions are processed strictly in
 // launch order: the compute stream is made to wait for the collective (Work::StreamWait), then
-// consumer(param, reduced) is called per item, where `reduced` (comm_dtype device memory, valid
-// during the call; enqueue reads on the compute stream) holds the item's reduced full gradient
-// (kFull) or this rank's shard of it (kShards). overlap = false completes every reduction right
+// each item's reduced values (comm_dtype device memory: its reduced full gradient for kFull, this
+// rank's shard of it for kShards) go into the partition's piece `param`, on the compute stream:
+// kStore: GradPartition::Store (nothing to do where the collective wrote the piece itself, the
+// `recv` of Add); kAdd: GradPartition::Add with first = window->FirstToPartition(param) and last =
+// window->AtBoundary(), asked when the item is processed. overlap = false completes every reduction right
 // after launching it. With one rank no collective is issued (the mean over one rank is the value
 // itself, bitwise).
 //
@@ -50,8 +54,8 @@
 // launch order, the same on every rank) the buckets are fixed: bucket k holds the plan's k-th run
 // of parameters of at least bucket_numel elements (per parameter: the k-th parameter), bucket k is
 // launched once all its parameters were added and buckets 0..k-1 were launched, and Flush launches
-// the rest, a parameter that was not added contributing zeros (its consumer is still called, with
-// the reduced values of the ranks that did add it). So ranks may add any subset of the plan in any
+// the rest, a parameter that was not added contributing zeros (its piece still receives the
+// reduced values of the ranks that did add it). So ranks may add any subset of the plan in any
 // order and still reduce the same layout: overlap with backward is best when gradients arrive in
 // plan order. After an error the reducer is unusable.
 //
@@ -70,13 +74,22 @@
 #include "runtime/dtype.h"
 #include "runtime/status.h"
 #include "zero/buffer_pool.h"
+#include "zero/grad_partition.h"
+#include "zero/grad_window.h"
 #include "zero/gradient_bucket.h"
 #include "zero/trace_observer.h"
 
 namespace zero {
 
+// How a reduced item enters the gradient partition (see above).
+enum class ReducedDelivery {
+  kStore,  // stages 0/1: the window's fp32 sums, reduced once: piece = reduced (comm_dtype kF32)
+  kAdd,    // stages 2/3: every micro step's reduction added to the piece
+};
+
 struct GradientReducerOptions {
   BucketKind kind = BucketKind::kShards;
+  ReducedDelivery delivery = ReducedDelivery::kAdd;
   DType comm_dtype = DType::kF32;
   ReduceOp op = ReduceOp::kAvg;
   int64_t bucket_numel = 500000000;  // launch once a bucket holds at least this many elements
@@ -89,11 +102,13 @@ struct GradientReducerOptions {
 
 class GradientReducer {
  public:
-  using Consumer = std::function<Status(int param, const void* reduced)>;
   using ReleaseFn = std::function<Status()>;
 
+  // `partition` (not owned) receives parameter p's reduced values in its piece p; `window` (not
+  // owned) gives kAdd's flags. Both outlive the reducer; either may be null while nothing is added
+  // (the engine's update in backward has no partition and never reduces).
   GradientReducer(Device* device, Communicator* comm, Stream* compute, const GradientReducerOptions& options,
-                  Consumer consumer);
+                  GradPartition* partition, PartitionWindow* window);
   ~GradientReducer();
 
   // Queues `numel` elements of `src_t` at `src` (device memory, written on the compute stream).
@@ -151,13 +166,15 @@ class GradientReducer {
   Status LaunchPlanned(int bucket);
   Status Issue(InFlight* f, void* send, void* recv);
   Status ProcessOldest();
+  Status Deliver(int param, const void* reduced);
   Status Fail(Status s);
 
   Device* device_;
   Communicator* comm_;
   Stream* compute_;
   GradientReducerOptions options_;
-  Consumer consumer_;
+  GradPartition* partition_;
+  PartitionWindow* window_;
   BufferPool staging_;
   std::vector<Pending> open_;
   int64_t open_numel_ = 0;

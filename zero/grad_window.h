@@ -19,7 +19,20 @@
 
 namespace zero {
 
-class GradWindow {
+// The window as whoever adds a contribution to the gradient partition sees it (the reducer,
+// zero/grad_reducer.h): GradPartition::Add's `first` and `last` flags. GradWindow is the one
+// implementation; tests may supply their own.
+class PartitionWindow {
+ public:
+  virtual ~PartitionWindow() = default;
+  // Marks i's partition piece written; returns whether this is the window's first contribution to it.
+  virtual bool FirstToPartition(int i) = 0;
+  // Managed: the backward in progress is the window's last micro step (no further contribution
+  // to any piece comes in this window).
+  virtual bool AtBoundary() const = 0;
+};
+
+class GradWindow final : public PartitionWindow {
  public:
   // `num_params` parameters, none handed out, reported or written. Managed accumulation: the
   // window ends with the `gas`-th Backward(). REQUIRES: called once, before the other calls
@@ -37,7 +50,7 @@ class GradWindow {
   // Parameters reported since the last Backward().
   int reported_count() const { return reported_count_; }
   // Managed: the backward in progress is the window's last micro step.
-  bool AtBoundary() const { return managed_ && micro_ + 1 == gas_; }
+  bool AtBoundary() const override { return managed_ && micro_ + 1 == gas_; }
   // Backward() is done: no parameter is reported any more; one micro step more, and at the
   // boundary (AtBoundary before this call) the step is pending and the micro count restarts.
   void EndBackward();
@@ -65,7 +78,7 @@ class GradWindow {
   const std::vector<uint8_t>& part_written() const { return part_written_; }
   // Marks i's piece written; returns whether this is the window's first contribution to it.
   bool FirstToAcc(int i);
-  bool FirstToPartition(int i);
+  bool FirstToPartition(int i) override;
   void MarkAccWritten(int i) { acc_written_[i] = 1; }
   void MarkPartWritten(int i) { part_written_[i] = 1; }
 

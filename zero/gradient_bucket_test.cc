@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -9,11 +10,43 @@
 #include "comm/thread_ranks.h"
 #include "runtime/cpu_device.h"
 #include "testing/status_matchers.h"
+#include "zero/grad_partition.h"
 #include "zero/grad_reducer.h"
+#include "zero/grad_window.h"
 #include "zero/partition.h"
 
 namespace zero {
 namespace {
+
+// What a GradientReducer delivers, observed: a device partition with one piece per parameter (its
+// full gradient for kFull, this rank's shard for kShards), every contribution a window's first
+// (GradPartition::Add overwrites: 0.0f + reduced, exact); Got(i) reads piece i back.
+class Received final : public PartitionWindow {
+ public:
+  Received(Device* device, BucketKind kind, int world, const std::vector<int64_t>& sizes) {
+    std::vector<GradPiece> pieces;
+    int64_t total = 0;
+    for (int64_t n : sizes) {
+      const int64_t numel = kind == BucketKind::kFull ? n : ShardNumel(n, world);
+      pieces.push_back({total, numel});
+      total += numel;
+    }
+    auto p = CreateDeviceGradPartition(device, device->default_stream(), std::max<int64_t>(total, 1), pieces);
+    ZERO_CHECK(p.ok());
+    partition_ = std::move(p).value();
+  }
+  GradPartition* partition() { return partition_.get(); }
+  std::vector<float> Got(int i) {
+    std::vector<float> out(static_cast<size_t>(partition_->piece(i).n));
+    ZERO_CHECK(partition_->Read(i, out.data()).ok());
+    return out;
+  }
+  bool FirstToPartition(int i) override { return true; }
+  bool AtBoundary() const override { return false; }
+
+ private:
+  std::unique_ptr<GradPartition> partition_;
+};
 
 TEST(BucketLayoutTest, ShardLayoutOffsets) {
   // Three parameters of 5, 2 and 8 elements over 3 ranks: shards 2, 1, 3; segment 6.
@@ -88,13 +121,8 @@ TEST(GradientReducerTest, ReduceScatterGivesEachRankTheMeanOfItsShards) {
         o.kind = BucketKind::kShards;
         o.bucket_numel = bucket;
         o.overlap = overlap;
-        std::vector<std::vector<float>> got(sizes.size());
-        GradientReducer reducer(device, comm, device->default_stream(), o,
-                                [&](int param, const void* reduced) -> Status {
-                                  const float* r = static_cast<const float*>(reduced);
-                                  got[param].assign(r, r + ShardNumel(sizes[param], world));
-                                  return OkStatus();
-                                });
+        Received received(device, o.kind, world, sizes);
+        GradientReducer reducer(device, comm, device->default_stream(), o, received.partition(), &received);
         std::vector<std::vector<float>> grads(sizes.size());
         int released = 0;
         // Reported in reverse, as backward does.
@@ -109,15 +137,16 @@ TEST(GradientReducerTest, ReduceScatterGivesEachRankTheMeanOfItsShards) {
         ZERO_RETURN_IF_ERROR(reducer.Drain());
         if (released != static_cast<int>(sizes.size())) return InternalError("not all released");
         for (size_t i = 0; i < sizes.size(); ++i) {
+          const std::vector<float> got = received.Got(static_cast<int>(i));
           const ShardSpec sp = MakeShardSpec(sizes[i], world, rank);
           for (int64_t k = 0; k < sp.shard; ++k) {
             const int64_t e = sp.begin + k;
             float want = 0.0f;
             if (e < sizes[i])
               want = (((1.0f + e + 10.0f * i) + (2.0f + e + 10.0f * i)) + (3.0f + e + 10.0f * i)) / 3.0f;
-            if (got[i][k] != want) {
+            if (got[k] != want) {
               return InternalError("param " + std::to_string(i) + " elem " + std::to_string(e) + " got " +
-                                   std::to_string(got[i][k]) + " want " + std::to_string(want));
+                                   std::to_string(got[k]) + " want " + std::to_string(want));
             }
           }
         }
@@ -136,12 +165,8 @@ TEST(GradientReducerTest, AllReduceFullAndSumOp) {
     o.kind = BucketKind::kFull;
     o.op = ReduceOp::kSum;
     o.bucket_numel = 6;
-    std::vector<std::vector<float>> got(sizes.size());
-    GradientReducer reducer(device, comm, device->default_stream(), o, [&](int param, const void* reduced) -> Status {
-      const float* r = static_cast<const float*>(reduced);
-      got[param].assign(r, r + sizes[param]);
-      return OkStatus();
-    });
+    Received received(device, o.kind, world, sizes);
+    GradientReducer reducer(device, comm, device->default_stream(), o, received.partition(), &received);
     std::vector<std::vector<float>> grads(sizes.size());
     for (size_t i = 0; i < sizes.size(); ++i) {
       grads[i].assign(sizes[i], 1.5f * (rank + 1) + i);
@@ -150,7 +175,7 @@ TEST(GradientReducerTest, AllReduceFullAndSumOp) {
     ZERO_RETURN_IF_ERROR(reducer.Drain());
     if (reducer.buckets_launched() != 2) return InternalError("expected 2 buckets");
     for (size_t i = 0; i < sizes.size(); ++i) {
-      for (float v : got[i]) {
+      for (float v : received.Got(static_cast<int>(i))) {
         if (v != (1.5f + i) + (3.0f + i)) return InternalError("wrong sum");
       }
     }
@@ -181,14 +206,8 @@ TEST(GradientReducerTest, PerParameterAndAllReduceModesGiveTheSameValues) {
           o.bucket_numel = 12;
           o.contiguous = contiguous;
           o.scatter = scatter;
-          std::vector<std::vector<float>> got(sizes.size());
-          GradientReducer reducer(
-              device, comm, device->default_stream(), o, [&](int param, const void* reduced) -> Status {
-                const int64_t n = kind == BucketKind::kFull ? sizes[param] : ShardNumel(sizes[param], world);
-                got[param].resize(n);
-                for (int64_t k = 0; k < n; ++k) got[param][k] = LoadAsFloat(reduced, DType::kBF16, k);
-                return OkStatus();
-              });
+          Received received(device, kind, world, sizes);
+          GradientReducer reducer(device, comm, device->default_stream(), o, received.partition(), &received);
           // Padded buffers (zero padding) plus a receive area, in src_t.
           std::vector<std::vector<uint8_t>> bufs(sizes.size());
           int released = 0;
@@ -218,7 +237,9 @@ TEST(GradientReducerTest, PerParameterAndAllReduceModesGiveTheSameValues) {
             return InternalError("per-parameter mode with a receive area allocated staging");
           }
           if (contiguous && reducer.collectives_issued() < 2) return InternalError("expected several buckets");
-          if (rank == 1) mine = got;
+          if (rank == 1) {
+            for (size_t i = 0; i < sizes.size(); ++i) mine[i] = received.Got(static_cast<int>(i));
+          }
           return OkStatus();
         });
         EXPECT_OK(s) << "mode " << mode;
@@ -236,6 +257,55 @@ TEST(GradientReducerTest, PerParameterAndAllReduceModesGiveTheSameValues) {
         }
       }
     }
+  }
+}
+
+// The reducer adds each reduced shard into the partition itself with the window's flags (kAdd:
+// the first contribution of a window overwrites, later ones add) or stores it (kStore: stages
+// 0/1's reduced window sums), asking the window when the reduction is processed.
+TEST(GradientReducerTest, DeliversIntoThePartitionWithTheWindowsFlags) {
+  const int world = 2;
+  const std::vector<int64_t> sizes = {6, 3};
+  for (ReducedDelivery delivery : {ReducedDelivery::kAdd, ReducedDelivery::kStore}) {
+    Status s = RunThreadRanks(world, [&](int rank, Communicator* comm, Device* device) -> Status {
+      GradientReducerOptions o;
+      o.kind = BucketKind::kShards;
+      o.delivery = delivery;
+      o.bucket_numel = 4;
+      Received shape(device, o.kind, world, sizes);  // only for the partition
+      GradWindow window;
+      window.Init(static_cast<int>(sizes.size()), /*managed=*/true, /*gas=*/2);
+      GradientReducer reducer(device, comm, device->default_stream(), o, shape.partition(), &window);
+      std::vector<std::vector<float>> grads(sizes.size());
+      for (int micro = 0; micro < 2; ++micro) {
+        for (int i = static_cast<int>(sizes.size()) - 1; i >= 0; --i) {
+          grads[i].assign(sizes[i], 0.0f);
+          for (int64_t k = 0; k < sizes[i]; ++k) grads[i][k] = 1.0f + k + 10.0f * i + 100.0f * micro + rank;
+          ZERO_RETURN_IF_ERROR(reducer.Add(i, grads[i].data(), DType::kF32, sizes[i], nullptr));
+        }
+        ZERO_RETURN_IF_ERROR(reducer.Drain());
+        window.EndBackward();
+      }
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        if (delivery == ReducedDelivery::kAdd && !window.part_written()[i]) return InternalError("piece not marked");
+        const std::vector<float> got = shape.Got(static_cast<int>(i));
+        const ShardSpec sp = MakeShardSpec(sizes[i], world, rank);
+        for (int64_t k = 0; k < sp.shard; ++k) {
+          const int64_t e = sp.begin + k;
+          if (e >= sizes[i]) continue;
+          // The mean over ranks of each micro step: (x + (x + 1)) / 2 = x + 0.5.
+          const float first = 1.0f + e + 10.0f * i + 0.5f;
+          const float second = first + 100.0f;
+          const float want = delivery == ReducedDelivery::kAdd ? first + second : second;
+          if (got[k] != want) {
+            return InternalError("param " + std::to_string(i) + " elem " + std::to_string(e) + " got " +
+                                 std::to_string(got[k]) + " want " + std::to_string(want));
+          }
+        }
+      }
+      return OkStatus();
+    });
+    EXPECT_OK(s) << (delivery == ReducedDelivery::kAdd ? "kAdd" : "kStore");
   }
 }
 
