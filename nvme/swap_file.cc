@@ -1,9 +1,5 @@
 #include "nvme/swap_file.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -20,51 +16,53 @@ std::string DirOf(const std::string& path) {
 }
 
 // Zeros over [0, size) of `file`, in chunks of up to 64 MiB, two in flight.
-Status Prewrite(AioEngine* engine, AioFile& file, uint64_t size) {
+Status Prewrite(AioEngine* aio, AioFile& file, uint64_t size) {
   constexpr uint64_t kChunk = 64 << 20;
   ZERO_ASSIGN_OR_RETURN(AlignedBuffer zeros, AlignedBuffer::Allocate(std::min(size, kChunk)));
   AioTicket pending = 0;
   for (uint64_t off = 0; off < size; off += kChunk) {
     const size_t len = static_cast<size_t>(std::min(kChunk, size - off));
-    Result<AioTicket> t = engine->SubmitWrite(file, off, zeros.data(), len);
+    Result<AioTicket> t = aio->SubmitWrite(file, off, zeros.data(), len);
     if (!t.ok()) {
-      if (pending != 0) (void)engine->Wait(pending);
+      if (pending != 0) (void)aio->Wait(pending);
       return t.status();
     }
     if (pending != 0) {
-      Status st = engine->Wait(pending);
+      Status st = aio->Wait(pending);
       if (!st.ok()) {
-        (void)engine->Wait(*t);
+        (void)aio->Wait(*t);
         return st;
       }
     }
     pending = *t;
   }
-  return engine->Wait(pending);
+  return aio->Wait(pending);
 }
 
 }  // namespace
 
-SwapFile::SwapFile(AioEngine* engine, std::string path, std::unique_ptr<AioFile> file, int stat_fd,
-                   std::vector<RegionState> regions, uint64_t file_size)
-    : engine_(engine),
+SwapFile::SwapFile(AioEngine* aio, FileSystem* fs, std::string path, std::unique_ptr<AioFile> file,
+                   std::unique_ptr<WritableFile> created, std::vector<RegionState> regions, uint64_t file_size)
+    : aio_(aio),
+      fs_(fs),
       path_(std::move(path)),
       file_(std::move(file)),
-      stat_fd_(stat_fd),
+      created_(std::move(created)),
       regions_(std::move(regions)),
       file_size_(file_size) {}
 
 SwapFile::~SwapFile() {
   file_.reset();
-  ::close(stat_fd_);
-  ::unlink(path_.c_str());
+  created_->Close().IgnoreError();
+  fs_->RemoveFile(path_).IgnoreError();
 }
 
 bool SwapFile::direct() const { return file_->direct(); }
 
-Result<std::unique_ptr<SwapFile>> SwapFile::Create(AioEngine* engine, const std::string& path,
+Result<std::unique_ptr<SwapFile>> SwapFile::Create(AioEngine* aio, const std::string& path,
                                                    const std::vector<SwapRegionSpec>& specs,
                                                    const SwapFileOptions& options) {
+  FileSystem& fs = *FileSystemOrDefault(options.file_system);
   std::vector<RegionState> regions;
   uint64_t size = 0;
   for (const SwapRegionSpec& s : specs) {
@@ -76,25 +74,31 @@ Result<std::unique_ptr<SwapFile>> SwapFile::Create(AioEngine* engine, const std:
     size += r.layout.padded_bytes;
     regions.push_back(std::move(r));
   }
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    const int err = errno;
+  int err = 0;
+  Result<std::unique_ptr<WritableFile>> created = fs.CreateFile(path, 0600, &err);
+  if (!created.ok()) {
     if (err == EEXIST) {
       return FailedPreconditionError("create swap file " + path +
                                      ": it exists already (a stale swap file of an earlier run? "
                                      "remove it if no run is using it)");
     }
+    if (err == 0) return created.status();  // not a system call's failure
     Status st = ErrnoError("create swap file", path, err);
     if (err == EACCES || err == EROFS || err == EPERM) {
       return FailedPreconditionError(st.message() + " (the directory is not writable)");
     }
     return st;
   }
+  // Until the SwapFile owns it, every failure removes the file.
+  auto remove = [&fs, &path, &created]() {
+    created->reset();
+    fs.RemoveFile(path).IgnoreError();
+  };
   if (size > 0) {
-    const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(size));
-    if (err != 0) {
-      ::close(fd);
-      ::unlink(path.c_str());
+    Status allocated = (*created)->Allocate(size, &err);
+    if (!allocated.ok()) {
+      remove();
+      if (err == 0) return allocated;
       Status st = ErrnoError("create swap file", path, err);
       const std::string what = "create swap file " + path + ": cannot preallocate " + std::to_string(size) +
                                " bytes (" + std::to_string(size >> 20) + " MiB) on " + FilesystemType(DirOf(path));
@@ -105,32 +109,22 @@ Result<std::unique_ptr<SwapFile>> SwapFile::Create(AioEngine* engine, const std:
       return Status(st.code(), what + ": " + std::strerror(err));
     }
   }
-  ::close(fd);
-  auto file = engine->Open(path, AioOpenMode::kReadWrite);
+  auto file = aio->Open(path, AioOpenMode::kReadWrite);
   if (!file.ok()) {
-    ::unlink(path.c_str());
+    remove();
     return file.status();
   }
   if (options.prewrite && size > 0) {
-    Status st = Prewrite(engine, **file, size);
+    Status st = Prewrite(aio, **file, size);
     if (!st.ok()) {
       file->reset();
-      ::unlink(path.c_str());
+      remove();
       return st.WithContext("create swap file " + path + ": prewrite (zero-fill) of " + std::to_string(size) +
                             " bytes");
     }
   }
-  // An O_PATH descriptor of the same file, for fstat: the swap file's size is checked before
-  // every region's I/O (the file, not whatever is at `path` later).
-  const int stat_fd = ::open(path.c_str(), O_PATH | O_CLOEXEC);
-  if (stat_fd < 0) {
-    const int err = errno;
-    file->reset();
-    ::unlink(path.c_str());
-    return ErrnoError("create swap file: open (O_PATH)", path, err);
-  }
   return std::unique_ptr<SwapFile>(
-      new SwapFile(engine, path, std::move(file).value(), stat_fd, std::move(regions), size));
+      new SwapFile(aio, &fs, path, std::move(file).value(), std::move(created).value(), std::move(regions), size));
 }
 
 std::string SwapFile::Describe(size_t i) const {
@@ -151,10 +145,10 @@ Status SwapFile::CheckRegion(size_t i) const {
 }
 
 Status SwapFile::CheckExtent(size_t i) const {
-  struct stat st;
-  if (::fstat(stat_fd_, &st) != 0) return ErrnoError("fstat swap file", path_, errno).WithContext(Describe(i));
+  Result<FileInfo> info = created_->Stat();
+  if (!info.ok()) return info.status().WithContext(Describe(i));
   const SwapRegion& r = regions_[i].layout;
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  const uint64_t size = info->size;
   if (size < r.offset + r.padded_bytes) {
     return DataLossError(Describe(i) + ": the file ends at byte " + std::to_string(size) +
                          " (end of file inside or before the region; it was created with " +
@@ -172,7 +166,7 @@ Result<SwapFile::Io> SwapFile::StartWrite(size_t i, const void* buffer) {
   io.region = i;
   io.buffer = buffer;
   io.crc = Crc32c(buffer, r.layout.bytes);
-  auto t = engine_->SubmitWrite(*file_, r.layout.offset, buffer, r.layout.padded_bytes);
+  auto t = aio_->SubmitWrite(*file_, r.layout.offset, buffer, r.layout.padded_bytes);
   if (!t.ok()) return t.status().WithContext(Describe(i));
   io.ticket = *t;
   r.written = false;  // unreadable until this write succeeds
@@ -191,7 +185,7 @@ Result<SwapFile::Io> SwapFile::StartRead(size_t i, void* buffer) {
   io.region = i;
   io.read = true;
   io.buffer = buffer;
-  auto t = engine_->SubmitRead(*file_, r.layout.offset, buffer, r.layout.padded_bytes);
+  auto t = aio_->SubmitRead(*file_, r.layout.offset, buffer, r.layout.padded_bytes);
   if (!t.ok()) return t.status().WithContext(Describe(i));
   io.ticket = *t;
   r.busy = true;
@@ -204,7 +198,7 @@ Status SwapFile::Finish(const Io& io) {
                                    " with nothing in flight");
   }
   RegionState& r = regions_[io.region];
-  Status st = engine_->Wait(io.ticket);
+  Status st = aio_->Wait(io.ticket);
   if (st.code() == StatusCode::kDeadlineExceeded) return st;  // cannot happen without a timeout
   r.busy = false;
   if (!st.ok()) return st.WithContext(Describe(io.region));

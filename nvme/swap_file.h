@@ -7,8 +7,12 @@
 // running out of disk shows at creation, not in the middle of a step. Buffers hold a region's
 // padded size (AlignedBuffer::Allocate(bytes) does); the checksum covers its first `bytes`.
 //
+// The file's data moves through an AioEngine (O_DIRECT where the filesystem has it); creating,
+// preallocating, checking the size of and removing the file go through a FileSystem
+// (runtime/file_system.h; SwapFileOptions::file_system), so fault tests can inject errnos there.
+//
 // Thread safety: one thread at a time uses a SwapFile; at most one read or write per region is in
-// flight (checked). Does not own the engine, which must outlive it.
+// flight (checked). Does not own the AioEngine or the FileSystem, which must outlive it.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +21,7 @@
 #include <vector>
 
 #include "nvme/aio_engine.h"
+#include "runtime/file_system.h"
 #include "runtime/status.h"
 
 namespace zero {
@@ -35,12 +40,14 @@ struct SwapRegionSpec {
 };
 
 struct SwapFileOptions {
-  // true: after preallocating, write zeros over the whole file once (through the engine), so that
+  // true: after preallocating, write zeros over the whole file once (through the AioEngine), so that
   // every later write, the first swap out included, overwrites written blocks. false (default):
   // the first write of each region goes into unwritten extents (ext4/xfs convert them, a
   // journaled metadata change per write: bench/aio_bench "write, fresh"), later ones overwrite.
   // Costs one write pass of file_size at creation; docs/nvme.md "Benchmark" says when it pays.
   bool prewrite = false;
+  // Creates, preallocates, checks and removes the file. null: the POSIX one.
+  FileSystem* file_system = nullptr;
 };
 
 struct SwapRegion {
@@ -67,7 +74,7 @@ class SwapFile {
   // otherwise. On error nothing is left at `path`.
   // With options.prewrite, a failed zero-fill is returned (with the swap file named) and the
   // file removed.
-  static Result<std::unique_ptr<SwapFile>> Create(AioEngine* engine, const std::string& path,
+  static Result<std::unique_ptr<SwapFile>> Create(AioEngine* aio, const std::string& path,
                                                   const std::vector<SwapRegionSpec>& regions,
                                                   const SwapFileOptions& options = {});
   ~SwapFile();  // REQUIRES: no I/O in flight. Removes the file.
@@ -103,17 +110,19 @@ class SwapFile {
     bool busy = false;
     uint32_t crc = 0;
   };
-  SwapFile(AioEngine* engine, std::string path, std::unique_ptr<AioFile> file, int stat_fd,
-           std::vector<RegionState> regions, uint64_t file_size);
+  SwapFile(AioEngine* aio, FileSystem* fs, std::string path, std::unique_ptr<AioFile> file,
+           std::unique_ptr<WritableFile> created, std::vector<RegionState> regions, uint64_t file_size);
   std::string Describe(size_t i) const;
   Status CheckRegion(size_t i) const;
   // DataLoss when the file (fstat) no longer covers region i: truncated behind the owner's back.
   Status CheckExtent(size_t i) const;
 
-  AioEngine* const engine_;
+  AioEngine* const aio_;
+  FileSystem* const fs_;
   const std::string path_;
   std::unique_ptr<AioFile> file_;
-  const int stat_fd_;  // O_PATH descriptor of the file, for CheckExtent's fstat
+  // The file as created, kept open for CheckExtent's fstat (the file, not whatever is at path_ later).
+  const std::unique_ptr<WritableFile> created_;
   std::vector<RegionState> regions_;
   const uint64_t file_size_;
 };

@@ -18,6 +18,7 @@
 #include "nvme/faulty_aio_engine.h"
 #include "nvme/libaio_engine.h"
 #include "nvme/nvme_test_util.h"
+#include "runtime/faulty_file_system.h"
 #include "testing/scratch_dir.h"
 #include "testing/status_matchers.h"
 
@@ -47,11 +48,11 @@ class SwapFileTest : public ::testing::Test {
     o.intra_op_parallelism = 2;
     auto e = FaultyAioEngine::Create(o);
     ASSERT_OK(e);
-    engine_ = std::move(e).value();
+    aio_ = std::move(e).value();
   }
   std::string File(const std::string& n) { return dir_->File(n); }
   std::optional<ScratchDir> dir_;
-  std::unique_ptr<FaultyAioEngine> engine_;
+  std::unique_ptr<FaultyAioEngine> aio_;
 };
 
 const std::vector<SwapRegionSpec> kRegions = {
@@ -60,7 +61,7 @@ const std::vector<SwapRegionSpec> kRegions = {
 TEST_F(SwapFileTest, LayoutPreallocatesAndRemovesTheFile) {
   const std::string path = File("rank0.swp");
   {
-    ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(engine_.get(), path, kRegions));
+    ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(aio_.get(), path, kRegions));
     EXPECT_TRUE(swap->direct());
     ASSERT_EQ(swap->region_count(), 4u);
     EXPECT_EQ(swap->region(0).offset, 0u);
@@ -77,7 +78,7 @@ TEST_F(SwapFileTest, LayoutPreallocatesAndRemovesTheFile) {
 }
 
 TEST_F(SwapFileTest, RoundTripOfEveryRegionAsyncAndSync) {
-  ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(engine_.get(), File("s"), kRegions));
+  ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(aio_.get(), File("s"), kRegions));
   std::vector<AlignedBuffer> out, in;
   std::vector<SwapFile::Io> ios;
   for (size_t i = 0; i < kRegions.size(); ++i) {
@@ -101,7 +102,7 @@ TEST_F(SwapFileTest, RoundTripOfEveryRegionAsyncAndSync) {
 }
 
 TEST_F(SwapFileTest, MisuseIsRefused) {
-  ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(engine_.get(), File("s"), kRegions));
+  ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(aio_.get(), File("s"), kRegions));
   AlignedBuffer b = Pattern(300000, 1);
   Status st = swap->Read(0, b.data());
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
@@ -117,7 +118,7 @@ TEST_F(SwapFileTest, MisuseIsRefused) {
 
 TEST_F(SwapFileTest, CorruptedRegionIsDataLossNamingFileRegionOffset) {
   const std::string path = File("s");
-  ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(engine_.get(), path, kRegions));
+  ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(aio_.get(), path, kRegions));
   AlignedBuffer b = Pattern(kRegions[1].bytes, 3);
   ASSERT_OK(swap->Write(1, b.data()));
   // Flip one byte inside region 1 behind the engine's back.
@@ -145,7 +146,7 @@ TEST_F(SwapFileTest, CorruptedRegionIsDataLossNamingFileRegionOffset) {
 
 TEST_F(SwapFileTest, TruncatedFileIsDataLossNamingTheRegion) {
   const std::string path = File("s");
-  ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(engine_.get(), path, kRegions));
+  ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(aio_.get(), path, kRegions));
   std::vector<AlignedBuffer> bufs;
   for (size_t i = 0; i < kRegions.size(); ++i) {
     bufs.push_back(Pattern(kRegions[i].bytes, i));
@@ -163,16 +164,16 @@ TEST_F(SwapFileTest, TruncatedFileIsDataLossNamingTheRegion) {
 }
 
 TEST_F(SwapFileTest, InjectedWriteErrorLeavesTheRegionUnreadable) {
-  ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(engine_.get(), File("s"), kRegions));
+  ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(aio_.get(), File("s"), kRegions));
   AlignedBuffer b = Pattern(kRegions[1].bytes, 3);
-  engine_->FailNthWrite(engine_->writes_reaped() + 1, EIO);
+  aio_->FailNthWrite(aio_->writes_reaped() + 1, EIO);
   Status st = swap->Write(1, b.data());
   EXPECT_EQ(st.code(), StatusCode::kInternal) << st.ToString();
   EXPECT_NE(st.message().find("region 1 'layer0.exp_avg_sq'"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("Input/output error"), std::string::npos);
   EXPECT_EQ(swap->Read(1, b.data()).code(), StatusCode::kFailedPrecondition);
   ASSERT_OK(swap->Write(1, b.data()));
-  engine_->FailNthRead(engine_->reads_reaped() + 2, EIO);
+  aio_->FailNthRead(aio_->reads_reaped() + 2, EIO);
   st = swap->Read(1, b.data());
   EXPECT_EQ(st.code(), StatusCode::kInternal) << st.ToString();
   EXPECT_NE(st.message().find("pread"), std::string::npos) << st.message();
@@ -181,11 +182,11 @@ TEST_F(SwapFileTest, InjectedWriteErrorLeavesTheRegionUnreadable) {
 
 TEST_F(SwapFileTest, PrewriteZeroFillsTheFileOnceAndItsErrorRemovesIt) {
   const std::string path = File("s");
-  const int writes_before = engine_->writes_reaped();
+  const int writes_before = aio_->writes_reaped();
   {
-    ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(engine_.get(), path, kRegions, {true}));
+    ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(aio_.get(), path, kRegions, {true}));
     // 65536-byte pieces over the whole file.
-    EXPECT_EQ(static_cast<uint64_t>(engine_->writes_reaped() - writes_before), (swap->file_size() + 65535) / 65536);
+    EXPECT_EQ(static_cast<uint64_t>(aio_->writes_reaped() - writes_before), (swap->file_size() + 65535) / 65536);
     std::ifstream f(path, std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     EXPECT_EQ(bytes, std::string(swap->file_size(), '\0'));
@@ -197,8 +198,8 @@ TEST_F(SwapFileTest, PrewriteZeroFillsTheFileOnceAndItsErrorRemovesIt) {
     ASSERT_OK(swap->Read(1, in.data()));
     EXPECT_EQ(std::memcmp(b.data(), in.data(), kRegions[1].bytes), 0);
   }
-  engine_->FailNthWrite(engine_->writes_reaped() + 2, ENOSPC);
-  auto r = SwapFile::Create(engine_.get(), path, kRegions, {true});
+  aio_->FailNthWrite(aio_->writes_reaped() + 2, ENOSPC);
+  auto r = SwapFile::Create(aio_.get(), path, kRegions, {true});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
   EXPECT_NE(r.status().message().find("prewrite (zero-fill)"), std::string::npos) << r.status().message();
@@ -208,21 +209,21 @@ TEST_F(SwapFileTest, PrewriteZeroFillsTheFileOnceAndItsErrorRemovesIt) {
 
 TEST_F(SwapFileTest, ExistingMissingAndUnwritablePaths) {
   const std::string path = File("s");
-  ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(engine_.get(), path, kRegions));
-  auto r = SwapFile::Create(engine_.get(), path, kRegions);
+  ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(aio_.get(), path, kRegions));
+  auto r = SwapFile::Create(aio_.get(), path, kRegions);
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("exists already"), std::string::npos) << r.status().message();
   EXPECT_TRUE(Exists(path)) << "the existing file is not touched";
-  r = SwapFile::Create(engine_.get(), File("missing/dir/s"), kRegions);
+  r = SwapFile::Create(aio_.get(), File("missing/dir/s"), kRegions);
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
   EXPECT_NE(r.status().message().find(File("missing/dir/s")), std::string::npos);
-  engine_->FailNextOpen(EIO);
-  r = SwapFile::Create(engine_.get(), File("s2"), kRegions);
+  aio_->FailNextOpen(EIO);
+  r = SwapFile::Create(aio_.get(), File("s2"), kRegions);
   EXPECT_FALSE(r.ok());
   EXPECT_FALSE(Exists(File("s2"))) << "nothing left behind after a failed create";
   auto m = ScopedMount::Create(File("ro"), "tmpfs", "size=1m", /*read_only=*/true);
   if (!m.ok()) GTEST_SKIP() << m.status().message();
-  r = SwapFile::Create(engine_.get(), File("ro/s"), kRegions);
+  r = SwapFile::Create(aio_.get(), File("ro/s"), kRegions);
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
   EXPECT_NE(r.status().message().find("not writable"), std::string::npos) << r.status().message();
 }
@@ -230,7 +231,7 @@ TEST_F(SwapFileTest, ExistingMissingAndUnwritablePaths) {
 TEST_F(SwapFileTest, DiskFullAtCreationOnARealSmallFilesystem) {
   auto m = ScopedMount::Create(File("small"), "tmpfs", "size=1m");
   if (!m.ok()) GTEST_SKIP() << m.status().message() << " (disk full is tested with injected ENOSPC)";
-  auto r = SwapFile::Create(engine_.get(), File("small/s"), {{"big", 8 << 20}});
+  auto r = SwapFile::Create(aio_.get(), File("small/s"), {{"big", 8 << 20}});
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
   for (const char* part : {"cannot preallocate 8388608 bytes (8 MiB)", "No space left on device", "larger disk"}) {
     EXPECT_NE(r.status().message().find(part), std::string::npos) << part << " in " << r.status().message();
@@ -239,11 +240,48 @@ TEST_F(SwapFileTest, DiskFullAtCreationOnARealSmallFilesystem) {
   // What fits is created (buffered fallback where the kernel has no O_DIRECT on tmpfs).
   AioOptions o;
   o.allow_buffered_fallback = true;
-  ASSERT_OK_AND_ASSIGN(auto engine, LibaioEngine::Create(o));
-  ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(engine.get(), File("small/s"), {{"fits", 65536}}));
+  ASSERT_OK_AND_ASSIGN(auto aio, LibaioEngine::Create(o));
+  ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(aio.get(), File("small/s"), {{"fits", 65536}}));
   AlignedBuffer b = Pattern(65536, 1);
   ASSERT_OK(swap->Write(0, b.data()));
   ASSERT_OK(swap->Read(0, b.data()));
+}
+
+// The plain file operations go through SwapFileOptions::file_system: a disk full at preallocation, a
+// read-only directory and a failed size check, injected where no small or read-only mount is at hand.
+TEST_F(SwapFileTest, FileSystemFaultsAtCreationAndInTheSizeCheck) {
+  FaultyFileSystem fs;
+  SwapFileOptions options;
+  options.file_system = &fs;
+  fs.FailNthCall("Allocate", 1, ENOSPC);
+  auto r = SwapFile::Create(aio_.get(), File("s"), kRegions, options);
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
+  for (const char* part :
+       {"create swap file", "cannot preallocate 315392 bytes (0 MiB)", "No space left on device", "larger disk"}) {
+    EXPECT_NE(r.status().message().find(part), std::string::npos) << part << " in " << r.status().message();
+  }
+  EXPECT_FALSE(Exists(File("s"))) << "a failed preallocation leaves no file behind";
+
+  fs.FailNthCall("CreateFile", 2, EROFS);
+  r = SwapFile::Create(aio_.get(), File("s"), kRegions, options);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("create swap file " + File("s") + ": Read-only file system"), std::string::npos)
+      << r.status().message();
+  EXPECT_NE(r.status().message().find("not writable"), std::string::npos) << r.status().message();
+
+  ASSERT_OK_AND_ASSIGN(auto swap, SwapFile::Create(aio_.get(), File("s"), kRegions, options));
+  AlignedBuffer b = Pattern(swap->region(0).padded_bytes, 7);
+  ASSERT_OK(swap->Write(0, b.data()));
+  fs.FailNthCall("FileStat", fs.call_count("FileStat") + 1, EIO);
+  Status st = swap->Read(0, b.data());
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("region 0 'layer0.exp_avg'"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("Input/output error"), std::string::npos) << st.message();
+  ASSERT_OK(swap->Read(0, b.data()));
+  const int64_t removes = fs.call_count("RemoveFile");
+  swap.reset();
+  EXPECT_EQ(fs.call_count("RemoveFile"), removes + 1);
+  EXPECT_FALSE(Exists(File("s")));
 }
 
 }  // namespace
