@@ -1,4 +1,4 @@
-// Test helpers for the communicator tests: deterministic per-rank inputs and the reference
+// Test helpers for the communicator tests: the per-rank assertions, deterministic per-rank inputs and the reference
 // reduction that communicator.h specifies (sequential rank-order fp32 sum, rounded once), against
 // which results are compared bitwise. Header-only; owns nothing.
 #pragma once
@@ -7,10 +7,26 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "runtime/dtype.h"
+
+// For the body of a rank (RunThreadRanks, thread_ranks.h: a function returning Status, where gtest's
+// fatal assertions cannot stop the other ranks): the first failure becomes the rank's error, and
+// RunThreadRanks then aborts its communicator. RANK_EXPECT_OK returns `expr`'s error with the
+// expression as context; RANK_CHECK returns InternalError("<cond>: <msg>").
+#define RANK_EXPECT_OK(expr)                    \
+  do {                                          \
+    ::zero::Status _s = (expr);                 \
+    if (!_s.ok()) return _s.WithContext(#expr); \
+  } while (0)
+
+#define RANK_CHECK(cond, msg)                                                              \
+  do {                                                                                     \
+    if (!(cond)) return ::zero::InternalError(std::string(#cond ": ") + std::string(msg)); \
+  } while (0)
 
 namespace zero {
 namespace testing {

@@ -14,6 +14,8 @@ const char* ReduceOpName(ReduceOp op) {
   return "unknown";
 }
 
+std::string TimeoutText(std::chrono::milliseconds t) { return std::to_string(t.count()) + " ms"; }
+
 void Communicator::ReportFault(const Status& /*error*/) {}
 
 }  // namespace zero

@@ -69,6 +69,9 @@ struct CommOptions {
   std::chrono::milliseconds timeout{300000};  // per collective and for rendezvous
 };
 
+// "2000 ms": how every communicator's messages write a timeout.
+std::string TimeoutText(std::chrono::milliseconds t);
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

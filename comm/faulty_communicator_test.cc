@@ -14,8 +14,10 @@
 #include <thread>
 #include <vector>
 
+#include "comm/comm_test_util.h"
 #include "comm/thread_ranks.h"
 #include "comm/watchdog.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -29,11 +31,6 @@ CommOptions GlooTimeout() {
   o.timeout = std::chrono::milliseconds(60000);
   return o;
 }
-
-#define RANK_CHECK(cond, msg)                                                              \
-  do {                                                                                     \
-    if (!(cond)) return ::zero::InternalError(std::string(#cond ": ") + std::string(msg)); \
-  } while (0)
 
 Status ExpectError(const Status& s, StatusCode code, const std::vector<std::string>& needles, const std::string& what) {
   if (s.code() != code) {
@@ -105,7 +102,7 @@ TEST(FaultyCommunicatorTest, HungCollectiveBecomesStickyErrorNamingItAndTheRank)
         return OkStatus();
       },
       GlooTimeout());
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // Several collectives in flight behind a hung one (as on one stream): the first Wait of any of
@@ -138,7 +135,7 @@ TEST(FaultyCommunicatorTest, CollectivesQueuedBehindAHangFailWithItsError) {
         return OkStatus();
       },
       GlooTimeout());
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // A hung host operation (AllReduceHost blocks) returns the watchdog's error instead of blocking.
@@ -160,7 +157,7 @@ TEST(FaultyCommunicatorTest, HungHostOperationReturnsTheError) {
                            {"rank 0 of 2", "collective #2 AllReduceHost (2 doubles, max)"}, "the hung AllReduceHost");
       },
       GlooTimeout());
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // kFail: the collective runs everywhere, but rank 0 sees it fail (an asynchronous error): the
@@ -194,7 +191,7 @@ TEST(FaultyCommunicatorTest, InjectedFailureIsStickyAndAbortsThePeers) {
         return OkStatus();
       },
       GlooTimeout());
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // The watchdog leaves a healthy communicator alone: many collectives, each completing, some waited
@@ -217,7 +214,7 @@ TEST(FaultyCommunicatorTest, CompletingCollectivesNeverTrip) {
         return comm.CheckHealth();
       },
       GlooTimeout());
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // The watchdog on its own: a poll that never completes trips it once, the abort callback runs

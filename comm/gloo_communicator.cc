@@ -101,8 +101,6 @@ void FinishFloat(const float* acc, void* out, DType t, size_t n, ReduceOp op, in
   }
 }
 
-bool ValidDType(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
-
 bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   auto pa = reinterpret_cast<uintptr_t>(a);
   auto pb = reinterpret_cast<uintptr_t>(b);
@@ -680,7 +678,7 @@ void GlooCommunicator::DoAllReduceHost(double* values, size_t n, ReduceOp op) {
 
 Result<std::unique_ptr<Work>> GlooCommunicator::AllReduce(void* buf, size_t count, DType t, ReduceOp op,
                                                           Stream* after) {
-  if (!ValidDType(t)) return InvalidArgumentError("gloo AllReduce: unknown dtype");
+  if (!IsKnownDType(t)) return InvalidArgumentError("gloo AllReduce: unknown dtype");
   if (buf == nullptr && count > 0) return InvalidArgumentError("gloo AllReduce: null buffer");
   std::string name = "AllReduce (" + DescribeCount(count, t) + ", " + ReduceOpName(op) + ")";
   if (count == 0) return std::unique_ptr<Work>(new CompletedWork(OkStatus()));
@@ -690,7 +688,7 @@ Result<std::unique_ptr<Work>> GlooCommunicator::AllReduce(void* buf, size_t coun
 
 Result<std::unique_ptr<Work>> GlooCommunicator::ReduceScatter(const void* send, void* recv, size_t recv_count, DType t,
                                                               ReduceOp op, Stream* after) {
-  if (!ValidDType(t)) return InvalidArgumentError("gloo ReduceScatter: unknown dtype");
+  if (!IsKnownDType(t)) return InvalidArgumentError("gloo ReduceScatter: unknown dtype");
   const size_t es = SizeOf(t);
   if (recv_count > 0 && (send == nullptr || recv == nullptr)) {
     return InvalidArgumentError("gloo ReduceScatter: null buffer");
@@ -712,7 +710,7 @@ Result<std::unique_ptr<Work>> GlooCommunicator::ReduceScatter(const void* send, 
 
 Result<std::unique_ptr<Work>> GlooCommunicator::AllGather(const void* send, void* recv, size_t send_count, DType t,
                                                           Stream* after) {
-  if (!ValidDType(t)) return InvalidArgumentError("gloo AllGather: unknown dtype");
+  if (!IsKnownDType(t)) return InvalidArgumentError("gloo AllGather: unknown dtype");
   const size_t bytes = send_count * SizeOf(t);
   if (send_count > 0 && (send == nullptr || recv == nullptr)) {
     return InvalidArgumentError("gloo AllGather: null buffer");
@@ -736,7 +734,7 @@ Result<std::unique_ptr<Work>> GlooCommunicator::AllGather(const void* send, void
 }
 
 Result<std::unique_ptr<Work>> GlooCommunicator::Broadcast(void* buf, size_t count, DType t, int root, Stream* after) {
-  if (!ValidDType(t)) return InvalidArgumentError("gloo Broadcast: unknown dtype");
+  if (!IsKnownDType(t)) return InvalidArgumentError("gloo Broadcast: unknown dtype");
   if (root < 0 || root >= world_size_) {
     return InvalidArgumentError("gloo Broadcast: root " + std::to_string(root) + " out of range for world size " +
                                 std::to_string(world_size_));

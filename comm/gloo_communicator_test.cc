@@ -15,6 +15,7 @@
 #include "comm/comm_test_util.h"
 #include "comm/thread_ranks.h"
 #include "runtime/cpu_device.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -26,18 +27,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr DType kDTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax};
-
-// Fails the calling rank's body (RunThreadRanks then aborts its communicator).
-#define RANK_EXPECT_OK(expr)                    \
-  do {                                          \
-    ::zero::Status _s = (expr);                 \
-    if (!_s.ok()) return _s.WithContext(#expr); \
-  } while (0)
-
-#define RANK_CHECK(cond, msg)                                                   \
-  do {                                                                          \
-    if (!(cond)) return ::zero::InternalError(std::string(#cond ": ") + (msg)); \
-  } while (0)
 
 CommOptions Timeout(int ms) {
   CommOptions o;
@@ -92,7 +81,7 @@ TEST_P(GlooWorldTest, AllReduceMatchesRankOrderReferenceBitwise) {
     }
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 TEST_P(GlooWorldTest, ReduceScatterMatchesReferenceBitwise) {
@@ -118,7 +107,7 @@ TEST_P(GlooWorldTest, ReduceScatterMatchesReferenceBitwise) {
     }
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 TEST_P(GlooWorldTest, AllGatherOutOfPlaceAndInPlace) {
@@ -152,7 +141,7 @@ TEST_P(GlooWorldTest, AllGatherOutOfPlaceAndInPlace) {
     }
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 TEST_P(GlooWorldTest, BroadcastFromEveryRoot) {
@@ -181,7 +170,7 @@ TEST_P(GlooWorldTest, BroadcastFromEveryRoot) {
     }
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 TEST_P(GlooWorldTest, BarrierAndAllReduceHost) {
@@ -210,7 +199,7 @@ TEST_P(GlooWorldTest, BarrierAndAllReduceHost) {
     }
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooWorldTest, ::testing::Values(1, 2, 3, 4),
@@ -231,7 +220,7 @@ TEST(GlooCommunicatorTest, ZeroCountsAndBadArguments) {
     RANK_CHECK(comm->world_size() == 2 && comm->rank() == rank, "rank/world_size");
     return comm->Barrier();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 TEST(GlooCommunicatorTest, RejectsNonHostDevice) {
@@ -247,7 +236,7 @@ TEST(GlooCommunicatorTest, ThreadRanksSetupIsFast) {
   auto start = Clock::now();
   for (int i = 0; i < kRuns; ++i) {
     Status s = RunThreadRanks(4, [](int, Communicator* comm, Device*) { return comm->Barrier(); });
-    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_OK(s);
   }
   double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count() / kRuns;
   std::printf("RunThreadRanks(4) with one barrier: %.1f ms per run\n", ms);
@@ -347,7 +336,7 @@ TEST(GlooFaultTest, AbortInterruptsPendingCollective) {
   t1.join();
   std::vector<float> x(10, 1.0f);
   auto w = c0->AllReduce(x.data(), x.size(), DType::kF32, ReduceOp::kSum);  // rank 1 never joins it
-  ASSERT_TRUE(w.ok());
+  ASSERT_OK(w);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   auto start = Clock::now();
   c0->Abort("test abort");

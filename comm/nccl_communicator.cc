@@ -45,8 +45,6 @@ ncclRedOp_t ToNccl(ReduceOp op, int world_size) {
   return ncclSum;
 }
 
-bool ValidDType(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
-
 // Sleeps a little longer each time, up to 1 ms, while polling for completion.
 class Backoff {
  public:
@@ -397,7 +395,7 @@ Result<std::unique_ptr<Work>> NcclCommunicator::Launch(const std::string& op, St
 
 Result<std::unique_ptr<Work>> NcclCommunicator::AllReduce(void* buf, size_t count, DType t, ReduceOp op,
                                                           Stream* after) {
-  if (!ValidDType(t)) return InvalidArgumentError("nccl AllReduce: unknown dtype");
+  if (!IsKnownDType(t)) return InvalidArgumentError("nccl AllReduce: unknown dtype");
   std::string name = "AllReduce (" + std::to_string(count) + " x " + DTypeName(t) + ", " + ReduceOpName(op) + ")";
   return Launch(name, after, [&](Clock::time_point deadline) {
     return shared_->SettleLocked(
@@ -407,7 +405,7 @@ Result<std::unique_ptr<Work>> NcclCommunicator::AllReduce(void* buf, size_t coun
 
 Result<std::unique_ptr<Work>> NcclCommunicator::ReduceScatter(const void* send, void* recv, size_t recv_count, DType t,
                                                               ReduceOp op, Stream* after) {
-  if (!ValidDType(t)) return InvalidArgumentError("nccl ReduceScatter: unknown dtype");
+  if (!IsKnownDType(t)) return InvalidArgumentError("nccl ReduceScatter: unknown dtype");
   std::string name =
       "ReduceScatter (" + std::to_string(recv_count) + " x " + DTypeName(t) + " per rank, " + ReduceOpName(op) + ")";
   return Launch(name, after, [&](Clock::time_point deadline) {
@@ -419,7 +417,7 @@ Result<std::unique_ptr<Work>> NcclCommunicator::ReduceScatter(const void* send, 
 
 Result<std::unique_ptr<Work>> NcclCommunicator::AllGather(const void* send, void* recv, size_t send_count, DType t,
                                                           Stream* after) {
-  if (!ValidDType(t)) return InvalidArgumentError("nccl AllGather: unknown dtype");
+  if (!IsKnownDType(t)) return InvalidArgumentError("nccl AllGather: unknown dtype");
   std::string name = "AllGather (" + std::to_string(send_count) + " x " + DTypeName(t) + " per rank)";
   return Launch(name, after, [&](Clock::time_point deadline) {
     return shared_->SettleLocked(name, ncclAllGather(send, recv, send_count, ToNccl(t), shared_->comm, stream_),
@@ -428,7 +426,7 @@ Result<std::unique_ptr<Work>> NcclCommunicator::AllGather(const void* send, void
 }
 
 Result<std::unique_ptr<Work>> NcclCommunicator::Broadcast(void* buf, size_t count, DType t, int root, Stream* after) {
-  if (!ValidDType(t)) return InvalidArgumentError("nccl Broadcast: unknown dtype");
+  if (!IsKnownDType(t)) return InvalidArgumentError("nccl Broadcast: unknown dtype");
   if (root < 0 || root >= world_size_) {
     return InvalidArgumentError("nccl Broadcast: root " + std::to_string(root) + " out of range for world size " +
                                 std::to_string(world_size_));

@@ -29,6 +29,7 @@
 #include "comm/worker_launcher.h"
 #include "runtime/cuda_device.h"
 #include "runtime/gpu_test_util.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -44,26 +45,26 @@ class NcclSingleGpuTest : public ::testing::Test {
   void SetUp() override {
     ZERO_SKIP_WITHOUT_CUDA_DEVICES(1);
     auto dev = CudaDevice::Create(0);
-    ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+    ASSERT_OK(dev);
     dev_ = std::move(dev).value();
     NcclOptions o;
     o.comm.timeout = std::chrono::milliseconds(30000);
     auto comm = NcclCommunicator::Create(0, 1, nullptr, dev_.get(), o);
-    ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+    ASSERT_OK(comm);
     comm_ = std::move(comm).value();
   }
 
   std::vector<uint8_t> RoundTrip(const std::vector<uint8_t>& host, size_t out_bytes,
                                  const std::function<Status(void* dev_in)>& op) {
     auto buf = dev_->Allocate(std::max(host.size(), out_bytes));
-    EXPECT_TRUE(buf.ok());
-    EXPECT_TRUE(dev_->Copy(buf->data(), host.data(), host.size(), CopyKind::kHostToDevice, nullptr).ok());
-    EXPECT_TRUE(dev_->Synchronize().ok());
+    EXPECT_OK(buf);
+    EXPECT_OK(dev_->Copy(buf->data(), host.data(), host.size(), CopyKind::kHostToDevice, nullptr));
+    EXPECT_OK(dev_->Synchronize());
     Status s = op(buf->data());
-    EXPECT_TRUE(s.ok()) << s.ToString();
+    EXPECT_OK(s);
     std::vector<uint8_t> out(out_bytes);
-    EXPECT_TRUE(dev_->Copy(out.data(), buf->data(), out_bytes, CopyKind::kDeviceToHost, nullptr).ok());
-    EXPECT_TRUE(dev_->Synchronize().ok());
+    EXPECT_OK(dev_->Copy(out.data(), buf->data(), out_bytes, CopyKind::kDeviceToHost, nullptr));
+    EXPECT_OK(dev_->Synchronize());
     return out;
   }
 
@@ -116,13 +117,13 @@ TEST_F(NcclSingleGpuTest, EveryOpEveryDType) {
       EXPECT_EQ(bc, in) << "Broadcast " << DTypeName(t);
     }
   }
-  EXPECT_TRUE(comm_->Barrier().ok());
+  EXPECT_OK(comm_->Barrier());
   double v[3] = {1.5, -2.0, 1e300};
-  EXPECT_TRUE(comm_->AllReduceHost(v, 3, ReduceOp::kSum).ok());
+  EXPECT_OK(comm_->AllReduceHost(v, 3, ReduceOp::kSum));
   EXPECT_EQ(v[0], 1.5);
   EXPECT_EQ(v[2], 1e300);
   char msg[8] = "abcdefg";
-  EXPECT_TRUE(comm_->BroadcastHost(msg, sizeof(msg), 0).ok());
+  EXPECT_OK(comm_->BroadcastHost(msg, sizeof(msg), 0));
   EXPECT_STREQ(msg, "abcdefg");
   auto bad = comm_->Broadcast(nullptr, 1, DType::kF32, 1);
   EXPECT_FALSE(bad.ok());
@@ -136,20 +137,20 @@ TEST_F(NcclSingleGpuTest, StreamOrdering) {
   auto consumer = dev_->CreateStream();
   ASSERT_TRUE(compute.ok() && consumer.ok());
   auto buf = dev_->Allocate(n * sizeof(float));
-  ASSERT_TRUE(buf.ok());
+  ASSERT_OK(buf);
   for (int iter = 0; iter < 5; ++iter) {
     float value = 1.0f + iter;
-    ASSERT_TRUE(dev_->Fill(buf->data(), DType::kF32, n, value, compute->get()).ok());
+    ASSERT_OK(dev_->Fill(buf->data(), DType::kF32, n, value, compute->get()));
     auto w = comm_->AllReduce(buf->data(), n, DType::kF32, ReduceOp::kSum, compute->get());
-    ASSERT_TRUE(w.ok()) << w.status().ToString();
-    ASSERT_TRUE((*w)->StreamWait(consumer->get()).ok());
-    ASSERT_TRUE(dev_->Scale(buf->data(), DType::kF32, n, 2.0f, consumer->get()).ok());
+    ASSERT_OK(w);
+    ASSERT_OK((*w)->StreamWait(consumer->get()));
+    ASSERT_OK(dev_->Scale(buf->data(), DType::kF32, n, 2.0f, consumer->get()));
     std::vector<float> host(n);
-    ASSERT_TRUE(dev_->Copy(host.data(), buf->data(), n * sizeof(float), CopyKind::kDeviceToHost, consumer->get()).ok());
-    ASSERT_TRUE(dev_->SynchronizeStream(consumer->get()).ok());
+    ASSERT_OK(dev_->Copy(host.data(), buf->data(), n * sizeof(float), CopyKind::kDeviceToHost, consumer->get()));
+    ASSERT_OK(dev_->SynchronizeStream(consumer->get()));
     EXPECT_EQ(host[0], 2 * value);
     EXPECT_EQ(host[n - 1], 2 * value);
-    EXPECT_TRUE((*w)->Wait().ok());
+    EXPECT_OK((*w)->Wait());
     EXPECT_TRUE((*w)->IsCompleted());
   }
 }
@@ -209,21 +210,21 @@ struct HostLatch {
 TEST(NcclWatchdogTest, CollectiveHeldBackOnTheGpuBecomesAnError) {
   if (GpuCount() < 1) GTEST_SKIP() << "no GPU";
   auto dev = CudaDevice::Create(0);
-  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  ASSERT_OK(dev);
   NcclOptions o;
   o.comm.timeout = std::chrono::milliseconds(300);
   auto comm = NcclCommunicator::Create(0, 1, nullptr, dev->get(), o);
-  ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+  ASSERT_OK(comm);
   auto blocked = (*dev)->CreateStream();
   auto consumer = (*dev)->CreateStream();
   ASSERT_TRUE(blocked.ok() && consumer.ok());
   auto buf = (*dev)->Allocate(1024 * sizeof(float));
-  ASSERT_TRUE(buf.ok());
+  ASSERT_OK(buf);
 
   auto healthy = (*comm)->AllReduce(buf->data(), 1024, DType::kF32, ReduceOp::kSum);  // #1
-  ASSERT_TRUE(healthy.ok()) << healthy.status().ToString();
-  ASSERT_TRUE((*healthy)->Wait().ok());
-  ASSERT_TRUE((*comm)->CheckHealth().ok());
+  ASSERT_OK(healthy);
+  ASSERT_OK((*healthy)->Wait());
+  ASSERT_OK((*comm)->CheckHealth());
 
   HostLatch latch;
   // Should the abort itself ever wait for the blocked stream, this releases it so the test ends
@@ -236,8 +237,8 @@ TEST(NcclWatchdogTest, CollectiveHeldBackOnTheGpuBecomesAnError) {
   });
   ASSERT_EQ(cudaLaunchHostFunc((*dev)->native_stream(blocked->get()), &HostLatch::Block, &latch), cudaSuccess);
   auto stuck = (*comm)->AllReduce(buf->data(), 1024, DType::kF32, ReduceOp::kSum, blocked->get());  // #2
-  ASSERT_TRUE(stuck.ok()) << stuck.status().ToString();
-  ASSERT_TRUE((*stuck)->StreamWait(consumer->get()).ok());
+  ASSERT_OK(stuck);
+  ASSERT_OK((*stuck)->StreamWait(consumer->get()));
 
   Status s = (*stuck)->Wait();
   EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
@@ -257,7 +258,7 @@ TEST(NcclWatchdogTest, CollectiveHeldBackOnTheGpuBecomesAnError) {
   EXPECT_EQ((*comm)->AllReduceHost(&v, 1, ReduceOp::kSum).code(), StatusCode::kDeadlineExceeded);
 
   latch.Open();
-  EXPECT_TRUE((*dev)->SynchronizeStream(consumer->get()).ok());
+  EXPECT_OK((*dev)->SynchronizeStream(consumer->get()));
   EXPECT_EQ((*comm)->CheckHealth().code(), StatusCode::kDeadlineExceeded);
   safety.join();
   comm->reset();  // destroying an aborted communicator must not block either
@@ -268,7 +269,7 @@ TEST(NcclWatchdogTest, CollectiveHeldBackOnTheGpuBecomesAnError) {
 TEST(NcclWatchdogTest, PeerThatNeverInitializesFailsInitWithinTheTimeout) {
   if (GpuCount() < 1) GTEST_SKIP() << "no GPU";
   auto dev = CudaDevice::Create(0);
-  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  ASSERT_OK(dev);
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
   NcclOptions o;
   o.comm.timeout = std::chrono::milliseconds(2000);

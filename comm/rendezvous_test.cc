@@ -1,15 +1,12 @@
 #include "comm/rendezvous.h"
 #include "comm/net_test_util.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <ifaddrs.h>
 #include <net/if.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,9 +20,14 @@
 
 #include "comm/tcp_store.h"
 #include "runtime/cpu_device.h"
+#include "testing/free_port.h"
+#include "testing/scratch_dir.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
+
+using ::zero::testing::FreeLoopbackPort;
 
 const char* kVars[] = {"RANK",
                        "WORLD_SIZE",
@@ -61,7 +63,7 @@ class RendezvousEnvTest : public ::testing::Test {
 
 TEST_F(RendezvousEnvTest, DefaultsWithNothingSet) {
   auto o = RendezvousFromEnv();
-  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  ASSERT_OK(o);
   EXPECT_EQ(o->rank, 0);
   EXPECT_EQ(o->world_size, 1);
   EXPECT_EQ(o->local_rank, 0);
@@ -80,7 +82,7 @@ TEST_F(RendezvousEnvTest, TorchrunVariables) {
        {"ZERO_STORE_PATH", "/shared/x"},
        {"GLOO_SOCKET_IFNAME", "eth1"}});
   auto o = RendezvousFromEnv();
-  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  ASSERT_OK(o);
   EXPECT_EQ(o->rank, 3);
   EXPECT_EQ(o->world_size, 8);
   EXPECT_EQ(o->local_rank, 1);
@@ -94,21 +96,21 @@ TEST_F(RendezvousEnvTest, TorchrunVariables) {
 TEST_F(RendezvousEnvTest, OpenMpiAndSlurmFallbacks) {
   Set({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}});
   auto o = RendezvousFromEnv();
-  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  ASSERT_OK(o);
   EXPECT_EQ(o->rank, 2);
   EXPECT_EQ(o->world_size, 4);
   EXPECT_EQ(o->local_rank, 2);
   SetUp();
   Set({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}, {"SLURM_LOCALID", "1"}});
   o = RendezvousFromEnv();
-  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  ASSERT_OK(o);
   EXPECT_EQ(o->rank, 5);
   EXPECT_EQ(o->world_size, 6);
   EXPECT_EQ(o->local_rank, 1);
   // The torchrun names win over the fallbacks.
   Set({{"RANK", "0"}, {"WORLD_SIZE", "2"}});
   o = RendezvousFromEnv();
-  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  ASSERT_OK(o);
   EXPECT_EQ(o->rank, 0);
   EXPECT_EQ(o->world_size, 2);
 }
@@ -148,7 +150,7 @@ TEST_F(RendezvousEnvTest, StoreSecurityVariables) {
   const char* secret = "0123456789abcdef0123456789abcdef";
   Set({{"ZERO_JOB_SECRET", secret}, {"ZERO_STORE_BIND_ADDR", "10.1.2.3"}, {"ZERO_STORE_MAX_VALUE_BYTES", "65536"}});
   auto o = RendezvousFromEnv();
-  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  ASSERT_OK(o);
   EXPECT_EQ(o->job_secret, secret);
   EXPECT_EQ(o->store_bind_addr, "10.1.2.3");
   EXPECT_EQ(o->store_max_value_bytes, 65536u);
@@ -172,18 +174,6 @@ TEST_F(RendezvousEnvTest, StoreSecurityVariables) {
   EXPECT_EQ(RendezvousFromEnv()->store_heartbeat.count(), 0);
   Set({{"ZERO_STORE_HEARTBEAT_MS", "-5"}});
   ExpectError("ZERO_STORE_HEARTBEAT_MS", "-5");
-}
-
-int FreeLoopbackPort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
 }
 
 // Two gloo ranks rendezvous over TCP with a job secret while an intruder with another secret
@@ -214,14 +204,14 @@ TEST(CreateCommunicatorTest, TcpRendezvousWithSecretRefusesAnIntruder) {
   t.join();
   bad.join();
   const std::string log = ::testing::internal::GetCapturedStderr();
-  ASSERT_TRUE(c0.ok()) << c0.status().ToString();
-  ASSERT_TRUE(c1.ok()) << c1.status().ToString();
+  ASSERT_OK(c0);
+  ASSERT_OK(c1);
   ASSERT_FALSE(intruder.ok());
   EXPECT_EQ(intruder.status().code(), StatusCode::kFailedPrecondition) << intruder.status().ToString();
   EXPECT_NE(log.find("did not prove the job secret"), std::string::npos) << log;
   double v0 = 1, v1 = 2;
-  std::thread t2([&] { EXPECT_TRUE((*c1)->AllReduceHost(&v1, 1, ReduceOp::kSum).ok()); });
-  EXPECT_TRUE((*c0)->AllReduceHost(&v0, 1, ReduceOp::kSum).ok());
+  std::thread t2([&] { EXPECT_OK((*c1)->AllReduceHost(&v1, 1, ReduceOp::kSum)); });
+  EXPECT_OK((*c0)->AllReduceHost(&v0, 1, ReduceOp::kSum));
   t2.join();
   EXPECT_EQ(v0, 3);
   EXPECT_EQ(v1, 3);
@@ -243,8 +233,8 @@ TEST(CreateCommunicatorTest, NonLoopbackMasterWithoutSecretWarnsOnce) {
   again.master_port = FreeLoopbackPort();
   auto store2 = CreateStore(again);
   const std::string log = ::testing::internal::GetCapturedStderr();
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
-  ASSERT_TRUE(store2.ok()) << store2.status().ToString();
+  ASSERT_OK(store);
+  ASSERT_OK(store2);
   auto* tcp = dynamic_cast<TcpStore*>(store->get());
   ASSERT_NE(tcp, nullptr);
   EXPECT_EQ(tcp->bind_address(), addr);
@@ -272,9 +262,9 @@ TEST(CreateCommunicatorTest, LoopbackMasterWithoutSecretWarnsOnce) {
   with_secret.job_secret = "5e1f0c3a9b8d7e6f5a4b3c2d1e0f9a8b";
   auto store3 = CreateStore(with_secret);
   const std::string log = ::testing::internal::GetCapturedStderr();
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
-  ASSERT_TRUE(store2.ok()) << store2.status().ToString();
-  ASSERT_TRUE(store3.ok()) << store3.status().ToString();
+  ASSERT_OK(store);
+  ASSERT_OK(store2);
+  ASSERT_OK(store3);
   const std::string warning = "warning: ZERO_JOB_SECRET is not set: any user of this machine can connect";
   size_t first = log.find(warning);
   ASSERT_NE(first, std::string::npos) << log;
@@ -315,7 +305,7 @@ TEST(CreateCommunicatorTest, StoppedRankZeroFailsTheOthersWithinTheHeartbeat) {
   close(ready[0]);
   close(ready[1]);
   if (!c1.ok() || !rank0_ok) kill(rank0, SIGKILL);
-  ASSERT_TRUE(c1.ok()) << c1.status().ToString();
+  ASSERT_OK(c1);
   ASSERT_TRUE(rank0_ok) << "rank 0 did not create its communicator";
   std::thread stopper([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -365,7 +355,7 @@ TEST(CreateCommunicatorTest, ReportedFaultFailsEveryRankAtOnceNamingIt) {
   }
   for (auto& t : threads) t.join();
   threads.clear();
-  for (int r = 0; r < 3; ++r) ASSERT_TRUE(made[r].ok()) << made[r].ToString();
+  for (int r = 0; r < 3; ++r) ASSERT_OK(made[r]);
 
   Status waited[2];
   double secs[2] = {0, 0};
@@ -407,13 +397,13 @@ TEST(CreateCommunicatorTest, UnknownBackendAndSingleRank) {
   // A world of one binds no port: two at once on the same MASTER_PORT both work.
   auto a = CreateCommunicator("gloo", &dev, o);
   auto b = CreateCommunicator("gloo", &dev, o);
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
-  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_OK(a);
+  ASSERT_OK(b);
   EXPECT_EQ((*a)->backend(), "gloo");
   float x[3] = {1, 2, 3};
   auto w = (*a)->AllReduce(x, 3, DType::kF32, ReduceOp::kAvg);
-  ASSERT_TRUE(w.ok());
-  EXPECT_TRUE((*w)->Wait().ok());
+  ASSERT_OK(w);
+  EXPECT_OK((*w)->Wait());
   EXPECT_EQ(x[2], 3.0f);
   // gloo needs host memory; nccl a CUDA device (or, without CUDA, is not built at all).
   auto nccl = CreateCommunicator("nccl", &dev, o);
@@ -424,12 +414,11 @@ TEST(CreateCommunicatorTest, UnknownBackendAndSingleRank) {
 }
 
 TEST(CreateCommunicatorTest, FileStoreRendezvousOfTwoThreads) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/zero_filestore_" + std::to_string(getpid());
+  ASSERT_OK_AND_ASSIGN(ScratchDir dir, ScratchDir::Create("zero_filestore"));
   CpuDevice d0, d1;
   RendezvousOptions o;
   o.world_size = 2;
-  o.store_path = dir;
+  o.store_path = dir.path();
   o.comm.timeout = std::chrono::milliseconds(5000);
   Result<std::unique_ptr<Communicator>> c1 = UnavailableError("not run");
   std::thread t([&] {
@@ -439,11 +428,11 @@ TEST(CreateCommunicatorTest, FileStoreRendezvousOfTwoThreads) {
   });
   auto c0 = CreateCommunicator("gloo", &d0, o);
   t.join();
-  ASSERT_TRUE(c0.ok()) << c0.status().ToString();
-  ASSERT_TRUE(c1.ok()) << c1.status().ToString();
+  ASSERT_OK(c0);
+  ASSERT_OK(c1);
   double v0 = 1.5, v1 = 2.25;
-  std::thread t2([&] { EXPECT_TRUE((*c1)->AllReduceHost(&v1, 1, ReduceOp::kSum).ok()); });
-  EXPECT_TRUE((*c0)->AllReduceHost(&v0, 1, ReduceOp::kSum).ok());
+  std::thread t2([&] { EXPECT_OK((*c1)->AllReduceHost(&v1, 1, ReduceOp::kSum)); });
+  EXPECT_OK((*c0)->AllReduceHost(&v0, 1, ReduceOp::kSum));
   t2.join();
   EXPECT_EQ(v0, 3.75);
   EXPECT_EQ(v1, 3.75);

@@ -20,11 +20,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string TimeoutText(std::chrono::milliseconds t) { return std::to_string(t.count()) + " ms"; }
-
 std::string DescribeCount(size_t count, DType t) { return std::to_string(count) + " x " + DTypeName(t); }
-
-bool ValidDType(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
 
 bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   auto pa = reinterpret_cast<uintptr_t>(a);
@@ -543,7 +539,7 @@ Result<std::unique_ptr<Work>> SameDeviceCommunicator::Run(const Group::Call& cal
 
 Result<std::unique_ptr<Work>> SameDeviceCommunicator::AllReduce(void* buf, size_t count, DType t, ReduceOp op,
                                                                 Stream* after) {
-  if (!ValidDType(t)) return InvalidArgumentError("same_device AllReduce: unknown dtype");
+  if (!IsKnownDType(t)) return InvalidArgumentError("same_device AllReduce: unknown dtype");
   if (!ValidOp(op)) return InvalidArgumentError("same_device AllReduce: unknown reduction");
   if (buf == nullptr && count > 0) return InvalidArgumentError("same_device AllReduce: null buffer");
   if (count == 0) return std::unique_ptr<Work>(new CompletedWork());
@@ -582,7 +578,7 @@ Result<std::unique_ptr<Work>> SameDeviceCommunicator::AllReduce(void* buf, size_
 
 Result<std::unique_ptr<Work>> SameDeviceCommunicator::ReduceScatter(const void* send, void* recv, size_t recv_count,
                                                                     DType t, ReduceOp op, Stream* after) {
-  if (!ValidDType(t)) return InvalidArgumentError("same_device ReduceScatter: unknown dtype");
+  if (!IsKnownDType(t)) return InvalidArgumentError("same_device ReduceScatter: unknown dtype");
   if (!ValidOp(op)) return InvalidArgumentError("same_device ReduceScatter: unknown reduction");
   const size_t es = SizeOf(t);
   if (recv_count > 0 && (send == nullptr || recv == nullptr)) {
@@ -608,7 +604,7 @@ Result<std::unique_ptr<Work>> SameDeviceCommunicator::ReduceScatter(const void* 
 
 Result<std::unique_ptr<Work>> SameDeviceCommunicator::AllGather(const void* send, void* recv, size_t send_count,
                                                                 DType t, Stream* after) {
-  if (!ValidDType(t)) return InvalidArgumentError("same_device AllGather: unknown dtype");
+  if (!IsKnownDType(t)) return InvalidArgumentError("same_device AllGather: unknown dtype");
   const size_t bytes = send_count * SizeOf(t);
   if (send_count > 0 && (send == nullptr || recv == nullptr)) {
     return InvalidArgumentError("same_device AllGather: null buffer");
@@ -633,7 +629,7 @@ Result<std::unique_ptr<Work>> SameDeviceCommunicator::AllGather(const void* send
 
 Result<std::unique_ptr<Work>> SameDeviceCommunicator::Broadcast(void* buf, size_t count, DType t, int root,
                                                                 Stream* after) {
-  if (!ValidDType(t)) return InvalidArgumentError("same_device Broadcast: unknown dtype");
+  if (!IsKnownDType(t)) return InvalidArgumentError("same_device Broadcast: unknown dtype");
   if (root < 0 || root >= world_size_) {
     return InvalidArgumentError("same_device Broadcast: root " + std::to_string(root) +
                                 " out of range for world size " + std::to_string(world_size_));

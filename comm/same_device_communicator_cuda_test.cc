@@ -18,6 +18,7 @@
 #include "comm/same_device_communicator.h"
 #include "runtime/cuda_device.h"
 #include "runtime/gpu_test_util.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -28,17 +29,6 @@ using testing::ReferenceReduce;
 
 constexpr DType kDTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax};
-
-#define RANK_EXPECT_OK(expr)                    \
-  do {                                          \
-    ::zero::Status _s = (expr);                 \
-    if (!_s.ok()) return _s.WithContext(#expr); \
-  } while (0)
-
-#define RANK_CHECK(cond, msg)                                                   \
-  do {                                                                          \
-    if (!(cond)) return ::zero::InternalError(std::string(#cond ": ") + (msg)); \
-  } while (0)
 
 Result<std::unique_ptr<Device>> OnGpu0(int) {
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<CudaDevice> d, CudaDevice::Create(0));
@@ -138,7 +128,7 @@ TEST_P(SameDeviceCudaTest, EveryCollectiveMatchesTheReferenceBitwise) {
         return comm->CheckHealth();
       },
       Options(), OnGpu0);
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // Inputs a rank writes on its stream right before the collectives and overwrites right after
@@ -196,7 +186,7 @@ TEST_P(SameDeviceCudaTest, StreamOrderingWithoutHostSynchronization) {
         return comm->CheckHealth();
       },
       Options(), OnGpu0);
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, SameDeviceCudaTest, ::testing::Values(2, 4, 8),
@@ -243,7 +233,7 @@ TEST(SameDeviceCudaKernelTest, EqualsTheHostLoopOnSpecialValues) {
             return OkStatus();
           },
           Options(), OnGpu0);
-      ASSERT_TRUE(s.ok()) << s.ToString();
+      ASSERT_OK(s);
       for (int r = 0; r < kSrcs; ++r) {
         EXPECT_EQ(FirstMismatch(got[r].data(), want.data(), kN, t), -1)
             << DTypeName(t) << " op " << static_cast<int>(op) << " rank " << r;

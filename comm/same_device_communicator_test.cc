@@ -21,6 +21,7 @@
 #include "comm/rank_reduce.h"
 #include "comm/thread_ranks.h"
 #include "runtime/cpu_device.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -32,17 +33,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr DType kDTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax};
-
-#define RANK_EXPECT_OK(expr)                    \
-  do {                                          \
-    ::zero::Status _s = (expr);                 \
-    if (!_s.ok()) return _s.WithContext(#expr); \
-  } while (0)
-
-#define RANK_CHECK(cond, msg)                                                   \
-  do {                                                                          \
-    if (!(cond)) return ::zero::InternalError(std::string(#cond ": ") + (msg)); \
-  } while (0)
 
 SameDeviceOptions Timeout(int ms) {
   SameDeviceOptions o;
@@ -125,7 +115,7 @@ TEST_P(SameDeviceWorldTest, AllReduceMatchesRankOrderReferenceBitwise) {
     }
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 TEST_P(SameDeviceWorldTest, ReduceScatterMatchesReferenceBitwise) {
@@ -152,7 +142,7 @@ TEST_P(SameDeviceWorldTest, ReduceScatterMatchesReferenceBitwise) {
     }
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 TEST_P(SameDeviceWorldTest, AllGatherOutOfPlaceAndInPlace) {
@@ -182,7 +172,7 @@ TEST_P(SameDeviceWorldTest, AllGatherOutOfPlaceAndInPlace) {
     }
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 TEST_P(SameDeviceWorldTest, BroadcastFromEveryRoot) {
@@ -197,7 +187,7 @@ TEST_P(SameDeviceWorldTest, BroadcastFromEveryRoot) {
     }
     return OkStatus();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 // Host values: summed in rank order in double (kAvg divides), kMax; BroadcastHost; Barrier.
@@ -237,7 +227,7 @@ TEST_P(SameDeviceWorldTest, HostCollectivesAndBarrier) {
     for (int r = 0; r < n_ranks; ++r) RANK_CHECK(arrived[r] == 1, "rank " + std::to_string(r) + " not at the barrier");
     return comm->CheckHealth();
   });
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_OK(s);
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, SameDeviceWorldTest, ::testing::Range(1, 9),
@@ -279,8 +269,8 @@ TEST(SameDeviceCommunicatorTest, EqualsGlooBitwise) {
     return gloo ? RunThreadRanks(kRanks, body) : RunSameDeviceRanks(kRanks, body);
   };
   std::vector<std::vector<uint8_t>> a, b;
-  ASSERT_TRUE(run(true, &a).ok());
-  ASSERT_TRUE(run(false, &b).ok());
+  ASSERT_OK(run(true, &a));
+  ASSERT_OK(run(false, &b));
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "rank " << i / 9 << " case " << i % 9;
   // The cases above do produce -0 and Inf results.
   float f;
@@ -569,7 +559,7 @@ TEST(SameDeviceOrderingTest, StreamsWaitForPeersBeforeAndAfterReading) {
         },
         AsyncKernels(),
         [&](int rank) -> Result<std::unique_ptr<Device>> { return std::unique_ptr<Device>(std::move(devices[rank])); });
-    EXPECT_TRUE(s.ok()) << s.ToString();
+    EXPECT_OK(s);
   }
 }
 
@@ -642,7 +632,7 @@ TEST(SameDeviceFaultTest, SilentRankTimesOutNamingTheCollective) {
         return w.status();
       },
       Timeout(kTimeoutMs));
-  EXPECT_TRUE(st[2].ok()) << st[2].ToString();
+  EXPECT_OK(st[2]);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(st[r].code(), StatusCode::kDeadlineExceeded) << st[r].ToString();
     EXPECT_NE(st[r].message().find("collective #2 AllReduce (7 x fp32, avg)"), std::string::npos) << st[r].ToString();
@@ -695,7 +685,7 @@ TEST(SameDeviceFaultTest, AbortFailsTheWaitingRanksPromptly) {
         return w.status();
       },
       Timeout(60000));
-  EXPECT_TRUE(st[2].ok()) << st[2].ToString();
+  EXPECT_OK(st[2]);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(st[r].code(), StatusCode::kUnavailable) << st[r].ToString();
     EXPECT_NE(st[r].message().find("rank 2 aborted: the test gives up"), std::string::npos) << st[r].ToString();
@@ -721,7 +711,7 @@ TEST(SameDeviceFaultTest, DestroyedRankFailsTheWaitingRanksPromptly) {
         return w.ok() ? InternalError("the collective succeeded") : w.status();
       },
       Timeout(60000));
-  EXPECT_TRUE(st[2].ok()) << st[2].ToString();
+  EXPECT_OK(st[2]);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(st[r].code(), StatusCode::kUnavailable) << st[r].ToString();
     EXPECT_NE(st[r].message().find("rank 2's communicator was destroyed"), std::string::npos) << st[r].ToString();
@@ -754,14 +744,14 @@ TEST(SameDeviceFaultTest, FailingBodyAbortsTheOthers) {
 TEST(SameDeviceCommunicatorTest, GroupAndJoinArguments) {
   EXPECT_EQ(SameDeviceGroup::Create(0).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(SameDeviceGroup::Create(kMaxRankReduceSources + 1).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(SameDeviceGroup::Create(kMaxRankReduceSources).ok());
+  EXPECT_OK(SameDeviceGroup::Create(kMaxRankReduceSources));
   EXPECT_EQ(SameDeviceGroup::Create(2, Timeout(0)).status().code(), StatusCode::kInvalidArgument);
   SameDeviceOptions half;
   half.kernels.query = [](Device*, Event*) -> Result<bool> { return true; };
   EXPECT_EQ(SameDeviceGroup::Create(2, half).status().code(), StatusCode::kInvalidArgument);
 
   auto group = SameDeviceGroup::Create(2);
-  ASSERT_TRUE(group.ok());
+  ASSERT_OK(group);
   CpuDevice a, b;
   EXPECT_EQ((*group)->Join(2, &a).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ((*group)->Join(-1, &a).status().code(), StatusCode::kInvalidArgument);
@@ -771,7 +761,7 @@ TEST(SameDeviceCommunicatorTest, GroupAndJoinArguments) {
   EXPECT_EQ(not_cpu.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(not_cpu.message().find("async(cpu)"), std::string::npos) << not_cpu.ToString();
   auto c0 = (*group)->Join(0, &a);
-  ASSERT_TRUE(c0.ok()) << c0.status().ToString();
+  ASSERT_OK(c0);
   Status twice = (*group)->Join(0, &b).status();
   EXPECT_EQ(twice.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(twice.message().find("rank 0 joined the group twice"), std::string::npos) << twice.ToString();
@@ -785,10 +775,10 @@ TEST(SameDeviceCommunicatorTest, GroupAndJoinArguments) {
 // anything); zero counts complete at once.
 TEST(SameDeviceCommunicatorTest, BadArgumentsAndZeroCountsNeedNoPeer) {
   auto group = SameDeviceGroup::Create(2, Timeout(60000));
-  ASSERT_TRUE(group.ok());
+  ASSERT_OK(group);
   CpuDevice dev;
   auto comm = (*group)->Join(0, &dev);
-  ASSERT_TRUE(comm.ok());
+  ASSERT_OK(comm);
   Communicator* c = comm->get();
   std::vector<float> buf(16);
   EXPECT_EQ(c->AllReduce(nullptr, 4, DType::kF32, ReduceOp::kSum).status().code(), StatusCode::kInvalidArgument);
@@ -804,11 +794,11 @@ TEST(SameDeviceCommunicatorTest, BadArgumentsAndZeroCountsNeedNoPeer) {
   zero.push_back(c->AllGather(buf.data(), buf.data(), 0, DType::kF32));
   zero.push_back(c->Broadcast(buf.data(), 0, DType::kF32, 1));
   for (auto& w : zero) {
-    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    ASSERT_OK(w);
     EXPECT_TRUE((*w)->IsCompleted());
-    EXPECT_TRUE((*w)->Wait().ok());
+    EXPECT_OK((*w)->Wait());
   }
-  EXPECT_TRUE(c->CheckHealth().ok());
+  EXPECT_OK(c->CheckHealth());
 }
 
 }  // namespace

@@ -6,8 +6,6 @@
 
 namespace zero {
 
-std::string TimeoutText(std::chrono::milliseconds t) { return std::to_string(t.count()) + " ms"; }
-
 std::chrono::milliseconds RendezvousDeadline::Remaining() const {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(at_ - std::chrono::steady_clock::now());
   return std::max(left, std::chrono::milliseconds(1));

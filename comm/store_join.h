@@ -2,8 +2,8 @@
 // Every rank sets "join/<rank>" in the store (under the caller's prefix), then waits for each other
 // rank's key, so a rank that never arrives is named ("rank 2 did not join within 2000 ms") rather
 // than reported as a missing store key. Also the one mapping from an exception thrown by a store
-// operation during a rendezvous to a Status, the rendezvous's deadline, and TimeoutText, the form
-// in which these communicators' messages write a timeout. Owns nothing: the store and its prefix
+// operation during a rendezvous to a Status, and the rendezvous's deadline (timeouts are written
+// with communicator.h's TimeoutText). Owns nothing: the store and its prefix
 // are the caller's; what follows the join (gloo's mesh, NCCL's unique id) stays with the caller.
 #pragma once
 
@@ -12,15 +12,13 @@
 
 #include <gloo/rendezvous/store.h>
 
+#include "comm/communicator.h"
 #include "runtime/status.h"
 
 namespace zero {
 
 // A wait that gave up this close to its deadline counts as timed out (waits round to ms).
 inline constexpr std::chrono::milliseconds kDeadlineSlack{20};
-
-// "2000 ms".
-std::string TimeoutText(std::chrono::milliseconds t);
 
 // The deadline of one rendezvous: `timeout` after construction.
 class RendezvousDeadline {

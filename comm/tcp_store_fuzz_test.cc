@@ -31,6 +31,7 @@
 #include "comm/hmac_sha256.h"
 #include "comm/net_test_util.h"
 #include "comm/tcp_store.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -295,7 +296,7 @@ std::unique_ptr<TcpStore> WellFormedClient(int port) {
   o.secret = kSecret;
   o.timeout = milliseconds(3000);
   auto c = TcpStore::Create(o);
-  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_OK(c);
   return c.ok() ? std::move(c).value() : nullptr;
 }
 
@@ -315,8 +316,8 @@ TEST(TcpStoreFuzzTest, RandomAndMutatedFramesLeaveTheServerServing) {
   ASSERT_GT(server.port(), 0) << "the server did not start";
   auto client = WellFormedClient(server.port());
   ASSERT_TRUE(client);
-  ASSERT_TRUE(client->Set("fixed", {'v'}).ok());
-  ASSERT_TRUE(client->Set("big", std::vector<char>(kMaxValue, 'b')).ok());
+  ASSERT_OK(client->Set("fixed", {'v'}));
+  ASSERT_OK(client->Set("big", std::vector<char>(kMaxValue, 'b')));
   const auto start = Clock::now();
   constexpr int64_t kCases = 2000;
   int64_t i = 0, authenticated = 0, replied_or_closed = 0;
@@ -375,7 +376,7 @@ TEST(TcpStoreFuzzTest, AClientThatDoesNotReadCostsTheServerBoundedMemory) {
   ASSERT_GT(server.port(), 0);
   auto client = WellFormedClient(server.port());
   ASSERT_TRUE(client);
-  ASSERT_TRUE(client->Set("big", std::vector<char>(kMaxValue, 'b')).ok());
+  ASSERT_OK(client->Set("big", std::vector<char>(kMaxValue, 'b')));
   {
     FuzzConn c(server.port());
     ASSERT_EQ(c.Authenticate(kSecret), "");

@@ -21,6 +21,7 @@
 #include <gloo/common/error.h>
 
 #include "comm/hmac_sha256.h"
+#include "testing/status_matchers.h"
 
 namespace zero {
 namespace {
@@ -38,7 +39,7 @@ std::unique_ptr<TcpStore> Host(int ms = 5000, TcpStoreOptions o = {}) {
   o.rank = 0;
   o.timeout = milliseconds(ms);
   auto s = TcpStore::Create(o);
-  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_OK(s);
   return s.ok() ? std::move(s).value() : nullptr;
 }
 
@@ -51,7 +52,7 @@ std::unique_ptr<TcpStore> Client(int port, int rank, int ms = 5000, const std::s
   o.timeout = milliseconds(ms);
   o.secret = secret;
   auto s = TcpStore::Create(o);
-  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_OK(s);
   return s.ok() ? std::move(s).value() : nullptr;
 }
 
@@ -60,32 +61,32 @@ TEST(TcpStoreTest, SetGetWaitAcrossClients) {
   auto c1 = Client(host->port(), 1);
   auto c2 = Client(host->port(), 2);
   ASSERT_TRUE(c1 && c2);
-  ASSERT_TRUE(c1->Set("a", Bytes("one")).ok());
+  ASSERT_OK(c1->Set("a", Bytes("one")));
   auto a = c2->Get("a", milliseconds(1000));
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_OK(a);
   EXPECT_EQ(std::string(a->begin(), a->end()), "one");
   // set overwrites; binary values survive.
   std::vector<char> bin = {0, 1, '\n', char(255)};
-  ASSERT_TRUE(host->Set("a", bin).ok());
+  ASSERT_OK(host->Set("a", bin));
   EXPECT_EQ(*c1->Get("a", milliseconds(1000)), bin);
   // A get blocks until another client sets the key.
   std::thread setter([&] {
     std::this_thread::sleep_for(milliseconds(100));
-    ASSERT_TRUE(c1->Set("late", Bytes("x")).ok());
+    ASSERT_OK(c1->Set("late", Bytes("x")));
   });
   auto start = Clock::now();
   auto late = c2->Get("late", milliseconds(3000));
   setter.join();
-  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  ASSERT_OK(late);
   EXPECT_GE(Clock::now() - start, milliseconds(90));
-  EXPECT_TRUE(c2->Wait({"a", "late"}, milliseconds(1000)).ok());
+  EXPECT_OK(c2->Wait({"a", "late"}, milliseconds(1000)));
 }
 
 TEST(TcpStoreTest, WaitTimesOutNamingKeyAndAddress) {
   auto host = Host();
   auto c = Client(host->port(), 3);
   ASSERT_TRUE(c);
-  ASSERT_TRUE(c->Set("present", Bytes("1")).ok());
+  ASSERT_OK(c->Set("present", Bytes("1")));
   auto start = Clock::now();
   Status s = c->Wait({"present", "missing/7"}, milliseconds(300));
   EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
@@ -94,8 +95,8 @@ TEST(TcpStoreTest, WaitTimesOutNamingKeyAndAddress) {
   EXPECT_NE(s.message().find("rank 3"), std::string::npos) << s.ToString();
   EXPECT_LT(Clock::now() - start, milliseconds(2000));
   // The connection recovers after a timeout.
-  ASSERT_TRUE(host->Set("missing/7", Bytes("now")).ok());
-  EXPECT_TRUE(c->Wait({"missing/7"}, milliseconds(1000)).ok());
+  ASSERT_OK(host->Set("missing/7", Bytes("now")));
+  EXPECT_OK(c->Wait({"missing/7"}, milliseconds(1000)));
   // The gloo interface throws gloo::IoException.
   EXPECT_THROW(c->wait({"never"}, milliseconds(100)), gloo::IoException);
 }
@@ -112,11 +113,11 @@ TEST(TcpStoreTest, ClientRetriesUntilServerStarts) {
   o.port = port;
   o.is_server = true;
   auto host = TcpStore::Create(o);
-  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  ASSERT_OK(host);
   t.join();
   ASSERT_TRUE(client);
-  ASSERT_TRUE((*host)->Set("k", Bytes("v")).ok());
-  EXPECT_TRUE(client->Wait({"k"}, milliseconds(1000)).ok());
+  ASSERT_OK((*host)->Set("k", Bytes("v")));
+  EXPECT_OK(client->Wait({"k"}, milliseconds(1000)));
 }
 
 TEST(TcpStoreTest, NoServerGivesClearError) {
@@ -164,8 +165,8 @@ TEST(TcpStoreTest, WatchKeyReportsTheSetAtOnceAndTheServerGone) {
       cv.notify_all();
     };
   };
-  ASSERT_TRUE(host->WatchKey("job/fault", watcher(0)).ok());
-  ASSERT_TRUE(c1->WatchKey("job/fault", watcher(1)).ok());
+  ASSERT_OK(host->WatchKey("job/fault", watcher(0)));
+  ASSERT_OK(c1->WatchKey("job/fault", watcher(1)));
   std::this_thread::sleep_for(milliseconds(200));
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -173,7 +174,7 @@ TEST(TcpStoreTest, WatchKeyReportsTheSetAtOnceAndTheServerGone) {
     EXPECT_EQ(heard[1], "");
   }
   const auto set_at = Clock::now();
-  ASSERT_TRUE(c2->Set("job/fault", Bytes("2\nINTERNAL: disk on fire")).ok());
+  ASSERT_OK(c2->Set("job/fault", Bytes("2\nINTERNAL: disk on fire")));
   {
     std::unique_lock<std::mutex> lock(mu);
     ASSERT_TRUE(cv.wait_for(lock, milliseconds(2000), [&] { return !heard[0].empty() && !heard[1].empty(); }));
@@ -182,7 +183,7 @@ TEST(TcpStoreTest, WatchKeyReportsTheSetAtOnceAndTheServerGone) {
     EXPECT_EQ(heard[1], "value 2\nINTERNAL: disk on fire");
   }
   // Set before the watch: heard at once.
-  ASSERT_TRUE(c2->WatchKey("job/fault", watcher(2)).ok());
+  ASSERT_OK(c2->WatchKey("job/fault", watcher(2)));
   {
     std::unique_lock<std::mutex> lock(mu);
     ASSERT_TRUE(cv.wait_for(lock, milliseconds(2000), [&] { return !heard[2].empty(); }));
@@ -193,12 +194,12 @@ TEST(TcpStoreTest, WatchKeyReportsTheSetAtOnceAndTheServerGone) {
   auto c4 = Client(host->port(), 4);
   ASSERT_TRUE(c3 && c4);
   std::string c4_heard;
-  ASSERT_TRUE(c3->WatchKey("never", [&](Result<std::vector<char>>) { ADD_FAILURE() << "stopped watch called"; }).ok());
-  ASSERT_TRUE(c4->WatchKey("never", [&](Result<std::vector<char>> e) {
-                  std::lock_guard<std::mutex> lock(mu);
-                  c4_heard = e.ok() ? "value" : e.status().ToString();
-                  cv.notify_all();
-                }).ok());
+  ASSERT_OK(c3->WatchKey("never", [&](Result<std::vector<char>>) { ADD_FAILURE() << "stopped watch called"; }));
+  ASSERT_OK(c4->WatchKey("never", [&](Result<std::vector<char>> e) {
+    std::lock_guard<std::mutex> lock(mu);
+    c4_heard = e.ok() ? "value" : e.status().ToString();
+    cv.notify_all();
+  }));
   const auto stop_at = Clock::now();
   c3->StopWatch();
   EXPECT_LT(Clock::now() - stop_at, milliseconds(500));
@@ -383,7 +384,7 @@ TEST(TcpStoreSecurityTest, WrongSecretIsRefusedWhileTheRanksComplete) {
   raw.Send(std::string(64, 'x'));
   EXPECT_EQ(raw.Recv(1), std::string(1, '\1'));
   EXPECT_TRUE(raw.ClosedByServer());
-  EXPECT_TRUE(Rendezvous(host->port(), 3, kSecret, "ok").ok());
+  EXPECT_OK(Rendezvous(host->port(), 3, kSecret, "ok"));
   const std::string log = ::testing::internal::GetCapturedStderr();
   // Three refusals from one peer address, logged once, naming it.
   EXPECT_EQ(Count(log, "did not prove the job secret"), 1u) << log;
@@ -438,7 +439,7 @@ TEST(TcpStoreSecurityTest, FuzzedWireFormatLeavesTheStoreServing) {
   ho.request_timeout = milliseconds(200);
   auto host = Host(5000, ho);
   ASSERT_TRUE(host);
-  ASSERT_TRUE(host->Set("fixed", Bytes("value")).ok());
+  ASSERT_OK(host->Set("fixed", Bytes("value")));
   std::mt19937_64 rng(14);
   auto random_bytes = [&](size_t n) {
     std::string s(n, '\0');
@@ -492,9 +493,9 @@ TEST(TcpStoreSecurityTest, FuzzedWireFormatLeavesTheStoreServing) {
   ::testing::internal::GetCapturedStderr();
   EXPECT_GT(authenticated, 2000);
   EXPECT_GT(replies, 500);
-  EXPECT_TRUE(Rendezvous(host->port(), 4, kSecret, "after-fuzz").ok());
+  EXPECT_OK(Rendezvous(host->port(), 4, kSecret, "after-fuzz"));
   auto v = host->Get("fixed", milliseconds(1000));
-  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  ASSERT_OK(v);
   EXPECT_EQ(*v, Bytes("value"));
 }
 
@@ -515,7 +516,7 @@ TEST(TcpStoreSecurityTest, StalledClientsAreTimedOutWithoutStallingTheRanks) {
   std::string f = Frame(kSetForTest, {"k", std::string(1000, 'v')});
   half_request.Send(f.substr(0, 500));
   // The ranks rendezvous while all three hang on (the server would otherwise wait on them).
-  EXPECT_TRUE(Rendezvous(host->port(), 3, kSecret, "stall").ok());
+  EXPECT_OK(Rendezvous(host->port(), 3, kSecret, "stall"));
   EXPECT_TRUE(silent.ClosedByServer());
   EXPECT_TRUE(half_proof.ClosedByServer());
   EXPECT_TRUE(half_request.ClosedByServer());
@@ -524,13 +525,13 @@ TEST(TcpStoreSecurityTest, StalledClientsAreTimedOutWithoutStallingTheRanks) {
   // An authenticated client waiting for a key (a parked GET) is not timed out.
   std::thread late([&] {
     std::this_thread::sleep_for(milliseconds(800));
-    EXPECT_TRUE(host->Set("late", Bytes("x")).ok());
+    EXPECT_OK(host->Set("late", Bytes("x")));
   });
   auto c = Client(host->port(), 1, 5000, kSecret);
   ASSERT_TRUE(c);
   auto got = c->Get("late", milliseconds(5000));
   late.join();
-  EXPECT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_OK(got);
 }
 
 TEST(TcpStoreSecurityTest, SizeAndKeyLimitsAreRefusedNamingTheLimit) {
@@ -551,13 +552,13 @@ TEST(TcpStoreSecurityTest, SizeAndKeyLimitsAreRefusedNamingTheLimit) {
   EXPECT_EQ(big_local.code(), StatusCode::kResourceExhausted) << big_local.ToString();
   Status long_key = c->Set(std::string(5000, 'k'), Bytes("v"));
   EXPECT_EQ(long_key.code(), StatusCode::kResourceExhausted) << long_key.ToString();
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(c->Set("k" + std::to_string(i), Bytes("v")).ok()) << i;
+  for (int i = 0; i < 5; ++i) ASSERT_OK(c->Set("k" + std::to_string(i), Bytes("v"))) << i;
   Status full = c->Set("k5", Bytes("v"));
   EXPECT_EQ(full.code(), StatusCode::kResourceExhausted) << full.ToString();
   EXPECT_NE(full.message().find("'k5'"), std::string::npos) << full.ToString();
   ::testing::internal::GetCapturedStderr();
   // Overwriting an existing key is fine, and the connection recovered from the refusals.
-  EXPECT_TRUE(c->Set("k4", Bytes("again")).ok());
+  EXPECT_OK(c->Set("k4", Bytes("again")));
   EXPECT_EQ(*c->Get("k4", milliseconds(1000)), Bytes("again"));
 }
 
@@ -573,7 +574,7 @@ TEST(TcpStoreSecurityTest, ConnectionLimitDropsUnauthenticatedFirst) {
   for (int i = 0; i < 12; ++i) flood.push_back(std::make_unique<RawConn>(host->port()));
   auto c1 = Client(host->port(), 1, 5000, kSecret);
   ASSERT_TRUE(c1);
-  ASSERT_TRUE(c1->Set("a", Bytes("1")).ok());
+  ASSERT_OK(c1->Set("a", Bytes("1")));
   // Authenticated connections up to the limit: the next one is refused as busy...
   RawConn a2(host->port()), a3(host->port());
   ASSERT_TRUE(a2.Authenticate(kSecret));
@@ -589,7 +590,7 @@ TEST(TcpStoreSecurityTest, ConnectionLimitDropsUnauthenticatedFirst) {
   EXPECT_NE(refused.status().message().find("too many connections"), std::string::npos) << refused.status().ToString();
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(log.find("too many connections (limit 4)"), std::string::npos) << log;
-  EXPECT_TRUE(c1->Wait({"a"}, milliseconds(1000)).ok());
+  EXPECT_OK(c1->Wait({"a"}, milliseconds(1000)));
 }
 
 // What a heartbeat reported, and when.
@@ -620,10 +621,10 @@ std::unique_ptr<TcpStore> WatchingClient(int port, int heartbeat_ms, LostReport*
   o.timeout = milliseconds(5000);
   o.heartbeat = milliseconds(heartbeat_ms);
   auto c = TcpStore::Create(o);
-  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_OK(c);
   if (!c.ok()) return nullptr;
   Status hb = (*c)->StartHeartbeat([report](const Status& s) { report->Report(s); });
-  EXPECT_TRUE(hb.ok()) << hb.ToString();
+  EXPECT_OK(hb);
   return std::move(c).value();
 }
 
@@ -681,7 +682,7 @@ TEST(TcpStoreHeartbeatTest, ServerKilledOrStoppedIsNoticedWithinTheHeartbeat) {
     EXPECT_EQ(report.calls, 0);
     auto host = Host();
     ASSERT_TRUE(host);
-    EXPECT_TRUE(host->StartHeartbeat([&](const Status& s) { report.Report(s); }).ok());
+    EXPECT_OK(host->StartHeartbeat([&](const Status& s) { report.Report(s); }));
   }
 }
 
@@ -712,8 +713,8 @@ TEST(TcpStoreBindTest, InterfaceMasterBindsThatAddressOnly) {
   EXPECT_FALSE(loop.connected()) << "the store answers on 127.0.0.1 though it was told to serve on " << addr;
   auto c = Client(host->port(), 1, 5000, "", addr);
   ASSERT_TRUE(c);
-  ASSERT_TRUE(c->Set("k", Bytes("v")).ok());
-  EXPECT_TRUE(host->Wait({"k"}, milliseconds(1000)).ok());
+  ASSERT_OK(c->Set("k", Bytes("v")));
+  EXPECT_OK(host->Wait({"k"}, milliseconds(1000)));
 }
 
 TEST(TcpStoreBindTest, OverrideAndUnresolvableMaster) {

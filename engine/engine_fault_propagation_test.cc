@@ -11,10 +11,7 @@
 // in GradReady's gradient accumulation, in Step's AdamW, in the parameter upload of a stage-3
 // gather with offload_param "cpu", in SaveCheckpoint's read of the states (the save publishes
 // nothing: `latest` and the tags stay as they were) and in LoadCheckpoint's install.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -34,6 +31,7 @@
 #include "engine/engine_test_util.h"
 #include "runtime/cpu_device.h"
 #include "runtime/faulty_device.h"
+#include "testing/free_port.h"
 #include "testing/scratch_dir.h"
 #include "testing/status_matchers.h"
 
@@ -47,18 +45,6 @@ constexpr int kWorld = 3;
 constexpr int kBad = 1;  // the rank that meets the fault
 constexpr auto kCommTimeout = std::chrono::milliseconds(30000);
 constexpr double kPromptSeconds = 5.0;
-
-int FreeLoopbackPort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 // What one rank's body gets.
 struct Rank {

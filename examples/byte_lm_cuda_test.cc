@@ -26,6 +26,7 @@
 
 #include "examples/byte_lm.h"
 #include "examples/model_api.h"
+#include "examples/model_api_testing.h"
 #include "gtest/gtest.h"
 #include "runtime/gpu_test_util.h"
 #include "testing/status_matchers.h"
@@ -79,21 +80,6 @@ std::vector<uint8_t> RandomTokens(int batch, int context, uint64_t seed) {
     b = static_cast<uint8_t>(32 + (s >> 58) % 60);
   }
   return t;
-}
-
-HostTensors RandomParams(const std::vector<ModelParamSpec>& specs, DType dtype, uint64_t seed) {
-  HostTensors p(specs, dtype);
-  for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
-    std::vector<float> v = InitParam(specs[i], seed);
-    ModelParamSpec noise = specs[i];
-    noise.init = InitKind::kNormal;
-    noise.init_std = 0.2f;
-    noise.name += ".noise";
-    std::vector<float> n = InitParam(noise, seed);
-    for (size_t j = 0; j < v.size(); ++j) v[j] += n[j];
-    p.SetAll(i, v);
-  }
-  return p;
 }
 
 struct RunResult {
@@ -188,7 +174,7 @@ TEST(ByteLmCudaTest, Fp32MatchesCpu) {
     const std::string label = "fp32 " + t.config.ToString() + " B=" + std::to_string(t.batch);
     SCOPED_TRACE(label);
     const auto specs = ByteLmParamSpecs(t.config);
-    HostTensors params = RandomParams(specs, DType::kF32, 3);
+    HostTensors params = RandomParams(specs, DType::kF32, 3, 0.2f);
     const auto tokens = RandomTokens(t.batch, t.config.context, 5);
     ExpectClose(label, specs, GpuRun(t.config, params, tokens, t.batch, 1.0f),
                 CpuRun(t.config, params, tokens, t.batch, 1.0f), 1e-5, 1e-4);
@@ -203,7 +189,7 @@ TEST(ByteLmCudaTest, SixteenBitMatchesCpu) {
           std::string(DTypeName(dt)) + " " + t.config.ToString() + " B=" + std::to_string(t.batch);
       SCOPED_TRACE(label);
       const auto specs = ByteLmParamSpecs(t.config);
-      HostTensors params = RandomParams(specs, dt, 4);
+      HostTensors params = RandomParams(specs, dt, 4, 0.2f);
       const auto tokens = RandomTokens(t.batch, t.config.context, 6);
       const float scale = dt == DType::kF16 ? 1024.0f : 1.0f;  // keeps fp16 gradients out of subnormals
       ExpectClose(label, specs, GpuRun(t.config, params, tokens, t.batch, scale),
@@ -216,7 +202,7 @@ TEST(ByteLmCudaTest, LossScaleExactAndRunsReproducible) {
   ZERO_SKIP_WITHOUT_CUDA_DEVICES(1);
   const ByteLmConfig c;
   const auto specs = ByteLmParamSpecs(c);
-  HostTensors params = RandomParams(specs, DType::kF32, 7);
+  HostTensors params = RandomParams(specs, DType::kF32, 7, 0.2f);
   const auto tokens = RandomTokens(128, c.context, 8);
   RunResult a = GpuRun(c, params, tokens, 128, 1.0f);
   RunResult b = GpuRun(c, params, tokens, 128, 1.0f);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "examples/model_api.h"
+#include "examples/model_api_testing.h"
 #include "gtest/gtest.h"
 #include "testing/status_matchers.h"
 
@@ -34,23 +35,6 @@ std::vector<uint8_t> RandomTokens(int batch, int context, uint64_t seed) {
     b = static_cast<uint8_t>('a' + (s >> 59) % 7);
   }
   return t;
-}
-
-// Parameters from the initializer, then every tensor perturbed so LayerNorm gains/biases and the
-// biases are not at their symmetric initial values (a gradient check at ones/zeros misses bugs).
-HostTensors RandomParams(const std::vector<ModelParamSpec>& specs, DType dtype, uint64_t seed) {
-  HostTensors p(specs, dtype);
-  for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
-    std::vector<float> v = InitParam(specs[i], seed);
-    ModelParamSpec noise = specs[i];
-    noise.init = InitKind::kNormal;
-    noise.init_std = 0.3f;
-    noise.name += ".noise";
-    std::vector<float> n = InitParam(noise, seed);
-    for (size_t j = 0; j < v.size(); ++j) v[j] += n[j];
-    p.SetAll(i, v);
-  }
-  return p;
 }
 
 double Loss(ByteLmCpu& model, const HostTensors& params, const std::vector<uint8_t>& tokens, int batch) {

@@ -22,6 +22,8 @@ namespace zero {
 enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
 constexpr size_t SizeOf(DType t) { return t == DType::kF32 ? 4 : 2; }
+// False for a value outside the enumerators (an integer cast to DType): what an API checks first.
+constexpr bool IsKnownDType(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
 const char* DTypeName(DType t);  // "fp32", "bf16", "fp16"
 // Accepts "fp32"/"float32"/"float", "bf16"/"bfloat16", "fp16"/"float16"/"half". False if unknown.
 bool ParseDType(std::string_view name, DType* out);

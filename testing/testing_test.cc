@@ -1,7 +1,11 @@
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -12,6 +16,7 @@
 
 #include "runtime/status.h"
 #include "testing/deferred_device.h"
+#include "testing/free_port.h"
 #include "testing/same_bits.h"
 #include "testing/scratch_dir.h"
 #include "testing/status_matchers.h"
@@ -125,6 +130,20 @@ TEST(ScratchDirTest, DirectIoDirectoryAcceptsODirect) {
   Result<ScratchDir> d = ScratchDir::CreateWithDirectIo("scratch_direct");
   if (!d.ok()) GTEST_SKIP() << d.status().ToString();
   EXPECT_TRUE(std::filesystem::is_directory(d->path()));
+}
+
+TEST(FreeLoopbackPortTest, GivesAPortThatCanBeBound) {
+  const int port = zero::testing::FreeLoopbackPort();
+  ASSERT_GT(port, 0);
+  ASSERT_LT(port, 65536);
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << "port " << port;
+  close(fd);
 }
 
 TEST(DeferredDeviceTest, RunsQueuedWorkOnlyWhenSynchronized) {

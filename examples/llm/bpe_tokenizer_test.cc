@@ -10,13 +10,16 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "testing/scratch_dir.h"
+#include "testing/status_matchers.h"
 
 namespace zero::llm {
 namespace {
 
+// A path in this test binary's scratch directory (testing/scratch_dir.h), removed at exit.
 std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+  static ScratchDir dir = std::move(ScratchDir::Create("bpe_tokenizer_test")).value();
+  return dir.File(name);
 }
 
 // English-like text with repeated words, so that merges have pairs to count.
@@ -65,7 +68,7 @@ TEST(ByteLevelTest, TableIsGpt2s) {
   std::string all;
   for (int b = 0; b < 256; ++b) all.push_back(static_cast<char>(b));
   auto back = ByteLevelToBytes(BytesToByteLevel(all));
-  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_OK(back);
   EXPECT_EQ(*back, all);
   auto bad = ByteLevelToBytes("ab c");  // a plain space is not a byte-level character
   ASSERT_FALSE(bad.ok());
@@ -128,7 +131,7 @@ TEST(BpeTokenizerTest, MergesMostFrequentPairLowestIdsOnTies) {
   // One word "aaabdaaabac": aa (4) first; then ab and (aa, a) tie at 2 and ab has the lower ids;
   // then aaab (2); every pair left occurs once, below min_frequency 2.
   auto t = BpeTokenizer::Train("aaabdaaabac", 1000);
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_OK(t);
   ASSERT_EQ(t->num_merges(), 3);
   EXPECT_EQ(t->token_bytes(256), "aa");
   EXPECT_EQ(t->token_bytes(257), "ab");
@@ -148,7 +151,7 @@ TEST(BpeTokenizerTest, MergesMostFrequentPairLowestIdsOnTies) {
 TEST(BpeTokenizerTest, TrainedMergesShortenTextAndDecodeInverts) {
   const std::string corpus = SmallCorpus();
   auto t = BpeTokenizer::Train(corpus, 340);
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_OK(t);
   EXPECT_EQ(t->vocab_size(), 340);
   EXPECT_EQ(t->num_merges(), 340 - 257);
   const std::vector<int32_t> ids = t->Encode(corpus);
@@ -171,17 +174,17 @@ TEST(BpeTokenizerTest, TrainingIsDeterministic) {
   EXPECT_EQ(a->merges(), b->merges());
   EXPECT_EQ(a->ToJson(), b->ToJson());
   auto c = BpeTokenizer::Train(corpus + "zzzz zzzz zzzz zzzz", 330);
-  ASSERT_TRUE(c.ok());
+  ASSERT_OK(c);
   EXPECT_NE(a->merges(), c->merges());
 }
 
 TEST(BpeTokenizerTest, SaveLoadRoundTrip) {
   auto t = BpeTokenizer::Train(SmallCorpus(), 380);
-  ASSERT_TRUE(t.ok());
+  ASSERT_OK(t);
   const std::string path = TempPath("tokenizer.json");
-  ASSERT_TRUE(t->Save(path).ok());
+  ASSERT_OK(t->Save(path));
   auto u = BpeTokenizer::Load(path);
-  ASSERT_TRUE(u.ok()) << u.status().ToString();
+  ASSERT_OK(u);
   EXPECT_EQ(u->vocab_size(), t->vocab_size());
   EXPECT_EQ(u->eos_id(), t->eos_id());
   EXPECT_EQ(u->merges(), t->merges());
@@ -190,7 +193,7 @@ TEST(BpeTokenizerTest, SaveLoadRoundTrip) {
   EXPECT_EQ(u->Encode(SmallCorpus()), t->Encode(SmallCorpus()));
   // A directory holding tokenizer.json loads too.
   auto dir = BpeTokenizer::Load(TempPath(""));
-  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  ASSERT_OK(dir);
   EXPECT_EQ(dir->vocab_size(), t->vocab_size());
 }
 
@@ -210,7 +213,7 @@ TEST(BpeTokenizerTest, LoadsHuggingFaceStyleFile) {
       "model": {"type": "BPE", "vocab": {)" +
                            vocab + R"(}, "merges": [["Ġ", "h"], "Ġh i"]}})";
   auto t = BpeTokenizer::FromJson(json, "hf.json");
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_OK(t);
   EXPECT_EQ(t->vocab_size(), 259);
   EXPECT_EQ(t->eos_id(), -1);
   EXPECT_EQ(t->Encode("hi<|im_end|>hi"), (std::vector<int32_t>{257, 258, 257}));
@@ -242,7 +245,7 @@ TEST(BpeTokenizerTest, LoadsQwenStyleFileAndKeepsItsSettings) {
            vocab + R"(}, "merges": ["1 2"]}})";
   };
   auto t = BpeTokenizer::FromJson(make(regex), "qwen.json");
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_OK(t);
   // Single digits: "12" is never a piece, so its merge never applies.
   EXPECT_EQ(t->Encode("x12"), (std::vector<int32_t>{t->TokenId("x"), t->TokenId("1"), t->TokenId("2")}));
   EXPECT_EQ(t->eos_id(), 257);
@@ -250,7 +253,7 @@ TEST(BpeTokenizerTest, LoadsQwenStyleFileAndKeepsItsSettings) {
   EXPECT_NE(saved.find("\"NFC\""), std::string::npos);
   EXPECT_NE(saved.find("TemplateProcessing"), std::string::npos);
   auto again = BpeTokenizer::FromJson(saved, "saved.json");
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_OK(again);
   EXPECT_EQ(again->ToJson(), saved);
   // Any other regex is refused, naming the key.
   std::string other = regex;

@@ -15,6 +15,7 @@
 #include "examples/llm/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/status_matchers.h"
 
 namespace zero::llm {
 namespace {
@@ -52,7 +53,7 @@ std::function<Status(int, float*)> ValuesOf(const std::vector<ModelParamSpec>& s
 
 std::vector<std::string> Listing(const std::string& dir) {
   auto names = ListDirectory(dir);
-  EXPECT_TRUE(names.ok()) << names.status().ToString();
+  EXPECT_OK(names);
   return names.ok() ? *names : std::vector<std::string>{};
 }
 
@@ -62,7 +63,7 @@ void ExpectValues(const HfWeights& w, const std::vector<ModelParamSpec>& specs, 
     const int64_t n = specs[i].numel();
     std::vector<float> got(n);
     Status st = w.ReadSlice(specs[i].name, 0, n, got.data());
-    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_OK(st);
     EXPECT_EQ(w.dtype_of(specs[i].name), dtype);
     for (int64_t j = 0; j < n; ++j) {
       uint16_t bits[2];
@@ -77,26 +78,26 @@ TEST(HfCheckpointTest, ExportsOneFileAndReadsItBack) {
   const std::string dir = ScratchDir("hf") + "/new/model";  // created by the export
   const std::vector<ModelParamSpec> specs = Specs();
   Status st = ExportHf(dir, kConfig, specs, DType::kBF16, ValuesOf(specs));
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   EXPECT_EQ(Listing(dir), (std::vector<std::string>{"config.json", "model.safetensors"}));
   EXPECT_EQ(*ReadFile(dir + "/config.json"), kConfig);
 
   auto w = HfWeights::Open(dir);
-  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_OK(w);
   st = w->Check(specs, {});
-  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_OK(st);
   ExpectValues(*w, specs, DType::kBF16);
   EXPECT_EQ(w->file_of("model.norm.weight"), "model.safetensors");
   EXPECT_EQ(w->names().size(), specs.size());
 
   auto f = SafetensorsFile::Open(dir + "/model.safetensors");
-  ASSERT_TRUE(f.ok());
+  ASSERT_OK(f);
   EXPECT_EQ(f->metadata().at("format"), "pt");
   for (size_t i = 0; i < specs.size(); ++i) EXPECT_EQ(f->tensors()[i].name, specs[i].name);
 
   // A slice reads only its range (a ZeRO-3 partition).
   float part[5];
-  ASSERT_TRUE(w->ReadSlice("model.layers.0.mlp.down_proj.weight", 37, 5, part).ok());
+  ASSERT_OK(w->ReadSlice("model.layers.0.mlp.down_proj.weight", 37, 5, part));
   for (int j = 0; j < 5; ++j) EXPECT_EQ(part[j], Bf16ToFloat(FloatToBf16(Value(4, 37 + j))));
   Status missing = w->ReadSlice("lm_head.weight", 0, 1, part);
   EXPECT_EQ(missing.code(), StatusCode::kNotFound);
@@ -107,12 +108,12 @@ TEST(HfCheckpointTest, ShardsWithIndexAndRemovesStaleFiles) {
   const std::string dir = ScratchDir("hf");
   const std::vector<ModelParamSpec> specs = Specs();
   // An earlier unsharded save, which the sharded one must replace.
-  ASSERT_TRUE(ExportHf(dir, kConfig, specs, DType::kF32, ValuesOf(specs)).ok());
-  ASSERT_TRUE(WriteFileAtomic(dir + "/tokenizer.json", "{}").ok());  // not a weights file: kept
+  ASSERT_OK(ExportHf(dir, kConfig, specs, DType::kF32, ValuesOf(specs)));
+  ASSERT_OK(WriteFileAtomic(dir + "/tokenizer.json", "{}"));  // not a weights file: kept
 
   const int64_t max_bytes = 64;
   Status st = ExportHf(dir, kConfig, specs, DType::kBF16, ValuesOf(specs), max_bytes);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   // BF16 bytes 32 | 16 | 64 | 6 | 200 | 4: greedy in order gives {32+16}, {64}, {6}, {200}, {4}.
   EXPECT_EQ(Listing(dir), (std::vector<std::string>{
                               "config.json", "model-00001-of-00005.safetensors", "model-00002-of-00005.safetensors",
@@ -125,27 +126,27 @@ TEST(HfCheckpointTest, ShardsWithIndexAndRemovesStaleFiles) {
   EXPECT_EQ(index["weight_map"]["model.norm.weight"], "model-00005-of-00005.safetensors");
   for (int k = 1; k <= 5; ++k) {
     auto f = SafetensorsFile::Open(dir + "/" + HfShardName(k, 5));
-    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    ASSERT_OK(f);
     const uint64_t data = *FileSize(dir + "/" + HfShardName(k, 5)) - f->data_start();
     EXPECT_TRUE(data <= static_cast<uint64_t>(max_bytes) || f->tensors().size() == 1) << k;
     EXPECT_EQ(f->metadata().at("format"), "pt");
   }
 
   auto w = HfWeights::Open(dir);
-  ASSERT_TRUE(w.ok()) << w.status().ToString();
-  EXPECT_TRUE(w->Check(specs, {}).ok());
+  ASSERT_OK(w);
+  EXPECT_OK(w->Check(specs, {}));
   ExpectValues(*w, specs, DType::kBF16);
   EXPECT_EQ(w->file_of("model.layers.0.mlp.down_proj.weight"), HfShardName(4, 5));
 
   // Fewer shards, then one file again: the old shards and index go.
-  ASSERT_TRUE(ExportHf(dir, kConfig, specs, DType::kBF16, ValuesOf(specs), 250).ok());
+  ASSERT_OK(ExportHf(dir, kConfig, specs, DType::kBF16, ValuesOf(specs), 250));
   EXPECT_EQ(Listing(dir), (std::vector<std::string>{"config.json", "model-00001-of-00002.safetensors",
                                                     "model-00002-of-00002.safetensors", "model.safetensors.index.json",
                                                     "tokenizer.json"}));
-  ASSERT_TRUE(ExportHf(dir, kConfig, specs, DType::kF16, ValuesOf(specs)).ok());
+  ASSERT_OK(ExportHf(dir, kConfig, specs, DType::kF16, ValuesOf(specs)));
   EXPECT_EQ(Listing(dir), (std::vector<std::string>{"config.json", "model.safetensors", "tokenizer.json"}));
   auto w16 = HfWeights::Open(dir);
-  ASSERT_TRUE(w16.ok());
+  ASSERT_OK(w16);
   ExpectValues(*w16, specs, DType::kF16);
 }
 
@@ -187,14 +188,14 @@ TEST(HfCheckpointTest, ImportExportIsBitwise) {
             return OkStatus();
           },
           max_bytes);
-      ASSERT_TRUE(st.ok()) << st.ToString();
+      ASSERT_OK(st);
       auto in = HfWeights::Open(src);
-      ASSERT_TRUE(in.ok()) << in.status().ToString();
-      ASSERT_TRUE(in->Check(specs, {}).ok());
+      ASSERT_OK(in);
+      ASSERT_OK(in->Check(specs, {}));
       // Raw bytes are the random bits (the export stored them unchanged).
       for (size_t i = 0; i < specs.size(); ++i) {
         std::vector<float> v(specs[i].numel());
-        ASSERT_TRUE(in->ReadSlice(specs[i].name, 0, specs[i].numel(), v.data()).ok());
+        ASSERT_OK(in->ReadSlice(specs[i].name, 0, specs[i].numel(), v.data()));
         std::vector<uint8_t> back(bits[i].size());
         for (size_t j = 0; j < v.size(); ++j) StoreFromFloat(back.data(), dtype, j, v[j]);
         ASSERT_EQ(back, bits[i]) << specs[i].name;
@@ -202,7 +203,7 @@ TEST(HfCheckpointTest, ImportExportIsBitwise) {
       st = ExportHf(
           dst, kConfig, specs, in->dtype_of(specs[0].name),
           [&](int i, float* out) { return in->ReadSlice(specs[i].name, 0, specs[i].numel(), out); }, max_bytes);
-      ASSERT_TRUE(st.ok()) << st.ToString();
+      ASSERT_OK(st);
       const std::vector<std::string> files = Listing(src);
       ASSERT_EQ(Listing(dst), files);
       if (max_bytes == 100) {  // config, index and at least two shards
@@ -229,12 +230,12 @@ TEST(HfCheckpointTest, ForeignSingleFileExportsToTheSameBytes) {
   for (size_t i = 0; i < specs.size(); ++i) {
     tensors.push_back({specs[i].name, DType::kBF16, specs[i].shape, bits[i].data()});
   }
-  ASSERT_TRUE(WriteSafetensors(src + "/model.safetensors", tensors, {{"format", "pt"}}).ok());
+  ASSERT_OK(WriteSafetensors(src + "/model.safetensors", tensors, {{"format", "pt"}}));
   auto in = HfWeights::Open(src);
-  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  ASSERT_OK(in);
   Status st = ExportHf(dst, kConfig, specs, DType::kBF16,
                        [&](int i, float* out) { return in->ReadSlice(specs[i].name, 0, specs[i].numel(), out); });
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   EXPECT_TRUE(*ReadFile(src + "/model.safetensors") == *ReadFile(dst + "/model.safetensors"));
 }
 
@@ -244,9 +245,9 @@ TEST(HfCheckpointTest, CheckListsEveryProblemInOneMessage) {
   on_disk.push_back({"lm_head.weight", {4, 4}, "head"});
   on_disk.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", {2}, "layer0"});
   on_disk.push_back({"model.layers.0.self_attn.extra_bias", {4}, "layer0"});
-  ASSERT_TRUE(ExportHf(dir, kConfig, on_disk, DType::kBF16, ValuesOf(on_disk), 100).ok());
+  ASSERT_OK(ExportHf(dir, kConfig, on_disk, DType::kBF16, ValuesOf(on_disk), 100));
   auto w = HfWeights::Open(dir);
-  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_OK(w);
 
   std::vector<ModelParamSpec> model = Specs();
   model[2].shape = {8, 4};                                                        // transposed q_proj
@@ -280,9 +281,9 @@ TEST(HfCheckpointTest, CheckListsEveryProblemInOneMessage) {
 std::string ShardedDir(const std::string& index) {
   const std::string dir = ScratchDir("hf_bad");
   const float v[2] = {1.0f, 2.0f};
-  EXPECT_TRUE(WriteSafetensors(dir + "/a.safetensors", {{"x", DType::kF32, {2}, v}, {"y", DType::kF32, {1}, v}}).ok());
-  EXPECT_TRUE(WriteSafetensors(dir + "/b.safetensors", {{"z", DType::kF32, {2}, v}}).ok());
-  EXPECT_TRUE(WriteFileAtomic(dir + "/model.safetensors.index.json", index).ok());
+  EXPECT_OK(WriteSafetensors(dir + "/a.safetensors", {{"x", DType::kF32, {2}, v}, {"y", DType::kF32, {1}, v}}));
+  EXPECT_OK(WriteSafetensors(dir + "/b.safetensors", {{"z", DType::kF32, {2}, v}}));
+  EXPECT_OK(WriteFileAtomic(dir + "/model.safetensors.index.json", index));
   return dir;
 }
 
@@ -297,11 +298,11 @@ TEST(HfCheckpointTest, RefusesBadDirectoriesAndIndexes) {
   {
     const std::string dir = ShardedDir(good);
     auto w = HfWeights::Open(dir);
-    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    ASSERT_OK(w);
     EXPECT_EQ(w->names(), (std::vector<std::string>{"x", "y", "z"}));
     EXPECT_EQ(w->file_of("z"), "b.safetensors");
     float z[2];
-    ASSERT_TRUE(w->ReadSlice("z", 0, 2, z).ok());
+    ASSERT_OK(w->ReadSlice("z", 0, 2, z));
     EXPECT_EQ(z[1], 2.0f);
   }
   const std::string index_name = "model.safetensors.index.json";
@@ -332,20 +333,19 @@ TEST(HfCheckpointTest, RefusesBadDirectoriesAndIndexes) {
   {  // x in both shards
     const std::string dir = ShardedDir(good);
     const float v[2] = {1.0f, 2.0f};
-    ASSERT_TRUE(
-        WriteSafetensors(dir + "/b.safetensors", {{"z", DType::kF32, {2}, v}, {"x", DType::kF32, {2}, v}}).ok());
+    ASSERT_OK(WriteSafetensors(dir + "/b.safetensors", {{"z", DType::kF32, {2}, v}, {"x", DType::kF32, {2}, v}}));
     EXPECT_THAT(OpenError(dir), HasSubstr("tensor 'x' is in both a.safetensors and b.safetensors"));
   }
   {  // a broken shard names the index and the shard's own problem
     const std::string dir = ShardedDir(good);
-    ASSERT_TRUE(WriteFileAtomic(dir + "/b.safetensors", std::string(3, '\0')).ok());
+    ASSERT_OK(WriteFileAtomic(dir + "/b.safetensors", std::string(3, '\0')));
     EXPECT_THAT(OpenError(dir),
                 AllOf(HasSubstr("names shard b.safetensors"), HasSubstr(dir + "/b.safetensors: truncated")));
   }
   {  // both layouts at once
     const std::string dir = ShardedDir(good);
     const float v = 1.0f;
-    ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", {{"x", DType::kF32, {1}, &v}}).ok());
+    ASSERT_OK(WriteSafetensors(dir + "/model.safetensors", {{"x", DType::kF32, {1}, &v}}));
     EXPECT_THAT(OpenError(dir), HasSubstr("ambiguous"));
   }
   {  // an index that is a FIFO is refused at once
@@ -359,7 +359,7 @@ TEST(HfCheckpointTest, RefusesBadDirectoriesAndIndexes) {
   auto none = HfWeights::Open(empty);
   EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
   EXPECT_THAT(none.status().message(), AllOf(HasSubstr(empty), HasSubstr("no model.safetensors")));
-  ASSERT_TRUE(WriteFileAtomic(empty + "/file", "x").ok());
+  ASSERT_OK(WriteFileAtomic(empty + "/file", "x"));
   EXPECT_THAT(OpenError(empty + "/file"), HasSubstr("not a directory"));
   EXPECT_EQ(HfWeights::Open(empty + "/absent").status().code(), StatusCode::kNotFound);
 }
@@ -367,7 +367,7 @@ TEST(HfCheckpointTest, RefusesBadDirectoriesAndIndexes) {
 TEST(HfCheckpointTest, ExportRefusesBadArgumentsAndStopsOnValueErrors) {
   const std::string dir = ScratchDir("hf");
   const std::vector<ModelParamSpec> specs = Specs();
-  ASSERT_TRUE(WriteFileAtomic(dir + "/file", "x").ok());
+  ASSERT_OK(WriteFileAtomic(dir + "/file", "x"));
   EXPECT_THAT(ExportHf(dir + "/file", kConfig, specs, DType::kBF16, ValuesOf(specs)).message(),
               AllOf(HasSubstr(dir + "/file"), HasSubstr("not a directory")));
   EXPECT_THAT(ExportHf(dir + "/m", "{\"a\": ", specs, DType::kBF16, ValuesOf(specs)).message(),

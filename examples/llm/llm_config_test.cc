@@ -12,6 +12,8 @@
 #include "examples/llm/llm_params.h"
 #include "examples/model_api.h"
 #include "gtest/gtest.h"
+#include "testing/scratch_dir.h"
+#include "testing/status_matchers.h"
 
 namespace zero::llm {
 namespace {
@@ -79,7 +81,7 @@ const char kLlama31_8B[] = R"({
 
 LlmConfig PresetOrDie(const char* name) {
   auto c = Preset(name);
-  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_OK(c);
   return c.ok() ? *c : LlmConfig{};
 }
 
@@ -87,11 +89,6 @@ Result<LlmConfig> ParseEdited(const char* base, const std::function<void(Json&)>
   Json j = Json::parse(base);
   edit(j);
   return ParseHfConfig(j.dump(), "edited.json");
-}
-
-std::string TempDir() {
-  const char* d = std::getenv("TEST_TMPDIR");
-  return d != nullptr ? d : "/tmp";
 }
 
 void WriteText(const std::string& path, const std::string& text) {
@@ -103,7 +100,7 @@ void WriteText(const std::string& path, const std::string& text) {
 
 TEST(LlmConfigTest, ParsesQwen3_06BAsItsPreset) {
   auto c = ParseHfConfig(kQwen3_06B, "qwen3.json");
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   EXPECT_EQ(*c, PresetOrDie("qwen3-0.6b")) << c->ToString();
   EXPECT_TRUE(c->qk_norm());
   EXPECT_EQ(c->bos_token_id, 151643);
@@ -114,7 +111,7 @@ TEST(LlmConfigTest, ParsesQwen3_06BAsItsPreset) {
 
 TEST(LlmConfigTest, Llama31ReadsItsLlama3RopeScalingAndWritesItBack) {
   auto c = ParseHfConfig(kLlama31_8B, "llama.json");
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   EXPECT_EQ(c->rope_scaling.rope_type, "llama3");
   EXPECT_EQ(c->rope_scaling.factor, 8.0);
   EXPECT_EQ(c->rope_scaling.low_freq_factor, 1.0);
@@ -134,7 +131,7 @@ TEST(LlmConfigTest, Llama31ReadsItsLlama3RopeScalingAndWritesItBack) {
   EXPECT_EQ(j["rope_parameters"]["rope_type"], "llama3");
   EXPECT_EQ(j["rope_parameters"]["factor"], 8.0);
   auto back = ParseHfConfig(text, "written");
-  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_OK(back);
   EXPECT_EQ(*back, *c);
   // 5.x's form alone (rope_parameters, no rope_scaling) reads the same.
   auto v5 = ParseEdited(kLlama31_8B, [](Json& e) {
@@ -142,11 +139,11 @@ TEST(LlmConfigTest, Llama31ReadsItsLlama3RopeScalingAndWritesItBack) {
     e["rope_parameters"]["rope_theta"] = e["rope_theta"];
     e.erase("rope_scaling");
   });
-  ASSERT_TRUE(v5.ok()) << v5.status().ToString();
+  ASSERT_OK(v5);
   EXPECT_EQ(*v5, *c);
   // Without rope_scaling: the preset itself.
   auto plain = ParseEdited(kLlama31_8B, [](Json& e) { e["rope_scaling"] = nullptr; });
-  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  ASSERT_OK(plain);
   EXPECT_EQ(*plain, PresetOrDie("llama-3.1-8b"));
 }
 
@@ -189,7 +186,7 @@ TEST(LlmConfigTest, DefaultsFollowTransformersConfigClasses) {
     j.erase("torch_dtype");
     j.erase("initializer_range");
   });
-  ASSERT_TRUE(llama.ok()) << llama.status().ToString();
+  ASSERT_OK(llama);
   EXPECT_EQ(llama->num_key_value_heads, 32);
   EXPECT_EQ(llama->head_dim, 128);
   EXPECT_FALSE(llama->tie_word_embeddings);
@@ -206,13 +203,13 @@ TEST(LlmConfigTest, DefaultsFollowTransformersConfigClasses) {
     j.erase("tie_word_embeddings");
     j["hidden_size"] = 512;
   });
-  ASSERT_TRUE(qwen.ok()) << qwen.status().ToString();
+  ASSERT_OK(qwen);
   EXPECT_EQ(qwen->head_dim, 128);
   EXPECT_FALSE(qwen->tie_word_embeddings);
 
   // model_type alone names the class.
   auto by_type = ParseEdited(kQwen3_06B, [](Json& j) { j.erase("architectures"); });
-  ASSERT_TRUE(by_type.ok()) << by_type.status().ToString();
+  ASSERT_OK(by_type);
   EXPECT_EQ(by_type->architecture, kQwen3Architecture);
 }
 
@@ -225,7 +222,7 @@ TEST(LlmConfigTest, ReadsTransformers5Keys) {
     j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 250000.0}};
     j["dtype"] = "float32";
   });
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   EXPECT_EQ(c->rope_theta, 250000.0);
   EXPECT_EQ(c->torch_dtype, "float32");
 }
@@ -372,7 +369,7 @@ TEST(LlmConfigTest, RoundTripsThroughConfigJson) {
   for (const LlmConfig& c : configs) {
     const std::string text = ToHfConfigJson(c);
     auto back = ParseHfConfig(text, "written.json");
-    ASSERT_TRUE(back.ok()) << back.status().ToString() << "\n" << text;
+    ASSERT_OK(back) << "\n" << text;
     EXPECT_EQ(*back, c) << c.ToString() << "\n" << text;
     const Json j = Json::parse(text);
     EXPECT_EQ(j["model_type"], c.qk_norm() ? "qwen3" : "llama");
@@ -385,26 +382,27 @@ TEST(LlmConfigTest, RoundTripsThroughConfigJson) {
 }
 
 TEST(LlmConfigTest, LoadsFileOrDirectoryWithClearErrors) {
-  const std::string dir = TempDir() + "/llm_config_test_ckpt";
+  ASSERT_OK_AND_ASSIGN(ScratchDir scratch, ScratchDir::Create("llm_config_test"));
+  const std::string dir = scratch.File("ckpt");
   ::mkdir(dir.c_str(), 0755);
   ASSERT_NO_FATAL_FAILURE(WriteText(dir + "/config.json", kQwen3_06B));
   for (const std::string& path : {dir, dir + "/", dir + "/config.json"}) {
     auto c = LoadHfConfig(path);
-    ASSERT_TRUE(c.ok()) << path << ": " << c.status().ToString();
+    ASSERT_OK(c) << path << ": " << c.status().ToString();
     EXPECT_EQ(*c, PresetOrDie("qwen3-0.6b"));
   }
   auto missing = LoadHfConfig(dir + "/nope.json");
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find("nope.json"), std::string::npos);
 
-  const std::string empty = TempDir() + "/llm_config_test_empty";
+  const std::string empty = scratch.File("empty");
   ::mkdir(empty.c_str(), 0755);
   auto no_config = LoadHfConfig(empty);
   EXPECT_EQ(no_config.status().code(), StatusCode::kNotFound);
   EXPECT_NE(no_config.status().message().find("without config.json"), std::string::npos)
       << no_config.status().message();
 
-  const std::string junk = TempDir() + "/llm_config_test_junk.json";
+  const std::string junk = scratch.File("junk.json");
   ASSERT_NO_FATAL_FAILURE(WriteText(junk, "{ not json"));
   auto bad = LoadHfConfig(junk);
   ASSERT_FALSE(bad.ok());
@@ -426,7 +424,7 @@ TEST(LlmConfigTest, PresetsAndCounts) {
   EXPECT_EQ(PresetOrDie("llama-3.1-8b").NumParams(), 8030261248);
   for (const std::string& name : PresetNames()) {
     const LlmConfig c = PresetOrDie(name.c_str());
-    ASSERT_TRUE(c.Validate().ok()) << name << ": " << c.Validate().ToString();
+    ASSERT_OK(c.Validate()) << name << ": " << c.Validate().ToString();
     const std::vector<examples::ModelParamSpec> specs = LlmParamSpecs(c);
     EXPECT_EQ(c.NumParams(), examples::TotalNumel(specs)) << name;
     // MatmulParams: every 2-D tensor but the embedding, plus the embedding once more when tied

@@ -13,8 +13,10 @@
 #include "examples/llm/llm_config.h"
 #include "examples/llm/llm_params.h"
 #include "examples/model_api.h"
+#include "examples/model_api_testing.h"
 #include "gtest/gtest.h"
 #include "runtime/dtype.h"
+#include "testing/status_matchers.h"
 
 namespace zero::llm {
 namespace {
@@ -28,7 +30,9 @@ using examples::InitParam;
 using examples::ModelParamSpec;
 using examples::ParamProvider;
 using examples::ParamView;
+using examples::RandomParams;
 using examples::ResidentParams;
+using examples::SameBits;
 
 // A micro model: GQA with 4 query heads on 2 kv heads, head_dim 6 (so nh * hd = 24 != H = 8).
 LlmConfig Micro(const char* arch, bool tied) {
@@ -45,13 +49,13 @@ LlmConfig Micro(const char* arch, bool tied) {
   c.rope_theta = 10000.0;
   c.rms_norm_eps = 1e-6;
   c.tie_word_embeddings = tied;
-  EXPECT_TRUE(c.Validate().ok()) << c.Validate().ToString();
+  EXPECT_OK(c.Validate());
   return c;
 }
 
 LlmConfig Tiny() {
   auto c = Preset("tiny");
-  EXPECT_TRUE(c.ok());
+  EXPECT_OK(c);
   return *c;
 }
 
@@ -73,28 +77,11 @@ LlmBatch RandomBatch(const LlmConfig& c, int batch, int seq, uint64_t seed) {
   return b;
 }
 
-// The initializer's values plus noise of std 0.3 on every tensor, so norm weights are off their
-// symmetric value 1 and the linears large enough that attention is far from uniform.
-HostTensors RandomParams(const std::vector<ModelParamSpec>& specs, DType dtype, uint64_t seed) {
-  HostTensors p(specs, dtype);
-  for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
-    std::vector<float> v = InitParam(specs[i], seed);
-    ModelParamSpec noise = specs[i];
-    noise.init = InitKind::kNormal;
-    noise.init_std = 0.3f;
-    noise.name += ".noise";
-    const std::vector<float> n = InitParam(noise, seed);
-    for (size_t j = 0; j < v.size(); ++j) v[j] += n[j];
-    p.SetAll(i, v);
-  }
-  return p;
-}
-
 double Loss(LlmCpu& model, const HostTensors& params, const LlmBatch& batch) {
   ResidentParams provider(model.specs(), params.ParamViews());
   LlmActivations acts;
   auto loss = model.Forward(provider, batch, &acts);
-  EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+  EXPECT_OK(loss);
   return loss.ok() ? *loss : 0.0;
 }
 
@@ -104,17 +91,10 @@ double LossAndGrads(LlmCpu& model, const HostTensors& params, const LlmBatch& ba
   GradBuffers sink(grads->GradViews());
   LlmActivations acts;
   auto loss = model.Forward(provider, batch, &acts);
-  EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+  EXPECT_OK(loss);
   Status st = model.Backward(provider, &acts, loss_scale, sink);
-  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_OK(st);
   return loss.ok() ? *loss : 0.0;
-}
-
-bool SameBits(const HostTensors& a, const HostTensors& b) {
-  for (int i = 0; i < a.size(); ++i) {
-    if (std::memcmp(a.data(i), b.data(i), a.numel(i) * SizeOf(a.dtype())) != 0) return false;
-  }
-  return true;
 }
 
 struct Variant {
@@ -373,9 +353,9 @@ TEST(LlmCpuProtocolTest, ModuleOrderAndGradReadyFollowTheContract) {
     LoggingProvider provider(model.specs(), params.ParamViews(), &log, &held);
     LoggingSink sink(model.specs(), grads.GradViews(), &log, &held);
     LlmActivations acts;
-    ASSERT_TRUE(model.Forward(provider, RandomBatch(c, 2, 4, 3), &acts).ok());
+    ASSERT_OK(model.Forward(provider, RandomBatch(c, 2, 4, 3), &acts));
     const std::vector<std::string> forward_acquires = provider.inner().acquire_log();
-    ASSERT_TRUE(model.Backward(provider, &acts, 1.0f, sink).ok());
+    ASSERT_OK(model.Backward(provider, &acts, 1.0f, sink));
 
     std::vector<std::string> expected_acquires, expected_events;
     if (var.tied) {
@@ -407,7 +387,7 @@ TEST(LlmCpuExtraHeadTest, AnExtraHeadIsTheUntiedModelWithItsWeightAsLmHead) {
   for (const Variant& var : kVariants) {
     LlmConfig c = Micro(var.arch, var.tied);
     c.extra_heads = 2;
-    ASSERT_TRUE(c.Validate().ok());
+    ASSERT_OK(c.Validate());
     const LlmConfig u = Micro(var.arch, /*tied=*/false);
     LlmCpu model(c), plain(u);
     HostTensors params = RandomParams(model.specs(), DType::kF32, 5);
@@ -427,8 +407,8 @@ TEST(LlmCpuExtraHeadTest, AnExtraHeadIsTheUntiedModelWithItsWeightAsLmHead) {
     LoggingSink sink(model.specs(), grads.GradViews(), &log, &held);
     LlmActivations acts;
     auto loss = model.Forward(provider, batch, &acts);
-    ASSERT_TRUE(loss.ok()) << loss.status().ToString();
-    ASSERT_TRUE(model.Backward(provider, &acts, 0.5f, sink).ok());
+    ASSERT_OK(loss);
+    ASSERT_OK(model.Backward(provider, &acts, 0.5f, sink));
     batch.head = 0;
     const double plain_loss = LossAndGrads(plain, plain_params, batch, 0.5f, &plain_grads);
     EXPECT_EQ(*loss, plain_loss) << c.ToString();
@@ -510,7 +490,7 @@ TEST(LlmCpuProtocolTest, ErrorsReleaseEverything) {
     ResidentParams provider(model.specs(), params.ParamViews());
     FailingSink sink(grads.GradViews(), fail);
     LlmActivations acts;
-    ASSERT_TRUE(model.Forward(provider, batch, &acts).ok());
+    ASSERT_OK(model.Forward(provider, batch, &acts));
     Status st = model.Backward(provider, &acts, 1.0f, sink);
     EXPECT_NE(st.message().find("injected ready"), std::string::npos) << st.ToString();
     EXPECT_EQ(provider.held(), 0) << fail;
@@ -541,9 +521,9 @@ TEST(LlmCpuTest, DeterministicAcrossRunsAndActivations) {
   EXPECT_EQ(std::memcmp(&*l1, &*l2, sizeof(double)), 0);
   HostTensors g1(model.specs(), DType::kF32), g2(model.specs(), DType::kF32), g3(model.specs(), DType::kF32);
   GradBuffers s1(g1.GradViews()), s2(g2.GradViews()), s3(g3.GradViews());
-  ASSERT_TRUE(model.Backward(provider, &acts1, 1.0f, s1).ok());
-  ASSERT_TRUE(model.Backward(provider, &acts1, 1.0f, s2).ok());  // not consumed
-  ASSERT_TRUE(model.Backward(provider, &acts2, 1.0f, s3).ok());
+  ASSERT_OK(model.Backward(provider, &acts1, 1.0f, s1));
+  ASSERT_OK(model.Backward(provider, &acts1, 1.0f, s2));  // not consumed
+  ASSERT_OK(model.Backward(provider, &acts2, 1.0f, s3));
   EXPECT_TRUE(SameBits(g1, g2));
   EXPECT_TRUE(SameBits(g1, g3));
   EXPECT_EQ(acts1.counted_targets(), 27 - 7);  // positions 1, 5, 9, ... of 27 are ignored
@@ -552,7 +532,7 @@ TEST(LlmCpuTest, DeterministicAcrossRunsAndActivations) {
   // loss_scale multiplies every gradient (a power of two: exactly).
   HostTensors g4(model.specs(), DType::kF32);
   GradBuffers s4(g4.GradViews());
-  ASSERT_TRUE(model.Backward(provider, &acts1, 1024.0f, s4).ok());
+  ASSERT_OK(model.Backward(provider, &acts1, 1024.0f, s4));
   for (int i = 0; i < g1.size(); ++i) {
     for (int64_t j = 0; j < g1.numel(i); ++j) ASSERT_EQ(g4.Get(i, j), 1024.0f * g1.Get(i, j));
   }
@@ -641,7 +621,7 @@ TEST(LlmCpuTest, BadBatchesNameRowAndPosition) {
   HostTensors grads(model.specs(), DType::kF32);
   GradBuffers sink(grads.GradViews());
   EXPECT_EQ(model.Backward(provider, &fresh, 1.0f, sink).code(), StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(model.Forward(provider, RandomBatch(c, 1, 4, 1), &acts).ok());
+  ASSERT_OK(model.Forward(provider, RandomBatch(c, 1, 4, 1), &acts));
   LlmCpu model_d(c, CpuMath::kDouble);
   EXPECT_EQ(model_d.Backward(provider, &acts, 1.0f, sink).code(), StatusCode::kFailedPrecondition);
 }
@@ -656,7 +636,7 @@ TEST(LlmCpuTest, LogitsAndCausality) {
     ResidentParams provider(model.specs(), params.ParamViews());
     const std::vector<int32_t> ids = {3, 1, 4, 1, 5, 9, 2};
     auto logits = model.Logits(provider, ids);
-    ASSERT_TRUE(logits.ok()) << logits.status().ToString();
+    ASSERT_OK(logits);
     ASSERT_EQ(logits->size(), static_cast<size_t>(c.vocab_size));
     // The loss of one counted target at the last position is lse - z[target].
     LlmBatch b;
@@ -795,8 +775,8 @@ TEST(LlmCpuTest, TinyPresetStepTime) {
   double best = 1e30;
   for (int rep = 0; rep < 3; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
-    ASSERT_TRUE(model.Forward(provider, batch, &acts).ok());
-    ASSERT_TRUE(model.Backward(provider, &acts, 1.0f, sink).ok());
+    ASSERT_OK(model.Forward(provider, batch, &acts));
+    ASSERT_OK(model.Backward(provider, &acts, 1.0f, sink));
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   char buf[32];

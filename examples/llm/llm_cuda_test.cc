@@ -48,10 +48,12 @@
 #include "examples/llm/llm_kernels.cuh"
 #include "examples/llm/llm_params.h"
 #include "examples/model_api.h"
+#include "examples/model_api_testing.h"
 #include "gtest/gtest.h"
 #include "runtime/dtype.h"
 #include "runtime/gpu_test_util.h"
 #include "runtime/status.h"
+#include "testing/status_matchers.h"
 
 namespace zero::llm {
 namespace {
@@ -63,7 +65,9 @@ using examples::InitKind;
 using examples::InitParam;
 using examples::ModelParamSpec;
 using examples::ParamView;
+using examples::RandomParams;
 using examples::ResidentParams;
+using examples::SameBits;
 
 // ---- Helpers. ---------------------------------------------------------------------------------
 
@@ -157,12 +161,6 @@ class DeviceInts {
  private:
   int32_t* p_ = nullptr;
 };
-
-#define EXPECT_OK(expr)                                     \
-  do {                                                      \
-    const ::zero::Status _s = (expr);                       \
-    EXPECT_TRUE(_s.ok()) << #expr << ": " << _s.ToString(); \
-  } while (0)
 
 void Sync() { ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess); }
 
@@ -379,7 +377,7 @@ TEST(CudnnAttentionTest, MatchesTheDirectSoftmaxAndRepeatsBitwise) {
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   auto attn = CudnnAttention::Create(stream);
-  ASSERT_TRUE(attn.ok()) << attn.status().ToString();
+  ASSERT_OK(attn);
   std::printf("cuDNN %ld at run time\n", CudnnAttention::RuntimeVersion());
   const DType t = DType::kBF16;
   struct Shape {
@@ -398,7 +396,7 @@ TEST(CudnnAttentionTest, MatchesTheDirectSoftmaxAndRepeatsBitwise) {
     DeviceArray d_dq(qn, t), d_dk(kn, t), d_dv(kn, t);
     const AttentionShape shape{sh.B, sh.S, sh.nh, sh.nkv, sh.hd, 1.0f / std::sqrt(static_cast<float>(sh.hd))};
     const Status prepared = (*attn)->Prepare(shape);
-    ASSERT_TRUE(prepared.ok()) << prepared.ToString();
+    ASSERT_OK(prepared);
     EXPECT_OK((*attn)->Forward(shape, d_q.get(), d_k.get(), d_v.get(), d_o.get(), d_lse.f()));
     EXPECT_OK((*attn)->Backward(shape, d_q.get(), d_k.get(), d_v.get(), d_o.get(), d_do.get(), d_lse.f(), d_dq.get(),
                                 d_dk.get(), d_dv.get()));
@@ -522,7 +520,7 @@ LlmConfig Shape(const char* arch, bool tied, int64_t vocab, int64_t hidden, int6
   c.rope_theta = 10000.0;
   c.rms_norm_eps = 1e-6;
   c.tie_word_embeddings = tied;
-  EXPECT_TRUE(c.Validate().ok()) << c.Validate().ToString();
+  EXPECT_OK(c.Validate());
   return c;
 }
 
@@ -534,7 +532,7 @@ struct ModelCase {
 
 std::vector<ModelCase> ModelCases() {
   auto tiny = Preset("tiny");
-  EXPECT_TRUE(tiny.ok());
+  EXPECT_OK(tiny);
   return {
       {"tiny", *tiny, 2, 16},
       // seq 256 (8 attention tiles), GQA 8/2, head_dim 32, tied and untied, both architectures;
@@ -557,23 +555,6 @@ LlmBatch RandomBatch(const LlmConfig& c, int batch, int seq, uint64_t seed) {
     b.targets.push_back(i % 4 == 1 ? kIgnoreIndex : static_cast<int32_t>(Next(&s) % c.vocab_size));
   }
   return b;
-}
-
-// The initializer's values plus noise of std `noise` (0.3 as llm_cpu_test: norm weights off 1 and
-// attention far from uniform).
-HostTensors RandomParams(const std::vector<ModelParamSpec>& specs, DType dtype, uint64_t seed, float noise_std = 0.3f) {
-  HostTensors p(specs, dtype);
-  for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
-    std::vector<float> v = InitParam(specs[i], seed);
-    ModelParamSpec noise = specs[i];
-    noise.init = InitKind::kNormal;
-    noise.init_std = noise_std;
-    noise.name += ".noise";
-    const std::vector<float> n = InitParam(noise, seed);
-    for (size_t j = 0; j < v.size(); ++j) v[j] += n[j];
-    p.SetAll(i, v);
-  }
-  return p;
 }
 
 // Device copies of host tensors.
@@ -626,10 +607,10 @@ RunResult CpuRun(const LlmConfig& c, const HostTensors& params, const LlmBatch& 
   GradBuffers sink(r.grads.GradViews());
   LlmActivations acts;
   auto loss = model.Forward(provider, batch, &acts);
-  EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+  EXPECT_OK(loss);
   r.loss = loss.ok() ? *loss : 0;
   Status st = model.Backward(provider, &acts, loss_scale, sink);
-  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_OK(st);
   return r;
 }
 
@@ -639,7 +620,7 @@ RunResult GpuRun(const LlmConfig& c, const HostTensors& params, const LlmBatch& 
   cudaStream_t stream;
   EXPECT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   auto model = LlmCuda::Create(c, stream, options);
-  EXPECT_TRUE(model.ok()) << model.status().ToString();
+  EXPECT_OK(model);
   RunResult r{0, HostTensors(LlmParamSpecs(c), params.dtype())};
   if (!model.ok()) return r;
   {
@@ -649,10 +630,10 @@ RunResult GpuRun(const LlmConfig& c, const HostTensors& params, const LlmBatch& 
     GradBuffers sink(dgrads.GradViews());
     LlmCudaActivations acts;
     auto loss = (*model)->Forward(provider, batch, &acts);
-    EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+    EXPECT_OK(loss);
     r.loss = loss.ok() ? *loss : 0;
     Status st = (*model)->Backward(provider, &acts, loss_scale, sink);
-    EXPECT_TRUE(st.ok()) << st.ToString();
+    EXPECT_OK(st);
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     dgrads.CopyTo(&r.grads);
     EXPECT_EQ(provider.acquires(), provider.releases());
@@ -686,13 +667,6 @@ void ExpectClose(const std::string& label, const std::vector<ModelParamSpec>& sp
   }
   std::printf("%s: loss %.9g vs %.9g (relative %.2g); worst gradient relative L2 %.2g (%s)\n", label.c_str(), gpu.loss,
               cpu.loss, loss_err, worst, worst_name.c_str());
-}
-
-bool SameBits(const HostTensors& a, const HostTensors& b) {
-  for (int i = 0; i < a.size(); ++i) {
-    if (std::memcmp(a.data(i), b.data(i), a.numel(i) * SizeOf(a.dtype())) != 0) return false;
-  }
-  return true;
 }
 
 class LlmCudaModelTest : public ::testing::Test {
@@ -797,7 +771,7 @@ TEST_F(LlmCudaModelTest, CudnnAttentionMatchesTheModelsOwnKernels) {
     LlmCudaOptions force;
     force.attention = LlmAttention::kCudnn;
     auto model = LlmCuda::Create(m.config, stream, force);
-    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    ASSERT_OK(model);
     const auto specs = LlmParamSpecs(m.config);
     const HostTensors params = RandomParams(specs, DType::kBF16, 5, 0.1f);
     {
@@ -805,12 +779,12 @@ TEST_F(LlmCudaModelTest, CudnnAttentionMatchesTheModelsOwnKernels) {
       ResidentParams provider(specs, dparams.ParamViews());
       LlmCudaActivations acts;
       auto loss = (*model)->Forward(provider, RandomBatch(m.config, m.batch, m.seq, 6), &acts);
-      EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+      EXPECT_OK(loss);
       EXPECT_EQ((*model)->attention_backend(), "cudnn");
     }
     const ModelCase odd = ModelCases()[3];  // head_dim 12: no cuDNN plan, named
     auto model12 = LlmCuda::Create(odd.config, stream, force);
-    ASSERT_TRUE(model12.ok()) << model12.status().ToString();
+    ASSERT_OK(model12);
     {
       const auto specs12 = LlmParamSpecs(odd.config);
       const HostTensors params12 = RandomParams(specs12, DType::kBF16, 5, 0.1f);
@@ -940,10 +914,10 @@ TEST_F(LlmCudaModelTest, ModuleOrderAndGradReadyFollowTheContract) {
     cudaStream_t stream;
     ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
     auto model = LlmCuda::Create(c, stream);
-    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    ASSERT_OK(model);
     LlmCudaActivations acts;
-    ASSERT_TRUE((*model)->Forward(provider, RandomBatch(c, 2, 8, 14), &acts).ok());
-    ASSERT_TRUE((*model)->Backward(provider, &acts, 1.0f, sink).ok());
+    ASSERT_OK((*model)->Forward(provider, RandomBatch(c, 2, 8, 14), &acts));
+    ASSERT_OK((*model)->Backward(provider, &acts, 1.0f, sink));
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     std::vector<std::string> modules;
     for (const std::string& e : log) {
@@ -981,18 +955,18 @@ TEST_F(LlmCudaModelTest, LossWithoutWaitingComesFromBackward) {
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   auto model = LlmCuda::Create(m.config, stream);
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  ASSERT_OK(model);
   const LlmBatch batch = RandomBatch(m.config, m.batch, m.seq, 16);
   LlmCudaActivations acts;
   auto with = (*model)->Forward(provider, batch, &acts, /*want_loss=*/true);
-  ASSERT_TRUE(with.ok()) << with.status().ToString();
+  ASSERT_OK(with);
   auto without = (*model)->Forward(provider, batch, &acts, /*want_loss=*/false);
-  ASSERT_TRUE(without.ok()) << without.status().ToString();
+  ASSERT_OK(without);
   EXPECT_TRUE(std::isnan(*without));
   EXPECT_EQ((*model)->ReadLoss(acts).status().code(), StatusCode::kFailedPrecondition);
-  ASSERT_TRUE((*model)->Backward(provider, &acts, 1.0f, sink).ok());
+  ASSERT_OK((*model)->Backward(provider, &acts, 1.0f, sink));
   auto later = (*model)->ReadLoss(acts);
-  ASSERT_TRUE(later.ok()) << later.status().ToString();
+  ASSERT_OK(later);
   EXPECT_NEAR(*later, *with, 1e-6 * *with);
   EXPECT_EQ(acts.counted_targets(), m.batch * m.seq - (m.batch * m.seq + 2) / 4);
   model->reset();
@@ -1023,7 +997,7 @@ TEST_F(LlmCudaModelTest, ErrorsNameTheProblemAndReleaseEverything) {
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   auto model = LlmCuda::Create(m.config, stream);
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  ASSERT_OK(model);
   LlmCudaActivations acts;
   EXPECT_EQ((*model)->Backward(provider, &acts, 1.0f, sink).code(), StatusCode::kFailedPrecondition);
   LlmBatch bad = RandomBatch(m.config, 2, 8, 20);

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/dtype.h"
+#include "testing/status_matchers.h"
 
 namespace zero::llm {
 namespace {
@@ -43,7 +44,7 @@ void WriteRaw(const std::string& path, const std::string& header, size_t data_by
   std::string bytes(reinterpret_cast<const char*>(&len), 8);
   bytes += header;
   bytes.append(data_bytes, '\x11');
-  ASSERT_TRUE(WriteFileAtomic(path, bytes).ok());
+  ASSERT_OK(WriteFileAtomic(path, bytes));
 }
 
 // Opens a hostile file and returns the error message (empty when it opened).
@@ -65,10 +66,10 @@ TEST(LlmSafetensorsTest, RoundTripsAllDtypes) {
       {"empty", DType::kBF16, {0, 4}, nullptr},
   };
   Status st = WriteSafetensors(path, tensors, {{"format", "pt"}});
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
 
   auto f = SafetensorsFile::Open(path);
-  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_OK(f);
   EXPECT_EQ(f->metadata(), (std::map<std::string, std::string>{{"format", "pt"}}));
   ASSERT_EQ(f->tensors().size(), tensors.size());
   uint64_t offset = 0;
@@ -82,12 +83,12 @@ TEST(LlmSafetensorsTest, RoundTripsAllDtypes) {
     EXPECT_EQ(t.data_end, offset) << t.name;
     EXPECT_EQ(f->Find(t.name), &t);
     std::vector<uint8_t> raw(t.data_end - t.data_begin);
-    ASSERT_TRUE(f->ReadRaw(t, raw.data()).ok());
+    ASSERT_OK(f->ReadRaw(t, raw.data()));
     if (!raw.empty()) {
       EXPECT_EQ(std::memcmp(raw.data(), tensors[i].data, raw.size()), 0) << t.name;
     }
     std::vector<float> got(t.numel());
-    ASSERT_TRUE(f->ReadAsFloat(t, 0, t.numel(), got.data()).ok());
+    ASSERT_OK(f->ReadAsFloat(t, 0, t.numel(), got.data()));
     for (int64_t j = 0; j < t.numel(); ++j) {
       EXPECT_EQ(got[j], LoadAsFloat(tensors[i].data, t.dtype, j)) << t.name << " " << j;
     }
@@ -95,7 +96,7 @@ TEST(LlmSafetensorsTest, RoundTripsAllDtypes) {
   EXPECT_EQ(f->Find("missing"), nullptr);
   // The file is exactly header + data, the data 8-byte aligned.
   auto size = FileSize(path);
-  ASSERT_TRUE(size.ok());
+  ASSERT_OK(size);
   EXPECT_EQ(f->data_start() % 8, 0u);
   EXPECT_EQ(*size, f->data_start() + offset);
   // The 16-bit values differ from the floats (they were rounded), so the test can tell them apart.
@@ -105,9 +106,9 @@ TEST(LlmSafetensorsTest, RoundTripsAllDtypes) {
 TEST(LlmSafetensorsTest, HeaderBytesFollowTheFormat) {
   const std::string path = ScratchDir("llm_st") + "/x.safetensors";
   const uint16_t h[3] = {0x3c00, 0x4000, 0xc000};  // 1, 2, -2 in fp16
-  ASSERT_TRUE(WriteSafetensors(path, {{"w", DType::kF16, {3}, h}}, {{"format", "pt"}}).ok());
+  ASSERT_OK(WriteSafetensors(path, {{"w", DType::kF16, {3}, h}}, {{"format", "pt"}}));
   auto raw = ReadFile(path);
-  ASSERT_TRUE(raw.ok());
+  ASSERT_OK(raw);
   uint64_t n;
   std::memcpy(&n, raw->data(), 8);
   const std::string expected =
@@ -127,23 +128,22 @@ TEST(LlmSafetensorsTest, ReadAsFloatReadsRanges) {
   const std::vector<float> v = Values(n, 10.0f);
   const std::vector<uint8_t> bf = Encode(v, DType::kBF16);
   const std::vector<float> small = {1.5f, -2.0f, 3.25f, 4.0f};
-  ASSERT_TRUE(
-      WriteSafetensors(path, {{"small", DType::kF32, {2, 2}, small.data()}, {"big", DType::kBF16, {n}, bf.data()}})
-          .ok());
+  ASSERT_OK(
+      WriteSafetensors(path, {{"small", DType::kF32, {2, 2}, small.data()}, {"big", DType::kBF16, {n}, bf.data()}}));
   auto f = SafetensorsFile::Open(path);
-  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_OK(f);
   const TensorInfo& big = *f->Find("big");
   for (auto [begin, count] : {std::pair<int64_t, int64_t>{0, 1}, {65000, 1500}, {n - 3, 3}, {12345, 0}, {0, n}}) {
     std::vector<float> got(count + 1, -7.0f);
     Status st = f->ReadAsFloat(big, begin, count, got.data());
-    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_OK(st);
     for (int64_t i = 0; i < count; ++i) {
       ASSERT_EQ(got[i], Bf16ToFloat(FloatToBf16(v[begin + i]))) << begin << "+" << i;
     }
     EXPECT_EQ(got[count], -7.0f) << "wrote past count";
   }
   float two[2];
-  ASSERT_TRUE(f->ReadAsFloat(*f->Find("small"), 2, 2, two).ok());
+  ASSERT_OK(f->ReadAsFloat(*f->Find("small"), 2, 2, two));
   EXPECT_EQ(two[0], 3.25f);
   EXPECT_EQ(two[1], 4.0f);
 
@@ -161,9 +161,9 @@ TEST(LlmSafetensorsTest, ReadAsFloatReadsRanges) {
 TEST(LlmSafetensorsTest, ShortReadAfterOpenNamesFileTensorAndOffsets) {
   const std::string path = ScratchDir("llm_st") + "/s.safetensors";
   const std::vector<float> v = Values(100, 1.0f);
-  ASSERT_TRUE(WriteSafetensors(path, {{"a", DType::kF32, {100}, v.data()}}).ok());
+  ASSERT_OK(WriteSafetensors(path, {{"a", DType::kF32, {100}, v.data()}}));
   auto f = SafetensorsFile::Open(path);
-  ASSERT_TRUE(f.ok());
+  ASSERT_OK(f);
   ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(f->data_start() + 40)), 0);
   std::vector<float> out(100);
   Status st = f->ReadAsFloat(*f->Find("a"), 5, 50, out.data());
@@ -244,13 +244,13 @@ TEST(LlmSafetensorsTest, RefusesHostileHeaders) {
 TEST(LlmSafetensorsTest, RefusesTruncatedMissingAndNonRegularFiles) {
   const std::string dir = ScratchDir("llm_st");
   const std::string small = dir + "/small.safetensors";
-  ASSERT_TRUE(WriteFileAtomic(small, std::string("\x08\x00\x00", 3)).ok());
+  ASSERT_OK(WriteFileAtomic(small, std::string("\x08\x00\x00", 3)));
   EXPECT_THAT(OpenError(small), AllOf(HasSubstr(small), HasSubstr("truncated: 3 bytes")));
 
   // A real file cut short inside its data.
   const std::string cut = dir + "/cut.safetensors";
   const std::vector<float> v = Values(16, 1.0f);
-  ASSERT_TRUE(WriteSafetensors(cut, {{"w", DType::kF32, {16}, v.data()}}).ok());
+  ASSERT_OK(WriteSafetensors(cut, {{"w", DType::kF32, {16}, v.data()}}));
   ASSERT_EQ(::truncate(cut.c_str(), static_cast<off_t>(*FileSize(cut) - 4)), 0);
   EXPECT_THAT(OpenError(cut), AllOf(HasSubstr(cut), HasSubstr("'w'"), HasSubstr("past the end")));
 
@@ -286,22 +286,22 @@ TEST(LlmSafetensorsTest, WriterRefusesBadInputAndLeavesNoHalfFile) {
   EXPECT_FALSE(PathExists(path));
 
   // An old file survives a writer that never completes.
-  ASSERT_TRUE(WriteSafetensors(path, {{"old", DType::kF32, {2}, x}}).ok());
+  ASSERT_OK(WriteSafetensors(path, {{"old", DType::kF32, {2}, x}}));
   {
     auto w = SafetensorsWriter::Open(path, {{"a", DType::kF32, {2}, nullptr}, {"b", DType::kBF16, {3}, nullptr}});
-    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    ASSERT_OK(w);
     EXPECT_EQ(w->data_bytes(), 14u);
-    ASSERT_TRUE(w->Append(x, 8).ok());
-    ASSERT_TRUE(w->Append(x, 2).ok());
+    ASSERT_OK(w->Append(x, 8));
+    ASSERT_OK(w->Append(x, 2));
     EXPECT_THAT(w->Append(x, 8).message(), HasSubstr("past the last tensor's end"));
     EXPECT_THAT(w->Commit().message(), HasSubstr("tensor 'b' got 2 of its 6 bytes"));
   }
   auto f = SafetensorsFile::Open(path);
-  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_OK(f);
   ASSERT_EQ(f->tensors().size(), 1u);
   EXPECT_EQ(f->tensors()[0].name, "old");
   auto names = ListDirectory(dir);
-  ASSERT_TRUE(names.ok());
+  ASSERT_OK(names);
   EXPECT_EQ(*names, std::vector<std::string>{"w.safetensors"}) << "temporary files left behind";
 }
 

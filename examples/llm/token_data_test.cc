@@ -12,13 +12,16 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "testing/scratch_dir.h"
+#include "testing/status_matchers.h"
 
 namespace zero::llm {
 namespace {
 
+// A path in this test binary's scratch directory (testing/scratch_dir.h), removed at exit.
 std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+  static ScratchDir dir = std::move(ScratchDir::Create("token_data_test")).value();
+  return dir.File(name);
 }
 
 std::vector<int32_t> Iota(int n) {
@@ -30,12 +33,12 @@ std::vector<int32_t> Iota(int n) {
 TEST(TokenBinTest, RoundTripAndRefusals) {
   const std::string path = TempPath("tokens.bin");
   const std::vector<int32_t> ids = {0, 5, 70000, 3, 4095};
-  ASSERT_TRUE(WriteTokenBin(path, ids).ok());
+  ASSERT_OK(WriteTokenBin(path, ids));
   struct stat st;
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_size, 20);
   auto back = ReadTokenBin(path, 70001);
-  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_OK(back);
   EXPECT_EQ(*back, ids);
 
   auto big = ReadTokenBin(path, 4096);  // 70000 at position 2 is out of range
@@ -81,7 +84,7 @@ TEST(WindowsTest, EvalWindowsAreConsecutiveNonOverlappingChunks) {
     for (size_t k = 0; k < w.size(); ++k) {
       ASSERT_EQ(w[k].batch, 1);
       ASSERT_EQ(w[k].seq, seq);
-      ASSERT_TRUE(w[k].Validate(1000, seq).ok());
+      ASSERT_OK(w[k].Validate(1000, seq));
       for (int j = 0; j < seq; ++j) {
         EXPECT_EQ(w[k].inputs[j], static_cast<int32_t>(k * (seq + 1) + j));
         EXPECT_EQ(w[k].targets[j], static_cast<int32_t>(k * (seq + 1) + j + 1));
@@ -95,7 +98,7 @@ TEST(WindowsTest, TrainBatchIsDeterministicPerRankAndSplitsAGlobalBatch) {
   const std::vector<int32_t> t = Iota(5000);
   const int seq = 16;
   const LlmBatch a = TrainBatch(t, seq, 4, 7, 1, 2, 42);
-  ASSERT_TRUE(a.Validate(5000, seq).ok());
+  ASSERT_OK(a.Validate(5000, seq));
   for (int i = 0; i < 4; ++i) {  // rows are windows of the data
     const int32_t start = a.inputs[i * seq];
     for (int j = 0; j < seq; ++j) {
@@ -127,7 +130,7 @@ TEST(WindowsTest, TrainBatchIsDeterministicPerRankAndSplitsAGlobalBatch) {
 
 BpeTokenizer SmallTokenizer(const std::string& text) {
   auto t = BpeTokenizer::Train(text, 600);
-  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_OK(t);
   return std::move(t).value();
 }
 
@@ -151,7 +154,7 @@ TEST(ReverseTextTest, ExamplesMaskExactlyThePrompt) {
   }
   const BpeTokenizer tok = SmallTokenizer(corpus);
   auto ex = ReverseTextExamples(corpus, tok, 50, 7, 20);
-  ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+  ASSERT_OK(ex);
   ASSERT_EQ(ex->size(), 50u);
   const int seq = 64;
   for (const ReverseTextExample& e : *ex) {
@@ -193,7 +196,7 @@ TEST(ReverseTextTest, ExamplesMaskExactlyThePrompt) {
   EXPECT_GT(differ, 0);
 
   const LlmBatch b = ReverseTextBatch(*ex, seq, 6, 3, 1, 4, 9);
-  ASSERT_TRUE(b.Validate(tok.vocab_size(), seq).ok());
+  ASSERT_OK(b.Validate(tok.vocab_size(), seq));
   EXPECT_EQ(ReverseTextBatch(*ex, seq, 6, 3, 1, 4, 9).inputs, b.inputs);
   const std::vector<LlmBatch> eval = ReverseTextEvalWindows(*ex, seq);
   ASSERT_EQ(eval.size(), 50u);
@@ -207,7 +210,7 @@ TEST(CorpusTest, DefaultCorpusIsOnThisMachineAndCapped) {
   CorpusOptions small;
   small.max_bytes = 100000;
   auto text = LoadCorpus(small);
-  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  ASSERT_OK(text);
   EXPECT_EQ(text->size(), 100000u);  // the licenses alone hold more
   EXPECT_NE(text->find("License"), std::string::npos);
 
@@ -216,14 +219,14 @@ TEST(CorpusTest, DefaultCorpusIsOnThisMachineAndCapped) {
   const auto t0 = std::chrono::steady_clock::now();
   auto corpus = LoadCorpus(two);
   const auto t1 = std::chrono::steady_clock::now();
-  ASSERT_TRUE(corpus.ok()) << corpus.status().ToString();
+  ASSERT_OK(corpus);
   EXPECT_GT(corpus->size(), (2u << 20) - 8);  // the Python sources fill it up
   EXPECT_LE(corpus->size(), 2u << 20);
   EXPECT_NE(corpus->find("def "), std::string::npos);
   EXPECT_EQ(corpus->compare(0, 100000, *text), 0);  // the same files in the same order
   auto tok = BpeTokenizer::Train(*corpus, 4096);
   const auto t2 = std::chrono::steady_clock::now();
-  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  ASSERT_OK(tok);
   const std::vector<int32_t> ids = tok->Encode(*corpus);
   const auto t3 = std::chrono::steady_clock::now();
   EXPECT_EQ(tok->vocab_size(), 4096);
@@ -247,11 +250,11 @@ TEST(CorpusTest, ExplicitPathsAndErrors) {
   CorpusOptions o;
   o.paths = {dir, file};
   auto t = LoadCorpus(o);
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_OK(t);
   EXPECT_EQ(*t, "first\n\nsecond\n\ncaf\xc3\xa9 au lait");
   o.max_bytes = 18;  // cut inside "é" (bytes 18-19): the character is left out
   auto cut = LoadCorpus(o);
-  ASSERT_TRUE(cut.ok());
+  ASSERT_OK(cut);
   EXPECT_EQ(*cut, "first\n\nsecond\n\ncaf");
 
   o = CorpusOptions();

@@ -16,6 +16,7 @@
 #include "examples/llm/hf_checkpoint.h"
 #include "examples/llm/token_data.h"
 #include "examples/run_binary_testing.h"
+#include "testing/status_matchers.h"
 
 namespace zero::llm {
 namespace {
@@ -76,7 +77,7 @@ TEST_F(ZeroLlmTest, ExportsAHuggingFaceDirectory) {
   EXPECT_EQ(config["model_type"], "qwen3");
   EXPECT_TRUE(config["tie_word_embeddings"].get<bool>());
   Result<HfWeights> w = HfWeights::Open(Tmp("export"));
-  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_OK(w);
   ASSERT_NE(w->Find("model.embed_tokens.weight"), nullptr);
   EXPECT_EQ(w->Find("lm_head.weight"), nullptr) << "a tied model has no lm_head tensor";
   ASSERT_NE(w->Find("model.layers.1.self_attn.k_norm.weight"), nullptr);
@@ -99,7 +100,7 @@ TEST_F(ZeroLlmTest, EvalOnlyPrintsOneLineAndAgreesAcrossWorldSizesAndStages) {
   // Token ids of a text the model never saw, written as .bin.
   std::vector<int32_t> ids;
   for (int i = 0; i < 33 * 5 + 7; ++i) ids.push_back((i * 37 + 11) % 500);
-  ASSERT_TRUE(WriteTokenBin(Tmp("eval.bin"), ids).ok());
+  ASSERT_OK(WriteTokenBin(Tmp("eval.bin"), ids));
   RunResult one = RunLlm(Tiny({"--nproc", "1", "--model", Tmp("export"), "--data", Tmp("eval.bin"), "--eval-only"}));
   RunResult two = RunLlm(
       Tiny({"--nproc", "2", "--stage", "3", "--model", Tmp("export"), "--data", Tmp("eval.bin"), "--eval-only"}));
@@ -122,7 +123,7 @@ std::string WeightsHash(const std::string& output) {
 TEST(ZeroLlmHash, StagesOneAndThreeTrainTheSameBits) {
   std::vector<int32_t> ids;
   for (int i = 0; i < 33 * 40; ++i) ids.push_back((i * 7919 + i / 3) % 512);
-  ASSERT_TRUE(WriteTokenBin(Tmp("rows.bin"), ids).ok());
+  ASSERT_OK(WriteTokenBin(Tmp("rows.bin"), ids));
   auto run = [&](const std::string& stage, const std::string& seed) {
     return RunLlm(Tiny({"--nproc", "2", "--stage", stage, "--seed", seed, "--data", Tmp("rows.bin"),
                         "--sequential-data", "--steps", "4", "--hash-weights", "--eval-windows", "0"}),
@@ -202,7 +203,7 @@ TEST(ZeroLlmErrors, BadInputEndsQuicklyNamingWhatIsWrong) {
   EXPECT_NE(seq.output.find("max_position_embeddings"), std::string::npos) << seq.output;
 
   std::vector<int32_t> ids = {1, 2, 3, 600, 4};
-  ASSERT_TRUE(WriteTokenBin(Tmp("bad.bin"), ids).ok());
+  ASSERT_OK(WriteTokenBin(Tmp("bad.bin"), ids));
   RunResult bad = RunLlm(Tiny({"--nproc", "1", "--data", Tmp("bad.bin"), "--steps", "1"}), 30);
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
   EXPECT_NE(bad.output.find("600"), std::string::npos) << bad.output;
