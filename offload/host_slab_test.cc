@@ -216,7 +216,9 @@ TEST(HostSlabTest, NoLeakAcrossCreateDestroyCycles) {
     std::memset(r->data(), 1, kSlab);
     auto* leaked = new HostSlab(std::move(r).value());
     EXPECT_EQ(HostSlab::live_bytes(), live0 + kSlab) << "live_bytes misses a leaked slab";
-    if (pin) EXPECT_GE(StatusBytes("VmLck"), lck0 + kSlab) << "VmLck misses a leaked pinned slab";
+    if (pin) {
+      EXPECT_GE(StatusBytes("VmLck"), lck0 + kSlab) << "VmLck misses a leaked pinned slab";
+    }
     const size_t rss_leaked = StatusBytes("VmRSS");
     delete leaked;
     EXPECT_LE(StatusBytes("VmRSS") + kSlab, rss_leaked) << "VmRSS misses a freed slab";

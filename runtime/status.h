@@ -41,7 +41,7 @@ class [[nodiscard]] Status {
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
-  // "INVALID_ARGUMENT: zero_optimization.stage: expected 0..3, got 7"
+  // "INVALID_ARGUMENT: <config>: zero_optimization.stage: expected an integer in 0..3, got 7"
   std::string ToString() const;
   // Returns a copy with `prefix + ": "` put before the message (adds context while propagating).
   Status WithContext(const std::string& prefix) const;
