@@ -16,11 +16,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint_io.h"
 #include "nvme/aligned_buffer.h"
 #include "nvme/faulty_aio_engine.h"
 #include "nvme/libaio_engine.h"
 #include "nvme/nvme_test_util.h"
+#include "runtime/atomic_file.h"
+#include "runtime/file_system.h"
 #include "testing/same_bits.h"
 #include "testing/scratch_dir.h"
 #include "testing/status_matchers.h"
@@ -36,7 +37,7 @@ AlignedBuffer Zeros(size_t size) {
 
 // The file's bytes read back with plain pread, independent of the engine.
 std::string FileBytes(const std::string& path, uint64_t offset, size_t size) {
-  auto r = ReadFileRange(path, offset, size);
+  auto r = DefaultFileSystem()->ReadFileRange(path, offset, size);
   ZERO_CHECK_MSG(r.ok(), r.status().ToString());
   return *r;
 }
@@ -347,7 +348,7 @@ TEST_F(AioEngineTest, ReadPastTheEndOfARealFileIsDataLoss) {
   // One piece: its short reads (6000 bytes, then the unaligned rest) end at end of file.
   ASSERT_OK_AND_ASSIGN(auto engine, LibaioEngine::Create(Opts(16384, 2)));
   // An unaligned size, written without O_DIRECT.
-  ASSERT_OK(WriteFileAtomic(File("short"), std::string(6000, 'x')));
+  ASSERT_OK(WriteFileAtomic(*DefaultFileSystem(), File("short"), std::string(6000, 'x')));
   ASSERT_OK_AND_ASSIGN(auto file, engine->Open(File("short"), AioOpenMode::kRead));
   AlignedBuffer b = Zeros(16384);
   Status st = engine->Read(*file, 0, b.data(), b.size());
@@ -390,7 +391,7 @@ TEST_F(AioEngineTest, MissingAndUnusablePaths) {
   EXPECT_NE(r.status().message().find(File("absent")), std::string::npos);
   r = engine->Open(File("no/such/dir/f"), AioOpenMode::kCreate);
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
-  ASSERT_OK(WriteFileAtomic(File("plain"), "x"));
+  ASSERT_OK(WriteFileAtomic(*DefaultFileSystem(), File("plain"), "x"));
   r = engine->Open(File("plain") + "/f", AioOpenMode::kCreate);
   EXPECT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("Not a directory"), std::string::npos) << r.status().ToString();
@@ -498,7 +499,7 @@ TEST_F(AioEngineTest, NoDirectIoIsAClearErrorOrTheDocumentedFallback) {
     EXPECT_NE(r.status().message().find("does not support direct I/O"), std::string::npos);
     EXPECT_NE(r.status().message().find("(" + FilesystemType(dir) + ")"), std::string::npos) << r.status().message();
     EXPECT_NE(r.status().message().find("allow_buffered_fallback"), std::string::npos);
-    EXPECT_FALSE(PathExists(path)) << "no file left behind";
+    EXPECT_FALSE(PathExists(*DefaultFileSystem(), path)) << "no file left behind";
     EXPECT_EQ(ProbeDirectIo(dir).code(), StatusCode::kFailedPrecondition);
   }
   AioOptions o = Opts(4096, 2);
