@@ -117,19 +117,19 @@ class RoundTripTest : public AioEngineTest, public ::testing::WithParamInterface
 
 TEST_P(RoundTripTest, ByteExact) {
   const RoundTripCase& c = GetParam();
-  ASSERT_OK_AND_ASSIGN(auto engine, LibaioEngine::Create(c.options));
-  ASSERT_OK_AND_ASSIGN(auto file, engine->Open(File("data"), AioOpenMode::kCreate));
+  ASSERT_OK_AND_ASSIGN(auto aio, LibaioEngine::Create(c.options));
+  ASSERT_OK_AND_ASSIGN(auto file, aio->Open(File("data"), AioOpenMode::kCreate));
   EXPECT_TRUE(file->direct());
   AlignedBuffer out = Pattern(c.bytes, 11);
   AlignedBuffer in = Zeros(c.bytes);
   const uint64_t offset = 8192;
-  ASSERT_OK(engine->Write(*file, offset, out.data(), out.size()));
-  ASSERT_OK(engine->Read(*file, offset, in.data(), in.size()));
+  ASSERT_OK(aio->Write(*file, offset, out.data(), out.size()));
+  ASSERT_OK(aio->Read(*file, offset, in.data(), in.size()));
   EXPECT_TRUE(Same(out, in, out.size()));
   EXPECT_EQ(FileBytes(File("data"), offset, out.size()),
             std::string(reinterpret_cast<const char*>(out.data()), out.size()));
   const uint64_t block = static_cast<uint64_t>(c.options.block_size);
-  EXPECT_EQ(engine->stats().pieces, 2 * ((out.size() + block - 1) / block));
+  EXPECT_EQ(aio->stats().pieces, 2 * ((out.size() + block - 1) / block));
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, RoundTripTest,
@@ -147,10 +147,10 @@ INSTANTIATE_TEST_SUITE_P(Sizes, RoundTripTest,
 TEST_F(AioEngineTest, SingleSubmitMakesOneCallPerPieceAndBatchingFewer) {
   AlignedBuffer out = Pattern(64 * 4096, 3);
   for (bool single : {true, false}) {
-    ASSERT_OK_AND_ASSIGN(auto engine, LibaioEngine::Create(Opts(4096, 8, 1, single, false)));
-    ASSERT_OK_AND_ASSIGN(auto file, engine->Open(File("f"), AioOpenMode::kCreate));
-    ASSERT_OK(engine->Write(*file, 0, out.data(), out.size()));
-    const AioStats s = engine->stats();
+    ASSERT_OK_AND_ASSIGN(auto aio, LibaioEngine::Create(Opts(4096, 8, 1, single, false)));
+    ASSERT_OK_AND_ASSIGN(auto file, aio->Open(File("f"), AioOpenMode::kCreate));
+    ASSERT_OK(aio->Write(*file, 0, out.data(), out.size()));
+    const AioStats s = aio->stats();
     EXPECT_EQ(s.pieces, 64u);
     if (single) {
       EXPECT_EQ(s.io_submit_calls, 64u);
@@ -163,16 +163,16 @@ TEST_F(AioEngineTest, SingleSubmitMakesOneCallPerPieceAndBatchingFewer) {
 // Writes past the end of the file are preallocated first (extending direct writes are synchronous
 // on ext4); writes inside the file are not; the bytes and the file size are what was written.
 TEST_F(AioEngineTest, WritesPastTheEndArePreallocatedFirst) {
-  ASSERT_OK_AND_ASSIGN(auto engine, LibaioEngine::Create(Opts(16384, 4)));
-  ASSERT_OK_AND_ASSIGN(auto file, engine->Open(File("f"), AioOpenMode::kCreate));
+  ASSERT_OK_AND_ASSIGN(auto aio, LibaioEngine::Create(Opts(16384, 4)));
+  ASSERT_OK_AND_ASSIGN(auto file, aio->Open(File("f"), AioOpenMode::kCreate));
   AlignedBuffer a = Pattern(10 * 4096, 5);
   AlignedBuffer b = Pattern(6 * 4096, 6);
-  ASSERT_OK(engine->Write(*file, 0, a.data(), a.size()));
-  EXPECT_EQ(engine->stats().extend_preallocations, 1u);
-  ASSERT_OK(engine->Write(*file, 4096, b.data(), b.size()));  // inside the file
-  EXPECT_EQ(engine->stats().extend_preallocations, 1u);
-  ASSERT_OK(engine->Write(*file, 8 * 4096, b.data(), b.size()));  // straddles the end
-  EXPECT_EQ(engine->stats().extend_preallocations, 2u);
+  ASSERT_OK(aio->Write(*file, 0, a.data(), a.size()));
+  EXPECT_EQ(aio->stats().extend_preallocations, 1u);
+  ASSERT_OK(aio->Write(*file, 4096, b.data(), b.size()));  // inside the file
+  EXPECT_EQ(aio->stats().extend_preallocations, 1u);
+  ASSERT_OK(aio->Write(*file, 8 * 4096, b.data(), b.size()));  // straddles the end
+  EXPECT_EQ(aio->stats().extend_preallocations, 2u);
   struct stat st;
   ASSERT_EQ(::stat(File("f").c_str(), &st), 0);
   EXPECT_EQ(static_cast<uint64_t>(st.st_size), 14u * 4096) << "offset + length of the last write";
@@ -185,62 +185,62 @@ TEST_F(AioEngineTest, WritesPastTheEndArePreallocatedFirst) {
 }
 
 TEST_F(AioEngineTest, ManyRequestsInFlightWaitedInAnyOrder) {
-  ASSERT_OK_AND_ASSIGN(auto engine, LibaioEngine::Create(Opts(16384, 4, 3)));
-  ASSERT_OK_AND_ASSIGN(auto file, engine->Open(File("f"), AioOpenMode::kCreate));
+  ASSERT_OK_AND_ASSIGN(auto aio, LibaioEngine::Create(Opts(16384, 4, 3)));
+  ASSERT_OK_AND_ASSIGN(auto file, aio->Open(File("f"), AioOpenMode::kCreate));
   constexpr int kRequests = 48;
   constexpr size_t kBytes = 40960;
   std::vector<AlignedBuffer> out, in;
   std::vector<AioTicket> tickets;
   for (int i = 0; i < kRequests; ++i) {
     out.push_back(Pattern(kBytes, 100 + i));
-    ASSERT_OK_AND_ASSIGN(AioTicket t, engine->SubmitWrite(*file, i * kBytes, out.back().data(), kBytes));
+    ASSERT_OK_AND_ASSIGN(AioTicket t, aio->SubmitWrite(*file, i * kBytes, out.back().data(), kBytes));
     tickets.push_back(t);
   }
-  for (int i = kRequests - 1; i >= 0; --i) ASSERT_OK(engine->Wait(tickets[i]));
+  for (int i = kRequests - 1; i >= 0; --i) ASSERT_OK(aio->Wait(tickets[i]));
   tickets.clear();
   for (int i = 0; i < kRequests; ++i) {
     in.push_back(Zeros(kBytes));
-    ASSERT_OK_AND_ASSIGN(AioTicket t, engine->SubmitRead(*file, i * kBytes, in.back().data(), kBytes));
+    ASSERT_OK_AND_ASSIGN(AioTicket t, aio->SubmitRead(*file, i * kBytes, in.back().data(), kBytes));
     tickets.push_back(t);
   }
   for (int i = 0; i < kRequests; ++i) {
-    ASSERT_OK(engine->Wait(tickets[i]));
+    ASSERT_OK(aio->Wait(tickets[i]));
     EXPECT_TRUE(Same(out[i], in[i], kBytes)) << "request " << i;
   }
-  EXPECT_EQ(engine->Wait(tickets[0]).code(), StatusCode::kNotFound) << "waited twice";
-  EXPECT_EQ(engine->Wait(123456).code(), StatusCode::kNotFound);
+  EXPECT_EQ(aio->Wait(tickets[0]).code(), StatusCode::kNotFound) << "waited twice";
+  EXPECT_EQ(aio->Wait(123456).code(), StatusCode::kNotFound);
 }
 
 TEST_F(AioEngineTest, ZeroLengthCompletesAtOnce) {
-  ASSERT_OK_AND_ASSIGN(auto engine, LibaioEngine::Create(AioOptions()));
-  ASSERT_OK_AND_ASSIGN(auto file, engine->Open(File("f"), AioOpenMode::kCreate));
+  ASSERT_OK_AND_ASSIGN(auto aio, LibaioEngine::Create(AioOptions()));
+  ASSERT_OK_AND_ASSIGN(auto file, aio->Open(File("f"), AioOpenMode::kCreate));
   AlignedBuffer b = Zeros(4096);
-  ASSERT_OK(engine->Write(*file, 0, b.data(), 0));
+  ASSERT_OK(aio->Write(*file, 0, b.data(), 0));
 }
 
 TEST_F(AioEngineTest, AlignmentErrorsNameTheValue) {
-  ASSERT_OK_AND_ASSIGN(auto engine, LibaioEngine::Create(AioOptions()));
-  ASSERT_OK_AND_ASSIGN(auto file, engine->Open(File("f"), AioOpenMode::kCreate));
+  ASSERT_OK_AND_ASSIGN(auto aio, LibaioEngine::Create(AioOptions()));
+  ASSERT_OK_AND_ASSIGN(auto file, aio->Open(File("f"), AioOpenMode::kCreate));
   AlignedBuffer b = Zeros(3 * 4096);
-  Status st = engine->Write(*file, 100, b.data(), 4096);
+  Status st = aio->Write(*file, 100, b.data(), 4096);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("offset 100 is not a multiple of 4096"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find(File("f")), std::string::npos);
-  st = engine->Write(*file, 0, b.data(), 5000);
+  st = aio->Write(*file, 0, b.data(), 5000);
   EXPECT_NE(st.message().find("length 5000 is not a multiple of 4096"), std::string::npos) << st.message();
-  st = engine->Read(*file, 0, b.bytes() + 512, 4096);
+  st = aio->Read(*file, 0, b.bytes() + 512, 4096);
   EXPECT_NE(st.message().find("buffer address"), std::string::npos) << st.message();
-  EXPECT_EQ(engine->stats().pieces, 0u) << "nothing submitted";
+  EXPECT_EQ(aio->stats().pieces, 0u) << "nothing submitted";
 }
 
 // --- faults -------------------------------------------------------------------------------------
 
 TEST_F(AioEngineTest, InjectedEnospcOnNthWriteNamesFileOffsetLength) {
-  ASSERT_OK_AND_ASSIGN(auto engine, FaultyAioEngine::Create(Opts(8192, 1)));
-  ASSERT_OK_AND_ASSIGN(auto file, engine->Open(File("f"), AioOpenMode::kCreate));
+  ASSERT_OK_AND_ASSIGN(auto aio, FaultyAioEngine::Create(Opts(8192, 1)));
+  ASSERT_OK_AND_ASSIGN(auto file, aio->Open(File("f"), AioOpenMode::kCreate));
   AlignedBuffer b = Pattern(8 * 8192, 1);
-  engine->FailNthWrite(3, ENOSPC);
-  Status st = engine->Write(*file, 4096, b.data(), b.size());
+  aio->FailNthWrite(3, ENOSPC);
+  Status st = aio->Write(*file, 4096, b.data(), b.size());
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
   EXPECT_NE(st.message().find("pwrite " + File("f") + " offset " + std::to_string(4096 + 2 * 8192) + " length 8192"),
             std::string::npos)
@@ -248,36 +248,36 @@ TEST_F(AioEngineTest, InjectedEnospcOnNthWriteNamesFileOffsetLength) {
   EXPECT_NE(st.message().find("No space left on device (errno 28)"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("write " + File("f") + " offset 4096 length 65536"), std::string::npos)
       << "the request: " << st.message();
-  EXPECT_EQ(engine->writes_reaped(), 3) << "no piece submitted after the error (queue depth 1)";
+  EXPECT_EQ(aio->writes_reaped(), 3) << "no piece submitted after the error (queue depth 1)";
   // The engine stays usable.
-  ASSERT_OK(engine->Write(*file, 0, b.data(), b.size()));
+  ASSERT_OK(aio->Write(*file, 0, b.data(), b.size()));
 }
 
 TEST_F(AioEngineTest, InjectedEioOnWriteAndRead) {
-  ASSERT_OK_AND_ASSIGN(auto engine, FaultyAioEngine::Create(Opts(4096, 2, 2)));
-  ASSERT_OK_AND_ASSIGN(auto file, engine->Open(File("f"), AioOpenMode::kCreate));
+  ASSERT_OK_AND_ASSIGN(auto aio, FaultyAioEngine::Create(Opts(4096, 2, 2)));
+  ASSERT_OK_AND_ASSIGN(auto file, aio->Open(File("f"), AioOpenMode::kCreate));
   AlignedBuffer b = Pattern(16 * 4096, 1);
-  engine->FailNthWrite(5, EIO);
-  Status st = engine->Write(*file, 0, b.data(), b.size());
+  aio->FailNthWrite(5, EIO);
+  Status st = aio->Write(*file, 0, b.data(), b.size());
   EXPECT_EQ(st.code(), StatusCode::kInternal) << st.ToString();
   EXPECT_NE(st.message().find("pwrite " + File("f") + " offset "), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("length 4096: Input/output error (errno 5)"), std::string::npos) << st.message();
-  ASSERT_OK(engine->Write(*file, 0, b.data(), b.size()));
-  engine->FailNthRead(2, EIO);
+  ASSERT_OK(aio->Write(*file, 0, b.data(), b.size()));
+  aio->FailNthRead(2, EIO);
   AlignedBuffer in = Zeros(b.size());
-  st = engine->Read(*file, 0, in.data(), in.size());
+  st = aio->Read(*file, 0, in.data(), in.size());
   EXPECT_EQ(st.code(), StatusCode::kInternal) << st.ToString();
   EXPECT_NE(st.message().find("pread " + File("f") + " offset "), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("Input/output error"), std::string::npos) << st.message();
 }
 
 TEST_F(AioEngineTest, InjectedEnospcOnRead) {
-  ASSERT_OK_AND_ASSIGN(auto engine, FaultyAioEngine::Create(Opts(4096, 1)));
-  ASSERT_OK_AND_ASSIGN(auto file, engine->Open(File("f"), AioOpenMode::kCreate));
+  ASSERT_OK_AND_ASSIGN(auto aio, FaultyAioEngine::Create(Opts(4096, 1)));
+  ASSERT_OK_AND_ASSIGN(auto file, aio->Open(File("f"), AioOpenMode::kCreate));
   AlignedBuffer b = Pattern(4 * 4096, 1);
-  ASSERT_OK(engine->Write(*file, 0, b.data(), b.size()));
-  engine->FailNthRead(4, ENOSPC);
-  Status st = engine->Read(*file, 0, b.data(), b.size());
+  ASSERT_OK(aio->Write(*file, 0, b.data(), b.size()));
+  aio->FailNthRead(4, ENOSPC);
+  Status st = aio->Read(*file, 0, b.data(), b.size());
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(st.message().find("pread " + File("f") + " offset 12288 length 4096"), std::string::npos) << st.message();
 }
@@ -292,23 +292,23 @@ class ShortTransferTest : public AioEngineTest, public ::testing::WithParamInter
 
 TEST_P(ShortTransferTest, RestIsResubmittedAndDataExact) {
   const ShortCase& c = GetParam();
-  ASSERT_OK_AND_ASSIGN(auto engine, FaultyAioEngine::Create(Opts(16384, 2)));
-  ASSERT_OK_AND_ASSIGN(auto file, engine->Open(File("f"), AioOpenMode::kCreate));
+  ASSERT_OK_AND_ASSIGN(auto aio, FaultyAioEngine::Create(Opts(16384, 2)));
+  ASSERT_OK_AND_ASSIGN(auto file, aio->Open(File("f"), AioOpenMode::kCreate));
   AlignedBuffer out = Pattern(4 * 16384, 5);
   AlignedBuffer in = Zeros(out.size());
   if (c.write) {
-    engine->ShortenNthWrite(2, c.reported);
+    aio->ShortenNthWrite(2, c.reported);
   } else {
-    ASSERT_OK(engine->Write(*file, 0, out.data(), out.size()));
-    engine->ShortenNthRead(2, c.reported);
+    ASSERT_OK(aio->Write(*file, 0, out.data(), out.size()));
+    aio->ShortenNthRead(2, c.reported);
   }
   if (c.write) {
-    ASSERT_OK(engine->Write(*file, 0, out.data(), out.size()));
+    ASSERT_OK(aio->Write(*file, 0, out.data(), out.size()));
   }
-  ASSERT_OK(engine->Read(*file, 0, in.data(), in.size()));
+  ASSERT_OK(aio->Read(*file, 0, in.data(), in.size()));
   EXPECT_TRUE(Same(out, in, out.size()));
   EXPECT_EQ(FileBytes(File("f"), 0, out.size()), std::string(reinterpret_cast<const char*>(out.data()), out.size()));
-  EXPECT_EQ(engine->stats().short_resubmits, 1u);
+  EXPECT_EQ(aio->stats().short_resubmits, 1u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, ShortTransferTest,
@@ -319,39 +319,39 @@ INSTANTIATE_TEST_SUITE_P(Faults, ShortTransferTest,
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST_F(AioEngineTest, EintrAndEagainCompletionsAreRetried) {
-  ASSERT_OK_AND_ASSIGN(auto engine, FaultyAioEngine::Create(Opts(4096, 4)));
-  ASSERT_OK_AND_ASSIGN(auto file, engine->Open(File("f"), AioOpenMode::kCreate));
+  ASSERT_OK_AND_ASSIGN(auto aio, FaultyAioEngine::Create(Opts(4096, 4)));
+  ASSERT_OK_AND_ASSIGN(auto file, aio->Open(File("f"), AioOpenMode::kCreate));
   AlignedBuffer out = Pattern(8 * 4096, 9);
   AlignedBuffer in = Zeros(out.size());
-  engine->FailNthWrite(2, EAGAIN);
-  engine->FailNthWrite(3, EINTR);
-  engine->FailNthRead(1, EAGAIN);
-  ASSERT_OK(engine->Write(*file, 0, out.data(), out.size()));
-  ASSERT_OK(engine->Read(*file, 0, in.data(), in.size()));
+  aio->FailNthWrite(2, EAGAIN);
+  aio->FailNthWrite(3, EINTR);
+  aio->FailNthRead(1, EAGAIN);
+  ASSERT_OK(aio->Write(*file, 0, out.data(), out.size()));
+  ASSERT_OK(aio->Read(*file, 0, in.data(), in.size()));
   EXPECT_TRUE(Same(out, in, out.size()));
-  EXPECT_EQ(engine->stats().retries, 3u);
-  EXPECT_EQ(engine->writes_reaped(), 10) << "8 pieces + 2 retried";
+  EXPECT_EQ(aio->stats().retries, 3u);
+  EXPECT_EQ(aio->writes_reaped(), 10) << "8 pieces + 2 retried";
 }
 
 TEST_F(AioEngineTest, ShortReadThatNeverCompletesIsDataLossNotALoop) {
-  ASSERT_OK_AND_ASSIGN(auto engine, FaultyAioEngine::Create(Opts(16384, 1)));
-  ASSERT_OK_AND_ASSIGN(auto file, engine->Open(File("f"), AioOpenMode::kCreate));
+  ASSERT_OK_AND_ASSIGN(auto aio, FaultyAioEngine::Create(Opts(16384, 1)));
+  ASSERT_OK_AND_ASSIGN(auto file, aio->Open(File("f"), AioOpenMode::kCreate));
   AlignedBuffer b = Pattern(16384, 1);
-  ASSERT_OK(engine->Write(*file, 0, b.data(), b.size()));
-  engine->ShortenNthRead(1, 0);  // a read that returns 0 bytes: end of file
-  Status st = engine->Read(*file, 0, b.data(), b.size());
+  ASSERT_OK(aio->Write(*file, 0, b.data(), b.size()));
+  aio->ShortenNthRead(1, 0);  // a read that returns 0 bytes: end of file
+  Status st = aio->Read(*file, 0, b.data(), b.size());
   EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
   EXPECT_NE(st.message().find("end of file at byte 0"), std::string::npos) << st.message();
 }
 
 TEST_F(AioEngineTest, ReadPastTheEndOfARealFileIsDataLoss) {
   // One piece: its short reads (6000 bytes, then the unaligned rest) end at end of file.
-  ASSERT_OK_AND_ASSIGN(auto engine, LibaioEngine::Create(Opts(16384, 2)));
+  ASSERT_OK_AND_ASSIGN(auto aio, LibaioEngine::Create(Opts(16384, 2)));
   // An unaligned size, written without O_DIRECT.
   ASSERT_OK(WriteFileAtomic(*DefaultFileSystem(), File("short"), std::string(6000, 'x')));
-  ASSERT_OK_AND_ASSIGN(auto file, engine->Open(File("short"), AioOpenMode::kRead));
+  ASSERT_OK_AND_ASSIGN(auto file, aio->Open(File("short"), AioOpenMode::kRead));
   AlignedBuffer b = Zeros(16384);
-  Status st = engine->Read(*file, 0, b.data(), b.size());
+  Status st = aio->Read(*file, 0, b.data(), b.size());
   EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
   EXPECT_NE(st.message().find("end of file at byte 6000"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find(File("short")), std::string::npos);
@@ -359,44 +359,44 @@ TEST_F(AioEngineTest, ReadPastTheEndOfARealFileIsDataLoss) {
 }
 
 TEST_F(AioEngineTest, WaitTimesOutWhileHeldThenCompletes) {
-  ASSERT_OK_AND_ASSIGN(auto engine, FaultyAioEngine::Create(Opts(4096, 2)));
-  ASSERT_OK_AND_ASSIGN(auto file, engine->Open(File("f"), AioOpenMode::kCreate));
+  ASSERT_OK_AND_ASSIGN(auto aio, FaultyAioEngine::Create(Opts(4096, 2)));
+  ASSERT_OK_AND_ASSIGN(auto file, aio->Open(File("f"), AioOpenMode::kCreate));
   AlignedBuffer b = Pattern(8192, 2);
-  engine->HoldIo();
-  ASSERT_OK_AND_ASSIGN(AioTicket t, engine->SubmitWrite(*file, 0, b.data(), b.size()));
-  Status st = engine->Wait(t, std::chrono::milliseconds(1));
+  aio->HoldIo();
+  ASSERT_OK_AND_ASSIGN(AioTicket t, aio->SubmitWrite(*file, 0, b.data(), b.size()));
+  Status st = aio->Wait(t, std::chrono::milliseconds(1));
   EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded);
   EXPECT_NE(st.message().find("write " + File("f") + " offset 0 length 8192"), std::string::npos) << st.message();
-  engine->ReleaseIo();
-  ASSERT_OK(engine->Wait(t));
+  aio->ReleaseIo();
+  ASSERT_OK(aio->Wait(t));
 }
 
 TEST_F(AioEngineTest, DelayedSubmissionsStillExact) {
-  ASSERT_OK_AND_ASSIGN(auto engine, FaultyAioEngine::Create(Opts(4096, 2, 2)));
-  engine->SetSubmitDelay(std::chrono::microseconds(200));
-  ASSERT_OK_AND_ASSIGN(auto file, engine->Open(File("f"), AioOpenMode::kCreate));
+  ASSERT_OK_AND_ASSIGN(auto aio, FaultyAioEngine::Create(Opts(4096, 2, 2)));
+  aio->SetSubmitDelay(std::chrono::microseconds(200));
+  ASSERT_OK_AND_ASSIGN(auto file, aio->Open(File("f"), AioOpenMode::kCreate));
   AlignedBuffer out = Pattern(32 * 4096, 4);
   AlignedBuffer in = Zeros(out.size());
-  ASSERT_OK(engine->Write(*file, 0, out.data(), out.size()));
-  ASSERT_OK(engine->Read(*file, 0, in.data(), in.size()));
+  ASSERT_OK(aio->Write(*file, 0, out.data(), out.size()));
+  ASSERT_OK(aio->Read(*file, 0, in.data(), in.size()));
   EXPECT_TRUE(Same(out, in, out.size()));
 }
 
 // --- paths ----------------------------------------------------------------------------------------
 
 TEST_F(AioEngineTest, MissingAndUnusablePaths) {
-  ASSERT_OK_AND_ASSIGN(auto engine, FaultyAioEngine::Create(AioOptions()));
-  auto r = engine->Open(File("absent"), AioOpenMode::kRead);
+  ASSERT_OK_AND_ASSIGN(auto aio, FaultyAioEngine::Create(AioOptions()));
+  auto r = aio->Open(File("absent"), AioOpenMode::kRead);
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
   EXPECT_NE(r.status().message().find(File("absent")), std::string::npos);
-  r = engine->Open(File("no/such/dir/f"), AioOpenMode::kCreate);
+  r = aio->Open(File("no/such/dir/f"), AioOpenMode::kCreate);
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
   ASSERT_OK(WriteFileAtomic(*DefaultFileSystem(), File("plain"), "x"));
-  r = engine->Open(File("plain") + "/f", AioOpenMode::kCreate);
+  r = aio->Open(File("plain") + "/f", AioOpenMode::kCreate);
   EXPECT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("Not a directory"), std::string::npos) << r.status().ToString();
-  engine->FailNextOpen(EACCES);
-  r = engine->Open(File("f"), AioOpenMode::kCreate);
+  aio->FailNextOpen(EACCES);
+  r = aio->Open(File("f"), AioOpenMode::kCreate);
   EXPECT_NE(r.status().message().find("Permission denied"), std::string::npos) << r.status().ToString();
   EXPECT_NE(r.status().message().find(File("f")), std::string::npos);
 }
@@ -415,8 +415,8 @@ TEST_F(AioEngineTest, NonRegularFilesAreRefusedWithoutBlocking) {
         ::close(fds[0]);
         AioOptions o;
         o.allow_buffered_fallback = true;
-        auto engine = LibaioEngine::Create(o);
-        std::string msg = engine.ok() ? (*engine)->Open(File(name), mode).status().ToString() : "no engine";
+        auto aio = LibaioEngine::Create(o);
+        std::string msg = aio.ok() ? (*aio)->Open(File(name), mode).status().ToString() : "no aio engine";
         if (::write(fds[1], msg.data(), msg.size()) < 0) ::_exit(2);
         ::_exit(0);
       }
@@ -452,8 +452,8 @@ TEST_F(AioEngineTest, NonRegularFilesAreRefusedWithoutBlocking) {
 TEST_F(AioEngineTest, ReadOnlyFilesystemIsFailedPrecondition) {
   auto m = ScopedMount::Create(File("ro"), "tmpfs", "size=1m", /*read_only=*/true);
   if (!m.ok()) GTEST_SKIP() << m.status().message();
-  ASSERT_OK_AND_ASSIGN(auto engine, LibaioEngine::Create(AioOptions()));
-  auto r = engine->Open(File("ro/f"), AioOpenMode::kCreate);
+  ASSERT_OK_AND_ASSIGN(auto aio, LibaioEngine::Create(AioOptions()));
+  auto r = aio->Open(File("ro/f"), AioOpenMode::kCreate);
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
   EXPECT_NE(r.status().message().find("Read-only file system"), std::string::npos);
 }
@@ -463,10 +463,10 @@ TEST_F(AioEngineTest, DiskFullOnARealSmallFilesystem) {
   if (!m.ok()) GTEST_SKIP() << m.status().message() << " (injected ENOSPC is tested above)";
   AioOptions o = Opts(65536, 4);
   o.allow_buffered_fallback = true;  // kernels before 6.6 have no O_DIRECT on tmpfs
-  ASSERT_OK_AND_ASSIGN(auto engine, LibaioEngine::Create(o));
-  ASSERT_OK_AND_ASSIGN(auto file, engine->Open(File("small/f"), AioOpenMode::kCreate));
+  ASSERT_OK_AND_ASSIGN(auto aio, LibaioEngine::Create(o));
+  ASSERT_OK_AND_ASSIGN(auto file, aio->Open(File("small/f"), AioOpenMode::kCreate));
   AlignedBuffer b = Pattern(1 << 20, 1);
-  Status st = engine->Write(*file, 0, b.data(), b.size());
+  Status st = aio->Write(*file, 0, b.data(), b.size());
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
   EXPECT_NE(st.message().find("No space left on device"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find(File("small/f")), std::string::npos);
@@ -492,8 +492,8 @@ TEST_F(AioEngineTest, NoDirectIoIsAClearErrorOrTheDocumentedFallback) {
   }
   const std::string path = dir + "/zero_aio_test." + std::to_string(::getpid());
   {
-    ASSERT_OK_AND_ASSIGN(auto engine, LibaioEngine::Create(Opts(4096, 2)));
-    auto r = engine->Open(path, AioOpenMode::kCreate);
+    ASSERT_OK_AND_ASSIGN(auto aio, LibaioEngine::Create(Opts(4096, 2)));
+    auto r = aio->Open(path, AioOpenMode::kCreate);
     EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
     EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status().message();
     EXPECT_NE(r.status().message().find("does not support direct I/O"), std::string::npos);
@@ -504,15 +504,15 @@ TEST_F(AioEngineTest, NoDirectIoIsAClearErrorOrTheDocumentedFallback) {
   }
   AioOptions o = Opts(4096, 2);
   o.allow_buffered_fallback = true;
-  ASSERT_OK_AND_ASSIGN(auto engine, LibaioEngine::Create(o));
-  ASSERT_OK_AND_ASSIGN(auto file, engine->Open(path, AioOpenMode::kCreate));
+  ASSERT_OK_AND_ASSIGN(auto aio, LibaioEngine::Create(o));
+  ASSERT_OK_AND_ASSIGN(auto file, aio->Open(path, AioOpenMode::kCreate));
   EXPECT_FALSE(file->direct());
   AlignedBuffer out = Pattern(5 * 4096, 8);
   AlignedBuffer in = Zeros(out.size());
-  ASSERT_OK(engine->Write(*file, 0, out.data(), out.size()));
-  ASSERT_OK(engine->Read(*file, 0, in.data(), in.size()));
+  ASSERT_OK(aio->Write(*file, 0, out.data(), out.size()));
+  ASSERT_OK(aio->Read(*file, 0, in.data(), in.size()));
   EXPECT_TRUE(Same(out, in, out.size()));
-  EXPECT_EQ(engine->Write(*file, 1, out.data(), 4096).code(), StatusCode::kInvalidArgument)
+  EXPECT_EQ(aio->Write(*file, 1, out.data(), 4096).code(), StatusCode::kInvalidArgument)
       << "the alignment rules hold under the fallback too";
   file.reset();
   ::unlink(path.c_str());

@@ -66,8 +66,8 @@ struct Request {
   uint64_t offset;
   char* buffer;
   size_t length;
-  int parts_left = 0;  // guarded by the engine's mu_
-  bool done = false;   // guarded by the engine's mu_
+  int parts_left = 0;  // guarded by LibaioEngine::Impl::mu_
+  bool done = false;   // guarded by LibaioEngine::Impl::mu_
   std::atomic<bool> failed{false};
   std::mutex status_mu;
   Status status;  // the first error
@@ -141,12 +141,8 @@ class LibaioEngine::Impl {
 
 class LibaioEngine::Impl::Worker {
  public:
-  Worker(Impl* engine, io_context_t ctx)
-      : engine_(engine),
-        ctx_(ctx),
-        depth_(static_cast<size_t>(engine->options_.queue_depth)),
-        slots_(depth_),
-        events_(depth_) {
+  Worker(Impl* aio, io_context_t ctx)
+      : aio_(aio), ctx_(ctx), depth_(static_cast<size_t>(aio->options_.queue_depth)), slots_(depth_), events_(depth_) {
     for (Piece& p : slots_) free_.push_back(&p);
   }
   ~Worker() { io_destroy(ctx_); }
@@ -167,7 +163,7 @@ class LibaioEngine::Impl::Worker {
   }
 
   void Run() {
-    const bool overlap = engine_->options_.overlap_events;
+    const bool overlap = aio_->options_.overlap_events;
     for (;;) {
       {
         std::unique_lock<std::mutex> l(mu_);
@@ -197,7 +193,7 @@ class LibaioEngine::Impl::Worker {
       Release(p);
     }
     if (free_.empty()) return nullptr;
-    const uint64_t block = static_cast<uint64_t>(engine_->options_.block_size);
+    const uint64_t block = static_cast<uint64_t>(aio_->options_.block_size);
     for (auto& part : active_) {
       if (part->request->failed) part->next = part->end;
       if (part->next >= part->end) continue;
@@ -211,7 +207,7 @@ class LibaioEngine::Impl::Worker {
       p->no_progress = 0;
       part->next += p->length;
       part->active++;
-      engine_->pieces_++;
+      aio_->pieces_++;
       return p;
     }
     return nullptr;
@@ -226,7 +222,7 @@ class LibaioEngine::Impl::Worker {
       const uint64_t off = r.offset + p->rel + p->done;
       char* buf = r.buffer + p->rel + p->done;
       const size_t len = p->length - p->done;
-      if (engine_->hook_) engine_->hook_->BeforeSubmit(r.write, *r.path, off, len);
+      if (aio_->hook_) aio_->hook_->BeforeSubmit(r.write, *r.path, off, len);
       if (r.write) {
         io_prep_pwrite(&p->cb, r.fd, buf, len, static_cast<long long>(off));
       } else {
@@ -234,7 +230,7 @@ class LibaioEngine::Impl::Worker {
       }
       p->cb.data = p;
       batch.push_back(p);
-      if (engine_->options_.single_submit) {
+      if (aio_->options_.single_submit) {
         SubmitBatch(batch);
         batch.clear();
       }
@@ -252,11 +248,11 @@ class LibaioEngine::Impl::Worker {
       if (rc > 0) {
         i += static_cast<size_t>(rc);
         inflight_ += static_cast<size_t>(rc);
-        engine_->io_submit_calls_++;
+        aio_->io_submit_calls_++;
         continue;
       }
       if (rc == -EINTR || (rc == -EAGAIN && eagain < kMaxRetries)) {
-        engine_->retries_++;
+        aio_->retries_++;
         if (rc == -EAGAIN) {
           ++eagain;
           if (inflight_ > 0) {
@@ -276,13 +272,13 @@ class LibaioEngine::Impl::Worker {
   }
 
   void Reap(size_t min_nr) {
-    const auto ms = engine_->options_.reap_timeout.count();
+    const auto ms = aio_->options_.reap_timeout.count();
     struct timespec ts;
     ts.tv_sec = ms / 1000;
     ts.tv_nsec = (ms % 1000) * 1000000L;
     int n = io_getevents(ctx_, static_cast<long>(min_nr), static_cast<long>(depth_), events_.data(), &ts);
     if (n == -EINTR) {
-      engine_->retries_++;
+      aio_->retries_++;
       return;
     }
     ZERO_CHECK_MSG(n >= 0, "io_getevents: " + ErrnoTextAndNumber(-n));
@@ -291,8 +287,8 @@ class LibaioEngine::Impl::Worker {
       --inflight_;
       auto result = static_cast<int64_t>(static_cast<long>(events_[k].res));
       const Request& r = *p->part->request;
-      if (engine_->hook_) {
-        engine_->hook_->AfterComplete(r.write, *r.path, r.offset + p->rel + p->done, p->length - p->done, &result);
+      if (aio_->hook_) {
+        aio_->hook_->AfterComplete(r.write, *r.path, r.offset + p->rel + p->done, p->length - p->done, &result);
       }
       HandleResult(p, result);
     }
@@ -305,7 +301,7 @@ class LibaioEngine::Impl::Worker {
       const int err = static_cast<int>(-result);
       if ((err == EINTR || err == EAGAIN) && p->retries < kMaxRetries) {
         ++p->retries;
-        engine_->retries_++;
+        aio_->retries_++;
         ready_.push_front(p);
         return;
       }
@@ -336,7 +332,7 @@ class LibaioEngine::Impl::Worker {
       p->no_progress = 0;
     }
     p->done += advance;
-    engine_->short_resubmits_++;
+    aio_->short_resubmits_++;
     ready_.push_front(p);
   }
 
@@ -364,7 +360,7 @@ class LibaioEngine::Impl::Worker {
       Part& part = **it;
       if (part.request->failed) part.next = part.end;
       if (part.next >= part.end && part.active == 0) {
-        engine_->PartDone(part.request);
+        aio_->PartDone(part.request);
         it = active_.erase(it);
       } else {
         ++it;
@@ -372,7 +368,7 @@ class LibaioEngine::Impl::Worker {
     }
   }
 
-  Impl* const engine_;
+  Impl* const aio_;
   const io_context_t ctx_;
   const size_t depth_;
 

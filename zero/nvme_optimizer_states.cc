@@ -54,9 +54,9 @@ class NvmeOptimizerStates final : public OptimizerStates {
     }
     ZERO_ASSIGN_OR_RETURN(pool_, ThreadPool::Create(o.cpu_threads));
     if (o.aio_engine_factory) {
-      ZERO_ASSIGN_OR_RETURN(engine_, o.aio_engine_factory(o.aio));
+      ZERO_ASSIGN_OR_RETURN(aio_, o.aio_engine_factory(o.aio));
     } else {
-      ZERO_ASSIGN_OR_RETURN(engine_, LibaioEngine::Create(o.aio));
+      ZERO_ASSIGN_OR_RETURN(aio_, LibaioEngine::Create(o.aio));
     }
     groups_ = numel_ == 0 ? 0 : (numel_ + group_ - 1) / group_;
     std::vector<SwapRegionSpec> regions;
@@ -64,7 +64,7 @@ class NvmeOptimizerStates final : public OptimizerStates {
       regions.push_back({"optimizer states of group " + std::to_string(g), static_cast<uint64_t>(GroupLen(g)) * 12});
     }
     const std::string path = dir_ + "/optimizer_states.swp";
-    ZERO_ASSIGN_OR_RETURN(swap_, SwapFile::Create(engine_.get(), path, regions));
+    ZERO_ASSIGN_OR_RETURN(swap_, SwapFile::Create(aio_.get(), path, regions));
     const size_t region = (static_cast<size_t>(group_) * 12 + kAioAlignment - 1) / kAioAlignment * kAioAlignment;
     const size_t copy = HostSlab::AlignedSize(static_cast<size_t>(numel_) * SizeOf(mdt_));
     const size_t chunk = (static_cast<size_t>(chunk_) * 4 + kAioAlignment - 1) / kAioAlignment * kAioAlignment;
@@ -419,7 +419,7 @@ class NvmeOptimizerStates final : public OptimizerStates {
   int64_t groups_ = 0;
   std::string dir_;
   std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<AioEngine> engine_;
+  std::unique_ptr<AioEngine> aio_;
   std::unique_ptr<SwapFile> swap_;
   HostSlab slab_;
   std::vector<Buffer> bufs_;

@@ -131,9 +131,9 @@ Status NvmeParamStore::Init(std::vector<StoredShard> shards, const std::vector<s
                                    ec.message());
   }
   if (o.aio_engine_factory) {
-    ZERO_ASSIGN_OR_RETURN(engine_, o.aio_engine_factory(o.aio));
+    ZERO_ASSIGN_OR_RETURN(aio_, o.aio_engine_factory(o.aio));
   } else {
-    ZERO_ASSIGN_OR_RETURN(engine_, LibaioEngine::Create(o.aio));
+    ZERO_ASSIGN_OR_RETURN(aio_, LibaioEngine::Create(o.aio));
   }
   std::vector<SwapRegionSpec> regions;
   for (Module& mod : modules_) {
@@ -141,7 +141,7 @@ Status NvmeParamStore::Init(std::vector<StoredShard> shards, const std::vector<s
     mod.region = static_cast<int>(regions.size());
     regions.push_back({"shards of module '" + mod.name + "'", static_cast<uint64_t>(mod.numel) * SizeOf(dtype_)});
   }
-  ZERO_ASSIGN_OR_RETURN(swap_, SwapFile::Create(engine_.get(), dir_ + "/params.swp", regions));
+  ZERO_ASSIGN_OR_RETURN(swap_, SwapFile::Create(aio_.get(), dir_ + "/params.swp", regions));
 
   const size_t slab_bytes = static_cast<size_t>(nbuf) * buffer_bytes + cache_bytes_;
   auto slab = HostSlab::Create(device_, slab_bytes, o.slab);

@@ -145,7 +145,7 @@ class NvmeParamStore final : public ParamStore, public ModuleShardStore {
   size_t cache_bytes_ = 0;
   int max_reads_ = 1;
   uint64_t clock_ = 0;
-  std::unique_ptr<AioEngine> engine_;
+  std::unique_ptr<AioEngine> aio_;
   std::unique_ptr<class SwapFile> swap_;
   HostSlab slab_;
   DeviceBuffer scratch_;
