@@ -222,7 +222,7 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() {
   if (impl_ == nullptr) return;
   if (impl_->StepInFlight()) WaitForOptimizerStep().IgnoreError();
-  // Buckets and gathers in flight finish before their buffers go.
+  // Buckets and gathers in flight finish before their buffers gather_options.
   impl_->coordinator.reset();
   impl_->reducer.reset();
   if (impl_->device != nullptr) impl_->device->Synchronize().IgnoreError();
@@ -252,13 +252,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* dev
   impl->rank = comm->rank();
   impl->world = comm->world_size();
   impl->stage = z.stage;
-  impl->mdt = config.model_dtype();
-  impl->comm_dt = config.has_communication_data_type ? config.communication_data_type : impl->mdt;
-  impl->managed = config.managed_gradient_accumulation;
-  impl->freeze_inactive = config.freeze_inactive_parameters;
-  impl->gas = impl->managed ? config.gradient_accumulation_steps : 1;
-  impl->contiguous = z.contiguous_gradients;
-  impl->op = config.gradient_allreduce_op == "sum" ? ReduceOp::kSum : ReduceOp::kAvg;
+  impl->run.model_dtype = config.model_dtype();
+  impl->run.comm_dtype = config.has_communication_data_type ? config.communication_data_type : impl->run.model_dtype;
+  impl->run.managed = config.managed_gradient_accumulation;
+  impl->run.freeze_inactive = config.freeze_inactive_parameters;
+  impl->run.gas = impl->run.managed ? config.gradient_accumulation_steps : 1;
+  impl->run.contiguous = z.contiguous_gradients;
+  impl->run.reduce_op = config.gradient_allreduce_op == "sum" ? ReduceOp::kSum : ReduceOp::kAvg;
   auto scheduler = LrScheduler::Create(config.scheduler, config.optimizer.lr);
   if (!scheduler.ok()) return scheduler.status();
   impl->scheduler.emplace(std::move(scheduler).value());
@@ -272,15 +272,15 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, Device* dev
       return InvalidArgumentError("zero_trace.path: the directory '" + dir.string() + "' of '" +
                                   config.zero_trace.path + "' does not exist (expected an existing directory)");
     }
-    EngineTimelineOptions to{config.wall_clock_breakdown,
-                             config.steps_per_print,
-                             impl->rank,
-                             env.log_sink,
-                             config.zero_trace.enabled,
-                             config.zero_trace.path,
-                             config.zero_trace.first_step,
-                             config.zero_trace.last_step};
-    ZERO_RETURN_IF_ERROR(impl->timeline.Configure(to, device, impl->compute));
+    EngineTimelineOptions timeline_options{config.wall_clock_breakdown,
+                                           config.steps_per_print,
+                                           impl->rank,
+                                           env.log_sink,
+                                           config.zero_trace.enabled,
+                                           config.zero_trace.path,
+                                           config.zero_trace.first_step,
+                                           config.zero_trace.last_step};
+    ZERO_RETURN_IF_ERROR(impl->timeline.Configure(timeline_options, device, impl->compute));
   }
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
@@ -300,14 +300,14 @@ Result<LossScaler> CreateLossScaler(const Config& config) {
 // --- set-up ---------------------------------------------------------------------------------------
 
 Result<int> Engine::RegisterParameter(const ParamSpec& spec) {
-  Impl& m = *impl_;
-  if (m.initialized) {
+  Impl& impl = *impl_;
+  if (impl.lifecycle.initialized) {
     return FailedPreconditionError("RegisterParameter('" + spec.name + "') after Initialize()");
   }
   if (spec.name.empty()) return InvalidArgumentError("RegisterParameter: empty parameter name");
-  if (m.param_index.count(spec.name) != 0) {
+  if (impl.registry.param_index.count(spec.name) != 0) {
     return InvalidArgumentError("RegisterParameter: parameter name '" + spec.name + "' is already registered (index " +
-                                std::to_string(m.param_index[spec.name]) + ")");
+                                std::to_string(impl.registry.param_index[spec.name]) + ")");
   }
   int64_t numel = 1;
   for (int64_t d : spec.shape) {
@@ -322,17 +322,17 @@ Result<int> Engine::RegisterParameter(const ParamSpec& spec) {
   ParamInfo p;
   p.spec = spec;
   p.numel = numel;
-  auto it = m.module_index.find(spec.module);
-  if (it == m.module_index.end()) {
-    it = m.module_index.emplace(spec.module, static_cast<int>(m.module_names.size())).first;
-    m.module_names.push_back(spec.module);
-    m.module_params.emplace_back();
+  auto it = impl.registry.module_index.find(spec.module);
+  if (it == impl.registry.module_index.end()) {
+    it = impl.registry.module_index.emplace(spec.module, static_cast<int>(impl.registry.module_names.size())).first;
+    impl.registry.module_names.push_back(spec.module);
+    impl.registry.module_params.emplace_back();
   }
   p.module = it->second;
-  const int index = static_cast<int>(m.params.size());
-  m.module_params[p.module].push_back(index);
-  m.param_index[spec.name] = index;
-  m.params.push_back(std::move(p));
+  const int index = static_cast<int>(impl.registry.params.size());
+  impl.registry.module_params[p.module].push_back(index);
+  impl.registry.param_index[spec.name] = index;
+  impl.registry.params.push_back(std::move(p));
   return index;
 }
 
@@ -353,76 +353,105 @@ Status Engine::InitializeFromSlices(
 }
 
 Status Engine::InitializeWith(const std::function<Status(int, int64_t, int64_t, float*)>& fill, bool partition_reads) {
-  Impl& m = *impl_;
-  if (!m.broken.ok()) return m.broken;
-  if (m.initialized) return FailedPreconditionError("Initialize() called twice");
-  Status s = m.InitializeImpl(fill, partition_reads);
+  Impl& impl = *impl_;
+  if (!impl.lifecycle.broken.ok()) return impl.lifecycle.broken;
+  if (impl.lifecycle.initialized) return FailedPreconditionError("Initialize() called twice");
+  Status s = impl.InitializeImpl(fill, partition_reads);
   if (!s.ok()) {
     // Nothing half-built stays usable; the other ranks are told (Guard).
-    return m.Guard(s);
+    return impl.Guard(s);
   }
-  m.initialized = true;
+  impl.lifecycle.initialized = true;
   return OkStatus();
 }
 
 Status Engine::Impl::InitializeImpl(const InitFill& fill, bool partition_reads) {
-  const int n_params = static_cast<int>(params.size());
-  std::vector<int64_t> full_sizes;
-  std::vector<int64_t> part_sizes;
-  int64_t max_padded = 0;
-  for (ParamInfo& p : params) {
-    p.shard = MakeShardSpec(p.numel, world, rank);
-    p.persistent = p.numel <= config.zero.stage3_param_persistence_threshold;
-    full_sizes.push_back(p.shard.padded);
-    part_sizes.push_back(p.shard.shard);
-    max_padded = std::max(max_padded, p.shard.padded);
-  }
-  const FlatLayout full = MakeFlatLayout(full_sizes, kAlign);
-  const FlatLayout part = MakeFlatLayout(part_sizes, kAlign);
-  for (int i = 0; i < n_params; ++i) {
-    params[i].full_off = full.offset[i];
-    params[i].part_off = part.offset[i];
-  }
-  full_total = full.total;
-  part_total = part.total;
-
+  LayOutFlatBuffers();
   // Storage per stage (docs/zero.md); which storage each state gets is zero/state_factory.h's.
   ZERO_RETURN_IF_ERROR(SetUpParamStorage());
   ZERO_RETURN_IF_ERROR(SetUpOptimizerStates());
   // Zero-filled once here: padding and the gaps between pieces stay zero for good; the pieces
   // themselves are overwritten by each window's first contribution (AddGradient).
   if (stage <= 1) {
-    ZERO_RETURN_IF_ERROR(Allocate(&acc, full_total, DType::kF32, "fp32 gradient accumulators"));
+    ZERO_RETURN_IF_ERROR(Allocate(&acc, registry.full_total, DType::kF32, "fp32 gradient accumulators"));
   }
   ZERO_RETURN_IF_ERROR(SetUpGradPartition());
-  {
-    const size_t bytes = std::max<size_t>(1, params.size()) * sizeof(double);
-    auto b = device->Allocate(bytes);
-    if (!b.ok()) return b.status().WithContext("Initialize: allocating norm partials");
-    norm_slots = std::move(b).value();
-    // UpdateInBackward writes a parameter's partial when it is reported; the others read 0.
-    ZERO_RETURN_IF_ERROR(device->Fill(norm_slots.data(), DType::kF32, bytes / 4, 0.0f, compute));
-    auto h = device->AllocatePinned(bytes);
-    if (!h.ok()) return h.status().WithContext("Initialize: allocating norm partials (host)");
-    norm_host = std::move(h).value();
-    auto e = device->CreateEvent();
-    if (!e.ok()) return e.status().WithContext("Initialize: creating the norm event");
-    norm_ready = std::move(e).value();
-  }
+  ZERO_RETURN_IF_ERROR(AllocateNormPartials());
+  ZERO_RETURN_IF_ERROR(UploadInitialValues(fill, partition_reads));
 
-  // Initial values: full fp32 on the host. Where this rank's master holds the whole parameter
-  // (stage 0, or one rank: the partition layout is then the full layout) they are uploaded
-  // straight into it (its padding is zero from the allocation) and the model copy is cast from it;
-  // otherwise through one device staging buffer, from which this rank's shard is taken.
+  // Gradient machinery. Without contiguous_gradients (stages 2/3) a buffer is held until its own
+  // reduction completes: up to max_in_flight of them besides the ones the user holds.
+  const int max_in_flight = run.contiguous ? 2 : 4;
+  SetUpGradBuffers(max_in_flight);
+  SetUpReducer(max_in_flight);
+  if (stage == 1 || stage == 2) SetUpWeightGather();
+  if (stage == 3) SetUpCoordinator();
+  // zero_trace: the components report the work they enqueue on their own streams (docs/timeline.md).
+  if (StreamObserver* o = timeline.observer()) {
+    if (reducer != nullptr) reducer->set_observer(o);
+    if (coordinator != nullptr) coordinator->set_observer(o);
+    if (optimizer.states != nullptr) optimizer.states->set_observer(o);
+    if (grad != nullptr) grad->set_observer(o);
+    if (host_params != nullptr) host_params->set_observer(o);
+  }
+  ZERO_RETURN_IF_ERROR(device->SynchronizeStream(compute));
+  return OkStatus();
+}
+
+// Each parameter's shard, and its offsets in the full and the partition flat layouts.
+void Engine::Impl::LayOutFlatBuffers() {
+  const int n_params = static_cast<int>(registry.params.size());
+  std::vector<int64_t> full_sizes;
+  std::vector<int64_t> part_sizes;
+  for (ParamInfo& p : registry.params) {
+    p.shard = MakeShardSpec(p.numel, world, rank);
+    p.persistent = p.numel <= config.zero.stage3_param_persistence_threshold;
+    full_sizes.push_back(p.shard.padded);
+    part_sizes.push_back(p.shard.shard);
+  }
+  const FlatLayout full = MakeFlatLayout(full_sizes, kAlign);
+  const FlatLayout part = MakeFlatLayout(part_sizes, kAlign);
+  for (int i = 0; i < n_params; ++i) {
+    registry.params[i].full_off = full.offset[i];
+    registry.params[i].part_off = part.offset[i];
+  }
+  registry.full_total = full.total;
+  registry.part_total = part.total;
+}
+
+Status Engine::Impl::AllocateNormPartials() {
+  const size_t bytes = std::max<size_t>(1, registry.params.size()) * sizeof(double);
+  auto b = device->Allocate(bytes);
+  if (!b.ok()) return b.status().WithContext("Initialize: allocating norm partials");
+  norm.slots = std::move(b).value();
+  // UpdateInBackward writes a parameter's partial when it is reported; the others read 0.
+  ZERO_RETURN_IF_ERROR(device->Fill(norm.slots.data(), DType::kF32, bytes / 4, 0.0f, compute));
+  auto h = device->AllocatePinned(bytes);
+  if (!h.ok()) return h.status().WithContext("Initialize: allocating norm partials (host)");
+  norm.host = std::move(h).value();
+  auto e = device->CreateEvent();
+  if (!e.ok()) return e.status().WithContext("Initialize: creating the norm event");
+  norm.ready = std::move(e).value();
+  return OkStatus();
+}
+
+// Initial values: full fp32 on the host. Where this rank's master holds the whole parameter
+// (stage 0, or one rank: the partition layout is then the full layout) they are uploaded
+// straight into it (its padding is zero from the allocation) and the model copy is cast from it;
+// otherwise through one device staging buffer, from which this rank's shard is taken.
+Status Engine::Impl::UploadInitialValues(const InitFill& fill, bool partition_reads) {
+  const int n_params = static_cast<int>(registry.params.size());
   const bool direct_upload = stage == 0 || world == 1;
   DeviceBuffer staging;
   if (!direct_upload) {
+    int64_t max_padded = 0;
+    for (const ParamInfo& p : registry.params) max_padded = std::max(max_padded, p.shard.padded);
     ZERO_RETURN_IF_ERROR(Allocate(&staging, std::max<int64_t>(max_padded, 1), DType::kF32, "initial values"));
   }
   std::vector<float> values;
-  std::vector<double> sums(world > 1 ? 2 * params.size() : 0, 0.0);
+  std::vector<double> sums(world > 1 ? 2 * registry.params.size() : 0, 0.0);
   for (int i = 0; i < n_params; ++i) {
-    const ParamInfo& p = params[i];
+    const ParamInfo& p = registry.params[i];
     values.assign(static_cast<size_t>(p.numel), 0.0f);
     // Stage 3 with several ranks uses only the shard (staging from p.shard.begin): with
     // partition_reads only that range is read; the rest of `values` stays zero and is never used.
@@ -437,202 +466,208 @@ Status Engine::Impl::InitializeImpl(const InitFill& fill, bool partition_reads) 
     }
     if (world > 1 && !partition_reads) {  // one rank has nothing to compare with
       sums[i] = Checksum(values.data(), p.numel);
-      sums[params.size() + i] = -sums[i];
+      sums[registry.params.size() + i] = -sums[i];
     }
     if (p.numel == 0) continue;
-    const size_t shard = static_cast<size_t>(p.shard.shard);
-    if (direct_upload) {
-      const int64_t off = stage == 0 ? p.full_off : p.part_off;
-      ZERO_RETURN_IF_ERROR(states->Write(OptState::kMaster, off, p.numel, values.data()));
-      ZERO_RETURN_IF_ERROR(ModelFromMasters(off, p.shard.padded, stage == 3 ? p.part_off : p.full_off));
-    } else {
-      float* st = staging.as<float>();
-      ZERO_RETURN_IF_ERROR(
-          device->Copy(st, values.data(), static_cast<size_t>(p.numel) * 4, CopyKind::kHostToDevice, compute));
-      ZERO_RETURN_IF_ERROR(
-          device->Fill(st + p.numel, DType::kF32, static_cast<size_t>(p.shard.padded - p.numel), 0.0f, compute));
-      ZERO_RETURN_IF_ERROR(
-          states->CopyFromDevice(OptState::kMaster, p.part_off, p.shard.shard, st + p.shard.begin, compute));
-      if (stage <= 2) {
-        ZERO_RETURN_IF_ERROR(
-            device->Cast(st, DType::kF32, model_ptr(p.full_off), mdt, static_cast<size_t>(p.shard.padded), compute));
-      } else if (host_params != nullptr) {
-        ZERO_RETURN_IF_ERROR(host_params->Write(p.part_off, p.shard.shard, [&](void* dst, int64_t at, int64_t len) {
-          return device->Cast(st + p.shard.begin + at, DType::kF32, dst, mdt, static_cast<size_t>(len), compute);
-        }));
-      } else {
-        ZERO_RETURN_IF_ERROR(device->Cast(st + p.shard.begin, DType::kF32, model_ptr(p.part_off), mdt, shard, compute));
-      }
-    }
+    ZERO_RETURN_IF_ERROR(UploadInitialValue(p, values, direct_upload ? nullptr : staging.as<float>()));
     // The host vector is refilled for the next parameter.
     ZERO_RETURN_IF_ERROR(device->SynchronizeStream(compute));
   }
-  if (world > 1 && !partition_reads && !params.empty()) {
-    ZERO_RETURN_IF_ERROR(comm->AllReduceHost(sums.data(), sums.size(), ReduceOp::kMax)
-                             .WithContext("Initialize: comparing initial values across ranks"));
-    for (int i = 0; i < n_params; ++i) {
-      if (sums[i] != -sums[params.size() + i]) {
-        return Agreed(
-            InvalidArgumentError("Initialize: parameter " + ParamName(params[i]) + " (index " + std::to_string(i) +
-                                 ") has different initial values on different ranks; init(index, values) must give "
-                                 "every rank the same values"));
-      }
+  if (world > 1 && !partition_reads && !registry.params.empty()) {
+    ZERO_RETURN_IF_ERROR(CheckSameInitialValues(&sums));
+  }
+  return OkStatus();
+}
+
+// Parameter p's initial `values` (numel fp32 on the host) into its master and model copy:
+// straight into the master without `staging` (direct upload), else through it.
+Status Engine::Impl::UploadInitialValue(const ParamInfo& p, const std::vector<float>& values, float* staging) {
+  const size_t shard = static_cast<size_t>(p.shard.shard);
+  if (staging == nullptr) {
+    const int64_t off = stage == 0 ? p.full_off : p.part_off;
+    ZERO_RETURN_IF_ERROR(optimizer.states->Write(OptState::kMaster, off, p.numel, values.data()));
+    return ModelFromMasters(off, p.shard.padded, stage == 3 ? p.part_off : p.full_off);
+  }
+  float* st = staging;
+  ZERO_RETURN_IF_ERROR(
+      device->Copy(st, values.data(), static_cast<size_t>(p.numel) * 4, CopyKind::kHostToDevice, compute));
+  ZERO_RETURN_IF_ERROR(
+      device->Fill(st + p.numel, DType::kF32, static_cast<size_t>(p.shard.padded - p.numel), 0.0f, compute));
+  ZERO_RETURN_IF_ERROR(
+      optimizer.states->CopyFromDevice(OptState::kMaster, p.part_off, p.shard.shard, st + p.shard.begin, compute));
+  if (stage <= 2) {
+    return device->Cast(st, DType::kF32, model_ptr(p.full_off), run.model_dtype, static_cast<size_t>(p.shard.padded),
+                        compute);
+  }
+  if (host_params != nullptr) {
+    return host_params->Write(p.part_off, p.shard.shard, [&](void* dst, int64_t at, int64_t len) {
+      return device->Cast(st + p.shard.begin + at, DType::kF32, dst, run.model_dtype, static_cast<size_t>(len),
+                          compute);
+    });
+  }
+  return device->Cast(st + p.shard.begin, DType::kF32, model_ptr(p.part_off), run.model_dtype, shard, compute);
+}
+
+// `sums`: this rank's checksum of each parameter's initial values, then their negations; after a
+// max all-reduce the two halves agree exactly when every rank had the same values.
+Status Engine::Impl::CheckSameInitialValues(std::vector<double>* sums) {
+  const size_t n_params = registry.params.size();
+  ZERO_RETURN_IF_ERROR(comm->AllReduceHost(sums->data(), sums->size(), ReduceOp::kMax)
+                           .WithContext("Initialize: comparing initial values across ranks"));
+  for (size_t i = 0; i < n_params; ++i) {
+    if ((*sums)[i] != -(*sums)[n_params + i]) {
+      return Agreed(InvalidArgumentError("Initialize: parameter " + ParamName(registry.params[i]) + " (index " +
+                                         std::to_string(i) +
+                                         ") has different initial values on different ranks; init(index, values) "
+                                         "must give every rank the same values"));
     }
   }
+  return OkStatus();
+}
 
-  // Gradient machinery.
-  // The gradient-buffer pool keeps up to two of the largest parameter's buffers and, at stages
-  // 2/3 (where a bucket holds its gradients until it is packed), one bucket's worth: a model of
-  // repeated blocks then reuses the same buffers every micro step and never frees (a free can
-  // wait on the host for the compute stream).
-  // Without contiguous_gradients (stages 2/3) a buffer is held until its own reduction completes:
-  // up to max_in_flight of them besides the ones the user holds.
-  const int max_in_flight = contiguous ? 2 : 4;
+// The gradient-buffer pool keeps up to two of the largest parameter's buffers and, at stages 2/3
+// (where a bucket holds its gradients until it is packed), one bucket's worth: a model of repeated
+// blocks then reuses the same buffers every micro step and never frees (a free can wait on the
+// host for the compute stream). Per-parameter reductions hold up to max_in_flight more.
+void Engine::Impl::SetUpGradBuffers(int max_in_flight) {
   size_t max_param_bytes = 0;
   size_t total_grad_bytes = 0;
-  for (const ParamInfo& p : params) {
-    const size_t bytes = static_cast<size_t>(GradBufferNumel(p)) * SizeOf(mdt);
+  for (const ParamInfo& p : registry.params) {
+    const size_t bytes = static_cast<size_t>(GradBufferNumel(p)) * SizeOf(run.model_dtype);
     max_param_bytes = std::max(max_param_bytes, bytes);
     total_grad_bytes += bytes;
   }
   const size_t bucket_bytes =
-      std::min(total_grad_bytes, static_cast<size_t>(config.zero.reduce_bucket_size) * SizeOf(mdt));
+      std::min(total_grad_bytes, static_cast<size_t>(config.zero.reduce_bucket_size) * SizeOf(run.model_dtype));
   const size_t pool_keep = PerParamReduction() && !DirectToPartition()
                                ? static_cast<size_t>(max_in_flight + 2) * max_param_bytes
                                : 2 * max_param_bytes + (stage >= 2 && !DirectToPartition() ? bucket_bytes : 0);
-  grad_pool = std::make_unique<BufferPool>(device, pool_keep);
-  grad_out.resize(params.size());
-  grad_held.resize(params.size());
-  window.Init(static_cast<int>(params.size()), managed, gas);
+  grad_buffers.pool = std::make_unique<BufferPool>(device, pool_keep);
+  grad_buffers.handed_out.resize(registry.params.size());
+  grad_buffers.held.resize(registry.params.size());
+  window.Init(static_cast<int>(registry.params.size()), run.managed, run.gas);
+}
 
-  GradientReducerOptions ro;
-  ro.op = op;
-  ro.bucket_numel = config.zero.reduce_bucket_size;
-  ro.overlap = config.zero.overlap_comm;
-  ro.contiguous = contiguous;
-  ro.max_in_flight = max_in_flight;
+// The reducer delivers into the partition (grad_reducer.h): stages 0/1 store the reduced window
+// sums (stage 0 into the accumulators, the partition's view of them; a no-op where stage 1
+// reduce-scattered straight into the partition), stages 2/3 add every micro step's.
+void Engine::Impl::SetUpReducer(int max_in_flight) {
+  const int n_params = static_cast<int>(registry.params.size());
+  GradientReducerOptions reducer_options;
+  reducer_options.op = run.reduce_op;
+  reducer_options.bucket_numel = config.zero.reduce_bucket_size;
+  reducer_options.overlap = config.zero.overlap_comm;
+  reducer_options.contiguous = run.contiguous;
+  reducer_options.max_in_flight = max_in_flight;
   // Stage 0 all-reduces anyway; stages 1-3 reduce-scatter unless reduce_scatter is false.
-  ro.scatter = config.zero.reduce_scatter;
-  if (stage == 0) {
-    ro.kind = BucketKind::kFull;
-    ro.delivery = ReducedDelivery::kStore;  // into the accumulators (the partition's view of them)
-    ro.comm_dtype = DType::kF32;
-    ro.name = "stage-0 gradient";
-  } else if (stage == 1) {
-    ro.kind = BucketKind::kShards;
-    ro.delivery = ReducedDelivery::kStore;  // a no-op where it was reduce-scattered into the partition
-    ro.comm_dtype = DType::kF32;
-    ro.name = "stage-1 gradient";
-  } else {
-    ro.kind = BucketKind::kShards;
-    ro.delivery = ReducedDelivery::kAdd;
-    ro.comm_dtype = comm_dt;
-    ro.name = stage == 2 ? "stage-2 gradient" : "stage-3 gradient";
-  }
-  reducer = std::make_unique<GradientReducer>(device, comm, compute, ro, grad.get(), &window);
+  reducer_options.scatter = config.zero.reduce_scatter;
+  reducer_options.kind = stage == 0 ? BucketKind::kFull : BucketKind::kShards;
+  reducer_options.delivery = stage <= 1 ? ReducedDelivery::kStore : ReducedDelivery::kAdd;
+  reducer_options.comm_dtype = stage <= 1 ? DType::kF32 : run.comm_dtype;
+  static const char* const kNames[] = {"stage-0 gradient", "stage-1 gradient", "stage-2 gradient", "stage-3 gradient"};
+  reducer_options.name = kNames[stage];
+  reducer = std::make_unique<GradientReducer>(device, comm, compute, reducer_options, grad.get(), &window);
   if (world > 1 && stage != 3) {
     // Every rank reduces the same buckets whatever it reports, in whatever order: the layout is
     // fixed by parameter index, last registered first (the order a backward usually produces), and
     // a parameter a rank did not report contributes zeros (grad_reducer.h). Not at stage 3: its
     // gathers share the communicator, and a bucket that completes at a different point among them
     // on one rank would make the ranks' sequences of collectives differ; there the reduction
-    // schedule launches each module's reductions at a gather every rank makes (below).
+    // schedule launches each module's reductions at a gather every rank makes (SetUpCoordinator).
     std::vector<BucketItem> order;
     for (int i = n_params - 1; i >= 0; --i) {
-      if (params[i].numel > 0) order.push_back(BucketItem{i, params[i].numel});
+      if (registry.params[i].numel > 0) order.push_back(BucketItem{i, registry.params[i].numel});
     }
     reducer->SetPlan(order);
   }
+}
 
-  if (stage == 1 || stage == 2) {
-    BucketedAllGatherOptions go;
-    go.dtype = mdt;
-    go.bucket_numel = config.zero.allgather_bucket_size;
-    go.max_in_flight = 2;
-    // CPU: every event is complete when recorded, so bucket buffers go back at once. CUDA: keep
-    // them for stream-ordered reuse without host waits (all of one run have the same size).
-    go.pool_free_bytes = device->kind() == DeviceKind::kCpu ? 0 : ~size_t{0};
-    weight_gather = std::make_unique<BucketedAllGather>(device, comm, compute, go);
-  }
+// Stages 1/2: the all-gather of the updated parameters.
+void Engine::Impl::SetUpWeightGather() {
+  BucketedAllGatherOptions gather_options;
+  gather_options.dtype = run.model_dtype;
+  gather_options.bucket_numel = config.zero.allgather_bucket_size;
+  gather_options.max_in_flight = 2;
+  // CPU: every event is complete when recorded, so bucket buffers go back at once. CUDA: keep
+  // them for stream-ordered reuse without host waits (all of one run have the same size).
+  gather_options.pool_free_bytes = device->kind() == DeviceKind::kCpu ? 0 : ~size_t{0};
+  weight_gather = std::make_unique<BucketedAllGather>(device, comm, compute, gather_options);
+}
 
-  if (stage == 3) {
-    std::vector<CoordinatedParam> cps;
-    std::vector<int64_t> module_bytes(module_names.size(), 0);
-    for (const ParamInfo& p : params) {
-      CoordinatedParam c;
-      c.name = p.spec.name;
-      c.numel = p.numel;
-      c.padded = p.shard.padded;
-      c.shard = p.shard.shard;
-      c.shard_data = shard_ptr(p.part_off);
-      c.module = p.module;
-      c.persistent = p.persistent;
-      cps.push_back(std::move(c));
-      if (!p.persistent) module_bytes[p.module] += p.shard.padded * static_cast<int64_t>(SizeOf(mdt));
-    }
-    ParamCoordinatorOptions co;
-    co.prefetch_bucket_numel = config.zero.stage3_prefetch_bucket_size;
-    co.max_live_numel = config.zero.stage3_max_live_parameters;
-    co.max_reuse_distance = config.zero.stage3_max_reuse_distance;
-    // CPU: every event is complete when recorded, so released memory goes back at once. CUDA:
-    // keep about one module's worth for stream-ordered reuse without host waits.
-    int64_t largest_module = 0;
-    for (int64_t b : module_bytes) largest_module = std::max(largest_module, b);
-    co.pool_free_bytes = device->kind() == DeviceKind::kCpu ? 0 : static_cast<size_t>(largest_module);
-    // Staging buffers of coalesced gathers: CPU frees each right after its unpack; CUDA keeps them
-    // for stream-ordered reuse (no more than were in flight at once, plus one) to avoid host waits.
-    co.staging_free_bytes = device->kind() == DeviceKind::kCpu ? 0 : ~size_t{0};
-    if (host_params != nullptr) {
-      // offload_param "cpu": the shards are uploaded for each gather, at most buffer_count at once.
-      co.shard_source = ShardSource::kHost;
-      co.max_uploads_in_flight = static_cast<int>(std::min<int64_t>(config.zero.offload_param.buffer_count, 1 << 20));
-      // offload_param "nvme": module by module from the swap file, read ahead along the trace.
-      co.module_store = host_params->module_store();
-      co.max_store_read_ahead = co.max_uploads_in_flight;
-    }
-    coordinator = std::make_unique<ParamCoordinator>(device, comm, compute, mdt, std::move(cps), module_names, co);
-    if (world > 1) schedule = std::make_unique<ReductionSchedule>(comm, static_cast<int>(module_names.size()));
+// Stage 3: the parameter coordinator (gathers, prefetch, offloaded shards) and, with several ranks,
+// the reduction schedule.
+void Engine::Impl::SetUpCoordinator() {
+  std::vector<CoordinatedParam> cps;
+  std::vector<int64_t> module_bytes(registry.module_names.size(), 0);
+  for (const ParamInfo& p : registry.params) {
+    CoordinatedParam c;
+    c.name = p.spec.name;
+    c.numel = p.numel;
+    c.padded = p.shard.padded;
+    c.shard = p.shard.shard;
+    c.shard_data = shard_ptr(p.part_off);
+    c.module = p.module;
+    c.persistent = p.persistent;
+    cps.push_back(std::move(c));
+    if (!p.persistent) module_bytes[p.module] += p.shard.padded * static_cast<int64_t>(SizeOf(run.model_dtype));
   }
-  // zero_trace: the components report the work they enqueue on their own streams (docs/timeline.md).
-  if (StreamObserver* o = timeline.observer()) {
-    if (reducer != nullptr) reducer->set_observer(o);
-    if (coordinator != nullptr) coordinator->set_observer(o);
-    if (states != nullptr) states->set_observer(o);
-    if (grad != nullptr) grad->set_observer(o);
-    if (host_params != nullptr) host_params->set_observer(o);
+  ParamCoordinatorOptions coordinator_options;
+  coordinator_options.prefetch_bucket_numel = config.zero.stage3_prefetch_bucket_size;
+  coordinator_options.max_live_numel = config.zero.stage3_max_live_parameters;
+  coordinator_options.max_reuse_distance = config.zero.stage3_max_reuse_distance;
+  // CPU: every event is complete when recorded, so released memory goes back at once. CUDA:
+  // keep about one module's worth for stream-ordered reuse without host waits.
+  int64_t largest_module = 0;
+  for (int64_t b : module_bytes) largest_module = std::max(largest_module, b);
+  coordinator_options.pool_free_bytes = device->kind() == DeviceKind::kCpu ? 0 : static_cast<size_t>(largest_module);
+  // Staging buffers of coalesced gathers: CPU frees each right after its unpack; CUDA keeps them
+  // for stream-ordered reuse (no more than were in flight at once, plus one) to avoid host waits.
+  coordinator_options.staging_free_bytes = device->kind() == DeviceKind::kCpu ? 0 : ~size_t{0};
+  if (host_params != nullptr) {
+    // offload_param "cpu": the shards are uploaded for each gather, at most buffer_count at once.
+    coordinator_options.shard_source = ShardSource::kHost;
+    coordinator_options.max_uploads_in_flight =
+        static_cast<int>(std::min<int64_t>(config.zero.offload_param.buffer_count, 1 << 20));
+    // offload_param "nvme": module by module from the swap file, read ahead along the trace.
+    coordinator_options.module_store = host_params->module_store();
+    coordinator_options.max_store_read_ahead = coordinator_options.max_uploads_in_flight;
   }
-  ZERO_RETURN_IF_ERROR(device->SynchronizeStream(compute));
-  return OkStatus();
+  coordinator = std::make_unique<ParamCoordinator>(device, comm, compute, run.model_dtype, std::move(cps),
+                                                   registry.module_names, coordinator_options);
+  if (world > 1)
+    stage3_reductions.schedule =
+        std::make_unique<ReductionSchedule>(comm, static_cast<int>(registry.module_names.size()));
 }
 
 // Stage 3's shards: a ParamStore with offload_param, else the device buffer `model` (stages 0-2:
 // the full parameters).
 Status Engine::Impl::SetUpParamStorage() {
   std::vector<ParamShardInfo> shards;
-  shards.reserve(params.size());
-  for (const ParamInfo& p : params) shards.push_back({p.spec.name, p.numel, p.part_off, p.shard.shard, p.module});
-  auto store = CreateParamStore(device, compute, mdt, part_total, shards, module_names,
+  shards.reserve(registry.params.size());
+  for (const ParamInfo& p : registry.params)
+    shards.push_back({p.spec.name, p.numel, p.part_off, p.shard.shard, p.module});
+  auto store = CreateParamStore(device, compute, run.model_dtype, registry.part_total, shards, registry.module_names,
                                 ParamStorePlanOf(config, rank, world, env));
   if (!store.ok()) return store.status().WithContext("Initialize");
   host_params = std::move(store).value();
   if (host_params != nullptr) return OkStatus();
-  return Allocate(&model, stage == 3 ? part_total : full_total, mdt, "model parameters");
+  return Allocate(&model, stage == 3 ? registry.part_total : registry.full_total, run.model_dtype, "model parameters");
 }
 
 // The fp32 masters and moments (stage 0 in the full layout, else the partition layout) and, with
 // overlap_step, the overlapped step's scheduler over each parameter's state elements.
 Status Engine::Impl::SetUpOptimizerStates() {
   std::vector<DeferredStep::Range> ranges;
-  ranges.reserve(params.size());
-  for (const ParamInfo& q : params) {
+  ranges.reserve(registry.params.size());
+  for (const ParamInfo& q : registry.params) {
     const int64_t b = stage == 0 ? q.full_off : q.part_off;
     ranges.push_back({b, b + (stage == 0 ? q.numel : q.shard.shard)});
   }
-  auto built = CreateOptimizerStates(device, compute, stage == 0 ? full_total : part_total,
-                                     OptimizerStatesPlanOf(config, rank, mdt, env, std::move(ranges)));
+  auto built = CreateOptimizerStates(device, compute, stage == 0 ? registry.full_total : registry.part_total,
+                                     OptimizerStatesPlanOf(config, rank, run.model_dtype, env, std::move(ranges)));
   if (!built.ok()) return built.status().WithContext("Initialize");
-  states = std::move(built->states);
-  deferred = std::move(built->deferred_step);
+  optimizer.states = std::move(built->states);
+  optimizer.deferred_step = std::move(built->deferred_step);
   return OkStatus();
 }
 
@@ -640,8 +675,8 @@ Status Engine::Impl::SetUpOptimizerStates() {
 // otherwise its shard in the partition layout). Zero from creation: padding and gaps stay zero.
 Status Engine::Impl::SetUpGradPartition() {
   std::vector<GradPiece> pieces;
-  pieces.reserve(params.size());
-  for (const ParamInfo& p : params) {
+  pieces.reserve(registry.params.size());
+  for (const ParamInfo& p : registry.params) {
     pieces.push_back(stage == 0 ? GradPiece{p.full_off, p.numel} : GradPiece{p.part_off, p.shard.shard});
   }
   GradPartitionPlan plan;
@@ -650,7 +685,7 @@ Status Engine::Impl::SetUpGradPartition() {
   plan.update_in_backward = UpdateInBackward();
   plan.accumulate_on_device = config.zero.offload_grad_accumulation == "gpu";
   plan.slab = OffloadSlab(config.zero.offload_optimizer, "zero_optimization.offload_optimizer");
-  auto g = CreateGradPartition(device, compute, part_total, std::move(pieces), states.get(), plan);
+  auto g = CreateGradPartition(device, compute, registry.part_total, std::move(pieces), optimizer.states.get(), plan);
   if (!g.ok()) return g.status().WithContext("Initialize");
   grad = std::move(g).value();
   return OkStatus();
@@ -659,55 +694,56 @@ Status Engine::Impl::SetUpGradPartition() {
 // --- accessors ------------------------------------------------------------------------------------
 
 bool Engine::is_gradient_accumulation_boundary() const {
-  const Impl& m = *impl_;
-  if (!m.managed) return true;
-  return m.window.micro_steps() + 1 == m.gas;
+  const Impl& impl = *impl_;
+  if (!impl.run.managed) return true;
+  return impl.window.micro_steps() + 1 == impl.run.gas;
 }
 
-bool Engine::was_step_applied() const { return impl_->step_applied; }
-double Engine::global_grad_norm() const { return impl_->grad_norm; }
+bool Engine::was_step_applied() const { return impl_->progress.step_applied; }
+double Engine::global_grad_norm() const { return impl_->progress.grad_norm; }
 float Engine::loss_scale() const { return impl_->config.fp16.enabled ? impl_->scaler.scale() : 1.0f; }
-float Engine::gradient_scale() const { return loss_scale() / static_cast<float>(impl_->gas); }
-double Engine::lr() const { return impl_->scheduler->LrAt(impl_->counters.adam_step); }
+float Engine::gradient_scale() const { return loss_scale() / static_cast<float>(impl_->run.gas); }
+double Engine::lr() const { return impl_->scheduler->LrAt(impl_->progress.counters.adam_step); }
 
 const Config& Engine::config() const { return impl_->config; }
-const EngineCounters& Engine::counters() const { return impl_->counters; }
+const EngineCounters& Engine::counters() const { return impl_->progress.counters; }
 
 EngineStats Engine::stats() const {
-  const Impl& m = *impl_;
+  const Impl& impl = *impl_;
   EngineStats out;
-  out.gradient_collectives = m.reducer != nullptr ? m.reducer->collectives_issued() : 0;
-  out.weight_allgathers = m.weight_gather != nullptr ? m.weight_gather->collectives_issued() : 0;
-  out.param_allgathers = m.coordinator != nullptr ? m.coordinator->stats().allgathers : 0;
-  out.param_uploads = m.coordinator != nullptr ? m.coordinator->stats().uploads : 0;
-  out.param_uploaded_bytes = m.coordinator != nullptr ? m.coordinator->stats().uploaded_bytes : 0;
+  out.gradient_collectives = impl.reducer != nullptr ? impl.reducer->collectives_issued() : 0;
+  out.weight_allgathers = impl.weight_gather != nullptr ? impl.weight_gather->collectives_issued() : 0;
+  out.param_allgathers = impl.coordinator != nullptr ? impl.coordinator->stats().allgathers : 0;
+  out.param_uploads = impl.coordinator != nullptr ? impl.coordinator->stats().uploads : 0;
+  out.param_uploaded_bytes = impl.coordinator != nullptr ? impl.coordinator->stats().uploaded_bytes : 0;
   return out;
 }
 std::map<std::string, double> Engine::wall_clock_breakdown() const { return impl_->timeline.last_means(); }
-int Engine::num_params() const { return static_cast<int>(impl_->params.size()); }
-const ParamSpec& Engine::param_spec(int index) const { return impl_->params[index].spec; }
+int Engine::num_params() const { return static_cast<int>(impl_->registry.params.size()); }
+const ParamSpec& Engine::param_spec(int index) const { return impl_->registry.params[index].spec; }
 
 EngineMemory Engine::memory() const {
-  const Impl& m = *impl_;
+  const Impl& impl = *impl_;
   EngineMemory out;
-  out.model_params = m.model.bytes() + (m.coordinator != nullptr ? m.coordinator->resident_bytes() : 0) +
-                     (m.host_params != nullptr ? m.host_params->device_bytes() : 0);
-  out.host_params = m.host_params != nullptr ? m.host_params->host_bytes() : 0;
+  out.model_params = impl.model.bytes() + (impl.coordinator != nullptr ? impl.coordinator->resident_bytes() : 0) +
+                     (impl.host_params != nullptr ? impl.host_params->device_bytes() : 0);
+  out.host_params = impl.host_params != nullptr ? impl.host_params->host_bytes() : 0;
   // The three states are the same size: one third is the masters.
-  const OptimizerStateBytes sb = m.states != nullptr ? m.states->bytes() : OptimizerStateBytes();
+  const OptimizerStateBytes sb =
+      impl.optimizer.states != nullptr ? impl.optimizer.states->bytes() : OptimizerStateBytes();
   const size_t state_bytes = sb.device;  // EngineMemory counts device memory
   out.host_states = sb.host;
   out.nvme_states = sb.nvme;
   out.master_params = state_bytes / 3;
   out.optimizer_states = state_bytes - state_bytes / 3;
-  out.bucket_staging = m.reducer != nullptr ? m.reducer->staging_bytes() : 0;
-  const GradPartitionBytes gb = m.grad != nullptr ? m.grad->bytes() : GradPartitionBytes();
+  out.bucket_staging = impl.reducer != nullptr ? impl.reducer->staging_bytes() : 0;
+  const GradPartitionBytes gb = impl.grad != nullptr ? impl.grad->bytes() : GradPartitionBytes();
   out.host_gradients = gb.host;
-  out.gradient_accumulators = m.acc.bytes() + gb.device;
-  out.gradients = m.acc.bytes() + gb.device + gb.device_staging + (m.grad_pool != nullptr ? m.grad_pool->bytes() : 0) +
-                  out.bucket_staging;
-  out.allgather_staging = m.weight_gather != nullptr ? m.weight_gather->staging_bytes() : 0;
-  out.device_peak = m.device->memory_stats().peak;
+  out.gradient_accumulators = impl.acc.bytes() + gb.device;
+  out.gradients = impl.acc.bytes() + gb.device + gb.device_staging +
+                  (impl.grad_buffers.pool != nullptr ? impl.grad_buffers.pool->bytes() : 0) + out.bucket_staging;
+  out.allgather_staging = impl.weight_gather != nullptr ? impl.weight_gather->staging_bytes() : 0;
+  out.device_peak = impl.device->memory_stats().peak;
   return out;
 }
 

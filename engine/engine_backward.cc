@@ -17,154 +17,158 @@ namespace zero {
 // --- forward --------------------------------------------------------------------------------------
 
 Result<ModuleHandle> Engine::GatherModule(const std::string& module) {
-  Impl& m = *impl_;
-  ZERO_RETURN_IF_ERROR(m.CheckUsable("GatherModule"));
-  auto it = m.module_index.find(module);
-  if (it == m.module_index.end()) {
+  Impl& impl = *impl_;
+  ZERO_RETURN_IF_ERROR(impl.CheckUsable("GatherModule"));
+  auto it = impl.registry.module_index.find(module);
+  if (it == impl.registry.module_index.end()) {
     std::string known;
-    for (size_t k = 0; k < m.module_names.size() && k < 8; ++k) {
-      known += (k ? ", '" : "'") + m.module_names[k] + "'";
+    for (size_t k = 0; k < impl.registry.module_names.size() && k < 8; ++k) {
+      known += (k ? ", '" : "'") + impl.registry.module_names[k] + "'";
     }
-    if (m.module_names.size() > 8) known += ", ...";
+    if (impl.registry.module_names.size() > 8) known += ", ...";
     return NotFoundError("GatherModule: unknown module '" + module + "' (registered: " + known + ")");
   }
-  ZERO_RETURN_IF_ERROR(m.timeline.OnGather());
-  if (m.StepInFlight()) {
-    ZERO_RETURN_IF_ERROR(
-        m.Guard(m.deferred->Reach(m.module_params[it->second]).WithContext("GatherModule('" + module + "')")));
+  ZERO_RETURN_IF_ERROR(impl.timeline.OnGather());
+  if (impl.StepInFlight()) {
+    ZERO_RETURN_IF_ERROR(impl.Guard(impl.optimizer.deferred_step->Reach(impl.registry.module_params[it->second])
+                                        .WithContext("GatherModule('" + module + "')")));
   }
-  if (m.stage == 3) {
-    if (m.schedule != nullptr) {
+  if (impl.stage == 3) {
+    if (impl.stage3_reductions.schedule != nullptr) {
       // The reductions of the modules every rank now agrees are complete go first, at the same
       // point among the gathers on every rank.
-      auto done = m.schedule->AtGather(it->second);
-      Status s = done.ok() ? m.ReduceModules(*done) : done.status();
-      ZERO_RETURN_IF_ERROR(m.Guard(s.WithContext("GatherModule('" + module + "'): reducing gradients")));
+      auto done = impl.stage3_reductions.schedule->AtGather(it->second);
+      Status s = done.ok() ? impl.ReduceModules(*done) : done.status();
+      ZERO_RETURN_IF_ERROR(impl.Guard(s.WithContext("GatherModule('" + module + "'): reducing gradients")));
     }
-    ZERO_RETURN_IF_ERROR(m.Guard(m.timeline
-                                     .Timed(EngineTimeline::Kind::kCommunication, kTrackCommunication, "gather module",
-                                            [&] { return m.coordinator->Acquire(it->second); })
-                                     .WithContext("GatherModule('" + module + "')")));
+    ZERO_RETURN_IF_ERROR(impl.Guard(impl.timeline
+                                        .Timed(EngineTimeline::Kind::kCommunication, kTrackCommunication,
+                                               "gather module", [&] { return impl.coordinator->Acquire(it->second); })
+                                        .WithContext("GatherModule('" + module + "')")));
   }
   return ModuleHandle(this, it->second);
 }
 
 Status Engine::ReleaseModule(int module_id) {
-  Impl& m = *impl_;
-  if (m.stage != 3 || m.coordinator == nullptr) return OkStatus();
-  if (!m.broken.ok()) return m.broken;
-  ZERO_RETURN_IF_ERROR(m.coordinator->Release(module_id));
-  if (m.schedule != nullptr) m.schedule->Released(module_id, m.coordinator->ref_count(module_id));
+  Impl& impl = *impl_;
+  if (impl.stage != 3 || impl.coordinator == nullptr) return OkStatus();
+  if (!impl.lifecycle.broken.ok()) return impl.lifecycle.broken;
+  ZERO_RETURN_IF_ERROR(impl.coordinator->Release(module_id));
+  if (impl.stage3_reductions.schedule != nullptr)
+    impl.stage3_reductions.schedule->Released(module_id, impl.coordinator->ref_count(module_id));
   return OkStatus();
 }
 
 Result<const void*> Engine::param(int index) const {
-  const Impl& m = *impl_;
-  ZERO_RETURN_IF_ERROR(m.CheckUsable("param"));
-  ZERO_RETURN_IF_ERROR(m.CheckIndex("param", index));
-  if (m.StepInFlight() && !m.deferred->waited(index)) {
+  const Impl& impl = *impl_;
+  ZERO_RETURN_IF_ERROR(impl.CheckUsable("param"));
+  ZERO_RETURN_IF_ERROR(impl.CheckIndex("param", index));
+  if (impl.StepInFlight() && !impl.optimizer.deferred_step->waited(index)) {
     return FailedPreconditionError(
-        "param(" + std::to_string(index) + "): parameter " + ParamName(m.params[index]) +
+        "param(" + std::to_string(index) + "): parameter " + ParamName(impl.registry.params[index]) +
         " may still be written by the overlapped optimizer step (zero_optimization.offload_optimizer."
         "overlap_step): reach it through GatherModule(\"" +
-        m.params[index].spec.module + "\") first, at every stage, or call WaitForOptimizerStep()");
+        impl.registry.params[index].spec.module + "\") first, at every stage, or call WaitForOptimizerStep()");
   }
-  if (m.stage == 3) return m.coordinator->Full(index);
-  return static_cast<const void*>(m.model_ptr(m.params[index].full_off));
+  if (impl.stage == 3) return impl.coordinator->Full(index);
+  return static_cast<const void*>(impl.model_ptr(impl.registry.params[index].full_off));
 }
 
 // --- backward -------------------------------------------------------------------------------------
 
 Result<void*> Engine::grad_buffer(int index) {
-  Impl& m = *impl_;
-  ZERO_RETURN_IF_ERROR(m.CheckUsable("grad_buffer"));
-  ZERO_RETURN_IF_ERROR(m.CheckIndex("grad_buffer", index));
-  ZERO_RETURN_IF_ERROR(m.FlushStep("grad_buffer"));
-  ZERO_RETURN_IF_ERROR(m.timeline.OnGradient());
-  const ParamInfo& p = m.params[index];
-  if (m.window.reported(index)) {
+  Impl& impl = *impl_;
+  ZERO_RETURN_IF_ERROR(impl.CheckUsable("grad_buffer"));
+  ZERO_RETURN_IF_ERROR(impl.CheckIndex("grad_buffer", index));
+  ZERO_RETURN_IF_ERROR(impl.FlushStep("grad_buffer"));
+  ZERO_RETURN_IF_ERROR(impl.timeline.OnGradient());
+  const ParamInfo& p = impl.registry.params[index];
+  if (impl.window.reported(index)) {
     return InvalidArgumentError("grad_buffer(" + std::to_string(index) + "): the gradient of parameter " +
                                 ParamName(p) + " was already reported in this backward");
   }
-  if (m.window.pending_step()) {
+  if (impl.window.pending_step()) {
     return FailedPreconditionError("grad_buffer(" + std::to_string(index) +
                                    "): the accumulation boundary was reached; call Step() first");
   }
-  if (!m.window.handed_out(index)) {
+  if (!impl.window.handed_out(index)) {
     if (p.numel > 0) {
-      auto b = m.grad_pool->Acquire(static_cast<size_t>(m.GradBufferNumel(p)) * SizeOf(m.mdt),
-                                    "grad_buffer: allocating a gradient buffer");
+      auto b =
+          impl.grad_buffers.pool->Acquire(static_cast<size_t>(impl.GradBufferNumel(p)) * SizeOf(impl.run.model_dtype),
+                                          "grad_buffer: allocating a gradient buffer");
       if (!b.ok()) return b.status().WithContext("parameter " + ParamName(p));
-      m.grad_out[index] = std::move(b).value();
-      if (m.PerParamReduction() && p.shard.padded > p.numel) {
+      impl.grad_buffers.handed_out[index] = std::move(b).value();
+      if (impl.PerParamReduction() && p.shard.padded > p.numel) {
         // The padding of the shard layout is zero (a pooled buffer may come from another
         // parameter of the same size).
-        Status s = m.device->Fill(ElementPtr(m.grad_out[index].data(), m.mdt, p.numel), m.mdt,
-                                  static_cast<size_t>(p.shard.padded - p.numel), 0.0f, m.compute);
-        if (!s.ok()) return m.Guard(s.WithContext("grad_buffer(" + ParamName(p) + ")"));
+        Status s =
+            impl.device->Fill(ElementPtr(impl.grad_buffers.handed_out[index].data(), impl.run.model_dtype, p.numel),
+                              impl.run.model_dtype, static_cast<size_t>(p.shard.padded - p.numel), 0.0f, impl.compute);
+        if (!s.ok()) return impl.Guard(s.WithContext("grad_buffer(" + ParamName(p) + ")"));
       }
     }
-    m.window.HandOut(index);
+    impl.window.HandOut(index);
   }
-  return m.grad_out[index].data();
+  return impl.grad_buffers.handed_out[index].data();
 }
 
 Status Engine::GradReady(int index) {
-  Impl& m = *impl_;
-  ZERO_RETURN_IF_ERROR(m.CheckUsable("GradReady"));
-  ZERO_RETURN_IF_ERROR(m.CheckIndex("GradReady", index));
-  ZERO_RETURN_IF_ERROR(m.FlushStep("GradReady"));
-  ZERO_RETURN_IF_ERROR(m.timeline.OnGradient());
-  const ParamInfo& p = m.params[index];
-  if (m.window.reported(index)) {
+  Impl& impl = *impl_;
+  ZERO_RETURN_IF_ERROR(impl.CheckUsable("GradReady"));
+  ZERO_RETURN_IF_ERROR(impl.CheckIndex("GradReady", index));
+  ZERO_RETURN_IF_ERROR(impl.FlushStep("GradReady"));
+  ZERO_RETURN_IF_ERROR(impl.timeline.OnGradient());
+  const ParamInfo& p = impl.registry.params[index];
+  if (impl.window.reported(index)) {
     return InvalidArgumentError("GradReady(" + std::to_string(index) + "): the gradient of parameter " + ParamName(p) +
                                 " was reported twice in one backward");
   }
-  if (!m.window.handed_out(index)) {
+  if (!impl.window.handed_out(index)) {
     return FailedPreconditionError("GradReady(" + std::to_string(index) + ") for parameter " + ParamName(p) +
                                    " without grad_buffer(" + std::to_string(index) + ") first");
   }
-  return m.Guard(m.GradReadyImpl(index).WithContext("GradReady(" + ParamName(p) + ")"));
+  return impl.Guard(impl.GradReadyImpl(index).WithContext("GradReady(" + ParamName(p) + ")"));
 }
 
 Status Engine::Impl::GradReadyImpl(int index) {
-  const ParamInfo& p = params[index];
+  const ParamInfo& p = registry.params[index];
   window.Report(index);
-  DeviceBuffer buf = std::move(grad_out[index]);
+  DeviceBuffer buf = std::move(grad_buffers.handed_out[index]);
   if (p.numel == 0) return OkStatus();
   if (stage <= 1) {
-    ZERO_RETURN_IF_ERROR(AddGradient(f32(acc, p.full_off), buf.data(), mdt, p.numel, window.FirstToAcc(index)));
-    ZERO_RETURN_IF_ERROR(grad_pool->Release(std::move(buf), compute));
+    ZERO_RETURN_IF_ERROR(
+        AddGradient(f32(acc, p.full_off), buf.data(), run.model_dtype, p.numel, window.FirstToAcc(index)));
+    ZERO_RETURN_IF_ERROR(grad_buffers.pool->Release(std::move(buf), compute));
     // The boundary micro step: this accumulator is final, so its reduction can start now.
     if (window.AtBoundary() && !no_sync) ZERO_RETURN_IF_ERROR(QueueBoundaryReduction(index));
     return OkStatus();
   }
   if (UpdateInBackward()) {
     ZERO_RETURN_IF_ERROR(UpdateFromGradient(index, buf.data()));
-    return grad_pool->Release(std::move(buf), compute);
+    return grad_buffers.pool->Release(std::move(buf), compute);
   }
   if (DirectToPartition()) {
     // One rank: straight into the fp32 partition (shard = numel), no bucket, no conversion.
-    ZERO_RETURN_IF_ERROR(AddToPartition(index, buf.data(), mdt));
-    return grad_pool->Release(std::move(buf), compute);
+    ZERO_RETURN_IF_ERROR(AddToPartition(index, buf.data(), run.model_dtype));
+    return grad_buffers.pool->Release(std::move(buf), compute);
   }
-  if (schedule != nullptr) {
+  if (stage3_reductions.schedule != nullptr) {
     // Held until the schedule says every rank reduces this module (ReduceModules).
-    if (!schedule->Reported(p.module)) {
+    if (!stage3_reductions.schedule->Reported(p.module)) {
       // Too late: the ranks already reduced this module. Backward() fails on every rank.
-      if (late_reports.size() < 8) late_reports.push_back(ParamName(p));
-      return grad_pool->Release(std::move(buf), compute);
+      if (stage3_reductions.late_reports.size() < 8) stage3_reductions.late_reports.push_back(ParamName(p));
+      return grad_buffers.pool->Release(std::move(buf), compute);
     }
-    grad_held[index] = std::move(buf);
+    grad_buffers.held[index] = std::move(buf);
     return OkStatus();
   }
-  grad_held[index] = std::move(buf);
-  void* data = grad_held[index].data();
+  grad_buffers.held[index] = std::move(buf);
+  void* data = grad_buffers.held[index].data();
   // Without contiguous_gradients the buffer is reduced in place; its tail receives the shard.
-  void* recv = GradRecvArea() ? ElementPtr(data, mdt, p.shard.padded) : nullptr;
+  void* recv = GradRecvArea() ? ElementPtr(data, run.model_dtype, p.shard.padded) : nullptr;
   return reducer->Add(
-      index, data, mdt, p.numel, [this, index]() { return grad_pool->Release(std::move(grad_held[index]), compute); },
-      recv);
+      index, data, run.model_dtype, p.numel,
+      [this, index]() { return grad_buffers.pool->Release(std::move(grad_buffers.held[index]), compute); }, recv);
 }
 
 // Stage 3 with several ranks: every parameter of `modules` (in that order, each module's last
@@ -172,25 +176,26 @@ Status Engine::Impl::GradReadyImpl(int index) {
 // reduces the same layout at the same point.
 Status Engine::Impl::ReduceModules(const std::vector<int>& modules) {
   for (int mod : modules) {
-    const std::vector<int>& ps = module_params[mod];
+    const std::vector<int>& ps = registry.module_params[mod];
     for (auto it = ps.rbegin(); it != ps.rend(); ++it) {
       const int index = *it;
-      const ParamInfo& p = params[index];
+      const ParamInfo& p = registry.params[index];
       if (p.numel == 0) continue;
-      if (grad_held[index].empty()) {
+      if (grad_buffers.held[index].empty()) {
         // Not reported here: this rank contributes zeros (padding included).
-        auto b = grad_pool->Acquire(static_cast<size_t>(GradBufferNumel(p)) * SizeOf(mdt),
-                                    "allocating a zero gradient buffer");
+        auto b = grad_buffers.pool->Acquire(static_cast<size_t>(GradBufferNumel(p)) * SizeOf(run.model_dtype),
+                                            "allocating a zero gradient buffer");
         if (!b.ok()) return b.status().WithContext("parameter " + ParamName(p));
-        grad_held[index] = std::move(b).value();
+        grad_buffers.held[index] = std::move(b).value();
         const int64_t zeros = PerParamReduction() ? p.shard.padded : p.numel;
-        ZERO_RETURN_IF_ERROR(device->Fill(grad_held[index].data(), mdt, static_cast<size_t>(zeros), 0.0f, compute));
+        ZERO_RETURN_IF_ERROR(
+            device->Fill(grad_buffers.held[index].data(), run.model_dtype, static_cast<size_t>(zeros), 0.0f, compute));
       }
-      void* data = grad_held[index].data();
-      void* recv = GradRecvArea() ? ElementPtr(data, mdt, p.shard.padded) : nullptr;
+      void* data = grad_buffers.held[index].data();
+      void* recv = GradRecvArea() ? ElementPtr(data, run.model_dtype, p.shard.padded) : nullptr;
       ZERO_RETURN_IF_ERROR(reducer->Add(
-          index, data, mdt, p.numel,
-          [this, index]() { return grad_pool->Release(std::move(grad_held[index]), compute); }, recv));
+          index, data, run.model_dtype, p.numel,
+          [this, index]() { return grad_buffers.pool->Release(std::move(grad_buffers.held[index]), compute); }, recv));
     }
   }
   return OkStatus();
@@ -227,20 +232,21 @@ Status Engine::Impl::AddToPartition(int index, const void* src, DType src_t) {
 // states: on the compute stream; host states: on their worker, overlapped with backward). No
 // model copy: Step() publishes it.
 Status Engine::Impl::UpdateFromGradient(int index, const void* src) {
-  const ParamInfo& p = params[index];
+  const ParamInfo& p = registry.params[index];
   window.MarkUpdated(index);
   if (p.numel == 0) return OkStatus();
   if (src != nullptr) {
-    ZERO_RETURN_IF_ERROR(
-        device->SumOfSquares(src, mdt, static_cast<size_t>(p.numel), norm_slots.as<double>() + index, compute));
+    ZERO_RETURN_IF_ERROR(device->SumOfSquares(src, run.model_dtype, static_cast<size_t>(p.numel),
+                                              norm.slots.as<double>() + index, compute));
   }
   // One rank: the partition piece is the whole (unpadded) parameter.
-  return states->UpdateFromGradient(p.part_off, p.shard.shard, src, mdt, StepParams(1.0, 1.0), compute);
+  return optimizer.states->UpdateFromGradient(p.part_off, p.shard.shard, src, run.model_dtype, StepParams(1.0, 1.0),
+                                              compute);
 }
 
 Status Engine::Impl::QueueBoundaryReduction(int index) {
   if (!window.QueueReduction(index)) return OkStatus();
-  const ParamInfo& p = params[index];
+  const ParamInfo& p = registry.params[index];
   if (p.numel == 0) return OkStatus();
   // One rank: the mean over one rank is the sum itself (bitwise; the reducer issued no collective
   // there either), and stage 1 reads the accumulators as its partition (AccIsGrad): no reduction,
@@ -260,7 +266,7 @@ Status Engine::Impl::QueueBoundaryReduction(int index) {
 }
 
 Status Engine::Impl::ReduceAccumulators(const std::vector<uint8_t>& which) {
-  for (int i = 0; i < static_cast<int>(params.size()); ++i) {
+  for (int i = 0; i < static_cast<int>(registry.params.size()); ++i) {
     if (which[i]) ZERO_RETURN_IF_ERROR(QueueBoundaryReduction(i));
   }
   ZERO_RETURN_IF_ERROR(reducer->Drain());
@@ -269,37 +275,37 @@ Status Engine::Impl::ReduceAccumulators(const std::vector<uint8_t>& which) {
 }
 
 Status Engine::Backward() {
-  Impl& m = *impl_;
-  ZERO_RETURN_IF_ERROR(m.CheckUsable("Backward"));
-  if (m.window.pending_step()) {
+  Impl& impl = *impl_;
+  ZERO_RETURN_IF_ERROR(impl.CheckUsable("Backward"));
+  if (impl.window.pending_step()) {
     return FailedPreconditionError(
         "Backward() after the gradient accumulation boundary: call Step() before the next backward");
   }
-  ZERO_RETURN_IF_ERROR(m.Guard(m.BackwardImpl().WithContext("Backward")));
-  return m.timeline.OnBackwardEnd();
+  ZERO_RETURN_IF_ERROR(impl.Guard(impl.BackwardImpl().WithContext("Backward")));
+  return impl.timeline.OnBackwardEnd();
 }
 
 Status Engine::Impl::BackwardImpl() {
   // Buffers handed out but never reported carry no gradient.
-  for (int i = 0; i < static_cast<int>(params.size()); ++i) {
+  for (int i = 0; i < static_cast<int>(registry.params.size()); ++i) {
     if (window.TakeHandedOut(i)) {
-      ZERO_RETURN_IF_ERROR(grad_pool->Release(std::move(grad_out[i]), compute));
+      ZERO_RETURN_IF_ERROR(grad_buffers.pool->Release(std::move(grad_buffers.handed_out[i]), compute));
     }
   }
   const bool boundary = window.AtBoundary();
   if (stage <= 1) {
     if (boundary && !no_sync) {
       // Managed: every parameter is updated; the ones not reported now have final sums too.
-      ZERO_RETURN_IF_ERROR(ReduceAccumulators(std::vector<uint8_t>(params.size(), 1)));
+      ZERO_RETURN_IF_ERROR(ReduceAccumulators(std::vector<uint8_t>(registry.params.size(), 1)));
     }
   } else {
-    if (schedule != nullptr) {
-      auto rest = schedule->AtBackward();
+    if (stage3_reductions.schedule != nullptr) {
+      auto rest = stage3_reductions.schedule->AtBackward();
       if (!rest.ok()) {
         Status s = rest.status();
-        if (!late_reports.empty()) {
+        if (!stage3_reductions.late_reports.empty()) {
           std::string names;
-          for (const std::string& n : late_reports) names += (names.empty() ? "" : ", ") + n;
+          for (const std::string& n : stage3_reductions.late_reports) names += (names.empty() ? "" : ", ") + n;
           s = s.WithContext("this rank reported " + names + " after their modules were reduced");
         }
         // A late report is found by an all-reduce: every rank fails here with it.
@@ -317,7 +323,7 @@ Status Engine::Impl::BackwardImpl() {
         TimedOffload(kTrackDeviceToHost, "gradients to the partition", [&] { return grad->Finish(); }));
   if (coordinator != nullptr) ZERO_RETURN_IF_ERROR(coordinator->EndMicroStep());
   window.EndBackward();
-  ++counters.micro_steps;
+  ++progress.counters.micro_steps;
   return comm->CheckHealth();
 }
 

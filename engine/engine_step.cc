@@ -20,26 +20,26 @@ namespace zero {
 // --- step -----------------------------------------------------------------------------------------
 
 Status Engine::Step() {
-  Impl& m = *impl_;
-  ZERO_RETURN_IF_ERROR(m.CheckUsable("Step"));
-  ZERO_RETURN_IF_ERROR(m.FlushStep("Step"));  // the previous step's pieces: queued, stream-ordered
-  if (m.window.reported_count() > 0) {
+  Impl& impl = *impl_;
+  ZERO_RETURN_IF_ERROR(impl.CheckUsable("Step"));
+  ZERO_RETURN_IF_ERROR(impl.FlushStep("Step"));  // the previous step's pieces: queued, stream-ordered
+  if (impl.window.reported_count() > 0) {
     return FailedPreconditionError("Step() with gradients reported since the last Backward(); call Backward() first");
   }
-  if (m.managed && !m.window.pending_step()) {
-    m.step_applied = false;
+  if (impl.run.managed && !impl.window.pending_step()) {
+    impl.progress.step_applied = false;
     return OkStatus();
   }
-  if (m.no_sync) {
+  if (impl.no_sync) {
     return FailedPreconditionError(
         "Step() at a gradient accumulation boundary while no_sync is on: turn no_sync off "
         "(SetNoSync(false)) before the boundary step");
   }
-  m.window.ClearPendingStep();
-  ZERO_RETURN_IF_ERROR(m.timeline.BeginStep());
-  ZERO_RETURN_IF_ERROR(
-      m.Guard(m.BoundaryImpl().WithContext("Step (global step " + std::to_string(m.counters.global_steps) + ")")));
-  return m.timeline.EndStep(m.counters.global_steps);
+  impl.window.ClearPendingStep();
+  ZERO_RETURN_IF_ERROR(impl.timeline.BeginStep());
+  ZERO_RETURN_IF_ERROR(impl.Guard(impl.BoundaryImpl().WithContext(
+      "Step (global step " + std::to_string(impl.progress.counters.global_steps) + ")")));
+  return impl.timeline.EndStep(impl.progress.counters.global_steps);
 }
 
 Status Engine::ReportFault(Status error) {
@@ -59,9 +59,9 @@ Status Engine::Impl::UnionActive() {
 // Starts a new window. No fill: the pieces are marked unwritten, and the window's first
 // contribution overwrites each (AddGradient).
 Status Engine::Impl::ZeroAccumulators() {
-  if (UpdateInBackward() && !params.empty()) {
+  if (UpdateInBackward() && !registry.params.empty()) {
     // Stream-ordered after the boundary's copy of the partials to the host.
-    ZERO_RETURN_IF_ERROR(device->Fill(norm_slots.data(), DType::kF32, 2 * params.size(), 0.0f, compute));
+    ZERO_RETURN_IF_ERROR(device->Fill(norm.slots.data(), DType::kF32, 2 * registry.params.size(), 0.0f, compute));
   }
   if (grad != nullptr) grad->NewWindow();
   window.NewWindow();
@@ -76,12 +76,12 @@ Status Engine::Impl::ReadNorm(double* total) {
 }
 
 Status Engine::Impl::ReadNormImpl(double* total) {
-  ZERO_RETURN_IF_ERROR(device->SynchronizeEvent(norm_ready.get()));
+  ZERO_RETURN_IF_ERROR(device->SynchronizeEvent(norm.ready.get()));
   // A collective the watchdog aborted lets the stream pass with undefined data (comm/watchdog.h).
   ZERO_RETURN_IF_ERROR(comm->CheckHealth());
-  const double* host = norm_host.as<double>();
+  const double* host = norm.host.as<double>();
   double sum = 0.0;
-  for (size_t i = 0; i < params.size(); ++i) sum += host[i];
+  for (size_t i = 0; i < registry.params.size(); ++i) sum += host[i];
   if (stage >= 1 && world > 1) {
     ZERO_RETURN_IF_ERROR(comm->AllReduceHost(&sum, 1, ReduceOp::kSum).WithContext("gradient norm"));
   }
@@ -106,50 +106,18 @@ Status NonFiniteNormError(double total, int64_t step, bool applied) {
 }  // namespace
 
 Status Engine::Impl::BoundaryImpl() {
-  const int n_params = static_cast<int>(params.size());
   // Every parameter is updated (one without a gradient in the window with a zero gradient, as
   // DeepSpeed does), in managed and unmanaged mode alike; with freeze_inactive_parameters only those
   // that received a gradient on some rank in the window.
-  std::vector<uint8_t> update(params.size(), 1);
-  if (freeze_inactive) {
+  std::vector<uint8_t> update(registry.params.size(), 1);
+  if (run.freeze_inactive) {
     ZERO_RETURN_IF_ERROR(UnionActive());
     update = window.active();
   }
   if (stage <= 1 && !window.reduced()) ZERO_RETURN_IF_ERROR(ReduceAccumulators(update));
 
-  // The fp32 gradients (`grad`): stage 0 (and stage 1 with one rank) the accumulators, full
-  // layout; otherwise this rank's shards in the gradient partition (padding zero).
-  const std::vector<uint8_t>& written = AccIsGrad() ? window.acc_written() : window.part_written();
-
-  // Global norm: per parameter, the sum of squares of its fp32 gradient in double; summed on the
-  // host in parameter order; partitioned stages all-reduce the partial sums (rank order). A
-  // gradient that got no contribution in the window is zero: its partial is 0.0 (what
-  // SumOfSquares of zeros gives), and it is zero-filled only if AdamW is to read it.
-  double* slots = norm_slots.as<double>();
   const bool in_backward = UpdateInBackward();
-  if (n_params > 0 && !in_backward) {
-    ZERO_RETURN_IF_ERROR(device->Fill(slots, DType::kF32, 2 * static_cast<size_t>(n_params), 0.0f, compute));
-  }
-  // Update in backward: the partials were written at GradReady (0 for the others).
-  if (!in_backward) {
-    // Unmanaged: the window's end is here (offload_grad_accumulation "gpu": the sums go to the host).
-    ZERO_RETURN_IF_ERROR(grad->Finish());
-    std::vector<int> norm_of;
-    for (int i = 0; i < n_params; ++i) {
-      if (grad->piece(i).n == 0) continue;
-      if (!written[i]) {
-        if (update[i]) ZERO_RETURN_IF_ERROR(grad->Zero(i));
-        continue;
-      }
-      norm_of.push_back(i);
-    }
-    ZERO_RETURN_IF_ERROR(grad->SumsOfSquares(norm_of, slots));
-  }
-  if (n_params > 0) {
-    ZERO_RETURN_IF_ERROR(
-        device->Copy(norm_host.data(), slots, sizeof(double) * n_params, CopyKind::kDeviceToHost, compute));
-  }
-  ZERO_RETURN_IF_ERROR(device->RecordEvent(norm_ready.get(), compute));
+  ZERO_RETURN_IF_ERROR(ComputeNormPartials(update, in_backward));
 
   const bool fp16 = config.fp16.enabled;
   const double clip = config.gradient_clipping;
@@ -162,32 +130,9 @@ Status Engine::Impl::BoundaryImpl() {
   double total = 0.0;
   double clip_coef = 1.0;
   if (norm_first) {
-    ZERO_RETURN_IF_ERROR(ReadNorm(&total));
-    // A sum of squares (in double) of fp32 values is finite exactly when every value is finite, so
-    // this is the overflow check of every rank's gradients.
-    const bool overflow = !std::isfinite(total);
-    if (fp16 && overflow) {
-      grad_norm = std::numeric_limits<double>::infinity();
-      step_applied = false;
-      ++counters.global_steps;
-      ++counters.skipped_steps;
-      scaler.Update(true);
-      ZERO_RETURN_IF_ERROR(ZeroAccumulators());
-      if (scaler.overflow_at_min_scale()) {
-        return Agreed(
-            FailedPreconditionError("fp16 gradients overflowed with the loss scale already at fp16.min_loss_scale (" +
-                                    std::to_string(config.fp16.min_loss_scale) + "); cannot decrease it further"));
-      }
-      return OkStatus();
-    }
-    if (overflow && config.stop_on_nonfinite) {
-      grad_norm = std::sqrt(total) / s;
-      return Agreed(NonFiniteNormError(total, counters.global_steps + 1, /*applied=*/false));
-    }
-    if (clip > 0.0) {
-      const double c = (std::sqrt(total) / s + 1e-6) / clip;
-      if (c > 1.0) clip_coef = c;
-    }
+    bool skipped = false;
+    ZERO_RETURN_IF_ERROR(ReadNormBeforeUpdate(s, &total, &clip_coef, &skipped));
+    if (skipped) return OkStatus();
   }
 
   const AdamWParams h = StepParams(s, clip_coef);
@@ -213,25 +158,101 @@ Status Engine::Impl::BoundaryImpl() {
   if (!norm_first) {
     ZERO_RETURN_IF_ERROR(ReadNorm(&total));
     if (!std::isfinite(total) && config.stop_on_nonfinite) {
-      grad_norm = std::sqrt(total) / s;
-      return Agreed(NonFiniteNormError(total, counters.global_steps + 1, /*applied=*/true));
+      progress.grad_norm = std::sqrt(total) / s;
+      return Agreed(NonFiniteNormError(total, progress.counters.global_steps + 1, /*applied=*/true));
     }
   }
   ZERO_RETURN_IF_ERROR(ZeroAccumulators());
-  grad_norm = std::sqrt(total) / s;
-  step_applied = true;
-  ++counters.global_steps;
-  ++counters.adam_step;
+  progress.grad_norm = std::sqrt(total) / s;
+  progress.step_applied = true;
+  ++progress.counters.global_steps;
+  ++progress.counters.adam_step;
   if (fp16) scaler.Update(false);
   return comm->CheckHealth();
+}
+
+// The norm's per-parameter partials of the window's fp32 gradients into norm.slots, then copied to
+// norm.host (norm.ready recorded after the copy). A piece without contribution in the window is
+// zero-filled if AdamW is to read it (`update`).
+Status Engine::Impl::ComputeNormPartials(const std::vector<uint8_t>& update, bool in_backward) {
+  const int n_params = static_cast<int>(registry.params.size());
+  // The fp32 gradients (`grad`): stage 0 (and stage 1 with one rank) the accumulators, full
+  // layout; otherwise this rank's shards in the gradient partition (padding zero).
+  const std::vector<uint8_t>& written = AccIsGrad() ? window.acc_written() : window.part_written();
+
+  // Global norm: per parameter, the sum of squares of its fp32 gradient in double; summed on the
+  // host in parameter order; partitioned stages all-reduce the partial sums (rank order). A
+  // gradient that got no contribution in the window is zero: its partial is 0.0 (what
+  // SumOfSquares of zeros gives), and it is zero-filled only if AdamW is to read it.
+  double* slots = norm.slots.as<double>();
+  if (n_params > 0 && !in_backward) {
+    ZERO_RETURN_IF_ERROR(device->Fill(slots, DType::kF32, 2 * static_cast<size_t>(n_params), 0.0f, compute));
+  }
+  // Update in backward: the partials were written at GradReady (0 for the others).
+  if (!in_backward) {
+    // Unmanaged: the window's end is here (offload_grad_accumulation "gpu": the sums go to the host).
+    ZERO_RETURN_IF_ERROR(grad->Finish());
+    std::vector<int> norm_of;
+    for (int i = 0; i < n_params; ++i) {
+      if (grad->piece(i).n == 0) continue;
+      if (!written[i]) {
+        if (update[i]) ZERO_RETURN_IF_ERROR(grad->Zero(i));
+        continue;
+      }
+      norm_of.push_back(i);
+    }
+    ZERO_RETURN_IF_ERROR(grad->SumsOfSquares(norm_of, slots));
+  }
+  if (n_params > 0) {
+    ZERO_RETURN_IF_ERROR(
+        device->Copy(norm.host.data(), slots, sizeof(double) * n_params, CopyKind::kDeviceToHost, compute));
+  }
+  return device->RecordEvent(norm.ready.get(), compute);
+}
+
+// fp16 and clipping read the norm before the update: an fp16 overflow skips the step (`skipped`:
+// the window starts over, the loss scale drops), a non-finite norm with stop_on_nonfinite stops
+// it, clipping sets `clip_coef`. `s`: the loss scale (1 without fp16).
+Status Engine::Impl::ReadNormBeforeUpdate(double s, double* total_out, double* clip_coef, bool* skipped) {
+  const bool fp16 = config.fp16.enabled;
+  const double clip = config.gradient_clipping;
+  double& total = *total_out;
+  ZERO_RETURN_IF_ERROR(ReadNorm(&total));
+  // A sum of squares (in double) of fp32 values is finite exactly when every value is finite, so
+  // this is the overflow check of every rank's gradients.
+  const bool overflow = !std::isfinite(total);
+  if (fp16 && overflow) {
+    progress.grad_norm = std::numeric_limits<double>::infinity();
+    progress.step_applied = false;
+    ++progress.counters.global_steps;
+    ++progress.counters.skipped_steps;
+    scaler.Update(true);
+    *skipped = true;
+    ZERO_RETURN_IF_ERROR(ZeroAccumulators());
+    if (scaler.overflow_at_min_scale()) {
+      return Agreed(
+          FailedPreconditionError("fp16 gradients overflowed with the loss scale already at fp16.min_loss_scale (" +
+                                  std::to_string(config.fp16.min_loss_scale) + "); cannot decrease it further"));
+    }
+    return OkStatus();
+  }
+  if (overflow && config.stop_on_nonfinite) {
+    progress.grad_norm = std::sqrt(total) / s;
+    return Agreed(NonFiniteNormError(total, progress.counters.global_steps + 1, /*applied=*/false));
+  }
+  if (clip > 0.0) {
+    const double c = (std::sqrt(total) / s + 1e-6) / clip;
+    if (c > 1.0) *clip_coef = c;
+  }
+  return OkStatus();
 }
 
 // The optimizer update of the boundary (BoundaryImpl): AdamW over the updated parameters and the
 // new weights into the model copy (or the deferred pieces of the overlapped step).
 Status Engine::Impl::UpdateAll(const std::vector<uint8_t>& update, const AdamWParams& h, bool in_backward) {
-  const int n_params = static_cast<int>(params.size());
+  const int n_params = static_cast<int>(registry.params.size());
   const bool overlap = OverlapStep();
-  if (overlap) ZERO_RETURN_IF_ERROR(deferred->Begin(h));
+  if (overlap) ZERO_RETURN_IF_ERROR(optimizer.deferred_step->Begin(h));
   if (in_backward) {
     // The masters of the reported parameters were updated in backward; the others (no gradient in
     // the window) get their zero-gradient update now. Then the model copy, cast from the masters
@@ -246,12 +267,12 @@ Status Engine::Impl::UpdateAll(const std::vector<uint8_t>& update, const AdamWPa
       }
       int j = i;
       while (j + 1 < n_params && update[j + 1]) ++j;
-      const int64_t begin = params[i].part_off;
-      const int64_t end = params[j].part_off + params[j].shard.shard;
-      const int64_t model_off = stage == 3 ? begin : params[i].full_off;
+      const int64_t begin = registry.params[i].part_off;
+      const int64_t end = registry.params[j].part_off + registry.params[j].shard.shard;
+      const int64_t model_off = stage == 3 ? begin : registry.params[i].full_off;
       if (end > begin) {
         if (overlap) {
-          deferred->Defer(begin, end - begin, nullptr, model_ptr(model_off));
+          optimizer.deferred_step->Defer(begin, end - begin, nullptr, model_ptr(model_off));
         } else {
           ZERO_RETURN_IF_ERROR(ModelFromMasters(begin, end - begin, model_off));
         }
@@ -267,16 +288,17 @@ Status Engine::Impl::UpdateAll(const std::vector<uint8_t>& update, const AdamWPa
     }
     int j = i;
     while (runs && j + 1 < n_params && update[j + 1]) ++j;
-    const int64_t begin = stage == 0 ? params[i].full_off : params[i].part_off;
-    const int64_t end =
-        stage == 0 ? params[j].full_off + params[j].shard.padded : params[j].part_off + params[j].shard.shard;
-    const int64_t model_off = (stage == 1 || stage == 2) ? params[i].full_off + params[i].shard.begin : begin;
+    const int64_t begin = stage == 0 ? registry.params[i].full_off : registry.params[i].part_off;
+    const int64_t end = stage == 0 ? registry.params[j].full_off + registry.params[j].shard.padded
+                                   : registry.params[j].part_off + registry.params[j].shard.shard;
+    const int64_t model_off =
+        (stage == 1 || stage == 2) ? registry.params[i].full_off + registry.params[i].shard.begin : begin;
     if (end > begin) {
       if (overlap) {
         // The chunked states read device gradients (their partition is on the device).
         const float* g = grad->device_at(begin);
         if (g == nullptr) return InternalError("the overlapped chunked step needs the fp32 gradients on the device");
-        deferred->Defer(begin, end - begin, g, model_ptr(model_off));
+        optimizer.deferred_step->Defer(begin, end - begin, g, model_ptr(model_off));
       } else {
         ZERO_RETURN_IF_ERROR(TimedOffload(UpdateTrack(), "optimizer update",
                                           [&] { return UpdateModel(begin, end - begin, h, model_off); }));
@@ -285,7 +307,7 @@ Status Engine::Impl::UpdateAll(const std::vector<uint8_t>& update, const AdamWPa
     i = j + 1;
   }
 
-  if (overlap) ZERO_RETURN_IF_ERROR(deferred->End());
+  if (overlap) ZERO_RETURN_IF_ERROR(optimizer.deferred_step->End());
   return OkStatus();
 }
 
@@ -294,7 +316,7 @@ Status Engine::Impl::UpdateAll(const std::vector<uint8_t>& update, const AdamWPa
 // returns its own error, the others an error naming it (instead of waiting in the next collective
 // for the communicator's timeout). Without offload, or with one rank, `local` is returned as is.
 Status Engine::Impl::AgreeOnUpdate(Status local) {
-  const OptimizerStateBytes sb = states->bytes();
+  const OptimizerStateBytes sb = optimizer.states->bytes();
   const bool offloaded = sb.host > 0 || sb.nvme > 0 || host_params != nullptr;
   if (world == 1 || !offloaded) return local;
   double failed = local.ok() ? -1.0 : static_cast<double>(comm->rank());
@@ -317,13 +339,14 @@ Status Engine::Impl::AgreeOnUpdate(Status local) {
 // QuiesceForUpdate() before the shards changed) and stages 1/2 all-gather the parameters in
 // buckets of allgather_bucket_size elements.
 Status Engine::Impl::PublishWeights(const std::vector<uint8_t>& update, bool cast) {
-  const int n_params = static_cast<int>(params.size());
+  const int n_params = static_cast<int>(registry.params.size());
   if (stage == 0) {
     if (cast) {
-      ZERO_RETURN_IF_ERROR(states->CastMaster(0, full_total, model.data(), mdt, compute));
+      ZERO_RETURN_IF_ERROR(
+          optimizer.states->CastMaster(0, registry.full_total, model.data(), run.model_dtype, compute));
     }
   } else if (stage == 3) {
-    if (cast) ZERO_RETURN_IF_ERROR(ModelFromMasters(0, part_total, 0));
+    if (cast) ZERO_RETURN_IF_ERROR(ModelFromMasters(0, registry.part_total, 0));
     ZERO_RETURN_IF_ERROR(coordinator->AfterUpdate());
   } else {
     // Stages 1/2: each updated parameter's shard all-gathered, in buckets of allgather_bucket_size
@@ -332,17 +355,17 @@ Status Engine::Impl::PublishWeights(const std::vector<uint8_t>& update, bool cas
     // already wrote it, or a segment of a bucket buffer, which gets a copy of it.
     std::vector<AllGatherItem> items;
     for (int i = 0; i < n_params; ++i) {
-      const ParamInfo& p = params[i];
+      const ParamInfo& p = registry.params[i];
       if (!update[i] || p.numel == 0) continue;
       items.push_back({i, model_ptr(p.full_off), p.shard.shard});
     }
     Status s = weight_gather->Run(items, [this, cast](int i, void* dst) -> Status {
-      const ParamInfo& p = params[i];
+      const ParamInfo& p = registry.params[i];
       const size_t shard = static_cast<size_t>(p.shard.shard);
       void* mine = model_ptr(p.full_off + p.shard.begin);
-      if (cast) return states->CastMaster(p.part_off, p.shard.shard, dst, mdt, compute);
+      if (cast) return optimizer.states->CastMaster(p.part_off, p.shard.shard, dst, run.model_dtype, compute);
       if (dst == mine) return OkStatus();
-      return device->Copy(dst, mine, shard * SizeOf(mdt), CopyKind::kDeviceToDevice, compute);
+      return device->Copy(dst, mine, shard * SizeOf(run.model_dtype), CopyKind::kDeviceToDevice, compute);
     });
     if (!s.ok()) return s.WithContext("publishing the updated parameters");
   }
@@ -353,8 +376,8 @@ Status Engine::Impl::PublishWeights(const std::vector<uint8_t>& update, bool cas
 AdamWParams Engine::Impl::StepParams(double loss_scale, double clip_coef) const {
   AdamWParams h;
   const OptimizerConfig& oc = config.optimizer;
-  const int64_t t = counters.adam_step + 1;
-  h.lr = static_cast<float>(scheduler->LrAt(counters.adam_step));
+  const int64_t t = progress.counters.adam_step + 1;
+  h.lr = static_cast<float>(scheduler->LrAt(progress.counters.adam_step));
   h.beta1 = static_cast<float>(oc.beta1);
   h.beta2 = static_cast<float>(oc.beta2);
   h.eps = static_cast<float>(oc.eps);
@@ -367,42 +390,42 @@ AdamWParams Engine::Impl::StepParams(double loss_scale, double clip_coef) const 
 }
 
 Status Engine::SetNoSync(bool on) {
-  Impl& m = *impl_;
-  if (m.stage >= 2) {
-    return FailedPreconditionError("no_sync is not supported at ZeRO stage " + std::to_string(m.stage) +
+  Impl& impl = *impl_;
+  if (impl.stage >= 2) {
+    return FailedPreconditionError("no_sync is not supported at ZeRO stage " + std::to_string(impl.stage) +
                                    " (stage 2/3 reduce-scatter gradients as they are produced); "
                                    "use gradient accumulation instead");
   }
-  m.no_sync = on;
+  impl.no_sync = on;
   return OkStatus();
 }
 
 Status Engine::ZeroGrad() {
-  Impl& m = *impl_;
-  ZERO_RETURN_IF_ERROR(m.CheckUsable("ZeroGrad"));
+  Impl& impl = *impl_;
+  ZERO_RETURN_IF_ERROR(impl.CheckUsable("ZeroGrad"));
   ZERO_RETURN_IF_ERROR(WaitForOptimizerStep());
-  if (m.window.reported_count() > 0) {
+  if (impl.window.reported_count() > 0) {
     return FailedPreconditionError(
         "ZeroGrad() in the middle of a backward (gradients reported since the last Backward())");
   }
-  if (m.window.any_updated()) {
+  if (impl.window.any_updated()) {
     return FailedPreconditionError(
         "ZeroGrad() after a Backward() whose parameters were already updated in backward (managed, "
         "gradient_accumulation_steps 1, one rank, no fp16 or clipping: engine.h, 'Update in "
         "backward'); call Step() to finish the step");
   }
-  return m.Guard(m.ZeroAccumulators().WithContext("ZeroGrad"));
+  return impl.Guard(impl.ZeroAccumulators().WithContext("ZeroGrad"));
 }
 
 // --- overlap_step: the optimizer step under the next forward --------------------------------------
 
 Status Engine::WaitForOptimizerStep() {
-  Impl& m = *impl_;
-  if (m.deferred == nullptr || !m.deferred->unfinished()) return OkStatus();
-  ZERO_RETURN_IF_ERROR(m.CheckUsable("WaitForOptimizerStep"));
-  ZERO_RETURN_IF_ERROR(m.FlushStep("WaitForOptimizerStep"));
-  return m.Guard(
-      m.deferred->WaitForHost().WithContext("WaitForOptimizerStep: waiting for the optimizer step's chunks"));
+  Impl& impl = *impl_;
+  if (impl.optimizer.deferred_step == nullptr || !impl.optimizer.deferred_step->unfinished()) return OkStatus();
+  ZERO_RETURN_IF_ERROR(impl.CheckUsable("WaitForOptimizerStep"));
+  ZERO_RETURN_IF_ERROR(impl.FlushStep("WaitForOptimizerStep"));
+  return impl.Guard(impl.optimizer.deferred_step->WaitForHost().WithContext(
+      "WaitForOptimizerStep: waiting for the optimizer step's chunks"));
 }
 
 }  // namespace zero
