@@ -50,6 +50,7 @@
 #include "engine/config.h"
 #include "nvme/aio_engine.h"
 #include "runtime/device.h"
+#include "runtime/file_system.h"
 #include "runtime/status.h"
 #include "zero/loss_scaler.h"
 
@@ -150,6 +151,9 @@ struct EngineEnv {
   // Receives the wall_clock_breakdown line (rank 0 only, every steps_per_print optimizer steps;
   // docs/timeline.md). Empty: printed to stdout.
   std::function<void(const std::string& line)> log_sink;
+  // Every file operation of SaveCheckpoint / LoadCheckpoint (engine/checkpoint.h); a test's
+  // FaultyFileSystem fails chosen calls or ends the process at the save's crash points.
+  FileSystem* file_system = nullptr;  // null: the POSIX one
 };
 
 class Engine {

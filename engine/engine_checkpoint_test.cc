@@ -29,6 +29,7 @@
 #include "engine/safetensors.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "runtime/faulty_file_system.h"
 #include "testing/same_bits.h"
 #include "testing/status_matchers.h"
 
@@ -734,6 +735,49 @@ TEST(EngineCheckpointTest, SaveAndLoadInsideAnAccumulationWindowAreRefused) {
     return e->SaveCheckpoint(dir, "unmanaged");
   });
   ASSERT_OK(st);
+}
+
+// EngineEnv::file_system carries the checkpoint files: with every rename failing the save fails on
+// every rank naming the errno and leaves nothing; once the fault is gone the engine saves through
+// it; a read failing makes the load fail on every rank.
+TEST(EngineCheckpointTest, EnvFileSystemCarriesTheCheckpointFiles) {
+  const TestModel model = SmallModel();
+  const std::string dir = ScratchDir("envfs");
+  auto config = MakeConfig(ConfigJson(2, 1, 1.0), 2);
+  ASSERT_OK(config);
+  FaultyFileSystem fs;
+  EngineEnv env;
+  env.file_system = &fs;
+  auto run = [&](const std::function<Status(Engine*)>& body) {
+    return PerRank(2, [&](int rank, Communicator* comm, Device* device) -> Status {
+      ZERO_ASSIGN_OR_RETURN(auto e, Engine::Create(*config, device, comm, env));
+      for (const ParamSpec& s : model.specs) ZERO_RETURN_IF_ERROR(e->RegisterParameter(s).status());
+      ZERO_RETURN_IF_ERROR(e->Initialize([](int index, float* v) { v[0] = InitValue(index, 0); }));
+      Record r;
+      ZERO_RETURN_IF_ERROR(TrainSteps(e.get(), device, model, rank, 1, &r));
+      return body(e.get());
+    });
+  };
+
+  fs.FailNthCall("Rename", 1, EIO, /*persistent=*/true);
+  for (const Status& s : run([&](Engine* e) { return e->SaveCheckpoint(dir, "t"); })) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("Input/output error"), std::string::npos) << s.ToString();
+  }
+  EXPECT_FALSE(PathExists(dir + "/t"));
+  EXPECT_FALSE(PathExists(dir + "/latest"));
+
+  fs.ClearFaults();
+  const int64_t renames = fs.call_count("Rename");
+  for (const Status& s : run([&](Engine* e) { return e->SaveCheckpoint(dir, "t"); })) EXPECT_OK(s);
+  EXPECT_GT(fs.call_count("Rename"), renames);
+  EXPECT_EQ(*ReadLatest(dir), "t");
+
+  fs.FailNthCall("ReadFile", 1, EIO, /*persistent=*/true);
+  for (const Status& s : run([&](Engine* e) { return e->LoadCheckpoint(dir, "t").status(); })) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("Input/output error"), std::string::npos) << s.ToString();
+  }
 }
 
 TEST(EngineCheckpointTest, SaveOnRankZeroOnlyFailsWithoutHanging) {

@@ -214,7 +214,8 @@ Status Engine::Impl::SaveCheckpointImpl(const std::string& dir, const std::strin
   }
   // Not Guarded: saving changes no training state, and an I/O error (or a rank that did not join)
   // leaves the engine as it was.
-  Status st = ::zero::SaveCheckpoint(comm, dir, tag, std::move(meta), shards).WithContext("SaveCheckpoint");
+  Status st =
+      ::zero::SaveCheckpoint(comm, dir, tag, std::move(meta), shards, env.file_system).WithContext("SaveCheckpoint");
   // Rank 0 keeps the directory locked for the engine's life, so that another job's save into it
   // fails even between this job's saves (the save itself held the lock while it ran).
   if (st.ok() && comm->rank() == 0 && save_locks.count(dir) == 0) {
@@ -240,7 +241,7 @@ Result<std::string> Engine::Impl::LoadCheckpointImpl(const std::string& dir, con
   // Collective; fails on every rank if it fails on any (the model/checkpoint mismatch, missing or
   // corrupt files are named there). Shards come in registration order, as this rank's partition
   // at the current world size (stage 0: full tensors), whatever world size and stage saved them.
-  auto loaded_or = ::zero::LoadCheckpoint(comm, dir, tag, model_sig, stage >= 1);
+  auto loaded_or = ::zero::LoadCheckpoint(comm, dir, tag, model_sig, stage >= 1, env.file_system);
   if (!loaded_or.ok()) return loaded_or.status().WithContext("LoadCheckpoint");
   LoadedCheckpoint loaded = std::move(loaded_or).value();
   const CheckpointMeta& meta = loaded.meta;
