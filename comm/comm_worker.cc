@@ -38,17 +38,6 @@ struct Args {
   int victim = -1;
 };
 
-#define CHECK_OK(expr)                          \
-  do {                                          \
-    ::zero::Status _s = (expr);                 \
-    if (!_s.ok()) return _s.WithContext(#expr); \
-  } while (0)
-
-#define CHECK_TRUE(cond, msg)                                                   \
-  do {                                                                          \
-    if (!(cond)) return ::zero::InternalError(std::string(#cond ": ") + (msg)); \
-  } while (0)
-
 // Buffers live in the Device's memory; these move data between it and the host.
 class Buf {
  public:
@@ -122,25 +111,25 @@ Status RunMix(Communicator* comm, Device* dev, bool exact_inputs) {
         const size_t es = SizeOf(t);
         // AllReduce.
         ZERO_ASSIGN_OR_RETURN(Buf b, Buf::Make(dev, n * es));
-        CHECK_OK(b.Upload(input(t, n, rank, seed)));
+        RANK_EXPECT_OK(b.Upload(input(t, n, rank, seed)));
         ZERO_ASSIGN_OR_RETURN(auto w, comm->AllReduce(b.data(), n, t, op));
-        CHECK_OK(w->Wait());
+        RANK_EXPECT_OK(w->Wait());
         ZERO_ASSIGN_OR_RETURN(auto got, b.Download());
         std::vector<uint8_t> want(n * es);
         reference(t, 0, n, op, seed, want.data());
         long bad = testing::FirstMismatch(got.data(), want.data(), n, t);
-        CHECK_TRUE(bad < 0, std::string("AllReduce ") + DTypeName(t) + " " + ReduceOpName(op) +
+        RANK_CHECK(bad < 0, std::string("AllReduce ") + DTypeName(t) + " " + ReduceOpName(op) +
                                 " n=" + std::to_string(n) + " differs at " + std::to_string(bad));
         // ReduceScatter.
         ZERO_ASSIGN_OR_RETURN(Buf send, Buf::Make(dev, n * n_ranks * es));
         ZERO_ASSIGN_OR_RETURN(Buf recv, Buf::Make(dev, n * es));
-        CHECK_OK(send.Upload(input(t, n * n_ranks, rank, seed)));
+        RANK_EXPECT_OK(send.Upload(input(t, n * n_ranks, rank, seed)));
         ZERO_ASSIGN_OR_RETURN(auto w2, comm->ReduceScatter(send.data(), recv.data(), n, t, op));
-        CHECK_OK(w2->Wait());
+        RANK_EXPECT_OK(w2->Wait());
         ZERO_ASSIGN_OR_RETURN(got, recv.Download());
         reference(t, rank * n, n, op, seed, want.data());
         bad = testing::FirstMismatch(got.data(), want.data(), n, t);
-        CHECK_TRUE(bad < 0, std::string("ReduceScatter ") + DTypeName(t) + " " + ReduceOpName(op) +
+        RANK_CHECK(bad < 0, std::string("ReduceScatter ") + DTypeName(t) + " " + ReduceOpName(op) +
                                 " n=" + std::to_string(n) + " differs at " + std::to_string(bad));
       }
     }
@@ -157,42 +146,42 @@ Status RunMix(Communicator* comm, Device* dev, bool exact_inputs) {
       std::vector<uint8_t> init(n * n_ranks * es, 0);
       auto mine = input(t, n, rank, seed);
       std::memcpy(init.data() + rank * n * es, mine.data(), mine.size());
-      CHECK_OK(all.Upload(init));
+      RANK_EXPECT_OK(all.Upload(init));
       char* base = static_cast<char*>(all.data());
       ZERO_ASSIGN_OR_RETURN(auto w, comm->AllGather(base + rank * n * es, base, n, t));
-      CHECK_OK(w->Wait());
+      RANK_EXPECT_OK(w->Wait());
       ZERO_ASSIGN_OR_RETURN(auto got, all.Download());
-      CHECK_TRUE(got == want, "AllGather n=" + std::to_string(n));
+      RANK_CHECK(got == want, "AllGather n=" + std::to_string(n));
       for (int root = 0; root < n_ranks; ++root) {
         ZERO_ASSIGN_OR_RETURN(Buf b, Buf::Make(dev, n * es));
         auto root_data = input(t, n, root, seed + 1000);
-        CHECK_OK(b.Upload(rank == root ? root_data : std::vector<uint8_t>(n * es, 0)));
+        RANK_EXPECT_OK(b.Upload(rank == root ? root_data : std::vector<uint8_t>(n * es, 0)));
         ZERO_ASSIGN_OR_RETURN(auto wb, comm->Broadcast(b.data(), n, t, root));
-        CHECK_OK(wb->Wait());
+        RANK_EXPECT_OK(wb->Wait());
         ZERO_ASSIGN_OR_RETURN(auto gb, b.Download());
-        CHECK_TRUE(gb == root_data, "Broadcast root " + std::to_string(root));
+        RANK_CHECK(gb == root_data, "Broadcast root " + std::to_string(root));
       }
     }
   }
-  CHECK_OK(comm->Barrier());
+  RANK_EXPECT_OK(comm->Barrier());
   double v[2] = {1.0 + rank, rank % 2 ? 1e16 : 0.25};
-  CHECK_OK(comm->AllReduceHost(v, 2, ReduceOp::kSum));
+  RANK_EXPECT_OK(comm->AllReduceHost(v, 2, ReduceOp::kSum));
   double want0 = 0, want1 = 0;
   for (int r = 0; r < n_ranks; ++r) {
     want0 = r == 0 ? 1.0 : want0 + (1.0 + r);
     want1 = r == 0 ? 0.25 : want1 + (r % 2 ? 1e16 : 0.25);
   }
-  CHECK_TRUE(v[0] == want0 && v[1] == want1, "AllReduceHost");
+  RANK_CHECK(v[0] == want0 && v[1] == want1, "AllReduceHost");
   char msg[32] = {};
   if (rank == n_ranks - 1) std::snprintf(msg, sizeof(msg), "from %d", rank);
-  CHECK_OK(comm->BroadcastHost(msg, sizeof(msg), n_ranks - 1));
-  CHECK_TRUE(std::string(msg) == "from " + std::to_string(n_ranks - 1), msg);
+  RANK_EXPECT_OK(comm->BroadcastHost(msg, sizeof(msg), n_ranks - 1));
+  RANK_CHECK(std::string(msg) == "from " + std::to_string(n_ranks - 1), msg);
   return comm->Barrier();
 }
 
 // Returns OK when this rank observed the failure the scenario expects.
 Status RunDie(Communicator* comm, Device* dev, int victim, bool during, std::chrono::milliseconds timeout) {
-  CHECK_OK(comm->Barrier());
+  RANK_EXPECT_OK(comm->Barrier());
   if (comm->rank() == victim) {
     if (during) std::this_thread::sleep_for(std::chrono::milliseconds(300));
     std::fflush(stdout);
@@ -200,7 +189,7 @@ Status RunDie(Communicator* comm, Device* dev, int victim, bool during, std::chr
   }
   if (!during) std::this_thread::sleep_for(std::chrono::milliseconds(300));
   ZERO_ASSIGN_OR_RETURN(Buf b, Buf::Make(dev, 1000 * sizeof(float)));
-  CHECK_OK(b.Upload(std::vector<uint8_t>(1000 * sizeof(float), 0)));
+  RANK_EXPECT_OK(b.Upload(std::vector<uint8_t>(1000 * sizeof(float), 0)));
   auto start = Clock::now();
   Status s;
   auto w = comm->AllReduce(b.data(), 1000, DType::kF32, ReduceOp::kSum);
@@ -208,17 +197,17 @@ Status RunDie(Communicator* comm, Device* dev, int victim, bool during, std::chr
   auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
   std::printf("rank %d: collective after rank %d died: %s (%lld ms)\n", comm->rank(), victim, s.ToString().c_str(),
               static_cast<long long>(took.count()));
-  CHECK_TRUE(!s.ok(), "a collective with a dead rank succeeded");
-  CHECK_TRUE(s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded, s.ToString());
-  CHECK_TRUE(took < timeout + std::chrono::milliseconds(1500), "took too long");
+  RANK_CHECK(!s.ok(), "a collective with a dead rank succeeded");
+  RANK_CHECK(s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded, s.ToString());
+  RANK_CHECK(took < timeout + std::chrono::milliseconds(1500), "took too long");
   // Fails fast afterwards.
   auto t0 = Clock::now();
   Status again = comm->Barrier();
-  CHECK_TRUE(!again.ok(), "a barrier after the failure succeeded");
-  CHECK_TRUE(Clock::now() - t0 < std::chrono::milliseconds(500), "later call did not fail fast");
+  RANK_CHECK(!again.ok(), "a barrier after the failure succeeded");
+  RANK_CHECK(Clock::now() - t0 < std::chrono::milliseconds(500), "later call did not fail fast");
   if (comm->backend() == "gloo") {
     // Gloo names the peer whose connection closed (or the one it waited for).
-    CHECK_TRUE(s.message().find("rank " + std::to_string(victim)) != std::string::npos, s.ToString());
+    RANK_CHECK(s.message().find("rank " + std::to_string(victim)) != std::string::npos, s.ToString());
   }
   return OkStatus();
 }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "examples/byte_lm.h"
+#include "examples/device_tensors_testing.h"
 #include "examples/model_api.h"
 #include "examples/model_api_testing.h"
 #include "gtest/gtest.h"
@@ -33,44 +34,6 @@
 
 namespace zero::examples {
 namespace {
-
-// Device copies of host tensors, one cudaMalloc per tensor.
-class DeviceTensors {
- public:
-  explicit DeviceTensors(const HostTensors& host) : dtype_(host.dtype()) {
-    for (int i = 0; i < host.size(); ++i) {
-      const size_t bytes = host.numel(i) * SizeOf(dtype_);
-      void* p = nullptr;
-      EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
-      EXPECT_EQ(cudaMemcpy(p, host.data(i), bytes, cudaMemcpyHostToDevice), cudaSuccess);
-      ptrs_.push_back(p);
-      bytes_.push_back(bytes);
-    }
-  }
-  ~DeviceTensors() {
-    for (void* p : ptrs_) cudaFree(p);
-  }
-  std::vector<ParamView> ParamViews() const {
-    std::vector<ParamView> v;
-    for (void* p : ptrs_) v.push_back({p, dtype_});
-    return v;
-  }
-  std::vector<GradView> GradViews() {
-    std::vector<GradView> v;
-    for (void* p : ptrs_) v.push_back({p, dtype_});
-    return v;
-  }
-  void CopyTo(HostTensors* host) const {
-    for (size_t i = 0; i < ptrs_.size(); ++i) {
-      EXPECT_EQ(cudaMemcpy(host->data(i), ptrs_[i], bytes_[i], cudaMemcpyDeviceToHost), cudaSuccess);
-    }
-  }
-
- private:
-  DType dtype_;
-  std::vector<void*> ptrs_;
-  std::vector<size_t> bytes_;
-};
 
 std::vector<uint8_t> RandomTokens(int batch, int context, uint64_t seed) {
   std::vector<uint8_t> t(static_cast<size_t>(batch) * (context + 1));

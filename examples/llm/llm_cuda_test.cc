@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/device_tensors_testing.h"
 #include "examples/llm/llm_attention_cudnn.h"
 #include "examples/llm/llm_batch.h"
 #include "examples/llm/llm_config.h"
@@ -58,6 +59,7 @@
 namespace zero::llm {
 namespace {
 
+using examples::DeviceTensors;
 using examples::GradBuffers;
 using examples::GradView;
 using examples::HostTensors;
@@ -556,44 +558,6 @@ LlmBatch RandomBatch(const LlmConfig& c, int batch, int seq, uint64_t seed) {
   }
   return b;
 }
-
-// Device copies of host tensors.
-class DeviceTensors {
- public:
-  explicit DeviceTensors(const HostTensors& host) : dtype_(host.dtype()) {
-    for (int i = 0; i < host.size(); ++i) {
-      const size_t bytes = host.numel(i) * SizeOf(dtype_);
-      void* p = nullptr;
-      EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
-      EXPECT_EQ(cudaMemcpy(p, host.data(i), bytes, cudaMemcpyHostToDevice), cudaSuccess);
-      ptrs_.push_back(p);
-      bytes_.push_back(bytes);
-    }
-  }
-  ~DeviceTensors() {
-    for (void* p : ptrs_) cudaFree(p);
-  }
-  std::vector<ParamView> ParamViews() const {
-    std::vector<ParamView> v;
-    for (void* p : ptrs_) v.push_back({p, dtype_});
-    return v;
-  }
-  std::vector<GradView> GradViews() {
-    std::vector<GradView> v;
-    for (void* p : ptrs_) v.push_back({p, dtype_});
-    return v;
-  }
-  void CopyTo(HostTensors* host) const {
-    for (size_t i = 0; i < ptrs_.size(); ++i) {
-      EXPECT_EQ(cudaMemcpy(host->data(i), ptrs_[i], bytes_[i], cudaMemcpyDeviceToHost), cudaSuccess);
-    }
-  }
-
- private:
-  DType dtype_;
-  std::vector<void*> ptrs_;
-  std::vector<size_t> bytes_;
-};
 
 struct RunResult {
   double loss = 0;
