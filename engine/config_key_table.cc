@@ -387,7 +387,8 @@ std::vector<Key> BuildKeys() {
   t.push_back(NumberKey("zero_optimization.offload_optimizer.ratio", FIELD(zero.offload_optimizer.ratio), 1.0)
                   .Range(0, 1)
                   .Above(0)
-                  .Doc("Stage 3: fraction of the optimizer step offloaded to the CPU."));
+                  .Doc("Stage 3: fraction of the optimizer states offloaded (the partition's last elements); the "
+                       "first 1 - ratio stay on the GPU with the device AdamW (DeepSpeed's partial offload)."));
   t.push_back(IntKey("zero_optimization.offload_optimizer.cpu_threads", FIELD(zero.offload_optimizer.cpu_threads), 0)
                   .AtMost(1024)
                   .AtLeast(0)

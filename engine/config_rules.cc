@@ -180,18 +180,20 @@ const std::vector<Rule>& Rules() {
        }},
 
       // Read, not built: refused by Engine::Create (Validate), accepted by ParseConfig.
-      {"`zero_optimization.offload_optimizer.ratio` below 1 with optimizer offload at stage 3: partial offload is "
-       "not built.",
-       {"zero_optimization.offload_optimizer.ratio", "zero_optimization.offload_optimizer.device",
+      {"`zero_optimization.offload_optimizer.ratio` below 1 with `update_device: \"gpu\"` (the chunked GPU AdamW) "
+       "is not built: partial offload keeps its device share with the device AdamW and offloads the rest to the "
+       "CPU AdamW.",
+       {"zero_optimization.offload_optimizer.ratio", "zero_optimization.offload_optimizer.update_device",
         "zero_optimization.stage"},
        [](const Config& c, const std::string& s, int) {
          const OffloadOptimizerConfig& o = c.zero.offload_optimizer;
          // Below stage 3 the rule above refuses the ratio.
-         if (o.device != OffloadDevice::kNone && o.ratio != 1.0 && c.zero.stage >= 3) {
+         if (o.device == OffloadDevice::kCpu && o.update_device == "gpu" && o.ratio != 1.0 && c.zero.stage >= 3) {
            return UnimplementedError(Where(s) +
-                                     "zero_optimization.offload_optimizer.ratio: partial offload is not built; "
-                                     "expected 1.0, got " +
-                                     std::to_string(o.ratio));
+                                     "zero_optimization.offload_optimizer.ratio: partial offload with "
+                                     "update_device \"gpu\" is not built; expected 1.0 (or update_device \"cpu\"), "
+                                     "got " +
+                                     FormatNumber(o.ratio));
          }
          return OkStatus();
        },

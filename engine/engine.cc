@@ -182,6 +182,7 @@ static OptimizerStatesPlan OptimizerStatesPlanOf(const Config& config, int rank,
   plan.aio = AioOptionsOf(config.aio);
   plan.aio_engine_factory = env.aio_engine_factory;
   plan.host_memory_budget = offload_optimizer.host_memory_budget;
+  plan.offload_ratio = offload_optimizer.ratio;
   return plan;
 }
 

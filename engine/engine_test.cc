@@ -170,8 +170,10 @@ TEST(EngineApiTest, UnsupportedConfigIsRefused) {
                                 "needs zero_optimization.stage 3"));
     ZERO_ASSIGN_OR_RETURN(Config r, MakeConfig(ConfigJson(3, 1, 0.0), 1));
     r.zero.offload_optimizer.device = OffloadDevice::kCpu;
+    r.zero.offload_optimizer.update_device = "gpu";  // partial offload is built for the CPU AdamW only
     r.zero.offload_optimizer.ratio = 0.5;
-    return Expect(Engine::Create(r, device, comm).status(), StatusCode::kUnimplemented, "offload_optimizer.ratio");
+    return Expect(Engine::Create(r, device, comm).status(), StatusCode::kUnimplemented,
+                  "offload_optimizer.ratio: partial offload with update_device \"gpu\" is not built");
   });
   EXPECT_OK(s);
 }
@@ -739,6 +741,61 @@ TEST(EngineGradOffloadTest, GradientPartitionOnTheHostAndTheGpuSum) {
         EXPECT_TRUE(SameBits(gpu[r].master, cpu[r].master)) << "rank " << r;
         EXPECT_TRUE(SameBits(gpu[r].model, cpu[r].model)) << "rank " << r;
         EXPECT_EQ(gpu[r].norms, cpu[r].norms) << "rank " << r;
+      }
+    }
+  }
+}
+
+// offload_optimizer.ratio below 1 (partial offload): the partition's first elements keep their
+// states on the device (device AdamW), the rest in host memory (the CPU AdamW). Bitwise the full
+// offload and no offload - weights, model copy, moments, norms - in the update in backward (one
+// rank, GAS 1, no clipping), with a host gradient partition (GAS 2; clipping that bites, where the
+// device share's host gradients are uploaded), with offload_param "cpu" and at world 2; the device
+// holds the device share's 12 bytes per element, the host the rest.
+TEST(EngineGradOffloadTest, PartialOffloadRatioIsBitwiseTheFullOffload) {
+  const TestModel model = BlockModel(3, 3000, 10);
+  const std::string param = ", \"offload_param\": {\"device\": \"cpu\"}";
+  struct Case {
+    int world, gas;
+    double clip;
+    float grad_scale;
+    std::string extra;
+  };
+  for (const Case& c : {Case{1, 1, 0.0, 1.0f, ""}, Case{1, 2, 0.0, 1.0f, ""}, Case{1, 1, 0.5, 30.0f, ""},
+                        Case{1, 2, 0.0, 1.0f, param}, Case{2, 2, 0.5, 30.0f, ""}, Case{2, 1, 0.0, 1.0f, param}}) {
+    SCOPED_TRACE("world " + std::to_string(c.world) + " gas " + std::to_string(c.gas) + " clip " +
+                 std::to_string(c.clip) + c.extra);
+    TrainOptions ro;
+    ro.steps = 2;
+    ro.grad_scale = c.grad_scale;
+    auto offload = [&](double ratio) {
+      return "\"offload_optimizer\": {\"device\": \"cpu\", \"cpu_threads\": 2, \"ratio\": " + std::to_string(ratio) +
+             "}" + c.extra;
+    };
+    const auto none =
+        TrainAll(ConfigJson(3, c.gas, c.clip, "", c.extra.empty() ? "" : c.extra.substr(2)), c.world, model, ro);
+    const auto full = TrainAll(ConfigJson(3, c.gas, c.clip, "", offload(1.0)), c.world, model, ro);
+    ASSERT_EQ(none.size(), static_cast<size_t>(c.world));
+    ASSERT_EQ(full.size(), static_cast<size_t>(c.world));
+    for (double ratio : {0.5, 0.001}) {
+      SCOPED_TRACE("ratio " + std::to_string(ratio));
+      const auto part = TrainAll(ConfigJson(3, c.gas, c.clip, "", offload(ratio)), c.world, model, ro);
+      ASSERT_EQ(part.size(), static_cast<size_t>(c.world));
+      for (int r = 0; r < c.world; ++r) {
+        EXPECT_TRUE(SameBits(part[r].master, full[r].master)) << "rank " << r;
+        EXPECT_TRUE(SameBits(part[r].master, none[r].master)) << "rank " << r;
+        EXPECT_TRUE(SameBits(part[r].model, full[r].model)) << "rank " << r;
+        EXPECT_TRUE(SameBits(part[r].exp_avg, full[r].exp_avg)) << "rank " << r;
+        EXPECT_TRUE(SameBits(part[r].exp_avg_sq, full[r].exp_avg_sq)) << "rank " << r;
+        EXPECT_EQ(part[r].norms, full[r].norms) << "rank " << r;
+        EXPECT_EQ(part[r].losses, full[r].losses) << "rank " << r;
+        // Masters on the device: a share of the full offload's host masters (ratio 0.001 keeps
+        // nearly all of them there).
+        const size_t on_device = part[r].memory.master_params;
+        EXPECT_GT(on_device, 0u) << "rank " << r;
+        EXPECT_EQ(full[r].memory.master_params, 0u) << "rank " << r;
+        EXPECT_LT(part[r].memory.host_states, full[r].memory.host_states) << "rank " << r;
+        if (ratio == 0.5) EXPECT_LT(on_device, none[r].memory.master_params) << "rank " << r;
       }
     }
   }

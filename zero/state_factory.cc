@@ -1,6 +1,7 @@
 #include "zero/state_factory.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 
@@ -152,8 +153,38 @@ Result<std::unique_ptr<ParamStore>> CreateParamStore(Device* device, Stream* str
   return std::unique_ptr<ParamStore>();
 }
 
+namespace {
+
+// The offloaded placements (kHost, kNvme) over `numel` elements.
+Result<OptimizerStorage> CreateOffloadedStates(Device* device, Stream* stream, int64_t numel,
+                                               const OptimizerStatesPlan& plan) {
+  if (plan.placement == OptimizerPlacement::kNvme) return CreateNvmeStates(device, stream, numel, plan);
+  return Stored(CreateHostOptimizerStates(
+      device, numel, stream, HostStatesOptions(plan, "optimizer states (offload_optimizer.device \"cpu\")")));
+}
+
+}  // namespace
+
+int64_t OnDeviceElements(int64_t numel, double offload_ratio) {
+  if (offload_ratio >= 1.0) return 0;
+  const int64_t offloaded = static_cast<int64_t>(std::floor(static_cast<double>(numel) * std::max(0.0, offload_ratio)));
+  return numel - std::min(numel, offloaded);
+}
+
 Result<OptimizerStorage> CreateOptimizerStates(Device* device, Stream* stream, int64_t numel,
                                                const OptimizerStatesPlan& plan) {
+  const bool offloaded = plan.placement == OptimizerPlacement::kHost || plan.placement == OptimizerPlacement::kNvme;
+  const int64_t on_device = offloaded ? OnDeviceElements(numel, plan.offload_ratio) : 0;
+  if (on_device > 0) {
+    // Partial offload: the first elements on the device, the rest offloaded.
+    auto device_tier = CreateDeviceOptimizerStates(device, on_device, stream);
+    if (!device_tier.ok()) {
+      return device_tier.status().WithContext("the device share of offload_optimizer.ratio (" +
+                                              std::to_string(on_device) + " elements)");
+    }
+    ZERO_ASSIGN_OR_RETURN(OptimizerStorage rest, CreateOffloadedStates(device, stream, numel - on_device, plan));
+    return Stored(CreateGpuTieredOptimizerStates(device, std::move(device_tier).value(), std::move(rest.states)));
+  }
   switch (plan.placement) {
     case OptimizerPlacement::kHostChunked:
       return CreateChunkedStates(device, stream, numel, plan);

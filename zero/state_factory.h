@@ -74,6 +74,7 @@ enum class OptimizerPlacement {
   kHost,         // offload_optimizer.device "cpu": pinned host memory, the CPU AdamW
   kHostChunked,  // "cpu" with update_device "gpu": pinned host memory, AdamW on the device in chunks
   kNvme,         // "nvme": a swap file and the CPU AdamW, the first host_memory_budget / 12 elements on the host
+  // kHost and kNvme with offload_ratio below 1 keep their first elements on the device (below).
 };
 
 struct OptimizerStatesPlan {
@@ -95,6 +96,12 @@ struct OptimizerStatesPlan {
   AioOptions aio;
   AioEngineFactory aio_engine_factory;
   int64_t host_memory_budget = 0;
+  // kHost, kNvme: offload_optimizer.ratio, the share of the elements offloaded. Below 1 the first
+  // numel - floor(numel * ratio) elements stay on the device (device states, AdamW on the device)
+  // and the offloaded placement holds the rest (CreateGpuTieredOptimizerStates): the partition's
+  // first elements are the first registered parameters, whose gradients arrive last in backward,
+  // so what remains of the update after backward runs on the GPU.
+  double offload_ratio = 1.0;
 };
 
 // What CreateOptimizerStates builds. `deferred_step` (kHostChunked with overlap_step, else null)
@@ -103,6 +110,10 @@ struct OptimizerStorage {
   std::unique_ptr<OptimizerStates> states;
   std::unique_ptr<DeferredStep> deferred_step;
 };
+
+// The elements of `numel` that stay on the device at offload_ratio: numel - floor(numel * ratio)
+// (DeepSpeed offloads the first int(ratio * sub-groups) of its sub-groups); 0 at ratio 1.
+int64_t OnDeviceElements(int64_t numel, double offload_ratio);
 
 // `numel` elements of each state, zero, placed as `plan` says; copies ordered on `stream`.
 Result<OptimizerStorage> CreateOptimizerStates(Device* device, Stream* stream, int64_t numel,

@@ -151,6 +151,45 @@ TEST(StateFactoryTest, NvmeStatesTieredByHostMemoryBudget) {
   EXPECT_LT(bytes.nvme, static_cast<size_t>(kNumel) * 12);
 }
 
+// offload_optimizer.ratio: the first numel - floor(numel * ratio) elements on the device, the rest
+// offloaded; the host placement keeps the host gradient partition (the offloaded part decides),
+// and NVMe becomes three tiers (device, host_memory_budget's host share, NVMe).
+TEST(StateFactoryTest, OffloadRatioKeepsTheFirstElementsOnTheDevice) {
+  EXPECT_EQ(OnDeviceElements(1000, 1.0), 0);
+  EXPECT_EQ(OnDeviceElements(1000, 0.5), 500);
+  EXPECT_EQ(OnDeviceElements(1000, 0.3333), 667);  // floor(333.3) offloaded
+  EXPECT_EQ(OnDeviceElements(1000, 1e-9), 1000);
+  EXPECT_EQ(OnDeviceElements(0, 0.5), 0);
+  CpuDevice device;
+  OptimizerStatesPlan plan;
+  plan.placement = OptimizerPlacement::kHost;
+  plan.slab = Pageable();
+  plan.cpu_threads = 2;
+  plan.offload_ratio = 0.25;
+  ASSERT_OK_AND_ASSIGN(OptimizerStorage host, CreateOptimizerStates(&device, device.default_stream(), kNumel, plan));
+  EXPECT_EQ(host.states->numel(), kNumel);
+  EXPECT_EQ(host.states->bytes().device, size_t{750} * 12);
+  EXPECT_GE(host.states->bytes().host, size_t{250} * 12);
+  EXPECT_TRUE(host.states->updates_from_host());
+  EXPECT_EQ(ChooseGradPartition(GradPartitionPlan(), host.states.get()), GradPartitionPlacement::kHost);
+
+  ASSERT_OK_AND_ASSIGN(ScratchDir scratch, ScratchDir::CreateWithDirectIo("state_factory_ratio"));
+  plan.placement = OptimizerPlacement::kNvme;
+  plan.nvme_dir = scratch.File("rank0");
+  plan.nvme_group_numel = 300;
+  plan.nvme_buffer_count = 2;
+  plan.aio.block_size = 4096;
+  plan.offload_ratio = 0.6;                 // 400 on the device, 600 offloaded
+  plan.host_memory_budget = 200 * 12 + 11;  // of which 200 on the host
+  ASSERT_OK_AND_ASSIGN(OptimizerStorage nvme, CreateOptimizerStates(&device, device.default_stream(), kNumel, plan));
+  const OptimizerStateBytes bytes = nvme.states->bytes();
+  EXPECT_EQ(nvme.states->numel(), kNumel);
+  EXPECT_EQ(bytes.device, size_t{400} * 12);
+  EXPECT_GE(bytes.host, size_t{200} * 12);
+  EXPECT_GE(bytes.nvme, size_t{400} * 12);
+  EXPECT_LT(bytes.nvme, static_cast<size_t>(kNumel) * 12);  // block-rounded, less than all of them
+}
+
 TEST(StateFactoryTest, GradPartitionChoice) {
   CpuDevice device;
   Stream* stream = device.default_stream();
