@@ -17,7 +17,6 @@
 #include "examples/llm/llm_cpu.h"
 #include "examples/llm/llm_kernels.cuh"
 #include "examples/llm/llm_params.h"
-#include "examples/llm/llm_residual_gemm.h"
 #include "runtime/cuda_status.h"
 
 namespace zero::llm {
@@ -336,15 +335,6 @@ class LlmCuda::Impl {
     // No TF32 for fp32 products; bf16 products reduce in fp32 (no reduced-precision split-K).
     LLM_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(
         cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-    // The workspace cuBLAS's documentation recommends for Hopper (32 MiB), shared by cuBLAS and the
-    // residual products' cuBLASLt (one stream: never in use by both at once).
-    ZERO_ASSIGN_OR_RETURN(gemm_workspace_, DeviceAlloc(kGemmWorkspaceBytes, "the cuBLAS workspace"));
-    LLM_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(cublas_, gemm_workspace_.get(), kGemmWorkspaceBytes));
-    {
-      Result<std::unique_ptr<LtResidualGemm>> lt =
-          LtResidualGemm::Create(stream_, gemm_workspace_.get(), kGemmWorkspaceBytes);
-      if (lt.ok()) residual_gemm_ = std::move(lt).value();  // else: the copy and beta = 1
-    }
     // The largest set of converted matrices one phase holds: a module's, plus the tied embedding
     // in the head phase; and the largest matrix gradient staged in fp32.
     for (size_t m = 0; m < modules_.size(); ++m) {
@@ -880,20 +870,6 @@ class LlmCuda::Impl {
     return OkStatus();
   }
 
-  // y[M, out] = res[M, out] + x[M, in] W^T (fp32 res and y, apart): the residual add in the
-  // product's epilogue (LtResidualGemm), or where cuBLASLt has no algorithm, a copy of res into y
-  // and the product with beta = 1.
-  Status ResidualLinear(DType T, const void* x, const void* w, int64_t M, int64_t out, int64_t in, const float* res,
-                        float* y) {
-    if (residual_gemm_ != nullptr) {
-      const Status s = residual_gemm_->Run(T, x, w, M, out, in, res, y);
-      if (s.code() != StatusCode::kUnavailable) return s;
-    }
-    LLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(y, res, M * out * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
-    prof_.Mark("copy");
-    return LinearForward(T, x, w, M, out, in, y, DType::kF32, 1.0f);
-  }
-
   // y[M, out] = x[M, in] W^T (+ beta y), W [out, in].
   Status LinearForward(DType T, const void* x, const void* w, int64_t M, int64_t out, int64_t in, void* y, DType yt,
                        float beta) {
@@ -957,8 +933,10 @@ class LlmCuda::Impl {
                                                      static_cast<int>(nkv_), hd, scale_, b.o, b.lse, stream_));
     }
     prof_.Mark("attention_forward");
-    // h_mid = h_in + o Wo^T: the residual add in the product's epilogue.
-    ZERO_RETURN_IF_ERROR(ResidualLinear(T, b.o, w.data[p.o], N, H_, qd_, h_in, b.h_mid));
+    // h_mid = h_in + o Wo^T: the residual add is the product's beta = 1.
+    LLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.h_mid, h_in, N * H_ * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    prof_.Mark("copy");
+    ZERO_RETURN_IF_ERROR(LinearForward(T, b.o, w.data[p.o], N, H_, qd_, b.h_mid, DType::kF32, 1.0f));
     prof_.Mark("gemm_fwd");
     ZERO_RETURN_IF_ERROR(kernels::RmsNormForward(b.h_mid, DType::kF32, w.data[p.post_norm], w.dtype[p.post_norm], N, H,
                                                  eps_, b.xn2, T, b.rstd2, stream_));
@@ -971,7 +949,10 @@ class LlmCuda::Impl {
     ZERO_RETURN_IF_ERROR(kernels::SwiGluForward(b.g, b.u, T, N * I_, b.act, stream_));
     prof_.Mark("swi_glu_forward");
     float* h_out = st.hs + (l + 1) * N * H_;
-    ZERO_RETURN_IF_ERROR(ResidualLinear(T, b.act, w.data[p.down], N, H_, I_, b.h_mid, h_out));
+    LLM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(h_out, b.h_mid, N * H_ * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    prof_.Mark("copy");
+    ZERO_RETURN_IF_ERROR(LinearForward(T, b.act, w.data[p.down], N, H_, I_, h_out, DType::kF32, 1.0f));
     prof_.Mark("gemm_fwd");
     return OkStatus();
   }
@@ -1099,9 +1080,6 @@ class LlmCuda::Impl {
   int head_module_ = 0, final_norm_ = 0, lm_head_ = -1;
   Local local_{};
   cublasContext* cublas_ = nullptr;
-  static constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
-  DevicePtr gemm_workspace_;                       // cuBLAS's and the residual products' workspace
-  std::unique_ptr<LtResidualGemm> residual_gemm_;  // null: copies and beta = 1
   size_t max_convert_bytes_ = 0;
   int64_t max_grad_stage_ = 0;
   DevicePtr weight_scratch_;  // converted linear weights of the module(s) held
