@@ -1005,14 +1005,28 @@ class LlmCuda::Impl {
     ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.o, T, dh_t, b.o, N, H_, qd_));
     prof_.Mark("gemm_wgrad");
     ZERO_ASSIGN_OR_RETURN(const bool use_cudnn, UseCudnn(st));
+    bool rotated_in_t = false;  // dq and dk rotated back in the compute dtype, in place
     if (use_cudnn) {
-      // cuDNN writes bf16 gradients; RoPE's inverse and the q/k-norm backward start from fp32 ones
-      // (dv is used as it is).
+      // cuDNN writes bf16 gradients (dv is used as it is); with q/k norms, RoPE's inverse and the
+      // norms' backward start from fp32 ones.
       ZERO_RETURN_IF_ERROR(cudnn_->Backward(Shape(st), b.q, b.k, b.v, b.o, st.dout, b.lse, DqT(st), DkT(st), DvT(st)));
       prof_.Mark("attention_backward");
-      ZERO_RETURN_IF_ERROR(kernels::Convert(DqT(st), T, st.dq, F, N * qd_, stream_));
-      ZERO_RETURN_IF_ERROR(kernels::Convert(DkT(st), T, st.dk, F, N * kvd_, stream_));
-      prof_.Mark("convert");
+      if (!c_.qk_norm()) {
+        // No q/k norm: RoPE's inverse runs on the compute-dtype gradients in place. The kernel
+        // computes in fp32 and rounds once, so these are the bits of converting to fp32, rotating
+        // there and converting back (4 passes over dq and dk less per layer).
+        ZERO_RETURN_IF_ERROR(kernels::Rope(DqT(st), T, N, st.seq, static_cast<int>(nh_), hd, st.rope_cos, st.rope_sin,
+                                           /*inverse=*/true, stream_));
+        prof_.Mark("rope");
+        ZERO_RETURN_IF_ERROR(kernels::Rope(DkT(st), T, N, st.seq, static_cast<int>(nkv_), hd, st.rope_cos, st.rope_sin,
+                                           /*inverse=*/true, stream_));
+        prof_.Mark("rope");
+        rotated_in_t = true;
+      } else {
+        ZERO_RETURN_IF_ERROR(kernels::Convert(DqT(st), T, st.dq, F, N * qd_, stream_));
+        ZERO_RETURN_IF_ERROR(kernels::Convert(DkT(st), T, st.dk, F, N * kvd_, stream_));
+        prof_.Mark("convert");
+      }
     } else {
       ZERO_RETURN_IF_ERROR(kernels::AttentionBackward(b.q, b.k, b.v, b.o, st.dout, T, b.lse, st.batch, st.seq,
                                                       static_cast<int>(nh_), static_cast<int>(nkv_), hd, scale_,
@@ -1026,12 +1040,14 @@ class LlmCuda::Impl {
     }
     ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.v, T, dv_t, b.xn1, N, kvd_, H_));
     prof_.Mark("gemm_wgrad");
-    ZERO_RETURN_IF_ERROR(kernels::Rope(st.dq, F, N, st.seq, static_cast<int>(nh_), hd, st.rope_cos, st.rope_sin,
-                                       /*inverse=*/true, stream_));
-    prof_.Mark("rope");
-    ZERO_RETURN_IF_ERROR(kernels::Rope(st.dk, F, N, st.seq, static_cast<int>(nkv_), hd, st.rope_cos, st.rope_sin,
-                                       /*inverse=*/true, stream_));
-    prof_.Mark("rope");
+    if (!rotated_in_t) {
+      ZERO_RETURN_IF_ERROR(kernels::Rope(st.dq, F, N, st.seq, static_cast<int>(nh_), hd, st.rope_cos, st.rope_sin,
+                                         /*inverse=*/true, stream_));
+      prof_.Mark("rope");
+      ZERO_RETURN_IF_ERROR(kernels::Rope(st.dk, F, N, st.seq, static_cast<int>(nkv_), hd, st.rope_cos, st.rope_sin,
+                                         /*inverse=*/true, stream_));
+      prof_.Mark("rope");
+    }
     void* dq_t = DqT(st);
     void* dk_t = DkT(st);
     if (c_.qk_norm()) {
@@ -1046,7 +1062,7 @@ class LlmCuda::Impl {
       ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(b.k_raw, T, b.k_rstd, w.data[p.k_norm], w.dtype[p.k_norm], st.dk, F,
                                                     N * nkv_, hd, false, dk_t, T, stream_));
       prof_.Mark("rms_norm_backward");
-    } else {
+    } else if (!rotated_in_t) {
       ZERO_RETURN_IF_ERROR(kernels::Convert(st.dq, F, dq_t, T, N * qd_, stream_));
       prof_.Mark("convert");
       ZERO_RETURN_IF_ERROR(kernels::Convert(st.dk, F, dk_t, T, N * kvd_, stream_));

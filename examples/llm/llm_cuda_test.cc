@@ -249,6 +249,28 @@ TEST_P(LlmKernelTest, RopeMatchesTheCpuRotationAndInverts) {
   EXPECT_LE(e_inv, t() == DType::kF32 ? 1e-6 : 2e-2);
 }
 
+// The backward with cuDNN and no q/k norm rotates dq and dk back in the compute dtype, in place:
+// the same bits as widening to fp32, rotating there and rounding back (the kernel computes in fp32
+// and rounds once), for both kernel paths (head_dim / 2 a multiple of 4 or not).
+TEST_P(LlmKernelTest, InverseRopeInPlaceEqualsTheFp32RoundTrip) {
+  if (t() == DType::kF32) GTEST_SKIP() << "the same dtype both ways";
+  for (int hd : {128, 6}) {
+    const int seq = 33, heads = 5, batch = 2;
+    const int64_t rows = int64_t(batch) * seq, n = rows * heads * hd;
+    std::vector<float> cos, sin;
+    RopeTables(hd, 500000.0, seq, &cos, &sin);
+    const auto x = Rounded(RandomNormal(n, 0.01f, 55), t());
+    DeviceArray in_place(x, t()), wide(x, DType::kF32), back(n, t()), d_cos(cos, DType::kF32), d_sin(sin, DType::kF32);
+    EXPECT_OK(kernels::Rope(in_place.get(), t(), rows, seq, heads, hd, d_cos.f(), d_sin.f(), true, nullptr));
+    EXPECT_OK(kernels::Rope(wide.get(), DType::kF32, rows, seq, heads, hd, d_cos.f(), d_sin.f(), true, nullptr));
+    EXPECT_OK(kernels::Convert(wide.get(), DType::kF32, back.get(), t(), n, nullptr));
+    Sync();
+    const std::vector<float> a = in_place.Download(), b = back.Download();
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "head_dim " << hd;
+  }
+}
+
 TEST_P(LlmKernelTest, SwiGluForwardBackward) {
   const int64_t n = 5000;
   const auto g = Rounded(RandomNormal(n, 2.0f, 6), t());
