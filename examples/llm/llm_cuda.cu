@@ -484,9 +484,10 @@ class LlmCuda::Impl {
       ZERO_RETURN_IF_ERROR(
           NormWeightGrad(grads, final_norm_, h_final, DType::kF32, st.rstdF, st.dxn, DType::kF32, N, H_, st));
       prof_.Mark("rmsnorm_wgrad");
+      // The last layer's backward reads dh in the compute dtype too (DhTCopy).
       ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(h_final, DType::kF32, st.rstdF, hw.data[0], hw.dtype[0], st.dxn,
                                                     DType::kF32, N, static_cast<int>(H_), false, st.dh, DType::kF32,
-                                                    stream_));
+                                                    stream_, DhTCopy(st), st.compute));
       prof_.Mark("rms_norm_backward");
       if (!out.tied) {
         if (dw_out == st.vh) {
@@ -705,6 +706,9 @@ class LlmCuda::Impl {
 
   // Aliases set after allocation (Plan leaves the fp32 case's *_t pointers unset).
   void* DhT(State& st) const { return st.compute == DType::kF32 ? static_cast<void*>(st.dh) : st.dh_t; }
+  // Where a kernel that writes st.dh also stores its compute-dtype copy (RmsNormBackward's
+  // dx_copy); null where the compute dtype is fp32 (DhT is st.dh itself).
+  void* DhTCopy(State& st) const { return st.compute == DType::kF32 ? nullptr : st.dh_t; }
   void* DqT(State& st) const { return st.compute == DType::kF32 ? static_cast<void*>(st.dq) : st.dq_t; }
   void* DkT(State& st) const { return st.compute == DType::kF32 ? static_cast<void*>(st.dk) : st.dk_t; }
   void* DvT(State& st) const { return st.compute == DType::kF32 ? static_cast<void*>(st.dv) : st.dv_t; }
@@ -957,7 +961,8 @@ class LlmCuda::Impl {
     return OkStatus();
   }
 
-  // On entry st.dh holds dL/d(layer output); on return dL/d(layer input). Emits the layer's
+  // On entry st.dh holds dL/d(layer output) and DhT(st) the same in the compute dtype; on return
+  // both hold dL/d(layer input) (RmsNormBackward stores the copy). Emits the layer's
   // gradients as they are finished.
   Status LayerBackward(State& st, int64_t l, const Weights& w, GradSink& grads) {
     const int64_t N = int64_t(st.batch) * st.seq;
@@ -971,8 +976,6 @@ class LlmCuda::Impl {
     void* dh_t = DhT(st);
 
     // MLP: out = h_mid + act Wd^T, act = silu(g) * u.
-    ZERO_RETURN_IF_ERROR(kernels::Convert(st.dh, F, dh_t, T, N * H_, stream_));
-    prof_.Mark("convert");
     ZERO_RETURN_IF_ERROR(LinearBackwardInput(T, dh_t, w.data[p.down], N, H_, I_, st.da, F, 0.0f));
     prof_.Mark("gemm_dgrad");
     if (st.checkpointing) {  // the recomputed forward stopped before the product
@@ -994,12 +997,11 @@ class LlmCuda::Impl {
     ZERO_RETURN_IF_ERROR(NormWeightGrad(grads, gi.post_norm, b.h_mid, F, b.rstd2, st.dxn, F, N, H_, st));
     prof_.Mark("rmsnorm_wgrad");
     ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(b.h_mid, F, b.rstd2, w.data[p.post_norm], w.dtype[p.post_norm],
-                                                  st.dxn, F, N, H, /*accumulate=*/true, st.dh, F, stream_));
+                                                  st.dxn, F, N, H, /*accumulate=*/true, st.dh, F, stream_, DhTCopy(st),
+                                                  T));
     prof_.Mark("rms_norm_backward");
 
     // Attention: h_mid = h_in + o Wo^T.
-    ZERO_RETURN_IF_ERROR(kernels::Convert(st.dh, F, dh_t, T, N * H_, stream_));
-    prof_.Mark("convert");
     ZERO_RETURN_IF_ERROR(LinearBackwardInput(T, dh_t, w.data[p.o], N, H_, qd_, st.dout, T, 0.0f));
     prof_.Mark("gemm_dgrad");
     ZERO_RETURN_IF_ERROR(MatrixGrad(grads, gi.o, T, dh_t, b.o, N, H_, qd_));
@@ -1081,7 +1083,7 @@ class LlmCuda::Impl {
     ZERO_RETURN_IF_ERROR(NormWeightGrad(grads, gi.input_norm, h_in, F, b.rstd1, st.dxn, F, N, H_, st));
     prof_.Mark("rmsnorm_wgrad");
     ZERO_RETURN_IF_ERROR(kernels::RmsNormBackward(h_in, F, b.rstd1, w.data[p.in_norm], w.dtype[p.in_norm], st.dxn, F, N,
-                                                  H, /*accumulate=*/true, st.dh, F, stream_));
+                                                  H, /*accumulate=*/true, st.dh, F, stream_, DhTCopy(st), T));
     prof_.Mark("rms_norm_backward");
     return OkStatus();
   }

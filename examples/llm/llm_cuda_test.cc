@@ -225,6 +225,33 @@ TEST_P(LlmKernelTest, RmsNormForwardBackwardAndWeightGradient) {
   EXPECT_LE(e_dw, 1e-5);
 }
 
+// RmsNormBackward's dx_copy: the new dx also stored in t(), the bits Convert(dx) gives (the layer
+// backward's compute-dtype dh without a second pass), with and without accumulation.
+TEST_P(LlmKernelTest, RmsNormBackwardCopyEqualsConvert) {
+  const int64_t rows = 300;
+  for (int cols : {256, 200, 30}) {
+    for (bool accumulate : {true, false}) {
+      const auto x = RandomNormal(rows * cols, 1.5f, 11);
+      const auto w = Rounded(RandomNormal(cols, 0.3f, 12), DType::kBF16);
+      const auto dy = RandomNormal(rows * cols, 1.0f, 13);
+      const auto base = RandomNormal(rows * cols, 1.0f, 14);
+      DeviceArray d_x(x, DType::kF32), d_w(w, DType::kBF16), d_dy(dy, DType::kF32), d_y(rows * cols, DType::kF32);
+      DeviceArray d_rstd(rows, DType::kF32), d_dx(base, DType::kF32), d_copy(rows * cols, t()),
+          d_conv(rows * cols, t());
+      EXPECT_OK(kernels::RmsNormForward(d_x.get(), DType::kF32, d_w.get(), DType::kBF16, rows, cols, 1e-6f, d_y.get(),
+                                        DType::kF32, d_rstd.f(), nullptr));
+      EXPECT_OK(kernels::RmsNormBackward(d_x.get(), DType::kF32, d_rstd.f(), d_w.get(), DType::kBF16, d_dy.get(),
+                                         DType::kF32, rows, cols, accumulate, d_dx.get(), DType::kF32, nullptr,
+                                         d_copy.get(), t()));
+      EXPECT_OK(kernels::Convert(d_dx.get(), DType::kF32, d_conv.get(), t(), rows * cols, nullptr));
+      Sync();
+      const std::vector<float> a = d_copy.Download(), b = d_conv.Download();
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+          << "cols " << cols << " accumulate " << accumulate;
+    }
+  }
+}
+
 TEST_P(LlmKernelTest, RopeMatchesTheCpuRotationAndInverts) {
   const int seq = 37, heads = 3, hd = 24, batch = 2;
   const int64_t rows = int64_t(batch) * seq, n = rows * heads * hd;

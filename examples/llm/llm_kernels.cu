@@ -250,7 +250,7 @@ __global__ void RmsNormForwardKernel(const void* x, DType xt, const void* w, DTy
 template <int V>
 __global__ void RmsNormBackwardKernel(const void* x, DType xt, const float* rstd, const void* w, DType wt,
                                       const void* dy, DType dyt, int64_t rows, int cols, int accumulate, void* dx,
-                                      DType dxt) {
+                                      DType dxt, void* dx_copy, DType dx_copy_t) {
   const int64_t row = int64_t(blockIdx.x) * kRowWarps + threadIdx.y;
   if (row >= rows) return;
   const int64_t base = row * cols;
@@ -277,6 +277,7 @@ __global__ void RmsNormBackwardKernel(const void* x, DType xt, const float* rstd
       out[k] = accumulate ? out[k] + v : v;
     }
     StoreV<V>(dx, dxt, base + c, out);
+    if (dx_copy != nullptr) StoreV<V>(dx_copy, dx_copy_t, base + c, out);
   }
 }
 
@@ -343,16 +344,18 @@ Status RmsNormForward(const void* x, DType x_t, const void* w, DType w_t, int64_
 }
 
 Status RmsNormBackward(const void* x, DType x_t, const float* rstd, const void* w, DType w_t, const void* dy,
-                       DType dy_t, int64_t rows, int cols, bool accumulate, void* dx, DType dx_t, cudaStream_t stream) {
+                       DType dy_t, int64_t rows, int cols, bool accumulate, void* dx, DType dx_t, cudaStream_t stream,
+                       void* dx_copy, DType dx_copy_t) {
   if (rows <= 0 || cols <= 0) return OkStatus();
   const dim3 block(32, kRowWarps);
   const unsigned grid = static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps);
-  if (cols % 4 == 0 && VecOk(x, x_t) && VecOk(w, w_t) && VecOk(dy, dy_t) && VecOk(dx, dx_t)) {
-    RmsNormBackwardKernel<4>
-        <<<grid, block, 0, stream>>>(x, x_t, rstd, w, w_t, dy, dy_t, rows, cols, accumulate ? 1 : 0, dx, dx_t);
+  if (cols % 4 == 0 && VecOk(x, x_t) && VecOk(w, w_t) && VecOk(dy, dy_t) && VecOk(dx, dx_t) &&
+      (dx_copy == nullptr || VecOk(dx_copy, dx_copy_t))) {
+    RmsNormBackwardKernel<4><<<grid, block, 0, stream>>>(x, x_t, rstd, w, w_t, dy, dy_t, rows, cols, accumulate ? 1 : 0,
+                                                         dx, dx_t, dx_copy, dx_copy_t);
   } else {
-    RmsNormBackwardKernel<1>
-        <<<grid, block, 0, stream>>>(x, x_t, rstd, w, w_t, dy, dy_t, rows, cols, accumulate ? 1 : 0, dx, dx_t);
+    RmsNormBackwardKernel<1><<<grid, block, 0, stream>>>(x, x_t, rstd, w, w_t, dy, dy_t, rows, cols, accumulate ? 1 : 0,
+                                                         dx, dx_t, dx_copy, dx_copy_t);
   }
   return LaunchStatus("RmsNormBackwardKernel");
 }

@@ -54,9 +54,12 @@ Status RmsNormForward(const void* x, DType x_t, const void* w, DType w_t, int64_
 
 // The input gradient: with g = dy * w and xhat = x * rstd,
 //   dx[r,c] = (accumulate ? dx[r,c] : 0) + rstd[r] * (g[r,c] - xhat[r,c] * sum_c' g*xhat / cols).
-// dx may alias dy only when !accumulate and both have the same dtype.
+// dx may alias dy only when !accumulate and both have the same dtype. With `dx_copy` (non-null, apart
+// from the others) the new dx is also stored there in `dx_copy_t`: the bits Convert(dx) would give,
+// without reading dx again.
 Status RmsNormBackward(const void* x, DType x_t, const float* rstd, const void* w, DType w_t, const void* dy,
-                       DType dy_t, int64_t rows, int cols, bool accumulate, void* dx, DType dx_t, cudaStream_t stream);
+                       DType dy_t, int64_t rows, int cols, bool accumulate, void* dx, DType dx_t, cudaStream_t stream,
+                       void* dx_copy = nullptr, DType dx_copy_t = DType::kF32);
 
 // The weight gradient dw[c] = sum_r dy[r,c] * (x[r,c] * rstd[r]), summed in fixed row chunks whose
 // partial sums are then added in chunk order. `partial` holds RmsNormWeightGradScratch(rows, cols)
