@@ -129,150 +129,158 @@ constexpr double kMaxInt = 2147483647.0;
 constexpr double kMaxReal = 1e38;
 constexpr double kMinEps = 1e-37;
 
-std::vector<Key> BuildKeys() {
-  std::vector<Key> t;
-
+void AddBatchAndLoggingKeys(std::vector<Key>* t) {
   // Batch arithmetic: any two derive the third (see ResolveBatch).
-  t.push_back(IntKey("train_batch_size", FIELD(train_batch_size), 0)
-                  .AtMost(kMaxCount)
-                  .AtLeast(1)
-                  .NoDefault("derived")
-                  .Doc("Samples per optimizer step over all ranks: train_micro_batch_size_per_gpu x "
-                       "gradient_accumulation_steps x world size."));
-  t.push_back(IntKey("train_micro_batch_size_per_gpu", FIELD(train_micro_batch_size_per_gpu), 0)
-                  .AtMost(kMaxInt)
-                  .AtLeast(1)
-                  .NoDefault("derived")
-                  .Doc("Samples per rank in one forward/backward (one micro step)."));
-  t.push_back(IntKey("gradient_accumulation_steps", FIELD(gradient_accumulation_steps), 0)
-                  .AtMost(kMaxInt)
-                  .AtLeast(1)
-                  .NoDefault("derived")
-                  .Doc("Micro steps per optimizer step in managed accumulation; backward divides "
-                       "gradients by it."));
-  t.push_back(NumberKey("gradient_clipping", FIELD(gradient_clipping), 1.0)
-                  .AtMost(kMaxReal)
-                  .AtLeast(0)
-                  .Doc("Clip the global gradient norm to this value; 0 turns clipping off."));
-  t.push_back(IntKey("steps_per_print", FIELD(steps_per_print), 10)
-                  .AtMost(kMaxCount)
-                  .AtLeast(1)
-                  .Doc("Log progress every this many optimizer steps."));
-  t.push_back(BoolKey("wall_clock_breakdown", FIELD(wall_clock_breakdown), false)
-                  .Doc("The engine times forward, backward, step, communication and offload (synchronizing the "
-                       "device at each phase boundary) and rank 0 prints their means per step every "
-                       "steps_per_print steps (docs/timeline.md)."));
-  t.push_back(BoolKey("zero_trace.enabled", FIELD(zero_trace.enabled), false)
-                  .Doc("Write a Chrome trace (chrome://tracing, Perfetto) of optimizer steps first_step..last_step: "
-                       "one track per stream (compute, communication, host->device, device->host, CPU optimizer, "
-                       "I/O; docs/timeline.md)."));
-  t.push_back(StringKey("zero_trace.path", FIELD(zero_trace.path), "zero_trace.json")
-                  .Doc("The trace file of rank 0 (rank r writes <path>.rank<r>), written atomically after "
-                       "last_step; its directory must exist."));
-  t.push_back(IntKey("zero_trace.first_step", FIELD(zero_trace.first_step), 2)
-                  .AtMost(kMaxCount)
-                  .AtLeast(1)
-                  .Doc("The first traced optimizer step of the run (from 1; the first step warms up)."));
-  t.push_back(IntKey("zero_trace.last_step", FIELD(zero_trace.last_step), 4)
-                  .AtMost(kMaxCount)
-                  .AtLeast(1)
-                  .Doc("The last traced optimizer step (>= first_step)."));
-  t.push_back(StringKey("gradient_allreduce_op", FIELD(gradient_allreduce_op), "mean")
-                  .Choices({"mean", "sum"})
-                  .Doc("How gradients are combined across data-parallel ranks."));
-  t.push_back(BoolKey("prescale_gradients", FIELD(prescale_gradients), false)
-                  .Doc("Divide gradients by the world size before the reduction instead of after."));
-  t.push_back(NumberKey("gradient_predivide_factor", FIELD(gradient_predivide_factor), 1.0)
-                  .AtMost(kMaxReal)
-                  .Above(0)
-                  .Doc("Divide gradients by this factor before the reduction and by world size / "
-                       "factor after it."));
-  t.push_back(DTypeKey("communication_data_type", FIELD(communication_data_type), FIELD(has_communication_data_type))
-                  .DefaultDoc("null (the gradient dtype)")
-                  .Doc("Element type of gradient reductions; null: the gradients' own type."));
-  t.push_back(BoolKey("managed_gradient_accumulation", FIELD(managed_gradient_accumulation), true)
-                  .Doc("true: the engine counts micro steps and steps every gradient_accumulation_steps; "
-                       "false: the user calls backward any number of times and steps when they choose."));
-  t.push_back(BoolKey("freeze_inactive_parameters", FIELD(freeze_inactive_parameters), false)
-                  .Doc("A parameter that received no gradient on any rank in an accumulation window: false "
-                       "(DeepSpeed's behaviour) steps it with a zero gradient (its moments decay; weight decay and "
-                       "momentum move it); true keeps its weights and AdamW moments unchanged (PyTorch's "
-                       "set_to_none behaviour). The same in managed and unmanaged mode."));
-  t.push_back(BoolKey("stop_on_nonfinite", FIELD(stop_on_nonfinite), true)
-                  .Doc("A NaN or inf global gradient norm on a step that would be applied (fp16's overflow steps are "
-                       "skipped as before) ends Step() with an error naming the step. With gradient_clipping or fp16 "
-                       "the norm is known before the update and nothing is changed; otherwise the step was applied "
-                       "and the engine is unusable. false: DeepSpeed's behaviour (the step is applied and training "
-                       "goes on). examples/zero_train also stops on a NaN or inf loss."));
-  t.push_back(DTypeKey("data_types.grad_accum_dtype", FIELD(grad_accum_dtype), FIELD(has_grad_accum_dtype))
-                  .DefaultDoc("null (fp32)")
-                  .Doc("Element type gradients are accumulated in across micro steps; null: fp32."));
+  t->push_back(IntKey("train_batch_size", FIELD(train_batch_size), 0)
+                   .AtMost(kMaxCount)
+                   .AtLeast(1)
+                   .NoDefault("derived")
+                   .Doc("Samples per optimizer step over all ranks: train_micro_batch_size_per_gpu x "
+                        "gradient_accumulation_steps x world size."));
+  t->push_back(IntKey("train_micro_batch_size_per_gpu", FIELD(train_micro_batch_size_per_gpu), 0)
+                   .AtMost(kMaxInt)
+                   .AtLeast(1)
+                   .NoDefault("derived")
+                   .Doc("Samples per rank in one forward/backward (one micro step)."));
+  t->push_back(IntKey("gradient_accumulation_steps", FIELD(gradient_accumulation_steps), 0)
+                   .AtMost(kMaxInt)
+                   .AtLeast(1)
+                   .NoDefault("derived")
+                   .Doc("Micro steps per optimizer step in managed accumulation; backward divides "
+                        "gradients by it."));
+  t->push_back(NumberKey("gradient_clipping", FIELD(gradient_clipping), 1.0)
+                   .AtMost(kMaxReal)
+                   .AtLeast(0)
+                   .Doc("Clip the global gradient norm to this value; 0 turns clipping off."));
+  t->push_back(IntKey("steps_per_print", FIELD(steps_per_print), 10)
+                   .AtMost(kMaxCount)
+                   .AtLeast(1)
+                   .Doc("Log progress every this many optimizer steps."));
+  t->push_back(BoolKey("wall_clock_breakdown", FIELD(wall_clock_breakdown), false)
+                   .Doc("The engine times forward, backward, step, communication and offload (synchronizing the "
+                        "device at each phase boundary) and rank 0 prints their means per step every "
+                        "steps_per_print steps (docs/timeline.md)."));
+}
 
-  // fp16 and bf16.
-  t.push_back(BoolKey("fp16.enabled", FIELD(fp16.enabled), false)
-                  .Doc("Train with fp16 parameters and gradients, fp32 master weights and loss scaling."));
-  t.push_back(NumberKey("fp16.loss_scale", FIELD(fp16.loss_scale), 0.0)
-                  .AtMost(kMaxReal)
-                  .AtLeast(0)
-                  .Doc("Static loss scale; 0 selects dynamic loss scaling."));
-  t.push_back(IntKey("fp16.initial_scale_power", FIELD(fp16.initial_scale_power), 16)
-                  .Range(0, 127)
-                  .Doc("Dynamic scaling starts at 2^initial_scale_power."));
-  t.push_back(IntKey("fp16.loss_scale_window", FIELD(fp16.loss_scale_window), 1000)
-                  .AtLeast(1)
-                  .Doc("Steps without overflow after which the dynamic scale doubles."));
-  t.push_back(IntKey("fp16.hysteresis", FIELD(fp16.hysteresis), 2)
-                  .AtLeast(1)
-                  .Doc("Overflows tolerated before the dynamic scale is halved (delayed shift)."));
-  t.push_back(BoolKey("fp16.consecutive_hysteresis", FIELD(fp16.consecutive_hysteresis), false)
-                  .Doc("Refill the hysteresis after every step without overflow, not only when the scale "
-                       "grows."));
-  t.push_back(NumberKey("fp16.min_loss_scale", FIELD(fp16.min_loss_scale), 1.0)
-                  .AtMost(kMaxReal)
-                  .Above(0)
-                  .Doc("The dynamic scale never goes below this."));
-  t.push_back(BoolKey("bf16.enabled", FIELD(bf16_enabled), false)
-                  .Doc("Train with bf16 parameters and gradients and fp32 master weights (no loss "
-                       "scaling). The block may also be spelled \"bfloat16\"."));
+void AddTraceKeys(std::vector<Key>* t) {
+  t->push_back(BoolKey("zero_trace.enabled", FIELD(zero_trace.enabled), false)
+                   .Doc("Write a Chrome trace (chrome://tracing, Perfetto) of optimizer steps first_step..last_step: "
+                        "one track per stream (compute, communication, host->device, device->host, CPU optimizer, "
+                        "I/O; docs/timeline.md)."));
+  t->push_back(StringKey("zero_trace.path", FIELD(zero_trace.path), "zero_trace.json")
+                   .Doc("The trace file of rank 0 (rank r writes <path>.rank<r>), written atomically after "
+                        "last_step; its directory must exist."));
+  t->push_back(IntKey("zero_trace.first_step", FIELD(zero_trace.first_step), 2)
+                   .AtMost(kMaxCount)
+                   .AtLeast(1)
+                   .Doc("The first traced optimizer step of the run (from 1; the first step warms up)."));
+  t->push_back(IntKey("zero_trace.last_step", FIELD(zero_trace.last_step), 4)
+                   .AtMost(kMaxCount)
+                   .AtLeast(1)
+                   .Doc("The last traced optimizer step (>= first_step)."));
+}
 
-  // Optimizer.
-  t.push_back(StringKey("optimizer.type", FIELD(optimizer.type), "AdamW")
-                  .Choices({"Adam", "AdamW"})
-                  .CaseInsensitive()
-                  .NotImplemented({"Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "Adagrad", "Lion", "MuAdam",
-                                   "MuAdamW", "MuSGD", "SGD", "FusedAdam", "DeepSpeedCPUAdam"})
-                  .Doc("\"AdamW\", or \"Adam\": decoupled weight decay (AdamW) unless "
-                       "optimizer.params.adam_w_mode is false."));
-  t.push_back(NumberKey("optimizer.params.lr", FIELD(optimizer.lr), 1e-3)
-                  .AtMost(kMaxReal)
-                  .AtLeast(0)
-                  .Doc("Learning rate (the base the scheduler scales)."));
-  t.push_back(
+void AddGradientKeys(std::vector<Key>* t) {
+  t->push_back(StringKey("gradient_allreduce_op", FIELD(gradient_allreduce_op), "mean")
+                   .Choices({"mean", "sum"})
+                   .Doc("How gradients are combined across data-parallel ranks."));
+  t->push_back(BoolKey("prescale_gradients", FIELD(prescale_gradients), false)
+                   .Doc("Divide gradients by the world size before the reduction instead of after."));
+  t->push_back(NumberKey("gradient_predivide_factor", FIELD(gradient_predivide_factor), 1.0)
+                   .AtMost(kMaxReal)
+                   .Above(0)
+                   .Doc("Divide gradients by this factor before the reduction and by world size / "
+                        "factor after it."));
+  t->push_back(DTypeKey("communication_data_type", FIELD(communication_data_type), FIELD(has_communication_data_type))
+                   .DefaultDoc("null (the gradient dtype)")
+                   .Doc("Element type of gradient reductions; null: the gradients' own type."));
+  t->push_back(BoolKey("managed_gradient_accumulation", FIELD(managed_gradient_accumulation), true)
+                   .Doc("true: the engine counts micro steps and steps every gradient_accumulation_steps; "
+                        "false: the user calls backward any number of times and steps when they choose."));
+  t->push_back(BoolKey("freeze_inactive_parameters", FIELD(freeze_inactive_parameters), false)
+                   .Doc("A parameter that received no gradient on any rank in an accumulation window: false "
+                        "(DeepSpeed's behaviour) steps it with a zero gradient (its moments decay; weight decay and "
+                        "momentum move it); true keeps its weights and AdamW moments unchanged (PyTorch's "
+                        "set_to_none behaviour). The same in managed and unmanaged mode."));
+  t->push_back(BoolKey("stop_on_nonfinite", FIELD(stop_on_nonfinite), true)
+                   .Doc("A NaN or inf global gradient norm on a step that would be applied (fp16's overflow steps are "
+                        "skipped as before) ends Step() with an error naming the step. With gradient_clipping or fp16 "
+                        "the norm is known before the update and nothing is changed; otherwise the step was applied "
+                        "and the engine is unusable. false: DeepSpeed's behaviour (the step is applied and training "
+                        "goes on). examples/zero_train also stops on a NaN or inf loss."));
+  t->push_back(DTypeKey("data_types.grad_accum_dtype", FIELD(grad_accum_dtype), FIELD(has_grad_accum_dtype))
+                   .DefaultDoc("null (fp32)")
+                   .Doc("Element type gradients are accumulated in across micro steps; null: fp32."));
+}
+
+// fp16 and bf16.
+void AddPrecisionKeys(std::vector<Key>* t) {
+  t->push_back(BoolKey("fp16.enabled", FIELD(fp16.enabled), false)
+                   .Doc("Train with fp16 parameters and gradients, fp32 master weights and loss scaling."));
+  t->push_back(NumberKey("fp16.loss_scale", FIELD(fp16.loss_scale), 0.0)
+                   .AtMost(kMaxReal)
+                   .AtLeast(0)
+                   .Doc("Static loss scale; 0 selects dynamic loss scaling."));
+  t->push_back(IntKey("fp16.initial_scale_power", FIELD(fp16.initial_scale_power), 16)
+                   .Range(0, 127)
+                   .Doc("Dynamic scaling starts at 2^initial_scale_power."));
+  t->push_back(IntKey("fp16.loss_scale_window", FIELD(fp16.loss_scale_window), 1000)
+                   .AtLeast(1)
+                   .Doc("Steps without overflow after which the dynamic scale doubles."));
+  t->push_back(IntKey("fp16.hysteresis", FIELD(fp16.hysteresis), 2)
+                   .AtLeast(1)
+                   .Doc("Overflows tolerated before the dynamic scale is halved (delayed shift)."));
+  t->push_back(BoolKey("fp16.consecutive_hysteresis", FIELD(fp16.consecutive_hysteresis), false)
+                   .Doc("Refill the hysteresis after every step without overflow, not only when the scale "
+                        "grows."));
+  t->push_back(NumberKey("fp16.min_loss_scale", FIELD(fp16.min_loss_scale), 1.0)
+                   .AtMost(kMaxReal)
+                   .Above(0)
+                   .Doc("The dynamic scale never goes below this."));
+  t->push_back(BoolKey("bf16.enabled", FIELD(bf16_enabled), false)
+                   .Doc("Train with bf16 parameters and gradients and fp32 master weights (no loss "
+                        "scaling). The block may also be spelled \"bfloat16\"."));
+}
+
+void AddOptimizerKeys(std::vector<Key>* t) {
+  t->push_back(StringKey("optimizer.type", FIELD(optimizer.type), "AdamW")
+                   .Choices({"Adam", "AdamW"})
+                   .CaseInsensitive()
+                   .NotImplemented({"Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "Adagrad", "Lion", "MuAdam",
+                                    "MuAdamW", "MuSGD", "SGD", "FusedAdam", "DeepSpeedCPUAdam"})
+                   .Doc("\"AdamW\", or \"Adam\": decoupled weight decay (AdamW) unless "
+                        "optimizer.params.adam_w_mode is false."));
+  t->push_back(NumberKey("optimizer.params.lr", FIELD(optimizer.lr), 1e-3)
+                   .AtMost(kMaxReal)
+                   .AtLeast(0)
+                   .Doc("Learning rate (the base the scheduler scales)."));
+  t->push_back(
       BetasKey("optimizer.params.betas").Doc("[beta1, beta2]: decay rates of the first and second moment estimates."));
-  t.push_back(NumberKey("optimizer.params.eps", FIELD(optimizer.eps), 1e-8)
-                  .Range(kMinEps, kMaxReal)
-                  .Doc("Added to the denominator for numerical stability."));
-  t.push_back(NumberKey("optimizer.params.weight_decay", FIELD(optimizer.weight_decay), 0.0)
-                  .AtMost(kMaxReal)
-                  .AtLeast(0)
-                  .Doc("Weight decay: decoupled (AdamW) or added to the gradient as L2 (classic Adam). 0 for "
-                       "both types, as DeepSpeed's FusedAdam (torch.optim.AdamW's 0.01 applies in DeepSpeed only "
-                       "with torch_adam: true)."));
-  t.push_back(BoolKey("optimizer.params.adam_w_mode", FIELD(optimizer.adam_w_mode), true)
-                  .Doc("With type \"Adam\": false selects classic Adam (L2 weight decay in the "
-                       "gradient)."));
+  t->push_back(NumberKey("optimizer.params.eps", FIELD(optimizer.eps), 1e-8)
+                   .Range(kMinEps, kMaxReal)
+                   .Doc("Added to the denominator for numerical stability."));
+  t->push_back(NumberKey("optimizer.params.weight_decay", FIELD(optimizer.weight_decay), 0.0)
+                   .AtMost(kMaxReal)
+                   .AtLeast(0)
+                   .Doc("Weight decay: decoupled (AdamW) or added to the gradient as L2 (classic Adam). 0 for "
+                        "both types, as DeepSpeed's FusedAdam (torch.optim.AdamW's 0.01 applies in DeepSpeed only "
+                        "with torch_adam: true)."));
+  t->push_back(BoolKey("optimizer.params.adam_w_mode", FIELD(optimizer.adam_w_mode), true)
+                   .Doc("With type \"Adam\": false selects classic Adam (L2 weight decay in the "
+                        "gradient)."));
+}
 
-  // Scheduler.
-  t.push_back(StringKey("scheduler.type", FIELD(scheduler.type), "")
-                  .Choices({"", kWarmupLR, kWarmupDecayLR, kWarmupCosineLR})
-                  .NotImplemented({"OneCycle", "LRRangeTest"})
-                  .DefaultDoc("\"\" (constant lr)")
-                  .Doc("Learning-rate schedule; \"\" or no scheduler block keeps optimizer.params.lr."));
-  t.push_back(NumberKey("scheduler.params.warmup_min_lr", FIELD(scheduler.warmup_min_lr), 0.0)
-                  .AtMost(kMaxReal)
-                  .AtLeast(0)
-                  .OnlyFor({kWarmupLR, kWarmupDecayLR})
-                  .Doc("Learning rate at the start of warmup."));
+void AddSchedulerKeys(std::vector<Key>* t) {
+  t->push_back(StringKey("scheduler.type", FIELD(scheduler.type), "")
+                   .Choices({"", kWarmupLR, kWarmupDecayLR, kWarmupCosineLR})
+                   .NotImplemented({"OneCycle", "LRRangeTest"})
+                   .DefaultDoc("\"\" (constant lr)")
+                   .Doc("Learning-rate schedule; \"\" or no scheduler block keeps optimizer.params.lr."));
+  t->push_back(NumberKey("scheduler.params.warmup_min_lr", FIELD(scheduler.warmup_min_lr), 0.0)
+                   .AtMost(kMaxReal)
+                   .AtLeast(0)
+                   .OnlyFor({kWarmupLR, kWarmupDecayLR})
+                   .Doc("Learning rate at the start of warmup."));
   {
     Key k = NumberKey("scheduler.params.warmup_max_lr", FIELD(scheduler.warmup_max_lr), -1.0)
                 .Range(-1, kMaxReal)
@@ -282,136 +290,146 @@ std::vector<Key> BuildKeys() {
     k.expected_override = "a number in [0, 1e+38], or -1 for optimizer.params.lr";
     k.also_ok = [](double v) { return v == -1.0 || v >= 0.0; };
     k.extra_bad = {"-0.5"};
-    t.push_back(std::move(k));
+    t->push_back(std::move(k));
   }
-  t.push_back(IntKey("scheduler.params.warmup_num_steps", FIELD(scheduler.warmup_num_steps), 1000)
-                  .AtMost(kMaxCount)
-                  .AtLeast(1)
-                  .OnlyFor({kWarmupLR, kWarmupDecayLR, kWarmupCosineLR})
-                  .Doc("Optimizer steps of warmup (values below 2 act as 2, as in DeepSpeed)."));
-  t.push_back(StringKey("scheduler.params.warmup_type", FIELD(scheduler.warmup_type), "log")
-                  .Choices({"log", "linear"})
-                  .OnlyFor({kWarmupLR, kWarmupDecayLR, kWarmupCosineLR})
-                  .Doc("Warmup curve: log(step + 1) / log(warmup_num_steps), or step / warmup_num_steps."));
-  t.push_back(IntKey("scheduler.params.total_num_steps", FIELD(scheduler.total_num_steps), 0)
-                  .AtMost(kMaxCount)
-                  .AtLeast(1)
-                  .NoDefault("required")
-                  .OnlyFor({kWarmupDecayLR, kWarmupCosineLR})
-                  .Doc("Optimizer steps of the whole run; the decay ends here."));
-  t.push_back(NumberKey("scheduler.params.warmup_min_ratio", FIELD(scheduler.warmup_min_ratio), 0.0)
-                  .Range(0, 1)
-                  .OnlyFor({kWarmupCosineLR})
-                  .Doc("Warmup starts at this fraction of optimizer.params.lr."));
-  t.push_back(NumberKey("scheduler.params.cos_min_ratio", FIELD(scheduler.cos_min_ratio), 1e-4)
-                  .Range(0, 1)
-                  .OnlyFor({kWarmupCosineLR})
-                  .Doc("The cosine decay ends at this fraction of optimizer.params.lr."));
+  t->push_back(IntKey("scheduler.params.warmup_num_steps", FIELD(scheduler.warmup_num_steps), 1000)
+                   .AtMost(kMaxCount)
+                   .AtLeast(1)
+                   .OnlyFor({kWarmupLR, kWarmupDecayLR, kWarmupCosineLR})
+                   .Doc("Optimizer steps of warmup (values below 2 act as 2, as in DeepSpeed)."));
+  t->push_back(StringKey("scheduler.params.warmup_type", FIELD(scheduler.warmup_type), "log")
+                   .Choices({"log", "linear"})
+                   .OnlyFor({kWarmupLR, kWarmupDecayLR, kWarmupCosineLR})
+                   .Doc("Warmup curve: log(step + 1) / log(warmup_num_steps), or step / warmup_num_steps."));
+  t->push_back(IntKey("scheduler.params.total_num_steps", FIELD(scheduler.total_num_steps), 0)
+                   .AtMost(kMaxCount)
+                   .AtLeast(1)
+                   .NoDefault("required")
+                   .OnlyFor({kWarmupDecayLR, kWarmupCosineLR})
+                   .Doc("Optimizer steps of the whole run; the decay ends here."));
+  t->push_back(NumberKey("scheduler.params.warmup_min_ratio", FIELD(scheduler.warmup_min_ratio), 0.0)
+                   .Range(0, 1)
+                   .OnlyFor({kWarmupCosineLR})
+                   .Doc("Warmup starts at this fraction of optimizer.params.lr."));
+  t->push_back(NumberKey("scheduler.params.cos_min_ratio", FIELD(scheduler.cos_min_ratio), 1e-4)
+                   .Range(0, 1)
+                   .OnlyFor({kWarmupCosineLR})
+                   .Doc("The cosine decay ends at this fraction of optimizer.params.lr."));
+}
 
-  // ZeRO.
-  t.push_back(IntKey("zero_optimization.stage", FIELD(zero.stage), 0)
-                  .Range(0, 3)
-                  .Doc("0: plain data parallelism; 1: optimizer states partitioned; 2: + gradients; "
-                       "3: + parameters."));
-  t.push_back(BoolKey("zero_optimization.contiguous_gradients", FIELD(zero.contiguous_gradients), true)
-                  .Doc("Pack gradients into contiguous bucket buffers, one collective per bucket; false: one "
-                       "collective per parameter straight from its gradient buffer (no copy, no bucket memory)."));
-  t.push_back(BoolKey("zero_optimization.reduce_scatter", FIELD(zero.reduce_scatter), true)
-                  .Doc("Reduce gradients with reduce-scatter (stages 1-3); false: all-reduce and keep the own shard "
-                       "(same values, more traffic)."));
-  t.push_back(IntKey("zero_optimization.reduce_bucket_size", FIELD(zero.reduce_bucket_size), 500000000)
-                  .AtMost(kMaxCount)
-                  .AtLeast(1)
-                  .Doc("Elements reduced at once (gradient bucket)."));
-  t.push_back(IntKey("zero_optimization.allgather_bucket_size", FIELD(zero.allgather_bucket_size), 500000000)
-                  .AtMost(kMaxCount)
-                  .AtLeast(1)
-                  .Doc("Gathered elements per all-gather of updated weights (stages 1/2); a larger parameter is "
-                       "gathered alone."));
-  t.push_back(BoolKey("zero_optimization.overlap_comm", FIELD(zero.overlap_comm), false)
-                  .DependsOn("true at stage 3, false otherwise")
-                  .Doc("Reduce gradient buckets on a communication stream, overlapped with backward."));
-  t.push_back(IntKey("zero_optimization.sub_group_size", FIELD(zero.sub_group_size), 1000000000)
-                  .AtMost(kMaxCount)
-                  .AtLeast(1)
-                  .Doc("Elements per optimizer sub-group (the unit of the optimizer step and of NVMe "
-                       "swapping)."));
-  t.push_back(IntKey("zero_optimization.stage3_prefetch_bucket_size", FIELD(zero.stage3_prefetch_bucket_size), 50000000)
-                  .AtMost(kMaxCount)
-                  .AtLeast(0)
-                  .Doc("Stage 3: elements of parameters fetched ahead of use."));
-  t.push_back(IntKey("zero_optimization.stage3_param_persistence_threshold",
-                     FIELD(zero.stage3_param_persistence_threshold), 100000)
-                  .AtMost(kMaxCount)
-                  .AtLeast(0)
-                  .Doc("Stage 3: parameters with fewer elements stay gathered."));
-  t.push_back(IntKey("zero_optimization.stage3_max_live_parameters", FIELD(zero.stage3_max_live_parameters), 1000000000)
-                  .AtMost(kMaxCount)
-                  .AtLeast(0)
-                  .Doc("Stage 3: most elements kept gathered at once."));
-  t.push_back(IntKey("zero_optimization.stage3_max_reuse_distance", FIELD(zero.stage3_max_reuse_distance), 1000000000)
-                  .AtMost(kMaxCount)
-                  .AtLeast(0)
-                  .Doc("Stage 3: a parameter reused within this many elements is not released."));
-  t.push_back(BoolKey("zero_optimization.stage3_gather_16bit_weights_on_model_save",
-                      FIELD(zero.stage3_gather_16bit_weights_on_model_save), false)
-                  .Doc("Stage 3: gather full 16-bit weights when the model is saved."));
-  t.push_back(BoolKey("zero_optimization.round_robin_gradients", FIELD(zero.round_robin_gradients), false)
-                  .Doc("Stages 1/2 with offload: spread gradient copies across ranks round-robin."));
-  t.push_back(BoolKey("zero_optimization.ignore_unused_parameters", FIELD(zero.ignore_unused_parameters), true)
-                  .Doc("Stage 2/3: parameters that get no gradient are not an error."));
-  t.push_back(StringKey("zero_optimization.offload_grad_accumulation", FIELD(zero.offload_grad_accumulation), "cpu")
-                  .Choices({"cpu", "gpu"})
-                  .Doc("With both offloads (optimizer and parameters, so stage 3): sum micro-step gradients on "
-                       "the host (\"cpu\") or in FP32 on the GPU, crossing PCIe once per step (\"gpu\")."));
+void AddZeroKeys(std::vector<Key>* t) {
+  t->push_back(IntKey("zero_optimization.stage", FIELD(zero.stage), 0)
+                   .Range(0, 3)
+                   .Doc("0: plain data parallelism; 1: optimizer states partitioned; 2: + gradients; "
+                        "3: + parameters."));
+  t->push_back(BoolKey("zero_optimization.contiguous_gradients", FIELD(zero.contiguous_gradients), true)
+                   .Doc("Pack gradients into contiguous bucket buffers, one collective per bucket; false: one "
+                        "collective per parameter straight from its gradient buffer (no copy, no bucket memory)."));
+  t->push_back(BoolKey("zero_optimization.reduce_scatter", FIELD(zero.reduce_scatter), true)
+                   .Doc("Reduce gradients with reduce-scatter (stages 1-3); false: all-reduce and keep the own shard "
+                        "(same values, more traffic)."));
+  t->push_back(IntKey("zero_optimization.reduce_bucket_size", FIELD(zero.reduce_bucket_size), 500000000)
+                   .AtMost(kMaxCount)
+                   .AtLeast(1)
+                   .Doc("Elements reduced at once (gradient bucket)."));
+  t->push_back(IntKey("zero_optimization.allgather_bucket_size", FIELD(zero.allgather_bucket_size), 500000000)
+                   .AtMost(kMaxCount)
+                   .AtLeast(1)
+                   .Doc("Gathered elements per all-gather of updated weights (stages 1/2); a larger parameter is "
+                        "gathered alone."));
+  t->push_back(BoolKey("zero_optimization.overlap_comm", FIELD(zero.overlap_comm), false)
+                   .DependsOn("true at stage 3, false otherwise")
+                   .Doc("Reduce gradient buckets on a communication stream, overlapped with backward."));
+  t->push_back(IntKey("zero_optimization.sub_group_size", FIELD(zero.sub_group_size), 1000000000)
+                   .AtMost(kMaxCount)
+                   .AtLeast(1)
+                   .Doc("Elements per optimizer sub-group (the unit of the optimizer step and of NVMe "
+                        "swapping)."));
+  t->push_back(
+      IntKey("zero_optimization.stage3_prefetch_bucket_size", FIELD(zero.stage3_prefetch_bucket_size), 50000000)
+          .AtMost(kMaxCount)
+          .AtLeast(0)
+          .Doc("Stage 3: elements of parameters fetched ahead of use."));
+  t->push_back(IntKey("zero_optimization.stage3_param_persistence_threshold",
+                      FIELD(zero.stage3_param_persistence_threshold), 100000)
+                   .AtMost(kMaxCount)
+                   .AtLeast(0)
+                   .Doc("Stage 3: parameters with fewer elements stay gathered."));
+  t->push_back(
+      IntKey("zero_optimization.stage3_max_live_parameters", FIELD(zero.stage3_max_live_parameters), 1000000000)
+          .AtMost(kMaxCount)
+          .AtLeast(0)
+          .Doc("Stage 3: most elements kept gathered at once."));
+  t->push_back(IntKey("zero_optimization.stage3_max_reuse_distance", FIELD(zero.stage3_max_reuse_distance), 1000000000)
+                   .AtMost(kMaxCount)
+                   .AtLeast(0)
+                   .Doc("Stage 3: a parameter reused within this many elements is not released."));
+  t->push_back(BoolKey("zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                       FIELD(zero.stage3_gather_16bit_weights_on_model_save), false)
+                   .Doc("Stage 3: gather full 16-bit weights when the model is saved."));
+  t->push_back(BoolKey("zero_optimization.round_robin_gradients", FIELD(zero.round_robin_gradients), false)
+                   .Doc("Stages 1/2 with offload: spread gradient copies across ranks round-robin."));
+  t->push_back(BoolKey("zero_optimization.ignore_unused_parameters", FIELD(zero.ignore_unused_parameters), true)
+                   .Doc("Stage 2/3: parameters that get no gradient are not an error."));
+  t->push_back(StringKey("zero_optimization.offload_grad_accumulation", FIELD(zero.offload_grad_accumulation), "cpu")
+                   .Choices({"cpu", "gpu"})
+                   .Doc("With both offloads (optimizer and parameters, so stage 3): sum micro-step gradients on "
+                        "the host (\"cpu\") or in FP32 on the GPU, crossing PCIe once per step (\"gpu\")."));
+}
 
-  t.push_back(DeviceKey("zero_optimization.offload_optimizer.device", FIELD(zero.offload_optimizer.device))
-                  .Doc("Where FP32 master weights and optimizer states live: GPU (\"none\"), host "
-                       "memory, or NVMe."));
-  t.push_back(StringKey("zero_optimization.offload_optimizer.nvme_path", FIELD(zero.offload_optimizer.nvme_path), "")
-                  .Doc("Directory for the swap files when device is \"nvme\"."));
-  t.push_back(IntKey("zero_optimization.offload_optimizer.buffer_count", FIELD(zero.offload_optimizer.buffer_count), 4)
-                  .AtMost(kMaxInt)
-                  .AtLeast(1)
-                  .Doc("Pinned buffers for NVMe swapping of optimizer states."));
-  t.push_back(BoolKey("zero_optimization.offload_optimizer.pin_memory", FIELD(zero.offload_optimizer.pin_memory), false)
-                  .Doc("Keep offloaded states in pinned (page-locked) host memory."));
-  t.push_back(
+void AddOffloadOptimizerKeys(std::vector<Key>* t) {
+  t->push_back(DeviceKey("zero_optimization.offload_optimizer.device", FIELD(zero.offload_optimizer.device))
+                   .Doc("Where FP32 master weights and optimizer states live: GPU (\"none\"), host "
+                        "memory, or NVMe."));
+  t->push_back(StringKey("zero_optimization.offload_optimizer.nvme_path", FIELD(zero.offload_optimizer.nvme_path), "")
+                   .Doc("Directory for the swap files when device is \"nvme\"."));
+  t->push_back(IntKey("zero_optimization.offload_optimizer.buffer_count", FIELD(zero.offload_optimizer.buffer_count), 4)
+                   .AtMost(kMaxInt)
+                   .AtLeast(1)
+                   .Doc("Pinned buffers for NVMe swapping of optimizer states."));
+  t->push_back(
+      BoolKey("zero_optimization.offload_optimizer.pin_memory", FIELD(zero.offload_optimizer.pin_memory), false)
+          .Doc("Keep offloaded states in pinned (page-locked) host memory."));
+  t->push_back(
       BoolKey("zero_optimization.offload_optimizer.pipeline_read", FIELD(zero.offload_optimizer.pipeline_read), false)
           .Doc("NVMe: overlap reading the next sub-group with the step."));
-  t.push_back(
+  t->push_back(
       BoolKey("zero_optimization.offload_optimizer.pipeline_write", FIELD(zero.offload_optimizer.pipeline_write), false)
           .Doc("NVMe: overlap writing the previous sub-group with the step."));
-  t.push_back(BoolKey("zero_optimization.offload_optimizer.fast_init", FIELD(zero.offload_optimizer.fast_init), false)
-                  .Doc("NVMe: skip writing initial optimizer states through the swapper."));
-  t.push_back(NumberKey("zero_optimization.offload_optimizer.ratio", FIELD(zero.offload_optimizer.ratio), 1.0)
-                  .Range(0, 1)
-                  .Above(0)
-                  .Doc("Stage 3: fraction of the optimizer states offloaded (the partition's last elements); the "
-                       "first 1 - ratio stay on the GPU with the device AdamW (DeepSpeed's partial offload)."));
-  t.push_back(IntKey("zero_optimization.offload_optimizer.cpu_threads", FIELD(zero.offload_optimizer.cpu_threads), 0)
-                  .AtMost(1024)
-                  .AtLeast(0)
-                  .DefaultDoc("`0` (the hardware threads)")
-                  .Doc("Threads of the CPU AdamW that updates offloaded states (device \"cpu\" or \"nvme\"), the "
-                       "calling thread included; 0: std::thread::hardware_concurrency(). Per rank: with several "
-                       "ranks on a host, give each its share of the cores. The result does not depend on it."));
-  t.push_back(BoolKey("zero_optimization.offload_optimizer.pin_memory_fallback",
-                      FIELD(zero.offload_optimizer.pin_memory_fallback), false)
-                  .Doc("With pin_memory true: when pinning the offloaded states fails (RLIMIT_MEMLOCK, the CUDA "
-                       "host allocator), keep them in pageable memory and print one warning instead of failing "
-                       "create. Pageable copies are slower and do not overlap."));
-  t.push_back(IntKey("zero_optimization.offload_optimizer.host_memory_budget",
-                     FIELD(zero.offload_optimizer.host_memory_budget), 0)
-                  .AtMost(kMaxCount)
-                  .AtLeast(0)
-                  .DefaultDoc("`0` (all states on NVMe)")
-                  .Doc("Tiered state, device \"nvme\" only: bytes of this rank's optimizer state (FP32 master "
-                       "weights and both moments, 12 bytes per element) kept in pinned host memory; the rest is "
-                       "swapped to nvme_path. The swap buffers are not part of it. 0: every state on NVMe "
-                       "(DeepSpeed's behaviour); a budget that holds the whole state keeps all of it in host memory. "
-                       "Per rank: ranks on one host each pin this much."));
-  t.push_back(
+  t->push_back(BoolKey("zero_optimization.offload_optimizer.fast_init", FIELD(zero.offload_optimizer.fast_init), false)
+                   .Doc("NVMe: skip writing initial optimizer states through the swapper."));
+  t->push_back(NumberKey("zero_optimization.offload_optimizer.ratio", FIELD(zero.offload_optimizer.ratio), 1.0)
+                   .Range(0, 1)
+                   .Above(0)
+                   .Doc("Stage 3: fraction of the optimizer states offloaded (the partition's last elements); the "
+                        "first 1 - ratio stay on the GPU with the device AdamW (DeepSpeed's partial offload)."));
+  t->push_back(IntKey("zero_optimization.offload_optimizer.cpu_threads", FIELD(zero.offload_optimizer.cpu_threads), 0)
+                   .AtMost(1024)
+                   .AtLeast(0)
+                   .DefaultDoc("`0` (the hardware threads)")
+                   .Doc("Threads of the CPU AdamW that updates offloaded states (device \"cpu\" or \"nvme\"), the "
+                        "calling thread included; 0: std::thread::hardware_concurrency(). Per rank: with several "
+                        "ranks on a host, give each its share of the cores. The result does not depend on it."));
+  t->push_back(BoolKey("zero_optimization.offload_optimizer.pin_memory_fallback",
+                       FIELD(zero.offload_optimizer.pin_memory_fallback), false)
+                   .Doc("With pin_memory true: when pinning the offloaded states fails (RLIMIT_MEMLOCK, the CUDA "
+                        "host allocator), keep them in pageable memory and print one warning instead of failing "
+                        "create. Pageable copies are slower and do not overlap."));
+  t->push_back(IntKey("zero_optimization.offload_optimizer.host_memory_budget",
+                      FIELD(zero.offload_optimizer.host_memory_budget), 0)
+                   .AtMost(kMaxCount)
+                   .AtLeast(0)
+                   .DefaultDoc("`0` (all states on NVMe)")
+                   .Doc("Tiered state, device \"nvme\" only: bytes of this rank's optimizer state (FP32 master "
+                        "weights and both moments, 12 bytes per element) kept in pinned host memory; the rest is "
+                        "swapped to nvme_path. The swap buffers are not part of it. 0: every state on NVMe "
+                        "(DeepSpeed's behaviour); a budget that holds the whole state keeps all of it in host memory. "
+                        "Per rank: ranks on one host each pin this much."));
+}
+
+// offload_optimizer.update_device and what the streamed GPU update reads.
+void AddOffloadOptimizerGpuUpdateKeys(std::vector<Key>* t) {
+  t->push_back(
       StringKey("zero_optimization.offload_optimizer.update_device", FIELD(zero.offload_optimizer.update_device), "cpu")
           .Choices({"cpu", "gpu"})
           .Doc("Device \"cpu\" only: where AdamW over the offloaded states runs. \"cpu\": the CPU AdamW "
@@ -420,19 +438,19 @@ std::vector<Key> BuildKeys() {
                "previous and device->host copy of the one before at once): 12 bytes per element each way "
                "over PCIe per step, chunk_buffers * chunk_size * 12 bytes of GPU memory. The same bits as "
                "no offload."));
-  t.push_back(IntKey("zero_optimization.offload_optimizer.chunk_size", FIELD(zero.offload_optimizer.chunk_size),
-                     int64_t{1} << 24)
-                  .AtMost(kMaxCount)
-                  .AtLeast(1)
-                  .Doc("update_device \"gpu\": elements per streamed chunk (each of the three states). The "
-                       "result does not depend on it."));
-  t.push_back(
+  t->push_back(IntKey("zero_optimization.offload_optimizer.chunk_size", FIELD(zero.offload_optimizer.chunk_size),
+                      int64_t{1} << 24)
+                   .AtMost(kMaxCount)
+                   .AtLeast(1)
+                   .Doc("update_device \"gpu\": elements per streamed chunk (each of the three states). The "
+                        "result does not depend on it."));
+  t->push_back(
       IntKey("zero_optimization.offload_optimizer.chunk_buffers", FIELD(zero.offload_optimizer.chunk_buffers), 3)
           .AtMost(1024)
           .AtLeast(2)
           .Doc("update_device \"gpu\": GPU staging sets the chunks rotate through (2: upload and "
                "update overlap; 3: the download overlaps too)."));
-  t.push_back(
+  t->push_back(
       BoolKey("zero_optimization.offload_optimizer.overlap_step", FIELD(zero.offload_optimizer.overlap_step), false)
           .Doc("update_device \"gpu\" only: overlap the streamed update with the next forward. Step() "
                "queues the first chunk_buffers chunks and returns; the rest are queued as the next "
@@ -443,55 +461,75 @@ std::vector<Key> BuildKeys() {
                "an error). Everything left is queued before the next backward's first gradient; "
                "Engine::WaitForOptimizerStep() completes the step. One data-parallel rank, no "
                "offload_param. The same bits as the synchronous step."));
+}
 
-  t.push_back(DeviceKey("zero_optimization.offload_param.device", FIELD(zero.offload_param.device))
-                  .Doc("Stage 3: where partitioned 16-bit parameters live between uses."));
-  t.push_back(StringKey("zero_optimization.offload_param.nvme_path", FIELD(zero.offload_param.nvme_path), "")
-                  .Doc("Directory for the swap files when device is \"nvme\"."));
-  t.push_back(
+void AddOffloadParamKeys(std::vector<Key>* t) {
+  t->push_back(DeviceKey("zero_optimization.offload_param.device", FIELD(zero.offload_param.device))
+                   .Doc("Stage 3: where partitioned 16-bit parameters live between uses."));
+  t->push_back(StringKey("zero_optimization.offload_param.nvme_path", FIELD(zero.offload_param.nvme_path), "")
+                   .Doc("Directory for the swap files when device is \"nvme\"."));
+  t->push_back(
       IntKey("zero_optimization.offload_param.buffer_count", FIELD(zero.offload_param.buffer_count), 5)
           .AtMost(kMaxInt)
           .AtLeast(1)
           .Doc(
               "device \"cpu\": the most stage-3 gathers whose shard uploads are in flight at once (docs/offload.md)."));
-  t.push_back(
+  t->push_back(
       IntKey("zero_optimization.offload_param.buffer_size", FIELD(zero.offload_param.buffer_size), 100000000)
           .AtMost(kMaxCount)
           .AtLeast(1)
           .Doc("device \"cpu\": the largest shard (elements) of one parameter; a larger one is an Initialize error."));
-  t.push_back(IntKey("zero_optimization.offload_param.max_in_cpu", FIELD(zero.offload_param.max_in_cpu), 1000000000)
-                  .AtMost(kMaxCount)
-                  .AtLeast(0)
-                  .Doc("Elements of parameters kept in host memory when device is \"nvme\"."));
-  t.push_back(BoolKey("zero_optimization.offload_param.pin_memory", FIELD(zero.offload_param.pin_memory), false)
-                  .Doc("Keep offloaded parameters in pinned host memory."));
-  t.push_back(BoolKey("zero_optimization.offload_param.pin_memory_fallback",
-                      FIELD(zero.offload_param.pin_memory_fallback), false)
-                  .Doc("With pin_memory true: when pinning the offloaded parameters fails, keep them in pageable "
-                       "memory and print one warning instead of failing create."));
+  t->push_back(IntKey("zero_optimization.offload_param.max_in_cpu", FIELD(zero.offload_param.max_in_cpu), 1000000000)
+                   .AtMost(kMaxCount)
+                   .AtLeast(0)
+                   .Doc("Elements of parameters kept in host memory when device is \"nvme\"."));
+  t->push_back(BoolKey("zero_optimization.offload_param.pin_memory", FIELD(zero.offload_param.pin_memory), false)
+                   .Doc("Keep offloaded parameters in pinned host memory."));
+  t->push_back(BoolKey("zero_optimization.offload_param.pin_memory_fallback",
+                       FIELD(zero.offload_param.pin_memory_fallback), false)
+                   .Doc("With pin_memory true: when pinning the offloaded parameters fails, keep them in pageable "
+                        "memory and print one warning instead of failing create."));
+}
 
-  // Asynchronous I/O for NVMe.
-  t.push_back(IntKey("aio.block_size", FIELD(aio.block_size), 1048576)
-                  .AtMost(1 << 30)
-                  .AtLeast(1)
-                  .Doc("Bytes per I/O request."));
-  t.push_back(IntKey("aio.queue_depth", FIELD(aio.queue_depth), 8)
-                  .AtMost(65536)
-                  .AtLeast(1)
-                  .Doc("Requests in flight per I/O thread."));
-  t.push_back(IntKey("aio.intra_op_parallelism", FIELD(aio.intra_op_parallelism), 1)
-                  .AtMost(1024)
-                  .AtLeast(1)
-                  .Doc("I/O threads per read or write (older name: thread_count)."));
-  t.push_back(BoolKey("aio.single_submit", FIELD(aio.single_submit), false)
-                  .Doc("Submit requests one at a time rather than in batches."));
-  t.push_back(BoolKey("aio.overlap_events", FIELD(aio.overlap_events), true)
-                  .Doc("Submit new requests while waiting for completions."));
-  t.push_back(BoolKey("aio.use_gds", FIELD(aio.use_gds), false).Doc("Use GPUDirect Storage."));
-  t.push_back(BoolKey("aio.allow_buffered_fallback", FIELD(aio.allow_buffered_fallback), false)
-                  .Doc("When nvme_path's filesystem refuses O_DIRECT (tmpfs, some FUSE and network filesystems): "
-                       "false fails create naming the filesystem; true swaps through the page cache instead "
-                       "(costs host memory, no overlap: for tests and small runs)."));
+// Asynchronous I/O for NVMe.
+void AddAioKeys(std::vector<Key>* t) {
+  t->push_back(IntKey("aio.block_size", FIELD(aio.block_size), 1048576)
+                   .AtMost(1 << 30)
+                   .AtLeast(1)
+                   .Doc("Bytes per I/O request."));
+  t->push_back(IntKey("aio.queue_depth", FIELD(aio.queue_depth), 8)
+                   .AtMost(65536)
+                   .AtLeast(1)
+                   .Doc("Requests in flight per I/O thread."));
+  t->push_back(IntKey("aio.intra_op_parallelism", FIELD(aio.intra_op_parallelism), 1)
+                   .AtMost(1024)
+                   .AtLeast(1)
+                   .Doc("I/O threads per read or write (older name: thread_count)."));
+  t->push_back(BoolKey("aio.single_submit", FIELD(aio.single_submit), false)
+                   .Doc("Submit requests one at a time rather than in batches."));
+  t->push_back(BoolKey("aio.overlap_events", FIELD(aio.overlap_events), true)
+                   .Doc("Submit new requests while waiting for completions."));
+  t->push_back(BoolKey("aio.use_gds", FIELD(aio.use_gds), false).Doc("Use GPUDirect Storage."));
+  t->push_back(BoolKey("aio.allow_buffered_fallback", FIELD(aio.allow_buffered_fallback), false)
+                   .Doc("When nvme_path's filesystem refuses O_DIRECT (tmpfs, some FUSE and network filesystems): "
+                        "false fails create naming the filesystem; true swaps through the page cache instead "
+                        "(costs host memory, no overlap: for tests and small runs)."));
+}
+
+// In the order docs/config.md lists them.
+std::vector<Key> BuildKeys() {
+  std::vector<Key> t;
+  AddBatchAndLoggingKeys(&t);
+  AddTraceKeys(&t);
+  AddGradientKeys(&t);
+  AddPrecisionKeys(&t);
+  AddOptimizerKeys(&t);
+  AddSchedulerKeys(&t);
+  AddZeroKeys(&t);
+  AddOffloadOptimizerKeys(&t);
+  AddOffloadOptimizerGpuUpdateKeys(&t);
+  AddOffloadParamKeys(&t);
+  AddAioKeys(&t);
   return t;
 }
 
