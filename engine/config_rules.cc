@@ -11,8 +11,10 @@
 namespace zero {
 namespace config_internal {
 
-const std::vector<Rule>& Rules() {
-  static const std::vector<Rule>* rules = new std::vector<Rule>{
+namespace {
+
+std::vector<Rule> TraceAndPrecisionRules() {
+  return {
       {"`zero_trace.path` is not empty when `zero_trace.enabled` is true.",
        {"zero_trace.enabled", "zero_trace.path"},
        [](const Config& c, const std::string& s, int) {
@@ -39,6 +41,11 @@ const std::vector<Rule>& Rules() {
          }
          return OkStatus();
        }},
+  };
+}
+
+std::vector<Rule> OffloadPlacementRules() {
+  return {
       {"`zero_optimization.offload_param.device` other than \"none\" needs stage 3.",
        {"zero_optimization.offload_param.device", "zero_optimization.stage"},
        [](const Config& c, const std::string& s, int) {
@@ -89,6 +96,11 @@ const std::vector<Rule>& Rules() {
          }
          return OkStatus();
        }},
+  };
+}
+
+std::vector<Rule> GradientAccumulationRules() {
+  return {
       {"`managed_gradient_accumulation: false` refuses `zero_optimization.overlap_comm: true` at stages 0 "
        "and 1 (as DeepSpeed does).",
        {"managed_gradient_accumulation", "zero_optimization.overlap_comm", "zero_optimization.stage"},
@@ -123,6 +135,11 @@ const std::vector<Rule>& Rules() {
                              Join(missing, " and ") + ")",
                          "\"gpu\"");
        }},
+  };
+}
+
+std::vector<Rule> OptimizerRules() {
+  return {
       {"`zero_optimization.offload_optimizer.host_memory_budget` above 0 needs `offload_optimizer.device` "
        "\"nvme\" (it splits the state between host memory and NVMe).",
        {"zero_optimization.offload_optimizer.host_memory_budget", "zero_optimization.offload_optimizer.device"},
@@ -179,7 +196,12 @@ const std::vector<Rule>& Rules() {
          return OkStatus();
        }},
 
-      // Read, not built: refused by Engine::Create (Validate), accepted by ParseConfig.
+  };
+}
+
+// Read, not built: refused by Engine::Create (Validate), accepted by ParseConfig.
+std::vector<Rule> UnbuiltUpdateAndReductionRules() {
+  return {
       {"`zero_optimization.offload_optimizer.ratio` below 1 with `update_device: \"gpu\"` (the chunked GPU AdamW) "
        "is not built: partial offload keeps its device share with the device AdamW and offloads the rest to the "
        "CPU AdamW.",
@@ -230,6 +252,11 @@ const std::vector<Rule>& Rules() {
          return OkStatus();
        },
        true},
+  };
+}
+
+std::vector<Rule> UnbuiltOverlapStepRules() {
+  return {
       {"`zero_optimization.offload_optimizer.overlap_step` with more than one data-parallel rank is not built.",
        {"zero_optimization.offload_optimizer.overlap_step"},
        [](const Config& c, const std::string& s, int world_size) {
@@ -262,6 +289,20 @@ const std::vector<Rule>& Rules() {
        },
        true},
   };
+}
+
+}  // namespace
+
+const std::vector<Rule>& Rules() {
+  static const std::vector<Rule>* rules = [] {
+    auto* all = new std::vector<Rule>;
+    for (std::vector<Rule> (*group)() : {TraceAndPrecisionRules, OffloadPlacementRules, GradientAccumulationRules,
+                                         OptimizerRules, UnbuiltUpdateAndReductionRules, UnbuiltOverlapStepRules}) {
+      std::vector<Rule> part = group();
+      all->insert(all->end(), part.begin(), part.end());
+    }
+    return all;
+  }();
   return *rules;
 }
 
