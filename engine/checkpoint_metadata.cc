@@ -238,11 +238,11 @@ Status WriteMetadata(const std::string& dir, const std::string& tag, const Check
 
 // --- reading -------------------------------------------------------------------------------------
 
-Result<CheckpointMeta> ReadMetadata(const std::string& dir, const std::string& tag, FileSystem* fs_or_null) {
-  FileSystem& fs = *FileSystemOrDefault(fs_or_null);
-  ZERO_RETURN_IF_ERROR(ValidateTag(tag));
-  const std::string tag_dir = TagDirectory(dir, tag);
-  const std::string path = JoinPath(tag_dir, kMetadataFileName);
+namespace {
+
+// metadata.json's text; NotFound says whether the tag or only its metadata is missing.
+Result<std::string> ReadMetadataText(FileSystem& fs, const std::string& tag, const std::string& tag_dir,
+                                     const std::string& path) {
   if (!PathExists(fs, path)) {
     if (PathExists(fs, tag_dir)) {
       return NotFoundError(path + " is missing: the save of tag '" + tag +
@@ -251,10 +251,14 @@ Result<CheckpointMeta> ReadMetadata(const std::string& dir, const std::string& t
     }
     return NotFoundError("checkpoint tag '" + tag + "' does not exist: " + tag_dir + " is missing");
   }
-  ZERO_ASSIGN_OR_RETURN(std::string text, fs.ReadFile(path));
+  return fs.ReadFile(path);
+}
+
+// Checks the seal when `text` has one (*sealed says whether it has) and parses the JSON object.
+Result<json> ParseMetadataText(const std::string& text, const std::string& path, bool* sealed) {
   Seal seal;
-  const bool sealed = FindSeal(text, &seal);
-  if (sealed) {
+  *sealed = FindSeal(text, &seal);
+  if (*sealed) {
     const uint32_t crc = Crc32c(text.data(), seal.covered);
     if (crc != seal.crc) {
       return DataLossError(path + ": checksum mismatch: its metadata_crc32c entry says " + Crc32cHex(seal.crc) +
@@ -263,12 +267,12 @@ Result<CheckpointMeta> ReadMetadata(const std::string& dir, const std::string& t
     }
   }
   // Nesting, numbers beyond double and duplicate keys are refused before anything recursive runs
-  // (the saved config and client state are dumped below).
+  // (ReadRunShape dumps the saved config and client state).
   auto parsed = ParseJsonText<json>(text, path);
   if (!parsed.ok()) {
     std::string what = parsed.status().message();
     if (what.compare(0, path.size() + 2, path + ": ") == 0) what = what.substr(path.size() + 2);
-    if (!sealed) {
+    if (!*sealed) {
       return DataLossError(path + ": truncated or corrupt: it does not end with its " +
                            "\"metadata_crc32c\" entry and is not valid JSON (" + std::to_string(text.size()) +
                            " bytes): " + what);
@@ -277,63 +281,79 @@ Result<CheckpointMeta> ReadMetadata(const std::string& dir, const std::string& t
   }
   json j = std::move(parsed).value();
   if (!j.is_object()) return DataLossError(path + ": not a JSON object");
-  CheckpointMeta m;
+  return j;
+}
+
+// format, format_version and zero_version: a version this build reads, sealed from version 2 on.
+Status ReadFormat(const json& j, const std::string& path, bool sealed, CheckpointMeta* m) {
   std::string format;
   ZERO_RETURN_IF_ERROR(GetString(j, "format", &format, path));
   if (format != kMetadataFormat) {
     return FailedPreconditionError(path + ": format '" + format + "' is not '" + kMetadataFormat + "'");
   }
-  ZERO_RETURN_IF_ERROR(GetInt(j, "format_version", &m.format_version, path));
-  ZERO_RETURN_IF_ERROR(GetString(j, "zero_version", &m.zero_version, path));
-  if (m.format_version < kOldestReadableFormatVersion || m.format_version > kCheckpointFormatVersion) {
-    return FailedPreconditionError(path + ": checkpoint format version " + std::to_string(m.format_version) +
-                                   " (written by " + m.zero_version + "); this build of zero (" + kZeroVersion +
+  ZERO_RETURN_IF_ERROR(GetInt(j, "format_version", &m->format_version, path));
+  ZERO_RETURN_IF_ERROR(GetString(j, "zero_version", &m->zero_version, path));
+  if (m->format_version < kOldestReadableFormatVersion || m->format_version > kCheckpointFormatVersion) {
+    return FailedPreconditionError(path + ": checkpoint format version " + std::to_string(m->format_version) +
+                                   " (written by " + m->zero_version + "); this build of zero (" + kZeroVersion +
                                    ") reads format versions " + std::to_string(kOldestReadableFormatVersion) + " to " +
                                    std::to_string(kCheckpointFormatVersion));
   }
   // Version 1 had no metadata checksum: it loads unverified (its rank files are still verified
   // against it). From version 2 on the checksum is required.
-  if (!sealed && m.format_version >= 2) {
-    return DataLossError(path + ": format version " + std::to_string(m.format_version) +
+  if (!sealed && m->format_version >= 2) {
+    return DataLossError(path + ": format version " + std::to_string(m->format_version) +
                          " ends with a \"metadata_crc32c\" entry, this file has none at its "
                          "end (it was truncated or edited)");
   }
-  ZERO_RETURN_IF_ERROR(GetString(j, "tag", &m.tag, path));
-  m.tag = tag;  // the directory name wins: a renamed tag directory loads under its new name
-  ZERO_RETURN_IF_ERROR(GetInt(j, "global_steps", &m.global_steps, path));
-  ZERO_RETURN_IF_ERROR(GetInt(j, "skipped_steps", &m.skipped_steps, path));
-  ZERO_RETURN_IF_ERROR(GetInt(j, "micro_steps", &m.micro_steps, path));
-  ZERO_RETURN_IF_ERROR(GetInt(j, "adam_step", &m.adam_step, path));
+  return OkStatus();
+}
+
+// The step counters, the loss scaler and the scheduler.
+Status ReadTrainingState(const json& j, const std::string& path, CheckpointMeta* m) {
+  ZERO_RETURN_IF_ERROR(GetInt(j, "global_steps", &m->global_steps, path));
+  ZERO_RETURN_IF_ERROR(GetInt(j, "skipped_steps", &m->skipped_steps, path));
+  ZERO_RETURN_IF_ERROR(GetInt(j, "micro_steps", &m->micro_steps, path));
+  ZERO_RETURN_IF_ERROR(GetInt(j, "adam_step", &m->adam_step, path));
   const json* ls;
   ZERO_RETURN_IF_ERROR(GetObject(j, "loss_scaler", &ls, path));
   const std::string ls_where = path + ": loss_scaler";
-  ZERO_RETURN_IF_ERROR(GetBool(*ls, "dynamic", &m.loss_scaler.dynamic, ls_where));
-  ZERO_RETURN_IF_ERROR(GetDouble(*ls, "scale", &m.loss_scaler.scale, ls_where));
-  ZERO_RETURN_IF_ERROR(GetInt(*ls, "good_steps", &m.loss_scaler.good_steps, ls_where));
-  ZERO_RETURN_IF_ERROR(GetInt(*ls, "hysteresis", &m.loss_scaler.hysteresis, ls_where));
-  ZERO_RETURN_IF_ERROR(GetInt(*ls, "last_overflow_step", &m.loss_scaler.last_overflow_step, ls_where));
+  ZERO_RETURN_IF_ERROR(GetBool(*ls, "dynamic", &m->loss_scaler.dynamic, ls_where));
+  ZERO_RETURN_IF_ERROR(GetDouble(*ls, "scale", &m->loss_scaler.scale, ls_where));
+  ZERO_RETURN_IF_ERROR(GetInt(*ls, "good_steps", &m->loss_scaler.good_steps, ls_where));
+  ZERO_RETURN_IF_ERROR(GetInt(*ls, "hysteresis", &m->loss_scaler.hysteresis, ls_where));
+  ZERO_RETURN_IF_ERROR(GetInt(*ls, "last_overflow_step", &m->loss_scaler.last_overflow_step, ls_where));
   const json* sc;
   ZERO_RETURN_IF_ERROR(GetObject(j, "scheduler", &sc, path));
   const std::string sc_where = path + ": scheduler";
-  ZERO_RETURN_IF_ERROR(GetString(*sc, "type", &m.scheduler.type, sc_where));
-  ZERO_RETURN_IF_ERROR(GetInt(*sc, "last_step", &m.scheduler.last_step, sc_where));
-  ZERO_RETURN_IF_ERROR(GetDouble(*sc, "last_lr", &m.scheduler.last_lr, sc_where));
+  ZERO_RETURN_IF_ERROR(GetString(*sc, "type", &m->scheduler.type, sc_where));
+  ZERO_RETURN_IF_ERROR(GetInt(*sc, "last_step", &m->scheduler.last_step, sc_where));
+  ZERO_RETURN_IF_ERROR(GetDouble(*sc, "last_lr", &m->scheduler.last_lr, sc_where));
+  return OkStatus();
+}
+
+// model_dtype, zero_stage, dp_world_size and the saved config and client state.
+Status ReadRunShape(const json& j, const std::string& path, CheckpointMeta* m) {
   std::string dtype;
   ZERO_RETURN_IF_ERROR(GetString(j, "model_dtype", &dtype, path));
-  if (!ParseDType(dtype, &m.model_dtype)) {
+  if (!ParseDType(dtype, &m->model_dtype)) {
     return DataLossError(path + ": model_dtype '" + dtype + "' is not fp32, bf16 or fp16");
   }
-  ZERO_RETURN_IF_ERROR(GetInt(j, "zero_stage", &m.zero_stage, path));
-  ZERO_RETURN_IF_ERROR(GetInt(j, "dp_world_size", &m.dp_world_size, path));
-  if (m.dp_world_size < 1) {
-    return DataLossError(path + ": dp_world_size " + std::to_string(m.dp_world_size) + " < 1");
+  ZERO_RETURN_IF_ERROR(GetInt(j, "zero_stage", &m->zero_stage, path));
+  ZERO_RETURN_IF_ERROR(GetInt(j, "dp_world_size", &m->dp_world_size, path));
+  if (m->dp_world_size < 1) {
+    return DataLossError(path + ": dp_world_size " + std::to_string(m->dp_world_size) + " < 1");
   }
   if (!j.contains("config") || !j.contains("client_state")) {
     return KeyError(path, j.contains("config") ? "client_state" : "config", "present");
   }
-  m.config_json = j["config"].dump();
-  m.client_state_json = j["client_state"].dump();
+  m->config_json = j["config"].dump();
+  m->client_state_json = j["client_state"].dump();
+  return OkStatus();
+}
 
+// The parameter table, checked against m->dp_world_size.
+Status ReadParams(const json& j, const std::string& path, CheckpointMeta* m) {
   auto params = j.find("params");
   if (params == j.end() || !params->is_array()) return KeyError(path, "params", "an array");
   for (size_t i = 0; i < params->size(); ++i) {
@@ -351,15 +371,19 @@ Result<CheckpointMeta> ReadMetadata(const std::string& dir, const std::string& t
       if (!d.is_number_integer()) return KeyError(where, "shape", "an array of integers");
       p.shape.push_back(d.get<int64_t>());
     }
-    m.params.push_back(std::move(p));
+    m->params.push_back(std::move(p));
   }
-  Status table = CheckParamTable(m.params, m.dp_world_size, path);
+  Status table = CheckParamTable(m->params, m->dp_world_size, path);
   if (!table.ok()) return DataLossError(table.message());
+  return OkStatus();
+}
 
+// One entry per rank, each naming that rank's file, its size and its CRC32C.
+Status ReadRankFiles(const json& j, const std::string& path, CheckpointMeta* m) {
   auto files = j.find("rank_files");
   if (files == j.end() || !files->is_array()) return KeyError(path, "rank_files", "an array");
-  if (static_cast<int>(files->size()) != m.dp_world_size) {
-    return DataLossError(path + ": dp_world_size " + std::to_string(m.dp_world_size) + " but " +
+  if (static_cast<int>(files->size()) != m->dp_world_size) {
+    return DataLossError(path + ": dp_world_size " + std::to_string(m->dp_world_size) + " but " +
                          std::to_string(files->size()) + " rank_files entries");
   }
   for (size_t r = 0; r < files->size(); ++r) {
@@ -382,8 +406,29 @@ Result<CheckpointMeta> ReadMetadata(const std::string& dir, const std::string& t
     }
     f.bytes = static_cast<uint64_t>(bytes);
     f.crc32c = static_cast<uint32_t>(v);
-    m.rank_files.push_back(std::move(f));
+    m->rank_files.push_back(std::move(f));
   }
+  return OkStatus();
+}
+
+}  // namespace
+
+Result<CheckpointMeta> ReadMetadata(const std::string& dir, const std::string& tag, FileSystem* fs_or_null) {
+  FileSystem& fs = *FileSystemOrDefault(fs_or_null);
+  ZERO_RETURN_IF_ERROR(ValidateTag(tag));
+  const std::string tag_dir = TagDirectory(dir, tag);
+  const std::string path = JoinPath(tag_dir, kMetadataFileName);
+  ZERO_ASSIGN_OR_RETURN(std::string text, ReadMetadataText(fs, tag, tag_dir, path));
+  bool sealed = false;
+  ZERO_ASSIGN_OR_RETURN(json j, ParseMetadataText(text, path, &sealed));
+  CheckpointMeta m;
+  ZERO_RETURN_IF_ERROR(ReadFormat(j, path, sealed, &m));
+  ZERO_RETURN_IF_ERROR(GetString(j, "tag", &m.tag, path));
+  m.tag = tag;  // the directory name wins: a renamed tag directory loads under its new name
+  ZERO_RETURN_IF_ERROR(ReadTrainingState(j, path, &m));
+  ZERO_RETURN_IF_ERROR(ReadRunShape(j, path, &m));
+  ZERO_RETURN_IF_ERROR(ReadParams(j, path, &m));
+  ZERO_RETURN_IF_ERROR(ReadRankFiles(j, path, &m));
   return m;
 }
 
