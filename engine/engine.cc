@@ -22,6 +22,7 @@
 #include "engine/engine_impl.h"
 #include "engine/engine_timeline.h"
 #include "engine/lr_scheduler.h"
+#include "runtime/hash.h"
 #include "zero/allgather_bucket.h"
 #include "zero/buffer_pool.h"
 #include "zero/grad_partition.h"
@@ -41,59 +42,6 @@ namespace {
 // Pieces of the engine's flat buffers start at multiples of this many elements (256 bytes of
 // fp32), so param(i) and grad shards are aligned for vectorized kernels. Gaps stay zero.
 constexpr int64_t kAlign = 64;
-
-// 52-bit hash of the values' bits, compared across ranks by Initialize (exact as a double, so
-// AllReduceHost max/min compare it). xxHash64's construction (four independent lanes over 32-byte
-// stripes, one multiply-rotate-multiply round per 64-bit word, then an avalanche): several GB/s on
-// one core, where the byte-wise FNV-1a it replaces ran at about 1 byte/ns. Not a cryptographic
-// hash: it tells honest mismatches apart (a differing init function, seed or rank-dependent
-// value), which is all Initialize needs.
-constexpr uint64_t kP1 = 0x9E3779B185EBCA87ull;
-constexpr uint64_t kP2 = 0xC2B2AE3D27D4EB4Full;
-constexpr uint64_t kP3 = 0x165667B19E3779F9ull;
-constexpr uint64_t kP4 = 0x85EBCA77C2B2AE63ull;
-constexpr uint64_t kP5 = 0x27D4EB2F165667C5ull;
-inline uint64_t Rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-inline uint64_t HashRound(uint64_t acc, uint64_t w) { return Rotl(acc + w * kP2, 31) * kP1; }
-inline uint64_t HashMerge(uint64_t h, uint64_t lane) { return (h ^ HashRound(0, lane)) * kP1 + kP4; }
-
-double Checksum(const float* v, int64_t n) {
-  const unsigned char* b = reinterpret_cast<const unsigned char*>(v);
-  const size_t bytes = static_cast<size_t>(n) * 4;
-  auto word = [b](size_t at) {
-    uint64_t w;
-    std::memcpy(&w, b + at, 8);
-    return w;
-  };
-  size_t i = 0;
-  uint64_t h;
-  if (bytes >= 32) {
-    uint64_t l0 = kP1 + kP2, l1 = kP2, l2 = 0, l3 = 0 - kP1;
-    for (; i + 32 <= bytes; i += 32) {
-      l0 = HashRound(l0, word(i));
-      l1 = HashRound(l1, word(i + 8));
-      l2 = HashRound(l2, word(i + 16));
-      l3 = HashRound(l3, word(i + 24));
-    }
-    h = Rotl(l0, 1) + Rotl(l1, 7) + Rotl(l2, 12) + Rotl(l3, 18);
-    h = HashMerge(HashMerge(HashMerge(HashMerge(h, l0), l1), l2), l3);
-  } else {
-    h = kP5;
-  }
-  h += static_cast<uint64_t>(bytes);
-  for (; i + 8 <= bytes; i += 8) h = Rotl(h ^ HashRound(0, word(i)), 27) * kP1 + kP4;
-  if (i + 4 <= bytes) {
-    uint32_t w;
-    std::memcpy(&w, b + i, 4);
-    h = Rotl(h ^ (static_cast<uint64_t>(w) * kP1), 23) * kP2 + kP3;
-  }
-  h ^= h >> 33;
-  h *= kP2;
-  h ^= h >> 29;
-  h *= kP3;
-  h ^= h >> 32;
-  return static_cast<double>(h & ((uint64_t{1} << 52) - 1));
-}
 
 }  // namespace
 
@@ -420,19 +368,11 @@ void Engine::Impl::LayOutFlatBuffers() {
 }
 
 Status Engine::Impl::AllocateNormPartials() {
-  const size_t bytes = std::max<size_t>(1, registry.params.size()) * sizeof(double);
-  auto b = device->Allocate(bytes);
-  if (!b.ok()) return b.status().WithContext("Initialize: allocating norm partials");
-  norm.slots = std::move(b).value();
+  auto n = GlobalNorm::Create(device, comm, compute, static_cast<int>(registry.params.size()), stage >= 1 && world > 1);
+  if (!n.ok()) return n.status().WithContext("Initialize");
+  norm = std::move(n).value();
   // UpdateInBackward writes a parameter's partial when it is reported; the others read 0.
-  ZERO_RETURN_IF_ERROR(device->Fill(norm.slots.data(), DType::kF32, bytes / 4, 0.0f, compute));
-  auto h = device->AllocatePinned(bytes);
-  if (!h.ok()) return h.status().WithContext("Initialize: allocating norm partials (host)");
-  norm.host = std::move(h).value();
-  auto e = device->CreateEvent();
-  if (!e.ok()) return e.status().WithContext("Initialize: creating the norm event");
-  norm.ready = std::move(e).value();
-  return OkStatus();
+  return norm->ZeroSlots();
 }
 
 // Initial values: full fp32 on the host. Where this rank's master holds the whole parameter
@@ -465,7 +405,7 @@ Status Engine::Impl::UploadInitialValues(const InitFill& fill, bool partition_re
           fill(i, lo, hi - lo, values.data() + lo).WithContext("Initialize: initial values of " + ParamName(p)));
     }
     if (world > 1 && !partition_reads) {  // one rank has nothing to compare with
-      sums[i] = Checksum(values.data(), p.numel);
+      sums[i] = ValuesHash52(values.data(), p.numel);
       sums[registry.params.size() + i] = -sums[i];
     }
     if (p.numel == 0) continue;

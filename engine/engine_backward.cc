@@ -236,8 +236,8 @@ Status Engine::Impl::UpdateFromGradient(int index, const void* src) {
   window.MarkUpdated(index);
   if (p.numel == 0) return OkStatus();
   if (src != nullptr) {
-    ZERO_RETURN_IF_ERROR(device->SumOfSquares(src, run.model_dtype, static_cast<size_t>(p.numel),
-                                              norm.slots.as<double>() + index, compute));
+    ZERO_RETURN_IF_ERROR(
+        device->SumOfSquares(src, run.model_dtype, static_cast<size_t>(p.numel), norm->slots() + index, compute));
   }
   // One rank: the partition piece is the whole (unpadded) parameter.
   return optimizer.states->UpdateFromGradient(p.part_off, p.shard.shard, src, run.model_dtype, StepParams(1.0, 1.0),

@@ -1,7 +1,7 @@
 // The Engine's private state, shared by the .cc files of //engine:engine only (not installed):
 // ParamInfo (a registered parameter and its place in the flat buffers), ParamName, the groups of
-// Impl's fields (RunSettings, Lifecycle, ParamRegistry, NormPartials, GradBuffers,
-// Stage3Reductions, StepProgress), and the definition of struct Engine::Impl: its fields, its small inline helpers
+// Impl's fields (RunSettings, Lifecycle, ParamRegistry, GradBuffers, Stage3Reductions,
+// StepProgress), and the definition of struct Engine::Impl: its fields, its small inline helpers
 // (layout, mode predicates, Guard/Check*, the model-copy writes) and the member functions the .cc files define:
 //   engine.cc           creation and set-up (Create, RegisterParameter, Initialize), ModuleHandle,
 //                       the accessors
@@ -28,6 +28,7 @@
 #include "zero/allgather_bucket.h"
 #include "zero/buffer_pool.h"
 #include "zero/deferred_step.h"
+#include "zero/global_norm.h"
 #include "zero/grad_partition.h"
 #include "zero/grad_reducer.h"
 #include "zero/grad_window.h"
@@ -38,6 +39,7 @@
 #include "zero/partition.h"
 #include "zero/reduction_schedule.h"
 #include "zero/state_factory.h"
+#include "zero/update_agreement.h"
 
 namespace zero {
 namespace engine_internal {
@@ -88,13 +90,6 @@ struct ParamRegistry {
   int64_t part_total = 0;
 };
 
-// The global norm's per-parameter partials.
-struct NormPartials {
-  DeviceBuffer slots;            // one device double per parameter
-  PinnedBuffer host;             // their host copy (pinned, so the copy does not block the host)
-  std::unique_ptr<Event> ready;  // recorded after that copy
-};
-
 // The model-dtype gradient buffers of grad_buffer(), from a pool keyed by size.
 struct GradBuffers {
   std::unique_ptr<BufferPool> pool;
@@ -120,7 +115,6 @@ struct StepProgress {
 
 using engine_internal::GradBuffers;
 using engine_internal::Lifecycle;
-using engine_internal::NormPartials;
 using engine_internal::ParamInfo;
 using engine_internal::ParamName;
 using engine_internal::ParamRegistry;
@@ -166,7 +160,8 @@ struct Engine::Impl {
   // of `acc` where the accumulators are the partition (AccIsGrad), otherwise this rank's fp32
   // gradient partition (stages 1-3; none with UpdateInBackward).
   std::unique_ptr<GradPartition> grad;
-  NormPartials norm;
+  // The global norm's per-parameter partials and their sum over ranks (zero/global_norm.h).
+  std::unique_ptr<GlobalNorm> norm;
 
   GradBuffers grad_buffers;
   Stage3Reductions stage3_reductions;
@@ -312,7 +307,6 @@ struct Engine::Impl {
   Status QueueBoundaryReduction(int index);
   Status ReduceModules(const std::vector<int>& modules);
   Status ReduceAccumulators(const std::vector<uint8_t>& which);
-  Status UnionActive();
   Status UpdateAll(const std::vector<uint8_t>& update, const AdamWParams& h, bool in_backward);
   Status AgreeOnUpdate(Status local);
   Status BoundaryImpl();
@@ -324,7 +318,6 @@ struct Engine::Impl {
   AdamWParams StepParams(double loss_scale, double clip_coef) const;
   Status UpdateFromGradient(int index, const void* src);
   Status ReadNorm(double* total);
-  Status ReadNormImpl(double* total);
   // fn, timed as offload (wall_clock_breakdown) on `track` (zero_trace) when states or gradients
   // live off the device; otherwise just fn.
   Status TimedOffload(TrackId track, const char* name, const std::function<Status()>& fn) {

@@ -47,72 +47,34 @@ Status Engine::ReportFault(Status error) {
   return impl_->Guard(std::move(error));
 }
 
-Status Engine::Impl::UnionActive() {
-  if (world == 1) return OkStatus();
-  std::vector<double> flags(window.active().begin(), window.active().end());
-  ZERO_RETURN_IF_ERROR(comm->AllReduceHost(flags.data(), flags.size(), ReduceOp::kMax)
-                           .WithContext("agreeing on the parameters with gradients"));
-  window.MergeActive(flags);
-  return OkStatus();
-}
-
 // Starts a new window. No fill: the pieces are marked unwritten, and the window's first
 // contribution overwrites each (AddGradient).
 Status Engine::Impl::ZeroAccumulators() {
-  if (UpdateInBackward() && !registry.params.empty()) {
+  if (UpdateInBackward()) {
     // Stream-ordered after the boundary's copy of the partials to the host.
-    ZERO_RETURN_IF_ERROR(device->Fill(norm.slots.data(), DType::kF32, 2 * registry.params.size(), 0.0f, compute));
+    ZERO_RETURN_IF_ERROR(norm->ZeroSlots());
   }
   if (grad != nullptr) grad->NewWindow();
   window.NewWindow();
   return OkStatus();
 }
 
-// Sums the per-parameter norm partials copied to the host (after waiting for that copy) in
-// parameter order; stages 1-3 with several ranks add the ranks' sums (AllReduceHost, rank order).
+// The global norm's total (zero/global_norm.h: the partials summed in parameter order, then over
+// the ranks at stages 1-3), timed as communication.
 Status Engine::Impl::ReadNorm(double* total) {
   return timeline.Timed(EngineTimeline::Kind::kCommunication, kTrackCommunication, "gradient norm",
-                        [&] { return ReadNormImpl(total); });
+                        [&] { return norm->Read(total); });
 }
-
-Status Engine::Impl::ReadNormImpl(double* total) {
-  ZERO_RETURN_IF_ERROR(device->SynchronizeEvent(norm.ready.get()));
-  // A collective the watchdog aborted lets the stream pass with undefined data (comm/watchdog.h).
-  ZERO_RETURN_IF_ERROR(comm->CheckHealth());
-  const double* host = norm.host.as<double>();
-  double sum = 0.0;
-  for (size_t i = 0; i < registry.params.size(); ++i) sum += host[i];
-  if (stage >= 1 && world > 1) {
-    ZERO_RETURN_IF_ERROR(comm->AllReduceHost(&sum, 1, ReduceOp::kSum).WithContext("gradient norm"));
-  }
-  *total = sum;
-  return OkStatus();
-}
-
-namespace {
-
-// stop_on_nonfinite: the error of a step whose global gradient norm is NaN or inf.
-Status NonFiniteNormError(double total, int64_t step, bool applied) {
-  return FailedPreconditionError(
-      "the global gradient norm of optimizer step " + std::to_string(step) + " is " +
-      (std::isnan(total) ? "nan" : "inf") + " (a NaN or inf in some rank's gradients); " +
-      (applied ? "the step was applied (without gradient_clipping or fp16 the norm is read after the update), so "
-                 "the weights hold it now"
-               : "the step was not applied (the weights are as before)") +
-      ". Stopping rather than training on it: load the last checkpoint and look at the loss and the learning "
-      "rate, or set stop_on_nonfinite: false to train on as DeepSpeed does");
-}
-
-}  // namespace
 
 Status Engine::Impl::BoundaryImpl() {
   // Every parameter is updated (one without a gradient in the window with a zero gradient, as
   // DeepSpeed does), in managed and unmanaged mode alike; with freeze_inactive_parameters only those
-  // that received a gradient on some rank in the window.
+  // that received a gradient on some rank in the window (zero/update_agreement.h).
   std::vector<uint8_t> update(registry.params.size(), 1);
   if (run.freeze_inactive) {
-    ZERO_RETURN_IF_ERROR(UnionActive());
     update = window.active();
+    ZERO_RETURN_IF_ERROR(AgreeOnActive(comm, &update));
+    window.MergeActive(std::vector<double>(update.begin(), update.end()));
   }
   if (stage <= 1 && !window.reduced()) ZERO_RETURN_IF_ERROR(ReduceAccumulators(update));
 
@@ -157,13 +119,13 @@ Status Engine::Impl::BoundaryImpl() {
 
   if (!norm_first) {
     ZERO_RETURN_IF_ERROR(ReadNorm(&total));
-    if (!std::isfinite(total) && config.stop_on_nonfinite) {
-      progress.grad_norm = std::sqrt(total) / s;
+    if (DecideStep(total, fp16, config.stop_on_nonfinite) == StepVerdict::kStop) {
+      progress.grad_norm = ReportedNorm(total, s);
       return Agreed(NonFiniteNormError(total, progress.counters.global_steps + 1, /*applied=*/true));
     }
   }
   ZERO_RETURN_IF_ERROR(ZeroAccumulators());
-  progress.grad_norm = std::sqrt(total) / s;
+  progress.grad_norm = ReportedNorm(total, s);
   progress.step_applied = true;
   ++progress.counters.global_steps;
   ++progress.counters.adam_step;
@@ -171,8 +133,8 @@ Status Engine::Impl::BoundaryImpl() {
   return comm->CheckHealth();
 }
 
-// The norm's per-parameter partials of the window's fp32 gradients into norm.slots, then copied to
-// norm.host (norm.ready recorded after the copy). A piece without contribution in the window is
+// The norm's per-parameter partials of the window's fp32 gradients into norm's slots, then
+// published (copied to the host, GlobalNorm::Publish). A piece without contribution in the window is
 // zero-filled if AdamW is to read it (`update`).
 Status Engine::Impl::ComputeNormPartials(const std::vector<uint8_t>& update, bool in_backward) {
   const int n_params = static_cast<int>(registry.params.size());
@@ -184,12 +146,9 @@ Status Engine::Impl::ComputeNormPartials(const std::vector<uint8_t>& update, boo
   // host in parameter order; partitioned stages all-reduce the partial sums (rank order). A
   // gradient that got no contribution in the window is zero: its partial is 0.0 (what
   // SumOfSquares of zeros gives), and it is zero-filled only if AdamW is to read it.
-  double* slots = norm.slots.as<double>();
-  if (n_params > 0 && !in_backward) {
-    ZERO_RETURN_IF_ERROR(device->Fill(slots, DType::kF32, 2 * static_cast<size_t>(n_params), 0.0f, compute));
-  }
   // Update in backward: the partials were written at GradReady (0 for the others).
   if (!in_backward) {
+    ZERO_RETURN_IF_ERROR(norm->ZeroSlots());
     // Unmanaged: the window's end is here (offload_grad_accumulation "gpu": the sums go to the host).
     ZERO_RETURN_IF_ERROR(grad->Finish());
     std::vector<int> norm_of;
@@ -201,27 +160,20 @@ Status Engine::Impl::ComputeNormPartials(const std::vector<uint8_t>& update, boo
       }
       norm_of.push_back(i);
     }
-    ZERO_RETURN_IF_ERROR(grad->SumsOfSquares(norm_of, slots));
+    ZERO_RETURN_IF_ERROR(grad->SumsOfSquares(norm_of, norm->slots()));
   }
-  if (n_params > 0) {
-    ZERO_RETURN_IF_ERROR(
-        device->Copy(norm.host.data(), slots, sizeof(double) * n_params, CopyKind::kDeviceToHost, compute));
-  }
-  return device->RecordEvent(norm.ready.get(), compute);
+  return norm->Publish();
 }
 
 // fp16 and clipping read the norm before the update: an fp16 overflow skips the step (`skipped`:
 // the window starts over, the loss scale drops), a non-finite norm with stop_on_nonfinite stops
 // it, clipping sets `clip_coef`. `s`: the loss scale (1 without fp16).
 Status Engine::Impl::ReadNormBeforeUpdate(double s, double* total_out, double* clip_coef, bool* skipped) {
-  const bool fp16 = config.fp16.enabled;
-  const double clip = config.gradient_clipping;
   double& total = *total_out;
   ZERO_RETURN_IF_ERROR(ReadNorm(&total));
-  // A sum of squares (in double) of fp32 values is finite exactly when every value is finite, so
-  // this is the overflow check of every rank's gradients.
-  const bool overflow = !std::isfinite(total);
-  if (fp16 && overflow) {
+  // The total is the same on every rank, and so is the verdict (zero/update_agreement.h).
+  const StepVerdict verdict = DecideStep(total, config.fp16.enabled, config.stop_on_nonfinite);
+  if (verdict == StepVerdict::kSkip) {
     progress.grad_norm = std::numeric_limits<double>::infinity();
     progress.step_applied = false;
     ++progress.counters.global_steps;
@@ -236,14 +188,11 @@ Status Engine::Impl::ReadNormBeforeUpdate(double s, double* total_out, double* c
     }
     return OkStatus();
   }
-  if (overflow && config.stop_on_nonfinite) {
-    progress.grad_norm = std::sqrt(total) / s;
+  if (verdict == StepVerdict::kStop) {
+    progress.grad_norm = ReportedNorm(total, s);
     return Agreed(NonFiniteNormError(total, progress.counters.global_steps + 1, /*applied=*/false));
   }
-  if (clip > 0.0) {
-    const double c = (std::sqrt(total) / s + 1e-6) / clip;
-    if (c > 1.0) *clip_coef = c;
-  }
+  *clip_coef = ClipCoefficient(total, s, config.gradient_clipping);
   return OkStatus();
 }
 
@@ -312,23 +261,16 @@ Status Engine::Impl::UpdateAll(const std::vector<uint8_t>& update, const AdamWPa
 }
 
 // With several ranks and anything offloaded (host or NVMe states, host or NVMe parameter shards),
-// one small host all-reduce tells every rank whether some rank's update failed: the failing rank
-// returns its own error, the others an error naming it (instead of waiting in the next collective
-// for the communicator's timeout). Without offload, or with one rank, `local` is returned as is.
+// one small host all-reduce tells every rank whether some rank's update failed
+// (zero/update_agreement.h: the failing rank returns its own error, the others an error naming
+// it, instead of waiting in the next collective for the communicator's timeout). Without offload,
+// or with one rank, `local` is returned as is.
 Status Engine::Impl::AgreeOnUpdate(Status local) {
   const OptimizerStateBytes sb = optimizer.states->bytes();
   const bool offloaded = sb.host > 0 || sb.nvme > 0 || host_params != nullptr;
-  if (world == 1 || !offloaded) return local;
-  double failed = local.ok() ? -1.0 : static_cast<double>(comm->rank());
-  Status agree = comm->AllReduceHost(&failed, 1, ReduceOp::kMax).WithContext("agreeing on the optimizer update");
-  // Every rank took part: the outcome is known everywhere, so it is not reported as a fault.
-  if (!local.ok()) return agree.ok() ? Agreed(local) : local;
-  ZERO_RETURN_IF_ERROR(agree);
-  if (failed < 0) return OkStatus();
-  return Agreed(
-      UnavailableError("rank " + std::to_string(static_cast<int>(failed)) +
-                       " failed in the optimizer update (its error says why, e.g. a swap file fault); every rank "
-                       "stops here: create new engines and LoadCheckpoint the last checkpoint"));
+  if (!offloaded) return local;
+  AgreedStatus outcome = AgreeOnUpdateOutcome(comm, std::move(local));
+  return outcome.agreed ? Agreed(std::move(outcome.status)) : std::move(outcome.status);
 }
 
 // The fp32 master weights (of the parameters in `update`) in the model dtype, where the forward

@@ -8,7 +8,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "examples/hash.h"
+#include "runtime/hash.h"
 
 namespace zero::examples {
 namespace {

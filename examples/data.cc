@@ -5,7 +5,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "examples/hash.h"
+#include "runtime/hash.h"
 
 namespace zero::examples {
 

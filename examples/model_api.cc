@@ -7,21 +7,9 @@
 #include <thread>
 #include <utility>
 
-#include "examples/hash.h"
+#include "runtime/hash.h"
 
 namespace zero::examples {
-namespace {
-
-uint64_t Fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
-}  // namespace
 
 int64_t ModelParamSpec::numel() const {
   int64_t n = 1;
@@ -53,7 +41,7 @@ void InitParamSlice(const ModelParamSpec& spec, uint64_t seed, int64_t begin, in
     for (int64_t j = 0; j < count; ++j) out[j] = v;
     return;
   }
-  const uint64_t key = SplitMix64(seed ^ SplitMix64(Fnv1a(spec.name)));
+  const uint64_t key = SplitMix64(seed ^ SplitMix64(Fnv1a64(spec.name)));
   auto fill = [&](int64_t from, int64_t to) {
     constexpr double kTwoPi = 6.283185307179586476925;
     for (int64_t j = from; j < to; ++j) {

@@ -11,13 +11,12 @@
 #include <filesystem>
 #include <utility>
 
-#include "examples/hash.h"
+#include "runtime/hash.h"
 
 namespace zero::llm {
 namespace {
 
 namespace fs = std::filesystem;
-using examples::SplitMix64;
 
 static_assert(std::endian::native == std::endian::little, "token files are little-endian uint32, copied as is");
 
@@ -337,9 +336,9 @@ Result<std::vector<ReverseTextExample>> ReverseTextExamples(std::string_view cor
   for (int e = 0; e < count; ++e) {
     std::string snippet;
     for (int attempt = 0; attempt < kAttempts && snippet.empty(); ++attempt) {
-      size_t pos = examples::SplitMix64Next(&state) % corpus.size();
-      const int want = max_snippet_chars - static_cast<int>(examples::SplitMix64Next(&state) %
-                                                            static_cast<uint64_t>(max_snippet_chars / 2 + 1));
+      size_t pos = SplitMix64Next(&state) % corpus.size();
+      const int want = max_snippet_chars -
+                       static_cast<int>(SplitMix64Next(&state) % static_cast<uint64_t>(max_snippet_chars / 2 + 1));
       while (pos < corpus.size() && (static_cast<uint8_t>(corpus[pos]) & 0xC0) == 0x80) ++pos;
       // Characters of one line, at most `want`.
       std::vector<std::string_view> chars;

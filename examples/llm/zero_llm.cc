@@ -25,7 +25,6 @@
 #include "comm/rendezvous.h"
 #include "engine/config.h"
 #include "engine/engine.h"
-#include "examples/hash.h"
 #include "examples/llm/bpe_tokenizer.h"
 #include "examples/llm/hf_checkpoint.h"
 #include "examples/llm/llm_config.h"
@@ -37,6 +36,7 @@
 #include "examples/zero_train_adapters.h"
 #include "examples/zero_train_report.h"
 #include "runtime/device.h"
+#include "runtime/hash.h"
 #include "tools/launcher.h"
 
 #if defined(ZERO_EXAMPLES_HAS_CUDA)
@@ -542,7 +542,7 @@ Status RunRank(const LlmTrainOptions& o, RankContext* ctx) {
       for (float x : v) {
         uint32_t bits;
         std::memcpy(&bits, &x, 4);
-        h = examples::SplitMix64(h ^ bits);
+        h = SplitMix64(h ^ bits);
       }
     }
     if (lead) std::printf("master_weights_hash=%016llx\n", static_cast<unsigned long long>(h));

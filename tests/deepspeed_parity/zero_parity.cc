@@ -33,21 +33,13 @@
 #include "engine/engine.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "runtime/hash.h"
 #include "runtime/status.h"
 
 namespace zero::parity {
 namespace {
 
 using nlohmann::json;
-
-constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ull;
-
-uint64_t SplitMix64(uint64_t x) {
-  x += kGamma;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // cells.py's init_key / grad_key.
 uint64_t InitKey(int p) { return SplitMix64(0x1417000000000000ull | static_cast<uint64_t>(p)); }
@@ -67,7 +59,7 @@ struct ParamInfo {
 void InitValues(const ParamInfo& p, int index, float* out) {
   const uint64_t key = InitKey(index);
   for (int64_t i = 0; i < p.numel; ++i) {
-    const uint64_t x = SplitMix64(key + static_cast<uint64_t>(i) * kGamma);
+    const uint64_t x = SplitMix64(key + static_cast<uint64_t>(i) * kSplitMix64Gamma);
     const int k = static_cast<int>(x >> 56) - 128;
     out[i] = (static_cast<float>(k) * 0x1p-7f) * p.init_scale;
   }
@@ -78,7 +70,7 @@ void GradValues(const ParamInfo& p, int step, int micro, int index, std::vector<
   const uint64_t key = GradKey(step, micro, index);
   out->resize(p.numel);
   for (int64_t i = 0; i < p.numel; ++i) {
-    const uint64_t x = SplitMix64(key + static_cast<uint64_t>(i) * kGamma);
+    const uint64_t x = SplitMix64(key + static_cast<uint64_t>(i) * kSplitMix64Gamma);
     const float u = static_cast<float>(x >> 40);
     (*out)[i] = ((u * 0x1p-24f) * 2.0f - 1.0f) * p.grad_scale;
   }

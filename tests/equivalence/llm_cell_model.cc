@@ -2,9 +2,9 @@
 
 #include <algorithm>
 
-#include "examples/hash.h"
 #include "examples/llm/llm_cpu.h"
 #include "examples/llm/llm_params.h"
+#include "runtime/hash.h"
 #include "runtime/status.h"
 
 namespace zero::equivalence {
@@ -38,14 +38,13 @@ llm::LlmBatch LlmCellModel::MakeBatch(int rank, int window, int micro) const {
   const size_t n = static_cast<size_t>(batch_) * seq_;
   b.inputs.resize(n);
   b.targets.resize(n);
-  const uint64_t key =
-      examples::SplitMix64(examples::SplitMix64(examples::SplitMix64(seed_ ^ (rank + 1)) ^ (window + 1)) ^ (micro + 1));
+  const uint64_t key = SplitMix64(SplitMix64(SplitMix64(seed_ ^ (rank + 1)) ^ (window + 1)) ^ (micro + 1));
   // One stream of seq+1 ids per row: inputs are its first seq, targets its last seq; every 7th
   // target (offset by the row) is ignored, so the loss counts a different number per row.
   for (int r = 0; r < batch_; ++r) {
     std::vector<int32_t> ids(seq_ + 1);
     for (int t = 0; t <= seq_; ++t) {
-      ids[t] = static_cast<int32_t>(examples::SplitMix64(key ^ (static_cast<uint64_t>(r) << 32 | t)) %
+      ids[t] = static_cast<int32_t>(SplitMix64(key ^ (static_cast<uint64_t>(r) << 32 | t)) %
                                     static_cast<uint64_t>(config_.vocab_size));
     }
     for (int t = 0; t < seq_; ++t) {

@@ -2,19 +2,14 @@
 
 #include <cmath>
 
+#include "runtime/hash.h"
+
 namespace zero::equivalence {
 namespace {
 
-uint64_t SplitMix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // Uniform in [-1, 1), 24 random bits: a pure function of (a, b, c, d).
 float Uniform(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-  uint64_t h = SplitMix(SplitMix(SplitMix(SplitMix(a) ^ b) ^ c) ^ d);
+  uint64_t h = SplitMix64(SplitMix64(SplitMix64(SplitMix64(a) ^ b) ^ c) ^ d);
   return static_cast<float>(h >> 40) * (1.0f / 8388608.0f) - 1.0f;
 }
 
