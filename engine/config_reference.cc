@@ -38,10 +38,7 @@ std::string DefaultText(const Key& k) {
   return "`" + k.default_value.dump() + "`";
 }
 
-}  // namespace
-
-std::string ConfigReferenceMarkdown() {
-  std::ostringstream md;
+void WriteIntroduction(std::ostream& md) {
   md << "# Config reference\n\n"
      << "<!-- Generated from the key table in engine/config_key_table.cc by\n"
      << "     `bazel run //engine:config_doc -- --output=docs/config.md`; do not edit by hand.\n"
@@ -53,8 +50,11 @@ std::string ConfigReferenceMarkdown() {
      << "DeepSpeed for everything zero implements. Every key below is declared once in\n"
      << "`engine/config_key_table.cc`; that declaration drives parsing, defaults, validation, `ConfigToJson`\n"
      << "and this page. The rules between keys are in `engine/config_rules.cc`, run by parsing and by\n"
-     << "`Engine::Create` alike.\n\n"
-     << "## Errors and warnings\n\n"
+     << "`Engine::Create` alike.\n\n";
+}
+
+void WriteErrorsAndWarnings(std::ostream& md) {
+  md << "## Errors and warnings\n\n"
      << "- A bad value names the key's full path, what was expected and what was found:\n"
      << "  `ds_config.json: zero_optimization.stage: expected an integer in 0..3, got 4`.\n"
      << "- Malformed JSON reports the line and column: `ds_config.json: malformed JSON at line 7, column 5: ...`.\n"
@@ -82,8 +82,11 @@ std::string ConfigReferenceMarkdown() {
      << "  read it are skipped, so no problem is reported only as a consequence of another; a missing batch\n"
      << "  size does not hide a contradiction elsewhere. Unknown keys that are only warnings follow as\n"
      << "  `note:` lines (a misspelt key is often why a value is missing). Malformed JSON is one error:\n"
-     << "  parsing cannot continue.\n\n"
-     << "## Batch size\n\n"
+     << "  parsing cannot continue.\n\n";
+}
+
+void WriteBatchAndScheduleNotes(std::ostream& md) {
+  md << "## Batch size\n\n"
      << "`train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x world_size`.\n"
      << "Any two of the three derive the third; all three given must satisfy the identity. With only\n"
      << "`train_batch_size`: micro batch = train_batch_size / world_size and gradient_accumulation_steps = 1.\n"
@@ -96,8 +99,10 @@ std::string ConfigReferenceMarkdown() {
      << "after t - 1 advances: the first update uses `warmup_min_lr` (WarmupLR, WarmupDecayLR) or 0\n"
      << "(WarmupCosineLR). `warmup_num_steps` below 2 acts as 2. The formulas are in\n"
      << "`engine/lr_scheduler.h`.\n\n";
+}
 
-  // One table per block, in table order.
+// One table per block, in table order.
+void WriteKeyTables(std::ostream& md) {
   std::vector<std::string> blocks;
   for (const Key& k : Keys()) {
     const std::string b = ParentOf(k.path);
@@ -116,7 +121,9 @@ std::string ConfigReferenceMarkdown() {
     }
     md << "\n";
   }
+}
 
+void WriteRules(std::ostream& md) {
   md << "## Rules between keys\n\n";
   for (const Rule& r : Rules()) {
     if (!r.unbuilt) md << "- " << r.doc << "\n";
@@ -135,11 +142,17 @@ std::string ConfigReferenceMarkdown() {
   for (const Rule& r : Rules()) {
     if (r.unbuilt) md << "- " << r.doc << "\n";
   }
+}
+
+void WriteOtherSpellings(std::ostream& md) {
   md << "\n## Other spellings\n\n"
      << "Accepted with a warning and mapped onto the keys above; giving both spellings is an error.\n\n"
      << "| Spelling | Means |\n| --- | --- |\n";
   for (const Alias& a : Aliases()) md << "| `" << a.path << "` | `" << a.canonical << "` |\n";
   for (const Deprecated& d : DeprecatedKeys()) md << "| `" << d.path << "` (boolean) | " << d.doc << " |\n";
+}
+
+void WriteDeepSpeedDifferences(std::ostream& md) {
   md << "\n## Differences from DeepSpeed 0.19.8\n\n"
      << "Every default above is DeepSpeed 0.19.8's (its `runtime/constants.py`, `runtime/zero/config.py`,\n"
      << "`runtime/zero/offload_config.py`, `runtime/precision_config.py`, the aio config, `lr_schedules.py`\n"
@@ -153,10 +166,27 @@ std::string ConfigReferenceMarkdown() {
     const std::string key = d.key.find('`') == std::string::npos ? "`" + d.key + "`" : d.key;
     md << "| " << key << " | " << d.theirs << " | " << d.ours << " | " << d.why << " |\n";
   }
+}
+
+void WriteIgnoredKeys(std::ostream& md) {
   md << "\n## Keys read and ignored\n\n"
      << "DeepSpeed keys zero knows and does not act on. Each gives a warning (also with `strict`).\n\n"
      << "| Key | Why |\n| --- | --- |\n";
   for (const Ignored& i : IgnoredKeys()) md << "| `" << i.path << "` | " << i.why << " |\n";
+}
+
+}  // namespace
+
+std::string ConfigReferenceMarkdown() {
+  std::ostringstream md;
+  WriteIntroduction(md);
+  WriteErrorsAndWarnings(md);
+  WriteBatchAndScheduleNotes(md);
+  WriteKeyTables(md);
+  WriteRules(md);
+  WriteOtherSpellings(md);
+  WriteDeepSpeedDifferences(md);
+  WriteIgnoredKeys(md);
   return md.str();
 }
 
