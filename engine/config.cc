@@ -181,6 +181,102 @@ void Problem(ParseState* st, const std::string& path, const Status& s) {
   if (!path.empty()) st->bad.insert(path);
 }
 
+void Walk(const Json& obj, const std::string& canonical_prefix, const std::string& user_prefix, ParseState* st);
+
+// The key `k` given as `value`: refused if given twice (two spellings) or badly, else set.
+void ReadKey(const Key& k, const Json& value, const std::string& path, const std::string& user_path, ParseState* st) {
+  const std::string& source = st->options.source;
+  auto prior = st->given.find(path);
+  if (prior != st->given.end()) {
+    Problem(st, path, KeyError(source, user_path, "one spelling of the key", "it also as '" + prior->second + "'"));
+    return;
+  }
+  st->given[path] = user_path;
+  Json canonical;
+  const Status read = ReadValue(k, value, user_path, source, &canonical);
+  if (!read.ok()) {
+    Problem(st, path, read);
+    return;
+  }
+  k.set(st->config, canonical);
+}
+
+// The block `path` given as `value`: walked if it is an object given once.
+void ReadBlock(const Json& value, const std::string& path, const std::string& user_path, ParseState* st) {
+  const std::string& source = st->options.source;
+  if (value.is_string() && value.get<std::string>() == "auto") {
+    Problem(st, path, KeyError(source, user_path, "an object", ShowValue(value) + kAutoNote));
+    return;
+  }
+  if (!value.is_object()) {
+    Problem(st, path, KeyError(source, user_path, "an object", ShowValue(value)));
+    return;
+  }
+  if (st->given.count(path)) {
+    Problem(st, path, KeyError(source, user_path, "one spelling of the block", "it also as '" + st->given[path] + "'"));
+    return;
+  }
+  st->given[path] = user_path;
+  Walk(value, path, user_path, st);
+}
+
+// Whether `path` is a deprecated key (recorded, or a problem if not a boolean) or an ignored one
+// (a warning).
+bool ReadDeprecatedOrIgnored(const Json& value, const std::string& path, const std::string& user_path, ParseState* st) {
+  const std::string& source = st->options.source;
+  bool handled = false;
+  for (const Deprecated& d : DeprecatedKeys()) {
+    if (path != d.path) continue;
+    handled = true;
+    if (!value.is_boolean()) {
+      Problem(st, path, KeyError(source, user_path, "true or false", ShowValue(value)));
+      continue;
+    }
+    st->deprecated[path] = value.get<bool>();
+  }
+  for (const Ignored& i : IgnoredKeys()) {
+    if (path != i.path) continue;
+    st->config.warnings.push_back(source + ": '" + user_path + "' is ignored: " + i.why);
+    handled = true;
+  }
+  return handled;
+}
+
+// An unknown key `name` under `canonical_prefix`: an error when it is one edit from a known
+// top-level key or block (as the options say), else a warning (an error with `strict`) with a
+// suggestion, past kUnknownKeysListed only counted.
+void ReportUnknownKey(const std::string& canonical_prefix, const std::string& name, const std::string& user_path,
+                      ParseState* st) {
+  const std::string& source = st->options.source;
+  if (canonical_prefix.empty() && st->options.top_level_typos_are_errors) {
+    const std::string near = Nearest("", name, 1).first;
+    if (!near.empty()) {
+      Problem(st, "",
+              InvalidArgumentError(source + ": unknown key '" + user_path + "' (did you mean '" + near +
+                                   "'?): a top-level key one edit from a known one is an error, since "
+                                   "everything under it would be ignored"));
+      return;
+    }
+  }
+  if (!canonical_prefix.empty() && st->options.nested_block_typos_are_errors) {
+    const std::string near = NearestBlock(canonical_prefix, name);
+    if (!near.empty()) {
+      Problem(st, "",
+              InvalidArgumentError(source + ": unknown key '" + user_path + "' (did you mean '" + near +
+                                   "'?): a key one edit from a known block is an error, since everything "
+                                   "under it would be ignored"));
+      return;
+    }
+  }
+  if (++st->unknown_keys > kUnknownKeysListed) return;
+  const std::string message = source + ": unknown key '" + user_path + "'" + Suggestion(canonical_prefix, name);
+  if (st->options.strict) {
+    st->errors.push_back(message);
+  } else {
+    st->config.warnings.push_back(message);
+  }
+}
+
 void Walk(const Json& obj, const std::string& canonical_prefix, const std::string& user_prefix, ParseState* st) {
   const std::string& source = st->options.source;
   for (auto it = obj.begin(); it != obj.end(); ++it) {
@@ -200,81 +296,11 @@ void Walk(const Json& obj, const std::string& canonical_prefix, const std::strin
       continue;
     }
     if (const Key* k = FindKey(path)) {
-      auto prior = st->given.find(path);
-      if (prior != st->given.end()) {
-        Problem(st, path, KeyError(source, user_path, "one spelling of the key", "it also as '" + prior->second + "'"));
-        continue;
-      }
-      st->given[path] = user_path;
-      Json canonical;
-      const Status read = ReadValue(*k, value, user_path, source, &canonical);
-      if (!read.ok()) {
-        Problem(st, path, read);
-        continue;
-      }
-      k->set(st->config, canonical);
-      continue;
-    }
-    if (IsBlock(path)) {
-      if (value.is_string() && value.get<std::string>() == "auto") {
-        Problem(st, path, KeyError(source, user_path, "an object", ShowValue(value) + kAutoNote));
-        continue;
-      }
-      if (!value.is_object()) {
-        Problem(st, path, KeyError(source, user_path, "an object", ShowValue(value)));
-        continue;
-      }
-      if (st->given.count(path)) {
-        Problem(st, path,
-                KeyError(source, user_path, "one spelling of the block", "it also as '" + st->given[path] + "'"));
-        continue;
-      }
-      st->given[path] = user_path;
-      Walk(value, path, user_path, st);
-      continue;
-    }
-    bool handled = false;
-    for (const Deprecated& d : DeprecatedKeys()) {
-      if (path != d.path) continue;
-      handled = true;
-      if (!value.is_boolean()) {
-        Problem(st, path, KeyError(source, user_path, "true or false", ShowValue(value)));
-        continue;
-      }
-      st->deprecated[path] = value.get<bool>();
-    }
-    for (const Ignored& i : IgnoredKeys()) {
-      if (path != i.path) continue;
-      st->config.warnings.push_back(source + ": '" + user_path + "' is ignored: " + i.why);
-      handled = true;
-    }
-    if (handled) continue;
-    if (canonical_prefix.empty() && st->options.top_level_typos_are_errors) {
-      const std::string near = Nearest("", name, 1).first;
-      if (!near.empty()) {
-        Problem(st, "",
-                InvalidArgumentError(source + ": unknown key '" + user_path + "' (did you mean '" + near +
-                                     "'?): a top-level key one edit from a known one is an error, since "
-                                     "everything under it would be ignored"));
-        continue;
-      }
-    }
-    if (!canonical_prefix.empty() && st->options.nested_block_typos_are_errors) {
-      const std::string near = NearestBlock(canonical_prefix, name);
-      if (!near.empty()) {
-        Problem(st, "",
-                InvalidArgumentError(source + ": unknown key '" + user_path + "' (did you mean '" + near +
-                                     "'?): a key one edit from a known block is an error, since everything "
-                                     "under it would be ignored"));
-        continue;
-      }
-    }
-    if (++st->unknown_keys > kUnknownKeysListed) continue;
-    const std::string message = source + ": unknown key '" + user_path + "'" + Suggestion(canonical_prefix, name);
-    if (st->options.strict) {
-      st->errors.push_back(message);
-    } else {
-      st->config.warnings.push_back(message);
+      ReadKey(*k, value, path, user_path, st);
+    } else if (IsBlock(path)) {
+      ReadBlock(value, path, user_path, st);
+    } else if (!ReadDeprecatedOrIgnored(value, path, user_path, st)) {
+      ReportUnknownKey(canonical_prefix, name, user_path, st);
     }
   }
 }
