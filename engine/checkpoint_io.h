@@ -8,7 +8,7 @@
 // names the file and what was wrong (missing, truncated with the expected and actual sizes,
 // checksum mismatch with both values, errno text).
 //
-// This file owns only the lock file's descriptor; it knows nothing of the checkpoint layout
+// This file owns only the lock file's FileLock; it knows nothing of the checkpoint layout
 // (checkpoint_format.h). All functions are thread-safe.
 #pragma once
 
@@ -57,11 +57,13 @@ inline Status ExchangePaths(const std::string& a, const std::string& b) { return
 // holder lives: FAILED_PRECONDITION naming the directory and the holder ("pid 1234 on host h", as
 // it wrote into the file). Within one process acquisitions of the same directory share one lock
 // (thread ranks in tests; zero_train's lock and the save's), released with the last holder. The
-// kernel releases it when the holding process dies, however it dies. Thread-safe.
+// kernel releases it when the holding process dies, however it dies. The lock is the FileSystem's
+// LockFile (runtime/file_system.h). Thread-safe.
 class DirectoryLock {
  public:
-  // Creates `dir` when missing, then locks it.
-  static Result<DirectoryLock> Acquire(const std::string& dir);
+  // Creates `dir` when missing, then locks it through `fs` (null: the POSIX one), which must outlive
+  // the lock (a later Acquire in this process shares the first one's lock, and its FileSystem).
+  static Result<DirectoryLock> Acquire(const std::string& dir, FileSystem* fs = nullptr);
 
   DirectoryLock() = default;
   DirectoryLock(DirectoryLock&&) noexcept = default;
@@ -72,7 +74,7 @@ class DirectoryLock {
 
   bool held() const { return held_ != nullptr; }
 
-  struct Held;  // the open, flocked lock file (checkpoint_io.cc)
+  struct Held;  // the FileLock on the lock file (checkpoint_io.cc)
 
  private:
   explicit DirectoryLock(std::shared_ptr<Held> held) : held_(std::move(held)) {}
@@ -81,8 +83,9 @@ class DirectoryLock {
 
 // Creates `dir` when missing and creates and removes a file in it: the check that a save will be
 // able to write there, made when a job starts rather than at its first save (access(2) says yes to
-// root on a read-only filesystem; creating a file does not). Errors name the directory.
-Status CheckWritableDirectory(const std::string& dir);
+// root on a read-only filesystem; creating a file does not). Errors name the directory. Through `fs`
+// (null: the POSIX one).
+Status CheckWritableDirectory(const std::string& dir, FileSystem* fs = nullptr);
 
 // The lock file's name inside a checkpoint directory.
 inline constexpr const char* kDirectoryLockFile = ".zero_lock";

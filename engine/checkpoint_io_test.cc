@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/crc32c.h"
+#include "runtime/faulty_file_system.h"
 #include "testing/status_matchers.h"
 
 namespace zero {
@@ -107,6 +108,42 @@ TEST(DirectoryLockTest, WritableDirectoryCheck) {
   const Status st = CheckWritableDirectory(dir + "/file/sub");
   EXPECT_FALSE(st.ok());
   EXPECT_THAT(st.message(), HasSubstr(dir + "/file")) << st.ToString();
+}
+
+TEST(DirectoryLockTest, GoesThroughTheFileSystem) {
+  const std::string dir = ScratchDir("lock_fs") + "/ckpt";
+  FaultyFileSystem faulty;
+  faulty.FailNthCall("LockFile", 1, EWOULDBLOCK);  // as another job holding it
+  auto refused = DirectoryLock::Acquire(dir, &faulty);
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("checkpoint directory " + dir + " is in use by another job (another process holds " + dir +
+                        "/.zero_lock): two jobs saving"));
+  faulty.FailNthCall("LockFile", 2, EIO);
+  auto failed = DirectoryLock::Acquire(dir, &faulty);
+  EXPECT_THAT(failed.status().message(), HasSubstr("flock " + dir + "/.zero_lock: "));
+  {
+    auto lock = DirectoryLock::Acquire(dir, &faulty);
+    ASSERT_OK(lock);
+    EXPECT_THAT(*ReadFile(dir + "/.zero_lock"), HasSubstr("pid " + std::to_string(::getpid()) + " on host "));
+    EXPECT_EQ(faulty.call_count("UnlockFile"), 0);
+  }
+  EXPECT_EQ(faulty.call_count("UnlockFile"), 1);  // the last holder released it through the FileSystem
+  EXPECT_EQ(faulty.call_count("LockFile"), 3);
+}
+
+TEST(DirectoryLockTest, WritableDirectoryCheckGoesThroughTheFileSystem) {
+  const std::string dir = ScratchDir("writable_fs");
+  FaultyFileSystem faulty;
+  faulty.FailNthCall("CreateFile", 1, EROFS);
+  const Status st = CheckWritableDirectory(dir, &faulty);
+  EXPECT_THAT(st.message(), HasSubstr("create a file in the checkpoint directory " + dir + ": ")) << st.ToString();
+  faulty.FailNthCall("RemoveFile", 1, EIO);
+  const Status removed = CheckWritableDirectory(dir, &faulty);
+  EXPECT_THAT(removed.message(), HasSubstr("remove " + dir + "/.zero_write_check.")) << removed.ToString();
+  EXPECT_OK(faulty.inner()->RemoveFile(dir + "/.zero_write_check." + std::to_string(::getpid())));
+  EXPECT_OK(CheckWritableDirectory(dir, &faulty));
+  EXPECT_EQ(ListDir(dir), std::vector<std::string>{});
 }
 
 TEST(AtomicFileTest, WriteReadOverwriteLeavesNoTemporaries) {

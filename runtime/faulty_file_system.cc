@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+
 #include <utility>
 
 namespace zero {
@@ -173,6 +175,28 @@ Status FaultyFileSystem::Exchange(const std::string& a, const std::string& b) {
                               "not supported)");
   }
   return inner_->Exchange(a, b);
+}
+
+Result<std::unique_ptr<FileLock>> FaultyFileSystem::LockFile(const std::string& path, LockFileFailure* failure) {
+  if (const int e = Enter("LockFile")) {
+    // An injected errno reads as flock's: EWOULDBLOCK as another holder, anything else as a failure.
+    if (e == EWOULDBLOCK) {
+      if (failure != nullptr) *failure = LockFileFailure{LockFileFailure::Step::kHeld, e};
+      return FailedPreconditionError("lock " + path + ": held by another process");
+    }
+    if (failure != nullptr) *failure = LockFileFailure{LockFileFailure::Step::kOther, e};
+    return ErrnoError("flock", path, e);
+  }
+  return inner_->LockFile(path, failure);
+}
+
+Status FaultyFileSystem::UnlockFile(std::unique_ptr<FileLock> lock) {
+  if (const int e = Enter("UnlockFile")) {
+    const std::string path = lock != nullptr ? lock->path() : std::string();
+    inner_->UnlockFile(std::move(lock)).IgnoreError();  // close(2) releases the lock even when it fails
+    return ErrnoError("close", path, e);
+  }
+  return inner_->UnlockFile(std::move(lock));
 }
 
 void FaultyFileSystem::CrashPoint(const char* point, int rank) {

@@ -11,9 +11,11 @@
 // files exactly as a kill there would (run the code under test in a fork()ed child). Operation
 // names are the method names: "CreateFile", "ReadFile", "ReadFileRange", "Stat", "LinkStat",
 // "RemoveFile", "CreateDirectory", "RemoveDirectory", "ListDirectory", "SyncDirectory", "Rename",
-// "Exchange", and of the files it creates "Append", "Allocate", "Sync", "FileStat" (their Stat),
-// "Close" (counted over all of them). The wrapped FileSystem must outlive the wrapper and the files
-// it created. Thread-safe.
+// "Exchange", "LockFile", "UnlockFile", and of the files it creates "Append", "Allocate", "Sync",
+// "FileStat" (their Stat), "Close" (counted over all of them). An errno injected into LockFile reads
+// as flock's: EWOULDBLOCK as another holder ("lock <path>: held by another process"), any other as
+// "flock <path>"; an injected UnlockFile failure still releases the lock, as close(2) does. The
+// wrapped FileSystem must outlive the wrapper and the files and locks it created. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -62,6 +64,8 @@ class FaultyFileSystem final : public FileSystem {
   Status SyncDirectory(const std::string& dir) override;
   Status Rename(const std::string& from, const std::string& to) override;
   Status Exchange(const std::string& a, const std::string& b) override;
+  Result<std::unique_ptr<FileLock>> LockFile(const std::string& path, LockFileFailure* failure) override;
+  Status UnlockFile(std::unique_ptr<FileLock> lock) override;
   void CrashPoint(const char* point, int rank) override;
 
  private:

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -127,6 +128,37 @@ class PosixWritableFile final : public WritableFile {
   const std::string path_;
   int fd_;
 };
+
+class PosixFileLock final : public FileLock {
+ public:
+  PosixFileLock(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixFileLock() override { Release().IgnoreError(); }
+
+  const std::string& path() const override { return path_; }
+
+  Status Rewrite(std::string_view contents) override {
+    if (::ftruncate(fd_, 0) != 0) return ErrnoError("truncate", path_, errno);
+    if (::pwrite(fd_, contents.data(), contents.size(), 0) < 0) return ErrnoError("write", path_, errno);
+    return OkStatus();
+  }
+
+  // Closing the descriptor releases the flock.
+  Status Release() {
+    if (fd_ < 0) return OkStatus();
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    if (rc != 0) return ErrnoError("close", path_, errno);
+    return OkStatus();
+  }
+
+ private:
+  const std::string path_;
+  int fd_;
+};
+
+void SetFailure(LockFileFailure* failure, LockFileFailure::Step step, int err) {
+  if (failure != nullptr) *failure = LockFileFailure{step, err};
+}
 
 class PosixFileSystem final : public FileSystem {
  public:
@@ -265,6 +297,45 @@ class PosixFileSystem final : public FileSystem {
 #else
     return UnimplementedError("exchange " + a + " and " + b + ": no renameat2 on this system");
 #endif
+  }
+
+  Result<std::unique_ptr<FileLock>> LockFile(const std::string& path, LockFileFailure* failure) override {
+    using Step = LockFileFailure::Step;
+    SetFailure(failure, Step::kNone, 0);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+    if (fd < 0) {
+      const int err = errno;
+      SetFailure(failure, Step::kOpen, err);
+      return ErrnoError("open", path, err);
+    }
+    auto fail = [fd, failure](Step step, int err, Status st) {
+      ::close(fd);
+      SetFailure(failure, step, err);
+      return st;
+    };
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      const int err = errno;
+      return fail(Step::kOther, err, ErrnoError("stat", path, err));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      return fail(
+          Step::kOther, 0,
+          FailedPreconditionError(path + ": not a regular file (it is " + FileTypeText(TypeOf(st.st_mode)) + ")"));
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      if (err == EWOULDBLOCK) {
+        return fail(Step::kHeld, err, FailedPreconditionError("lock " + path + ": held by another process"));
+      }
+      return fail(Step::kOther, err, ErrnoError("flock", path, err));
+    }
+    return std::unique_ptr<FileLock>(new PosixFileLock(path, fd));
+  }
+
+  Status UnlockFile(std::unique_ptr<FileLock> lock) override {
+    if (lock == nullptr) return OkStatus();
+    return static_cast<PosixFileLock*>(lock.get())->Release();
   }
 
   void CrashPoint(const char* /*point*/, int /*rank*/) override {}

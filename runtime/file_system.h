@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/status.h"
@@ -62,6 +63,34 @@ class WritableFile {
   virtual Result<FileInfo> Stat() = 0;
   // Closes the descriptor; later calls fail with FAILED_PRECONDITION. "close <path>".
   virtual Status Close() = 0;
+};
+
+// A file locked by FileSystem::LockFile. Owns the open descriptor that holds the lock: the lock lasts
+// until FileSystem::UnlockFile, the destructor, or the end of the process however it ends (the
+// kernel releases it). Used by one thread at a time.
+class FileLock {
+ public:
+  virtual ~FileLock() = default;
+  FileLock() = default;
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+  virtual const std::string& path() const = 0;
+  // Replaces the file's contents with `contents` (ftruncate, then pwrite at 0): what a holder writes
+  // for another process's message. "truncate <path>" / "write <path>".
+  virtual Status Rewrite(std::string_view contents) = 0;
+};
+
+// Why FileSystem::LockFile failed, for a caller that words its own message.
+struct LockFileFailure {
+  enum class Step {
+    kNone,   // it did not fail
+    kOpen,   // open(2) of the file failed: `err`
+    kHeld,   // another open of the file holds the lock (`err` is EWOULDBLOCK)
+    kOther,  // fstat or flock failed (`err`), or the path is not a regular file (`err` 0)
+  };
+  Step step = Step::kNone;
+  int err = 0;
 };
 
 class FileSystem {
@@ -107,6 +136,20 @@ class FileSystem {
   // the other held, and no moment exists where either is missing. UNIMPLEMENTED when the kernel
   // or the filesystem cannot (the caller then falls back to two renames); "exchange <a> and <b>".
   virtual Status Exchange(const std::string& a, const std::string& b) = 0;
+
+  // --- locks (leveldb's Env::LockFile) ---------------------------------------------------------
+  // Opens `path` read-write, creating it (mode 0644) when missing, without following a final
+  // symbolic link or blocking, refuses anything but a regular file, and takes an exclusive advisory
+  // lock on it (flock LOCK_EX | LOCK_NB) without waiting. The lock belongs to this open: a second
+  // LockFile of the same file is refused while the first is held, from this process too (a caller
+  // that shares one lock among its threads keeps its own table). Errors: "open <path>",
+  // "stat <path>", FAILED_PRECONDITION "<path>: not a regular file (it is a directory)", another
+  // holder FAILED_PRECONDITION "lock <path>: held by another process" (the file is left as it is;
+  // its contents may name the holder), "flock <path>". `failure`, when not null, says which.
+  virtual Result<std::unique_ptr<FileLock>> LockFile(const std::string& path, LockFileFailure* failure) = 0;
+  // Releases the lock and closes the file, which stays (leveldb's Env::UnlockFile). The lock is
+  // released even when closing reports an error ("close <path>").
+  virtual Status UnlockFile(std::unique_ptr<FileLock> lock) = 0;
 
   // --- crash points ----------------------------------------------------------------------------
   // A protocol built on this interface (the checkpoint save, engine/checkpoint_directory.h) calls

@@ -253,6 +253,65 @@ TEST_F(FileSystemTest, FaultyTurnsExchangeOff) {
   }
 }
 
+TEST_F(FileSystemTest, LockFileIsExclusivePerOpenAndNamesTheProblem) {
+  const std::string path = File("lock");
+  LockFileFailure failure;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<FileLock> lock, fs_.LockFile(path, &failure));
+  EXPECT_EQ(failure.step, LockFileFailure::Step::kNone);
+  EXPECT_EQ(lock->path(), path);
+  ASSERT_OK(lock->Rewrite("a longer first holder\n"));
+  ASSERT_OK(lock->Rewrite("pid 1\n"));
+  EXPECT_EQ(*fs_.ReadFile(path), "pid 1\n");
+  // flock belongs to the open file description: a second open is refused, in this process too.
+  auto second = fs_.LockFile(path, &failure);
+  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(second.status().message(), "lock " + path + ": held by another process");
+  EXPECT_EQ(failure.step, LockFileFailure::Step::kHeld);
+  EXPECT_EQ(failure.err, EWOULDBLOCK);
+  ASSERT_OK(fs_.UnlockFile(std::move(lock)));
+  EXPECT_EQ(*fs_.ReadFile(path), "pid 1\n");  // the file stays
+  ASSERT_OK_AND_ASSIGN(lock, fs_.LockFile(path, nullptr));
+  lock.reset();  // the destructor releases it too
+  ASSERT_OK(fs_.LockFile(path, nullptr));
+
+  auto missing = fs_.LockFile(File("no/such/dir/lock"), &failure);
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), StartsWith("open " + File("no/such/dir/lock") + ": "));
+  EXPECT_EQ(failure.step, LockFileFailure::Step::kOpen);
+  EXPECT_EQ(failure.err, ENOENT);
+  ASSERT_OK(fs_.CreateDirectory(File("d"), nullptr));
+  auto dir = fs_.LockFile(File("d"), &failure);
+  EXPECT_FALSE(dir.ok());
+  EXPECT_NE(failure.step, LockFileFailure::Step::kNone);
+  ASSERT_EQ(::mkfifo(File("pipe").c_str(), 0644), 0);
+  auto pipe = fs_.LockFile(File("pipe"), &failure);  // without a reader: must not block
+  EXPECT_EQ(pipe.status().message(), File("pipe") + ": not a regular file (it is a named pipe)");
+  EXPECT_EQ(failure.step, LockFileFailure::Step::kOther);
+}
+
+TEST_F(FileSystemTest, FaultyFailsLockAndUnlock) {
+  FaultyFileSystem faulty;
+  const std::string path = File("lock");
+  LockFileFailure failure;
+  faulty.FailNthCall("LockFile", 1, EWOULDBLOCK);
+  faulty.FailNthCall("UnlockFile", 1, EIO);
+  auto held = faulty.LockFile(path, &failure);
+  EXPECT_EQ(held.status().message(), "lock " + path + ": held by another process");
+  EXPECT_EQ(failure.step, LockFileFailure::Step::kHeld);
+  EXPECT_FALSE(PathExists(fs_, path));  // nothing done on the wrapped one
+  faulty.FailNthCall("LockFile", 2, EIO);
+  auto failed = faulty.LockFile(path, &failure);
+  EXPECT_THAT(failed.status().message(), StartsWith("flock " + path + ": "));
+  EXPECT_EQ(failure.step, LockFileFailure::Step::kOther);
+  EXPECT_EQ(failure.err, EIO);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<FileLock> lock, faulty.LockFile(path, &failure));
+  const Status unlocked = faulty.UnlockFile(std::move(lock));
+  EXPECT_THAT(unlocked.message(), StartsWith("close " + path + ": "));
+  EXPECT_OK(fs_.LockFile(path, nullptr));  // released all the same
+  EXPECT_EQ(faulty.call_count("LockFile"), 3);
+  EXPECT_EQ(faulty.call_count("UnlockFile"), 1);
+}
+
 TEST_F(FileSystemTest, FaultyEndsTheProcessAtTheArmedCrashPointOnly) {
   FaultyFileSystem faulty;
   DefaultFileSystem()->CrashPoint("anything", 0);  // the POSIX one: nothing happens
