@@ -26,7 +26,7 @@ zero_llm --sequential-data reads:
 Our side is zero_llm; `--ours NAME --prefix P` writes its DeepSpeed-style config (P.ds.json) and the
 row's description (P.meta.json, read by bench/llm_table.py) and prints zero_llm's flags (the caller adds
 --device and --nproc). The configurations (OURS below): none, cpuadam, cpuadam_param, cpuadam_r60,
-cpuadam_r80, gpuchunk, gpuoverlap, gas8_acccpu, gas8_accgpu.
+cpuadam_r80, cpuadam_param_r60, gpuchunk, gpuoverlap, gas8_acccpu, gas8_accgpu.
 
 Shared by every configuration: seq 2048 (--seq), AdamW lr 1e-4, betas (0.9, 0.95), eps 1e-8, weight
 decay 0.01, constant lr, no gradient clipping (--clip 0; the same value goes to every side), bf16
@@ -114,6 +114,10 @@ OURS = {
     "cpuadam_r80": dict(label="ours: ZeRO-3, offload_optimizer cpu, ratio 0.8 (20% of the states on the GPU)",
                         zero={"offload_optimizer": {"device": "cpu", "pin_memory": True, "ratio": 0.8}}, gas=1,
                         match="fsdp2_offload", counterpart="cpuadam", target="fsdp2_offload"),
+    "cpuadam_param_r60": dict(label="ours: ZeRO-3, offload_optimizer cpu ratio 0.6 + offload_param cpu",
+                              zero={"offload_optimizer": {"device": "cpu", "pin_memory": True, "ratio": 0.6},
+                                    "offload_param": {"device": "cpu", "pin_memory": True}}, gas=1,
+                              match="fsdp2_offload", counterpart="cpuadam_param", target="fsdp2_offload"),
     "gpuchunk": dict(label="ours: ZeRO-3, offload_optimizer cpu, chunked GPU AdamW (synchronous)",
                      zero={"offload_optimizer": {"device": "cpu", "pin_memory": True, "update_device": "gpu",
                                                  "overlap_step": False}}, gas=1,

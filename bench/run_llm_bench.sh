@@ -13,7 +13,7 @@
 #                    when it is missing
 #   PHASE ours:      zero_llm --device cuda --nproc 1 per preset and configuration of ours, each with its
 #                    config (llm_peers.py --ours): none (ZeRO-3, no offload); cpuadam (offload_optimizer
-#                    cpu); cpuadam_param (+ offload_param cpu); cpuadam_r60 / cpuadam_r80 (offload_optimizer
+#                    cpu); cpuadam_param (+ offload_param cpu); cpuadam_r60 / cpuadam_r80 / cpuadam_param_r60 (offload_optimizer
 #                    ratio 0.6 / 0.8: partial offload, not in the default list); gpuchunk and gpuoverlap (the chunked GPU
 #                    AdamW, overlap_step false and true); gas8_acccpu and gas8_accgpu (the same tokens per
 #                    step as micro batch batch/8 x GAS 8, both offloads, offload_grad_accumulation cpu/gpu;
