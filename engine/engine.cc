@@ -97,6 +97,7 @@ static ParamStorePlan ParamStorePlanOf(const Config& config, int rank, int world
   plan.nvme_dir = RankSwapDir(offload_param.nvme_path, rank);
   plan.aio = AioOptionsOf(config.aio);
   plan.aio_engine_factory = env.aio_engine_factory;
+  plan.file_system = env.file_system;
   return plan;
 }
 
@@ -129,6 +130,7 @@ static OptimizerStatesPlan OptimizerStatesPlanOf(const Config& config, int rank,
   plan.nvme_buffer_count = static_cast<int>(offload_optimizer.buffer_count);
   plan.aio = AioOptionsOf(config.aio);
   plan.aio_engine_factory = env.aio_engine_factory;
+  plan.file_system = env.file_system;
   plan.host_memory_budget = offload_optimizer.host_memory_budget;
   plan.offload_ratio = offload_optimizer.ratio;
   return plan;

@@ -151,8 +151,9 @@ struct EngineEnv {
   // Receives the wall_clock_breakdown line (rank 0 only, every steps_per_print optimizer steps;
   // docs/timeline.md). Empty: printed to stdout.
   std::function<void(const std::string& line)> log_sink;
-  // Every file operation of SaveCheckpoint / LoadCheckpoint (engine/checkpoint.h); a test's
-  // FaultyFileSystem fails chosen calls or ends the process at the save's crash points.
+  // Every file operation of SaveCheckpoint / LoadCheckpoint (engine/checkpoint.h) and the NVMe swap
+  // files' creation, preallocation and removal; a test's FaultyFileSystem fails chosen calls or ends
+  // the process at the save's crash points.
   FileSystem* file_system = nullptr;  // null: the POSIX one
 };
 

@@ -27,6 +27,7 @@
 #include "nvme/faulty_aio_engine.h"
 #include "nvme/nvme_test_util.h"
 #include "offload/host_slab.h"
+#include "runtime/faulty_file_system.h"
 #include "testing/same_bits.h"
 #include "testing/scratch_dir.h"
 #include "testing/status_matchers.h"
@@ -322,6 +323,47 @@ TEST(EngineNvmeFaultTest, Stage3ParamNvme) {
 }
 TEST(EngineNvmeFaultTest, Stage3ParamNvmeClipped) {
   RunAllFaults({3, false, 1.0, true}, {Fault::kEioRead, Fault::kCorrupt});
+}
+
+// EngineEnv::file_system reaches the NVMe swap files (zero/state_factory's plans carry it to
+// SwapFileOptions::file_system): ENOSPC injected into the preallocation of optimizer_states.swp
+// (offload_optimizer nvme) and of params.swp (offload_param nvme) fails Initialize with the full-disk
+// message naming the swap file; without the fault the engine creates its swap file, trains, and
+// removes the file at destruction, each through the FileSystem.
+TEST(EngineNvmeFaultTest, EnvFileSystemReachesTheSwapFiles) {
+  auto scratch = ::zero::ScratchDir::CreateWithDirectIo("engine_nvme_fs");
+  ASSERT_OK(scratch);
+  int k = 0;
+  for (const Case& c : {Case{1, false, 0.0}, Case{3, false, 0.0, true}}) {
+    const std::string nvme = scratch->File("fs" + std::to_string(k++));
+    const size_t pinned_before = HostSlab::live_bytes();
+    FaultyFileSystem faulty;
+    EngineEnv env;
+    env.file_system = &faulty;
+    faulty.FailNthCall("Allocate", 1, ENOSPC);
+    Status s = RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
+      ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(Json(c, nvme), 1));
+      return MakeEngineIn(config, device, comm, env).status();
+    });
+    EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << c.Name() << ": " << s.ToString();
+    EXPECT_TRUE(Contains(s.message(), SwapPath(c, nvme))) << s.ToString();
+    EXPECT_TRUE(Contains(s.message(), "cannot preallocate")) << s.ToString();
+    EXPECT_EQ(faulty.call_count("CreateFile"), 1) << c.Name();
+    EXPECT_EQ(HostSlab::live_bytes(), pinned_before) << c.Name();
+
+    faulty.ClearFaults();
+    s = RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
+      ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(Json(c, nvme), 1));
+      ZERO_ASSIGN_OR_RETURN(auto e, MakeEngineIn(config, device, comm, env));
+      ZERO_RETURN_IF_ERROR(Train(e.get(), device, 1));
+      if (!std::filesystem::exists(SwapPath(c, nvme))) return InternalError("no swap file " + SwapPath(c, nvme));
+      return OkStatus();
+    });
+    ASSERT_OK(s) << c.Name();
+    EXPECT_EQ(faulty.call_count("CreateFile"), 2) << c.Name();
+    EXPECT_EQ(faulty.call_count("RemoveFile"), 2) << c.Name();  // the failed creation's and the engine's
+    EXPECT_FALSE(std::filesystem::exists(SwapPath(c, nvme))) << c.Name();
+  }
 }
 
 // Appends to `path` in 1 MiB writes until the disk is full (ENOSPC); the bytes written.

@@ -64,7 +64,9 @@ class NvmeOptimizerStates final : public OptimizerStates {
       regions.push_back({"optimizer states of group " + std::to_string(g), static_cast<uint64_t>(GroupLen(g)) * 12});
     }
     const std::string path = dir_ + "/optimizer_states.swp";
-    ZERO_ASSIGN_OR_RETURN(swap_, SwapFile::Create(aio_.get(), path, regions));
+    SwapFileOptions swap_options;
+    swap_options.file_system = o.file_system;
+    ZERO_ASSIGN_OR_RETURN(swap_, SwapFile::Create(aio_.get(), path, regions, swap_options));
     const size_t region = (static_cast<size_t>(group_) * 12 + kAioAlignment - 1) / kAioAlignment * kAioAlignment;
     const size_t copy = HostSlab::AlignedSize(static_cast<size_t>(numel_) * SizeOf(mdt_));
     const size_t chunk = (static_cast<size_t>(chunk_) * 4 + kAioAlignment - 1) / kAioAlignment * kAioAlignment;

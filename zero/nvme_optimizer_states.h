@@ -28,6 +28,7 @@
 #include "offload/host_slab.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "runtime/file_system.h"
 #include "runtime/status.h"
 #include "zero/optimizer_states.h"
 
@@ -40,6 +41,9 @@ struct NvmeOptimizerStatesOptions {
   AioOptions aio;
   // Creates the aio engine from `aio` (empty: LibaioEngine). Tests inject faults through it.
   AioEngineFactory aio_engine_factory;
+  // Creates, preallocates, checks and removes the swap file (SwapFileOptions::file_system); null: the
+  // POSIX one. Tests inject faults through it.
+  FileSystem* file_system = nullptr;
   HostSlabOptions slab;
   int cpu_threads = 0;
   DType model_dtype = DType::kF32;

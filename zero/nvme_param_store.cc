@@ -141,7 +141,9 @@ Status NvmeParamStore::Init(std::vector<StoredShard> shards, const std::vector<s
     mod.region = static_cast<int>(regions.size());
     regions.push_back({"shards of module '" + mod.name + "'", static_cast<uint64_t>(mod.numel) * SizeOf(dtype_)});
   }
-  ZERO_ASSIGN_OR_RETURN(swap_, SwapFile::Create(aio_.get(), dir_ + "/params.swp", regions));
+  SwapFileOptions swap_options;
+  swap_options.file_system = o.file_system;
+  ZERO_ASSIGN_OR_RETURN(swap_, SwapFile::Create(aio_.get(), dir_ + "/params.swp", regions, swap_options));
 
   const size_t slab_bytes = static_cast<size_t>(nbuf) * buffer_bytes + cache_bytes_;
   auto slab = HostSlab::Create(device_, slab_bytes, o.slab);

@@ -38,6 +38,7 @@
 #include "offload/host_slab.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "runtime/file_system.h"
 #include "runtime/status.h"
 #include "zero/param_coordinator.h"
 #include "zero/param_store.h"
@@ -60,6 +61,7 @@ struct NvmeParamStoreOptions {
   int64_t cache_numel = 0;           // offload_param.max_in_cpu (elements), >= 0
   AioOptions aio;
   AioEngineFactory aio_engine_factory;  // empty: LibaioEngine
+  FileSystem* file_system = nullptr;    // the swap file's (SwapFileOptions::file_system); null: the POSIX one
   HostSlabOptions slab;
   int64_t scratch_numel = int64_t{1} << 20;  // device scratch elements (model dtype)
 };

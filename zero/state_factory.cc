@@ -68,6 +68,7 @@ Result<std::unique_ptr<ParamStore>> CreateNvmeParamStore(Device* device, Stream*
   options.cache_numel = plan.cache_numel;
   options.aio = plan.aio;
   options.aio_engine_factory = plan.aio_engine_factory;
+  options.file_system = plan.file_system;
   options.slab = SlabHolding(plan.slab, "parameter buffers (offload_param.device \"nvme\")");
   options.scratch_numel = kParamStoreScratchNumel;
   auto store = NvmeParamStore::Create(device, stream, model_dtype, numel, std::move(stored), module_names, options);
@@ -123,6 +124,7 @@ Result<OptimizerStorage> CreateNvmeStates(Device* device, Stream* stream, int64_
   nvme.buffer_count = plan.nvme_buffer_count;
   nvme.aio = plan.aio;
   nvme.aio_engine_factory = plan.aio_engine_factory;
+  nvme.file_system = plan.file_system;
   nvme.slab = SlabHolding(plan.slab, "NVMe optimizer state buffers");
   nvme.cpu_threads = plan.cpu_threads;
   nvme.model_dtype = plan.model_dtype;

@@ -21,6 +21,7 @@
 #include "offload/host_slab.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "runtime/file_system.h"
 #include "runtime/status.h"
 #include "zero/deferred_step.h"
 #include "zero/grad_partition.h"
@@ -57,6 +58,7 @@ struct ParamStorePlan {
   std::string nvme_dir;     // kNvme: this rank's folder
   AioOptions aio;           // kNvme
   AioEngineFactory aio_engine_factory;
+  FileSystem* file_system = nullptr;  // kNvme: the swap file's (null: the POSIX one)
 };
 
 // kHost / kNvme: the store of `numel` elements of `model_dtype` (zero), writes ordered on `stream`;
@@ -95,6 +97,7 @@ struct OptimizerStatesPlan {
   int nvme_buffer_count = 4;
   AioOptions aio;
   AioEngineFactory aio_engine_factory;
+  FileSystem* file_system = nullptr;  // kNvme: the swap file's (null: the POSIX one)
   int64_t host_memory_budget = 0;
   // kHost, kNvme: offload_optimizer.ratio, the share of the elements offloaded. Below 1 the first
   // numel - floor(numel * ratio) elements stay on the device (device states, AdamW on the device)
