@@ -144,7 +144,7 @@ Status SaveCheckpoint(Communicator* comm, const std::string& dir, const std::str
   WireStatus staging;
   DirectoryLock dir_lock;  // rank 0, until the save is done: no other job saves into `dir` meanwhile
   if (rank == 0) {
-    auto lock = DirectoryLock::Acquire(dir);
+    auto lock = DirectoryLock::Acquire(dir, &fs);
     if (lock.ok()) dir_lock = std::move(lock).value();
     Status cleaned = lock.ok() ? CleanStaleSaves(dir, &fs).status() : lock.status();
     auto root = cleaned.ok() ? CreateStagingRoot(dir, tag, &fs) : Result<std::string>(cleaned);

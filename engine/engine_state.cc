@@ -219,7 +219,7 @@ Status Engine::Impl::SaveCheckpointImpl(const std::string& dir, const std::strin
   // Rank 0 keeps the directory locked for the engine's life, so that another job's save into it
   // fails even between this job's saves (the save itself held the lock while it ran).
   if (st.ok() && comm->rank() == 0 && save_locks.count(dir) == 0) {
-    auto lock = DirectoryLock::Acquire(dir);
+    auto lock = DirectoryLock::Acquire(dir, env.file_system);
     if (lock.ok()) save_locks.emplace(dir, std::move(lock).value());
   }
   return st;
