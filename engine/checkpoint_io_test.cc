@@ -74,29 +74,14 @@ TEST(DirectoryLockTest, SharedInAProcessRefusedToAnotherNamingIt) {
     ASSERT_OK(a);
     ASSERT_OK(b);
   }
-  int ready[2], done[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  ASSERT_EQ(::pipe(done), 0);
-  const pid_t other = ::fork();
-  if (other == 0) {
-    auto lock = DirectoryLock::Acquire(dir);
-    const char c = lock.ok() ? '1' : '0';
-    if (::write(ready[1], &c, 1) != 1) ::_exit(2);
-    char x;
-    if (::read(done[0], &x, 1) < 0) ::_exit(3);
-    ::_exit(0);
-  }
-  char c = 0;
-  ASSERT_EQ(::read(ready[0], &c, 1), 1);
-  ASSERT_EQ(c, '1');
+  testing::ChildHoldingLock other;
+  ASSERT_NO_FATAL_FAILURE(other.Start(dir));
   auto refused = DirectoryLock::Acquire(dir);
   EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.status().message(), HasSubstr("checkpoint directory " + dir + " is in use by another job (pid " +
-                                                    std::to_string(other) + " on host "));
+                                                    std::to_string(other.pid) + " on host "));
   EXPECT_THAT(refused.status().message(), HasSubstr(" holds " + dir + "/.zero_lock)"));
-  ASSERT_EQ(::write(done[1], "x", 1), 1);
-  int status = 0;
-  ::waitpid(other, &status, 0);
+  ASSERT_NO_FATAL_FAILURE(other.Release());
   EXPECT_OK(DirectoryLock::Acquire(dir));
 }
 

@@ -106,31 +106,16 @@ TEST(CollectiveCheckpointTest, SecondJobSavingIntoTheSameDirectoryIsRefused) {
   const std::string dir = ScratchDir("two_jobs");
   FullState full = SyntheticState(SyntheticModel(), 2);
   ASSERT_OK(SaveAll(dir, "first", full, 2));
-  int ready[2], done[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  ASSERT_EQ(::pipe(done), 0);
-  const pid_t other = ::fork();
-  if (other == 0) {
-    auto lock = DirectoryLock::Acquire(dir);
-    const char c = lock.ok() ? '1' : '0';
-    if (::write(ready[1], &c, 1) != 1) ::_exit(2);
-    char x;
-    if (::read(done[0], &x, 1) < 0) ::_exit(3);
-    ::_exit(0);
-  }
-  char c = 0;
-  ASSERT_EQ(::read(ready[0], &c, 1), 1);
-  ASSERT_EQ(c, '1');
+  testing::ChildHoldingLock other;
+  ASSERT_NO_FATAL_FAILURE(other.Start(dir));
   const Status st = SaveAll(dir, "second", full, 2);
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
   EXPECT_THAT(st.message(), HasSubstr("checkpoint directory " + dir + " is in use by another job (pid " +
-                                      std::to_string(other) + " on host "));
+                                      std::to_string(other.pid) + " on host "));
   EXPECT_THAT(st.message(), HasSubstr("nothing was written; `latest` is unchanged"));
   EXPECT_FALSE(PathExists(dir + "/second"));
   EXPECT_EQ(*ReadLatest(dir), "first");
-  ASSERT_EQ(::write(done[1], "x", 1), 1);
-  int status = 0;
-  ::waitpid(other, &status, 0);
+  ASSERT_NO_FATAL_FAILURE(other.Release());
   // The other job gone, however it ended, the directory is free again.
   EXPECT_OK(SaveAll(dir, "second", full, 2));
   EXPECT_EQ(*ReadLatest(dir), "second");

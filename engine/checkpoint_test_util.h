@@ -137,4 +137,37 @@ inline std::string InChild(const std::function<std::string()>& fn, double second
   return out;
 }
 
+// Another job holding `dir`'s DirectoryLock: a fork()ed child that takes the lock and keeps it until
+// Release(). Start() returns once the child holds it; call it under ASSERT_NO_FATAL_FAILURE.
+struct ChildHoldingLock {
+  pid_t pid = -1;
+  int release_fd = -1;
+
+  void Start(const std::string& dir) {
+    int ready[2], done[2];
+    ASSERT_EQ(::pipe(ready), 0);
+    ASSERT_EQ(::pipe(done), 0);
+    pid = ::fork();
+    if (pid == 0) {
+      auto lock = DirectoryLock::Acquire(dir);
+      const char c = lock.ok() ? '1' : '0';
+      if (::write(ready[1], &c, 1) != 1) ::_exit(2);
+      char x;
+      if (::read(done[0], &x, 1) < 0) ::_exit(3);
+      ::_exit(0);
+    }
+    release_fd = done[1];
+    char c = 0;
+    ASSERT_EQ(::read(ready[0], &c, 1), 1);
+    ASSERT_EQ(c, '1');
+  }
+
+  // Lets the child exit (dropping the lock) and waits for it.
+  void Release() {
+    ASSERT_EQ(::write(release_fd, "x", 1), 1);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+  }
+};
+
 }  // namespace zero::testing
