@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <utility>
 
 namespace zero {
 
@@ -45,15 +46,22 @@ void Device::ResetPeak() {
   counters_->peak = counters_->in_use;
 }
 
+namespace {
+
+// DeviceBuffer's and PinnedBuffer's move: the same three fields, leaving the moved-from buffer empty.
+void TakeAllocation(Device*& device, void*& ptr, size_t& bytes, Device*& from_device, void*& from_ptr,
+                    size_t& from_bytes) {
+  device = std::exchange(from_device, nullptr);
+  ptr = std::exchange(from_ptr, nullptr);
+  bytes = std::exchange(from_bytes, 0);
+}
+
+}  // namespace
+
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
     Reset();
-    device_ = o.device_;
-    ptr_ = o.ptr_;
-    bytes_ = o.bytes_;
-    o.device_ = nullptr;
-    o.ptr_ = nullptr;
-    o.bytes_ = 0;
+    TakeAllocation(device_, ptr_, bytes_, o.device_, o.ptr_, o.bytes_);
   }
   return *this;
 }
@@ -68,12 +76,7 @@ void DeviceBuffer::Reset() {
 PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
   if (this != &o) {
     Reset();
-    device_ = o.device_;
-    ptr_ = o.ptr_;
-    bytes_ = o.bytes_;
-    o.device_ = nullptr;
-    o.ptr_ = nullptr;
-    o.bytes_ = 0;
+    TakeAllocation(device_, ptr_, bytes_, o.device_, o.ptr_, o.bytes_);
   }
   return *this;
 }
