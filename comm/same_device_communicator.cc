@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "comm/host_reduce.h"
+#include "comm/rank_threads.h"
 #include "runtime/cpu_device.h"
 
 #if defined(ZERO_HAS_CUDA)
@@ -694,48 +695,32 @@ Status RunSameDeviceRanks(int world_size,
                         SameDeviceGroup::Create(world_size, std::move(options)));
   std::vector<std::unique_ptr<Device>> devices(world_size);
   std::vector<std::unique_ptr<SameDeviceCommunicator>> comms(world_size);
-  std::mutex mu;
-  Status first_error;
-  auto record = [&](int rank, const Status& s) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (first_error.ok()) first_error = s.WithContext("rank " + std::to_string(rank));
-  };
+  FirstRankError errors;
   auto run_rank = [&](int rank) {
     if (make_device) {
       Result<std::unique_ptr<Device>> d = make_device(rank);
       if (!d.ok()) {
-        record(rank, d.status());
+        errors.Record(rank, d.status());
         group->Fail(UnavailableError("rank " + std::to_string(rank) + " has no device: " + d.status().ToString()));
         return;
       }
       devices[rank] = std::move(*d);
     } else {
-      CpuDeviceOptions o;
-      // Ranks share the cores; a kernel of one rank need not fan out over all of them.
-      o.num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world_size);
-      devices[rank] = std::make_unique<CpuDevice>(o);
+      devices[rank] = MakeRankCpuDevice(world_size);
     }
     Result<std::unique_ptr<SameDeviceCommunicator>> comm = group->Join(rank, devices[rank].get());
     if (!comm.ok()) {
-      record(rank, comm.status());
+      errors.Record(rank, comm.status());
       group->Fail(UnavailableError("rank " + std::to_string(rank) + " could not join: " + comm.status().ToString()));
       return;
     }
     comms[rank] = std::move(*comm);
-    Status s = body(rank, comms[rank].get(), devices[rank].get());
-    if (!s.ok()) {
-      record(rank, s);
-      comms[rank]->Abort("rank " + std::to_string(rank) + " failed: " + s.ToString());
-    }
+    RunRankBody(rank, comms[rank].get(), devices[rank].get(), body, &errors);
   };
-  std::vector<std::thread> threads;
-  threads.reserve(world_size - 1);
-  for (int r = 1; r < world_size; ++r) threads.emplace_back(run_rank, r);
-  run_rank(0);
-  for (auto& t : threads) t.join();
+  RunOnRankThreads(world_size, run_rank);
   comms.clear();
   devices.clear();
-  return first_error;
+  return errors.status();
 }
 
 }  // namespace zero
