@@ -22,6 +22,19 @@ zero_llm --sequential-data reads:
   --peer deepspeed_z2_offload  DeepSpeed ZeRO-2, offload_optimizer cpu (DeepSpeedCPUAdam, built by ninja on
                                first use)
   --peer deepspeed_z3_offload  DeepSpeed ZeRO-3, offload_optimizer cpu
+  --peer deepspeed_infinity    DeepSpeed ZeRO-Infinity (issue 21's target 3, the largest transformer): ZeRO-3,
+                               offload_optimizer nvme under --nvme-path DIR (required; pin_memory, buffer_count 4,
+                               DeepSpeed's aio defaults, as bench/deepspeed_offload.py's ds_z3_nvme) + offload_param
+                               cpu (pinned), DeepSpeedCPUAdam; the model is built inside deepspeed.zero.Init(
+                               config_dict_or_path=<its config>, remote_device="cpu", pin_memory=True), so it is
+                               never whole on the GPU nor unpartitioned in fp32. Its --dry-run prints what goes to
+                               the disk (12 bytes per parameter) against the free space there.
+
+--gas N (--peer runs; default 1) splits each step's --batch rows into N micro batches of batch/N rows
+(micro batch k of step s: rows s*batch + k*batch/N ..; the same rows in the same order as GAS 1):
+DeepSpeed gets gradient_accumulation_steps N with engine.backward and engine.step per micro batch (the
+update at the boundary); FSDP2 runs N backward passes of loss/N (reduce-scatter each time: a copy at
+world size 1), then one optimizer step. The step's loss is the mean of its micro batches' losses.
 
 Our side is zero_llm; `--ours NAME --prefix P` writes its DeepSpeed-style config (P.ds.json) and the
 row's description (P.meta.json, read by bench/llm_table.py) and prints zero_llm's flags (the caller adds
@@ -43,6 +56,14 @@ parameters + 6 x layers x seq x heads x head_dim). Peak GPU memory: torch.cuda.m
 from the first step on (set-up excluded); host: the process's peak resident set (ru_maxrss). The
 summary is the median of the steps after the first. The JSON (--out) is rewritten after every step, so
 a run cut by a timeout still leaves its steps; an exception (out of memory) is recorded in it.
+Failures are recorded, never lost: "phase" names where the run was (set-up, model construction,
+deepspeed.initialize / fully_shard, "step K [micro batch k/N] forward|backward", "step K optimizer step");
+an exception writes status "error", "error" (type: message), "error_type", "error_message" (first 2000
+characters) and "traceback"; SIGTERM/SIGINT (`timeout`) writes status "killed" with the phase; a crash
+without an exception (a segmentation fault) leaves status "running" and the last phase written (each step's
+start; deepspeed_infinity also writes each micro batch's phases) and faulthandler's Python stack in the
+log. "init_s" is model construction + deepspeed.initialize (or fully_shard) for every peer, "init_model_s"
+the construction alone; a run that died in them has the seconds spent so far and "init_done": false.
 
 --dry-run checks the arguments and the token file and prints the plan without importing torch (the
 imports are lazy), so it runs on a machine without PyTorch. --make-tokens FILE writes random token
@@ -73,8 +94,10 @@ PRESETS = {
     name: dict(zip(PRESET_FIELDS, values)) for name, values in (
         ("tiny", (QWEN3, 512, 64, 192, 2, 4, 2, 16, 10000.0, 1e-6, True, 512, -1, -1)),
         ("qwen3-0.6b", (QWEN3, 151936, 1024, 3072, 28, 16, 8, 128, 1e6, 1e-6, True, 40960, 151643, 151645)),
+        ("qwen3-4b", (QWEN3, 151936, 2560, 9728, 36, 32, 8, 128, 1e6, 1e-6, True, 40960, 151643, 151645)),
         ("qwen3-8b", (QWEN3, 151936, 4096, 12288, 36, 32, 8, 128, 1e6, 1e-6, False, 40960, 151643, 151645)),
         ("qwen3-14b", (QWEN3, 151936, 5120, 17408, 40, 40, 8, 128, 1e6, 1e-6, False, 40960, 151643, 151645)),
+        ("llama-2-13b", (LLAMA, 32000, 5120, 13824, 40, 40, 40, 128, 10000.0, 1e-5, False, 4096, 1, 2)),
         ("llama-3.2-1b", (LLAMA, 128256, 2048, 8192, 16, 32, 8, 64, 500000.0, 1e-5, True, 131072, 128000, 128001)),
         ("llama-3.2-3b", (LLAMA, 128256, 3072, 8192, 28, 24, 8, 128, 500000.0, 1e-5, True, 131072, 128000, 128001)),
         ("llama-3.1-8b", (LLAMA, 128256, 4096, 14336, 32, 32, 8, 128, 500000.0, 1e-5, False, 131072, 128000, 128001)),
@@ -82,7 +105,9 @@ PRESETS = {
 }
 
 # The smallest vocabulary of the real-size presets: a token file of ids below it serves all of them.
-TOKEN_VOCAB = min(p["vocab_size"] for n, p in PRESETS.items() if n != "tiny")
+# llama-2-13b's 32000 ids are left out (its runs write their own token file, --vocab 32000), so the
+# token file of every other run stays the one earlier runs used.
+TOKEN_VOCAB = min(p["vocab_size"] for n, p in PRESETS.items() if n not in ("tiny", "llama-2-13b"))
 
 PEERS = {
     "fsdp2": "PyTorch FSDP2",
@@ -92,6 +117,7 @@ PEERS = {
     "deepspeed_z3": "DeepSpeed ZeRO-3",
     "deepspeed_z2_offload": "DeepSpeed ZeRO-2 + offload_optimizer cpu",
     "deepspeed_z3_offload": "DeepSpeed ZeRO-3 + offload_optimizer cpu",
+    "deepspeed_infinity": "DeepSpeed 0.19.8 ZeRO-Infinity: ZeRO-3, offload_optimizer nvme + offload_param cpu",
 }
 
 # Our configurations: label, the zero_optimization keys beyond stage 3, GAS, the peer the row is
@@ -180,14 +206,23 @@ def optimizer_params(a):
 
 
 def deepspeed_config(peer, a):
-    """The DeepSpeed config of a deepspeed_* peer (DeepSpeed's defaults for everything not named)."""
+    """The DeepSpeed config of a deepspeed_* peer (DeepSpeed's defaults for everything not named): --batch
+    rows per optimizer step as --gas micro batches of batch/gas rows."""
     zero = {"stage": 2 if peer.startswith("deepspeed_z2") else 3}
     opt = optimizer_params(a)
-    if peer.endswith("_offload"):
+    if peer == "deepspeed_infinity":
+        # ZeRO-Infinity as docs/performance.md ran it on the MLP (bench/deepspeed_offload.py ds_z3_nvme):
+        # buffer_count 4, DeepSpeed's aio defaults (pipeline_read/write crash in 0.19.8); the parameters
+        # on the CPU (offload_param nvme fails "Not enough buffers" in 0.19.8). DeepSpeedCPUAdam.
+        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": a.nvme_path, "pin_memory": True,
+                                     "buffer_count": 4}
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    elif peer.endswith("_offload"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     else:
         opt["torch_adam"] = True
-    return {"train_micro_batch_size_per_gpu": a.batch, "gradient_accumulation_steps": 1,
+    gas = getattr(a, "gas", 1)
+    return {"train_micro_batch_size_per_gpu": a.batch // gas, "gradient_accumulation_steps": gas,
             "gradient_clipping": a.clip, "bf16": {"enabled": True},
             "optimizer": {"type": "AdamW", "params": opt}, "zero_optimization": zero,
             "steps_per_print": 1 << 30, "wall_clock_breakdown": False}
@@ -274,6 +309,10 @@ def parse_args(argv=None):
     ap.add_argument("--preset", default="qwen3-0.6b", help="|".join(PRESETS))
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=8, help="rows per optimizer step")
+    ap.add_argument("--gas", type=int, default=1,
+                    help="--peer: gradient accumulation: each step's --batch rows as GAS micro batches of batch/GAS")
+    ap.add_argument("--nvme-path", metavar="DIR",
+                    help="--peer deepspeed_infinity (required there): the folder of DeepSpeed's optimizer swap files")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--tokens", help="token file (.bin, little-endian uint32 ids)")
     ap.add_argument("--out", help="--peer: the result JSON")
@@ -309,6 +348,18 @@ def parse_args(argv=None):
         bad(f"--batch {a.batch}: expected >= 1")
     if a.ours and a.batch % OURS[a.ours]["gas"]:
         bad(f"--batch {a.batch}: --ours {a.ours} splits it over GAS {OURS[a.ours]['gas']}: expected a multiple")
+    if a.gas < 1:
+        bad(f"--gas {a.gas}: expected >= 1")
+    if a.ours and a.gas != 1:
+        bad(f"--gas {a.gas}: for --peer runs only (--ours {a.ours} has GAS {OURS[a.ours]['gas']} in OURS)")
+    if a.batch % a.gas:
+        bad(f"--batch {a.batch} is not a multiple of --gas {a.gas}: each step's rows are split into "
+            f"{a.gas} micro batches of equal size")
+    if a.peer == "deepspeed_infinity" and not a.nvme_path:
+        bad("--peer deepspeed_infinity needs --nvme-path DIR (the folder of DeepSpeed's optimizer swap files, "
+            "on the disk it swaps to)")
+    if a.nvme_path and a.peer != "deepspeed_infinity":
+        bad(f"--nvme-path {a.nvme_path}: only --peer deepspeed_infinity swaps to a disk")
     if a.steps < 2:
         bad(f"--steps {a.steps}: expected >= 2 (the first step is not in the median)")
     if not a.lr > 0 or a.weight_decay < 0 or a.clip < 0:
@@ -350,7 +401,32 @@ def plan_text(a):
         f"# {a.steps} steps of {a.batch * a.seq} tokens; AdamW lr {a.lr:g} betas {BETAS} eps {EPS:g} "
         f"wd {a.weight_decay:g}, clip {a.clip:g}{', activation checkpointing' if a.activation_checkpointing else ''}",
     ]
+    if a.gas > 1:
+        m = a.batch // a.gas
+        lines.append(f"# gradient accumulation: {a.gas} micro batches of {m} rows per step (micro batch k of step s: "
+                     f"windows s*{a.batch} + k*{m} .. + {m - 1}), one optimizer step after the last")
+    if a.peer == "deepspeed_infinity":
+        lines.append(f"# model built inside deepspeed.zero.Init(config_dict_or_path=<the config below>, "
+                     f"remote_device='cpu', pin_memory=True): bf16 shards in pinned host memory, never whole on "
+                     f"the GPU; {infinity_disk_text(p, a.nvme_path)}")
     return lines
+
+
+def infinity_disk_text(p, path):
+    """What deepspeed_infinity puts on --nvme-path against the free space of the filesystem it is on."""
+    need = 12 * num_params(p)
+    text = (f"fp32 weights, exp_avg and exp_avg_sq swap to {path}: 12 bytes x {num_params(p)} parameters = "
+            f"{gib(need):.1f} GiB")
+    d = os.path.abspath(path)
+    while not os.path.isdir(d) and os.path.dirname(d) != d:
+        d = os.path.dirname(d)
+    try:
+        st = os.statvfs(d)
+    except OSError:
+        return text
+    free = st.f_bavail * st.f_frsize
+    short = f": {gib(need - free):.1f} GiB short" if free < need else ""
+    return text + f" (the filesystem of {d} has {gib(free):.1f} GiB free here{short})"
 
 
 # --- our side: files for zero_llm ----------------------------------------------------------------
@@ -479,7 +555,10 @@ def plain_model(torch, a, device):
     return model, "none (plain PyTorch)", "sdpa (plain)"
 
 
-def hf_model(torch, a, device):
+def hf_model(torch, a, device, zero_init=None):
+    """transformers' model class for the preset: fp32 on `device`, or, with zero_init (a
+    deepspeed.zero.Init context), built inside it: each module's parameters partitioned as soon as the
+    module is made, in the config's dtype (bf16) on zero.Init's remote device, no fp32 copy of the model."""
     import transformers
     p = PRESETS[a.preset]
     qwen = p["architecture"] == QWEN3
@@ -498,9 +577,13 @@ def hf_model(torch, a, device):
     except Exception:  # noqa: BLE001 - older/newer spellings: transformers then picks its default
         pass
     torch.manual_seed(a.seed)
-    with torch.device(device):  # random init runs on the GPU: seconds, not minutes, for billions of weights
-        model = cls(cfg)
-    model = model.to(torch.float32)
+    if zero_init is not None:
+        with zero_init:  # zero.Init makes each tensor on the GPU and moves the module's shard out at once
+            model = cls(cfg)
+    else:
+        with torch.device(device):  # random init runs on the GPU: seconds, not minutes, for billions of weights
+            model = cls(cfg)
+        model = model.to(torch.float32)
     if a.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -510,12 +593,18 @@ def hf_model(torch, a, device):
 def run_peer(a):
     p = PRESETS[a.preset]
     ds = a.peer.startswith("deepspeed")
+    infinity = a.peer == "deepspeed_infinity"
+    gas, micro = a.gas, a.batch // a.gas
     result = {"kind": "peer", "impl": "deepspeed" if ds else "fsdp2", "name": a.peer, "label": PEERS[a.peer],
-              "preset": a.preset, "seq": a.seq, "batch": a.batch, "gas": 1, "tokens_per_step": a.batch * a.seq,
+              "preset": a.preset, "seq": a.seq, "batch": a.batch, "gas": gas, "micro_batch": micro,
+              "tokens_per_step": a.batch * a.seq,
               "steps_planned": a.steps, "activation_checkpointing": a.activation_checkpointing, "clip": a.clip,
               "lr": a.lr, "weight_decay": a.weight_decay, "betas": list(BETAS), "tokens": a.tokens,
               "flops_per_token": train_flops_per_token(p, a.seq), "params_formula": num_params(p),
-              "status": "starting", "steps": []}
+              "status": "starting", "phase": "set-up", "steps": []}
+    if infinity:
+        result["nvme_path"] = a.nvme_path
+    clock = {"t_start": None}
 
     def save():
         tmp = a.out + ".tmp"
@@ -523,14 +612,47 @@ def run_peer(a):
             json.dump(result, f, indent=1)
         os.replace(tmp, a.out)
 
-    def fail(msg):
+    def phase(text, write=False):
+        result["phase"] = text
+        if write:
+            save()
+
+    def note_init():
+        """init_s so far (model construction + deepspeed.initialize / fully_shard), when it did not finish."""
+        if clock["t_start"] is not None and "init_s" not in result:
+            result["init_s"] = time.perf_counter() - clock["t_start"]
+            result["init_done"] = False
+
+    def fail(msg, exc=None):
         result["status"] = "error"
         result["error"] = msg
+        if exc is not None:
+            import traceback
+            result["error_type"] = type(exc).__name__
+            result["error_message"] = str(exc)[:2000]
+            result["traceback"] = traceback.format_exc()[-4000:]
+        note_init()
         save()
-        print(f"llm_peers: {a.peer} on {a.preset} failed: {msg}", file=sys.stderr, flush=True)
+        print(f"llm_peers: {a.peer} on {a.preset} failed in {result['phase']}: {msg}", file=sys.stderr, flush=True)
         return 1
 
+    def killed(signum, frame):  # `timeout` sends SIGTERM: leave the phase it cut, then go
+        import signal
+        result["status"] = "killed"
+        result["error"] = f"killed by {signal.Signals(signum).name} in {result['phase']}"
+        note_init()
+        try:
+            save()
+            print(f"llm_peers: {a.peer} on {a.preset}: {result['error']}", file=sys.stderr, flush=True)
+        finally:
+            os._exit(128 + signum)
+
     save()  # a run that dies before its first step still leaves a row
+    import faulthandler
+    import signal
+    faulthandler.enable()  # a segmentation fault (DeepSpeed's aio) prints the Python stack to the log
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, killed)
     try:
         import numpy as np
         import torch
@@ -560,21 +682,42 @@ def run_peer(a):
             dist.init_process_group("nccl", init_method=f"file://{store}", rank=0, world_size=1, device_id=device)
             result["versions"] = {}
         result["versions"].update(torch=torch.__version__, gpu=torch.cuda.get_device_name(device))
-        t_start = time.perf_counter()
+        cfg = deepspeed_config(a.peer, a) if ds else None
+        if infinity:
+            import shutil
+            os.makedirs(a.nvme_path, exist_ok=True)
+            result["nvme_free_gib"] = gib(shutil.disk_usage(a.nvme_path).free)
+            result["nvme_states_gib"] = gib(12 * num_params(p))
+        phase("model construction", write=True)
+        t_start = clock["t_start"] = time.perf_counter()
         if a.peer.startswith("fsdp2_plain"):
             model, tv, attn = plain_model(torch, a, device)
+        elif infinity:
+            try:  # transformers' documented use without its Trainer: it then knows the model is under ZeRO-3
+                from transformers.integrations import HfDeepSpeedConfig
+                hf_ds = HfDeepSpeedConfig(cfg)  # noqa: F841 - held (transformers keeps a weakref) to the end
+                result["hf_deepspeed_config"] = True
+            except Exception as e:  # noqa: BLE001 - e.g. its accelerate version check: go on without it
+                result["hf_deepspeed_config"] = f"not used: {type(e).__name__}: {e}"[:300]
+            zinit = deepspeed.zero.Init(config_dict_or_path=cfg, remote_device="cpu", pin_memory=True)
+            model, tv, attn = hf_model(torch, a, device, zero_init=zinit)
         else:
             model, tv, attn = hf_model(torch, a, device)
+        torch.cuda.synchronize()
+        result["init_model_s"] = time.perf_counter() - t_start
         result["versions"]["transformers"] = tv
         result["attn_implementation"] = attn
-        result["params"] = sum(q.numel() for q in model.parameters())
+        # zero.Init leaves each parameter an empty tensor; ds_numel is its full size
+        result["params"] = sum(getattr(q, "ds_numel", q.numel()) for q in model.parameters())
+        print(f"# {a.peer}: model built in {result['init_model_s']:.1f} s", flush=True)
         if ds:
-            cfg = deepspeed_config(a.peer, a)
+            phase("deepspeed.initialize", write=True)
             result["config"] = cfg
             engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
             model = None
             opt_name = type(getattr(engine.optimizer, "optimizer", engine.optimizer)).__name__
         else:
+            phase("fully_shard", write=True)
             try:
                 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
             except ImportError:
@@ -591,6 +734,7 @@ def run_peer(a):
             opt_name = "AdamW(fused=True)"
         torch.cuda.synchronize()
         result["init_s"] = time.perf_counter() - t_start
+        result["init_done"] = True
         result["optimizer"] = opt_name
         print(f"# {a.peer} on {a.preset}: {result['params']} parameters (zero's count {num_params(p)}), "
               f"attention {attn}, optimizer {opt_name}, set-up {result['init_s']:.1f} s; "
@@ -603,21 +747,40 @@ def run_peer(a):
         V = p["vocab_size"]
         fpt = result["flops_per_token"]
         tokens = a.batch * a.seq
+        net = engine if ds else model
         for s in range(a.steps):
+            # The step's start is written outside the timed part; ZeRO-Infinity's steps (tens of seconds)
+            # also write each micro batch's phase, so that a crash (no exception) leaves where it died.
+            phase(f"step {s + 1}", write=True)
             batch_rows = rows[window_rows(s, a.batch, windows)]
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            x = batch_rows.to(device, non_blocking=False)
-            inp, tgt = x[:, :-1], x[:, 1:]
-            net = engine if ds else model
-            logits = net(input_ids=inp, use_cache=False).logits
-            loss = F.cross_entropy(logits.float().reshape(-1, V), tgt.reshape(-1))
-            if ds:
-                engine.backward(loss)
-            else:
-                loss.backward()
+            loss_sum = None
+            for k in range(gas):
+                where = f"step {s + 1}" + (f" micro batch {k + 1}/{gas}" if gas > 1 else "")
+                phase(where + " forward", write=infinity)
+                x = (batch_rows if gas == 1 else batch_rows[k * micro:(k + 1) * micro]).to(device, non_blocking=False)
+                inp, tgt = x[:, :-1], x[:, 1:]
+                logits = net(input_ids=inp, use_cache=False).logits
+                loss = F.cross_entropy(logits.float().reshape(-1, V), tgt.reshape(-1))
+                phase(where + " backward", write=infinity)
+                if ds:
+                    engine.backward(loss)  # DeepSpeed scales by 1/gradient_accumulation_steps itself
+                    if k + 1 < gas:
+                        phase(where + " engine.step (off the boundary)", write=infinity)
+                        engine.step()  # off the boundary: DeepSpeed counts the micro batch, no update
+                elif gas > 1:
+                    (loss / gas).backward()  # the step's gradient is the mean over its rows, as at GAS 1
+                else:
+                    loss.backward()
+                if gas > 1:
+                    loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+                    del logits, loss, x
+                if infinity:  # its micro batches take seconds to minutes: show the pace before a step ends
+                    print(f"# {where}: {time.perf_counter() - t0:.1f} s into the step", flush=True)
             torch.cuda.synchronize()
             t1 = time.perf_counter()
+            phase(f"step {s + 1} optimizer step", write=infinity)
             if ds:
                 engine.step()
             else:
@@ -628,11 +791,14 @@ def run_peer(a):
             torch.cuda.synchronize()
             t2 = time.perf_counter()
             dt = t2 - t0
-            rec = {"step": s + 1, "loss": loss.item(), "step_s": dt, "fwd_bwd_s": t1 - t0, "opt_s": t2 - t1,
+            step_loss = loss.item() if gas == 1 else loss_sum.item() / gas  # the mean over the step's rows
+            rec = {"step": s + 1, "loss": step_loss, "step_s": dt, "fwd_bwd_s": t1 - t0, "opt_s": t2 - t1,
                    "tokens": tokens, "tokens_per_s": tokens / dt, "model_tflops": tokens * fpt / dt / 1e12,
                    "gpu_peak_gib": gib(torch.cuda.max_memory_allocated()), "host_peak_gib": gib(host_peak_bytes())}
-            del logits, loss, x
+            if gas == 1:
+                del logits, loss, x
             result["steps"].append(rec)
+            phase(f"after step {s + 1}")
             save()
             print(f"# step {s + 1}: {dt:.3f} s (fwd+bwd {rec['fwd_bwd_s']:.3f}, step {rec['opt_s']:.3f}), "
                   f"{rec['tokens_per_s']:.0f} tok/s, {rec['model_tflops']:.1f} TFLOPS, loss {rec['loss']:.4f}, "
@@ -643,14 +809,18 @@ def run_peer(a):
         result["peak_gpu_gib"] = gib(torch.cuda.max_memory_allocated())
         result["host_peak_gib"] = gib(host_peak_bytes())
         result["status"] = "ok"
+        phase("done")
         save()
         print("LLMPEER " + json.dumps({k: result[k] for k in ("name", "preset", "tokens_per_step", "median",
                                                               "peak_gpu_gib", "host_peak_gib")}), flush=True)
         return 0
     except Exception as e:  # noqa: BLE001 - recorded (out of memory is a result), then exit 1
-        result["peak_gpu_gib"] = gib(torch.cuda.max_memory_allocated())
         result["host_peak_gib"] = gib(host_peak_bytes())
-        return fail(f"{type(e).__name__}: {str(e)[:2000]}")
+        try:
+            result["peak_gpu_gib"] = gib(torch.cuda.max_memory_allocated())
+        except Exception:  # noqa: BLE001 - a broken CUDA context must not cost the error's record
+            pass
+        return fail(f"{type(e).__name__}: {str(e)[:2000]}", e)
     finally:
         try:
             import torch.distributed as dist

@@ -13,8 +13,10 @@ and prints one markdown table, also written to FILE. Per row: tokens/s = tokens 
 step time of the steps after the first; model TFLOPS = tokens/s x LlmConfig::TrainFlopsPerToken(seq)
 (bench/llm_peers.py's copy); MFU against the H200's 989 dense bf16 TFLOPS; peak GPU and host memory;
 the ratio of tokens/s to FSDP2's on the same preset and tokens per step, to the matching peer, and to
-the configuration of ours it must beat; and issue 21's target when the row has one. Exit 1 when no
-result is found.
+the configuration of ours it must beat; and issue 21's target when the row has one. A row that did not
+finish says so in its label and in a note under the table: for a peer, the phase it died in (llm_peers.py's
+"phase"), the steps done, its set-up seconds (init_s) and the error; a run killed without a record (or
+crashed: a segmentation fault) is "cut" with the last phase it wrote. Exit 1 when no result is found.
 """
 import argparse
 import json
@@ -111,10 +113,19 @@ def load(dirs):
                     if r["status"] != "ok":
                         r["error"] = f"{n} of {planned} steps; log: {last[:160]}"
                 elif r.get("status") != "ok" and not r.get("error"):
-                    # Killed (the step helper's timeout, the budget) after its last save.
-                    r["error"] = (f"cut after {len(r.get('steps', []))} of {r.get('steps_planned')} steps "
-                                  "(killed or timed out; its .log says more)")
+                    # Killed (the step helper's timeout, the budget) or crashed without an exception (a
+                    # segmentation fault) after its last save: the phase it last wrote says where.
+                    where = f" in {r['phase']}" if r.get("phase") else ""
+                    r["error"] = (f"cut after {len(r.get('steps', []))} of {r.get('steps_planned')} steps{where} "
+                                  "(killed, timed out or crashed; its .log says more)")
                     r["status"] = "cut"
+                elif r.get("status") != "ok":
+                    # An exception or a signal llm_peers.py recorded: where it died, what it had done.
+                    done = (f"{len(r.get('steps', []))} of {r.get('steps_planned')} steps done"
+                            + (f", init {r['init_s']:.1f} s" if isinstance(r.get("init_s"), (int, float)) else "")
+                            + ("" if r.get("init_done", True) else " (not finished)"))
+                    where = f"in {r['phase']}, " if r.get("phase") else ""
+                    r["error"] = f"{where}{done}: {r['error']}"
                 rows.append(r)
     return rows
 
@@ -218,7 +229,7 @@ def build(rows):
             label += " (activation checkpointing)"
         if r.get("status") != "ok":
             notes.append(f"- {label} ({r.get('preset')}, {r['path']}): {r.get('status')}: "
-                         f"{str(r.get('error', ''))[:300]}")
+                         f"{str(r.get('error', ''))[:400]}")
             label += f" ({r.get('status')}, note below)"
         if r["note"]:
             notes.append(f"- {label}: {r['note']}")
