@@ -421,10 +421,14 @@ const std::vector<PresetEntry>& Presets() {
       {"tiny", Shape(kQwen3Architecture, 512, 64, 192, 2, 4, 2, 16, 10000.0, 1e-6, true, 512, -1, -1)},
       {"qwen3-0.6b",
        Shape(kQwen3Architecture, 151936, 1024, 3072, 28, 16, 8, 128, 1e6, 1e-6, true, 40960, 151643, 151645)},
+      {"qwen3-4b",
+       Shape(kQwen3Architecture, 151936, 2560, 9728, 36, 32, 8, 128, 1e6, 1e-6, true, 40960, 151643, 151645)},
       {"qwen3-8b",
        Shape(kQwen3Architecture, 151936, 4096, 12288, 36, 32, 8, 128, 1e6, 1e-6, false, 40960, 151643, 151645)},
       {"qwen3-14b",
        Shape(kQwen3Architecture, 151936, 5120, 17408, 40, 40, 8, 128, 1e6, 1e-6, false, 40960, 151643, 151645)},
+      // Llama 2 13B (meta-llama/Llama-2-13b-hf): full multi-head attention, a 32000-id vocabulary.
+      {"llama-2-13b", Shape(kLlamaArchitecture, 32000, 5120, 13824, 40, 40, 40, 128, 10000.0, 1e-5, false, 4096, 1, 2)},
       // Llama 3.x: the published shapes; the checkpoints' rope_scaling "llama3" is not part of them.
       {"llama-3.2-1b",
        Shape(kLlamaArchitecture, 128256, 2048, 8192, 16, 32, 8, 64, 500000.0, 1e-5, true, 131072, 128000, 128001)},

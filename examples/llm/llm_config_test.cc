@@ -422,6 +422,10 @@ TEST(LlmConfigTest, PresetsAndCounts) {
   EXPECT_EQ(PresetOrDie("qwen3-0.6b").NumParams(), 596049920);
   EXPECT_EQ(PresetOrDie("llama-3.2-3b").NumParams(), 3212749824);
   EXPECT_EQ(PresetOrDie("llama-3.1-8b").NumParams(), 8030261248);
+  // The published counts: Qwen3-4B 4,022,468,096 and Llama-2-13b 13,015,864,320 (its untied
+  // 32000 x 5120 embedding and lm_head, 40 layers of 317,204,480, the final norm).
+  EXPECT_EQ(PresetOrDie("qwen3-4b").NumParams(), 4022468096);
+  EXPECT_EQ(PresetOrDie("llama-2-13b").NumParams(), 13015864320);
   for (const std::string& name : PresetNames()) {
     const LlmConfig c = PresetOrDie(name.c_str());
     ASSERT_OK(c.Validate()) << name << ": " << c.Validate().ToString();
