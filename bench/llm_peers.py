@@ -59,10 +59,10 @@ a run cut by a timeout still leaves its steps; an exception (out of memory) is r
 Failures are recorded, never lost: "phase" names where the run was (set-up, model construction,
 deepspeed.initialize / fully_shard, "step K [micro batch k/N] forward|backward", "step K optimizer step");
 an exception writes status "error", "error" (type: message), "error_type", "error_message" (first 2000
-characters) and "traceback"; SIGTERM/SIGINT (`timeout`) writes status "killed" with the phase; a crash
-without an exception (a segmentation fault) leaves status "running" and the last phase written (each step's
-start; deepspeed_infinity also writes each micro batch's phases) and faulthandler's Python stack in the
-log. "init_s" is model construction + deepspeed.initialize (or fully_shard) for every peer, "init_model_s"
+characters) and "traceback"; a run killed (`timeout`'s SIGTERM) or crashed without an exception (a
+segmentation fault) leaves status "running" and the last phase written (each step's start;
+deepspeed_infinity also writes each micro batch's phases; llm_table.py calls it cut) and faulthandler's
+Python stack of every thread in the log. "init_s" is model construction + deepspeed.initialize (or fully_shard) for every peer, "init_model_s"
 the construction alone; a run that died in them has the seconds spent so far and "init_done": false.
 
 --dry-run checks the arguments and the token file and prints the plan without importing torch (the
@@ -636,23 +636,14 @@ def run_peer(a):
         print(f"llm_peers: {a.peer} on {a.preset} failed in {result['phase']}: {msg}", file=sys.stderr, flush=True)
         return 1
 
-    def killed(signum, frame):  # `timeout` sends SIGTERM: leave the phase it cut, then go
-        import signal
-        result["status"] = "killed"
-        result["error"] = f"killed by {signal.Signals(signum).name} in {result['phase']}"
-        note_init()
-        try:
-            save()
-            print(f"llm_peers: {a.peer} on {a.preset}: {result['error']}", file=sys.stderr, flush=True)
-        finally:
-            os._exit(128 + signum)
-
     save()  # a run that dies before its first step still leaves a row
     import faulthandler
     import signal
-    faulthandler.enable()  # a segmentation fault (DeepSpeed's aio) prints the Python stack to the log
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, killed)
+    # A segmentation fault (DeepSpeed's aio) or `timeout`'s SIGTERM prints every thread's Python stack to the
+    # log, from C and at once (no Python handler that a long call holding the GIL could delay past the
+    # limit), and the process dies as before; the JSON keeps the steps and the last phase written.
+    faulthandler.enable()
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     try:
         import numpy as np
         import torch
