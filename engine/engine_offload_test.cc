@@ -14,6 +14,7 @@
 #include "engine/engine_test_util.h"
 #include "nvme/nvme_test_util.h"
 #include "offload/host_slab.h"
+#include "testing/same_bits.h"
 #include "testing/scratch_dir.h"
 #include "testing/status_matchers.h"
 
@@ -108,6 +109,47 @@ TEST(EngineOffloadFaultsTest, OffloadingEnginesReturnTheirPinnedMemory) {
   }
   for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
     EXPECT_NE(entry.path().filename(), "zero_swap") << "left behind: " << entry.path();
+  }
+}
+
+// Three tiers, as bench/run_llm_largest.sh trains its 13B transformer: offload_optimizer.ratio
+// keeps the partition's first elements' states on the device (device AdamW), host_memory_budget
+// the next ones in pinned host memory (CPU AdamW) and NVMe the rest. With accumulation (GAS 2:
+// the fp32 gradients stay on the device for the NVMe tier) and without (GAS 1), at worlds 1 and 2:
+// bitwise no offload (masters, model copy, moments, norms, losses), and every tier holds a share.
+TEST(EngineOffloadTest, ThreeTiersAreBitwiseNoOffload) {
+  auto scratch = ::zero::ScratchDir::CreateWithDirectIo("three_tiers");
+  ASSERT_OK(scratch);
+  const TestModel model = BlockModel(3, 3000, 10);  // 3 x 3010 elements: 9030, 4515 per rank at world 2
+  TrainOptions ro;
+  ro.steps = 3;
+  for (int world : {1, 2}) {
+    for (int gas : {1, 2}) {
+      SCOPED_TRACE("world " + std::to_string(world) + " gas " + std::to_string(gas));
+      const auto none = TrainAll(ConfigJson(3, gas, 0.0, "", ""), world, model, ro);
+      // ratio 0.75: a quarter of each rank's partition on the device; 12 B x 1000 elements of host
+      // budget; the rest (about 2400 elements at world 1, 1200 at world 2) on NVMe.
+      const std::string dir = scratch->File("w" + std::to_string(world) + "g" + std::to_string(gas));
+      const std::string tiers =
+          "\"sub_group_size\": 256, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + dir +
+          "\", \"buffer_count\": 2, \"cpu_threads\": 2, \"ratio\": 0.75, " + "\"host_memory_budget\": 12000}";
+      const auto tiered = TrainAll(ConfigJson(3, gas, 0.0, "", tiers), world, model, ro);
+      ASSERT_EQ(none.size(), static_cast<size_t>(world));
+      ASSERT_EQ(tiered.size(), static_cast<size_t>(world));
+      for (int r = 0; r < world; ++r) {
+        EXPECT_TRUE(SameBits(tiered[r].master, none[r].master)) << "rank " << r;
+        EXPECT_TRUE(SameBits(tiered[r].model, none[r].model)) << "rank " << r;
+        EXPECT_TRUE(SameBits(tiered[r].exp_avg, none[r].exp_avg)) << "rank " << r;
+        EXPECT_TRUE(SameBits(tiered[r].exp_avg_sq, none[r].exp_avg_sq)) << "rank " << r;
+        EXPECT_EQ(tiered[r].norms, none[r].norms) << "rank " << r;
+        EXPECT_EQ(tiered[r].losses, none[r].losses) << "rank " << r;
+        const EngineMemory& m = tiered[r].memory;
+        EXPECT_GT(m.master_params, 0u) << "rank " << r << ": the device tier";
+        EXPECT_LT(m.master_params, none[r].memory.master_params) << "rank " << r;
+        EXPECT_GE(m.host_states, 12000u) << "rank " << r << ": the host tier";
+        EXPECT_GT(m.nvme_states, 0u) << "rank " << r << ": the NVMe tier";
+      }
+    }
   }
 }
 
