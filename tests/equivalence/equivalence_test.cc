@@ -34,6 +34,9 @@
 //               "gpu" (stages 1-3, worlds 1-2) and overlap_step (world 1); fp16 overflows inside
 //               unmanaged windows with optimizer/param offload; DifferentHeads at stage 3 with
 //               param and/or optimizer offload, managed and unmanaged: bitwise as the reference.
+//   Partial offload: offload_optimizer.ratio 0.5 at stage 3 (RatioMatrix: "cpu", worlds 1-2,
+//               fp32/bf16, GAS 1/4, clipping; TieredRatioMatrix: "nvme" + host_memory_budget,
+//               bf16): bitwise as the reference, with masters and moments on the device.
 //   Memory:     per rank, stage k's master/optimizer (k>=1), fp32 gradient accumulator (k>=2) and parameter
 //               (k=3) bytes are 1/N of stage 0's, within per-parameter padding.
 #include <gtest/gtest.h>
@@ -91,6 +94,7 @@ CellSpec MatrixCell(const MatrixParam& p) {
 class MatrixTest : public ::testing::TestWithParam<MatrixParam> {};
 
 void ExpectStatesOffTheDevice(const std::vector<RankTrace>& traces);
+void ExpectStatesSplit(const CellSpec& cell, const std::vector<RankTrace>& traces);
 void ExpectTiers(const CellSpec& cell, const std::vector<RankTrace>& traces);
 void ExpectGradientPartition(const CellSpec& cell, const std::vector<RankTrace>& traces);
 
@@ -111,7 +115,11 @@ void RunMatrixCell(const CellSpec& cell) {
   Status st = RunEngine(config, cell.world, schedule, &traces);
   ASSERT_OK(st);
   ExpectMatches(*ref, traces, ContractTolerance());
-  if (cell.offload_optimizer) {
+  if (cell.offload_optimizer && cell.offload_ratio < 1.0) {
+    ExpectStatesSplit(cell, traces);
+    ExpectTiers(cell, traces);
+    ExpectGradientPartition(cell, traces);
+  } else if (cell.offload_optimizer) {
     ExpectStatesOffTheDevice(traces);
     ExpectTiers(cell, traces);
     ExpectGradientPartition(cell, traces);
@@ -129,6 +137,23 @@ void ExpectStatesOffTheDevice(const std::vector<RankTrace>& traces) {
     EXPECT_EQ(traces[r].memory.master_params, 0u) << "rank " << r << ": master weights on the device";
     EXPECT_EQ(traces[r].memory.optimizer_states, 0u) << "rank " << r << ": moments on the device";
     EXPECT_GT(traces[r].memory.host_states, 0u) << "rank " << r;
+  }
+}
+
+// A partial-offload cell (offload_optimizer.ratio below 1) must really split its states: some
+// masters and moments on the device (4 + 8 bytes per element; no upper bound: the device
+// allocations are rounded up, so at world 2 this small model's half partition reads as 1024 bytes
+// of masters, more than 4 bytes for each of the 170 elements of the whole partition), the rest
+// offloaded (the inverse of ExpectStatesOffTheDevice, which a ratio that sent every state to
+// the host would pass and this fails).
+void ExpectStatesSplit(const CellSpec& cell, const std::vector<RankTrace>& traces) {
+  for (size_t r = 0; r < traces.size(); ++r) {
+    const EngineMemory& m = traces[r].memory;
+    EXPECT_GT(m.master_params, 0u) << "rank " << r << ": no master weights on the device";
+    EXPECT_EQ(m.optimizer_states, 2 * m.master_params) << "rank " << r << ": moments of the device share";
+    EXPECT_GT(m.host_states, 0u) << "rank " << r << ": nothing offloaded";
+    // Tiered: the host tier holds its budget (the NVMe tier: ExpectTiers).
+    EXPECT_GE(m.host_states, static_cast<size_t>(cell.host_memory_budget)) << "rank " << r << ": the host tier";
   }
 }
 
@@ -473,6 +498,43 @@ INSTANTIATE_TEST_SUITE_P(Cells, TieredMatrixTest,
                                             ::testing::Bool()),
                          [](const ::testing::TestParamInfo<MatrixParam>& info) {
                            return TieredCell(info.param).Name();
+                         });
+
+// Partial offload (offload_optimizer.ratio 0.5, stage 3; docs/offload.md, "Partial offload"): the
+// first half of each rank's partition keeps its states on the device with the device AdamW, the
+// rest is offloaded: "cpu" (host states, the CPU AdamW) at worlds 1-2, fp32/bf16, GAS 1/4, clipping
+// (GAS 1, one rank, no clipping is the update in backward), and tiered ("nvme" with a
+// host_memory_budget of a quarter of the partition: device, host and NVMe) in bf16. Bitwise as the
+// reference, with states in each tier (ExpectStatesSplit, ExpectTiers).
+constexpr double kOffloadRatio = 0.5;
+class RatioMatrixTest : public ::testing::TestWithParam<MatrixParam> {};
+CellSpec RatioCell(const MatrixParam& p) {
+  CellSpec c = OffloadCell(p);
+  c.offload_ratio = kOffloadRatio;
+  return c;
+}
+TEST_P(RatioMatrixTest, EngineEqualsReferenceBitwise) { RunMatrixCell(RatioCell(GetParam())); }
+INSTANTIATE_TEST_SUITE_P(Cells, RatioMatrixTest,
+                         ::testing::Combine(::testing::Values(3), ::testing::Values(1, 2),
+                                            ::testing::Values(DType::kF32, DType::kBF16), ::testing::Values(1, 4),
+                                            ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<MatrixParam>& info) {
+                           return RatioCell(info.param).Name();
+                         });
+class TieredRatioMatrixTest : public ::testing::TestWithParam<MatrixParam> {};
+CellSpec TieredRatioCell(const MatrixParam& p) {
+  CellSpec c = NvmeCell(p);
+  c.offload_ratio = kOffloadRatio;
+  c.host_memory_budget = 12 * (TotalNumel(ModelDims()) / (4 * c.world));
+  return c;
+}
+TEST_P(TieredRatioMatrixTest, EngineEqualsReferenceBitwise) { RunMatrixCell(TieredRatioCell(GetParam())); }
+INSTANTIATE_TEST_SUITE_P(Cells, TieredRatioMatrixTest,
+                         ::testing::Combine(::testing::Values(3), ::testing::Values(1, 2),
+                                            ::testing::Values(DType::kBF16), ::testing::Values(1, 4),
+                                            ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<MatrixParam>& info) {
+                           return TieredRatioCell(info.param).Name();
                          });
 
 // offload_optimizer.update_device "gpu" (host states streamed through the device in chunks of 37

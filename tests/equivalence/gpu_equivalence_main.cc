@@ -146,6 +146,23 @@ std::vector<Cell> AllCells(int world, bool with_llm) {
             }
             c.spec.gpu_update_chunk = 0;
           }
+          if (stage == 3 && world == 1 && dt != DType::kF16) {
+            // Partial offload (offload_optimizer.ratio 0.5): the first half of the partition's
+            // states on the GPU with the device AdamW, the rest with "cpu" on the host (CPU AdamW)
+            // and, in bf16, tiered: a quarter of the partition in pinned host memory, the rest on
+            // NVMe (three tiers). As the CPU suite's RatioMatrixTest and TieredRatioMatrixTest.
+            Cell r = c;
+            r.spec.offload_optimizer = true;
+            r.spec.offload_ratio = 0.5;
+            r.name = "ratio/" + r.spec.Name();
+            cells.push_back(r);
+            if (dt == DType::kBF16) {
+              r.spec.nvme = true;
+              r.spec.host_memory_budget = 12 * (TotalNumel(ModelDims()) / (4 * world));
+              r.name = "ratio/" + r.spec.Name();
+              cells.push_back(r);
+            }
+          }
           if (stage == 3) {
             // offload_param.device "cpu": the shards in pinned host memory, uploaded on the
             // coordinator's own stream for every gather; with device and with host states.
@@ -565,6 +582,16 @@ int Main(const Flags& flags) {
               CompareRankTrace(*ref, r, traces[r], tol, &lines);
             } else {
               CompareLoose(*ref, r, traces[r], cell.spec.dtype, &lines);
+            }
+          }
+          // Partial offload (ratio/ cells): some masters and moments on the GPU, the rest
+          // offloaded (a ratio that sent every state to the host fails here).
+          for (int r = 0; r < world && cell.spec.offload_optimizer && cell.spec.offload_ratio < 1.0; ++r) {
+            const EngineMemory& m = traces[r].memory;
+            if (m.master_params == 0 || m.optimizer_states == 0 || m.host_states == 0) {
+              lines.push_back("rank " + std::to_string(r) + ": states not split by offload_optimizer.ratio: " +
+                              std::to_string(m.master_params) + " master and " + std::to_string(m.optimizer_states) +
+                              " moment bytes on the device, " + std::to_string(m.host_states) + " host bytes");
             }
           }
         }

@@ -407,12 +407,21 @@ std::string CellSpec::Name() const {
          : gpu_update_chunk > 0 ? (overlap_step ? "_gpuoverlap" : "_gpuchunk")
                                 : "_offload";
   }
+  if (offload_optimizer && offload_ratio < 1.0) s += "_r" + std::to_string(std::lround(offload_ratio * 100));
   if (offload_param) s += nvme_param ? "_paramnvme" : "_paramoffload";
   if (gpu_grad_accumulation) s += "_gpuacc";
   return s;
 }
 
 std::string CellConfigJson(const CellSpec& c) {
+  // offload_optimizer.ratio (partial offload), inside offload_optimizer, only below 1.
+  std::string ratio;
+  if (c.offload_optimizer && c.offload_ratio < 1.0) {
+    std::ostringstream r;
+    r.precision(17);
+    r << ", \"ratio\": " << c.offload_ratio;
+    ratio = r.str();
+  }
   std::ostringstream j;
   j.precision(17);
   j << "{\n"
@@ -438,7 +447,7 @@ std::string CellConfigJson(const CellSpec& c) {
             ? ", \"update_device\": \"gpu\", \"chunk_size\": " + std::to_string(c.gpu_update_chunk) +
                   ", \"chunk_buffers\": 3" + (c.overlap_step ? ", \"overlap_step\": true" : "")
             : "")
-    << (c.offload_optimizer && !c.nvme ? "}" : "")
+    << (c.offload_optimizer && !c.nvme ? ratio + "}" : "")
     << (c.offload_param && !c.nvme_param ? ", \"offload_param\": {\"device\": \"cpu\", \"buffer_count\": 2}" : "")
     << (c.offload_param && c.nvme_param ? ", \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"" +
                                               NvmeTestDir() + "\", \"buffer_count\": 2, \"max_in_cpu\": 0}"
@@ -448,7 +457,7 @@ std::string CellConfigJson(const CellSpec& c) {
             ? ", \"sub_group_size\": " + std::to_string(c.sub_group_size) +
                   ", \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + NvmeTestDir() +
                   "\", \"buffer_count\": 2, \"cpu_threads\": 2, \"host_memory_budget\": " +
-                  std::to_string(c.host_memory_budget) + "}"
+                  std::to_string(c.host_memory_budget) + ratio + "}"
             : "")
     << "}"
     << ((c.offload_optimizer && c.nvme) || c.nvme_param ? ",\n  \"aio\": {\"block_size\": 4096, \"queue_depth\": 4}"

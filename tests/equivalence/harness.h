@@ -153,6 +153,11 @@ struct CellSpec {
   // (ScratchDir::CreateWithDirectIo), sub_group_size 300, 2 group buffers.
   bool nvme = false;
   int64_t host_memory_budget = 0;  // with nvme: the tiered host part (bytes, 12 per element)
+  // With offload_optimizer ("cpu" or "nvme", not gpu_update_chunk), below 1: offload_optimizer.ratio,
+  // partial offload (stage 3; docs/offload.md, "Partial offload"): the first numel - floor(numel *
+  // ratio) elements of each rank's partition keep their states on the device with the device AdamW,
+  // the rest are offloaded (with nvme and host_memory_budget: three tiers). Names end "_r50" (0.5).
+  double offload_ratio = 1.0;
   // With offload_optimizer (not nvme), above 0: update_device "gpu" (AdamW on the device over the
   // host states, streamed in chunks of this many elements through 3 staging sets).
   int64_t gpu_update_chunk = 0;
