@@ -9,15 +9,15 @@
 #   PHASE floors:    the disk (aio_bench, raw O_DIRECT at 4 io contexts x depth 2) and PCIe (pcie_bench)
 #                    of this machine, this call: the floors the step is read against
 #   PHASE ours:      zero_llm on PRESET (default llama-2-13b) at seq 2048, MICRO rows x GAS micro steps per
-#                    step (default 8 x 16 = 262,144 tokens), activation checkpointing, ZeRO-3, fp32 master
-#                    weights and gradients: the first 1-RATIO of the optimizer states (default 24%) on the
+#                    step (default 4 x 32 = 262,144 tokens), activation checkpointing, ZeRO-3, fp32 master
+#                    weights and gradients: the first 1-RATIO of the optimizer states (default 28%) on the
 #                    GPU, then HOST_GIB GiB (default 78) of them in pinned host memory, the rest on the disk
-#                    (offload_optimizer nvme + host_memory_budget + ratio). STEPS steps (default 4); a
+#                    (offload_optimizer nvme + host_memory_budget + ratio). STEPS steps (default 3); a
 #                    zero_trace Chrome trace of step TRACE_STEP (default 3); GPU memory (nvidia-smi, 500 ms),
 #                    host memory (free, 1 s) and disk use sampled throughout
 #   PHASE deepspeed: bench/llm_peers.py --peer deepspeed_infinity (ZeRO-3, offload_optimizer nvme +
 #                    offload_param cpu) on DS_PRESETS (default "qwen3-4b llama-2-13b") in turn, each capped
-#                    at DS_LIMIT_S (default 330 s), DS_BATCH rows x DS_GAS (default 128 x 16, as ours), DS_STEPS (default 2)
+#                    at DS_LIMIT_S (default 330 s), DS_BATCH rows x DS_GAS (default 128 x 32, as ours), DS_STEPS (default 2)
 #   All runs together are bounded by BUDGET_S (default 570 s from the start of `run`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,10 +36,10 @@ case "${1:-}" in
     python3 - "${2:?usage: run_llm_largest.sh config FILE}" <<'PY'
 import json, os, sys
 e = os.environ.get
-micro, gas = int(e("MICRO", "8")), int(e("GAS", "16"))
+micro, gas = int(e("MICRO", "4")), int(e("GAS", "32"))
 zero = {"stage": 3,
         "offload_optimizer": {"device": "nvme", "nvme_path": e("NVME_DIR", "/root/zero_nvme"), "pin_memory": True,
-                              "ratio": float(e("RATIO", "0.76")),
+                              "ratio": float(e("RATIO", "0.72")),
                               "host_memory_budget": int(float(e("HOST_GIB", "78")) * (1 << 30)),
                               "buffer_count": 4},
         "sub_group_size": 134217728}
@@ -118,17 +118,17 @@ PY
             step 30 "$out/floors.log" $B/pcie_bench --sizes-mib 256,1024 --reps 3 --warmup 1
             rm -rf "$NV" ;;
           ours)
-            micro=${MICRO:-8} gas=${GAS:-16}
+            micro=${MICRO:-4} gas=${GAS:-32}
             rows=$((micro * gas))
             vocab=$(python3 -c "import sys; sys.path.insert(0, 'bench'); import llm_peers as l; print(l.PRESETS['$PRESET']['vocab_size'])")
             python3 $PY --make-tokens "$out/tokens_$PRESET.bin" --vocab "$vocab" --seq 2048 \
-                --windows $((rows * ${STEPS:-4}))
+                --windows $((rows * ${STEPS:-3}))
             rm -rf "$NV" && mkdir -p "$NV"
             TRACE_PATH=$out/trace_ours_step${TRACE_STEP:-3}.json bash bench/run_llm_largest.sh config "$out/ours.json"
             cat "$out/ours.json"
             : >"$out/ours.log"
             step 560 "$out/ours.log" stdbuf -oL $B/zero_llm --device cuda --nproc 1 --preset "$PRESET" --seq 2048 \
-                --config "$out/ours.json" --steps "${STEPS:-4}" --data "$out/tokens_$PRESET.bin" --sequential-data \
+                --config "$out/ours.json" --steps "${STEPS:-3}" --data "$out/tokens_$PRESET.bin" --sequential-data \
                 --holdout 0 --eval-windows 0 --plot none --print-every 1 --activation-checkpointing \
                 --log-json "$out/ours.jsonl"
             du -sh "$NV" 2>/dev/null; rm -rf "$NV" ;;
@@ -154,7 +154,7 @@ PY
                   CPATH=$AIO/usr/include CFLAGS=-I$AIO/usr/include LDFLAGS=-L$AL LIBRARY_PATH=$AL \
                   LD_LIBRARY_PATH=$AL:$LD_LIBRARY_PATH TORCH_CUDA_ARCH_LIST=9.0 \
                   python3 $PY --peer deepspeed_infinity --preset "$pre" --seq 2048 --batch "${DS_BATCH:-128}" \
-                  --gas "${DS_GAS:-16}" --steps "${DS_STEPS:-2}" --tokens "$tok" --nvme-path "$NV/ds" \
+                  --gas "${DS_GAS:-32}" --steps "${DS_STEPS:-2}" --tokens "$tok" --nvme-path "$NV/ds" \
                   --activation-checkpointing --out "$out/ds_$pre.json"
               du -sh "$NV/ds" 2>/dev/null; rm -rf "$NV/ds"; df -h / | tail -1
             done ;;
