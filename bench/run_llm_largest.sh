@@ -104,6 +104,11 @@ if h:
           f"disk used: {disk[0] / 2**30:.1f} GiB before, {max(disk) / 2**30:.1f} GiB at most")
 PY
     }
+    tokens() {  # tokens PRESET WINDOWS: OUTDIR/tokens_PRESET.bin, random ids below the preset's vocabulary
+      local vocab
+      vocab=$(python3 -c "import sys; sys.path.insert(0, 'bench'); import llm_peers as l; print(l.PRESETS['$1']['vocab_size'])")
+      python3 $PY --make-tokens "$out/tokens_$1.bin" --vocab "$vocab" --seq 2048 --windows "$2"
+    }
     {
       date -u
       nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
@@ -120,9 +125,7 @@ PY
           ours)
             micro=${MICRO:-4} gas=${GAS:-32}
             rows=$((micro * gas))
-            vocab=$(python3 -c "import sys; sys.path.insert(0, 'bench'); import llm_peers as l; print(l.PRESETS['$PRESET']['vocab_size'])")
-            python3 $PY --make-tokens "$out/tokens_$PRESET.bin" --vocab "$vocab" --seq 2048 \
-                --windows $((rows * ${STEPS:-3}))
+            tokens "$PRESET" $((rows * ${STEPS:-3}))
             rm -rf "$NV" && mkdir -p "$NV"
             TRACE_PATH=$out/trace_ours_step${TRACE_STEP:-3}.json bash bench/run_llm_largest.sh config "$out/ours.json"
             cat "$out/ours.json"
@@ -145,9 +148,8 @@ PY
             AL=$AIO/usr/lib/x86_64-linux-gnu
             [ -e $AL/libaio.so ] || ln -sf "$(ls $AL/libaio.so.1* | head -1)" $AL/libaio.so
             for pre in ${DS_PRESETS:-qwen3-4b llama-2-13b}; do
-              vocab=$(python3 -c "import sys; sys.path.insert(0, 'bench'); import llm_peers as l; print(l.PRESETS['$pre']['vocab_size'])")
               tok=$out/tokens_$pre.bin
-              [ -f "$tok" ] || python3 $PY --make-tokens "$tok" --vocab "$vocab" --seq 2048 --windows 512
+              [ -f "$tok" ] || tokens "$pre" 512
               rm -rf "$NV/ds" && mkdir -p "$NV/ds"
               : >"$out/ds_$pre.log"
               step ${DS_LIMIT_S:-330} "$out/ds_$pre.log" env PYTHONPATH=$SITE TORCH_EXTENSIONS_DIR=/tmp/torch_ext \
