@@ -14,7 +14,8 @@
 #                    GPU, then HOST_GIB GiB (default 78) of them in pinned host memory, the rest on the disk
 #                    (offload_optimizer nvme + host_memory_budget + ratio). STEPS steps (default 3); a
 #                    zero_trace Chrome trace of step TRACE_STEP (default 3); GPU memory (nvidia-smi, 500 ms),
-#                    host memory (free, 1 s) and disk use sampled throughout
+#                    host memory (free, 1 s) and disk use sampled throughout; ours.meta.json describes the
+#                    row for bench/llm_table.py (`llm_table.py OUTDIR [OUTDIR...]`: ours beside DeepSpeed)
 #   PHASE deepspeed: bench/llm_peers.py --peer deepspeed_infinity (ZeRO-3, offload_optimizer nvme +
 #                    offload_param cpu) on DS_PRESETS (default "qwen3-4b llama-2-13b") in turn, each capped
 #                    at DS_LIMIT_S (default 330 s), DS_BATCH rows x DS_GAS (default 128 x 32, as ours), DS_STEPS (default 2)
@@ -129,6 +130,20 @@ PY
             rm -rf "$NV" && mkdir -p "$NV"
             TRACE_PATH=$out/trace_ours_step${TRACE_STEP:-3}.json bash bench/run_llm_largest.sh config "$out/ours.json"
             cat "$out/ours.json"
+            # The row bench/llm_table.py reads beside ours.jsonl and ours.log (as llm_peers.py --ours writes it)
+            python3 - "$out" "$PRESET" "$micro" "$gas" "${STEPS:-3}" <<'PY'
+import json, sys
+out, preset, micro, gas, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+cfg = json.load(open(out + "/ours.json"))
+oo = cfg["zero_optimization"]["offload_optimizer"]
+meta = {"kind": "ours", "impl": "zero", "name": "tiered",
+        "label": f"ours: ZeRO-3, optimizer states {100 * (1 - oo['ratio']):.0f}% GPU / "
+                 f"{oo['host_memory_budget'] / 2**30:g} GiB pinned host / rest NVMe",
+        "preset": preset, "seq": 2048, "batch": micro * gas, "gas": gas, "tokens_per_step": micro * gas * 2048,
+        "steps_planned": steps, "activation_checkpointing": True, "match": "deepspeed_infinity",
+        "counterpart": None, "target": None, "jsonl": "ours.jsonl", "log": "ours.log", "config": cfg}
+json.dump(meta, open(out + "/ours.meta.json", "w"), indent=1)
+PY
             : >"$out/ours.log"
             step 560 "$out/ours.log" stdbuf -oL $B/zero_llm --device cuda --nproc 1 --preset "$PRESET" --seq 2048 \
                 --config "$out/ours.json" --steps "${STEPS:-3}" --data "$out/tokens_$PRESET.bin" --sequential-data \
