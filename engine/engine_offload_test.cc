@@ -28,10 +28,11 @@ std::string NvmeJson(const std::string& path, const std::string& extra = "") {
          "\", \"buffer_count\": 2" + extra + "}";
 }
 
-// Initialize's error on one rank (world 1), or OK.
-Status InitializeWith(const std::string& zero_extra) {
+// Initialize's error on one rank (world 1), or OK; `zero_extra` goes inside zero_optimization, `extra`
+// at the top level.
+Status InitializeWith(const std::string& zero_extra, const std::string& extra = "") {
   return RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
-    ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(2, 1, 0.0, "", zero_extra), 1));
+    ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(2, 1, 0.0, extra, zero_extra), 1));
     return MakeEngine(config, SmallModel(), device, comm).status();
   });
 }
@@ -67,7 +68,7 @@ TEST(EngineOffloadFaultsTest, NvmePathProblemsAreClearErrorsAtInitialize) {
   // A disk too small for the swap file (a 64 KiB tmpfs; skipped where mounting is not permitted).
   auto small = ScopedMount::Create(dir + "/small", "tmpfs", "size=4k");  // one page: two regions do not fit
   if (small.ok()) {
-    s = InitializeWith(NvmeJson(small->dir(), "") + ", \"aio\": {\"allow_buffered_fallback\": true}");
+    s = InitializeWith(NvmeJson(small->dir(), ""), "\"aio\": {\"allow_buffered_fallback\": true}");
     // tmpfs may refuse O_DIRECT on older kernels: either way a clear error at Initialize.
     EXPECT_FALSE(s.ok());
     EXPECT_NE(s.message().find(small->dir()), std::string::npos) << s.ToString();
