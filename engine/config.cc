@@ -62,6 +62,7 @@ using config_internal::Ignored;
 using config_internal::IgnoredKeys;
 using config_internal::IsBad;
 using config_internal::IsBlock;
+using config_internal::IsValidatedBlock;
 using config_internal::Join;
 using config_internal::Json;
 using config_internal::kAutoNote;
@@ -169,6 +170,7 @@ struct ParseState {
   std::vector<std::string> errors;           // every problem, in file order, then the cross-key checks
   std::set<std::string> bad;                 // canonical paths of keys and blocks with a problem
   int64_t unknown_keys = 0;                  // all of them; only the first kUnknownKeysListed are listed
+  bool unlisted_unknown_error = false;       // one past kUnknownKeysListed was an error, not a warning
 };
 
 // A file of many unknown keys (a wrong file, a generated one) lists this many and counts the rest,
@@ -243,8 +245,9 @@ bool ReadDeprecatedOrIgnored(const Json& value, const std::string& path, const s
 }
 
 // An unknown key `name` under `canonical_prefix`: an error when it is one edit from a known
-// top-level key or block (as the options say), else a warning (an error with `strict`) with a
-// suggestion, past kUnknownKeysListed only counted.
+// top-level key or block, or when it lies directly in a block DeepSpeed validates (as the options
+// say), else a warning (an error with `strict`); with a suggestion, past kUnknownKeysListed only
+// counted.
 void ReportUnknownKey(const std::string& canonical_prefix, const std::string& name, const std::string& user_path,
                       ParseState* st) {
   const std::string& source = st->options.source;
@@ -268,13 +271,18 @@ void ReportUnknownKey(const std::string& canonical_prefix, const std::string& na
       return;
     }
   }
-  if (++st->unknown_keys > kUnknownKeysListed) return;
-  const std::string message = source + ": unknown key '" + user_path + "'" + Suggestion(canonical_prefix, name);
-  if (st->options.strict) {
-    st->errors.push_back(message);
-  } else {
-    st->config.warnings.push_back(message);
+  const bool validated = st->options.unknown_keys_in_validated_blocks_are_errors && IsValidatedBlock(canonical_prefix);
+  const bool error = validated || st->options.strict;
+  if (++st->unknown_keys > kUnknownKeysListed) {
+    st->unlisted_unknown_error |= error;
+    return;
   }
+  std::string message = source + ": unknown key '" + user_path + "'" + Suggestion(canonical_prefix, name);
+  if (validated) {
+    const std::string user_block = user_path.substr(0, user_path.size() - name.size() - 1);
+    message += ": an unknown key in '" + user_block + "' is an error (DeepSpeed 0.19.8 refuses it too)";
+  }
+  (error ? st->errors : st->config.warnings).push_back(message);
 }
 
 void Walk(const Json& obj, const std::string& canonical_prefix, const std::string& user_prefix, ParseState* st) {
@@ -579,7 +587,7 @@ Result<Config> ParseConfig(const std::string& json_text, const ParseOptions& opt
       const std::string more = source + ": unknown keys: " + std::to_string(st.unknown_keys - kUnknownKeysListed) +
                                " more not listed (" + std::to_string(st.unknown_keys) + " in all; the first " +
                                std::to_string(kUnknownKeysListed) + " are)";
-      (options.strict ? st.errors : st.config.warnings).push_back(more);
+      (options.strict || st.unlisted_unknown_error ? st.errors : st.config.warnings).push_back(more);
     }
     ApplyDeprecatedOffload(&st);
     ResolveDependentDefaults(&st);

@@ -4,11 +4,15 @@
 // doc); the same table drives parsing, defaults, validation and docs/config.md (written by
 // //engine:config_doc). Errors name the key's full path ("zero_optimization.offload_optimizer.
 // device"), the value seen and what was expected; malformed JSON reports line and column. Unknown
-// keys are collected as warnings, or errors when `strict` is set. The batch identity and Validate's
+// keys are collected as warnings, or errors when `strict` is set; inside the five blocks DeepSpeed
+// 0.19.8 validates with pydantic models that forbid extra keys (zero_optimization, its offload_optimizer
+// and offload_param, bf16, fp16) an unknown key is an error, as DeepSpeed refuses to start on it
+// (ParseOptions::unknown_keys_in_validated_blocks_are_errors). Every key DeepSpeed accepts there is
+// known: read, mapped to another spelling, or ignored with a warning. The batch identity and Validate's
 // rules between keys (param offload below stage 3, nvme without nvme_path, fp16 and bf16 both on,
 // offload_grad_accumulation "gpu" without both offloads, a host_memory_budget without device "nvme",
 // ...) run after the keys are read; Engine::Create runs Validate too. Parsing does not stop at the
-// first problem: every bad value, unknown key (strict), contradiction and missing batch size is
+// first problem: every bad value, unknown key that is an error, contradiction and missing batch size is
 // listed in one error; only malformed JSON stops at once.
 // Defaults are DeepSpeed 0.19.8's; docs/config.md lists where they differ. A Config is a plain
 // value: copyable, no resources, safe to share read-only.
@@ -35,6 +39,7 @@ struct OffloadOptimizerConfig {
   bool pipeline_write = false;
   bool fast_init = false;
   double ratio = 1.0;
+  bool super_offload = false;  // DeepSpeed's SuperOffload: read, not built (Validate refuses true)
   // zero's own keys (not DeepSpeed's): see docs/config.md.
   int cpu_threads = 0;               // threads of the CPU AdamW; 0: std::thread::hardware_concurrency()
   bool pin_memory_fallback = false;  // a failed pin falls back to pageable memory with one warning
@@ -93,6 +98,13 @@ struct ZeroConfig {
   bool round_robin_gradients = false;
   bool ignore_unused_parameters = true;
   std::string offload_grad_accumulation = "cpu";  // "cpu" | "gpu"
+  // DeepSpeed features read and not built: Validate refuses anything but these (DeepSpeed's) defaults.
+  bool legacy_stage1 = false;
+  int64_t zero_hpz_partition_size = 1;  // 0 and 1: no secondary partition
+  bool zero_quantized_weights = false;
+  bool zero_quantized_nontrainable_weights = false;
+  bool zero_quantized_gradients = false;
+  bool zenflow = false;  // a "zenflow" block was given (not null)
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
 
@@ -107,6 +119,7 @@ struct Fp16Config {
   int hysteresis = 2;
   bool consecutive_hysteresis = false;
   double min_loss_scale = 1.0;
+  bool fp16_master_weights_and_grads = false;  // read, not built (Validate refuses true)
 
   friend bool operator==(const Fp16Config&, const Fp16Config&) = default;
 };
@@ -174,6 +187,8 @@ struct Config {
 
   Fp16Config fp16;
   bool bf16_enabled = false;
+  bool bf16_master_weights_and_grads = false;  // read, not built (Validate refuses true)
+  bool bf16_optimizer_states = false;          // read, not built (Validate refuses true)
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   ZeroConfig zero;
@@ -199,16 +214,24 @@ struct ParseOptions {
   // Likewise a nested unknown key one edit (case aside) from a block under the same parent
   // ("zero_optimization.offload_optimiser", "optimizer.param"): the block's settings would be ignored.
   // false makes it a warning. A nested key one edit from a scalar key ("zero_optimization.stge")
-  // stays a warning (an error only with `strict`).
+  // stays a warning (an error only with `strict`) unless the next option makes it an error.
   bool nested_block_typos_are_errors = true;
+  // An unknown key directly inside zero_optimization, zero_optimization.offload_optimizer,
+  // zero_optimization.offload_param, bf16 (or bfloat16) or fp16 is an error: DeepSpeed 0.19.8 validates
+  // these blocks with pydantic models that forbid extra keys, so it refuses them too, and a typo there
+  // ("offload_optimizer.devcie", "zero_optimization.stge") would otherwise train with the default.
+  // false makes it a warning. Unknown keys elsewhere (top level, optimizer.params, scheduler, aio, ...)
+  // are not affected.
+  bool unknown_keys_in_validated_blocks_are_errors = true;
 };
 
 // Every rule a Config must satisfy, in one place: each key's own check (type, range, choices, as the
 // key table declares it; the batch sizes each >= 1), the rules between keys, and what a DeepSpeed file
 // may ask for that the engine does not build (partial optimizer offload, prescaled gradients, 16-bit
-// accumulation, ...). ParseConfig runs it on what it read (without the last group, so such a file
-// still reads and round-trips through ConfigToJson); Engine::Create runs all of it, so a Config built
-// in code meets the same rules, with the same messages, as one read from a file.
+// accumulation, ZeRO++ quantization and hierarchical partitioning, ZenFlow, 16-bit master weights, ...). ParseConfig
+// runs it on what it read (without the last group, so such a file still reads and round-trips through ConfigToJson);
+// Engine::Create runs all of it, so a Config built in code meets the same rules, with the same messages, as one read
+// from a file.
 struct ValidateOptions {
   int world_size = 1;  // data-parallel ranks, for the rules that depend on them
   // Prefixed to every message as "<source>: "; empty (Engine::Create): no prefix.

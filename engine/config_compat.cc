@@ -16,6 +16,18 @@ const Alias kAliases[] = {
     {"zero_optimization.stage3_gather_fp16_weights_on_model_save",
      "zero_optimization.stage3_gather_16bit_weights_on_model_save",
      "deprecated; use 'zero_optimization.stage3_gather_16bit_weights_on_model_save'"},
+    // DeepSpeed's field names of the keys its JSON spells with "stage3_" (their pydantic aliases).
+    {"zero_optimization.prefetch_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
+     "DeepSpeed's field name of 'zero_optimization.stage3_prefetch_bucket_size'"},
+    {"zero_optimization.param_persistence_threshold", "zero_optimization.stage3_param_persistence_threshold",
+     "DeepSpeed's field name of 'zero_optimization.stage3_param_persistence_threshold'"},
+    {"zero_optimization.max_live_parameters", "zero_optimization.stage3_max_live_parameters",
+     "DeepSpeed's field name of 'zero_optimization.stage3_max_live_parameters'"},
+    {"zero_optimization.max_reuse_distance", "zero_optimization.stage3_max_reuse_distance",
+     "DeepSpeed's field name of 'zero_optimization.stage3_max_reuse_distance'"},
+    {"zero_optimization.gather_16bit_weights_on_model_save",
+     "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+     "DeepSpeed's field name of 'zero_optimization.stage3_gather_16bit_weights_on_model_save'"},
 };
 
 // Deprecated booleans that map onto the offload blocks (handled in ApplyDeprecatedOffload).
@@ -32,6 +44,53 @@ const Ignored kIgnored[] = {
     {"fp16.auto_cast", "zero does not cast the user's forward"},
     {"zero_optimization.allgather_partitions", "zero always all-gathers updated partitions"},
     {"zero_optimization.load_from_fp32_weights", "zero restores the FP32 master weights of its checkpoints"},
+    // The rest of DeepSpeed 0.19.8's zero_optimization, offload_optimizer and bf16 keys that change speed,
+    // memory or logging, not what is trained (those that would are keys, refused unless at their default).
+    {"zero_optimization.use_multi_rank_bucket_allreduce",
+     "a DeepSpeed communication pattern; zero reduces each bucket with one collective (same result)"},
+    {"zero_optimization.compute_grad_norm",
+     "zero always computes the global gradient norm (gradient_clipping and stop_on_nonfinite read it); the "
+     "update is the same"},
+    {"zero_optimization.elastic_checkpoint",
+     "DeepSpeed's legacy checkpoint layout; zero's checkpoints load at another data-parallel size anyway"},
+    {"zero_optimization.model_persistence_threshold",
+     "a DeepSpeed stage-3 memory bound on persistent parameters; zero has none (memory, not results)"},
+    {"zero_optimization.stage3_model_persistence_threshold",
+     "a DeepSpeed stage-3 memory bound on persistent parameters; zero has none (memory, not results)"},
+    {"zero_optimization.module_granularity_threshold",
+     "DeepSpeed's stage-3 fetch granularity; zero gathers by the modules the model declares (speed, not results)"},
+    {"zero_optimization.stage3_module_granularity_threshold",
+     "DeepSpeed's stage-3 fetch granularity; zero gathers by the modules the model declares (speed, not results)"},
+    {"zero_optimization.use_all_reduce_for_fetch_params",
+     "zero gathers stage-3 parameters with all-gather (the collective changes speed, not results)"},
+    {"zero_optimization.stage3_use_all_reduce_for_fetch_params",
+     "zero gathers stage-3 parameters with all-gather (the collective changes speed, not results)"},
+    {"zero_optimization.allgather_sequential",
+     "zero coalesces the parameters of each stage-3 gather into one all-gather (speed and memory, not "
+     "results)"},
+    {"zero_optimization.stage3_allgather_sequential",
+     "zero coalesces the parameters of each stage-3 gather into one all-gather (speed and memory, not "
+     "results)"},
+    {"zero_optimization.parameter_alignment",
+     "padding of DeepSpeed's stage 1/2 flat buffers; zero lays out its own (memory, not results)"},
+    {"zero_optimization.memory_efficient_linear",
+     "DeepSpeed replaces torch's linear layers at stage 3; zero does not touch the model's layers"},
+    {"zero_optimization.pipeline_loading_checkpoint", "zero has no pipeline parallelism"},
+    {"zero_optimization.override_module_apply", "zero does not wrap torch's nn.Module.apply"},
+    {"zero_optimization.log_trace_cache_warnings", "logging only (warnings of DeepSpeed's stage-3 trace cache)"},
+    {"zero_optimization.enable_sanity_checks", "DeepSpeed's internal debug checks"},
+    {"zero_optimization.save_muon_momentum_buffer_in_memory",
+     "only for DeepSpeed's Muon optimizer; zero runs only Adam/AdamW"},
+    {"zero_optimization.leaf_module",
+     "DeepSpeed's stage-3 hook placement; zero gathers by the modules the model declares (speed, not results)"},
+    {"zero_optimization.offload_optimizer.cpuadam_cores_perc",
+     "SuperOffload's CPU share; zero sizes its CPU AdamW by offload_optimizer.cpu_threads"},
+    {"bf16.immediate_grad_update",
+     "when DeepSpeed's BF16_Optimizer adds a micro step's gradient to its fp32 buffer; zero accumulates in fp32 "
+     "either way"},
+    {"bf16.check_grad_overflow",
+     "zero never skips a bf16 step: a NaN or inf gradient norm stops the job (stop_on_nonfinite, default true) "
+     "or is applied (false)"},
     {"activation_checkpointing", "activation checkpointing belongs to the user's model"},
     {"flops_profiler", "zero has no flops profiler"},
     {"tensorboard", "zero has no monitor backends"},
@@ -40,9 +99,23 @@ const Ignored kIgnored[] = {
     {"comms_logger", "zero has no communication logger"},
 };
 
+// runtime/zero/config.py DeepSpeedZeroConfig, runtime/zero/offload_config.py, runtime/precision_config.py:
+// DeepSpeedConfigModel's extra="forbid" (runtime/config_utils.py).
+const char* const kValidatedBlocks[] = {
+    "zero_optimization", "zero_optimization.offload_optimizer", "zero_optimization.offload_param", "bf16", "fp16",
+};
+
 }  // namespace
 
 std::span<const Alias> Aliases() { return kAliases; }
+std::span<const char* const> ValidatedBlocks() { return kValidatedBlocks; }
+
+bool IsValidatedBlock(const std::string& path) {
+  for (const char* b : kValidatedBlocks) {
+    if (path == b) return true;
+  }
+  return false;
+}
 std::span<const Deprecated> DeprecatedKeys() { return kDeprecated; }
 std::span<const Ignored> IgnoredKeys() { return kIgnored; }
 

@@ -102,6 +102,18 @@ Key DTypeKey(std::string path, DType& (*field)(Config&), bool& (*has)(Config&)) 
   return k;
 }
 
+// A block whose presence is the setting: `field` is true when an object is given, false for null.
+Key PresenceKey(std::string path, bool& (*field)(Config&)) {
+  Key k;
+  k.path = std::move(path);
+  k.kind = Kind::kPresence;
+  k.nullable = true;
+  k.default_value = Json();
+  k.set = [field](Config& c, const Json& v) { field(c) = v.is_object(); };
+  k.get = [field](const Config& c) { return field(const_cast<Config&>(c)) ? Json::object() : Json(); };
+  return k;
+}
+
 Key BetasKey(std::string path) {
   Key k;
   k.path = std::move(path);
@@ -237,9 +249,18 @@ void AddPrecisionKeys(std::vector<Key>* t) {
                    .AtMost(kMaxReal)
                    .Above(0)
                    .Doc("The dynamic scale never goes below this."));
+  t->push_back(BoolKey("fp16.fp16_master_weights_and_grads", FIELD(fp16.fp16_master_weights_and_grads), false)
+                   .Doc("DeepSpeed: fp16 master weights and gradients in the optimizer (DeepSpeedCPUAdam). Not "
+                        "built: zero keeps fp32 master weights; true is refused."));
   t->push_back(BoolKey("bf16.enabled", FIELD(bf16_enabled), false)
                    .Doc("Train with bf16 parameters and gradients and fp32 master weights (no loss "
                         "scaling). The block may also be spelled \"bfloat16\"."));
+  t->push_back(BoolKey("bf16.bf16_master_weights_and_grads", FIELD(bf16_master_weights_and_grads), false)
+                   .Doc("DeepSpeed: bf16 master weights and gradients in the ZeRO optimizer. Not built: zero keeps "
+                        "fp32 master weights and accumulates gradients in fp32; true is refused."));
+  t->push_back(BoolKey("bf16.bf16_optimizer_states", FIELD(bf16_optimizer_states), false)
+                   .Doc("DeepSpeed: bf16 optimizer states (with bf16_master_weights_and_grads). Not built: zero "
+                        "keeps AdamW's moments in fp32; true is refused."));
 }
 
 void AddOptimizerKeys(std::vector<Key>* t) {
@@ -377,6 +398,32 @@ void AddZeroKeys(std::vector<Key>* t) {
                         "the host (\"cpu\") or in FP32 on the GPU, crossing PCIe once per step (\"gpu\")."));
 }
 
+// DeepSpeed features of the zero_optimization block that zero reads and does not build: only their
+// defaults are accepted by Engine::Create (config_rules.cc), since each changes what is trained or how.
+void AddZeroUnbuiltKeys(std::vector<Key>* t) {
+  t->push_back(BoolKey("zero_optimization.legacy_stage1", FIELD(zero.legacy_stage1), false)
+                   .Doc("DeepSpeed: its pre-0.6 stage-1 implementation. Not built; true is refused."));
+  t->push_back(IntKey("zero_optimization.zero_hpz_partition_size", FIELD(zero.zero_hpz_partition_size), 1)
+                   .AtMost(kMaxInt)
+                   .AtLeast(0)
+                   .Doc("DeepSpeed (ZeRO++ hpZ): ranks of a secondary stage-3 parameter partition. Not built: zero "
+                        "partitions parameters once over all data-parallel ranks; above 1 is refused."));
+  t->push_back(BoolKey("zero_optimization.zero_quantized_weights", FIELD(zero.zero_quantized_weights), false)
+                   .Doc("DeepSpeed (ZeRO++ qwZ): quantized parameter all-gathers. Not built: zero gathers "
+                        "parameters in the model dtype; true is refused."));
+  t->push_back(BoolKey("zero_optimization.zero_quantized_nontrainable_weights",
+                       FIELD(zero.zero_quantized_nontrainable_weights), false)
+                   .Doc("DeepSpeed: frozen parameters stored quantized. Not built; true is refused."));
+  t->push_back(BoolKey("zero_optimization.zero_quantized_gradients", FIELD(zero.zero_quantized_gradients), false)
+                   .Doc("DeepSpeed (ZeRO++ qgZ): quantized gradient reduction. Not built: zero reduces gradients "
+                        "unquantized; true is refused."));
+  t->push_back(PresenceKey("zero_optimization.zenflow", FIELD(zero.zenflow))
+                   .DefaultDoc("`null` (off)")
+                   .Doc("DeepSpeed's ZenFlow block (top-k gradient columns updated each step, the rest later on "
+                        "the CPU). Not built: zero applies every gradient at every step; a block (even `{}`) is "
+                        "refused, its keys are not read."));
+}
+
 void AddOffloadOptimizerKeys(std::vector<Key>* t) {
   t->push_back(DeviceKey("zero_optimization.offload_optimizer.device", FIELD(zero.offload_optimizer.device))
                    .Doc("Where FP32 master weights and optimizer states live: GPU (\"none\"), host "
@@ -425,6 +472,10 @@ void AddOffloadOptimizerKeys(std::vector<Key>* t) {
                         "swapped to nvme_path. The swap buffers are not part of it. 0: every state on NVMe "
                         "(DeepSpeed's behaviour); a budget that holds the whole state keeps all of it in host memory. "
                         "Per rank: ranks on one host each pin this much."));
+  t->push_back(
+      BoolKey("zero_optimization.offload_optimizer.super_offload", FIELD(zero.offload_optimizer.super_offload), false)
+          .Doc("DeepSpeed: SuperOffload, its stage-3 offload optimizer for Superchips. Not built: zero's offload "
+               "runs its CPU AdamW (or update_device \"gpu\"); true is refused."));
 }
 
 // offload_optimizer.update_device and what the streamed GPU update reads.
@@ -526,6 +577,7 @@ std::vector<Key> BuildKeys() {
   AddOptimizerKeys(&t);
   AddSchedulerKeys(&t);
   AddZeroKeys(&t);
+  AddZeroUnbuiltKeys(&t);
   AddOffloadOptimizerKeys(&t);
   AddOffloadOptimizerGpuUpdateKeys(&t);
   AddOffloadParamKeys(&t);
@@ -639,6 +691,8 @@ std::string Expected(const Key& k) {
       return "one of \"fp32\", \"fp16\", \"bf16\", or null";
     case Kind::kBetas:
       return "[beta1, beta2] with each in [0, 1)";
+    case Kind::kPresence:
+      return "null or an object";
   }
   return "?";
 }
@@ -657,6 +711,8 @@ std::string TypeName(const Key& k) {
       return "dtype or null";
     case Kind::kBetas:
       return "[number, number]";
+    case Kind::kPresence:
+      return "object or null";
   }
   return "?";
 }
@@ -738,6 +794,11 @@ Status ReadValue(const Key& k, const Json& v, const std::string& user_path, cons
       *out = Json::array({v[0].get<double>(), v[1].get<double>()});
       return OkStatus();
     }
+    case Kind::kPresence:
+      // Null is handled above (nullable); the block's keys are not read.
+      if (!v.is_object()) return fail();
+      *out = Json::object();
+      return OkStatus();
   }
   return fail();
 }
@@ -791,6 +852,9 @@ const std::vector<ConfigKeyInfo>& ConfigKeyTable() {
           break;
         case Kind::kBetas:
           info.wrong_type_values = {"0.9", "\"0.9,0.999\"", "null", "{}"};
+          break;
+        case Kind::kPresence:
+          info.wrong_type_values = {"true", "1", "\"on\"", "[]"};
           break;
       }
       info.wrong_type_values.push_back("\"auto\"");

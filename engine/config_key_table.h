@@ -23,7 +23,9 @@ namespace zero::config_internal {
 // Ordered so that warnings come in file order and ConfigToJson follows the table.
 using Json = nlohmann::ordered_json;
 
-enum class Kind { kBool, kInt, kNumber, kString, kDType, kBetas };
+// kPresence: a DeepSpeed block zero does not read, only whether it is given: null (or absent) or an
+// object, whose keys are not looked at (a feature that is not built, refused by a rule when given).
+enum class Kind { kBool, kInt, kNumber, kString, kDType, kBetas, kPresence };
 
 struct Key {
   std::string path;

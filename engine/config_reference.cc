@@ -30,6 +30,7 @@ using config_internal::ParentOf;
 using config_internal::Rule;
 using config_internal::Rules;
 using config_internal::TypeName;
+using config_internal::ValidatedBlocks;
 
 std::string ListOnlyFor(const Key& k) { return Join(k.only_for, ", "); }
 
@@ -53,6 +54,19 @@ void WriteIntroduction(std::ostream& md) {
      << "`Engine::Create` alike.\n\n";
 }
 
+// "`zero_optimization`, ..., `bf16` (or `bfloat16`), `fp16`".
+std::string ValidatedBlocksText() {
+  std::vector<std::string> names;
+  for (const char* b : ValidatedBlocks()) {
+    std::string name = "`" + std::string(b) + "`";
+    for (const Alias& a : Aliases()) {
+      if (a.canonical == std::string(b)) name += " (or `" + std::string(a.path) + "`)";
+    }
+    names.push_back(name);
+  }
+  return Join(names, ", ");
+}
+
 void WriteErrorsAndWarnings(std::ostream& md) {
   md << "## Errors and warnings\n\n"
      << "- A bad value names the key's full path, what was expected and what was found:\n"
@@ -61,13 +75,24 @@ void WriteErrorsAndWarnings(std::ostream& md) {
      << "- Integer keys accept integral numbers written as floats (`5e8`).\n"
      << "- `\"auto\"` (a Hugging Face Trainer placeholder the Trainer fills in) is an error for every key:\n"
      << "  replace it with a value.\n"
-     << "- Unknown keys are warnings with a suggestion (`unknown key 'zero_optimization.stge' (did you mean\n"
-     << "  'stage'?)`), or errors with `ParseOptions::strict`. Past 100 unknown keys, one line counts the rest.\n"
+     << "- Unknown keys are warnings with a suggestion (`unknown key 'optimizer.params.weight_decy' (did you\n"
+     << "  mean 'weight_decay'?)`), or errors with `ParseOptions::strict`. Past 100 unknown keys, one line counts the "
+        "rest.\n"
      << "  A top-level unknown key one edit from a known one (`zero_optimisation`, `FP16`) is an error even so,\n"
      << "  since everything under it would be ignored (`ParseOptions::top_level_typos_are_errors = false` makes\n"
      << "  it a warning). So is a nested key one edit from a known block (`zero_optimization.offload_optimiser`)\n"
      << "  (`ParseOptions::nested_block_typos_are_errors = false` makes it a warning); a nested key one edit\n"
-     << "  from a known scalar key (`zero_optimization.stge`) is a warning.\n"
+     << "  from a known scalar key (`aio.queue_dept`) is a warning (an error in the blocks below).\n"
+     << "- An unknown key directly inside a block DeepSpeed 0.19.8 validates with a pydantic model that forbids\n"
+     << "  extra keys is an error, as DeepSpeed refuses the file. The blocks:\n"
+     << "  " << ValidatedBlocksText() << ".\n"
+     << "  `ds_config.json: unknown key 'zero_optimization.offload_optimizer.devcie' (did you mean\n"
+     << "  'device'?): an unknown key in 'zero_optimization.offload_optimizer' is an error (DeepSpeed 0.19.8\n"
+     << "  refuses it too)`. Every key DeepSpeed accepts there, under its field name or its alias, is known:\n"
+     << "  read (the features zero does not build are refused by `Engine::Create` unless at DeepSpeed's\n"
+     << "  default, see \"Read but not built\"), mapped (\"Other spellings\") or ignored with a warning (\"Keys\n"
+     << "  read and ignored\"). `ParseOptions::unknown_keys_in_validated_blocks_are_errors = false` makes them\n"
+     << "  warnings. Unknown keys elsewhere (`optimizer.params`, `scheduler`, `aio`, ...) are warnings.\n"
      << "- Hostile or broken files end in an error, in time linear in the file's size: JSON nested deeper than\n"
      << "  100 levels and a number beyond a double's range (`1e400`) name the line and column (and the key);\n"
      << "  a key given twice in one object is an error naming it (as DeepSpeed refuses duplicate keys).\n"

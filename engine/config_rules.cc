@@ -291,13 +291,98 @@ std::vector<Rule> UnbuiltOverlapStepRules() {
   };
 }
 
+// "<source>: <path>: <what> is not built (<instead>); expected <expected>, got <got>" (UNIMPLEMENTED).
+Status NotBuilt(const std::string& source, const std::string& path, const std::string& what, const std::string& instead,
+                const std::string& expected, const std::string& got) {
+  return UnimplementedError(Where(source) + path + ": " + what + " is not built (" + instead + "); expected " +
+                            expected + ", got " + got);
+}
+
+// A boolean DeepSpeed feature (default false) that zero reads and does not build.
+Rule UnbuiltFlag(const char* doc, std::string path, bool (*field)(const Config&), std::string what,
+                 std::string instead) {
+  return {doc,
+          {path},
+          [path, field, what, instead](const Config& c, const std::string& s, int) {
+            if (!field(c)) return OkStatus();
+            return NotBuilt(s, path, what, instead, "false", "true");
+          },
+          true};
+}
+
+// DeepSpeed 0.19.8 keys of the blocks it validates (zero_optimization, offload_optimizer, bf16, fp16) that
+// would change what is trained or how: read so that they are not ignored, refused unless at DeepSpeed's
+// default.
+std::vector<Rule> UnbuiltDeepSpeedFeatureRules() {
+  return {
+      UnbuiltFlag(
+          "`zero_optimization.legacy_stage1: true` (DeepSpeed's pre-0.6 stage 1) is not built.",
+          "zero_optimization.legacy_stage1", [](const Config& c) { return c.zero.legacy_stage1; },
+          "DeepSpeed's legacy stage-1 implementation",
+          "zero's stage 1 partitions the optimizer states as DeepSpeed's current stage 1 does"),
+      {"`zero_optimization.zero_hpz_partition_size` above 1 (ZeRO++ hierarchical partitioning) is not built.",
+       {"zero_optimization.zero_hpz_partition_size"},
+       [](const Config& c, const std::string& s, int) {
+         if (c.zero.zero_hpz_partition_size <= 1) return OkStatus();
+         return NotBuilt(s, "zero_optimization.zero_hpz_partition_size",
+                         "ZeRO++ hierarchical partitioning (a secondary copy of the stage-3 parameters in groups of "
+                         "ranks)",
+                         "zero partitions parameters once over all data-parallel ranks", "0 or 1",
+                         std::to_string(c.zero.zero_hpz_partition_size));
+       },
+       true},
+      UnbuiltFlag(
+          "`zero_optimization.zero_quantized_weights: true` (ZeRO++ quantized weight gathers) is not built.",
+          "zero_optimization.zero_quantized_weights", [](const Config& c) { return c.zero.zero_quantized_weights; },
+          "ZeRO++ quantized parameter all-gather", "zero gathers parameters in the model dtype"),
+      UnbuiltFlag(
+          "`zero_optimization.zero_quantized_nontrainable_weights: true` is not built.",
+          "zero_optimization.zero_quantized_nontrainable_weights",
+          [](const Config& c) { return c.zero.zero_quantized_nontrainable_weights; },
+          "quantized storage of non-trainable parameters", "zero keeps every parameter in the model dtype"),
+      UnbuiltFlag(
+          "`zero_optimization.zero_quantized_gradients: true` (ZeRO++ quantized gradient reduction) is not "
+          "built.",
+          "zero_optimization.zero_quantized_gradients", [](const Config& c) { return c.zero.zero_quantized_gradients; },
+          "ZeRO++ quantized gradient reduction", "zero reduces gradients unquantized"),
+      {"A `zero_optimization.zenflow` block (ZenFlow) is not built.",
+       {"zero_optimization.zenflow"},
+       [](const Config& c, const std::string& s, int) {
+         if (!c.zero.zenflow) return OkStatus();
+         return NotBuilt(s, "zero_optimization.zenflow",
+                         "ZenFlow (top-k gradient columns updated each step, the rest later on the CPU)",
+                         "zero applies every gradient at every step", "null or no zenflow block", "a block");
+       },
+       true},
+      UnbuiltFlag(
+          "`zero_optimization.offload_optimizer.super_offload: true` (SuperOffload) is not built.",
+          "zero_optimization.offload_optimizer.super_offload",
+          [](const Config& c) { return c.zero.offload_optimizer.super_offload; },
+          "SuperOffload (DeepSpeed's stage-3 offload optimizer for Superchips)",
+          "zero's optimizer offload runs its CPU AdamW, or update_device \"gpu\""),
+      UnbuiltFlag(
+          "`bf16.bf16_master_weights_and_grads: true` is not built (fp32 master weights and gradients).",
+          "bf16.bf16_master_weights_and_grads", [](const Config& c) { return c.bf16_master_weights_and_grads; },
+          "bf16 master weights and gradients", "zero keeps fp32 master weights and accumulates gradients in fp32"),
+      UnbuiltFlag(
+          "`bf16.bf16_optimizer_states: true` is not built (fp32 optimizer states).", "bf16.bf16_optimizer_states",
+          [](const Config& c) { return c.bf16_optimizer_states; }, "bf16 optimizer states",
+          "zero keeps AdamW's moments in fp32"),
+      UnbuiltFlag(
+          "`fp16.fp16_master_weights_and_grads: true` is not built (fp32 master weights).",
+          "fp16.fp16_master_weights_and_grads", [](const Config& c) { return c.fp16.fp16_master_weights_and_grads; },
+          "fp16 master weights and gradients", "zero keeps fp32 master weights"),
+  };
+}
+
 }  // namespace
 
 const std::vector<Rule>& Rules() {
   static const std::vector<Rule>* rules = [] {
     auto* all = new std::vector<Rule>;
-    for (std::vector<Rule> (*group)() : {TraceAndPrecisionRules, OffloadPlacementRules, GradientAccumulationRules,
-                                         OptimizerRules, UnbuiltUpdateAndReductionRules, UnbuiltOverlapStepRules}) {
+    for (std::vector<Rule> (*group)() :
+         {TraceAndPrecisionRules, OffloadPlacementRules, GradientAccumulationRules, OptimizerRules,
+          UnbuiltUpdateAndReductionRules, UnbuiltOverlapStepRules, UnbuiltDeepSpeedFeatureRules}) {
       std::vector<Rule> part = group();
       all->insert(all->end(), part.begin(), part.end());
     }

@@ -284,7 +284,10 @@ const std::map<std::string, std::string>& DeepSpeedDefaults() {
       {"fp16.hysteresis", "2"},
       {"fp16.consecutive_hysteresis", "false"},
       {"fp16.min_loss_scale", "1.0"},
+      {"fp16.fp16_master_weights_and_grads", "false"},
       {"bf16.enabled", "false"},
+      {"bf16.bf16_master_weights_and_grads", "false"},
+      {"bf16.bf16_optimizer_states", "false"},
       {"optimizer.type", ""},
       {"optimizer.params.lr", "0.001"},
       {"optimizer.params.betas", "[0.9,0.999]"},
@@ -314,6 +317,12 @@ const std::map<std::string, std::string>& DeepSpeedDefaults() {
       {"zero_optimization.round_robin_gradients", "false"},
       {"zero_optimization.ignore_unused_parameters", "true"},
       {"zero_optimization.offload_grad_accumulation", ""},
+      {"zero_optimization.legacy_stage1", "false"},
+      {"zero_optimization.zero_hpz_partition_size", "1"},
+      {"zero_optimization.zero_quantized_weights", "false"},
+      {"zero_optimization.zero_quantized_nontrainable_weights", "false"},
+      {"zero_optimization.zero_quantized_gradients", "false"},
+      {"zero_optimization.zenflow", "null"},
       {"zero_optimization.offload_optimizer.device", "\"none\""},
       {"zero_optimization.offload_optimizer.nvme_path", "\"\""},  // theirs None: unset
       {"zero_optimization.offload_optimizer.buffer_count", "4"},
@@ -322,6 +331,7 @@ const std::map<std::string, std::string>& DeepSpeedDefaults() {
       {"zero_optimization.offload_optimizer.pipeline_write", "false"},
       {"zero_optimization.offload_optimizer.fast_init", "false"},
       {"zero_optimization.offload_optimizer.ratio", "1.0"},
+      {"zero_optimization.offload_optimizer.super_offload", "false"},
       {"zero_optimization.offload_optimizer.cpu_threads", ""},
       {"zero_optimization.offload_optimizer.pin_memory_fallback", ""},
       {"zero_optimization.offload_optimizer.host_memory_budget", ""},
@@ -803,18 +813,19 @@ TEST(ConfigJsonTest, ADirectoryOrAPipeIsNotAConfigFile) {
 // Unknown keys.
 
 TEST(ConfigUnknownKeysTest, WarningWithSuggestion) {
-  auto r = Parse(R"({"train_batch_size": 8, "zero_optimization": {"stge": 2}})");
+  // aio is not one of the blocks DeepSpeed validates strictly: an unknown key there is a warning.
+  auto r = Parse(R"({"train_batch_size": 8, "aio": {"queue_dept": 2}})");
   ASSERT_TRUE(r.ok()) << Message(r);
   ASSERT_EQ(r->warnings.size(), 1u);
-  EXPECT_EQ(r->warnings[0], "<config>: unknown key 'zero_optimization.stge' (did you mean 'stage'?)");
-  EXPECT_EQ(r->zero.stage, 0);
+  EXPECT_EQ(r->warnings[0], "<config>: unknown key 'aio.queue_dept' (did you mean 'queue_depth'?)");
+  EXPECT_EQ(r->aio.queue_depth, 8);
 }
 
 TEST(ConfigUnknownKeysTest, StrictMakesThemErrors) {
-  auto r = Parse(R"({"train_batch_size": 8, "zero_optimization": {"stge": 2}})", 1, /*strict=*/true);
+  auto r = Parse(R"({"train_batch_size": 8, "aio": {"queue_dept": 2}})", 1, /*strict=*/true);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(Message(r), "<config>: unknown key 'zero_optimization.stge' (did you mean 'stage'?)");
+  EXPECT_EQ(Message(r), "<config>: unknown key 'aio.queue_dept' (did you mean 'queue_depth'?)");
 }
 
 TEST(ConfigUnknownKeysTest, KeyInTheWrongBlockSuggestsTheFullPath) {
@@ -834,20 +845,24 @@ TEST(ConfigUnknownKeysTest, NoSuggestionForUnrelatedNames) {
 TEST(ConfigUnknownKeysTest, TyposInARealisticFile) {
   ParseOptions options;
   options.world_size = 2;
-  // By default the top-level 'gradient_accumulation_step' (one edit from a key) is an error.
+  // By default the top-level 'gradient_accumulation_step' (one edit from a key) is an error, and so
+  // are the two unknown keys in zero_optimization (a block DeepSpeed validates); the rest are notes.
   EXPECT_EQ(Message(LoadConfigFile("engine/testdata/typos.json", options)),
-            "engine/testdata/typos.json: unknown key 'gradient_accumulation_step' (did you mean "
+            "engine/testdata/typos.json: 3 problems in the config:\n"
+            "  engine/testdata/typos.json: unknown key 'zero_optimization.reduce_bucket_sze' (did you mean "
+            "'reduce_bucket_size'?): an unknown key in 'zero_optimization' is an error (DeepSpeed 0.19.8 refuses it "
+            "too)\n"
+            "  engine/testdata/typos.json: unknown key 'zero_optimization.overlap_com' (did you mean "
+            "'overlap_comm'?): an unknown key in 'zero_optimization' is an error (DeepSpeed 0.19.8 refuses it too)\n"
+            "  engine/testdata/typos.json: unknown key 'gradient_accumulation_step' (did you mean "
             "'gradient_accumulation_steps'?): a top-level key one edit from a known one is an error, since everything "
             "under it would be ignored\n"
-            "  note: engine/testdata/typos.json: unknown key 'zero_optimization.reduce_bucket_sze' (did you mean "
-            "'reduce_bucket_size'?)\n"
-            "  note: engine/testdata/typos.json: unknown key 'zero_optimization.overlap_com' (did you mean "
-            "'overlap_comm'?)\n"
             "  note: engine/testdata/typos.json: unknown key 'optimizer.params.weight_decy' (did you mean "
             "'weight_decay'?)\n"
             "  note: engine/testdata/typos.json: unknown key 'stage3_prefetch_bucket_size' (did you mean "
             "'zero_optimization.stage3_prefetch_bucket_size'?)");
   options.top_level_typos_are_errors = false;
+  options.unknown_keys_in_validated_blocks_are_errors = false;
   auto r = LoadConfigFile("engine/testdata/typos.json", options);
   ASSERT_TRUE(r.ok()) << Message(r);
   const std::string src = "engine/testdata/typos.json: ";
@@ -865,7 +880,7 @@ TEST(ConfigUnknownKeysTest, TyposInARealisticFile) {
   EXPECT_EQ(r->train_batch_size, 8);
   EXPECT_FALSE(r->zero.overlap_comm);
   // Strict: all five in one error.
-  auto strict = LoadConfigFile("engine/testdata/typos.json", ParseOptions{2, true, "typos.json", false});
+  auto strict = LoadConfigFile("engine/testdata/typos.json", ParseOptions{2, true, "typos.json", false, true, false});
   EXPECT_EQ(Message(strict),
             "typos.json: 5 problems in the config:\n"
             "  typos.json: unknown key 'zero_optimization.reduce_bucket_sze' (did you mean 'reduce_bucket_size'?)\n"
@@ -895,7 +910,7 @@ TEST(ConfigUnknownKeysTest, TopLevelKeyOneEditFromAKnownOneIsAnError) {
   EXPECT_EQ(r->warnings, std::vector<std::string>{"<config>: unknown key 'zero_optimisation' (did you mean "
                                                   "'zero_optimization'?)"});
   EXPECT_TRUE(Parse(R"({"train_batch_size": 8, "zero_optimisaton": {}, "my_block": {}})").ok());
-  EXPECT_TRUE(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stag": 1}})").ok());
+  EXPECT_TRUE(Parse(R"({"train_batch_size": 8, "optimizer": {"params": {"lrr": 1}}})").ok());
 }
 
 TEST(ConfigUnknownKeysTest, NestedBlockOneEditFromAKnownOneIsAnError) {
@@ -910,15 +925,20 @@ TEST(ConfigUnknownKeysTest, NestedBlockOneEditFromAKnownOneIsAnError) {
   // Under an alias of a block, the message names the user's spelling.
   EXPECT_TRUE(Contains(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"Offload_Param": {}}})")),
                        "unknown key 'zero_optimization.Offload_Param' (did you mean 'offload_param'?)"));
-  // The opt-out makes it a warning; a nested key one edit from a known scalar key stays a warning.
+  // The opt-out makes it a warning; a nested key one edit from a known scalar key stays a warning
+  // (outside the blocks DeepSpeed validates, where every unknown key is an error).
   ParseOptions lenient;
   lenient.nested_block_typos_are_errors = false;
+  lenient.unknown_keys_in_validated_blocks_are_errors = false;
   auto r = ParseConfig(text, lenient);
   ASSERT_TRUE(r.ok()) << Message(r);
   EXPECT_EQ(r->zero.offload_optimizer.device, OffloadDevice::kNone);
   EXPECT_EQ(r->warnings, std::vector<std::string>{"<config>: unknown key 'zero_optimization.offload_optimiser' (did "
                                                   "you mean 'offload_optimizer'?)"});
-  EXPECT_TRUE(Parse(R"({"train_batch_size": 8, "zero_optimization": {"stag": 1, "offload_optimizers_x": {}}})").ok());
+  EXPECT_TRUE(
+      ParseConfig(R"({"train_batch_size": 8, "zero_optimization": {"stag": 1, "offload_optimizers_x": {}}})", lenient)
+          .ok());
+  EXPECT_TRUE(Parse(R"({"train_batch_size": 8, "optimizer": {"params": {"lrr": 1}}})").ok());
 }
 
 TEST(ConfigUnknownKeysTest, IgnoredDeepSpeedKeysWarnEvenWhenStrict) {
@@ -929,6 +949,346 @@ TEST(ConfigUnknownKeysTest, IgnoredDeepSpeedKeysWarnEvenWhenStrict) {
   ASSERT_EQ(r->warnings.size(), 2u);
   EXPECT_TRUE(Contains(r->warnings[0], "'zero_optimization.allgather_partitions' is ignored")) << r->warnings[0];
   EXPECT_TRUE(Contains(r->warnings[1], "'tensorboard' is ignored")) << r->warnings[1];
+}
+
+// ---------------------------------------------------------------------------------------------
+// The blocks DeepSpeed 0.19.8 validates with pydantic models that forbid extra keys.
+
+// Every key DeepSpeed 0.19.8's pydantic models accept in those blocks, under its field name and under
+// its alias (populate_by_name), deprecated ones included, each with a value DeepSpeed accepts (its
+// default where that is a JSON value). Generated with Python's ast from DeepSpeed 0.19.8's
+// DeepSpeedZeroConfig (runtime/zero/config.py), DeepSpeedZeroOffloadOptimizerConfig and
+// DeepSpeedZeroOffloadParamConfig (runtime/zero/offload_config.py), DeepSpeedBF16Config and
+// DeepSpeedFP16Config (runtime/precision_config.py); their base DeepSpeedConfigModel declares no field.
+struct DeepSpeedKey {
+  const char* path;
+  const char* value;  // JSON text
+};
+constexpr DeepSpeedKey kDeepSpeedValidatedKeys[] = {
+    {"zero_optimization.stage", "0"},
+    {"zero_optimization.contiguous_gradients", "true"},
+    {"zero_optimization.reduce_scatter", "true"},
+    {"zero_optimization.reduce_bucket_size", "500000000"},
+    {"zero_optimization.use_multi_rank_bucket_allreduce", "true"},
+    {"zero_optimization.allgather_partitions", "true"},
+    {"zero_optimization.allgather_bucket_size", "500000000"},
+    {"zero_optimization.overlap_comm", "true"},
+    {"zero_optimization.compute_grad_norm", "true"},
+    {"zero_optimization.load_from_fp32_weights", "true"},
+    {"zero_optimization.elastic_checkpoint", "false"},
+    {"zero_optimization.offload_param", "{}"},
+    {"zero_optimization.offload_optimizer", "{}"},
+    {"zero_optimization.zenflow", "null"},
+    {"zero_optimization.sub_group_size", "1000000000"},
+    {"zero_optimization.cpu_offload_param", "false"},
+    {"zero_optimization.cpu_offload_use_pin_memory", "false"},
+    {"zero_optimization.cpu_offload", "false"},
+    {"zero_optimization.prefetch_bucket_size", "50000000"},
+    {"zero_optimization.stage3_prefetch_bucket_size", "50000000"},
+    {"zero_optimization.param_persistence_threshold", "100000"},
+    {"zero_optimization.stage3_param_persistence_threshold", "100000"},
+    {"zero_optimization.model_persistence_threshold", "9223372036854775807"},
+    {"zero_optimization.stage3_model_persistence_threshold", "9223372036854775807"},
+    {"zero_optimization.max_live_parameters", "1000000000"},
+    {"zero_optimization.stage3_max_live_parameters", "1000000000"},
+    {"zero_optimization.max_reuse_distance", "1000000000"},
+    {"zero_optimization.stage3_max_reuse_distance", "1000000000"},
+    {"zero_optimization.gather_16bit_weights_on_model_save", "false"},
+    {"zero_optimization.stage3_gather_16bit_weights_on_model_save", "false"},
+    {"zero_optimization.module_granularity_threshold", "0"},
+    {"zero_optimization.stage3_module_granularity_threshold", "0"},
+    {"zero_optimization.use_all_reduce_for_fetch_params", "false"},
+    {"zero_optimization.stage3_use_all_reduce_for_fetch_params", "false"},
+    {"zero_optimization.allgather_sequential", "false"},
+    {"zero_optimization.stage3_allgather_sequential", "false"},
+    {"zero_optimization.stage3_gather_fp16_weights_on_model_save", "false"},
+    {"zero_optimization.ignore_unused_parameters", "true"},
+    {"zero_optimization.legacy_stage1", "false"},
+    {"zero_optimization.round_robin_gradients", "false"},
+    {"zero_optimization.parameter_alignment", "false"},
+    {"zero_optimization.zero_hpz_partition_size", "1"},
+    {"zero_optimization.zero_quantized_weights", "false"},
+    {"zero_optimization.zero_quantized_nontrainable_weights", "false"},
+    {"zero_optimization.zero_quantized_gradients", "false"},
+    {"zero_optimization.memory_efficient_linear", "true"},
+    {"zero_optimization.pipeline_loading_checkpoint", "false"},
+    {"zero_optimization.override_module_apply", "true"},
+    {"zero_optimization.log_trace_cache_warnings", "false"},
+    {"zero_optimization.enable_sanity_checks", "false"},
+    {"zero_optimization.save_muon_momentum_buffer_in_memory", "false"},
+    {"zero_optimization.leaf_module", "{}"},
+    {"zero_optimization.offload_optimizer.device", "\"none\""},
+    {"zero_optimization.offload_optimizer.nvme_path", "\"\""},
+    {"zero_optimization.offload_optimizer.buffer_count", "4"},
+    {"zero_optimization.offload_optimizer.pin_memory", "true"},
+    {"zero_optimization.offload_optimizer.pipeline_read", "false"},
+    {"zero_optimization.offload_optimizer.pipeline_write", "false"},
+    {"zero_optimization.offload_optimizer.fast_init", "false"},
+    {"zero_optimization.offload_optimizer.ratio", "1.0"},
+    {"zero_optimization.offload_optimizer.super_offload", "false"},
+    {"zero_optimization.offload_optimizer.cpuadam_cores_perc", "0.8"},
+    {"zero_optimization.offload_param.device", "\"none\""},
+    {"zero_optimization.offload_param.nvme_path", "\"\""},
+    {"zero_optimization.offload_param.buffer_count", "5"},
+    {"zero_optimization.offload_param.buffer_size", "100000000"},
+    {"zero_optimization.offload_param.max_in_cpu", "1000000000"},
+    {"zero_optimization.offload_param.pin_memory", "true"},
+    {"bf16.enabled", "false"},
+    {"bf16.immediate_grad_update", "false"},
+    {"bf16.check_grad_overflow", "true"},
+    {"bf16.bf16_master_weights_and_grads", "false"},
+    {"bf16.bf16_optimizer_states", "false"},
+    {"fp16.enabled", "false"},
+    {"fp16.auto_cast", "false"},
+    {"fp16.loss_scale", "0"},
+    {"fp16.initial_scale_power", "16"},
+    {"fp16.loss_scale_window", "1000"},
+    {"fp16.hysteresis", "2"},
+    {"fp16.consecutive_hysteresis", "false"},
+    {"fp16.min_loss_scale", "1"},
+    {"fp16.fp16_master_weights_and_grads", "false"},
+};
+
+Status ValidateAll(const Config& c) { return Validate(c, ValidateOptions{1, "<config>", /*refuse_unbuilt=*/true}); }
+
+bool IsTableKey(const std::string& path) {
+  for (const ConfigKeyInfo& k : ConfigKeyTable()) {
+    if (k.path == path) return true;
+  }
+  return false;
+}
+
+TEST(ConfigValidatedBlocksTest, EveryKeyDeepSpeedAcceptsParses) {
+  EXPECT_EQ(std::size(kDeepSpeedValidatedKeys), 82u);
+  for (const DeepSpeedKey& key : kDeepSpeedValidatedKeys) {
+    const std::string text = Nested({{"train_batch_size", "8"}, {key.path, key.value}});
+    auto r = Parse(text);
+    ASSERT_TRUE(r.ok()) << key.path << ": " << Message(r);
+    for (const std::string& w : r->warnings) EXPECT_FALSE(Contains(w, "unknown key")) << w;
+    // A key zero reads is silent at DeepSpeed's default; the others (other spellings, deprecated and
+    // ignored keys) say what became of them. Blocks (offload_optimizer: {}) are read too.
+    const bool read = IsTableKey(key.path) || IsTableKey(std::string(key.path) + ".device");
+    if (read) EXPECT_TRUE(r->warnings.empty()) << key.path << ": " << r->warnings[0];
+    if (!read) EXPECT_FALSE(r->warnings.empty()) << key.path << " is neither read nor warned about";
+    // At DeepSpeed's default, Engine::Create's checks accept it (a feature zero does not build included).
+    EXPECT_TRUE(ValidateAll(*r).ok()) << key.path << ": " << ValidateAll(*r).message();
+  }
+}
+
+TEST(ConfigValidatedBlocksTest, ATypoInEachBlockIsAnErrorNamingThePathAndTheKey) {
+  const struct {
+    const char* text;
+    const char* message;
+  } cases[] = {
+      {R"("zero_optimization": {"stge": 3})",
+       "<config>: unknown key 'zero_optimization.stge' (did you mean 'stage'?): an unknown key in 'zero_optimization' "
+       "is an error (DeepSpeed 0.19.8 refuses it too)"},
+      {R"("zero_optimization": {"stage": 2, "offload_optimizer": {"devcie": "cpu"}})",
+       "<config>: unknown key 'zero_optimization.offload_optimizer.devcie' (did you mean 'device'?): an unknown key in "
+       "'zero_optimization.offload_optimizer' is an error (DeepSpeed 0.19.8 refuses it too)"},
+      {R"("zero_optimization": {"stage": 3, "offload_param": {"buffer_cont": 4}})",
+       "<config>: unknown key 'zero_optimization.offload_param.buffer_cont' (did you mean 'buffer_count'?): an unknown "
+       "key in 'zero_optimization.offload_param' is an error (DeepSpeed 0.19.8 refuses it too)"},
+      {R"("bf16": {"enabld": true})",
+       "<config>: unknown key 'bf16.enabld' (did you mean 'enabled'?): an unknown key in 'bf16' is an error "
+       "(DeepSpeed 0.19.8 refuses it too)"},
+      {R"("bfloat16": {"enabld": true})",
+       "<config>: unknown key 'bfloat16.enabld' (did you mean 'enabled'?): an unknown key in 'bfloat16' is an error "
+       "(DeepSpeed 0.19.8 refuses it too)"},
+      {R"("fp16": {"enabled": true, "loss_scal": 128})",
+       "<config>: unknown key 'fp16.loss_scal' (did you mean 'loss_scale'?): an unknown key in 'fp16' is an error "
+       "(DeepSpeed 0.19.8 refuses it too)"},
+  };
+  for (const auto& c : cases) {
+    auto r = Parse(std::string(R"({"train_batch_size": 8, )") + c.text + "}");
+    ASSERT_FALSE(r.ok()) << c.text;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(Message(r), c.message);
+  }
+  // Listed with every other problem of the file, in file order.
+  auto r = Parse(R"({"train_batch_size": 8, "gradient_clipping": -1,
+                     "zero_optimization": {"stage": 3, "stge": 2, "offload_optimizer": {"devcie": "cpu"},
+                                           "offload_param": {"pin_memroy": true}},
+                     "bf16": {"enabled": false, "immediate_grad_updat": true}, "fp16": {"hysterisis": 4}})");
+  EXPECT_EQ(Message(r),
+            "<config>: 6 problems in the config:\n"
+            "  <config>: gradient_clipping: expected a number in [0, 1e+38], got -1\n"
+            "  <config>: unknown key 'zero_optimization.stge' (did you mean 'stage'?): an unknown key in "
+            "'zero_optimization' is an error (DeepSpeed 0.19.8 refuses it too)\n"
+            "  <config>: unknown key 'zero_optimization.offload_optimizer.devcie' (did you mean 'device'?): an unknown "
+            "key in 'zero_optimization.offload_optimizer' is an error (DeepSpeed 0.19.8 refuses it too)\n"
+            "  <config>: unknown key 'zero_optimization.offload_param.pin_memroy' (did you mean 'pin_memory'?): an "
+            "unknown key in 'zero_optimization.offload_param' is an error (DeepSpeed 0.19.8 refuses it too)\n"
+            "  <config>: unknown key 'bf16.immediate_grad_updat' (did you mean 'immediate_grad_update'?): an unknown "
+            "key in 'bf16' is an error (DeepSpeed 0.19.8 refuses it too)\n"
+            "  <config>: unknown key 'fp16.hysterisis' (did you mean 'hysteresis'?): an unknown key in 'fp16' is an "
+            "error (DeepSpeed 0.19.8 refuses it too)");
+  // Only directly inside those blocks: below them (a leaf_module or zenflow block is not read) and
+  // elsewhere an unknown key stays a warning.
+  r = Parse(R"({"train_batch_size": 8, "zero_optimization": {"leaf_module": {"clases": []}},
+                "optimizer": {"params": {"lrr": 1}}, "aio": {"queue_dept": 2}, "scheduler": {"kind": "x"},
+                "zero_trace": {"enabld": false}, "my_block": {"x": 1}})");
+  ASSERT_TRUE(r.ok()) << Message(r);
+  EXPECT_EQ(r->warnings.size(), 6u);
+}
+
+TEST(ConfigValidatedBlocksTest, TheOptionFalseRestoresTheWarning) {
+  ParseOptions lenient;
+  lenient.unknown_keys_in_validated_blocks_are_errors = false;
+  EXPECT_TRUE(ParseOptions().unknown_keys_in_validated_blocks_are_errors);
+  auto r = ParseConfig(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "stge": 3,
+                          "offload_optimizer": {"devcie": "cpu"}}, "fp16": {"enabld": true}})",
+                       lenient);
+  ASSERT_TRUE(r.ok()) << Message(r);
+  EXPECT_EQ(r->zero.stage, 2);
+  EXPECT_EQ(r->zero.offload_optimizer.device, OffloadDevice::kNone);
+  EXPECT_FALSE(r->fp16.enabled);
+  EXPECT_EQ(r->warnings, (std::vector<std::string>{
+                             "<config>: unknown key 'zero_optimization.stge' (did you mean 'stage'?)",
+                             "<config>: unknown key 'zero_optimization.offload_optimizer.devcie' (did you mean "
+                             "'device'?)",
+                             "<config>: unknown key 'fp16.enabld' (did you mean 'enabled'?)",
+                         }));
+  // strict still makes them errors, without the DeepSpeed sentence.
+  lenient.strict = true;
+  EXPECT_EQ(Message(ParseConfig(R"({"train_batch_size": 8, "bf16": {"enabld": true}})", lenient)),
+            "<config>: unknown key 'bf16.enabld' (did you mean 'enabled'?)");
+}
+
+TEST(ConfigValidatedBlocksTest, ManyUnknownKeysInABlockAreCountedAsErrors) {
+  std::string text = "{\"train_batch_size\": 8, \"zero_optimization\": {\"stage\": 1";
+  for (int i = 0; i < 200000; ++i) text += ", \"unknown_key_" + std::to_string(i) + "\": 1";
+  text += "}}";
+  Result<Config> r = InvalidArgumentError("unset");
+  EXPECT_LT(SecondsToParse(text, &r), 10.0) << text.size() << " bytes";
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(Contains(Message(r),
+                       "<config>: 101 problems in the config:\n  <config>: unknown key "
+                       "'zero_optimization.unknown_key_0': an unknown key in 'zero_optimization'"))
+      << Message(r).substr(0, 300);
+  EXPECT_TRUE(Contains(Message(r), "\n  <config>: unknown keys: 199900 more not listed")) << Message(r).size();
+}
+
+TEST(ConfigValidatedBlocksTest, DeepSpeedFieldNamesSetTheSameFieldAsTheStage3Keys) {
+  const struct {
+    const char* name;
+    const char* stage3_name;
+    const char* value;
+  } pairs[] = {
+      {"prefetch_bucket_size", "stage3_prefetch_bucket_size", "1234"},
+      {"param_persistence_threshold", "stage3_param_persistence_threshold", "77"},
+      {"max_live_parameters", "stage3_max_live_parameters", "5555"},
+      {"max_reuse_distance", "stage3_max_reuse_distance", "66"},
+      {"gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save", "true"},
+  };
+  for (const auto& p : pairs) {
+    const std::string head = R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, ")";
+    auto by_name = Parse(head + p.name + "\": " + p.value + "}}");
+    auto by_stage3 = Parse(head + p.stage3_name + "\": " + p.value + "}}");
+    ASSERT_TRUE(by_name.ok()) << Message(by_name);
+    ASSERT_TRUE(by_stage3.ok()) << Message(by_stage3);
+    const std::string path = std::string("zero_optimization.") + p.stage3_name;
+    EXPECT_EQ(ConfigValueAt(ConfigToJson(*by_name), path), p.value) << p.name;
+    EXPECT_EQ(ConfigToJson(*by_name), ConfigToJson(*by_stage3)) << p.name;
+    EXPECT_TRUE(by_stage3->warnings.empty());
+    EXPECT_EQ(by_name->warnings, std::vector<std::string>{"<config>: 'zero_optimization." + std::string(p.name) +
+                                                          "' is DeepSpeed's field name of '" + path + "'"});
+    // Both spellings at once: one key given twice.
+    EXPECT_TRUE(
+        Contains(Message(Parse(head + p.name + "\": " + p.value + ", \"" + p.stage3_name + "\": " + p.value + "}}")),
+                 path + ": expected one spelling of the key"))
+        << p.name;
+  }
+}
+
+TEST(ConfigValidatedBlocksTest, FeaturesZeroDoesNotBuildAreRefusedUnlessAtTheirDefault) {
+  const struct {
+    const char* path;
+    const char* refused;   // JSON text
+    const char* accepted;  // DeepSpeed's default (or another value that asks for nothing)
+    const char* message;   // the whole UNIMPLEMENTED message
+  } cases[] = {
+      {"zero_optimization.legacy_stage1", "true", "false",
+       "<config>: zero_optimization.legacy_stage1: DeepSpeed's legacy stage-1 implementation is not built (zero's "
+       "stage 1 partitions the optimizer states as DeepSpeed's current stage 1 does); expected false, got true"},
+      {"zero_optimization.zero_hpz_partition_size", "8", "1",
+       "<config>: zero_optimization.zero_hpz_partition_size: ZeRO++ hierarchical partitioning (a secondary copy of "
+       "the stage-3 parameters in groups of ranks) is not built (zero partitions parameters once over all "
+       "data-parallel ranks); expected 0 or 1, got 8"},
+      {"zero_optimization.zero_hpz_partition_size", "2", "0", nullptr},
+      {"zero_optimization.zero_quantized_weights", "true", "false",
+       "<config>: zero_optimization.zero_quantized_weights: ZeRO++ quantized parameter all-gather is not built (zero "
+       "gathers parameters in the model dtype); expected false, got true"},
+      {"zero_optimization.zero_quantized_nontrainable_weights", "true", "false",
+       "<config>: zero_optimization.zero_quantized_nontrainable_weights: quantized storage of non-trainable "
+       "parameters is not built (zero keeps every parameter in the model dtype); expected false, got true"},
+      {"zero_optimization.zero_quantized_gradients", "true", "false",
+       "<config>: zero_optimization.zero_quantized_gradients: ZeRO++ quantized gradient reduction is not built (zero "
+       "reduces gradients unquantized); expected false, got true"},
+      {"zero_optimization.zenflow", R"({"topk_ratio": 0.05, "update_interval": 4})", "null",
+       "<config>: zero_optimization.zenflow: ZenFlow (top-k gradient columns updated each step, the rest later on the "
+       "CPU) is not built (zero applies every gradient at every step); expected null or no zenflow block, got a "
+       "block"},
+      {"zero_optimization.zenflow", "{}", "null", nullptr},
+      {"zero_optimization.offload_optimizer.super_offload", "true", "false",
+       "<config>: zero_optimization.offload_optimizer.super_offload: SuperOffload (DeepSpeed's stage-3 offload "
+       "optimizer for Superchips) is not built (zero's optimizer offload runs its CPU AdamW, or update_device "
+       "\"gpu\"); expected false, got true"},
+      {"bf16.bf16_master_weights_and_grads", "true", "false",
+       "<config>: bf16.bf16_master_weights_and_grads: bf16 master weights and gradients is not built (zero keeps fp32 "
+       "master weights and accumulates gradients in fp32); expected false, got true"},
+      {"bf16.bf16_optimizer_states", "true", "false",
+       "<config>: bf16.bf16_optimizer_states: bf16 optimizer states is not built (zero keeps AdamW's moments in "
+       "fp32); expected false, got true"},
+      {"fp16.fp16_master_weights_and_grads", "true", "false",
+       "<config>: fp16.fp16_master_weights_and_grads: fp16 master weights and gradients is not built (zero keeps fp32 "
+       "master weights); expected false, got true"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.path);
+    std::map<std::string, std::string> values = {{"train_batch_size", "8"}, {"zero_optimization.stage", "3"}};
+    values[c.path] = c.refused;
+    // Read (and written back) by ParseConfig, refused by Engine::Create's checks.
+    auto r = Parse(Nested(values));
+    ASSERT_TRUE(r.ok()) << Message(r);
+    EXPECT_TRUE(r->warnings.empty()) << r->warnings[0];
+    const Status refused = ValidateAll(*r);
+    EXPECT_EQ(refused.code(), StatusCode::kUnimplemented) << refused.message();
+    if (c.message) EXPECT_EQ(refused.message(), c.message);
+    EXPECT_TRUE(Contains(refused.message(), std::string("<config>: ") + c.path + ": ")) << refused.message();
+    EXPECT_NE(ConfigValueAt(ConfigToJson(*r), c.path), c.accepted);
+    // At the default: read, no warning, accepted.
+    values[c.path] = c.accepted;
+    r = Parse(Nested(values));
+    ASSERT_TRUE(r.ok()) << Message(r);
+    EXPECT_TRUE(r->warnings.empty()) << r->warnings[0];
+    EXPECT_TRUE(ValidateAll(*r).ok()) << ValidateAll(*r).message();
+  }
+  // A zenflow block's own keys are not read: zero refuses the block whatever it holds.
+  auto r = Parse(R"({"train_batch_size": 8, "zero_optimization": {"zenflow": {"anything": 1}}})");
+  ASSERT_TRUE(r.ok()) << Message(r);
+  EXPECT_TRUE(r->zero.zenflow);
+  EXPECT_EQ(Message(Parse(R"({"train_batch_size": 8, "zero_optimization": {"zenflow": true}})")),
+            "<config>: zero_optimization.zenflow: expected null or an object, got true");
+}
+
+TEST(ConfigValidatedBlocksTest, PerformanceAndLoggingKeysAreIgnoredWithAWarning) {
+  auto r = Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+                     "use_multi_rank_bucket_allreduce": false, "stage3_module_granularity_threshold": 5000,
+                     "log_trace_cache_warnings": true, "enable_sanity_checks": true,
+                     "offload_optimizer": {"device": "cpu", "cpuadam_cores_perc": 0.5}},
+                     "bf16": {"enabled": true, "check_grad_overflow": false}})",
+                 1, /*strict=*/true);
+  ASSERT_TRUE(r.ok()) << Message(r);
+  EXPECT_TRUE(ValidateAll(*r).ok()) << ValidateAll(*r).message();
+  ASSERT_EQ(r->warnings.size(), 6u);
+  EXPECT_TRUE(Contains(r->warnings[0], "'zero_optimization.use_multi_rank_bucket_allreduce' is ignored: "));
+  EXPECT_TRUE(Contains(r->warnings[1], "'zero_optimization.stage3_module_granularity_threshold' is ignored: "));
+  EXPECT_TRUE(Contains(r->warnings[4],
+                       "'zero_optimization.offload_optimizer.cpuadam_cores_perc' is ignored: "
+                       "SuperOffload's CPU share; zero sizes its CPU AdamW by "
+                       "offload_optimizer.cpu_threads"));
+  EXPECT_TRUE(Contains(r->warnings[5], "'bf16.check_grad_overflow' is ignored: zero never skips a bf16 step"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1186,7 +1546,8 @@ TEST(ConfigProblemsTest, EveryProblemIsListedInOneError) {
   EXPECT_EQ(Message(r),
             "ds_config.json: 6 problems in the config:\n"
             "  ds_config.json: gradient_clipping: expected a number in [0, 1e+38], got \"1.0\"\n"
-            "  ds_config.json: unknown key 'zero_optimization.stge' (did you mean 'stage'?)\n"
+            "  ds_config.json: unknown key 'zero_optimization.stge' (did you mean 'stage'?): an unknown key in "
+            "'zero_optimization' is an error (DeepSpeed 0.19.8 refuses it too)\n"
             "  ds_config.json: fp16.hysteresis: expected an integer >= 1, got 0\n"
             "  ds_config.json: scheduler.params.warmup_num_steps: expected no value with scheduler.type \"\" (it is "
             "a parameter of WarmupLR, WarmupDecayLR, WarmupCosineLR), got 5\n"
@@ -1430,7 +1791,9 @@ TEST(ConfigToJsonTest, RoundTripOfASynthesizedConfig) {
     "managed_gradient_accumulation": false, "freeze_inactive_parameters": true,
     "data_types": {"grad_accum_dtype": "bf16"},
     "fp16": {"enabled": true, "loss_scale": 128, "initial_scale_power": 9, "loss_scale_window": 50,
-             "hysteresis": 3, "consecutive_hysteresis": true, "min_loss_scale": 0.5},
+             "hysteresis": 3, "consecutive_hysteresis": true, "min_loss_scale": 0.5,
+             "fp16_master_weights_and_grads": true},
+    "bf16": {"enabled": false, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true},
     "optimizer": {"type": "adam", "params": {"lr": 0.125, "betas": [0.5, 0.75], "eps": 1e-5,
                   "adam_w_mode": false}},
     "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0.01, "warmup_max_lr": 0.1,
@@ -1441,9 +1804,12 @@ TEST(ConfigToJsonTest, RoundTripOfASynthesizedConfig) {
       "stage3_max_live_parameters": 5, "stage3_max_reuse_distance": 6,
       "stage3_gather_16bit_weights_on_model_save": true, "round_robin_gradients": true,
       "ignore_unused_parameters": false, "offload_grad_accumulation": "gpu",
+      "legacy_stage1": true, "zero_hpz_partition_size": 4, "zero_quantized_weights": true,
+      "zero_quantized_nontrainable_weights": true, "zero_quantized_gradients": true,
+      "zenflow": {"topk_ratio": 0.25},
       "offload_optimizer": {"device": "nvme", "nvme_path": "/a", "buffer_count": 2, "pin_memory": false,
         "pipeline_read": true, "pipeline_write": true, "fast_init": true, "ratio": 0.5, "cpu_threads": 5,
-        "pin_memory_fallback": true, "host_memory_budget": 123456789012},
+        "pin_memory_fallback": true, "host_memory_budget": 123456789012, "super_offload": true},
       "offload_param": {"device": "nvme", "nvme_path": "/b", "buffer_count": 3, "buffer_size": 10,
         "max_in_cpu": 0, "pin_memory": false, "pin_memory_fallback": true}},
     "aio": {"block_size": 4096, "queue_depth": 2, "intra_op_parallelism": 3, "single_submit": true,
@@ -1454,6 +1820,8 @@ TEST(ConfigToJsonTest, RoundTripOfASynthesizedConfig) {
   EXPECT_EQ(r->train_micro_batch_size_per_gpu, 2);
   EXPECT_EQ(r->zero.overlap_comm, true);
   EXPECT_EQ(r->zero.offload_optimizer.host_memory_budget, 123456789012);
+  EXPECT_TRUE(r->zero.zenflow);
+  EXPECT_EQ(r->zero.zero_hpz_partition_size, 4);
   ExpectRoundTrip(*r, 4);
 }
 
