@@ -34,7 +34,7 @@ struct OffloadOptimizerConfig {
   OffloadDevice device = OffloadDevice::kNone;
   std::string nvme_path;
   int64_t buffer_count = 4;
-  bool pin_memory = false;
+  bool pin_memory = true;
   bool pipeline_read = false;
   bool pipeline_write = false;
   bool fast_init = false;
@@ -63,7 +63,7 @@ struct OffloadParamConfig {
   int64_t buffer_count = 5;
   int64_t buffer_size = 100000000;
   int64_t max_in_cpu = 1000000000;
-  bool pin_memory = false;
+  bool pin_memory = true;
   bool pin_memory_fallback = false;  // zero's own key: a failed pin falls back to pageable memory
 
   friend bool operator==(const OffloadParamConfig&, const OffloadParamConfig&) = default;

@@ -90,7 +90,8 @@ const Ignored kIgnored[] = {
      "either way"},
     {"bf16.check_grad_overflow",
      "zero never skips a bf16 step: a NaN or inf gradient norm stops the job (stop_on_nonfinite, default true) "
-     "or is applied (false)"},
+     "or is applied (false); DeepSpeed 0.19.8 skips such a step at stages 1/2 while this key is true (and always "
+     "at stages 0 and 3 and in BF16_Optimizer, stage 1 with fp32 gradient accumulation)"},
     {"activation_checkpointing", "activation checkpointing belongs to the user's model"},
     {"flops_profiler", "zero has no flops profiler"},
     {"tensorboard", "zero has no monitor backends"},
@@ -153,11 +154,17 @@ const std::vector<ConfigDifference>& DeepSpeedDifferences() {
       {"zero_optimization.cpu_offload_use_pin_memory", "read and ignored (the deprecated key sets nothing)",
        "sets pin_memory of the blocks that cpu_offload / cpu_offload_param turn on",
        "The file asks for it; a warning names the new spelling either way."},
-      {"stop_on_nonfinite", "no such key (a NaN or inf gradient outside fp16 is applied and training goes on)",
+      {"stop_on_nonfinite",
+       "no such key: a step with a NaN or inf gradient is skipped and training goes on with fp16; with bf16 "
+       "(stage 0, stage 3 and BF16_Optimizer always; stages 1/2 while `bf16.check_grad_overflow` is true, its "
+       "default); and with fp32 at stages 1-3 (stages 1/2 while `zero_optimization.compute_grad_norm` is true, "
+       "its default). It is applied only with fp32 at stage 0, or with one of those two keys false",
        "`true`",
-       "zero's own key: a NaN or inf global gradient norm on a step that would be applied stops the job with an "
-       "error naming the step (before the update when clipping or fp16 reads the norm first); false is "
-       "DeepSpeed's behaviour."},
+       "zero's own key. zero skips only fp16 overflow steps (as DeepSpeed); with bf16 or fp32 a NaN or inf "
+       "global gradient norm on a step that would be applied stops the job with an error naming the step "
+       "(before the update when clipping or fp16 reads the norm first; otherwise after it, and the error says "
+       "the weights hold it), and false applies the step and trains on. Neither setting skips the step as "
+       "DeepSpeed does with bf16 (and fp32 at stages 1-3)."},
       {"zero_optimization.offload_grad_accumulation", "no such key (host accumulation)", "`\"cpu\"`",
        "zero's own key; its default is DeepSpeed's behaviour."},
       {"freeze_inactive_parameters", "no such key (inactive parameters are stepped with a zero gradient)", "`false`",

@@ -218,8 +218,9 @@ void AddGradientKeys(std::vector<Key>* t) {
                    .Doc("A NaN or inf global gradient norm on a step that would be applied (fp16's overflow steps are "
                         "skipped as before) ends Step() with an error naming the step. With gradient_clipping or fp16 "
                         "the norm is known before the update and nothing is changed; otherwise the step was applied "
-                        "and the engine is unusable. false: DeepSpeed's behaviour (the step is applied and training "
-                        "goes on). examples/zero_train also stops on a NaN or inf loss."));
+                        "and the engine is unusable. false: the step is applied and training goes on (DeepSpeed "
+                        "0.19.8 instead skips such a step with bf16, and with fp32 at stages 1-3: see the "
+                        "differences below). examples/zero_train also stops on a NaN or inf loss."));
   t->push_back(DTypeKey("data_types.grad_accum_dtype", FIELD(grad_accum_dtype), FIELD(has_grad_accum_dtype))
                    .DefaultDoc("null (fp32)")
                    .Doc("Element type gradients are accumulated in across micro steps; null: fp32."));
@@ -435,8 +436,11 @@ void AddOffloadOptimizerKeys(std::vector<Key>* t) {
                    .AtLeast(1)
                    .Doc("Pinned buffers for NVMe swapping of optimizer states."));
   t->push_back(
-      BoolKey("zero_optimization.offload_optimizer.pin_memory", FIELD(zero.offload_optimizer.pin_memory), false)
-          .Doc("Keep offloaded states in pinned (page-locked) host memory."));
+      BoolKey("zero_optimization.offload_optimizer.pin_memory", FIELD(zero.offload_optimizer.pin_memory), true)
+          .Doc("Keep offloaded states in pinned (page-locked) host memory: the host slab is registered with "
+               "cudaHostRegister (CUDA backend) or mlock'ed within RLIMIT_MEMLOCK (CPU backend); a failed pin "
+               "is an error unless pin_memory_fallback. false: pageable memory, for hosts with a tight memlock "
+               "limit; copies are slower and overlap less."));
   t->push_back(
       BoolKey("zero_optimization.offload_optimizer.pipeline_read", FIELD(zero.offload_optimizer.pipeline_read), false)
           .Doc("NVMe: overlap reading the next sub-group with the step."));
@@ -534,8 +538,9 @@ void AddOffloadParamKeys(std::vector<Key>* t) {
                    .AtMost(kMaxCount)
                    .AtLeast(0)
                    .Doc("Elements of parameters kept in host memory when device is \"nvme\"."));
-  t->push_back(BoolKey("zero_optimization.offload_param.pin_memory", FIELD(zero.offload_param.pin_memory), false)
-                   .Doc("Keep offloaded parameters in pinned host memory."));
+  t->push_back(BoolKey("zero_optimization.offload_param.pin_memory", FIELD(zero.offload_param.pin_memory), true)
+                   .Doc("Keep offloaded parameters in pinned (page-locked) host memory. false: pageable memory, "
+                        "for hosts with a tight memlock limit; copies are slower and overlap less."));
   t->push_back(BoolKey("zero_optimization.offload_param.pin_memory_fallback",
                        FIELD(zero.offload_param.pin_memory_fallback), false)
                    .Doc("With pin_memory true: when pinning the offloaded parameters fails, keep them in pageable "

@@ -183,9 +183,11 @@ void WriteDeepSpeedDifferences(std::ostream& md) {
      << "`runtime/zero/offload_config.py`, `runtime/precision_config.py`, the aio config, `lr_schedules.py`\n"
      << "and FusedAdam), except the rows below; `//engine:config_test` checks every key's default against\n"
      << "DeepSpeed's. Matched in this version: `optimizer.params.weight_decay` is 0 for AdamW too (was\n"
-     << "0.01, torch's), and `pin_memory` of both offload blocks is false (was true). Behaviour beyond the\n"
-     << "config (numerics, inactive parameters, fp16 loss scale with accumulation) is in\n"
-     << "`docs/deepspeed_parity.md`.\n\n"
+     << "0.01, torch's), and `pin_memory` of both offload blocks is true, as in DeepSpeed's\n"
+     << "`offload_config.py` (earlier versions of zero had false): a job that does not say `pin_memory`\n"
+     << "pins its offloaded states (cudaHostRegister on the CUDA backend), and a failed pin is an error\n"
+     << "unless `pin_memory_fallback` is true. Behaviour beyond the config (numerics, inactive parameters,\n"
+     << "fp16 loss scale with accumulation) is in `docs/deepspeed_parity.md`.\n\n"
      << "| Key | DeepSpeed 0.19.8 | zero | Why |\n| --- | --- | --- | --- |\n";
   for (const ConfigDifference& d : DeepSpeedDifferences()) {
     const std::string key = d.key.find('`') == std::string::npos ? "`" + d.key + "`" : d.key;

@@ -236,13 +236,13 @@ TEST(ConfigDefaultsTest, DefaultsEqualDeepSpeeds) {
   EXPECT_FALSE(oo.pipeline_write);
   EXPECT_FALSE(oo.fast_init);
   EXPECT_EQ(oo.ratio, 1.0);
-  EXPECT_FALSE(oo.pin_memory);
+  EXPECT_TRUE(oo.pin_memory);
   const OffloadParamConfig& op = c.zero.offload_param;
   EXPECT_EQ(op.device, OffloadDevice::kNone);
   EXPECT_EQ(op.buffer_count, 5);
   EXPECT_EQ(op.buffer_size, 100000000);
   EXPECT_EQ(op.max_in_cpu, 1000000000);
-  EXPECT_FALSE(op.pin_memory);
+  EXPECT_TRUE(op.pin_memory);
 
   EXPECT_EQ(c.aio.block_size, 1048576);
   EXPECT_EQ(c.aio.queue_depth, 8);
@@ -326,7 +326,7 @@ const std::map<std::string, std::string>& DeepSpeedDefaults() {
       {"zero_optimization.offload_optimizer.device", "\"none\""},
       {"zero_optimization.offload_optimizer.nvme_path", "\"\""},  // theirs None: unset
       {"zero_optimization.offload_optimizer.buffer_count", "4"},
-      {"zero_optimization.offload_optimizer.pin_memory", "false"},
+      {"zero_optimization.offload_optimizer.pin_memory", "true"},
       {"zero_optimization.offload_optimizer.pipeline_read", "false"},
       {"zero_optimization.offload_optimizer.pipeline_write", "false"},
       {"zero_optimization.offload_optimizer.fast_init", "false"},
@@ -344,7 +344,7 @@ const std::map<std::string, std::string>& DeepSpeedDefaults() {
       {"zero_optimization.offload_param.buffer_count", "5"},
       {"zero_optimization.offload_param.buffer_size", "100000000"},
       {"zero_optimization.offload_param.max_in_cpu", "1000000000"},
-      {"zero_optimization.offload_param.pin_memory", "false"},
+      {"zero_optimization.offload_param.pin_memory", "true"},
       {"zero_optimization.offload_param.pin_memory_fallback", ""},
       {"aio.block_size", "1048576"},
       {"aio.queue_depth", "8"},
@@ -385,6 +385,7 @@ TEST(ConfigDefaultsTest, EveryDefaultIsDeepSpeedsOrAListedDifference) {
   // The two defaults changed to DeepSpeed's, and the ones DeepSpeed resolves from other keys.
   EXPECT_FALSE(ListedAsDifference("optimizer.params.weight_decay"));
   EXPECT_FALSE(ListedAsDifference("zero_optimization.offload_optimizer.pin_memory"));
+  EXPECT_FALSE(ListedAsDifference("zero_optimization.offload_param.pin_memory"));
   for (const char* type : {"Adam", "AdamW"}) {
     auto r = Parse(std::string(R"({"train_batch_size": 8, "optimizer": {"type": ")") + type + R"("},
                    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
@@ -392,8 +393,8 @@ TEST(ConfigDefaultsTest, EveryDefaultIsDeepSpeedsOrAListedDifference) {
     ASSERT_TRUE(r.ok()) << Message(r);
     EXPECT_EQ(r->optimizer.weight_decay, 0.0) << type;
     EXPECT_TRUE(r->zero.overlap_comm);
-    EXPECT_FALSE(r->zero.offload_optimizer.pin_memory);
-    EXPECT_FALSE(r->zero.offload_param.pin_memory);
+    EXPECT_TRUE(r->zero.offload_optimizer.pin_memory);
+    EXPECT_TRUE(r->zero.offload_param.pin_memory);
   }
 }
 
@@ -1371,7 +1372,7 @@ TEST(ConfigSpellingsTest, CpuOffloadMapsToOffloadOptimizer) {
   auto r = Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "cpu_offload": true}})");
   ASSERT_TRUE(r.ok()) << Message(r);
   EXPECT_EQ(r->zero.offload_optimizer.device, OffloadDevice::kCpu);
-  EXPECT_FALSE(r->zero.offload_optimizer.pin_memory);  // DeepSpeed's default
+  EXPECT_TRUE(r->zero.offload_optimizer.pin_memory);  // DeepSpeed's default
   EXPECT_TRUE(HasWarning(*r, "'zero_optimization.cpu_offload' is deprecated")) << r->warnings.size();
   r = Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "cpu_offload": false}})");
   ASSERT_TRUE(r.ok()) << Message(r);
@@ -2020,7 +2021,7 @@ TEST(ConfigFilesTest, LegacyCpuOffload) {
   EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kCpu);
   EXPECT_FALSE(c.zero.offload_optimizer.pin_memory);
   EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kNone);
-  EXPECT_FALSE(c.zero.offload_param.pin_memory);
+  EXPECT_TRUE(c.zero.offload_param.pin_memory);  // the deprecated key sets only the blocks turned on
   EXPECT_TRUE(HasWarning(c, "'bfloat16' is the older name"));
   EXPECT_TRUE(HasWarning(c, "'zero_optimization.cpu_offload' is deprecated"));
   EXPECT_TRUE(HasWarning(c, "'zero_optimization.cpu_offload_use_pin_memory' is deprecated"));
