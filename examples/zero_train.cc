@@ -615,7 +615,7 @@ Status RunRank(const TrainOptions& o, RankContext* ctx) {
                                      (std::isnan(mean_loss) ? "nan" : "inf") +
                                      " (some rank's batch gave a NaN or inf loss); stopping rather than training on "
                                      "it: look at optimizer.params.lr, or set stop_on_nonfinite: false to train on "
-                                     "as DeepSpeed does");
+                                     "regardless");
     }
     const double step_seconds = Since(t0);
 

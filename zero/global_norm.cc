@@ -71,7 +71,7 @@ Status NonFiniteNormError(double total, int64_t step, bool applied) {
                  "the weights hold it now"
                : "the step was not applied (the weights are as before)") +
       ". Stopping rather than training on it: load the last checkpoint and look at the loss and the learning "
-      "rate, or set stop_on_nonfinite: false to train on as DeepSpeed does");
+      "rate, or set stop_on_nonfinite: false to apply such steps and train on");
 }
 
 }  // namespace zero

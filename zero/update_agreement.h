@@ -28,7 +28,7 @@ Status AgreeOnActive(Communicator* comm, std::vector<uint8_t>* active);
 // What a step does with the total it read (GlobalNorm::Read): apply the update; skip it (fp16 and
 // an overflow: the loss scale drops and the window starts over); or stop (a non-finite total with
 // stop_on_nonfinite: NonFiniteNormError). bf16/fp32 with a non-finite total and stop_on_nonfinite
-// off apply it, as DeepSpeed does.
+// off apply it (DeepSpeed 0.19.8 would skip it with bf16, and with fp32 at stages 1-3; docs/config.md).
 enum class StepVerdict { kApply, kSkip, kStop };
 StepVerdict DecideStep(double total, bool fp16, bool stop_on_nonfinite);
 

@@ -44,7 +44,7 @@ TEST(UpdateAgreementTest, DecideStep) {
     // fp16: an overflow skips the step, whatever stop_on_nonfinite says.
     EXPECT_EQ(DecideStep(total, true, false), StepVerdict::kSkip);
     EXPECT_EQ(DecideStep(total, true, true), StepVerdict::kSkip);
-    // bf16/fp32: stop_on_nonfinite stops; otherwise the step is applied, as DeepSpeed does.
+    // bf16/fp32: stop_on_nonfinite stops; otherwise the step is applied (DeepSpeed would skip it).
     EXPECT_EQ(DecideStep(total, false, true), StepVerdict::kStop);
     EXPECT_EQ(DecideStep(total, false, false), StepVerdict::kApply);
   }
