@@ -139,7 +139,8 @@ TEST(ZeroLlmHash, StagesOneAndThreeTrainTheSameBits) {
 }
 
 // A DeepSpeed-style config for the tiny preset: ZeRO-3, fp32, AdamW with weight decay, clipping,
-// optimizer and parameters offloaded to the CPU, GAS `gas`, micro batch 4, and `zero_extra` /
+// optimizer and parameters offloaded to the CPU (pinned, the default, with pin_memory_fallback
+// true: pageable beyond a normal user's RLIMIT_MEMLOCK), GAS `gas`, micro batch 4, and `zero_extra` /
 // `top_extra` members added to zero_optimization / the top level.
 std::string OffloadConfig(const std::string& name, int gas, const std::string& zero_extra,
                           const std::string& top_extra) {
@@ -147,7 +148,8 @@ std::string OffloadConfig(const std::string& name, int gas, const std::string& z
   std::ofstream(path) << "{\"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": " << gas
                       << ", \"gradient_clipping\": 0.5, \"optimizer\": {\"type\": \"AdamW\", \"params\": "
                          "{\"lr\": 0.01, \"weight_decay\": 0.1}}, \"zero_optimization\": {\"stage\": 3, "
-                         "\"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": \"cpu\"}"
+                         "\"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory_fallback\": true}, "
+                         "\"offload_param\": {\"device\": \"cpu\", \"pin_memory_fallback\": true}"
                       << zero_extra << "}" << top_extra << "}\n";
   return path;
 }

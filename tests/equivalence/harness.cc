@@ -415,7 +415,9 @@ std::string CellSpec::Name() const {
 
 std::string CellConfigJson(const CellSpec& c) {
   // Every offload block says pin_memory true (DeepSpeed's default, as zero's): the offload cells mean
-  // pinned host states and shards (gpu_equivalence_main.cc; the CPU backend mlocks them).
+  // pinned host states and shards (gpu_equivalence_main.cc; the CPU backend mlocks them), with
+  // pin_memory_fallback true: where RLIMIT_MEMLOCK is too small for them (a normal user's default
+  // `ulimit -l` of 8192 KiB) they stay pageable with one warning; the arithmetic is the same.
   // offload_optimizer.ratio (partial offload), inside offload_optimizer, only below 1.
   std::string ratio;
   if (c.offload_optimizer && c.offload_ratio < 1.0) {
@@ -444,26 +446,27 @@ std::string CellConfigJson(const CellSpec& c) {
     << ", \"allgather_bucket_size\": " << c.reduce_bucket_size
     << ", \"stage3_param_persistence_threshold\": " << c.persistence_threshold
     << ", \"stage3_prefetch_bucket_size\": " << 2 * c.reduce_bucket_size
-    << (c.offload_optimizer && !c.nvme
-            ? ", \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true, \"cpu_threads\": 2"
-            : "")
+    << (c.offload_optimizer && !c.nvme ? ", \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true, "
+                                         "\"pin_memory_fallback\": true, \"cpu_threads\": 2"
+                                       : "")
     << (c.offload_optimizer && !c.nvme && c.gpu_update_chunk > 0
             ? ", \"update_device\": \"gpu\", \"chunk_size\": " + std::to_string(c.gpu_update_chunk) +
                   ", \"chunk_buffers\": 3" + (c.overlap_step ? ", \"overlap_step\": true" : "")
             : "")
     << (c.offload_optimizer && !c.nvme ? ratio + "}" : "")
-    << (c.offload_param && !c.nvme_param
-            ? ", \"offload_param\": {\"device\": \"cpu\", \"pin_memory\": true, \"buffer_count\": 2}"
-            : "")
+    << (c.offload_param && !c.nvme_param ? ", \"offload_param\": {\"device\": \"cpu\", \"pin_memory\": true, "
+                                           "\"pin_memory_fallback\": true, \"buffer_count\": 2}"
+                                         : "")
     << (c.offload_param && c.nvme_param
             ? ", \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"" + NvmeTestDir() +
-                  "\", \"pin_memory\": true, \"buffer_count\": 2, \"max_in_cpu\": 0}"
+                  "\", \"pin_memory\": true, \"pin_memory_fallback\": true, \"buffer_count\": 2, \"max_in_cpu\": 0}"
             : "")
     << (c.gpu_grad_accumulation ? ", \"offload_grad_accumulation\": \"gpu\"" : "")
     << (c.offload_optimizer && c.nvme
             ? ", \"sub_group_size\": " + std::to_string(c.sub_group_size) +
                   ", \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + NvmeTestDir() +
-                  "\", \"pin_memory\": true, \"buffer_count\": 2, \"cpu_threads\": 2, \"host_memory_budget\": " +
+                  "\", \"pin_memory\": true, \"pin_memory_fallback\": true, \"buffer_count\": 2, \"cpu_threads\": 2, "
+                  "\"host_memory_budget\": " +
                   std::to_string(c.host_memory_budget) + ratio + "}"
             : "")
     << "}"
