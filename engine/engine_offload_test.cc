@@ -1,10 +1,17 @@
 // Offload set-up faults through the Engine: what a user gets when the NVMe path is missing,
 // unwritable, already holds a swap file of a killed run, or is too small, and that creating and
-// destroying offloading engines returns every byte of pinned host memory.
+// destroying offloading engines returns every byte of pinned host memory; and that offloading
+// engines train without memlock privileges (the suite's configs say pin_memory_fallback).
 #include <gtest/gtest.h>
+#include <linux/capability.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -110,6 +117,65 @@ TEST(EngineOffloadFaultsTest, OffloadingEnginesReturnTheirPinnedMemory) {
   for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
     EXPECT_NE(entry.path().filename(), "zero_swap") << "left behind: " << entry.path();
   }
+}
+
+// Drops CAP_IPC_LOCK from the calling thread (root ignores RLIMIT_MEMLOCK otherwise; the threads
+// it starts from then on inherit that) and lowers RLIMIT_MEMLOCK's soft limit to `soft`, for good:
+// only for a child process.
+Status DropMemlockPrivileges(rlim_t soft) {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct caps[2]{};
+  if (syscall(SYS_capget, &hdr, caps) != 0) return InternalError("capget failed");
+  caps[0].effective &= ~(1u << CAP_IPC_LOCK);
+  caps[0].permitted &= ~(1u << CAP_IPC_LOCK);
+  caps[0].inheritable &= ~(1u << CAP_IPC_LOCK);
+  if (syscall(SYS_capset, &hdr, caps) != 0) return InternalError("capset failed");
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0) return InternalError("getrlimit failed");
+  rl.rlim_cur = std::min(soft, rl.rlim_max);
+  if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) return InternalError("setrlimit failed");
+  return OkStatus();
+}
+
+// Without memlock privileges (CAP_IPC_LOCK dropped, RLIMIT_MEMLOCK 64 KiB: below a normal user's
+// default 8192 KiB): OK when an engine offloading its optimizer states and parameters to the CPU
+// with the engine tests' config (MakeConfig: pin_memory true, the default, and pin_memory_fallback)
+// trains two steps on pageable slabs, and the same offload with pin_memory_fallback false fails
+// Initialize on the limit (so the limit was in force).
+Status TrainWithoutMemlockPrivileges() {
+  ZERO_RETURN_IF_ERROR(DropMemlockPrivileges(64 << 10));
+  const std::string offload = "\"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": \"cpu\"}";
+  ZERO_RETURN_IF_ERROR(RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
+    ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(3, 1, 0.0, "", offload), 2));
+    if (!config.zero.offload_optimizer.pin_memory || !config.zero.offload_param.pin_memory) {
+      return InternalError("pin_memory is not true by default");
+    }
+    ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(config, SmallModel(), device, comm));
+    if (e->memory().host_states == 0) return InternalError("no host states");
+    TrainOptions o;
+    o.steps = 2;
+    TrainResult r;
+    return TrainSteps(e.get(), device, SmallModel(), rank, o, &r);
+  }));
+  const Status strict = InitializeWith("\"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory_fallback\": false}");
+  if (strict.code() != StatusCode::kResourceExhausted || strict.message().find("RLIMIT_MEMLOCK") == std::string::npos) {
+    return InternalError("pin_memory_fallback false: expected RLIMIT_MEMLOCK's error, got " + strict.ToString());
+  }
+  return OkStatus();
+}
+
+// The guard that the suite needs no memlock privileges, in a child process (gtest's threadsafe
+// death-test style re-runs this binary for it, so the capability drop comes before any thread).
+TEST(EngineOffloadDeathTest, OffloadingEnginesTrainWithoutMemlockPrivileges) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const Status s = TrainWithoutMemlockPrivileges();
+        std::fprintf(stderr, "memlock guard: %s\n", s.ToString().c_str());
+        std::fflush(stderr);
+        std::_Exit(s.ok() ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "memlock guard: OK");
 }
 
 // Three tiers, as bench/run_llm_largest.sh trains its 13B transformer: offload_optimizer.ratio
