@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "comm/thread_ranks.h"
 #include "engine/engine.h"
@@ -37,10 +38,11 @@ std::string NvmeJson(const std::string& path, const std::string& extra = "") {
 
 // Initialize's error on one rank (world 1), or OK; `zero_extra` goes inside zero_optimization, `extra`
 // at the top level.
-Status InitializeWith(const std::string& zero_extra, const std::string& extra = "") {
+Status InitializeWith(const std::string& zero_extra, const std::string& extra = "",
+                      const TestModel& model = SmallModel()) {
   return RunThreadRanks(1, [&](int, Communicator* comm, Device* device) -> Status {
     ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(2, 1, 0.0, extra, zero_extra), 1));
-    return MakeEngine(config, SmallModel(), device, comm).status();
+    return MakeEngine(config, model, device, comm).status();
   });
 }
 
@@ -119,6 +121,70 @@ TEST(EngineOffloadFaultsTest, OffloadingEnginesReturnTheirPinnedMemory) {
   }
 }
 
+// What a tiny offloading engine (4040 parameters, one rank, fp32 model) keeps in host slabs (pinned
+// where the memlock limit allows): its states and transfer buffers sized by what its partition
+// needs, never by a default bound the model does not reach (the CPU AdamW's transfer chunks of
+// 2^22 elements each, eleven of them, pinned 176 MiB; NVMe states' two chunks 32 MiB). Each mode's
+// slab bytes (HostSlab::live_bytes while the engine lives) are at most four times what its states
+// and shards hold (bytes_per_element of the partition, docs/offload.md has the formulas) plus
+// 64 KiB: the transfer buffers, each at most the partition, and the padding.
+TEST(EngineOffloadFaultsTest, TinyOffloadingEnginesPinWhatTheirStatesNeed) {
+  auto scratch = ::zero::ScratchDir::CreateWithDirectIo("offload_pinned");
+  ASSERT_OK(scratch);
+  const TestModel model = BlockModel(4, 1000, 10);  // 4040 elements
+  const int64_t numel = 4040;
+  struct Mode {
+    std::string name;
+    int stage;
+    int gas;
+    std::string zero_extra;
+    int64_t bytes_per_element;  // what the states hold: host states, host gradients, host shards
+  };
+  const std::string nvme = scratch->path();
+  const std::vector<Mode> modes = {
+      // fp32 masters + 2 moments (12) + the host model copy (4); gas 1: the update in backward
+      {"offload_optimizer cpu, stage 2", 2, 1, "\"offload_optimizer\": {\"device\": \"cpu\"}", 16},
+      {"offload_optimizer cpu, stage 3", 3, 1, "\"offload_optimizer\": {\"device\": \"cpu\"}", 16},
+      // gradient accumulation: the fp32 gradient partition in host memory (4)
+      {"offload_optimizer cpu, stage 2, gas 2", 2, 2, "\"offload_optimizer\": {\"device\": \"cpu\"}", 20},
+      // + the host shards (4), gas 1
+      {"offload_optimizer cpu + offload_param cpu", 3, 1,
+       "\"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": \"cpu\"}", 24},
+      // two group buffers (2 x 12: sub_group_size 1e9 is capped at the partition) + the model copy (4)
+      {"offload_optimizer nvme", 3, 1,
+       "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" + nvme + "/opt\"}", 28},
+      // the cache (max_in_cpu 1e9 capped at every module: 4); no read buffers then (buffer_size 1e8 unused)
+      {"offload_param nvme", 3, 1, "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"" + nvme + "/param\"}",
+       4},
+      // the three states (12) in host memory; the staging sets are device memory
+      {"offload_optimizer cpu, update_device gpu", 3, 1,
+       "\"offload_optimizer\": {\"device\": \"cpu\", \"update_device\": \"gpu\"}", 12},
+  };
+  for (const Mode& m : modes) {
+    SCOPED_TRACE(m.name);
+    const size_t before = HostSlab::live_bytes();
+    size_t live = 0;
+    EngineMemory mem;
+    Status s = RunThreadRanks(1, [&](int rank, Communicator* comm, Device* device) -> Status {
+      ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(m.stage, m.gas, 0.0, "", m.zero_extra), 1));
+      ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(config, model, device, comm));
+      TrainOptions o;
+      o.steps = 1;
+      TrainResult r;
+      ZERO_RETURN_IF_ERROR(TrainSteps(e.get(), device, model, rank, o, &r));
+      live = HostSlab::live_bytes() - before;
+      mem = e->memory();
+      return OkStatus();
+    });
+    ASSERT_OK(s);
+    const size_t need = static_cast<size_t>(m.bytes_per_element * numel);
+    std::printf("%-45s slab bytes %10zu (host_states %zu, host_gradients %zu, host_params %zu); states %zu\n",
+                m.name.c_str(), live, mem.host_states, mem.host_gradients, mem.host_params, need);
+    EXPECT_LE(live, 4 * need + (64 << 10)) << "slab bytes of a " << numel << "-element model";
+    EXPECT_EQ(HostSlab::live_bytes(), before);
+  }
+}
+
 // Drops CAP_IPC_LOCK from the calling thread (root ignores RLIMIT_MEMLOCK otherwise; the threads
 // it starts from then on inherit that) and lowers RLIMIT_MEMLOCK's soft limit to `soft`, for good:
 // only for a child process.
@@ -141,23 +207,27 @@ Status DropMemlockPrivileges(rlim_t soft) {
 // default 8192 KiB): OK when an engine offloading its optimizer states and parameters to the CPU
 // with the engine tests' config (MakeConfig: pin_memory true, the default, and pin_memory_fallback)
 // trains two steps on pageable slabs, and the same offload with pin_memory_fallback false fails
-// Initialize on the limit (so the limit was in force).
+// Initialize on the limit (so the limit was in force). The model is large enough (4040 elements:
+// about 130 KiB of slabs per rank at world 2, 290 KiB at world 1) for both to exceed 64 KiB, since
+// the slabs are sized by the model.
 Status TrainWithoutMemlockPrivileges() {
   ZERO_RETURN_IF_ERROR(DropMemlockPrivileges(64 << 10));
+  const TestModel model = BlockModel(4, 1000, 10);
   const std::string offload = "\"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": {\"device\": \"cpu\"}";
   ZERO_RETURN_IF_ERROR(RunThreadRanks(2, [&](int rank, Communicator* comm, Device* device) -> Status {
     ZERO_ASSIGN_OR_RETURN(Config config, MakeConfig(ConfigJson(3, 1, 0.0, "", offload), 2));
     if (!config.zero.offload_optimizer.pin_memory || !config.zero.offload_param.pin_memory) {
       return InternalError("pin_memory is not true by default");
     }
-    ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(config, SmallModel(), device, comm));
-    if (e->memory().host_states == 0) return InternalError("no host states");
+    ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(config, model, device, comm));
+    if (e->memory().host_states <= (64 << 10)) return InternalError("host states within the limit: nothing falls back");
     TrainOptions o;
     o.steps = 2;
     TrainResult r;
-    return TrainSteps(e.get(), device, SmallModel(), rank, o, &r);
+    return TrainSteps(e.get(), device, model, rank, o, &r);
   }));
-  const Status strict = InitializeWith("\"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory_fallback\": false}");
+  const Status strict =
+      InitializeWith("\"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory_fallback\": false}", "", model);
   if (strict.code() != StatusCode::kResourceExhausted || strict.message().find("RLIMIT_MEMLOCK") == std::string::npos) {
     return InternalError("pin_memory_fallback false: expected RLIMIT_MEMLOCK's error, got " + strict.ToString());
   }

@@ -20,7 +20,9 @@ class HostOptimizerStates final : public OptimizerStates {
       : device_(device),
         stream_(stream),
         numel_(numel),
-        chunk_(std::max<int64_t>(1, o.chunk_numel)),
+        // No longer than the states: every call covers at most numel elements, so a smaller chunk
+        // cuts no call differently (the same chunks, the same bits) and pins no unused bytes.
+        chunk_(std::max<int64_t>(1, std::min(o.chunk_numel, numel))),
         mdt_(o.model_dtype),
         slots_(static_cast<size_t>(std::max(1, o.ring_slots))) {}
 

@@ -41,7 +41,7 @@ struct HostOptimizerStatesOptions {
   HostSlabOptions slab;                    // pinning, NUMA, the config key errors name
   int cpu_threads = 0;                     // CPU AdamW threads; 0: hardware threads
   DType model_dtype = DType::kF32;         // of the host model copy
-  int64_t chunk_numel = int64_t{1} << 22;  // elements per transfer chunk (16 MiB of fp32)
+  int64_t chunk_numel = int64_t{1} << 22;  // elements per transfer chunk (16 MiB of fp32); at most numel
   int ring_slots = 4;                      // gradient slots of the update in backward
 };
 

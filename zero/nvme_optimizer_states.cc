@@ -25,7 +25,9 @@ class NvmeOptimizerStates final : public OptimizerStates {
         stream_(stream),
         numel_(numel),
         group_(std::max<int64_t>(1, std::min(o.group_numel, std::max<int64_t>(numel, 1)))),
-        chunk_(std::max<int64_t>(1, o.chunk_numel)),
+        // No longer than the states (as group_): a call covers at most numel elements, so the
+        // chunks are the same and the two transfer chunks pin no unused bytes.
+        chunk_(std::max<int64_t>(1, std::min(o.chunk_numel, numel))),
         mdt_(o.model_dtype) {}
 
   ~NvmeOptimizerStates() override {

@@ -16,8 +16,10 @@
 // (FailedPrecondition carrying the first error): the states are not used again (docs/nvme.md
 // "Faults during training").
 //
-// Host memory: buffer_count x 12 x group_numel bytes of group buffers plus the model copy (its
-// dtype's size per element) plus 4 x 16 MiB; disk: 12 bytes per element. Thread safety: one thread.
+// Host memory (one slab): min(buffer_count, max(groups, 2)) group buffers of 12 x min(group_numel,
+// numel) bytes plus the model copy (its dtype's size per element) plus two transfer chunks of
+// 4 x min(chunk_numel, numel) bytes (each rounded up to 4096); disk: 12 bytes per element. Thread
+// safety: one thread.
 #pragma once
 
 #include <cstdint>
