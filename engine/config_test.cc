@@ -663,6 +663,14 @@ double SecondsToParse(const std::string& text, Result<Config>* out, bool strict 
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// `head`, then 200k members "unknown_key_<i>": 1 (each after a comma), then `tail`: a file of many
+// unknown keys, at the top level or inside a block.
+std::string WithManyUnknownKeys(const std::string& head, const std::string& tail) {
+  std::string text = head;
+  for (int i = 0; i < 200000; ++i) text += ", \"unknown_key_" + std::to_string(i) + "\": 1";
+  return text + tail;
+}
+
 TEST(ConfigHostileTest, DeepNestingIsAnErrorNotACrash) {
   // A value nested 100k levels used to crash (SIGSEGV) while the error message printed it.
   std::string text = "{\"train_batch_size\": ";
@@ -698,9 +706,7 @@ TEST(ConfigHostileTest, DuplicateKeyIsAnError) {
 TEST(ConfigHostileTest, ManyUnknownKeysParseInLinearTimeAndAreCounted) {
   // 200k unknown keys (4.7 MB) took minutes: nlohmann's ordered object searched every earlier key on
   // each insert, and each key's suggestion rebuilt the list of known names.
-  std::string text = "{\"train_batch_size\": 8";
-  for (int i = 0; i < 200000; ++i) text += ", \"unknown_key_" + std::to_string(i) + "\": 1";
-  text += "}";
+  const std::string text = WithManyUnknownKeys("{\"train_batch_size\": 8", "}");
   Result<Config> r = InvalidArgumentError("unset");
   EXPECT_LT(SecondsToParse(text, &r), 10.0) << text.size() << " bytes";
   ASSERT_TRUE(r.ok()) << Message(r);
@@ -1157,9 +1163,7 @@ TEST(ConfigValidatedBlocksTest, TheOptionFalseRestoresTheWarning) {
 }
 
 TEST(ConfigValidatedBlocksTest, ManyUnknownKeysInABlockAreCountedAsErrors) {
-  std::string text = "{\"train_batch_size\": 8, \"zero_optimization\": {\"stage\": 1";
-  for (int i = 0; i < 200000; ++i) text += ", \"unknown_key_" + std::to_string(i) + "\": 1";
-  text += "}}";
+  const std::string text = WithManyUnknownKeys("{\"train_batch_size\": 8, \"zero_optimization\": {\"stage\": 1", "}}");
   Result<Config> r = InvalidArgumentError("unset");
   EXPECT_LT(SecondsToParse(text, &r), 10.0) << text.size() << " bytes";
   ASSERT_FALSE(r.ok());
