@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "examples/llm/hf_checkpoint.h"
 #include "examples/llm/token_data.h"
 #include "examples/run_binary_testing.h"
+#include "hf/model_dir.h"
 #include "testing/status_matchers.h"
 
 namespace zero::llm {

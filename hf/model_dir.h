@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "examples/llm/safetensors.h"
 #include "examples/model_api.h"
+#include "hf/safetensors.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
 

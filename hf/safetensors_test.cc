@@ -1,4 +1,4 @@
-#include "examples/llm/safetensors.h"
+#include "hf/safetensors.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "examples/llm/bpe_tokenizer.h"
+#include "hf/bpe_tokenizer.h"
 
 #include <sys/stat.h>
 
@@ -31,7 +31,7 @@ enum CharClass : uint8_t { kOther = 0, kLetter = 1, kNumber = 2, kSpace = 3 };
 // number joins "1" (\p{N}+), an "other" joins "!" ([^\s\p{L}\p{N}]+), the rest are \s (White_Space).
 // Unassigned code points and surrogates are "other".
 constexpr uint32_t kClassTable[] = {
-#include "examples/llm/bpe_unicode_classes.inc"
+#include "hf/bpe_unicode_classes.inc"
 };
 
 CharClass ClassOf(char32_t cp) {

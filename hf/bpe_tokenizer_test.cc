@@ -1,4 +1,4 @@
-#include "examples/llm/bpe_tokenizer.h"
+#include "hf/bpe_tokenizer.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

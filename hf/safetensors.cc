@@ -1,4 +1,4 @@
-#include "examples/llm/safetensors.h"
+#include "hf/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

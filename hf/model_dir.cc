@@ -1,4 +1,4 @@
-#include "examples/llm/hf_checkpoint.h"
+#include "hf/model_dir.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

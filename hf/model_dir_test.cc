@@ -1,4 +1,4 @@
-#include "examples/llm/hf_checkpoint.h"
+#include "hf/model_dir.h"
 
 #include <sys/stat.h>
 
@@ -12,9 +12,9 @@
 
 #include "engine/checkpoint_io.h"
 #include "engine/checkpoint_test_util.h"
-#include "examples/llm/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "hf/safetensors.h"
 #include "testing/status_matchers.h"
 
 namespace zero::llm {
