@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "data/byte_data.h"
 #include "examples/byte_lm.h"
-#include "examples/data.h"
 #include "examples/model_api.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"

@@ -31,11 +31,11 @@
 
 #include "comm/communicator.h"
 #include "comm/rendezvous.h"
+#include "data/byte_data.h"
 #include "engine/checkpoint_io.h"
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "examples/byte_lm.h"
-#include "examples/data.h"
 #include "examples/loss_plot.h"
 #include "examples/model_api.h"
 #include "examples/zero_train_adapters.h"

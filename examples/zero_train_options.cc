@@ -7,7 +7,7 @@
 #include <functional>
 #include <sstream>
 
-#include "examples/data.h"
+#include "data/byte_data.h"
 
 namespace zero::examples {
 namespace {

@@ -23,12 +23,12 @@
 #include <vector>
 
 #include "comm/rendezvous.h"
+#include "data/token_data.h"
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "examples/llm/llm_config.h"
 #include "examples/llm/llm_cpu.h"
 #include "examples/llm/llm_params.h"
-#include "examples/llm/token_data.h"
 #include "examples/llm/zero_llm_options.h"
 #include "examples/loss_plot.h"
 #include "examples/zero_train_adapters.h"

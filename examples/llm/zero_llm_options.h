@@ -20,7 +20,7 @@ struct LlmTrainOptions {
   std::string preset = "tiny";
   std::string model_dir;
   // Data: --data FILE (.bin of little-endian uint32 token ids, or text tokenized with the
-  // tokenizer), or --task reverse-text; neither: the built-in corpus (examples/llm/token_data.h).
+  // tokenizer), or --task reverse-text; neither: the built-in corpus (data/token_data.h).
   std::string data;
   std::string task;         // "" or "reverse-text"
   std::string tokenizer;    // tokenizer.json; "": the model directory's, else trained on the text

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "examples/llm/token_data.h"
+#include "data/token_data.h"
 #include "examples/run_binary_testing.h"
 #include "hf/model_dir.h"
 #include "testing/status_matchers.h"

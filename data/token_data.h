@@ -3,7 +3,7 @@
 // arguments (no state, no threads); it reads files only in ReadTokenBin and LoadCorpus and writes
 // only in WriteTokenBin.
 //
-// Sampling follows examples/data.h: sample g of the run is drawn by a keyed SplitMix64 of
+// Sampling follows data/byte_data.h: sample g of the run is drawn by a keyed SplitMix64 of
 // (seed, g), and rank r of W ranks with `batch` rows per rank takes, at step s, the samples
 // g = (s W + r) batch + i, i in [0, batch). So every rank of every world size gets its own rows, the
 // W ranks together see what one rank with W * batch rows sees, and a resumed run gets the same rows

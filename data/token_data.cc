@@ -1,4 +1,4 @@
-#include "examples/llm/token_data.h"
+#include "data/token_data.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-#include "examples/data.h"
+#include "data/byte_data.h"
 
 #include <cerrno>
 #include <cstring>
