@@ -1,5 +1,5 @@
 """The transformer benchmark's scripts without a GPU or torch (issue 21): bench/llm_peers.py's preset
-table against examples/llm/llm_config.cc, its counts against the C++ test's and DEVICE.md's figures, the
+table against models/llama/config.cc, its counts against the C++ test's and DEVICE.md's figures, the
 token file, every peer's and every configuration of ours' dry run and the argument errors, the rows'
 order against zero_llm --sequential-data's formula, bench/llm_table.py's figures and ratios on a
 fabricated results folder (failed, killed and crashed rows included), bench/run_llm_bench.sh's dry run
@@ -85,7 +85,7 @@ class PresetTest(unittest.TestCase):
 
     def test_counts(self):
         P = llm_peers.PRESETS
-        # examples/llm/llm_config_test.cc's figures
+        # models/llama/config_test.cc's figures
         self.assertEqual(llm_peers.num_params(P["qwen3-0.6b"]), 596049920)
         self.assertEqual(llm_peers.num_params(P["llama-3.2-3b"]), 3212749824)
         self.assertEqual(llm_peers.num_params(P["llama-3.1-8b"]), 8030261248)

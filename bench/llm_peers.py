@@ -51,7 +51,7 @@ The loss is the mean cross-entropy over every target, in fp32.
 
 Each step is timed from a device synchronize to one after the optimizer step (host->device copy of the
 rows, forward, loss, backward, step); tokens/s = tokens per step / step time; model TFLOPS with
-zero's formula (LlmConfig::TrainFlopsPerToken, examples/llm/llm_config.h): tokens/s x (6 x matmul
+zero's formula (LlmConfig::TrainFlopsPerToken, models/llama/config.h): tokens/s x (6 x matmul
 parameters + 6 x layers x seq x heads x head_dim). Peak GPU memory: torch.cuda.max_memory_allocated()
 from the first step on (set-up excluded); host: the process's peak resident set (ru_maxrss). The
 summary is the median of the steps after the first. The JSON (--out) is rewritten after every step, so
@@ -80,7 +80,7 @@ import statistics
 import sys
 import time
 
-# The presets of examples/llm/llm_config.cc (Presets()), field by field in its order:
+# The presets of models/llama/config.cc (Presets()), field by field in its order:
 # architecture, vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
 # num_key_value_heads, head_dim, rope_theta, rms_norm_eps, tie_word_embeddings,
 # max_position_embeddings, bos_token_id, eos_token_id. bench/llm_bench_scripts_test.py parses the C++
@@ -340,7 +340,7 @@ def parse_args(argv=None):
     if a.ours is not None and a.ours not in OURS:
         bad(f"--ours {a.ours!r}: expected one of {', '.join(OURS)}")
     if a.preset not in PRESETS:
-        bad(f"--preset {a.preset!r}: expected one of {', '.join(PRESETS)} (examples/llm/llm_config.cc)")
+        bad(f"--preset {a.preset!r}: expected one of {', '.join(PRESETS)} (models/llama/config.cc)")
     p = PRESETS[a.preset]
     if not 1 <= a.seq <= p["max_position_embeddings"]:
         bad(f"--seq {a.seq}: expected 1..{p['max_position_embeddings']} (max_position_embeddings of {a.preset})")

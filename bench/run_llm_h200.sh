@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The transformer's runs on the GPU machine (docs/llm.md, docs/gpu.md), in one call.
-# Here:   bench/run_llm_h200.sh pack     builds llm_cuda_test, zero_llm and gpu_equivalence and copies them
+# Here:   bench/run_llm_h200.sh pack     builds cuda_model_test, zero_llm and gpu_equivalence and copies them
 #                                        with the shared libraries the GPU machine lacks into .carry/llm/
 # There:  bash bench/run_llm_h200.sh run OUTDIR [PHASE...]   (device tool: carry [".carry/llm"])
-#   PHASE kernels:  llm_cuda_test: every kernel and the whole CUDA model against the CPU model
+#   PHASE kernels:  cuda_model_test: every kernel and the whole CUDA model against the CPU model
 #   PHASE profile:  llm_cuda_bench (model only, no engine) on qwen3-0.6b: tokens/s and the device time of
 #                   each operation with cuDNN's attention (PROFILE_ATTENTION="kernel cudnn" adds the
 #                   model's own kernels), at seq 2048 and 512
@@ -35,10 +35,10 @@ CARRY=.carry/llm
 
 case "${1:-}" in
   pack)
-    bazel build //examples/llm:llm_cuda_test //examples/llm:zero_llm //examples/llm:llm_cuda_bench \
+    bazel build //models/llama:cuda_model_test //examples/llm:zero_llm //models/llama:cuda_model_bench \
                 //tests/equivalence:gpu_equivalence || exit 1
     rm -rf "$CARRY" && mkdir -p "$CARRY/bin" "$CARRY/lib"
-    cp -L bazel-bin/examples/llm/llm_cuda_test bazel-bin/examples/llm/zero_llm bazel-bin/examples/llm/llm_cuda_bench \
+    cp -L bazel-bin/models/llama/cuda_model_test bazel-bin/examples/llm/zero_llm bazel-bin/models/llama/cuda_model_bench \
           bazel-bin/tests/equivalence/gpu_equivalence "$CARRY/bin/"
     for lib in /usr/lib/libgloo.so.0 $(ldd /usr/lib/libgloo.so.0 | awk '/=> \//{print $3}' | grep -E 'hiredis|ibverbs|libnl') \
                /usr/lib/x86_64-linux-gnu/libnuma.so.1 /usr/lib/x86_64-linux-gnu/libaio.so.1; do
@@ -92,7 +92,7 @@ PY
       for p in "${phases[@]}"; do
         echo "##### phase $p"
         case $p in
-          kernels) step 120 $B/llm_cuda_test ;;
+          kernels) step 120 $B/cuda_model_test ;;
           profile)
             for pp in ${PROFILE_PRESETS:-qwen3-0.6b}; do
               for a in ${PROFILE_ATTENTION:-cudnn}; do

@@ -15,8 +15,8 @@
 #include <string_view>
 #include <vector>
 
-#include "examples/llm/llm_batch.h"
 #include "hf/bpe_tokenizer.h"
+#include "models/llama/batch.h"
 #include "runtime/status.h"
 
 namespace zero::llm {

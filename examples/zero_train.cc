@@ -35,12 +35,12 @@
 #include "engine/checkpoint_io.h"
 #include "engine/config.h"
 #include "engine/engine.h"
-#include "examples/byte_lm.h"
 #include "examples/loss_plot.h"
-#include "examples/model_api.h"
-#include "examples/zero_train_adapters.h"
 #include "examples/zero_train_options.h"
 #include "examples/zero_train_report.h"
+#include "models/byte/byte_lm.h"
+#include "models/engine_adapters.h"
+#include "models/model_api.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
@@ -51,7 +51,7 @@
 #if defined(ZERO_EXAMPLES_HAS_CUDA)
 #include <cuda_runtime_api.h>
 
-#include "examples/byte_lm_cuda.h"
+#include "models/byte/byte_lm_cuda.h"
 #include "runtime/cuda_device.h"
 #endif
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "engine/config.h"
-#include "examples/byte_lm.h"
+#include "models/byte/byte_lm.h"
 #include "runtime/status.h"
 
 namespace zero::examples {

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "examples/model_api.h"
 #include "hf/safetensors.h"
+#include "models/model_api.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
 

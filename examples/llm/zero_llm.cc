@@ -26,15 +26,15 @@
 #include "data/token_data.h"
 #include "engine/config.h"
 #include "engine/engine.h"
-#include "examples/llm/llm_config.h"
-#include "examples/llm/llm_cpu.h"
-#include "examples/llm/llm_params.h"
 #include "examples/llm/zero_llm_options.h"
 #include "examples/loss_plot.h"
-#include "examples/zero_train_adapters.h"
 #include "examples/zero_train_report.h"
 #include "hf/bpe_tokenizer.h"
 #include "hf/model_dir.h"
+#include "models/engine_adapters.h"
+#include "models/llama/config.h"
+#include "models/llama/cpu_model.h"
+#include "models/llama/params.h"
 #include "runtime/device.h"
 #include "runtime/hash.h"
 #include "tools/launcher.h"
@@ -42,7 +42,7 @@
 #if defined(ZERO_EXAMPLES_HAS_CUDA)
 #include <cuda_runtime_api.h>
 
-#include "examples/llm/llm_cuda.h"
+#include "models/llama/cuda_model.h"
 #include "runtime/cuda_device.h"
 #endif
 

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "examples/llm/llm_cpu.h"
-#include "examples/llm/llm_params.h"
+#include "models/llama/cpu_model.h"
+#include "models/llama/params.h"
 #include "runtime/hash.h"
 #include "runtime/status.h"
 

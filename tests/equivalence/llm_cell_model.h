@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "examples/llm/llm_batch.h"
-#include "examples/llm/llm_config.h"
-#include "examples/model_api.h"
+#include "models/llama/batch.h"
+#include "models/llama/config.h"
+#include "models/model_api.h"
 #include "tests/equivalence/harness.h"
 #include "tests/equivalence/test_model.h"
 

@@ -23,9 +23,9 @@
 
 #include "comm/thread_ranks.h"
 #include "engine/config.h"
-#include "examples/llm/llm_cpu.h"
-#include "examples/llm/llm_params.h"
-#include "examples/zero_train_adapters.h"
+#include "models/engine_adapters.h"
+#include "models/llama/cpu_model.h"
+#include "models/llama/params.h"
 #include "testing/status_matchers.h"
 #include "tests/equivalence/cell_checks.h"
 #include "tests/equivalence/harness.h"

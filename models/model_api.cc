@@ -1,4 +1,4 @@
-#include "examples/model_api.h"
+#include "models/model_api.h"
 
 #include <algorithm>
 #include <cmath>

@@ -3,7 +3,7 @@
 // It is the reference the engine's zero_train is compared with, and the quickest check that the
 // model learns.
 //
-//   bazel run -c opt //examples:byte_lm_standalone -- --steps=300 --batch=64
+//   bazel run -c opt //models/byte:byte_lm_standalone -- --steps=300 --batch=64
 //   flags: --data=PATH --steps --batch --lr --seed --context --embed --hidden --ffn --layers
 //          --dtype=fp32|bf16 --device=cpu|cuda --log_every --holdout --sample --temperature --prompt
 #include <chrono>
@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "data/byte_data.h"
-#include "examples/byte_lm.h"
-#include "examples/model_api.h"
+#include "models/byte/byte_lm.h"
+#include "models/model_api.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
@@ -26,7 +26,7 @@
 #if defined(ZERO_EXAMPLES_HAS_CUDA)
 #include <cuda_runtime_api.h>
 
-#include "examples/byte_lm_cuda.h"
+#include "models/byte/byte_lm_cuda.h"
 #endif
 
 namespace zero::examples {

@@ -1,6 +1,6 @@
 // CudnnAttention (contract in llm_attention_cudnn.h): one forward and one backward graph of cuDNN's
 // SDPA per shape, cached; without cuDNN in the build every call says so.
-#include "examples/llm/llm_attention_cudnn.h"
+#include "models/llama/attention_cudnn.h"
 
 #include <string>
 #include <utility>

@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "examples/byte_lm_cuda.h"
+#include "models/byte/byte_lm_cuda.h"
 #include "runtime/dtype.h"
 
 namespace zero::examples {

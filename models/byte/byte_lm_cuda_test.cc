@@ -14,7 +14,7 @@
 //   bound is 1e-2 (bf16) / 2e-3 (fp16) of the tensor's largest magnitude.
 // Exact properties (loss scaling by a power of two, run-to-run determinism) are checked bitwise.
 // Observed on an H200: 1.3e-6 (fp32), 2.3e-3 (bf16), 3.9e-4 (fp16) of the tensor's scale.
-#include "examples/byte_lm_cuda.h"
+#include "models/byte/byte_lm_cuda.h"
 
 #include <cuda_runtime_api.h>
 
@@ -24,11 +24,11 @@
 #include <string>
 #include <vector>
 
-#include "examples/byte_lm.h"
-#include "examples/device_tensors_testing.h"
-#include "examples/model_api.h"
-#include "examples/model_api_testing.h"
 #include "gtest/gtest.h"
+#include "models/byte/byte_lm.h"
+#include "models/device_tensors_testing.h"
+#include "models/model_api.h"
+#include "models/model_api_testing.h"
 #include "runtime/gpu_test_util.h"
 #include "testing/status_matchers.h"
 

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "examples/model_api.h"
+#include "models/model_api.h"
 #include "runtime/status.h"
 
 namespace zero::examples {

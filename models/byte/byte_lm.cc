@@ -1,4 +1,4 @@
-#include "examples/byte_lm.h"
+#include "models/byte/byte_lm.h"
 
 #include <algorithm>
 #include <cmath>

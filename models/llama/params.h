@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "examples/llm/llm_config.h"
-#include "examples/model_api.h"
+#include "models/llama/config.h"
+#include "models/model_api.h"
 #include "runtime/status.h"
 
 namespace zero::llm {

@@ -25,8 +25,8 @@
 #include <memory>
 #include <vector>
 
-#include "examples/byte_lm.h"
-#include "examples/model_api.h"
+#include "models/byte/byte_lm.h"
+#include "models/model_api.h"
 #include "runtime/status.h"
 
 struct cublasContext;

@@ -1,4 +1,4 @@
-#include "examples/llm/llm_config.h"
+#include "models/llama/config.h"
 
 #include <sys/stat.h>
 

@@ -1,4 +1,4 @@
-#include "examples/llm/llm_config.h"
+#include "models/llama/config.h"
 
 #include <sys/stat.h>
 
@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "examples/llm/llm_params.h"
-#include "examples/model_api.h"
 #include "gtest/gtest.h"
+#include "models/llama/params.h"
+#include "models/model_api.h"
 #include "testing/scratch_dir.h"
 #include "testing/status_matchers.h"
 

@@ -29,7 +29,7 @@
 #include <string_view>
 #include <vector>
 
-#include "examples/model_api.h"
+#include "models/model_api.h"
 #include "runtime/status.h"
 
 namespace zero::examples {

@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "bench/bench_flags.h"
-#include "examples/llm/llm_batch.h"
-#include "examples/llm/llm_config.h"
-#include "examples/llm/llm_cuda.h"
-#include "examples/llm/llm_params.h"
-#include "examples/model_api.h"
+#include "models/llama/batch.h"
+#include "models/llama/config.h"
+#include "models/llama/cuda_model.h"
+#include "models/llama/params.h"
+#include "models/model_api.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
 

@@ -1,4 +1,4 @@
-#include "examples/llm/llm_cpu.h"
+#include "models/llama/cpu_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "examples/llm/llm_params.h"
+#include "models/llama/params.h"
 #include "runtime/dtype.h"
 
 namespace zero::llm {

@@ -4,7 +4,7 @@
 // This file owns LlmCpu (the math) and LlmActivations (what a forward saves for its backward, plus
 // backward's scratch, including the tied embedding's gradient scratch). It owns no parameters or
 // gradients: it reads parameters through a ParamProvider and writes gradients through a GradSink
-// (examples/model_api.h), parameters and gradients in any of fp32, bf16, fp16, doing the math in
+// (models/model_api.h), parameters and gradients in any of fp32, bf16, fp16, doing the math in
 // fp32 (kFloat) or double (kDouble, for gradient checks). It is the reference the CUDA model is
 // checked against, and fast enough to train the "tiny" preset in CI.
 //
@@ -38,9 +38,9 @@
 #include <memory>
 #include <vector>
 
-#include "examples/llm/llm_batch.h"
-#include "examples/llm/llm_config.h"
-#include "examples/model_api.h"
+#include "models/llama/batch.h"
+#include "models/llama/config.h"
+#include "models/model_api.h"
 #include "runtime/status.h"
 
 namespace zero::llm {

@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "examples/model_api.h"
+#include "models/model_api.h"
 #include "runtime/dtype.h"
 
 namespace zero::examples {

@@ -1,4 +1,4 @@
-#include "examples/llm/llm_cpu.h"
+#include "models/llama/cpu_model.h"
 
 #include <chrono>
 #include <cmath>
@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "examples/llm/llm_batch.h"
-#include "examples/llm/llm_config.h"
-#include "examples/llm/llm_params.h"
-#include "examples/model_api.h"
-#include "examples/model_api_testing.h"
 #include "gtest/gtest.h"
+#include "models/llama/batch.h"
+#include "models/llama/config.h"
+#include "models/llama/params.h"
+#include "models/model_api.h"
+#include "models/model_api_testing.h"
 #include "runtime/dtype.h"
 #include "testing/status_matchers.h"
 

@@ -1,4 +1,4 @@
-#include "examples/llm/llm_params.h"
+#include "models/llama/params.h"
 
 #include <utility>
 

@@ -50,9 +50,9 @@
 #include <string>
 #include <vector>
 
-#include "examples/llm/llm_batch.h"
-#include "examples/llm/llm_config.h"
-#include "examples/model_api.h"
+#include "models/llama/batch.h"
+#include "models/llama/config.h"
+#include "models/model_api.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "examples/model_api.h"
+#include "models/model_api.h"
 #include "runtime/dtype.h"
 #include "testing/same_bits.h"
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <type_traits>
 
-#include "examples/llm/llm_kernels.cuh"
+#include "models/llama/kernels.cuh"
 #include "runtime/dtype.h"
 
 namespace zero::llm::kernels {

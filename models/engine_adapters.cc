@@ -1,4 +1,4 @@
-#include "examples/zero_train_adapters.h"
+#include "models/engine_adapters.h"
 
 #include <utility>
 

@@ -1,4 +1,4 @@
-#include "examples/byte_lm.h"
+#include "models/byte/byte_lm.h"
 
 #include <cmath>
 #include <cstdio>
@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "examples/model_api.h"
-#include "examples/model_api_testing.h"
 #include "gtest/gtest.h"
+#include "models/model_api.h"
+#include "models/model_api_testing.h"
 #include "testing/status_matchers.h"
 
 namespace zero::examples {

@@ -1,6 +1,6 @@
 // LlmCuda (contract in llm_cuda.h): the module protocol, the activation buffers, and the cuBLAS
 // products; the other kernels are llm_kernels.cu's.
-#include "examples/llm/llm_cuda.h"
+#include "models/llama/cuda_model.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -13,10 +13,10 @@
 #include <string>
 #include <utility>
 
-#include "examples/llm/llm_attention_cudnn.h"
-#include "examples/llm/llm_cpu.h"
-#include "examples/llm/llm_kernels.cuh"
-#include "examples/llm/llm_params.h"
+#include "models/llama/attention_cudnn.h"
+#include "models/llama/cpu_model.h"
+#include "models/llama/kernels.cuh"
+#include "models/llama/params.h"
 #include "runtime/cuda_status.h"
 
 namespace zero::llm {
