@@ -46,7 +46,7 @@ decay 0.01, constant lr, no gradient clipping (--clip 0; the same value goes to 
 compute with fp32 master weights, one process of world size 1 over NCCL. Step s reads rows
 s*batch .. s*batch+batch-1 of the token file cut into consecutive windows of seq+1 tokens (wrapping),
 inputs the first seq tokens of a window and targets the last seq: zero_llm --sequential-data's order
-(examples/llm/zero_llm.cc, TrainRows), with --holdout 0 so that its rows start at the file's start.
+(train/zero_llm.cc, TrainRows), with --holdout 0 so that its rows start at the file's start.
 The loss is the mean cross-entropy over every target, in fp32.
 
 Each step is timed from a device synchronize to one after the optimizer step (host->device copy of the

@@ -67,7 +67,7 @@ configs_of() {  # configs_of PRESET: OURS_CONFIGS less the GAS 8 ones where the 
 
 zero_llm_here() {  # the zero_llm the dry run uses: $ZERO_LLM, else the packed one, else Bazel's
   if [ -n "${ZERO_LLM:-}" ]; then echo "$ZERO_LLM"; return; fi
-  for z in $CARRY/bin/zero_llm bazel-bin/examples/llm/zero_llm; do
+  for z in $CARRY/bin/zero_llm bazel-bin/train/zero_llm; do
     [ -x "$z" ] && { echo "$z"; return; }
   done
   echo none

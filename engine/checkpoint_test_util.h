@@ -25,7 +25,7 @@ namespace zero::testing {
 
 // The path of a fresh directory, unique per call, left on disk: testing/scratch_dir.h's
 // CreateWithDirectIo (some of these tests put NVMe swap files in it) for the tests that pass a path
-// around (examples/llm's too). New tests hold a ::zero::ScratchDir, which removes its directory.
+// around (zero_llm's too). New tests hold a ::zero::ScratchDir, which removes its directory.
 inline std::string ScratchDir(const std::string& name) {
   Result<::zero::ScratchDir> dir = ::zero::ScratchDir::CreateWithDirectIo(name);
   EXPECT_OK(dir);

@@ -5,7 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 TARGETS=(//runtime:cuda_device_test //comm:nccl_communicator_test //comm:comm_worker
-         //models/byte:byte_lm_cuda_test //tests/equivalence:gpu_equivalence //examples:zero_train)
+         //models/byte:byte_lm_cuda_test //tests/equivalence:gpu_equivalence //train:zero_train)
 
 case "${1:-}" in
   pack)

@@ -2,7 +2,7 @@
 # Builds the given Bazel targets and copies their binaries, runfiles data and the shared libraries
 # the GPU machine lacks (Gloo and its dependencies) into .carry/ (ignored by git), for the device
 # tool's `carry`. On the GPU machine: LD_LIBRARY_PATH=$PWD/.carry/lib .carry/bin/<name>
-# Usage: tools/pack_gpu.sh //runtime:cuda_device_test //examples:zero_train ...
+# Usage: tools/pack_gpu.sh //runtime:cuda_device_test //train:zero_train ...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bazel build "$@"

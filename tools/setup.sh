@@ -25,7 +25,7 @@ if ! command -v nvcc >/dev/null 2>&1 && [ ! -x "${CUDA_PATH:-/usr/local/cuda}/bi
   echo "zero setup: no CUDA toolkit found (nvcc); building the CPU engine only" >&2
 fi
 
-# cuDNN's graph API frontend (examples/llm's fused attention): headers only, pinned.
+# cuDNN's graph API frontend (models/llama's fused attention): headers only, pinned.
 CUDNN_FE_VERSION=1.32.0
 cuda_home=${CUDA_PATH:-/usr/local/cuda}
 fe_dir="$(cd "$(dirname "$0")/.." && pwd)/.deps/cudnn_frontend"

@@ -4,7 +4,7 @@
 // This file owns LlmConfig (the numbers that fix every tensor's shape and the few constants the math
 // needs), its validation, its parameter and FLOP counts, the published presets, and the config.json
 // reader and writer. It owns no tensors. The reader refuses, by key, every setting that would make
-// the checkpoint's model compute something other than what examples/llm implements (RoPE scaling,
+// the checkpoint's model compute something other than what models/llama implements (RoPE scaling,
 // sliding-window attention, biases, an activation other than SiLU, quantized weights, dropout), so
 // a config we accept is one we compute exactly; it never ignores such a key silently.
 #pragma once

@@ -8,7 +8,7 @@
 // fp32 (kFloat) or double (kDouble, for gradient checks). It is the reference the CUDA model is
 // checked against, and fast enough to train the "tiny" preset in CI.
 //
-// Module protocol (the contract of examples/llm): Forward acquires "embed", "layer0" ...
+// Module protocol (the contract of models/llama): Forward acquires "embed", "layer0" ...
 // "layer<L-1>", then "head" (and, when tie_word_embeddings, "embed" again while "head" is held;
 // released in the order embed, head). Backward acquires "head" (+ "embed" when tied), the layers
 // in reverse, then "embed". Every gradient is written and GradReady'd once, before its module is

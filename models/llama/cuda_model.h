@@ -1,4 +1,4 @@
-// LlmCuda: the transformer of examples/llm (Hugging Face LlamaForCausalLM / Qwen3ForCausalLM) on
+// LlmCuda: the transformer of models/llama (Hugging Face LlamaForCausalLM / Qwen3ForCausalLM) on
 // one GPU, computing what LlmCpu (llm_cpu.h) computes, with the same parameter list, module
 // protocol, gradient protocol and loss scaling.
 //
@@ -25,7 +25,7 @@
 // available through ReadLoss after Backward). With activation_checkpointing each layer keeps only
 // its input and the backward recomputes the layer's forward from it.
 //
-// Protocol (examples/llm's contract): Forward acquires "embed", "layer0".."layer<L-1>", "head"
+// Protocol (models/llama's contract): Forward acquires "embed", "layer0".."layer<L-1>", "head"
 // (plus "embed" while "head" is held when tie_word_embeddings, released embed then head);
 // Backward acquires "head" (+ "embed" when tied), the layers in reverse, "embed". When tied, the
 // lm_head's part of the embedding gradient is kept in an fp32 [V, H] scratch owned by the

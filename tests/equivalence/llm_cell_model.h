@@ -1,4 +1,4 @@
-// The transformer (examples/llm) as an equivalence-suite model: the same cells that run the small
+// The transformer (models/llama) as an equivalence-suite model: the same cells that run the small
 // MLP run a Llama/Qwen3 decoder through the engine and through the plain data-parallel reference.
 //
 // Parameters, modules and initial values are the model's own (LlmParamSpecs, InitParam with a fixed

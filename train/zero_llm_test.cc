@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "data/token_data.h"
-#include "examples/run_binary_testing.h"
 #include "hf/model_dir.h"
 #include "testing/status_matchers.h"
+#include "train/run_binary_testing.h"
 
 namespace zero::llm {
 namespace {
@@ -25,7 +25,7 @@ using zero::testing::ReadWholeFile;
 using zero::testing::RunResult;
 
 RunResult RunLlm(const std::vector<std::string>& args, double timeout_s = 240) {
-  return zero::testing::RunBinary(zero::testing::DataBinary("examples/llm/zero_llm"), args, {}, timeout_s);
+  return zero::testing::RunBinary(zero::testing::DataBinary("train/zero_llm"), args, {}, timeout_s);
 }
 
 std::string Tmp(const std::string& name) { return zero::testing::TestTmpDir() + "/" + name; }

@@ -1,4 +1,4 @@
-#include "examples/loss_plot.h"
+#include "train/loss_plot.h"
 
 #include <algorithm>
 #include <cerrno>

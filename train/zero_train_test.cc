@@ -23,12 +23,12 @@
 #include <vector>
 
 #include "engine/checkpoint_io.h"
-#include "examples/run_binary_testing.h"
 #include "testing/status_matchers.h"
+#include "train/run_binary_testing.h"
 
 namespace {
 
-std::string Binary() { return zero::testing::DataBinary("examples/zero_train"); }
+std::string Binary() { return zero::testing::DataBinary("train/zero_train"); }
 
 std::string TmpDir() { return zero::testing::TestTmpDir(); }
 

@@ -31,7 +31,7 @@ inline std::string TestTmpDir() {
   return t != nullptr ? t : "/tmp";
 }
 
-// The path of a binary the test depends on (`data`), e.g. "examples/zero_train": under
+// The path of a binary the test depends on (`data`), e.g. "train/zero_train": under
 // $TEST_SRCDIR/zero/ when bazel runs the test, else relative to the working directory. "" if absent.
 inline std::string DataBinary(const std::string& workspace_path) {
   std::vector<std::string> candidates = {workspace_path};

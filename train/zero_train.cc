@@ -5,9 +5,9 @@
 // (--log-json), the loss curve as SVG (--plot) and, at the end, the held-out loss and a sample of
 // generated text. docs/zero_train.md is the manual.
 //
-//   bazel run -c opt //examples:zero_train                      # 2 CPU ranks, stage 3, GPL-3 text
-//   bazel-bin/examples/zero_train --config my_ds.json --steps 2000 --log-json log.jsonl
-//   bazel-bin/tools/launch --nproc 4 -- bazel-bin/examples/zero_train --device cuda
+//   bazel run -c opt //train:zero_train                      # 2 CPU ranks, stage 3, GPL-3 text
+//   bazel-bin/train/zero_train --config my_ds.json --steps 2000 --log-json log.jsonl
+//   bazel-bin/tools/launch --nproc 4 -- bazel-bin/train/zero_train --device cuda
 //
 // Process model: without RANK (or OMPI_COMM_WORLD_RANK / SLURM_PROCID) in the environment this
 // process validates the flags, config and data, then starts --nproc ranks of itself with
@@ -35,9 +35,6 @@
 #include "engine/checkpoint_io.h"
 #include "engine/config.h"
 #include "engine/engine.h"
-#include "examples/loss_plot.h"
-#include "examples/zero_train_options.h"
-#include "examples/zero_train_report.h"
 #include "models/byte/byte_lm.h"
 #include "models/engine_adapters.h"
 #include "models/model_api.h"
@@ -47,6 +44,9 @@
 #include "runtime/step_timers.h"
 #include "runtime/timeline.h"
 #include "tools/launcher.h"
+#include "train/loss_plot.h"
+#include "train/zero_train_options.h"
+#include "train/zero_train_report.h"
 
 #if defined(ZERO_EXAMPLES_HAS_CUDA)
 #include <cuda_runtime_api.h>

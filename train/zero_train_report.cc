@@ -1,4 +1,4 @@
-#include "examples/zero_train_report.h"
+#include "train/zero_train_report.h"
 
 #include <algorithm>
 #include <cmath>

@@ -12,12 +12,12 @@
 #include "comm/thread_ranks.h"
 #include "engine/config.h"
 #include "engine/engine.h"
-#include "examples/zero_train_options.h"
-#include "examples/zero_train_report.h"
 #include "models/byte/byte_lm.h"
 #include "models/engine_adapters.h"
 #include "testing/scratch_dir.h"
 #include "testing/status_matchers.h"
+#include "train/zero_train_options.h"
+#include "train/zero_train_report.h"
 
 namespace zero::examples {
 namespace {

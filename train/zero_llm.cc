@@ -1,4 +1,4 @@
-// zero_llm: trains a Llama/Qwen3 transformer (examples/llm) with the zero Engine: from a preset
+// zero_llm: trains a Llama/Qwen3 transformer (models/llama) with the zero Engine: from a preset
 // (from scratch) or a Hugging Face directory, on token ids, text or the reverse-text task, at ZeRO
 // stages 0-3 over several data-parallel ranks, on the CPU (gloo) or one GPU per rank (NCCL).
 // Prints loss, lr, grad norm, tokens/s, model TFLOPS and MFU (cuda) and memory per rank, writes a
@@ -26,9 +26,6 @@
 #include "data/token_data.h"
 #include "engine/config.h"
 #include "engine/engine.h"
-#include "examples/llm/zero_llm_options.h"
-#include "examples/loss_plot.h"
-#include "examples/zero_train_report.h"
 #include "hf/bpe_tokenizer.h"
 #include "hf/model_dir.h"
 #include "models/engine_adapters.h"
@@ -38,6 +35,9 @@
 #include "runtime/device.h"
 #include "runtime/hash.h"
 #include "tools/launcher.h"
+#include "train/loss_plot.h"
+#include "train/zero_llm_options.h"
+#include "train/zero_train_report.h"
 
 #if defined(ZERO_EXAMPLES_HAS_CUDA)
 #include <cuda_runtime_api.h>

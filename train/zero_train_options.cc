@@ -1,4 +1,4 @@
-#include "examples/zero_train_options.h"
+#include "train/zero_train_options.h"
 
 #include <algorithm>
 #include <cerrno>

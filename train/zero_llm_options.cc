@@ -1,8 +1,8 @@
-#include "examples/llm/zero_llm_options.h"
+#include "train/zero_llm_options.h"
 
 #include <sstream>
 
-#include "examples/cli_flags.h"
+#include "train/cli_flags.h"
 
 namespace zero::llm {
 namespace {
