@@ -64,7 +64,7 @@
 #include "bench/bench_flags.h"
 #include "comm/communicator.h"
 #include "comm/rendezvous.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "engine/engine.h"
 #include "runtime/device.h"
 #include "runtime/status.h"

@@ -1,5 +1,5 @@
 // Engine: the orchestration of the ZeRO pieces (zero/) behind the API of engine.h: creation (the
-// config checks are Validate's, engine/config.h), parameter registration, Initialize (the flat
+// config checks are Validate's, engine/config/config.h), parameter registration, Initialize (the flat
 // buffers, states, gradient partition, reducer, gathers and coordinator a config asks for),
 // ModuleHandle and the accessors. The training calls are in engine_backward.cc (forward, backward),
 // engine_step.cc (the step) and engine_state.cc (state gathers, checkpoints); Engine::Impl is in

@@ -47,7 +47,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "nvme/aio_engine.h"
 #include "runtime/device.h"
 #include "runtime/file_system.h"
@@ -151,7 +151,7 @@ struct EngineEnv {
   // Receives the wall_clock_breakdown line (rank 0 only, every steps_per_print optimizer steps;
   // docs/timeline.md). Empty: printed to stdout.
   std::function<void(const std::string& line)> log_sink;
-  // Every file operation of SaveCheckpoint / LoadCheckpoint (engine/checkpoint.h) and the NVMe swap
+  // Every file operation of SaveCheckpoint / LoadCheckpoint (engine/checkpoint/checkpoint.h) and the NVMe swap
   // files' creation, preallocation and removal; a test's FaultyFileSystem fails chosen calls or ends
   // the process at the save's crash points.
   FileSystem* file_system = nullptr;  // null: the POSIX one
@@ -274,7 +274,7 @@ class Engine {
   // floats each, both non-null), on every rank.
   Status GatherOptimizerState(int index, float* exp_avg, float* exp_avg_sq);
 
-  // --- checkpoints (collective; engine/checkpoint.h, docs/checkpoints.md) ----------------------
+  // --- checkpoints (collective; engine/checkpoint/checkpoint.h, docs/checkpoints.md) ----------------------
   // Saves <dir>/<tag> (tag "": DefaultTag(global_steps), "global_step<N>") and then <dir>/latest:
   // this rank's fp32 master weights and AdamW moments (its partition; stage 0 writes the same
   // slice of its full copy, so every stage writes the same files), the counters, the loss scaler,

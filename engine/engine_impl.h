@@ -20,8 +20,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/checkpoint.h"
-#include "engine/checkpoint_io.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/io.h"
 #include "engine/engine.h"
 #include "engine/engine_timeline.h"
 #include "engine/lr_scheduler.h"

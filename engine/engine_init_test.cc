@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "comm/thread_ranks.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "engine/engine.h"
 #include "testing/status_matchers.h"
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "comm/thread_ranks.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
 #include "runtime/device.h"

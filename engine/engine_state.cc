@@ -1,7 +1,7 @@
 // Engine: the host's view of the training state. GatherMasterWeights / GatherModelParam /
 // GatherOptimizerState (full fp32 values gathered from the ranks' shards) and
 // SaveCheckpoint / LoadCheckpoint (this rank's states through OptimizerStates, the files through
-// engine/checkpoint.h). docs/checkpoints.md; Impl: engine_impl.h.
+// engine/checkpoint/checkpoint.h). docs/checkpoints.md; Impl: engine_impl.h.
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/checkpoint.h"
-#include "engine/checkpoint_format.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/format.h"
 #include "engine/engine_impl.h"
 
 namespace zero {

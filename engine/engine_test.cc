@@ -17,7 +17,7 @@
 
 #include "comm/gloo_communicator.h"
 #include "comm/thread_ranks.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "engine/engine_test_util.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"

@@ -11,7 +11,7 @@
 
 #include "comm/faulty_communicator.h"
 #include "comm/thread_ranks.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
 #include "runtime/status.h"

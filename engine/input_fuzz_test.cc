@@ -23,11 +23,11 @@
 #include <thread>
 #include <vector>
 
-#include "engine/checkpoint_format.h"
-#include "engine/checkpoint_io.h"
-#include "engine/checkpoint_test_util.h"
-#include "engine/config.h"
-#include "engine/config_keys.h"
+#include "engine/checkpoint/format.h"
+#include "engine/checkpoint/io.h"
+#include "engine/checkpoint/test_util.h"
+#include "engine/config/config.h"
+#include "engine/config/keys.h"
 #include "gtest/gtest.h"
 #include "testing/status_matchers.h"
 
@@ -366,7 +366,7 @@ std::vector<std::string> ValidConfigs() {
        {"zero1_minimal.json", "zero2_cpu_offload.json", "zero2_nvme_tiered_offload.json", "zero3_bf16_cosine.json",
         "zero3_cpu_offload_unmanaged.json", "zero3_nvme_infinity.json", "fp16_dynamic_loss_scale.json",
         "legacy_cpu_offload.json", "typos.json", "hf_trainer_auto.json"}) {
-    auto text = ReadFile(std::string("engine/testdata/") + name);
+    auto text = ReadFile(std::string("engine/config/testdata/") + name);
     EXPECT_OK(text);
     if (text.ok()) out.push_back(*text);
   }

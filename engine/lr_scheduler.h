@@ -21,7 +21,7 @@
 
 #include <cstdint>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "runtime/status.h"
 
 namespace zero {

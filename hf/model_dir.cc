@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
-#include "engine/checkpoint_io.h"
+#include "engine/checkpoint/io.h"
 
 namespace zero::llm {
 namespace {

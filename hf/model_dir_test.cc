@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint_io.h"
-#include "engine/checkpoint_test_util.h"
+#include "engine/checkpoint/io.h"
+#include "engine/checkpoint/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hf/safetensors.h"

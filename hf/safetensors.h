@@ -7,10 +7,10 @@
 // [begin, end]}, ...}, then the byte buffer, which the tensors' [begin, end) ranges (relative to the
 // buffer's start) cover exactly, without overlap or gap. The writer pads the header with spaces so
 // the buffer starts 8-byte aligned and lays tensors out in the order given. Only F32, BF16 and F16
-// tensors are accepted (the dtypes the engine computes in). Unlike engine/safetensors.h (which
+// tensors are accepted (the dtypes the engine computes in). Unlike engine/checkpoint/safetensors.h (which
 // loads whole files for zero_to_fp32), Open reads only the header and keeps the file descriptor, so
 // a ZeRO stage 3 rank reads just its partition of each tensor. Files are written with
-// engine/checkpoint_io.h's atomic protocol (temporary file, fsync, rename, fsync of the directory).
+// engine/checkpoint/io.h's atomic protocol (temporary file, fsync, rename, fsync of the directory).
 // Every error names the file and, where it applies, the tensor and byte offsets.
 #pragma once
 
@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint_io.h"
+#include "engine/checkpoint/io.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
 

@@ -13,7 +13,7 @@
 #include <zero/comm/communicator.h>
 #include <zero/comm/rendezvous.h>
 #include <zero/comm/thread_ranks.h>
-#include <zero/engine/config.h>
+#include <zero/engine/config/config.h>
 #include <zero/engine/engine.h>
 #include <zero/runtime/device.h>
 #include <zero/runtime/dtype.h>

@@ -4,7 +4,7 @@
 // real one, FaultyAioEngine (faulty_aio_engine.h) wraps it to inject errors, short transfers and
 // delays in tests. A request is split into `block_size` pieces spread over `intra_op_parallelism`
 // worker threads, each with its own kernel io_context and up to `queue_depth` pieces in flight.
-// The options mirror DeepSpeed's `aio` config block (engine/config.h AioConfig, same names and
+// The options mirror DeepSpeed's `aio` config block (engine/config/config.h AioConfig, same names and
 // defaults); this header knows nothing of the config file.
 //
 // Alignment (checked at submit, InvalidArgument naming which value is off): the buffer address,

@@ -59,7 +59,7 @@ TEST(Crc32cTest, MatchesBitwiseAtEveryAlignmentAndChains) {
   }
 }
 
-// The two implementations this file replaced (engine/checkpoint_io.cc's slice-by-8, now
+// The two implementations this file replaced (engine/checkpoint/io.cc's slice-by-8, now
 // Crc32cSoftware, and nvme/crc32c.cc's SSE4.2 one, now Crc32c) were checked equal the same way.
 TEST(Crc32cTest, SoftwareEqualsHardwareOnRandomBuffers) {
   std::mt19937_64 gen(20261202);

@@ -152,7 +152,7 @@ class FileSystem {
   virtual Status UnlockFile(std::unique_ptr<FileLock> lock) = 0;
 
   // --- crash points ----------------------------------------------------------------------------
-  // A protocol built on this interface (the checkpoint save, engine/checkpoint_directory.h) calls
+  // A protocol built on this interface (the checkpoint save, engine/checkpoint/directory.h) calls
   // this at its named points. Nothing happens on the POSIX file system; a FaultyFileSystem may end
   // the process there to leave the files exactly as a crash at that point would.
   virtual void CrashPoint(const char* point, int rank) = 0;

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/consolidate.h"
+#include "engine/checkpoint/consolidate.h"
 
 namespace {
 

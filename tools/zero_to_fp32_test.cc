@@ -6,11 +6,11 @@
 #include <sstream>
 #include <string>
 
-#include "engine/checkpoint_format.h"
-#include "engine/checkpoint_io.h"
-#include "engine/checkpoint_test_util.h"
-#include "engine/consolidate.h"
-#include "engine/safetensors.h"
+#include "engine/checkpoint/consolidate.h"
+#include "engine/checkpoint/format.h"
+#include "engine/checkpoint/io.h"
+#include "engine/checkpoint/safetensors.h"
+#include "engine/checkpoint/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "testing/status_matchers.h"

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"  // EditDistance
+#include "engine/config/config.h"  // EditDistance
 #include "runtime/status.h"
 
 namespace zero::examples {

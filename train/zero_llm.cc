@@ -24,7 +24,7 @@
 
 #include "comm/rendezvous.h"
 #include "data/token_data.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "engine/engine.h"
 #include "hf/bpe_tokenizer.h"
 #include "hf/model_dir.h"

@@ -32,8 +32,8 @@
 #include "comm/communicator.h"
 #include "comm/rendezvous.h"
 #include "data/byte_data.h"
-#include "engine/checkpoint_io.h"
-#include "engine/config.h"
+#include "engine/checkpoint/io.h"
+#include "engine/config/config.h"
 #include "engine/engine.h"
 #include "models/byte/byte_lm.h"
 #include "models/engine_adapters.h"
@@ -133,7 +133,7 @@ Result<std::unique_ptr<ModelRunner>> CreateModelRunner(const TrainOptions& o, De
 }
 
 // --- checkpoints ------------------------------------------------------------------------------------
-// --save DIR writes a checkpoint (engine/checkpoint.h format, tag global_step<N>) every --save-every
+// --save DIR writes a checkpoint (engine/checkpoint/checkpoint.h format, tag global_step<N>) every --save-every
 // steps and after the last one; --resume DIR loads DIR's `latest` at whatever world size this run has,
 // and the loop continues from the saved step (the data sampler is a function of the step, so the
 // batches continue exactly as if the run had not stopped).

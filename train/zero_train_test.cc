@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/checkpoint_io.h"
+#include "engine/checkpoint/io.h"
 #include "testing/status_matchers.h"
 #include "train/run_binary_testing.h"
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "comm/thread_ranks.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "engine/engine.h"
 #include "models/byte/byte_lm.h"
 #include "models/engine_adapters.h"

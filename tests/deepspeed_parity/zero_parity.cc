@@ -29,7 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/rendezvous.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "engine/engine.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"

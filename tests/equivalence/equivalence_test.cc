@@ -50,7 +50,7 @@
 #include <vector>
 
 #include "comm/thread_ranks.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "testing/status_matchers.h"
 #include "tests/equivalence/cell_checks.h"
 #include "tests/equivalence/harness.h"

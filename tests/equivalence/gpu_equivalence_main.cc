@@ -48,7 +48,7 @@
 
 #include "comm/rendezvous.h"
 #include "comm/same_device_communicator.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "runtime/device.h"
 #include "runtime/gpu_test_util.h"
 #include "tests/equivalence/harness.h"

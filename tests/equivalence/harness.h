@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "engine/engine.h"
 #include "runtime/device.h"
 #include "runtime/status.h"

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "comm/thread_ranks.h"
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "models/engine_adapters.h"
 #include "models/llama/cpu_model.h"
 #include "models/llama/params.h"

@@ -30,7 +30,7 @@
 // model dtype, moments zero.
 #pragma once
 
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "runtime/status.h"
 #include "tests/equivalence/harness.h"
 #include "tests/equivalence/test_model.h"
