@@ -522,7 +522,7 @@ void FillParam(const Options& o, int index, float* values, int64_t n) {
 Status Run(const Options& o) {
   const Clock::time_point t_start = Clock::now();
   ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(o.device));
-  auto* cuda = dynamic_cast<CudaDevice*>(device.get());
+  CudaDevice* cuda = device->AsCuda();
   if (cuda == nullptr) return InvalidArgumentError("--device " + o.device + ": not a CUDA device");
   ZERO_ASSIGN_OR_RETURN(Config config, ParseConfig(ConfigJson(o), ParseOptions()));
   std::printf("# device: %s\n# config: %s\n", device->name().c_str(), ConfigJson(o).c_str());

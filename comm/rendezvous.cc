@@ -384,7 +384,7 @@ Result<std::unique_ptr<Communicator>> CreateCommunicator(const std::string& back
     return WatchStore(std::move(comm), store, prefix, opts.comm.timeout);
   }
 #if defined(ZERO_HAS_NCCL)
-  auto* cuda = dynamic_cast<CudaDevice*>(device);
+  CudaDevice* cuda = device == nullptr ? nullptr : device->AsCuda();
   if (cuda == nullptr) {
     return InvalidArgumentError("backend \"nccl\" needs a CUDA device (cuda:LOCAL_RANK), got " +
                                 (device == nullptr ? std::string("none") : device->name()));

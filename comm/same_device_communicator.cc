@@ -48,9 +48,9 @@ enum class Backend { kCpu, kCuda, kCustom };
 
 Result<Backend> BackendOf(Device* device, bool custom) {
   if (custom) return Backend::kCustom;
-  if (dynamic_cast<CpuDevice*>(device) != nullptr) return Backend::kCpu;
+  if (device->AsCpu() != nullptr) return Backend::kCpu;
 #if defined(ZERO_HAS_CUDA)
-  if (dynamic_cast<CudaDevice*>(device) != nullptr) return Backend::kCuda;
+  if (device->AsCuda() != nullptr) return Backend::kCuda;
 #endif
 #if defined(ZERO_HAS_CUDA)
   const std::string no_cuda;
@@ -422,7 +422,7 @@ void SameDeviceCommunicator::Abort(const std::string& reason) {
 Status SameDeviceCommunicator::Reduce(const RankReduceArgs& args) {
   if (kernels_.reduce) return kernels_.reduce(device_, stream_.get(), args);
 #if defined(ZERO_HAS_CUDA)
-  if (auto* cuda = dynamic_cast<CudaDevice*>(device_)) {
+  if (CudaDevice* cuda = device_->AsCuda()) {
     cudaError_t e = cudaSetDevice(cuda->ordinal());
     if (e == cudaSuccess) {
       e = same_device_kernels::RankReduce(args, cuda->native_stream(stream_.get()), cuda->multiprocessor_count() * 8);

@@ -54,6 +54,7 @@ class CpuDevice final : public Device {
 
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   std::string name() const override { return "cpu"; }
+  CpuDevice* AsCpu() override { return this; }
 
   Result<DeviceBuffer> Allocate(size_t bytes) override;
   Result<PinnedBuffer> AllocatePinned(size_t bytes) override;

@@ -75,6 +75,7 @@ class CudaDevice final : public Device {
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override { return name_; }
   int ordinal() const override { return ordinal_; }
+  CudaDevice* AsCuda() override { return this; }
   int multiprocessor_count() const { return sm_count_; }
 
   // The raw stream behind `stream` (null: the default stream). REQUIRES: a stream of this device.

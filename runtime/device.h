@@ -95,6 +95,8 @@ struct MemoryStats {
 };
 
 class Device;
+class CpuDevice;
+class CudaDevice;
 
 // Owns one device allocation; frees it on destruction. Move-only.
 class DeviceBuffer {
@@ -154,6 +156,12 @@ class Device {
   virtual DeviceKind kind() const = 0;
   virtual std::string name() const = 0;  // "cpu", "cuda:0 (NVIDIA H200)"
   virtual int ordinal() const { return 0; }
+
+  // The backend behind this object, for code that needs backend-specific handles (a CUDA stream, the
+  // host kernels): the CpuDevice or CudaDevice itself, else null. Wrappers (FaultyDevice, test
+  // devices) answer null, so code that needs a real backend refuses them as it would any other.
+  virtual CpuDevice* AsCpu() { return nullptr; }
+  virtual CudaDevice* AsCuda() { return nullptr; }
 
   // --- memory -------------------------------------------------------------------------------
   // Device memory, 256-byte aligned, uninitialized. ResourceExhausted names the size asked for and

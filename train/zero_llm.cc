@@ -93,7 +93,7 @@ class CudaRunner final : public ModelRunner {
  public:
   static Result<std::unique_ptr<ModelRunner>> Create(const LlmConfig& c, Device* device, bool checkpointing,
                                                      const std::string& attention) {
-    auto* cuda = dynamic_cast<CudaDevice*>(device);
+    CudaDevice* cuda = device->AsCuda();
     if (cuda == nullptr) return InternalError("--device cuda: the rank's device is not a CudaDevice");
     if (cudaSetDevice(cuda->ordinal()) != cudaSuccess) return InternalError("cudaSetDevice failed");
     auto r = std::unique_ptr<CudaRunner>(new CudaRunner());

@@ -99,7 +99,7 @@ class CpuModelRunner final : public ModelRunner {
 class CudaModelRunner final : public ModelRunner {
  public:
   static Result<std::unique_ptr<ModelRunner>> Create(const ByteLmConfig& c, Device* device) {
-    auto* cuda = dynamic_cast<CudaDevice*>(device);
+    CudaDevice* cuda = device->AsCuda();
     if (cuda == nullptr) return InternalError("--device cuda: the rank's device is not a CudaDevice");
     if (cudaSetDevice(cuda->ordinal()) != cudaSuccess) {
       return InternalError("cudaSetDevice(" + std::to_string(cuda->ordinal()) + ") failed");
