@@ -35,10 +35,10 @@ CARRY=.carry/llm
 
 case "${1:-}" in
   pack)
-    bazel build //models/llama:cuda_model_test //train:zero_llm //models/llama:cuda_model_bench \
+    bazel build //models/llama:cuda_model_test //train:zero_llm //bench:llm_cuda_bench \
                 //tests/equivalence:gpu_equivalence || exit 1
     rm -rf "$CARRY" && mkdir -p "$CARRY/bin" "$CARRY/lib"
-    cp -L bazel-bin/models/llama/cuda_model_test bazel-bin/train/zero_llm bazel-bin/models/llama/cuda_model_bench \
+    cp -L bazel-bin/models/llama/cuda_model_test bazel-bin/train/zero_llm bazel-bin/bench/llm_cuda_bench \
           bazel-bin/tests/equivalence/gpu_equivalence "$CARRY/bin/"
     for lib in /usr/lib/libgloo.so.0 $(ldd /usr/lib/libgloo.so.0 | awk '/=> \//{print $3}' | grep -E 'hiredis|ibverbs|libnl') \
                /usr/lib/x86_64-linux-gnu/libnuma.so.1 /usr/lib/x86_64-linux-gnu/libaio.so.1; do
