@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
 
 namespace zero {
@@ -15,22 +16,6 @@ TEST(Sha256Test, Fips180Vectors) {
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
   EXPECT_EQ(ToHex(Sha256Of(std::string(1000000, 'a'))),
             "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
-}
-
-// Feeding the same bytes in pieces of every size (across the 64-byte block and the 56-byte padding
-// boundary) gives the one-shot digest.
-TEST(Sha256Test, IncrementalMatchesOneShot) {
-  std::string msg;
-  for (int i = 0; i < 300; ++i) msg.push_back(static_cast<char>(i * 7 + 3));
-  for (size_t len : {0u, 1u, 55u, 56u, 63u, 64u, 65u, 119u, 120u, 128u, 300u}) {
-    const std::string m = msg.substr(0, len);
-    const Sha256Digest want = Sha256Of(m);
-    for (size_t piece = 1; piece <= 70; piece += 23) {
-      Sha256 s;
-      for (size_t at = 0; at < m.size(); at += piece) s.Update(m.substr(at, piece));
-      EXPECT_EQ(ToHex(s.Final()), ToHex(want)) << "length " << len << ", pieces of " << piece;
-    }
-  }
 }
 
 // RFC 4231 test cases 1-4, 6 and 7 (case 5 is a truncated output).
@@ -54,12 +39,33 @@ TEST(HmacSha256Test, Rfc4231Vectors) {
             "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2");
 }
 
+// An empty key and an empty message are valid HMAC inputs (OpenSSL's HMAC() is given a non-null
+// pointer for them).
+TEST(HmacSha256Test, EmptyKeyAndMessage) {
+  EXPECT_EQ(ToHex(HmacSha256("", "")), "b613679a0814d9ec772f95d778c35fc5ff1697c493715653c6c712144292c5ad");
+}
+
 TEST(HmacSha256Test, ConstantTimeEqual) {
   EXPECT_TRUE(ConstantTimeEqual("abc", "abc"));
   EXPECT_TRUE(ConstantTimeEqual("", ""));
   EXPECT_FALSE(ConstantTimeEqual("abc", "abd"));
   EXPECT_FALSE(ConstantTimeEqual("abc", "ab"));
   EXPECT_FALSE(ConstantTimeEqual(std::string("a\0c", 3), std::string("a\0d", 3)));
+}
+
+// The nonces come from OpenSSL's CSPRNG: the requested length, and no repeats over many draws.
+TEST(RandomBytesTest, GivesTheLengthAskedAndNoRepeats) {
+  std::string r;
+  ASSERT_TRUE(RandomBytes(0, &r).ok());
+  EXPECT_TRUE(r.empty());
+  std::set<std::string> seen;
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_TRUE(RandomBytes(16, &r).ok());
+    ASSERT_EQ(r.size(), 16u);
+    EXPECT_TRUE(seen.insert(r).second) << "a 16-byte nonce repeated after " << i << " draws";
+  }
+  ASSERT_TRUE(RandomBytes(100000, &r).ok());  // more than one RAND_bytes call may serve
+  EXPECT_EQ(r.size(), 100000u);
 }
 
 }  // namespace

@@ -44,7 +44,6 @@ using tcp_store_protocol::kServerContext;
 using tcp_store_protocol::kSet;
 using tcp_store_protocol::kWait;
 using tcp_store_protocol::Mac;
-using tcp_store_protocol::RandomBytes;
 using tcp_store_protocol::ReadU64;
 
 using Clock = std::chrono::steady_clock;
@@ -151,7 +150,7 @@ Status TcpStore::HandshakeLocked(int fd, Clock::time_point deadline) {
     return broken(io, "during the handshake");
   }
   std::string client_nonce;
-  if (!RandomBytes(kNonceBytes, &client_nonce)) return ErrnoError("getrandom", Describe(), errno);
+  ZERO_RETURN_IF_ERROR(RandomBytes(kNonceBytes, &client_nonce).WithContext(Describe() + ": the handshake's nonce"));
   const std::string proof = client_nonce + Mac(options_.secret, kClientContext, server_nonce, client_nonce);
   if (Io io = SendAll(fd, proof.data(), proof.size(), deadline, &err); io != Io::kOk) {
     return broken(io, "during the handshake");

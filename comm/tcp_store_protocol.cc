@@ -1,8 +1,5 @@
 #include "comm/tcp_store_protocol.h"
 
-#include <sys/random.h>
-
-#include <cerrno>
 #include <cstring>
 
 #include "comm/hmac_sha256.h"
@@ -31,20 +28,6 @@ std::string EncodeRequest(uint8_t cmd, const std::vector<std::string>& fields) {
     frame.append(f);
   }
   return frame;
-}
-
-bool RandomBytes(size_t n, std::string* out) {
-  out->resize(n);
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = getrandom(out->data() + got, n - got, 0);
-    if (r > 0) {
-      got += static_cast<size_t>(r);
-    } else if (r < 0 && errno != EINTR) {
-      return false;
-    }
-  }
-  return true;
 }
 
 std::string Mac(const std::string& secret, const char* context, const std::string& server_nonce,

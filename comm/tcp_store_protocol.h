@@ -38,9 +38,6 @@ uint64_t ReadU64(const char* p);
 // A request's bytes: `cmd`, the field count, then each field's length and bytes.
 std::string EncodeRequest(uint8_t cmd, const std::vector<std::string>& fields);
 
-// `n` bytes from the kernel's CSPRNG into *out; false if it cannot be read.
-bool RandomBytes(size_t n, std::string* out);
-
 // A handshake proof: HMAC-SHA256(secret, context || server_nonce || client_nonce), 32 bytes.
 std::string Mac(const std::string& secret, const char* context, const std::string& server_nonce,
                 const std::string& client_nonce);

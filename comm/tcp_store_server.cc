@@ -43,7 +43,6 @@ using tcp_store_protocol::kServerContext;
 using tcp_store_protocol::kSet;
 using tcp_store_protocol::kWait;
 using tcp_store_protocol::Mac;
-using tcp_store_protocol::RandomBytes;
 using tcp_store_protocol::ReadU64;
 
 // Peers whose problems are logged, at most (then the server stops logging new ones).
@@ -291,8 +290,8 @@ void TcpStore::Server::Accept() {
       }
     }
     SetNoDelay(fd);
-    if (!RandomBytes(kNonceBytes, &c->server_nonce)) {
-      Log(c->peer_host, c->peer, "cannot read random bytes for the challenge: " + ErrnoText(errno));
+    if (Status st = RandomBytes(kNonceBytes, &c->server_nonce); !st.ok()) {
+      Log(c->peer_host, c->peer, "cannot make the challenge's nonce: " + st.message());
       close(fd);
       continue;
     }

@@ -6,7 +6,7 @@
 set -euo pipefail
 
 PACKAGES=(bazel-bootstrap bazel-platforms g++ libaio-dev nlohmann-json3-dev libgtest-dev libgmock-dev
-          libgloo-dev libnuma-dev python3 cmake pkg-config)
+          libgloo-dev libnuma-dev libssl-dev python3 cmake pkg-config)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
