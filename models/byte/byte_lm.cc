@@ -8,82 +8,17 @@
 #include <type_traits>
 #include <utility>
 
+#include "models/cpu_gemm.h"
 #include "runtime/hash.h"
 
 namespace zero::examples {
 namespace {
 
-// ---- Dense kernels (row-major, contiguous rows). ------------------------------------------------
+// ---- Dense kernels (row-major, contiguous rows): models/cpu_gemm.h's products. ------------------
 
-// C[M,N] = (or +=) A'[M,K] B[K,N] with A'(i,p) = A[i*sai + p*sap]. Four rows of C per pass over a
-// panel of B, so each B row loaded from cache feeds four FMAs per element; the inner loop runs over
-// contiguous columns and vectorizes. Each C element sums over p in increasing order.
-template <typename T>
-void GemmCore(int M, int N, int K, const T* A, int64_t sai, int64_t sap, const T* B, int64_t ldb, T* C, int64_t ldc,
-              bool accumulate) {
-  constexpr int kColBlock = 256;
-  for (int j0 = 0; j0 < N; j0 += kColBlock) {
-    const int nb = std::min(kColBlock, N - j0);
-    int i = 0;
-    for (; i + 4 <= M; i += 4) {
-      T* __restrict c0 = C + (i + 0) * ldc + j0;
-      T* __restrict c1 = C + (i + 1) * ldc + j0;
-      T* __restrict c2 = C + (i + 2) * ldc + j0;
-      T* __restrict c3 = C + (i + 3) * ldc + j0;
-      if (!accumulate) {
-        for (int j = 0; j < nb; ++j) c0[j] = c1[j] = c2[j] = c3[j] = T(0);
-      }
-      for (int p = 0; p < K; ++p) {
-        const T* __restrict b = B + p * ldb + j0;
-        const T a0 = A[(i + 0) * sai + p * sap];
-        const T a1 = A[(i + 1) * sai + p * sap];
-        const T a2 = A[(i + 2) * sai + p * sap];
-        const T a3 = A[(i + 3) * sai + p * sap];
-        for (int j = 0; j < nb; ++j) {
-          const T bj = b[j];
-          c0[j] += a0 * bj;
-          c1[j] += a1 * bj;
-          c2[j] += a2 * bj;
-          c3[j] += a3 * bj;
-        }
-      }
-    }
-    for (; i < M; ++i) {
-      T* __restrict c = C + i * ldc + j0;
-      if (!accumulate) {
-        for (int j = 0; j < nb; ++j) c[j] = T(0);
-      }
-      for (int p = 0; p < K; ++p) {
-        const T* __restrict b = B + p * ldb + j0;
-        const T a = A[i * sai + p * sap];
-        for (int j = 0; j < nb; ++j) c[j] += a * b[j];
-      }
-    }
-  }
-}
-
-// C[M,N] = A[M,K] B[K,N]
-template <typename T>
-void GemmNN(int M, int N, int K, const T* A, const T* B, T* C, bool accumulate = false) {
-  GemmCore(M, N, K, A, K, 1, B, N, C, N, accumulate);
-}
-
-// C[M,N] = A[K,M]^T B[K,N]  (weight gradients: X^T dY)
-template <typename T>
-void GemmTN(int M, int N, int K, const T* A, const T* B, T* C) {
-  GemmCore(M, N, K, A, 1, M, B, N, C, N, false);
-}
-
-// C[M,N] = A[M,K] B[N,K]^T  (input gradients: dY W^T); B is transposed once into `scratch`.
-template <typename T>
-void GemmNT(int M, int N, int K, const T* A, const T* B, T* C, std::vector<T>* scratch) {
-  scratch->resize(static_cast<size_t>(N) * K);
-  T* bt = scratch->data();
-  for (int n = 0; n < N; ++n) {
-    for (int k = 0; k < K; ++k) bt[static_cast<size_t>(k) * N + n] = B[static_cast<size_t>(n) * K + k];
-  }
-  GemmCore(M, N, K, A, K, 1, bt, N, C, N, false);
-}
+using cpu_gemm::GemmNN;
+using cpu_gemm::GemmNT;
+using cpu_gemm::GemmTN;
 
 template <typename T>
 void AddBiasRows(int M, int N, const T* bias, T* C) {

@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "models/cpu_gemm.h"
 #include "models/llama/params.h"
 #include "runtime/dtype.h"
 
@@ -100,78 +101,24 @@ void ApplyRope(int64_t head_dim, const float* cos_row, const float* sin_row, flo
 
 namespace {
 
-// ---- Dense kernels (row-major). ---------------------------------------------------------------------
+// ---- Dense kernels (row-major): models/cpu_gemm.h's products. --------------------------------------
 
-// C[M,N] = (or +=) A'[M,K] B[K,N] with A'(i,p) = A[i*sai + p*sap]. Four rows of C per pass over a
-// column panel of B, so each B element loaded feeds four multiply-adds; the inner loop runs over
-// contiguous columns and vectorizes. Each C element sums over p in increasing order, whatever the
-// blocking, so the result does not depend on the block sizes.
-template <typename T>
-void GemmCore(int64_t M, int64_t N, int64_t K, const T* A, int64_t sai, int64_t sap, const T* B, int64_t ldb, T* C,
-              int64_t ldc, bool accumulate) {
-  constexpr int64_t kColBlock = 128;
-  for (int64_t j0 = 0; j0 < N; j0 += kColBlock) {
-    const int64_t nb = std::min(kColBlock, N - j0);
-    int64_t i = 0;
-    for (; i + 4 <= M; i += 4) {
-      T* __restrict c0 = C + (i + 0) * ldc + j0;
-      T* __restrict c1 = C + (i + 1) * ldc + j0;
-      T* __restrict c2 = C + (i + 2) * ldc + j0;
-      T* __restrict c3 = C + (i + 3) * ldc + j0;
-      if (!accumulate) {
-        for (int64_t j = 0; j < nb; ++j) c0[j] = c1[j] = c2[j] = c3[j] = T(0);
-      }
-      for (int64_t p = 0; p < K; ++p) {
-        const T* __restrict b = B + p * ldb + j0;
-        const T a0 = A[(i + 0) * sai + p * sap];
-        const T a1 = A[(i + 1) * sai + p * sap];
-        const T a2 = A[(i + 2) * sai + p * sap];
-        const T a3 = A[(i + 3) * sai + p * sap];
-        for (int64_t j = 0; j < nb; ++j) {
-          const T bj = b[j];
-          c0[j] += a0 * bj;
-          c1[j] += a1 * bj;
-          c2[j] += a2 * bj;
-          c3[j] += a3 * bj;
-        }
-      }
-    }
-    for (; i < M; ++i) {
-      T* __restrict c = C + i * ldc + j0;
-      if (!accumulate) {
-        for (int64_t j = 0; j < nb; ++j) c[j] = T(0);
-      }
-      for (int64_t p = 0; p < K; ++p) {
-        const T* __restrict b = B + p * ldb + j0;
-        const T a = A[i * sai + p * sap];
-        for (int64_t j = 0; j < nb; ++j) c[j] += a * b[j];
-      }
-    }
-  }
-}
-
-// Y[M, out] = X[M, in] W^T for a weight in HF layout W[out, in]. W is transposed once into
-// `scratch` so the product runs with contiguous inner loops.
+// Y[M, out] = X[M, in] W^T for a weight in HF layout W[out, in] (transposed once into `scratch`).
 template <typename T>
 void LinearForward(int64_t M, int64_t out, int64_t in, const T* X, const T* W, T* Y, std::vector<T>* scratch) {
-  scratch->resize(static_cast<size_t>(out) * in);
-  T* wt = scratch->data();
-  for (int64_t o = 0; o < out; ++o) {
-    for (int64_t k = 0; k < in; ++k) wt[k * out + o] = W[o * in + k];
-  }
-  GemmCore(M, out, in, X, in, 1, wt, out, Y, out, false);
+  cpu_gemm::GemmNT(M, out, in, X, W, Y, scratch);
 }
 
 // dX[M, in] (= or +=) dY[M, out] W[out, in].
 template <typename T>
 void LinearBackwardInput(int64_t M, int64_t out, int64_t in, const T* dY, const T* W, T* dX, bool accumulate) {
-  GemmCore(M, in, out, dY, out, 1, W, in, dX, in, accumulate);
+  cpu_gemm::GemmNN(M, in, out, dY, W, dX, accumulate);
 }
 
 // dW[out, in] = dY[M, out]^T X[M, in]: sums over the M rows in order.
 template <typename T>
 void LinearBackwardWeight(int64_t M, int64_t out, int64_t in, const T* dY, const T* X, T* dW) {
-  GemmCore(out, in, M, dY, 1, out, X, in, dW, in, false);
+  cpu_gemm::GemmTN(out, in, M, dY, X, dW);
 }
 
 // y = x / sqrt(mean(x^2) + eps) * w over rows of width n; rstd saved per row.
