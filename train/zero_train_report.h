@@ -37,13 +37,14 @@ std::string StepJson(const StepRecord& r);
 // The periodic log line over a window of steps ending at `last`.
 struct WindowSummary {
   int64_t total_steps = 0;
-  StepRecord last;          // the window's last step (lr, grad norm, loss scale)
-  double mean_loss = 0;     // over the window's steps
-  double seconds = 0;       // wall time of the window's steps
-  int64_t steps = 0;        // steps in the window
-  int64_t tokens = 0;       // tokens in the window, all ranks
-  int64_t skipped = 0;      // skipped steps so far
-  EngineMemory memory_max;  // maximum over ranks of each field
+  StepRecord last;           // the window's last step (lr, grad norm, loss scale)
+  double mean_loss = 0;      // over the window's steps
+  double seconds = 0;        // wall time of the window's steps
+  int64_t steps = 0;         // steps in the window
+  int64_t tokens = 0;        // tokens in the window, all ranks
+  int64_t skipped = 0;       // skipped steps so far
+  EngineMemory memory_max;   // maximum over ranks of each field
+  double host_peak_max = 0;  // maximum over ranks of the peak resident set (getrusage), bytes
 };
 std::string FormatWindow(const WindowSummary& w);
 

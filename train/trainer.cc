@@ -1,0 +1,277 @@
+#include "train/trainer.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <utility>
+
+#include "models/engine_adapters.h"
+#include "runtime/device.h"
+#include "train/loss_plot.h"
+
+namespace zero::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// This process's peak resident set (getrusage), bytes.
+double HostPeakBytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) * 1024.0;
+}
+
+}  // namespace
+
+Trainer::Trainer(TrainerOptions options, TrainJob* job) : options_(std::move(options)), job_(job) {}
+
+Trainer::~Trainer() {
+  if (log_json_ != nullptr) std::fclose(log_json_);
+}
+
+Status Trainer::Run(RankContext* where) {
+  t_start_ = Clock::now();
+  ZERO_ASSIGN_OR_RETURN(RendezvousOptions ro, RendezvousFromEnv());
+  rank_ = where->rank = ro.rank;
+  world_ = where->world = ro.world_size;
+  if (options_.timeout_s > 0) {
+    ro.comm.timeout = std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_s * 1000));
+  } else if (std::getenv("ZERO_COMM_TIMEOUT_MS") == nullptr) {
+    ro.comm.timeout = options_.default_timeout;
+  }
+  ZERO_ASSIGN_OR_RETURN(config_, job_->Prepare(rank_, world_));
+  print_every_ = options_.print_every > 0 ? options_.print_every : std::max<int64_t>(1, config_.steps_per_print);
+  tokens_per_step_ = config_.train_batch_size * options_.tokens_per_row;
+  ZERO_RETURN_IF_ERROR(Connect(std::move(ro)));
+
+  // The engine's own breakdown line (its view: GatherModule to GradReady, waits on collectives and
+  // offload) under the loop's, marked so the two are told apart.
+  EngineEnv env;
+  env.log_sink = [](const std::string& line) { std::printf("engine %s\n", line.c_str()); };
+  auto engine_or = Engine::Create(config_, device_.get(), comm_.get(), env);
+  if (!engine_or.ok()) return engine_or.status().WithContext("creating the engine");
+  engine_ = std::move(engine_or).value();
+  ZERO_ASSIGN_OR_RETURN(specs_, job_->InitializeParameters(engine_.get()));
+  ZERO_ASSIGN_OR_RETURN(runner_, job_->CreateRunner(device_.get()));
+  params_ = std::make_unique<examples::EngineParams>(engine_.get(), specs_);
+  grads_ = std::make_unique<examples::EngineGrads>(engine_.get());
+
+  if (lead()) job_->PrintHeader(*this);
+  ZERO_ASSIGN_OR_RETURN(const bool done, job_->RunWithoutTraining(*this));
+  if (!done) {
+    ZERO_RETURN_IF_ERROR(Train());
+    ZERO_RETURN_IF_ERROR(job_->AfterTraining(*this));
+  }
+  // Everyone leaves together, so no rank tears its connections down under a peer still working.
+  return comm_->Barrier().WithContext("final barrier");
+}
+
+// Device and communicator: one GPU per rank, picked by the local rank. A launcher that gives each
+// rank one visible GPU (CUDA_VISIBLE_DEVICES per task) leaves only cuda:0 whatever the local rank.
+Status Trainer::Connect(RendezvousOptions ro) {
+  const std::string& dev = options_.device;
+  const int ordinal = dev == "cuda" && VisibleGpus() == 1 ? 0 : ro.local_rank;
+  const std::string device_name = dev == "cpu" ? "cpu" : "cuda:" + std::to_string(ordinal);
+  auto device_or = CreateDevice(device_name);
+  if (!device_or.ok()) {
+    return device_or.status().WithContext("--device " + dev + " (device " + device_name + " for local rank " +
+                                          std::to_string(ro.local_rank) + ")");
+  }
+  device_ = std::move(device_or).value();
+  auto comm_or = CreateCommunicator(dev == "cpu" ? "gloo" : "nccl", device_.get(), ro);
+  if (!comm_or.ok()) {
+    return comm_or.status().WithContext("rendezvous of " + std::to_string(ro.world_size) + " ranks at " +
+                                        ro.master_addr + ":" + std::to_string(ro.master_port));
+  }
+  comm_ = std::move(comm_or).value();
+  return OkStatus();
+}
+
+// --resume, --log-json, then the steps from the resumed one to options_.steps, then the last
+// checkpoint.
+Status Trainer::Train() {
+  const TrainerOptions& o = options_;
+  if (!o.resume_dir.empty()) {
+    ZERO_RETURN_IF_ERROR(engine_->LoadCheckpoint(o.resume_dir).status().WithContext("--resume " + o.resume_dir));
+    start_step_ = engine_->counters().global_steps;
+    if (lead()) {
+      std::printf("  resumed from %s at step %lld\n", o.resume_dir.c_str(), static_cast<long long>(start_step_));
+    }
+    if (o.resume_past_steps_is_error && start_step_ > o.steps) {
+      return InvalidArgumentError("--resume " + o.resume_dir + ": the checkpoint is at step " +
+                                  std::to_string(start_step_) + ", past --steps " + std::to_string(o.steps));
+    }
+  }
+  if (lead() && !o.log_json.empty()) {
+    log_json_ = std::fopen(o.log_json.c_str(), "w");
+    if (log_json_ == nullptr) return ErrnoError("--log-json: open", o.log_json, errno);
+  }
+  examples::ProgressBar bar(stdout, o.steps, lead() && o.progress_bar && isatty(STDOUT_FILENO));
+  examples::WindowSummary window;
+  window.total_steps = o.steps;
+  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<LoopTiming> timing,
+                        LoopTiming::Create(o.loop_breakdown && config_.wall_clock_breakdown, o.trace, o.steps,
+                                           device_.get(), rank_, start_step_));
+  t_train_ = Clock::now();
+  if (lead()) std::printf("  set-up %.2f s; training\n", Since(t_start_));
+  for (int64_t step = start_step_; step < o.steps; ++step) {
+    ZERO_RETURN_IF_ERROR(RunStep(step, timing.get(), &window, &bar));
+  }
+  bar.Finish();
+  train_seconds_ = Since(t_train_);
+  // The last step's periodic checkpoint is the last one.
+  if (!o.save_dir.empty() && !(o.save_every > 0 && o.steps % o.save_every == 0)) {
+    ZERO_RETURN_IF_ERROR(SaveCheckpoint(o.steps));
+  }
+  return OkStatus();
+}
+
+// Optimizer step `step` (0-based): GAS micro steps of forward, backward and Engine::Backward, then
+// Engine::Step, the mean loss over micro steps and ranks, its record, the log line when due, and
+// the periodic checkpoint.
+Status Trainer::RunStep(int64_t step, LoopTiming* timing, examples::WindowSummary* window, examples::ProgressBar* bar) {
+  const TrainerOptions& o = options_;
+  const int micro = static_cast<int>(config_.train_micro_batch_size_per_gpu);
+  const int64_t gas = config_.gradient_accumulation_steps;
+  job_->BeforeStep(rank_, step + 1);
+  const Clock::time_point t0 = Clock::now();
+  timing->BeginStep(step + 1);
+  const float loss_scale = engine_->loss_scale();
+  // Managed accumulation: the engine's loss scale / GAS. Unmanaged (every Step() is a boundary and
+  // the user divides by the micro steps): loss_scale / GAS is the factor the managed engine applies.
+  const float grad_scale = config_.managed_gradient_accumulation || !o.unmanaged_divides_by_gas
+                               ? engine_->gradient_scale()
+                               : loss_scale / static_cast<float>(gas);
+  double sums[2] = {0, 0};  // kPerTarget: loss * targets, targets; kPerMicroStep: loss
+  for (int64_t m = 0; m < gas; ++m) {
+    const MicroStep at{
+        .step = step, .micro = m, .index = step * gas + m, .rows = micro, .rank = rank_, .world_size = world_};
+    const std::string where = "step " + std::to_string(step + 1) + " micro step " + std::to_string(m);
+    // forward: the model's; backward: the model's and Engine::Backward (gradient reduction), as
+    // DeepSpeed's "backward" includes its all-reduce.
+    ZERO_ASSIGN_OR_RETURN(LoopTiming::Phase fwd, timing->BeginPhase("forward"));
+    ZERO_ASSIGN_OR_RETURN(Timeline::DeviceSpan fwd_dev, timing->BeginCompute("forward", m));
+    ZERO_RETURN_IF_ERROR(runner_->Forward(*params_, at).WithContext(where + " forward"));
+    ZERO_RETURN_IF_ERROR(timing->EndCompute(std::move(fwd_dev)));
+    ZERO_RETURN_IF_ERROR(timing->EndPhase(std::move(fwd), m));
+    ZERO_ASSIGN_OR_RETURN(LoopTiming::Phase bwd, timing->BeginPhase("backward"));
+    ZERO_ASSIGN_OR_RETURN(Timeline::DeviceSpan bwd_dev, timing->BeginCompute("backward", m));
+    ZERO_RETURN_IF_ERROR(runner_->Backward(*params_, grad_scale, *grads_).WithContext(where + " backward"));
+    ZERO_RETURN_IF_ERROR(timing->EndCompute(std::move(bwd_dev)));
+    ZERO_ASSIGN_OR_RETURN(LoopTiming::Phase reduce, timing->BeginPhase("Engine::Backward"));
+    ZERO_RETURN_IF_ERROR(engine_->Backward().WithContext(where));
+    ZERO_RETURN_IF_ERROR(timing->EndPhase(std::move(reduce), m));
+    ZERO_RETURN_IF_ERROR(timing->EndPhase(std::move(bwd), m));
+    auto loss = runner_->Loss();
+    if (!loss.ok()) return loss.status().WithContext(where);
+    if (o.loss_average == LossAverage::kPerTarget) {
+      const int64_t n = runner_->CountedTargets();
+      sums[0] += *loss * static_cast<double>(n);
+      sums[1] += static_cast<double>(n);
+    } else {
+      sums[0] += *loss;
+    }
+  }
+  const double lr = engine_->lr();
+  ZERO_ASSIGN_OR_RETURN(LoopTiming::Phase step_phase, timing->BeginPhase("step"));
+  ZERO_RETURN_IF_ERROR(engine_->Step().WithContext("step " + std::to_string(step + 1)));
+  ZERO_RETURN_IF_ERROR(timing->EndPhase(std::move(step_phase), -1));
+  double mean_loss = 0;
+  if (o.loss_average == LossAverage::kPerTarget) {
+    ZERO_RETURN_IF_ERROR(comm_->AllReduceHost(sums, 2, ReduceOp::kSum).WithContext("averaging the loss"));
+    mean_loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+  } else {
+    mean_loss = sums[0] / static_cast<double>(gas);
+    ZERO_RETURN_IF_ERROR(comm_->AllReduceHost(&mean_loss, 1, ReduceOp::kSum).WithContext("averaging the loss"));
+    mean_loss /= world_;
+  }
+
+  examples::StepRecord rec;
+  rec.step = step + 1;
+  rec.loss = mean_loss;
+  rec.lr = lr;
+  rec.grad_norm = engine_->global_grad_norm();
+  rec.loss_scale = loss_scale;
+  rec.fp16 = config_.fp16.enabled;
+  rec.applied = engine_->was_step_applied();
+  // Every rank holds the same mean, so every rank stops at the same step.
+  ZERO_RETURN_IF_ERROR(job_->CheckStep(rec));
+  rec.step_seconds = Since(t0);
+  rec.tokens = tokens_per_step_;
+  rec.elapsed_seconds = Since(t_train_);
+  rec.memory = engine_->memory();
+  if (std::isnan(first_loss_)) first_loss_ = mean_loss;
+  plot_steps_.push_back(static_cast<double>(rec.step));
+  plot_losses_.push_back(mean_loss);
+  if (log_json_ != nullptr) {
+    std::fprintf(log_json_, "%s\n", job_->StepJson(rec).c_str());
+    std::fflush(log_json_);
+  }
+
+  window->last = rec;
+  window->mean_loss += mean_loss;
+  window->seconds += rec.step_seconds;
+  window->steps += 1;
+  window->tokens += tokens_per_step_;
+  const bool print_now = rec.step % print_every_ == 0 || rec.step == o.steps;
+  if (print_now) ZERO_RETURN_IF_ERROR(PrintWindow(window, bar));
+  ZERO_RETURN_IF_ERROR(timing->EndStep(rec.step, print_now, lead()));
+  if (lead()) bar->Update(rec.step, mean_loss, rec.elapsed_seconds);
+  if (!o.save_dir.empty() && o.save_every > 0 && rec.step % o.save_every == 0) {
+    ZERO_RETURN_IF_ERROR(SaveCheckpoint(rec.step));
+  }
+  return OkStatus();
+}
+
+// Collective on every rank at the same steps: the largest memory of any rank; rank 0 prints the
+// job's line. Starts the next window.
+Status Trainer::PrintWindow(examples::WindowSummary* window, examples::ProgressBar* bar) {
+  const EngineMemory mine = engine_->memory();
+  double mem[6] = {double(mine.model_params), double(mine.master_params), double(mine.optimizer_states),
+                   double(mine.gradients),    double(mine.device_peak),   HostPeakBytes()};
+  ZERO_RETURN_IF_ERROR(comm_->AllReduceHost(mem, 6, ReduceOp::kMax).WithContext("gathering memory use"));
+  if (lead()) {
+    window->mean_loss /= static_cast<double>(window->steps);
+    window->skipped = engine_->counters().skipped_steps;
+    // By name: EngineMemory's fifth field is gradient_accumulators, not device_peak.
+    window->memory_max = EngineMemory{.model_params = size_t(mem[0]),
+                                      .master_params = size_t(mem[1]),
+                                      .optimizer_states = size_t(mem[2]),
+                                      .gradients = size_t(mem[3]),
+                                      .device_peak = size_t(mem[4])};
+    window->host_peak_max = mem[5];
+    bar->Clear();
+    std::printf("%s\n", job_->WindowLine(*window).c_str());
+    std::fflush(stdout);
+  }
+  *window = examples::WindowSummary{};
+  window->total_steps = options_.steps;
+  return OkStatus();
+}
+
+Status Trainer::SaveCheckpoint(int64_t step) {
+  const std::string& dir = options_.save_dir;
+  Status st = engine_->SaveCheckpoint(dir, "", job_->CheckpointClientState(step));
+  if (!st.ok()) return st.WithContext("--save " + dir + " at step " + std::to_string(step));
+  if (lead() && options_.announce_checkpoints) {
+    std::printf("  checkpoint saved: %s/global_step%lld\n", dir.c_str(), static_cast<long long>(step));
+  }
+  return OkStatus();
+}
+
+Status Trainer::WriteLossPlot(const std::string& title) const {
+  if (!lead() || options_.plot.empty()) return OkStatus();
+  LossPlotOptions po;
+  po.title = title;
+  po.smooth_window = static_cast<int>(std::clamp<int64_t>(options_.steps / 30, 1, 50));
+  ZERO_RETURN_IF_ERROR(WriteLossSvg(options_.plot, plot_steps_, plot_losses_, po).WithContext("--plot"));
+  std::printf("loss curve: %s\n", options_.plot.c_str());
+  return OkStatus();
+}
+
+}  // namespace zero::train
