@@ -2,11 +2,16 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
+#include <vector>
+
+#include "runtime/json_input.h"
 
 namespace zero::llm {
 namespace {
@@ -22,6 +27,18 @@ std::string Shown(const Json& v) {
 Status KeyError(const std::string& source, const std::string& key, const std::string& expected,
                 const std::string& got) {
   return InvalidArgumentError(source + ": " + key + ": expected " + expected + ", got " + got);
+}
+
+// NumParams() in double: exact enough to compare with kMaxParams, and free of int64 overflow.
+double ParamCountEstimate(const LlmConfig& c) {
+  const double H = static_cast<double>(c.hidden_size), hd = static_cast<double>(c.head_dim);
+  const double q = static_cast<double>(c.num_attention_heads) * hd,
+               kv = static_cast<double>(c.num_key_value_heads) * hd;
+  const double per_layer = 2 * H + H * q + 2 * H * kv + q * H + (c.qk_norm() ? 2 * hd : 0) +
+                           3 * H * static_cast<double>(c.intermediate_size);
+  return static_cast<double>(c.vocab_size) * H *
+             static_cast<double>((c.tie_word_embeddings ? 1 : 2) + std::max<int64_t>(c.extra_heads, 0)) +
+         static_cast<double>(c.num_hidden_layers) * per_layer + H;
 }
 
 // Shape and rule checks shared by Validate() and the parser; `source` starts each message.
@@ -45,10 +62,17 @@ Status ValidateFrom(const LlmConfig& c, const std::string& source) {
   for (const auto& [key, v] : sizes) {
     if (v < 1) return KeyError(source, key, "a positive integer", std::to_string(v));
   }
-  // Sizes multiply into tensor element counts; keep every count well inside int64.
-  const int64_t kMaxDim = int64_t{1} << 24;
+  // Sizes multiply into tensor element counts: bounded here, before anything is allocated.
   for (const auto& [key, v] : sizes) {
-    if (v > kMaxDim) return KeyError(source, key, "at most " + std::to_string(kMaxDim), std::to_string(v));
+    if (v > kMaxDimension) {
+      return KeyError(source, key, "at most " + std::to_string(kMaxDimension) + " (2^24, zero's limit on a dimension)",
+                      std::to_string(v));
+    }
+  }
+  if (c.num_hidden_layers > kMaxLayers) {
+    return KeyError(source, "num_hidden_layers",
+                    "at most " + std::to_string(kMaxLayers) + " (zero's limit; the deepest published models have 126)",
+                    std::to_string(c.num_hidden_layers));
   }
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
     return KeyError(source, "num_key_value_heads",
@@ -103,6 +127,20 @@ Status ValidateFrom(const LlmConfig& c, const std::string& source) {
   if (c.extra_heads < 0 || c.extra_heads > kMaxExtraHeads) {
     return KeyError(source, "extra_heads (zero_llm --extra-heads)", "0.." + std::to_string(kMaxExtraHeads),
                     std::to_string(c.extra_heads));
+  }
+  // The parameter count, in double (each factor is bounded above, their product may not fit int64).
+  const double params = ParamCountEstimate(c);
+  if (params > static_cast<double>(kMaxParams)) {
+    char got[64];
+    std::snprintf(got, sizeof(got), "%.4g parameters", params);
+    return KeyError(source, "vocab_size, hidden_size, intermediate_size, num_hidden_layers",
+                    "a model of at most " + std::to_string(kMaxParams) + " (2^40, zero's limit) parameters", got);
+  }
+  for (const auto& [key, id] : {std::pair<const char*, int64_t>{"bos_token_id", c.bos_token_id},
+                                std::pair<const char*, int64_t>{"eos_token_id", c.eos_token_id}}) {
+    if (id >= c.vocab_size) {
+      return KeyError(source, key, "an id below vocab_size (" + std::to_string(c.vocab_size) + ")", std::to_string(id));
+    }
   }
   return OkStatus();
 }
@@ -340,6 +378,15 @@ Result<LlmConfig> ParseObject(const Json& j, const std::string& source) {
       }
     }
   }
+  // Top level (GPT-NeoX, Phi, GLM style) as well as inside rope_parameters (ReadRopeObject): a
+  // fraction of each head rotated by RoPE. Only the whole head is implemented.
+  if (r.Has("partial_rotary_factor")) {
+    const Json& v = r.At("partial_rotary_factor");
+    if (!v.is_number() || v.get<double>() != 1.0) {
+      return KeyError(source, "partial_rotary_factor",
+                      "1.0 (RoPE rotates the whole head; partial RoPE is not implemented)", Shown(v));
+    }
+  }
   ZERO_RETURN_IF_ERROR(ReadRope(r, source, &c.rope_theta, &c.rope_scaling));
 
   // Shapes.
@@ -361,8 +408,9 @@ Result<LlmConfig> ParseObject(const Json& j, const std::string& source) {
   ZERO_RETURN_IF_ERROR(r.Double("initializer_range", &c.initializer_range));
   ZERO_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c.tie_word_embeddings));
 
-  // Token ids.
+  // Token ids. Every id of an eos list must be a token (checked once vocab_size is known valid).
   ZERO_RETURN_IF_ERROR(r.Int("bos_token_id", false, &c.bos_token_id));
+  std::vector<int64_t> eos_list;
   if (r.Has("eos_token_id")) {
     const Json& v = r.At("eos_token_id");
     if (v.is_array()) {
@@ -370,8 +418,9 @@ Result<LlmConfig> ParseObject(const Json& j, const std::string& source) {
       for (size_t i = 0; i < v.size(); ++i) {
         int64_t id = 0;
         ZERO_RETURN_IF_ERROR(r.IntValue("eos_token_id[" + std::to_string(i) + "]", v[i], &id));
-        if (i == 0) c.eos_token_id = id;
+        eos_list.push_back(id);
       }
+      c.eos_token_id = eos_list[0];
     } else {
       ZERO_RETURN_IF_ERROR(r.IntValue("eos_token_id", v, &c.eos_token_id));
     }
@@ -388,6 +437,19 @@ Result<LlmConfig> ParseObject(const Json& j, const std::string& source) {
   if (!dtype.empty()) c.torch_dtype = dtype;
 
   ZERO_RETURN_IF_ERROR(ValidateFrom(c, source));
+  for (size_t i = 0; i < eos_list.size(); ++i) {
+    if (eos_list[i] < 0 || eos_list[i] >= c.vocab_size) {
+      return KeyError(source, "eos_token_id[" + std::to_string(i) + "]",
+                      "an id in [0, vocab_size) = [0, " + std::to_string(c.vocab_size) + ")",
+                      std::to_string(eos_list[i]));
+    }
+  }
+  // transformers' layer_type_validation: one entry per layer.
+  if (r.Has("layer_types") && static_cast<int64_t>(r.At("layer_types").size()) != c.num_hidden_layers) {
+    return KeyError(source, "layer_types",
+                    "a list of num_hidden_layers (" + std::to_string(c.num_hidden_layers) + ") entries",
+                    "a list of " + std::to_string(r.At("layer_types").size()));
+  }
   return c;
 }
 
@@ -475,12 +537,8 @@ std::string LlmConfig::ToString() const {
 }
 
 Result<LlmConfig> ParseHfConfig(std::string_view json_text, const std::string& source) {
-  Json j;
-  try {
-    j = Json::parse(json_text.begin(), json_text.end());
-  } catch (const Json::parse_error& e) {
-    return InvalidArgumentError(source + ": not valid JSON (byte " + std::to_string(e.byte) + "): " + e.what());
-  }
+  // Nesting, number range, duplicate keys and linear time: runtime/json_input.h.
+  ZERO_ASSIGN_OR_RETURN(Json j, ParseJsonText<Json>(json_text, source));
   try {
     return ParseObject(j, source);
   } catch (const Json::exception& e) {  // a type mismatch the checks above missed: still an error, not a crash

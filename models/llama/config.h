@@ -22,6 +22,13 @@ inline constexpr char kLlamaArchitecture[] = "LlamaForCausalLM";
 inline constexpr char kQwen3Architecture[] = "Qwen3ForCausalLM";
 // The most LlmConfig::extra_heads allowed.
 inline constexpr int64_t kMaxExtraHeads = 8;
+// Size limits Validate() enforces before anything is allocated. Each dimension is at most 2^24
+// (16777216); num_hidden_layers at most kMaxLayers (32x the deepest published dense model, Llama 3.1
+// 405B's 126); the parameter count (NumParams()) at most kMaxParams, 2^40 = 1.1e12 (2.7x Llama 3.1
+// 405B), which also keeps every element and FLOP count far inside int64.
+inline constexpr int64_t kMaxDimension = int64_t{1} << 24;
+inline constexpr int64_t kMaxLayers = 4096;
+inline constexpr int64_t kMaxParams = int64_t{1} << 40;
 
 // RoPE frequency scaling. rope_type "" is none (transformers' "default"); "llama3" is Llama 3.1/3.2's:
 // inverse frequencies whose wavelength 2 pi / f exceeds original_max_position_embeddings /
@@ -70,8 +77,11 @@ struct LlmConfig {
 
   // Every rule the model relies on, each error naming the key: a supported architecture, positive
   // sizes, num_attention_heads a multiple of num_key_value_heads, an even head_dim (RoPE rotates
-  // pairs), positive rope_theta and rms_norm_eps, a known torch_dtype; Llama also needs hidden_size
-  // a multiple of num_attention_heads (transformers' LlamaConfig refuses anything else).
+  // pairs), positive rope_theta and rms_norm_eps, a known torch_dtype, bos/eos_token_id below
+  // vocab_size; Llama also needs hidden_size a multiple of num_attention_heads (transformers'
+  // LlamaConfig refuses anything else). Sizes are bounded (kMaxDimension, kMaxLayers, kMaxParams,
+  // the message naming the key and the limit), so a valid config's counts fit int64 and nothing
+  // absurd is allocated.
   Status Validate() const;
 
   // Every parameter element: embedding, per-layer norms and linears, final norm, lm_head when
@@ -101,15 +111,18 @@ struct LlmConfig {
 // hidden_size / num_attention_heads, Qwen3 128, as transformers' config classes), rope_theta (top
 // level or rope_parameters.rope_theta; default 10000), rms_norm_eps (default 1e-6),
 // initializer_range (default 0.02), tie_word_embeddings (default false for both classes),
-// bos/eos_token_id (an int, null, or for eos a list whose first id is kept) and torch_dtype or
-// dtype. Required: vocab_size, hidden_size, intermediate_size, num_hidden_layers,
-// num_attention_heads, max_position_embeddings. rope_scaling (4.x) or rope_parameters (5.x) of
+// bos/eos_token_id (an int, null, or for eos a list whose first id is kept; every id of the list
+// must be below vocab_size) and torch_dtype or dtype. Required: vocab_size, hidden_size, intermediate_size,
+// num_hidden_layers, num_attention_heads, max_position_embeddings. rope_scaling (4.x) or rope_parameters (5.x) of
 // rope_type "llama3" with factor, low_freq_factor, high_freq_factor and
 // original_max_position_embeddings is read into rope_scaling. Refused by key: any other RoPE type
-// (linear, dynamic, yarn, longrope, ...) or key, use_sliding_window true, layer_types with a sliding
-// layer, attention_bias or mlp_bias true, hidden_act other than "silu", attention_dropout not 0,
-// quantization_config, an unsupported architecture, and everything Validate() refuses. Other keys
-// are ignored (transformers_version, max_window_layers, an unused sliding_window, ...).
+// (linear, dynamic, yarn, longrope, ...) or key, partial_rotary_factor other than 1.0 (top level
+// or in rope_parameters), use_sliding_window true, layer_types with a sliding layer or with a
+// length other than num_hidden_layers, attention_bias or mlp_bias true, hidden_act other than
+// "silu", attention_dropout not 0, quantization_config, an unsupported architecture, and everything
+// Validate() refuses. The text goes through runtime/json_input.h (nesting, numbers beyond double,
+// duplicate keys are errors naming `source`, line and column). Other keys are ignored
+// (transformers_version, max_window_layers, an unused sliding_window, ...).
 Result<LlmConfig> ParseHfConfig(std::string_view json_text, const std::string& source);
 
 // Reads `path`: a config.json file, or a directory holding one (a Hugging Face checkpoint folder).

@@ -324,6 +324,28 @@ TEST(LlmConfigTest, EveryRefusalNamesSourceAndKey) {
        },
        "eos_token_id[1]"},
       {kQwen3_06B, [](Json& j) { j["torch_dtype"] = "int8"; }, "torch_dtype"},
+      // Issue 35: keys that were ignored or unchecked.
+      {kQwen3_06B, [](Json& j) { j["partial_rotary_factor"] = 0.5; }, "partial_rotary_factor"},
+      {kQwen3_06B, [](Json& j) { j["partial_rotary_factor"] = "1"; }, "partial_rotary_factor"},
+      {kQwen3_06B, [](Json& j) { j["eos_token_id"] = 151936; }, "eos_token_id"},
+      {kQwen3_06B, [](Json& j) { j["bos_token_id"] = 200000; }, "bos_token_id"},
+      {kLlama31_8B,
+       [](Json& j) {
+         j["eos_token_id"] = {128001, 128256};
+       },
+       "eos_token_id[1]"},
+      {kLlama31_8B,
+       [](Json& j) {
+         j["eos_token_id"] = {128001, -5};
+       },
+       "eos_token_id[1]"},
+      {kQwen3_06B,
+       [](Json& j) {
+         j["layer_types"] = Json::array({"full_attention", "full_attention"});
+       },
+       "layer_types"},
+      {kQwen3_06B, [](Json& j) { j["num_hidden_layers"] = 16777216; }, "num_hidden_layers"},
+      {kQwen3_06B, [](Json& j) { j["num_hidden_layers"] = 4097; }, "num_hidden_layers"},
       {kQwen3_06B, [](Json& j) { j["dtype"] = "float32"; }, "dtype"},
   };
   for (const Refusal& r : cases) {
@@ -341,6 +363,98 @@ TEST(LlmConfigTest, EveryRefusalNamesSourceAndKey) {
   EXPECT_NE(mistral.status().message().find("LlamaForCausalLM"), std::string::npos);
   EXPECT_NE(mistral.status().message().find("Qwen3ForCausalLM"), std::string::npos);
   EXPECT_NE(mistral.status().message().find("MistralForCausalLM"), std::string::npos);
+}
+
+// Issue 35: the keys above that are accepted in their harmless form.
+TEST(LlmConfigTest, HarmlessFormsOfCheckedKeysAreAccepted) {
+  auto full = ParseEdited(kQwen3_06B, [](Json& j) {
+    j["partial_rotary_factor"] = 1.0;
+    j["layer_types"] = Json::array();
+    for (int i = 0; i < 28; ++i) j["layer_types"].push_back("full_attention");
+    j["eos_token_id"] = {151645, 151935};  // every id below vocab_size
+    j["bos_token_id"] = 0;
+  });
+  ASSERT_OK(full);
+  EXPECT_EQ(full->eos_token_id, 151645);
+  auto four_k = ParseEdited(kQwen3_06B, [](Json& j) { j["num_hidden_layers"] = kMaxLayers; });
+  ASSERT_OK(four_k);
+}
+
+// Sizes are bounded before anything is allocated: num_hidden_layers 16777216 (the old per-dimension
+// limit) used to pass and end in std::bad_alloc after 18 s; each dimension may still be below its
+// limit while their product is absurd, so the parameter count has a limit of its own.
+TEST(LlmConfigTest, SizesAreBoundedNamingTheKeyAndTheLimit) {
+  auto layers = ParseEdited(kQwen3_06B, [](Json& j) { j["num_hidden_layers"] = 16777216; });
+  ASSERT_FALSE(layers.ok());
+  EXPECT_NE(layers.status().message().find("num_hidden_layers: expected at most " + std::to_string(kMaxLayers)),
+            std::string::npos)
+      << layers.status().message();
+  auto huge = ParseEdited(kQwen3_06B, [](Json& j) {
+    j["vocab_size"] = 16777216;
+    j["hidden_size"] = 16777216;
+  });
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.status().message().find("edited.json: vocab_size, hidden_size, intermediate_size, num_hidden_layers"),
+            std::string::npos)
+      << huge.status().message();
+  EXPECT_NE(huge.status().message().find(std::to_string(kMaxParams)), std::string::npos) << huge.status().message();
+  // The product of the largest allowed dimensions overflows int64: still a clear error.
+  LlmConfig c = PresetOrDie("tiny");
+  c.num_attention_heads = c.num_key_value_heads = c.head_dim = c.hidden_size = c.intermediate_size = 1 << 24;
+  c.num_hidden_layers = kMaxLayers;
+  EXPECT_NE(c.Validate().message().find("parameters"), std::string::npos) << c.Validate().message();
+  // The largest preset is far below the limit.
+  EXPECT_LT(PresetOrDie("llama-2-13b").NumParams(), kMaxParams / 50);
+}
+
+// Hostile JSON (issue 35): what crashed nlohmann's parse now gives an error naming the file.
+TEST(LlmConfigTest, HostileJsonIsAnErrorNamingTheFile) {
+  const std::string deep = "{\"vocab_size\": 5, \"x\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  auto nested = ParseHfConfig(deep, "deep/config.json");
+  ASSERT_FALSE(nested.ok());
+  EXPECT_EQ(nested.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(nested.status().message().rfind("deep/config.json: JSON nested deeper than 100 levels at line 1", 0), 0u)
+      << nested.status().message();
+  // Under a key whose wrong value the error message shows (this one crashed with SIGSEGV).
+  auto shown = ParseHfConfig("{\"architectures\": " + std::string(100000, '[') + std::string(100000, ']') + "}",
+                             "deep/config.json");
+  ASSERT_FALSE(shown.ok());
+  EXPECT_NE(shown.status().message().find("JSON nested deeper than 100 levels"), std::string::npos)
+      << shown.status().message();
+
+  const std::string text = kQwen3_06B;
+  for (const std::string key : {"rope_theta", "some_unknown_key"}) {
+    std::string big = text;
+    big.insert(1, "\"" + key + "\": 1e400,");
+    const std::string known = "\"rope_theta\": 1000000,";
+    if (key == "rope_theta") big.erase(big.find(known), known.size());
+    auto r = ParseHfConfig(big, "big/config.json");
+    ASSERT_FALSE(r.ok()) << key;
+    EXPECT_NE(r.status().message().find("big/config.json: number 1e400"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("(key '" + key + "') is outside the range of a double"), std::string::npos)
+        << r.status().message();
+  }
+
+  std::string twice = text;
+  twice.insert(1, "\"hidden_size\": 2048,");
+  auto dup = ParseHfConfig(twice, "dup/config.json");
+  ASSERT_FALSE(dup.ok());
+  EXPECT_NE(dup.status().message().find("dup/config.json: duplicate key 'hidden_size'"), std::string::npos)
+      << dup.status().message();
+  std::string nested_twice = kLlama31_8B;
+  nested_twice.insert(nested_twice.find("\"factor\""), "\"factor\": 2.0, ");
+  auto dup2 = ParseHfConfig(nested_twice, "dup/config.json");
+  ASSERT_FALSE(dup2.ok());
+  EXPECT_NE(dup2.status().message().find("duplicate key 'rope_scaling.factor'"), std::string::npos)
+      << dup2.status().message();
+
+  // Through LoadHfConfig the message names the file's path.
+  ASSERT_OK_AND_ASSIGN(ScratchDir scratch, ScratchDir::Create("llm_config_hostile"));
+  const std::string path = scratch.File("config.json");
+  ASSERT_NO_FATAL_FAILURE(WriteText(path, deep));
+  auto loaded = LoadHfConfig(path);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().message().rfind(path + ": JSON nested deeper", 0), 0u) << loaded.status().message();
 }
 
 TEST(LlmConfigTest, MalformedTextNamesTheSource) {
@@ -406,7 +520,8 @@ TEST(LlmConfigTest, LoadsFileOrDirectoryWithClearErrors) {
   ASSERT_NO_FATAL_FAILURE(WriteText(junk, "{ not json"));
   auto bad = LoadHfConfig(junk);
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find(junk + ": not valid JSON"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find(junk + ": malformed JSON at line 1, column 4"), std::string::npos)
+      << bad.status().message();
 
   // A field error from a file names the file.
   ASSERT_NO_FATAL_FAILURE(WriteText(junk, "{\"architectures\": [\"Qwen3ForCausalLM\"]}"));
