@@ -137,7 +137,7 @@ const std::vector<ConfigDifference>& DeepSpeedDifferences() {
   static const std::vector<ConfigDifference>* d = new std::vector<ConfigDifference>{
       {"steps_per_print", "`null` (no periodic progress line)", "`10`",
        "The engine prints only the wall_clock_breakdown line itself, every steps_per_print steps; the key also "
-       "sets how often examples/zero_train prints progress, and an integer keeps it simple. `null` is refused."},
+       "sets how often train/zero_train prints progress, and an integer keeps it simple. `null` is refused."},
       {"zero_trace.enabled", "no such key (DeepSpeed's timeline is the PyTorch profiler's)", "`false`",
        "zero's own key: the engine writes a Chrome trace of the chosen steps (docs/timeline.md)."},
       {"zero_trace.path", "no such key", "`\"zero_trace.json\"`", "zero's own key: where zero_trace writes."},

@@ -220,7 +220,7 @@ void AddGradientKeys(std::vector<Key>* t) {
                         "the norm is known before the update and nothing is changed; otherwise the step was applied "
                         "and the engine is unusable. false: the step is applied and training goes on (DeepSpeed "
                         "0.19.8 instead skips such a step with bf16, and with fp32 at stages 1-3: see the "
-                        "differences below). examples/zero_train also stops on a NaN or inf loss."));
+                        "differences below). train/zero_train also stops on a NaN or inf loss."));
   t->push_back(DTypeKey("data_types.grad_accum_dtype", FIELD(grad_accum_dtype), FIELD(has_grad_accum_dtype))
                    .DefaultDoc("null (fp32)")
                    .Doc("Element type gradients are accumulated in across micro steps; null: fp32."));
