@@ -22,11 +22,11 @@
 #include "engine/checkpoint/consolidate.h"
 #include "engine/checkpoint/format.h"
 #include "engine/checkpoint/io.h"
-#include "engine/checkpoint/safetensors.h"
 #include "engine/checkpoint/test_util.h"
 #include "engine/config/config.h"
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
+#include "hf/safetensors.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/faulty_file_system.h"
@@ -864,14 +864,16 @@ TEST(EngineCheckpointTest, ZeroToFp32EqualsTheLiveMasterWeights) {
       EXPECT_EQ(summary->tag, "global_step2");
       EXPECT_EQ(summary->zero_stage, stage);
       EXPECT_EQ(summary->dp_world_size, world);
-      auto file = ReadSafetensors(out);
+      auto file = llm::SafetensorsFile::Open(out);
       ASSERT_OK(file);
-      ASSERT_EQ(file->tensors.size(), model.specs.size());
+      ASSERT_EQ(file->tensors().size(), model.specs.size());
       for (size_t i = 0; i < model.specs.size(); ++i) {
-        const SafetensorsTensor* t = file->Find(model.specs[i].name);
+        const llm::TensorInfo* t = file->Find(model.specs[i].name);
         ASSERT_NE(t, nullptr) << model.specs[i].name;
         EXPECT_EQ(t->shape, model.specs[i].shape) << model.specs[i].name;
-        EXPECT_TRUE(SameBits(t->AsFloats(), live[0].master[i])) << model.specs[i].name;
+        auto values = file->ReadFloats(*t);
+        ASSERT_OK(values);
+        EXPECT_TRUE(SameBits(*values, live[0].master[i])) << model.specs[i].name;
       }
     }
   }

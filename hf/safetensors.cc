@@ -12,6 +12,8 @@
 #include <set>
 #include <utility>
 
+#include "runtime/json_input.h"
+
 namespace zero::llm {
 namespace {
 
@@ -23,7 +25,7 @@ using nlohmann::ordered_json;
 // The reference implementation refuses headers above 100 MB.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 // A valid header nests three deep ({ -> { -> [); far deeper is hostile, refused before parsing.
-constexpr int kMaxJsonDepth = 64;
+constexpr int kMaxHeaderDepth = 64;
 // Elements converted per pread when the stored dtype is 16-bit.
 constexpr int64_t kConvertChunk = 1 << 16;
 
@@ -112,52 +114,6 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 std::string Range(uint64_t b, uint64_t e) { return "[" + std::to_string(b) + ", " + std::to_string(e) + ")"; }
 
-// The deepest nesting of objects/arrays in `text`, ignoring brackets inside strings; stops
-// counting once past `limit`.
-int JsonDepth(const std::string& text, int limit) {
-  int depth = 0, max_depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      max_depth = std::max(max_depth, ++depth);
-      if (max_depth > limit) return max_depth;
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return max_depth;
-}
-
-// Parses the header, refusing a key repeated within one object (the format maps each name to one
-// tensor; nlohmann would silently keep the last). *duplicate receives the first repeated key.
-ordered_json ParseHeader(const std::string& text, std::string* duplicate) {
-  std::vector<std::set<std::string>> keys;
-  auto callback = [&](int, ordered_json::parse_event_t event, ordered_json& parsed) {
-    using E = ordered_json::parse_event_t;
-    if (event == E::object_start) {
-      keys.emplace_back();
-    } else if (event == E::object_end) {
-      if (!keys.empty()) keys.pop_back();
-    } else if (event == E::key && !keys.empty()) {
-      const std::string& k = parsed.get_ref<const std::string&>();
-      if (!keys.back().insert(k).second && duplicate->empty()) *duplicate = k;
-    }
-    return true;
-  };
-  return ordered_json::parse(text, callback);
-}
-
 // The JSON encoding of `s`, or an error when it is not valid UTF-8 (what for the message).
 Result<std::string> CheckUtf8(const std::string& s, const std::string& what) {
   try {
@@ -242,20 +198,12 @@ Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   if (text.empty() || text[0] != '{') {
     return DataLossError(path + ": header is not a JSON object (it must start with '{')");
   }
-  if (JsonDepth(text, kMaxJsonDepth) > kMaxJsonDepth) {
-    return DataLossError(path + ": header JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-  }
-  ordered_json header;
-  std::string duplicate;
-  try {
-    header = ParseHeader(text, &duplicate);
-  } catch (const ordered_json::exception& e) {
-    return DataLossError(path + ": header is not valid JSON: " + e.what());
-  }
+  // The hardened parser: nesting checked before anything recursive runs, numbers beyond double and
+  // repeated keys (the format maps each name to one tensor) refused, time linear in the text.
+  Result<ordered_json> parsed = ParseJsonText<ordered_json>(text, path + ": header", kMaxHeaderDepth);
+  if (!parsed.ok()) return DataLossError(parsed.status().message());
+  const ordered_json header = std::move(parsed).value();
   if (!header.is_object()) return DataLossError(path + ": header is not a JSON object");
-  if (!duplicate.empty()) {
-    return DataLossError(path + ": header repeats the key '" + duplicate + "'");
-  }
 
   for (const auto& [key, value] : header.items()) {
     if (key == "__metadata__") {
@@ -406,6 +354,13 @@ Status SafetensorsFile::ReadAsFloat(const TensorInfo& info, int64_t begin_elemen
   return OkStatus();
 }
 
+Result<std::vector<float>> SafetensorsFile::ReadFloats(const TensorInfo& info) const {
+  ZERO_RETURN_IF_ERROR(CheckOwned(info));
+  std::vector<float> out(static_cast<size_t>(info.numel()));
+  ZERO_RETURN_IF_ERROR(ReadAsFloat(info, 0, info.numel(), out.data()));
+  return out;
+}
+
 Status SafetensorsFile::ReadRaw(const TensorInfo& info, void* out) const {
   ZERO_RETURN_IF_ERROR(CheckOwned(info));
   const uint64_t size = info.data_end - info.data_begin;
@@ -417,10 +372,11 @@ Status SafetensorsFile::ReadRaw(const TensorInfo& info, void* out) const {
 // --- writing ---------------------------------------------------------------------------------------
 
 SafetensorsWriter::SafetensorsWriter(AtomicFileWriter writer, std::vector<TensorToWrite> layout,
-                                     std::vector<uint64_t> ends)
+                                     std::vector<uint64_t> ends, uint64_t header_bytes)
     : writer_(std::move(writer)),
       layout_(std::move(layout)),
       ends_(std::move(ends)),
+      header_bytes_(header_bytes),
       data_bytes_(ends_.empty() ? 0 : ends_.back()) {}
 
 Result<SafetensorsWriter> SafetensorsWriter::Open(const std::string& path, const std::vector<TensorToWrite>& layout,
@@ -471,7 +427,7 @@ Result<SafetensorsWriter> SafetensorsWriter::Open(const std::string& path, const
   ZERO_ASSIGN_OR_RETURN(AtomicFileWriter w, AtomicFileWriter::Open(path));
   ZERO_RETURN_IF_ERROR(w.Append(&header_len, sizeof(header_len)));  // little-endian host
   ZERO_RETURN_IF_ERROR(w.Append(header));
-  return SafetensorsWriter(std::move(w), layout, std::move(ends));
+  return SafetensorsWriter(std::move(w), layout, std::move(ends), sizeof(header_len) + header_len);
 }
 
 Status SafetensorsWriter::Append(const void* data, size_t size) {

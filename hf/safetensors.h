@@ -1,17 +1,20 @@
-// Hugging Face safetensors files for the transformer's weights: a validating reader that reads
-// tensors (or element ranges of them) on demand, and a writer that streams tensors into a file
-// written atomically.
+// safetensors files (Hugging Face's format), the project's one reader and writer of them: a
+// validating reader that reads tensors (or element ranges of them) on demand, and a writer that
+// streams tensors into a file written atomically. The model directories (hf/model_dir.h) and the
+// engine's consolidation to fp32 (engine/checkpoint/consolidate.h, tools/zero_to_fp32) both use it;
+// it depends on runtime/ only, so the engine layer may (hf/BUILD).
 //
 // Layout (the format, byte for byte): a u64 little-endian header length N, N bytes of UTF-8 JSON
 // {"__metadata__": {string: string}, "<name>": {"dtype": "BF16", "shape": [...], "data_offsets":
 // [begin, end]}, ...}, then the byte buffer, which the tensors' [begin, end) ranges (relative to the
-// buffer's start) cover exactly, without overlap or gap. The writer pads the header with spaces so
-// the buffer starts 8-byte aligned and lays tensors out in the order given. Only F32, BF16 and F16
-// tensors are accepted (the dtypes the engine computes in). Unlike engine/checkpoint/safetensors.h (which
-// loads whole files for zero_to_fp32), Open reads only the header and keeps the file descriptor, so
-// a ZeRO stage 3 rank reads just its partition of each tensor. Files are written with
-// engine/checkpoint/io.h's atomic protocol (temporary file, fsync, rename, fsync of the directory).
-// Every error names the file and, where it applies, the tensor and byte offsets.
+// buffer's start) cover exactly, without overlap or gap. The writer puts __metadata__ first (keys
+// sorted), pads the header with spaces so the buffer starts 8-byte aligned and lays tensors out in
+// the order given. Only F32, BF16 and F16 tensors are accepted (the dtypes the engine computes in).
+// Open reads only the header (through runtime/json_input.h: nesting, number range and duplicate
+// keys checked) and keeps the file descriptor, so a ZeRO stage 3 rank reads just its partition of
+// each tensor. Files are written with runtime/atomic_file.h's protocol (temporary file, fsync,
+// rename, fsync of the directory). Every error names the file and, where it applies, the tensor and
+// byte offsets.
 #pragma once
 
 #include <cstddef>
@@ -21,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint/io.h"
+#include "runtime/atomic_file.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
 
@@ -49,11 +52,12 @@ class SafetensorsFile {
  public:
   // Reads and validates the header; reads no tensor data. Refuses (DATA_LOSS, or INVALID_ARGUMENT
   // for a file that is not a regular file, NOT_FOUND when missing), naming the file and the tensor:
-  // a file shorter than 8 or 8 + N bytes, N above 100 MB, a header that is not a JSON object (or is
-  // nested absurdly deep, or repeats a key), an entry without dtype/shape/data_offsets or with wrong
-  // types, a dtype other than F32/BF16/F16, negative dims or an overflowing element count,
-  // end - begin != numel * dtype size, ranges past the end of the file, overlapping ranges, gaps
-  // (bytes of the buffer no tensor covers). A FIFO or device is refused without blocking.
+  // a file shorter than 8 or 8 + N bytes, N above 100 MB, a header that is not a JSON object (or
+  // nests deeper than 64 levels, repeats a key or holds a number beyond double's range), an entry
+  // without dtype/shape/data_offsets or with wrong types, a dtype other than F32/BF16/F16, negative
+  // dims or an overflowing element count, end - begin != numel * dtype size, ranges past the end of
+  // the file, overlapping ranges, gaps (bytes of the buffer no tensor covers). A FIFO or device is
+  // refused without blocking.
   static Result<SafetensorsFile> Open(const std::string& path);
 
   SafetensorsFile(SafetensorsFile&& other) noexcept;
@@ -79,6 +83,8 @@ class SafetensorsFile {
   Status ReadAsFloat(const TensorInfo& info, int64_t begin_element, int64_t count, float* out) const;
   // Reads the tensor's raw little-endian bytes (data_end - data_begin of them) into `out`.
   Status ReadRaw(const TensorInfo& info, void* out) const;
+  // The whole tensor (numel elements) converted to float; errors as ReadAsFloat's.
+  Result<std::vector<float>> ReadFloats(const TensorInfo& info) const;
 
  private:
   SafetensorsFile() = default;
@@ -128,13 +134,17 @@ class SafetensorsWriter {
 
   // Bytes of tensor data the file holds (the sum of the tensors' sizes).
   uint64_t data_bytes() const { return data_bytes_; }
+  // The size the committed file has: 8 + the padded header + data_bytes().
+  uint64_t file_bytes() const { return header_bytes_ + data_bytes_; }
 
  private:
-  SafetensorsWriter(AtomicFileWriter writer, std::vector<TensorToWrite> layout, std::vector<uint64_t> ends);
+  SafetensorsWriter(AtomicFileWriter writer, std::vector<TensorToWrite> layout, std::vector<uint64_t> ends,
+                    uint64_t header_bytes);
 
   AtomicFileWriter writer_;
   std::vector<TensorToWrite> layout_;
   std::vector<uint64_t> ends_;  // each tensor's data_end
+  uint64_t header_bytes_ = 0;   // 8 + N
   uint64_t data_bytes_ = 0;
   uint64_t written_ = 0;
 };

@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/dtype.h"
+#include "testing/same_bits.h"
 #include "testing/status_matchers.h"
 
 namespace zero::llm {
@@ -20,6 +23,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using zero::testing::SameBits;
 using zero::testing::ScratchDir;
 
 // Values of every kind a 16-bit type holds: signs, zero, fractions, large, small.
@@ -92,6 +96,9 @@ TEST(LlmSafetensorsTest, RoundTripsAllDtypes) {
     for (int64_t j = 0; j < t.numel(); ++j) {
       EXPECT_EQ(got[j], LoadAsFloat(tensors[i].data, t.dtype, j)) << t.name << " " << j;
     }
+    auto whole = f->ReadFloats(t);
+    ASSERT_OK(whole);
+    EXPECT_TRUE(SameBits(*whole, got)) << t.name;
   }
   EXPECT_EQ(f->Find("missing"), nullptr);
   // The file is exactly header + data, the data 8-byte aligned.
@@ -119,6 +126,52 @@ TEST(LlmSafetensorsTest, HeaderBytesFollowTheFormat) {
   EXPECT_EQ(raw->substr(8 + expected.size(), n - expected.size()), std::string(n - expected.size(), ' '));
   ASSERT_EQ(raw->size(), 8 + n + 6);
   EXPECT_EQ(raw->substr(8 + n), std::string("\x00\x3c\x00\x40\x00\xc0", 6));  // little-endian
+}
+
+// What zero_to_fp32 writes (engine/checkpoint/consolidate.cc): F32 tensors, a scalar and an empty
+// one among them, several metadata strings, through the streaming writer, whose file_bytes() is
+// the summary's size.
+TEST(LlmSafetensorsTest, WritesMetadataSortedFirstAndReadsBackScalarsAndEmptyTensors) {
+  const std::string path = ScratchDir("llm_st") + "/model.safetensors";
+  std::vector<float> a;
+  for (int i = 0; i < 35; ++i) a.push_back(0.5f * i - 3.0f);
+  const std::vector<float> scalar = {42.25f};
+  const std::vector<TensorToWrite> layout = {
+      {"embed.weight", DType::kF32, {7, 5}, a.data()},
+      {"scale", DType::kF32, {}, scalar.data()},
+      {"empty", DType::kF32, {0, 4}, nullptr},
+  };
+  auto w = SafetensorsWriter::Open(path, layout, {{"global_steps", "120"}, {"format", "pt"}});
+  ASSERT_OK(w);
+  ASSERT_OK(w->Append(a.data(), 140));
+  ASSERT_OK(w->Append(scalar.data(), 4));
+  ASSERT_OK(w->Commit());
+
+  auto raw = ReadFile(path);
+  ASSERT_OK(raw);
+  EXPECT_EQ(raw->size(), w->file_bytes());
+  uint64_t n;
+  std::memcpy(&n, raw->data(), 8);
+  EXPECT_EQ((8 + n) % 8, 0u);
+  EXPECT_EQ(raw->size(), 8 + n + 35 * 4 + 4);
+  const std::string header = raw->substr(8, n);
+  EXPECT_EQ(header.rfind(R"({"__metadata__":{"format":"pt","global_steps":"120"},)", 0), 0u) << header;
+  EXPECT_THAT(header, HasSubstr(R"("embed.weight":{"dtype":"F32","shape":[7,5],"data_offsets":[0,140]})"));
+  // The data right after the header is the first tensor's bytes.
+  EXPECT_EQ(std::memcmp(raw->data() + 8 + n, a.data(), 140), 0);
+
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_OK(f);
+  EXPECT_EQ(f->metadata(), (std::map<std::string, std::string>{{"format", "pt"}, {"global_steps", "120"}}));
+  ASSERT_EQ(f->tensors().size(), 3u);
+  const TensorInfo* e = f->Find("embed.weight");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->shape, (std::vector<int64_t>{7, 5}));
+  EXPECT_TRUE(SameBits(*f->ReadFloats(*e), a));
+  EXPECT_EQ(f->Find("scale")->shape, std::vector<int64_t>{});
+  EXPECT_TRUE(SameBits(*f->ReadFloats(*f->Find("scale")), scalar));
+  EXPECT_EQ(f->Find("empty")->data_end - f->Find("empty")->data_begin, 0u);
+  EXPECT_TRUE(f->ReadFloats(*f->Find("empty"))->empty());
 }
 
 TEST(LlmSafetensorsTest, ReadAsFloatReadsRanges) {
@@ -156,6 +209,7 @@ TEST(LlmSafetensorsTest, ReadAsFloatReadsRanges) {
   TensorInfo foreign = big;
   foreign.data_begin += 2;
   EXPECT_THAT(f->ReadAsFloat(foreign, 0, 1, out.data()).message(), HasSubstr("not a tensor of this file"));
+  EXPECT_THAT(f->ReadFloats(foreign).status().message(), HasSubstr("not a tensor of this file"));
 }
 
 TEST(LlmSafetensorsTest, ShortReadAfterOpenNamesFileTensorAndOffsets) {
@@ -222,12 +276,16 @@ TEST(LlmSafetensorsTest, RefusesHostileHeaders) {
       {"entry not an object", R"({"w1":[1,2]})", 0, -1, "entry is not an object", "w1"},
       {"repeated name",
        R"({"w1":{)" + f32_2 + R"(,"data_offsets":[0,8]},"w1":{)" + f32_2 + R"(,"data_offsets":[8,16]}})", 16, -1,
-       "repeats the key 'w1'", ""},
+       "header: duplicate key 'w1'", "w1"},
+      {"repeated field", R"({"w1":{"dtype":"F32","dtype":"BF16","shape":[1],"data_offsets":[0,4]}})", 4, -1,
+       "header: duplicate key 'w1.dtype'", ""},
+      {"number beyond double", R"({"w1":{"dtype":"F32","shape":[1e400],"data_offsets":[0,4]}})", 4, -1,
+       "(key 'w1.shape[0]') is outside the range of a double", ""},
       {"metadata value not a string", R"({"__metadata__":{"step":3}})", 0, -1,
        "__metadata__ key 'step' is not a string", ""},
-      {"malformed JSON", R"({"w1":{"dtype":"F32",)", 0, -1, "not valid JSON", ""},
+      {"malformed JSON", R"({"w1":{"dtype":"F32",)", 0, -1, "header: malformed JSON at line 1", ""},
       {"array header", R"([1,2])", 0, -1, "not a JSON object", ""},
-      {"deep JSON", deep, 0, -1, "nests deeper than", ""},
+      {"deep JSON", deep, 0, -1, "header: JSON nested deeper than 64 levels", ""},
   };
   int i = 0;
   for (const Hostile& c : cases) {
@@ -270,6 +328,30 @@ TEST(LlmSafetensorsTest, RefusesTruncatedMissingAndNonRegularFiles) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
+// A file the writer wrote, then damaged: cut inside its data, extended, an absurd header length,
+// cut inside its length.
+TEST(LlmSafetensorsTest, RefusesAWrittenFileDamagedAfterwards) {
+  const std::string path = ScratchDir("llm_st") + "/m.safetensors";
+  const std::vector<float> v = Values(35, 1.0f);
+  const float scalar = 42.25f;
+  ASSERT_OK(
+      WriteSafetensors(path, {{"embed.weight", DType::kF32, {7, 5}, v.data()}, {"scale", DType::kF32, {}, &scalar}}));
+  auto raw = ReadFile(path);
+  ASSERT_OK(raw);
+  auto write = [&](const std::string& data) { ASSERT_OK(WriteFileAtomic(path, data)); };
+
+  write(raw->substr(0, raw->size() - 4));
+  EXPECT_THAT(OpenError(path), AllOf(HasSubstr(path), HasSubstr("'scale'"), HasSubstr("run past the end")));
+  write(*raw + "junk");
+  EXPECT_THAT(OpenError(path), AllOf(HasSubstr(path), HasSubstr("after the last tensor belong to no tensor")));
+  std::string big = *raw;
+  big[7] = 0x7f;
+  write(big);
+  EXPECT_THAT(OpenError(path), AllOf(HasSubstr(path), HasSubstr("header length")));
+  write("abc");
+  EXPECT_THAT(OpenError(path), AllOf(HasSubstr(path), HasSubstr("truncated")));
+}
+
 TEST(LlmSafetensorsTest, WriterRefusesBadInputAndLeavesNoHalfFile) {
   const std::string dir = ScratchDir("llm_st");
   const std::string path = dir + "/w.safetensors";
@@ -283,6 +365,8 @@ TEST(LlmSafetensorsTest, WriterRefusesBadInputAndLeavesNoHalfFile) {
               AllOf(HasSubstr("'neg'"), HasSubstr("negative")));
   EXPECT_THAT(WriteSafetensors(path, {{"null", DType::kF32, {2}, nullptr}}).message(),
               AllOf(HasSubstr("'null'"), HasSubstr("no data")));
+  EXPECT_THAT(WriteSafetensors(path, {{"q", static_cast<DType>(7), {2}, x}}).message(),
+              AllOf(HasSubstr(path), HasSubstr("'q'"), HasSubstr("unknown dtype")));
   EXPECT_FALSE(PathExists(path));
 
   // An old file survives a writer that never completes.
@@ -303,6 +387,39 @@ TEST(LlmSafetensorsTest, WriterRefusesBadInputAndLeavesNoHalfFile) {
   auto names = ListDirectory(dir);
   ASSERT_OK(names);
   EXPECT_EQ(*names, std::vector<std::string>{"w.safetensors"}) << "temporary files left behind";
+}
+
+// The reference reader, when this machine has it (python3 with safetensors and numpy).
+TEST(LlmSafetensorsTest, PythonSafetensorsReadsIt) {
+  if (std::system("python3 -c 'import safetensors.numpy, numpy' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "python3 with safetensors and numpy is not installed here";
+  }
+  const std::string dir = ScratchDir("llm_st");
+  const std::string path = dir + "/py.safetensors";
+  std::vector<float> a;
+  for (int i = 0; i < 35; ++i) a.push_back(0.5f * i - 3.0f);
+  const float scalar = 42.25f;
+  const uint16_t h[3] = {0x3c00, 0x4000, 0xc000};  // 1, 2, -2 in fp16
+  ASSERT_OK(WriteSafetensors(path,
+                             {{"embed.weight", DType::kF32, {7, 5}, a.data()},
+                              {"scale", DType::kF32, {}, &scalar},
+                              {"empty", DType::kF32, {0, 4}, nullptr},
+                              {"norm", DType::kF16, {3}, h}},
+                             {{"format", "pt"}}));
+  const std::string script =
+      "import numpy as np, sys\n"
+      "from safetensors.numpy import load_file\n"
+      "from safetensors import safe_open\n"
+      "t = load_file(sys.argv[1])\n"
+      "assert t['embed.weight'].shape == (7, 5) and t['embed.weight'].dtype == np.float32\n"
+      "assert np.array_equal(t['embed.weight'].ravel(), np.arange(35, dtype=np.float32) * 0.5 - 3)\n"
+      "assert t['scale'].shape == () and t['scale'] == np.float32(42.25)\n"
+      "assert t['empty'].shape == (0, 4)\n"
+      "assert t['norm'].dtype == np.float16 and list(t['norm']) == [1, 2, -2]\n"
+      "with safe_open(sys.argv[1], 'np') as f: assert f.metadata() == {'format': 'pt'}\n";
+  const std::string script_path = dir + "/check.py";
+  std::ofstream(script_path) << script;
+  EXPECT_EQ(std::system(("python3 " + script_path + " " + path).c_str()), 0);
 }
 
 }  // namespace

@@ -9,10 +9,10 @@
 #include "engine/checkpoint/consolidate.h"
 #include "engine/checkpoint/format.h"
 #include "engine/checkpoint/io.h"
-#include "engine/checkpoint/safetensors.h"
 #include "engine/checkpoint/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "hf/safetensors.h"
 #include "testing/status_matchers.h"
 
 namespace zero {
@@ -25,15 +25,20 @@ using zero::testing::ScratchDir;
 using zero::testing::SyntheticModel;
 using zero::testing::SyntheticState;
 
-void ExpectMatches(const SafetensorsFile& file, const FullState& full) {
-  ASSERT_EQ(file.tensors.size(), full.params.size());
+// The consolidated file at `path` holds exactly `full`'s master weights, as F32.
+void ExpectMatches(const std::string& path, const FullState& full) {
+  auto file = llm::SafetensorsFile::Open(path);
+  ASSERT_OK(file);
+  ASSERT_EQ(file->tensors().size(), full.params.size());
   for (const FullParam& p : full.params) {
     SCOPED_TRACE(p.name);
-    const SafetensorsTensor* t = file.Find(p.name);
+    const llm::TensorInfo* t = file->Find(p.name);
     ASSERT_NE(t, nullptr);
-    EXPECT_EQ(t->dtype, "F32");
+    EXPECT_EQ(t->dtype, DType::kF32);
     EXPECT_EQ(t->shape, p.shape);
-    EXPECT_TRUE(SameBits(t->AsFloats(), p.master));
+    auto values = file->ReadFloats(*t);
+    ASSERT_OK(values);
+    EXPECT_TRUE(SameBits(*values, p.master));
   }
 }
 
@@ -55,15 +60,15 @@ TEST_P(ZeroToFp32Test, ConsolidatesEveryTensorExactly) {
   EXPECT_EQ(summary->bytes, *FileSize(out));
   EXPECT_THAT(summary->ToString(), HasSubstr("6 tensors, 241 params"));
 
-  auto file = ReadSafetensors(out);
+  ExpectMatches(out, full);
+  auto file = llm::SafetensorsFile::Open(out);
   ASSERT_OK(file);
-  ExpectMatches(*file, full);
-  EXPECT_EQ(file->metadata.at("global_steps"), "120");
-  EXPECT_EQ(file->metadata.at("zero_stage"), "2");
-  EXPECT_EQ(file->metadata.at("dp_world_size"), std::to_string(world));
-  EXPECT_EQ(file->metadata.at("tag"), "global_step120");
-  EXPECT_EQ(file->metadata.at("model_dtype"), "bf16");
-  EXPECT_EQ(file->metadata.at("format"), "pt");
+  EXPECT_EQ(file->metadata().at("global_steps"), "120");
+  EXPECT_EQ(file->metadata().at("zero_stage"), "2");
+  EXPECT_EQ(file->metadata().at("dp_world_size"), std::to_string(world));
+  EXPECT_EQ(file->metadata().at("tag"), "global_step120");
+  EXPECT_EQ(file->metadata().at("model_dtype"), "bf16");
+  EXPECT_EQ(file->metadata().at("format"), "pt");
 }
 
 INSTANTIATE_TEST_SUITE_P(SavedWorlds, ZeroToFp32Test, ::testing::Values(1, 2, 3, 4));
@@ -108,12 +113,12 @@ TEST(ZeroToFp32BinaryTest, ConvertsWithAndWithoutTag) {
   ASSERT_EQ(run.code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("6 tensors, 241 params"));
   EXPECT_THAT(run.output, HasSubstr("saved at dp world size 3"));
-  ExpectMatches(*ReadSafetensors(dir + "/a.safetensors"), full);
+  ExpectMatches(dir + "/a.safetensors", full);
 
   run = RunTool(dir + " " + dir + "/b.safetensors");
   ASSERT_EQ(run.code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("tag older"));
-  ExpectMatches(*ReadSafetensors(dir + "/b.safetensors"), other);
+  ExpectMatches(dir + "/b.safetensors", other);
 }
 
 TEST(ZeroToFp32BinaryTest, UsageAndErrors) {

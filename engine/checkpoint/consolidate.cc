@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "engine/checkpoint/format.h"
-#include "engine/checkpoint/safetensors.h"
+#include "hf/safetensors.h"
 
 namespace zero {
 
@@ -33,10 +33,16 @@ Result<ConsolidationSummary> ConsolidateToFp32(const std::string& checkpoint_dir
   summary.dp_world_size = meta.dp_world_size;
   summary.global_steps = meta.global_steps;
 
-  std::vector<SafetensorsTensorRef> tensors;
+  std::vector<llm::TensorToWrite> tensors;
   tensors.reserve(full.params.size());
   for (const FullParam& p : full.params) {
-    tensors.push_back({p.name, "F32", p.shape, p.master.data(), p.master.size() * sizeof(float)});
+    // The writer sizes each tensor by its shape, whose numel the metadata's validation matched.
+    if (static_cast<int64_t>(p.master.size()) != p.numel) {
+      return InternalError(checkpoint_dir + ": tag " + resolved + ": parameter '" + p.name + "' has " +
+                           std::to_string(p.master.size()) + " master elements, expected its numel " +
+                           std::to_string(p.numel));
+    }
+    tensors.push_back({p.name, DType::kF32, p.shape, p.master.data()});
     summary.params += p.numel;
   }
   summary.tensors = static_cast<int64_t>(tensors.size());
@@ -50,7 +56,13 @@ Result<ConsolidationSummary> ConsolidateToFp32(const std::string& checkpoint_dir
       {"dp_world_size", std::to_string(meta.dp_world_size)},
       {"model_dtype", DTypeName(meta.model_dtype)},
   };
-  ZERO_ASSIGN_OR_RETURN(summary.bytes, WriteSafetensors(output_path, tensors, metadata));
+  // The streaming writer rather than WriteSafetensors, for the file's size.
+  ZERO_ASSIGN_OR_RETURN(llm::SafetensorsWriter writer, llm::SafetensorsWriter::Open(output_path, tensors, metadata));
+  for (const FullParam& p : full.params) {
+    ZERO_RETURN_IF_ERROR(writer.Append(p.master.data(), p.master.size() * sizeof(float)));
+  }
+  ZERO_RETURN_IF_ERROR(writer.Commit());
+  summary.bytes = writer.file_bytes();
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return summary;
 }

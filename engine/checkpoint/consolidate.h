@@ -2,8 +2,9 @@
 // of full, named fp32 tensors (the master weights, shapes restored, padding dropped). What
 // tools/zero_to_fp32 runs; usable from code (e.g. an export step after training).
 //
-// Reads the checkpoint with checkpoint_format.h's verified readers (every rank file's size and
-// checksum checked) and writes the output atomically: an error leaves no partial output file.
+// Reads the checkpoint with format.h's verified readers (every rank file's size and checksum
+// checked) and writes the output with hf/safetensors.h's writer, atomically: an error leaves no
+// partial output file.
 // Host memory: the full fp32 state (master weights and both AdamW moments) of the model.
 #pragma once
 
