@@ -4,8 +4,9 @@
 // interface with CreateDevice ("cpu", "cuda:N"), the Communicator with its rendezvous
 // (CreateCommunicator, RendezvousFromEnv) and RunThreadRanks, Status/Result, DType, and the
 // ZERO_VERSION macros. tools/install.sh installs exactly the headers listed here and the ones they
-// include (their #include "dir/x.h" lines rewritten to <zero/dir/x.h>); nothing else of the source
-// tree is public. Needs C++20 and no third-party header.
+// include (their #include "dir/x.h" lines rewritten to <zero/dir/x.h>), and those of
+// zero_models.h (the model seam, the Llama model, Hugging Face directories); nothing else of the
+// source tree is public. Needs C++20 and no third-party header.
 #pragma once
 
 #include <zero/version.h>

@@ -4,11 +4,17 @@
 #   headers       every installed header compiles on its own with only -IPREFIX/include
 #   soname        libzero.so.X.Y.Z has SONAME libzero.so.X (X = ZERO_VERSION_MAJOR)
 #   symbols       libzero.so exports namespace zero only (plus libstdc++'s own weak string
-#                 members); libzero.a defines no strong global outside namespace zero
+#                 members), its vtables and typeinfo included; libzero.a defines no strong global
+#                 outside namespace zero
 #   pkgconfig     pkg-config --modversion zero is ZERO_VERSION
 #   cmake_*       examples/cmake_consumer built with CMake (find_package(zero)): the shared and the
 #                 static executable each train 2 thread ranks and exit 0 (loss must fall)
 #   make_*        the same with its Makefile (pkg-config), plus the 2-process run (RANK/WORLD_SIZE)
+#   llama_*       examples/llama_consumer (<zero/zero_models.h>) built with CMake and with make:
+#                 llama_init writes a Hugging Face directory of the "tiny" preset; each run loads
+#                 it, trains ZeRO stage 3 on 2 thread ranks (loss must halve), exports the trained
+#                 model and reads it back bit for bit; llama_same_bits: the shared and the static
+#                 build export the same files
 # Prints PASS/FAIL per check and ends with "N passed, N failed". With --add-to FILE (a file whose
 # last line is tools/count_tests.py's "N passed, N failed[, N skipped]"), prints FILE with these
 # checks added to its count instead: tools/test.sh folds them into the suite's total that way.
@@ -77,6 +83,12 @@ check_symbols() {
   stray="$(nm -DC --defined-only "$so" | cut -c18- |
            grep -Ev "^[WV] std::|^A ZERO_[0-9]+\$" | cut -c3- | grep -Ev "$ZERO_SYMBOL")"
   [ -z "$stray" ] || { echo "libzero.so exports symbols outside namespace zero:"; echo "$stray" | head; return 1; }
+  # ... and zero's vtables and typeinfo (a user's object of a zero class needs them at -O0).
+  local what exported
+  exported="$(nm -DC --defined-only "$so")"
+  for what in "vtable for zero::examples::EngineGrads" "typeinfo for zero::Device"; do
+    grep -qF " $what@@ZERO_0" <<< "$exported" || { echo "libzero.so does not export $what"; return 1; }
+  done
   # Archive: strong globals only (weak ones are template and inline instances, merged at link);
   # nvcc's host stubs of zero's kernels are named __device_stub__ZN4zero...
   stray="$(nm -C --defined-only -g "$PREFIX/lib/libzero.a" 2>/dev/null | awk 'NF >= 3 && $2 ~ /^[TDBRGS]$/' |
@@ -119,6 +131,17 @@ if [ -f "$PREFIX/include/zero/zero.h" ]; then
   check make_shared_run "$WORK/make/linear_regression"
   check make_static_run "$WORK/make/linear_regression_static"
   check make_two_processes run_two_processes "$WORK/make/linear_regression"
+  # The Llama consumer: the same two builds, over a Hugging Face directory it writes itself.
+  check llama_cmake_build bash -c "cmake -S '$ROOT/examples/llama_consumer' -B '$WORK/llama_cmake' \
+                                     -DCMAKE_PREFIX_PATH='$PREFIX' && cmake --build '$WORK/llama_cmake'"
+  check llama_init "$WORK/llama_cmake/llama_finetune" --init tiny "$WORK/hf_tiny"
+  check llama_cmake_shared_run "$WORK/llama_cmake/llama_finetune" "$WORK/hf_tiny" "$WORK/hf_shared"
+  check llama_cmake_static_run "$WORK/llama_cmake/llama_finetune_static" "$WORK/hf_tiny" "$WORK/hf_static"
+  check llama_same_bits cmp "$WORK/hf_shared/model.safetensors" "$WORK/hf_static/model.safetensors"
+  cp -r "$ROOT/examples/llama_consumer" "$WORK/llama_make"
+  rm -rf "$WORK/llama_make/build"
+  check llama_make_build make -C "$WORK/llama_make" ZERO_PREFIX="$PREFIX"
+  check llama_make_shared_run "$WORK/llama_make/llama_finetune" "$WORK/hf_tiny" "$WORK/hf_make"
 fi
 
 if [ -n "$add_to" ]; then

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs zero as a library into PREFIX (docs/library.md):
-#   PREFIX/include/zero/zero.h            the umbrella header, and the public headers it includes
-#                                         (zero/engine/engine.h, zero/runtime/status.h, ...)
+#   PREFIX/include/zero/zero.h            the umbrella header of the engine, and the public headers
+#                                         it includes (zero/engine/engine.h, zero/runtime/status.h, ...)
+#   PREFIX/include/zero/zero_models.h     the umbrella header of the models: the model seam, the Llama
+#                                         model, Hugging Face directories (zero/models/..., zero/hf/...)
 #   PREFIX/include/zero/version.h         ZERO_VERSION_MAJOR/MINOR/PATCH, ZERO_VERSION
 #   PREFIX/lib/libzero.a                  static archive (PIC)
 #   PREFIX/lib/libzero.so.X.Y.Z           shared library, SONAME libzero.so.X, links libzero.so.X
@@ -9,7 +11,7 @@
 #   PREFIX/lib/pkgconfig/zero.pc          pkg-config (shared); zero-static.pc (static)
 #   PREFIX/lib/cmake/zero/                find_package(zero): zero::zero, zero::zero_static
 # Builds //install:install_files with Bazel first (tools/setup.sh installs what is missing).
-# The public headers are install/zero.h's includes and everything they include, found by
+# The public headers are the umbrella headers' includes and everything they include, found by
 # following their #include "dir/file.h" lines, which are rewritten to <zero/dir/file.h> so that
 # -IPREFIX/include is the only include flag users need. Usage: tools/install.sh PREFIX
 set -euo pipefail
@@ -35,11 +37,15 @@ if [ -z "$VERSION" ] || [ "$SONAME" != "libzero.so.$MAJOR" ]; then
   exit 1
 fi
 
-# --- headers: the closure of install/zero.h's includes ----------------------------------------
+# --- headers: the closure of the umbrella headers' includes -------------------------------------
+UMBRELLAS=(zero.h zero_models.h)  # in install/; they include each other and version.h by <zero/...>
 INC="$PREFIX/include/zero"
 rm -rf "$INC"
 mkdir -p "$INC"
-queue=($(sed -n 's|^#include <zero/\(.*\)>$|\1|p' install/zero.h | grep -v '^version\.h$'))
+queue=()
+for u in "${UMBRELLAS[@]}"; do
+  queue+=($(sed -n 's|^#include <zero/\(.*\)>$|\1|p' "install/$u" | grep -Fvx -e version.h "${UMBRELLAS[@]/#/-e}"))
+done
 declare -A seen=()
 while ((${#queue[@]})); do
   h="${queue[0]}"
@@ -47,7 +53,7 @@ while ((${#queue[@]})); do
   [ -n "${seen[$h]:-}" ] && continue
   seen[$h]=1
   if [ ! -f "$h" ]; then
-    echo "install.sh: public header $h (included by install/zero.h or a public header) does not exist" >&2
+    echo "install.sh: public header $h (included by an umbrella header in install/ or a public header) does not exist" >&2
     exit 1
   fi
   for dep in $(sed -n 's|^#include "\([a-z_]*/[^"]*\.h\)"$|\1|p' "$h"); do queue+=("$dep"); done
@@ -58,7 +64,7 @@ while ((${#queue[@]})); do
     exit 1
   fi
 done
-cp install/zero.h "$INC/zero.h"
+for u in "${UMBRELLAS[@]}"; do install -m 644 "install/$u" "$INC/$u"; done
 install -m 644 "$BIN/version.h" "$INC/version.h"
 
 # --- libraries ---------------------------------------------------------------------------------
@@ -87,4 +93,4 @@ subst install/zero-static.pc.in "$LIB/pkgconfig/zero-static.pc"
 subst install/zeroConfig.cmake.in "$LIB/cmake/zero/zeroConfig.cmake"
 subst install/zeroConfigVersion.cmake.in "$LIB/cmake/zero/zeroConfigVersion.cmake"
 
-echo "installed zero $VERSION into $PREFIX ($(ls "$INC"/*/*.h | wc -l) public headers; system libraries: $FLAGS_SPACED)"
+echo "installed zero $VERSION into $PREFIX ($(find "$INC" -name '*.h' | wc -l) headers; system libraries: $FLAGS_SPACED)"
