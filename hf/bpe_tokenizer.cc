@@ -9,6 +9,8 @@
 #include <queue>
 #include <sstream>
 
+#include "runtime/json_input.h"
+
 namespace zero::llm {
 namespace {
 
@@ -713,12 +715,8 @@ Result<BpeTokenizer> BpeTokenizer::Load(const std::string& path) {
 }
 
 Result<BpeTokenizer> BpeTokenizer::FromJson(std::string_view json_text, const std::string& name) {
-  Json j;
-  try {
-    j = Json::parse(json_text.begin(), json_text.end());
-  } catch (const Json::parse_error& e) {
-    return InvalidArgumentError(name + ": not valid JSON (byte " + std::to_string(e.byte) + "): " + e.what());
-  }
+  // Nesting, numbers beyond double, duplicate keys and linear time: runtime/json_input.h.
+  ZERO_ASSIGN_OR_RETURN(Json j, ParseJsonText<Json>(json_text, name));
   auto bad = [&](const std::string& key, const std::string& what) {
     return InvalidArgumentError(name + ": " + key + ": " + what);
   };

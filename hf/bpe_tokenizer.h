@@ -75,7 +75,9 @@ class BpeTokenizer {
   // file: GPT-2 style (pre_tokenizer ByteLevel with use_regex true), or Llama-3 / Qwen style
   // (Sequence of a Split by one of the SplitPattern regexes and ByteLevel with use_regex false);
   // normalizer null or NFC (see the caveat above). Every other kind is refused with an error naming
-  // the file and the key (e.g. "model.type: expected \"BPE\", got \"WordPiece\""). The decoder,
+  // the file and the key (e.g. "model.type: expected \"BPE\", got \"WordPiece\""); the text goes
+  // through runtime/json_input.h (nesting beyond 100 levels, a number beyond double and a duplicate
+  // key are errors naming the file, line and column). The decoder,
   // post_processor and the model's unk/fuse/byte-fallback settings are kept as read for Save.
   static Result<BpeTokenizer> Load(const std::string& path);
   // The same from the file's text; `name` stands for the file in errors.

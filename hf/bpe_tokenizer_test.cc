@@ -264,6 +264,63 @@ TEST(BpeTokenizerTest, LoadsQwenStyleFileAndKeepsItsSettings) {
       << refused.status().message();
 }
 
+// The 256 byte tokens as tokenizer.json's model.vocab entries (ids 0..255 in byte order).
+std::string ByteVocabEntries() {
+  std::string vocab;
+  for (int b = 0; b < 256; ++b) {
+    std::string key = BytesToByteLevel(std::string(1, static_cast<char>(b)));
+    if (key == "\"" || key == "\\") key = "\\" + key;
+    vocab += (b ? ", \"" : "\"") + key + "\": " + std::to_string(b);
+  }
+  return vocab;
+}
+
+// Issue 35: hostile tokenizer.json text is an error naming the file, never a crash or an exception.
+TEST(BpeTokenizerTest, HostileJsonIsAnErrorNamingTheFile) {
+  const std::string model = R"("model": {"type": "BPE", "vocab": {)" + ByteVocabEntries() + R"(}, "merges": []})";
+  const std::string pre = R"("pre_tokenizer": {"type": "ByteLevel", "use_regex": true})";
+  ASSERT_OK(BpeTokenizer::FromJson("{" + pre + ", " + model + "}", "plain.json"));  // the base is valid
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  struct Case {
+    const char* what;
+    std::string text, expect;
+  };
+  const std::vector<Case> cases = {
+      // An unsupported pre_tokenizer is shown in the error; a post_processor is kept as its dump.
+      {"100k-deep pre_tokenizer", "{\"pre_tokenizer\": " + deep + ", " + model + "}",
+       "t.json: JSON nested deeper than 100 levels at line 1, column 118"},
+      {"100k-deep post_processor", "{" + pre + ", \"post_processor\": {\"x\": " + deep + "}, " + model + "}",
+       "t.json: JSON nested deeper than 100 levels at line 1"},
+      {"1e400 under a known key",
+       "{" + pre + ", \"truncation\": null, " + model.substr(0, 10) + "\"dropout\": 1e400, " + model.substr(10) + "}",
+       "(key 'model.dropout') is outside the range of a double"},
+      {"1e400 under an unknown key", "{\"unknown\": [1, 1e400], " + pre + ", " + model + "}",
+       "t.json: number 1e400 at line 1, column 17 (key 'unknown[1]') is outside the range of a double"},
+      {"a key given twice",
+       "{\"normalizer\": {\"type\": \"Lowercase\"}, \"normalizer\": null, " + pre + ", " + model + "}",
+       "t.json: duplicate key 'normalizer'"},
+  };
+  for (const Case& c : cases) {
+    auto t = BpeTokenizer::FromJson(c.text, "t.json");
+    if (t.ok()) {
+      ADD_FAILURE() << c.what << ": loaded";
+      continue;
+    }
+    EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << c.what;
+    EXPECT_NE(t.status().message().find(c.expect), std::string::npos) << c.what << ": " << t.status().message();
+  }
+  // Through Load the message names the file's path.
+  const std::string path = TempPath("deep_tokenizer.json");
+  {
+    std::ofstream out(path);
+    out << cases[0].text;
+  }
+  auto loaded = BpeTokenizer::Load(path);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().message().rfind(path + ": JSON nested deeper than 100 levels", 0), 0u)
+      << loaded.status().message();
+}
+
 TEST(BpeTokenizerTest, RefusesOtherKindsNamingFileAndKey) {
   const std::string path = TempPath("wordpiece.json");
   {

@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <utility>
 
 #include "engine/checkpoint/io.h"
+#include "runtime/json_input.h"
 
 namespace zero::llm {
 namespace {
@@ -92,18 +94,16 @@ Result<HfWeights> HfWeights::Open(const std::string& dir) {
   }
 
   ZERO_ASSIGN_OR_RETURN(std::string text, ReadRegularFile(index_path, kMaxIndexBytes));
-  json index;
-  try {
-    index = json::parse(text);
-  } catch (const json::exception& e) {
-    return DataLossError(index_path + ": not valid JSON: " + e.what());
-  }
-  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+  // Nesting, numbers beyond double, duplicate keys (a tensor mapped twice): runtime/json_input.h.
+  Result<json> parsed = ParseJsonText<json>(text, index_path);
+  if (!parsed.ok()) return DataLossError(parsed.status().message());
+  const json index = std::move(parsed).value();
+  if (!index.is_object() || !index.contains("weight_map") || !index.at("weight_map").is_object()) {
     return DataLossError(index_path + ": expected an object with a \"weight_map\" object");
   }
   std::map<std::string, std::string> weight_map;  // tensor -> shard
   std::map<std::string, int> shard_index;
-  for (const auto& [tensor, file] : index["weight_map"].items()) {
+  for (const auto& [tensor, file] : index.at("weight_map").items()) {
     if (!file.is_string()) {
       return DataLossError(index_path + ": weight_map['" + tensor + "'] is not a file name");
     }
@@ -205,6 +205,40 @@ Status HfWeights::Check(const std::vector<examples::ModelParamSpec>& specs,
   return InvalidArgumentError(msg);
 }
 
+Status HfWeights::CheckTiedCopy(const std::string& copy, const std::string& original, const std::string& why) const {
+  const TensorInfo* c = Find(copy);
+  if (c == nullptr) return OkStatus();
+  const TensorInfo* o = Find(original);
+  if (o == nullptr) {
+    return NotFoundError(dir_ + ": no tensor '" + original + "', to which " + copy + " is tied (" + why + ")");
+  }
+  const std::string head = dir_ + ": " + copy + " in " + file_of(copy);
+  const std::string fix = " (" + why + "): the model would compute with " + original + " in its place and drop " +
+                          copy + "; set the tie to false to train both, or remove " + copy + " from the checkpoint";
+  if (c->shape != o->shape) {
+    return InvalidArgumentError(head + " has shape " + ShapeString(c->shape) + ", not " + original + "'s " +
+                                ShapeString(o->shape) + fix);
+  }
+  int64_t numel = 1;
+  for (int64_t d : o->shape) numel *= d;
+  constexpr int64_t kChunk = 1 << 20;
+  std::vector<float> a(static_cast<size_t>(std::min(numel, kChunk))), b(a.size());
+  for (int64_t begin = 0; begin < numel; begin += kChunk) {
+    const int64_t n = std::min(numel - begin, kChunk);
+    ZERO_RETURN_IF_ERROR(ReadSlice(copy, begin, n, a.data()));
+    ZERO_RETURN_IF_ERROR(ReadSlice(original, begin, n, b.data()));
+    if (std::memcmp(a.data(), b.data(), static_cast<size_t>(n) * sizeof(float)) == 0) continue;
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+        return InvalidArgumentError(head + " differs from " + original + " in " + file_of(original) +
+                                    " (first at element " + std::to_string(begin + i) + ": " + std::to_string(a[i]) +
+                                    " vs " + std::to_string(b[i]) + ")" + fix);
+      }
+    }
+  }
+  return OkStatus();
+}
+
 Status HfWeights::ReadSlice(const std::string& name, int64_t begin, int64_t count, float* out) const {
   auto it = where_.find(name);
   if (it == where_.end()) return NotFoundError(dir_ + ": no tensor '" + name + "' in the checkpoint");
@@ -227,13 +261,8 @@ Status ExportHf(const std::string& dir, const std::string& config_json,
     return InvalidArgumentError("export to " + dir + ": max_shard_bytes must be positive, got " +
                                 std::to_string(max_shard_bytes));
   }
-  try {
-    if (!json::parse(config_json).is_object()) {
-      return InvalidArgumentError("export to " + dir + ": config.json is not a JSON object");
-    }
-  } catch (const json::exception& e) {
-    return InvalidArgumentError("export to " + dir + ": config.json is not valid JSON: " + e.what());
-  }
+  ZERO_ASSIGN_OR_RETURN(json config, ParseJsonText<json>(config_json, "export to " + dir + ": config.json"));
+  if (!config.is_object()) return InvalidArgumentError("export to " + dir + ": config.json is not a JSON object");
   // Sizes first (checked here, so a bad shape never reaches the writer half way through).
   std::vector<int64_t> bytes(specs.size());
   std::set<std::string> names;

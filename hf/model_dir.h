@@ -35,7 +35,9 @@ class HfWeights {
  public:
   // Opens `dir`/model.safetensors, or `dir`/model.safetensors.index.json and every shard it names,
   // validating every header (SafetensorsFile::Open). Refuses, naming the file: no weights file, both
-  // a single file and an index (ambiguous), an index that is not JSON or has no weight_map object,
+  // a single file and an index (ambiguous), an index that is not JSON (read by runtime/json_input.h:
+  // nesting beyond 100 levels, a number beyond double and a duplicate key are DATA_LOSS naming the
+  // line and column) or has no weight_map object,
   // a shard name that is empty or holds '/', '\\' or "..", a missing shard, a weight_map entry
   // whose tensor is not in its shard, a tensor present in two files, a tensor a shard holds that
   // the weight_map maps elsewhere or does not list.
@@ -60,6 +62,17 @@ class HfWeights {
   // unexpected tensor in one message, each with its file.
   Status Check(const std::vector<examples::ModelParamSpec>& specs, const std::set<std::string>& ignorable) const;
 
+  // For a tied pair of tensors, such as a model with tie_word_embeddings true: the model holds
+  // `original` ("model.embed_tokens.weight") and computes with it in place of `copy`
+  // ("lm_head.weight"), so a checkpoint's own `copy` would be dropped. OK when the checkpoint holds
+  // no `copy`, or a `copy` of original's shape whose values (read as float) equal original's bit for
+  // bit (some exporters write a tied weight twice). Otherwise INVALID_ARGUMENT naming both tensors,
+  // their files, the first differing element and `why` (the config key that ties them, e.g.
+  // "config.json: tie_word_embeddings is true"). NOT_FOUND when `copy` is present and `original`
+  // is not. Reads both tensors in 4 MiB chunks when `copy` is present; use with Check(), whose
+  // `ignorable` then lists `copy`.
+  Status CheckTiedCopy(const std::string& copy, const std::string& original, const std::string& why) const;
+
   // Reads elements [begin, begin + count) (flat, row-major) of tensor `name` as float into
   // out[0, count); reads only those bytes. NOT_FOUND for an unknown name; otherwise as
   // SafetensorsFile::ReadAsFloat.
@@ -78,9 +91,9 @@ class HfWeights {
 std::string HfShardName(int k, int n);
 
 // Writes a checkpoint directory transformers loads: `dir`/config.json (config_json as given; it
-// must be a JSON object) and the weights: model.safetensors when the tensors' bytes total at most
-// max_shard_bytes, else shards model-0000k-of-0000n.safetensors of at most max_shard_bytes each
-// (filled in spec order; a tensor larger than that gets a shard of its own) plus
+// must be a JSON object that runtime/json_input.h accepts, checked before anything is written) and the weights:
+// model.safetensors when the tensors' bytes total at most max_shard_bytes, else shards model-0000k-of-0000n.safetensors
+// of at most max_shard_bytes each (filled in spec order; a tensor larger than that gets a shard of its own) plus
 // model.safetensors.index.json with total_size (tensor bytes) and weight_map. Every tensor is
 // stored in `dtype` (round to nearest even from float), in spec order, with metadata {"format":
 // "pt"}. values(i, out) fills out[0, specs[i].numel()) with parameter i's values; it is called once

@@ -277,6 +277,59 @@ TEST(HfCheckpointTest, CheckListsEveryProblemInOneMessage) {
               AllOf(HasSubstr("1 unexpected"), HasSubstr("unexpected lm_head.weight")));
 }
 
+// Issue 35: a tied model (tie_word_embeddings true) computes with the embedding in the lm_head's
+// place, so a checkpoint's own lm_head.weight would be dropped silently unless it equals the
+// embedding.
+TEST(HfCheckpointTest, TiedCopyMustEqualItsOriginal) {
+  const char* why = "config.json: tie_word_embeddings is true";
+  const std::string emb = "model.embed_tokens.weight", head = "lm_head.weight";
+  auto dir_with = [&](const std::vector<float>& e, const std::vector<float>& h, std::vector<int64_t> head_shape,
+                      DType head_dtype) {
+    const std::string dir = ScratchDir("hf_tied");
+    std::vector<uint16_t> bits(h.size());
+    for (size_t i = 0; i < h.size(); ++i) StoreFromFloat(bits.data(), DType::kBF16, i, h[i]);
+    std::vector<TensorToWrite> t = {{emb, DType::kF32, {2, 3}, e.data()}};
+    if (!head_shape.empty()) {
+      t.push_back(
+          {head, head_dtype, head_shape,
+           head_dtype == DType::kF32 ? static_cast<const void*>(h.data()) : static_cast<const void*>(bits.data())});
+    }
+    EXPECT_OK(WriteSafetensors(dir + "/model.safetensors", t));
+    return dir;
+  };
+  const std::vector<float> e = {1, 2, 3, 4, 5, 6};
+  {  // no copy: nothing to check
+    ASSERT_OK_AND_ASSIGN(HfWeights w, HfWeights::Open(dir_with(e, {}, {}, DType::kF32)));
+    EXPECT_OK(w.CheckTiedCopy(head, emb, why));
+  }
+  {  // an equal copy (also in another dtype holding the same values) is the tied weight written twice
+    ASSERT_OK_AND_ASSIGN(HfWeights w, HfWeights::Open(dir_with(e, e, {2, 3}, DType::kF32)));
+    EXPECT_OK(w.CheckTiedCopy(head, emb, why));
+    ASSERT_OK_AND_ASSIGN(HfWeights b, HfWeights::Open(dir_with(e, e, {2, 3}, DType::kBF16)));
+    EXPECT_OK(b.CheckTiedCopy(head, emb, why));
+  }
+  {  // a different lm_head: refused naming both tensors, the key and the first difference
+    std::vector<float> h = e;
+    h[4] = 7;
+    ASSERT_OK_AND_ASSIGN(HfWeights w, HfWeights::Open(dir_with(e, h, {2, 3}, DType::kF32)));
+    Status st = w.CheckTiedCopy(head, emb, why);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(st.message(), AllOf(HasSubstr(w.dir()), HasSubstr("lm_head.weight in model.safetensors"),
+                                    HasSubstr("differs from model.embed_tokens.weight"), HasSubstr("element 4"),
+                                    HasSubstr("tie_word_embeddings is true")));
+  }
+  {  // another shape
+    ASSERT_OK_AND_ASSIGN(HfWeights w, HfWeights::Open(dir_with(e, e, {3, 2}, DType::kF32)));
+    EXPECT_THAT(w.CheckTiedCopy(head, emb, why).message(),
+                AllOf(HasSubstr("lm_head.weight"), HasSubstr("shape [3, 2]"), HasSubstr("[2, 3]"),
+                      HasSubstr("tie_word_embeddings")));
+  }
+  {  // the original missing
+    ASSERT_OK_AND_ASSIGN(HfWeights w, HfWeights::Open(dir_with(e, e, {2, 3}, DType::kF32)));
+    EXPECT_EQ(w.CheckTiedCopy(head, "model.absent.weight", why).code(), StatusCode::kNotFound);
+  }
+}
+
 // Writes `index` as the directory's index and shards a.safetensors {x, y} and b.safetensors {z}.
 std::string ShardedDir(const std::string& index) {
   const std::string dir = ScratchDir("hf_bad");
@@ -311,7 +364,7 @@ TEST(HfCheckpointTest, RefusesBadDirectoriesAndIndexes) {
     std::string index, expect;
   };
   const std::vector<Case> cases = {
-      {"not JSON", R"({"weight_map": )", index_name + ": not valid JSON"},
+      {"not JSON", R"({"weight_map": )", index_name + ": malformed JSON at line 1"},
       {"no weight_map", R"({"metadata": {}})", "\"weight_map\""},
       {"slash", R"({"weight_map": {"x": "sub/a.safetensors"}})", "'sub/a.safetensors' is not a file name"},
       {"dotdot", R"({"weight_map": {"x": "..a.safetensors"}})", "is not a file name"},
@@ -364,6 +417,47 @@ TEST(HfCheckpointTest, RefusesBadDirectoriesAndIndexes) {
   EXPECT_EQ(HfWeights::Open(empty + "/absent").status().code(), StatusCode::kNotFound);
 }
 
+// Issue 35: hostile index text is DATA_LOSS naming the index, never a crash or an exception.
+TEST(HfCheckpointTest, HostileIndexJsonIsAnErrorNamingTheFile) {
+  const std::string index_name = "model.safetensors.index.json";
+  const std::string map = R"("weight_map": {"x": "a.safetensors", "y": "a.safetensors", "z": "b.safetensors"})";
+  struct Case {
+    const char* what;
+    std::string index, expect;
+  };
+  const std::vector<Case> cases = {
+      {"100k-deep nesting", "{" + map + ", \"metadata\": " + std::string(100000, '[') + std::string(100000, ']') + "}",
+       index_name + ": JSON nested deeper than 100 levels at line 1"},
+      {"1e400 under a known key", "{\"metadata\": {\"total_size\": 1e400}, " + map + "}",
+       "number 1e400 at line 1, column 29 (key 'metadata.total_size') is outside the range of a double"},
+      {"1e400 under an unknown key", "{\"extra\": 1e400, " + map + "}",
+       "number 1e400 at line 1, column 11 (key 'extra') is outside the range of a double"},
+      {"a tensor mapped twice",
+       R"({"weight_map": {"x": "a.safetensors", "y": "a.safetensors", "x": "b.safetensors", "z": "b.safetensors"}})",
+       "duplicate key 'weight_map.x'"},
+  };
+  for (const Case& c : cases) {
+    const std::string dir = ShardedDir(c.index);
+    auto w = HfWeights::Open(dir);
+    if (w.ok()) {
+      ADD_FAILURE() << c.what << ": opened";
+      continue;
+    }
+    EXPECT_EQ(w.status().code(), StatusCode::kDataLoss) << c.what << ": " << w.status().ToString();
+    EXPECT_THAT(w.status().message(), AllOf(HasSubstr(dir + "/" + index_name + ": "), HasSubstr(c.expect))) << c.what;
+  }
+  // The config given to ExportHf is checked the same way before anything is written.
+  const std::string out = ScratchDir("hf") + "/m";
+  const std::vector<ModelParamSpec> specs = Specs();
+  EXPECT_THAT(ExportHf(out, "{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}", specs, DType::kBF16,
+                       ValuesOf(specs))
+                  .message(),
+              AllOf(HasSubstr("export to " + out + ": config.json"), HasSubstr("nested deeper than 100 levels")));
+  EXPECT_THAT(ExportHf(out, R"({"a": 1, "a": 2})", specs, DType::kBF16, ValuesOf(specs)).message(),
+              HasSubstr("duplicate key 'a'"));
+  EXPECT_FALSE(PathExists(out));
+}
+
 TEST(HfCheckpointTest, ExportRefusesBadArgumentsAndStopsOnValueErrors) {
   const std::string dir = ScratchDir("hf");
   const std::vector<ModelParamSpec> specs = Specs();
@@ -371,7 +465,7 @@ TEST(HfCheckpointTest, ExportRefusesBadArgumentsAndStopsOnValueErrors) {
   EXPECT_THAT(ExportHf(dir + "/file", kConfig, specs, DType::kBF16, ValuesOf(specs)).message(),
               AllOf(HasSubstr(dir + "/file"), HasSubstr("not a directory")));
   EXPECT_THAT(ExportHf(dir + "/m", "{\"a\": ", specs, DType::kBF16, ValuesOf(specs)).message(),
-              HasSubstr("config.json is not valid JSON"));
+              HasSubstr("export to " + dir + "/m: config.json: malformed JSON at line 1"));
   EXPECT_THAT(ExportHf(dir + "/m", "[1]", specs, DType::kBF16, ValuesOf(specs)).message(),
               HasSubstr("config.json is not a JSON object"));
   EXPECT_THAT(ExportHf(dir + "/m", kConfig, specs, DType::kBF16, ValuesOf(specs), 0).message(),
