@@ -20,6 +20,9 @@
 #include "models/llama/cuda_model.h"
 #include "models/llama/params.h"
 #include "models/model_api.h"
+#include "runtime/cuda_device.h"
+#include "runtime/cuda_status.h"
+#include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
 
@@ -99,20 +102,6 @@ Result<Options> Parse(int argc, char** argv) {
   return o;
 }
 
-#define BENCH_CUDA(call)                                                                             \
-  do {                                                                                               \
-    const cudaError_t _e = (call);                                                                   \
-    if (_e != cudaSuccess) return InternalError(std::string(#call) + ": " + cudaGetErrorString(_e)); \
-  } while (0)
-
-// Device tensors, one allocation each, freed on destruction.
-struct DeviceSet {
-  std::vector<void*> ptrs;
-  ~DeviceSet() {
-    for (void* p : ptrs) cudaFree(p);
-  }
-};
-
 Status Run(const Options& o) {
   ZERO_ASSIGN_OR_RETURN(LlmConfig c, Preset(o.preset));
   if (o.layers > 0) c.num_hidden_layers = o.layers;
@@ -136,33 +125,33 @@ Status Run(const Options& o) {
       StoreFromFloat(host_ones.data(), o.dtype, i, 1.0f);
     }
   }
-  DeviceSet blocks, params, grads;
-  void* d_block = nullptr;
-  void* d_ones = nullptr;
-  BENCH_CUDA(cudaMalloc(&d_block, host_block.size()));
-  blocks.ptrs.push_back(d_block);
-  BENCH_CUDA(cudaMalloc(&d_ones, host_ones.size()));
-  blocks.ptrs.push_back(d_ones);
-  BENCH_CUDA(cudaMemcpy(d_block, host_block.data(), host_block.size(), cudaMemcpyHostToDevice));
-  BENCH_CUDA(cudaMemcpy(d_ones, host_ones.data(), host_ones.size(), cudaMemcpyHostToDevice));
+  // Everything (parameters, gradients, the model's buffers) is memory of GPU 0 through its Device;
+  // the copies and the model run on its default stream.
+  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<CudaDevice> device, CudaDevice::Create(0));
+  ZERO_ASSIGN_OR_RETURN(DeviceBuffer d_block, device->Allocate(host_block.size()));
+  ZERO_ASSIGN_OR_RETURN(DeviceBuffer d_ones, device->Allocate(host_ones.size()));
+  ZERO_RETURN_IF_ERROR(
+      device->Copy(d_block.data(), host_block.data(), host_block.size(), CopyKind::kHostToDevice, nullptr));
+  ZERO_RETURN_IF_ERROR(
+      device->Copy(d_ones.data(), host_ones.data(), host_ones.size(), CopyKind::kHostToDevice, nullptr));
+  std::vector<DeviceBuffer> params, grads;
   std::vector<examples::ParamView> pviews;
   std::vector<examples::GradView> gviews;
   for (const examples::ModelParamSpec& spec : specs) {
     const int64_t n = spec.numel();
-    void* p = nullptr;
-    void* g = nullptr;
-    BENCH_CUDA(cudaMalloc(&p, n * es));
-    params.ptrs.push_back(p);
-    BENCH_CUDA(cudaMalloc(&g, n * es));
-    grads.ptrs.push_back(g);
-    const void* src = spec.init == examples::InitKind::kOnes ? d_ones : d_block;
+    ZERO_ASSIGN_OR_RETURN(DeviceBuffer p, device->Allocate(n * es));
+    ZERO_ASSIGN_OR_RETURN(DeviceBuffer g, device->Allocate(n * es));
+    const void* src = spec.init == examples::InitKind::kOnes ? d_ones.data() : d_block.data();
     for (int64_t at = 0; at < n; at += kBlock) {
       const int64_t len = std::min(kBlock, n - at);
-      BENCH_CUDA(cudaMemcpy(static_cast<char*>(p) + at * es, src, len * es, cudaMemcpyDeviceToDevice));
+      ZERO_RETURN_IF_ERROR(device->Copy(p.as<char>() + at * es, src, len * es, CopyKind::kDeviceToDevice, nullptr));
     }
-    pviews.push_back({p, o.dtype});
-    gviews.push_back({g, o.dtype});
+    pviews.push_back({p.data(), o.dtype});
+    gviews.push_back({g.data(), o.dtype});
+    params.push_back(std::move(p));
+    grads.push_back(std::move(g));
   }
+  ZERO_RETURN_IF_ERROR(device->SynchronizeStream(nullptr));
   examples::ResidentParams provider(specs, pviews);
   examples::GradBuffers sink(gviews);
 
@@ -177,15 +166,13 @@ Status Run(const Options& o) {
     batch.targets.push_back(static_cast<int32_t>((s >> 33) % c.vocab_size));
   }
 
-  cudaStream_t stream;
-  BENCH_CUDA(cudaStreamCreate(&stream));
   LlmCudaOptions options;
   options.activation_checkpointing = o.checkpointing;
   options.logits_chunk_bytes = o.chunk_mib << 20;
   options.profile = o.profile;
   options.attention = o.attention;
   Status status = [&]() -> Status {
-    ZERO_ASSIGN_OR_RETURN(auto model, LlmCuda::Create(c, stream, options));
+    ZERO_ASSIGN_OR_RETURN(auto model, LlmCuda::Create(c, device.get(), /*stream=*/nullptr, options));
     LlmCudaActivations acts;
     double loss = 0;
     auto step = [&]() -> Status {
@@ -195,14 +182,14 @@ Status Run(const Options& o) {
       return OkStatus();
     };
     for (int64_t i = 0; i < o.warmup; ++i) ZERO_RETURN_IF_ERROR(step());
-    BENCH_CUDA(cudaStreamSynchronize(stream));
+    ZERO_RETURN_IF_ERROR(device->SynchronizeStream(nullptr));
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < o.steps; ++i) ZERO_RETURN_IF_ERROR(step());
-    BENCH_CUDA(cudaStreamSynchronize(stream));
+    ZERO_RETURN_IF_ERROR(device->SynchronizeStream(nullptr));
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ZERO_ASSIGN_OR_RETURN(loss, model->ReadLoss(acts));
     size_t free_bytes = 0, total_bytes = 0;
-    BENCH_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+    ZERO_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
     const double tokens = static_cast<double>(o.batch * o.seq) * o.steps;
     const double tps = tokens / secs;
     const double tflops = tps * c.TrainFlopsPerToken(static_cast<int>(o.seq)) / 1e12;
@@ -231,7 +218,6 @@ Status Run(const Options& o) {
     }
     return OkStatus();
   }();
-  cudaStreamDestroy(stream);
   return status;
 }
 

@@ -74,6 +74,8 @@
 
 #include "bench/mlp_cuda.h"
 #include "runtime/cuda_device.h"
+#include "runtime/cuda_status.h"
+#include "runtime/device_arena.h"
 #endif
 
 namespace zero::bench {
@@ -431,12 +433,6 @@ Status DryRun(const Options& o) {
 
 #if defined(ZERO_BENCH_HAS_CUDA)
 
-#define BENCH_CUDA_RETURN_IF_ERROR(expr)                                                                 \
-  do {                                                                                                   \
-    cudaError_t _b_e = (expr);                                                                           \
-    if (_b_e != cudaSuccess) return InternalError(std::string(#expr) + ": " + cudaGetErrorString(_b_e)); \
-  } while (0)
-
 struct StepTimes {
   std::vector<double> fwd, fwd_bwd, step, loss;
 };
@@ -529,7 +525,7 @@ Status Run(const Options& o) {
   const cudaStream_t stream = cuda->native_stream(nullptr);  // the engine's compute stream
 
   const MlpShape shape{o.tokens, o.dim, o.ffn, o.blocks};
-  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<MlpCuda> model, MlpCuda::Create(shape, stream));
+  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<MlpCuda> model, MlpCuda::Create(shape, device.get(), /*stream=*/nullptr));
   const std::vector<ParamSpec> specs = Specs(o);
 
   std::unique_ptr<Communicator> comm;
@@ -552,16 +548,19 @@ Status Run(const Options& o) {
       plain_grads.push_back(std::move(g));
     }
   }
-  ZERO_ASSIGN_OR_RETURN(DeviceBuffer acts, device->Allocate(MlpCuda::ActivationBytes(shape)));
-  ZERO_RETURN_IF_ERROR(model->Bind(acts.data(), acts.bytes()));
+  DeviceArena acts("activations");  // one region: the model's layout (ActivationBytes)
+  void* activations = nullptr;
+  acts.ReserveBytes(&activations, MlpCuda::ActivationBytes(shape), "mlp activations");
+  ZERO_RETURN_IF_ERROR(acts.Allocate(device.get()));
+  ZERO_RETURN_IF_ERROR(model->Bind(activations, acts.bytes()));
   ZERO_RETURN_IF_ERROR(model->FillInput(kInputStream));
   ZERO_RETURN_IF_ERROR(device->Synchronize());
   const double init_s = std::chrono::duration<double>(Clock::now() - t_start).count();
   device->ResetPeak();
 
   cudaEvent_t ev0 = nullptr, ev1 = nullptr;
-  BENCH_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev0));
-  BENCH_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev1));
+  ZERO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev0));
+  ZERO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev1));
   EngineDriver driver(engine.get(), model.get(), o.blocks);
   auto plain = [&](int l) {
     return MlpBlockParams{plain_params[4 * l].data(), plain_params[4 * l + 1].data(), plain_params[4 * l + 2].data(),
@@ -582,14 +581,14 @@ Status Run(const Options& o) {
                              "expects it (managed mode, gradient_accumulation_steps " +
                              std::to_string(o.gas) + ")");
       }
-      BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev0, stream));
+      ZERO_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev0, stream));
       if (engine) {
         ZERO_RETURN_IF_ERROR(driver.Forward());
       } else {
         for (int l = 0; l < o.blocks; ++l) ZERO_RETURN_IF_ERROR(model->ForwardBlock(l, plain(l)));
         ZERO_RETURN_IF_ERROR(model->Loss());
       }
-      BENCH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev1, stream));
+      ZERO_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev1, stream));
       if (engine) {
         ZERO_RETURN_IF_ERROR(driver.Backward());
       } else {
@@ -600,9 +599,9 @@ Status Run(const Options& o) {
           if (l > 0) ZERO_RETURN_IF_ERROR(model->BackwardInput(l, p));
         }
       }
-      BENCH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ev1));
+      ZERO_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ev1));
       float fwd_ms = 0.0f;
-      BENCH_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&fwd_ms, ev0, ev1));
+      ZERO_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&fwd_ms, ev0, ev1));
       fwd_s += fwd_ms / 1e3;
     }
     ZERO_RETURN_IF_ERROR(device->Synchronize());
@@ -623,7 +622,7 @@ Status Run(const Options& o) {
     if (!std::isfinite(loss)) return InternalError("loss is not finite at step " + std::to_string(s + 1));
   }
   size_t free_b = 0, total_b = 0;
-  BENCH_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
+  ZERO_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
   cudaEventDestroy(ev0);
   cudaEventDestroy(ev1);
   const MemoryStats ms = device->memory_stats();

@@ -8,31 +8,12 @@
 #include <string>
 
 #include "bench/mlp_cuda.h"
+#include "runtime/cuda_device.h"
+#include "runtime/cuda_status.h"
+#include "runtime/device.h"
 
 namespace zero::bench {
 namespace {
-
-Status CudaError(const char* what, cudaError_t e) {
-  return InternalError(std::string(what) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
-}
-
-Status CublasError(const char* what, cublasStatus_t s) {
-  return InternalError(std::string(what) + ": " + cublasGetStatusName(s) + ": " + cublasGetStatusString(s));
-}
-
-#define MLP_CUDA_RETURN_IF_ERROR(expr)                          \
-  do {                                                          \
-    cudaError_t _mlp_e = (expr);                                \
-    if (_mlp_e != cudaSuccess) return CudaError(#expr, _mlp_e); \
-  } while (0)
-
-#define MLP_CUBLAS_RETURN_IF_ERROR(expr)                                    \
-  do {                                                                      \
-    cublasStatus_t _mlp_s = (expr);                                         \
-    if (_mlp_s != CUBLAS_STATUS_SUCCESS) return CublasError(#expr, _mlp_s); \
-  } while (0)
-
-#define MLP_LAUNCH_CHECK(name) MLP_CUDA_RETURN_IF_ERROR(cudaGetLastError())
 
 constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 132 * 16;  // grid-stride loops: a few waves of an H200's 132 SMs
@@ -183,7 +164,12 @@ size_t MlpCuda::ActivationBytes(const MlpShape& s) {
   return 2 * ((s.blocks + 1) * xd + s.blocks * xf + xd + xf);
 }
 
-Result<std::unique_ptr<MlpCuda>> MlpCuda::Create(const MlpShape& shape, cudaStream_t stream) {
+Result<std::unique_ptr<MlpCuda>> MlpCuda::Create(const MlpShape& shape, Device* device, Stream* stream) {
+  CudaDevice* cuda = device == nullptr ? nullptr : device->AsCuda();
+  if (cuda == nullptr) {
+    return InvalidArgumentError("MlpCuda: device " + (device == nullptr ? std::string("null") : device->name()) +
+                                " is not a CUDA device");
+  }
   if (shape.tokens < 1 || shape.blocks < 1 || shape.dim < 64 || shape.ffn < 64 || shape.dim % 64 != 0 ||
       shape.ffn % 64 != 0) {
     return InvalidArgumentError("MlpCuda: need tokens >= 1, blocks >= 1, dim and ffn multiples of 64; got tokens " +
@@ -193,28 +179,26 @@ Result<std::unique_ptr<MlpCuda>> MlpCuda::Create(const MlpShape& shape, cudaStre
   if (size_t(shape.tokens) * std::max(shape.dim, shape.ffn) >= (size_t{1} << 32)) {
     return InvalidArgumentError("MlpCuda: tokens x ffn must stay below 2^32 (32-bit hash index)");
   }
-  std::unique_ptr<MlpCuda> m(new MlpCuda(shape, stream));
+  ZERO_CUDA_RETURN_IF_ERROR(cudaSetDevice(cuda->ordinal()));  // cuBLAS binds its handle to it
+  std::unique_ptr<MlpCuda> m(new MlpCuda(shape, device, cuda->native_stream(stream)));
   ZERO_RETURN_IF_ERROR(m->Init());
   return std::move(m);
 }
 
 Status MlpCuda::Init() {
   cublasHandle_t h = nullptr;
-  MLP_CUBLAS_RETURN_IF_ERROR(cublasCreate(&h));
+  ZERO_CUBLAS_RETURN_IF_ERROR(cublasCreate(&h));
   cublas_ = h;
-  MLP_CUBLAS_RETURN_IF_ERROR(cublasSetStream(h, stream_));
-  MLP_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
-  MLP_CUDA_RETURN_IF_ERROR(cudaMalloc(&colsum_partial_, sizeof(float) * kColChunks * std::max(shape_.dim, shape_.ffn)));
-  MLP_CUDA_RETURN_IF_ERROR(cudaMalloc(&loss_partial_, sizeof(double) * kLossBlocks));
-  MLP_CUDA_RETURN_IF_ERROR(cudaMalloc(&loss_, sizeof(double)));
-  return OkStatus();
+  ZERO_CUBLAS_RETURN_IF_ERROR(cublasSetStream(h, stream_));
+  ZERO_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+  workspace_.Reserve(&colsum_partial_, kColChunks * std::max(shape_.dim, shape_.ffn), "column sum partials");
+  workspace_.Reserve(&loss_partial_, kLossBlocks, "loss partials");
+  workspace_.Reserve(&loss_, 1, "loss");
+  return workspace_.Allocate(device_).WithContext("MlpCuda");
 }
 
 MlpCuda::~MlpCuda() {
   if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
-  cudaFree(colsum_partial_);
-  cudaFree(loss_partial_);
-  cudaFree(loss_);
 }
 
 Status MlpCuda::Bind(void* activations, size_t bytes) {
@@ -237,7 +221,7 @@ Status MlpCuda::Bind(void* activations, size_t bytes) {
 Status MlpCuda::FillUniform(void* dst, size_t n, uint32_t stream_id, float bound) {
   if (n == 0) return OkStatus();
   HashFillKernel<<<Grid(n), kThreads, 0, stream_>>>(static_cast<__nv_bfloat16*>(dst), n, HashKey(stream_id), bound);
-  MLP_LAUNCH_CHECK(HashFill);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(HashFill);
   return OkStatus();
 }
 
@@ -250,11 +234,11 @@ Status MlpCuda::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
                      const void* b, int64_t ldb, void* c, int64_t ldc, float beta) {
   // cuBLAS is column-major, where a row-major X reads as X^T: C^T = op(B)^T op(A)^T.
   const float one = 1.0f;
-  MLP_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(static_cast<cublasHandle_t>(cublas_), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                          trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                                          static_cast<int>(k), &one, b, CUDA_R_16BF, static_cast<int>(ldb), a,
-                                          CUDA_R_16BF, static_cast<int>(lda), &beta, c, CUDA_R_16BF,
-                                          static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  ZERO_CUBLAS_RETURN_IF_ERROR(
+      cublasGemmEx(static_cast<cublasHandle_t>(cublas_), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                   trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+                   &one, b, CUDA_R_16BF, static_cast<int>(ldb), a, CUDA_R_16BF, static_cast<int>(lda), &beta, c,
+                   CUDA_R_16BF, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return OkStatus();
 }
 
@@ -263,10 +247,10 @@ Status MlpCuda::ColumnSum(const void* x, int64_t rows, int64_t cols, void* out) 
   const int chunks = static_cast<int>((rows + rows_per_chunk - 1) / rows_per_chunk);
   ColumnSumPartialKernel<<<dim3(static_cast<unsigned>(cols / 64), chunks), dim3(32, 8), 0, stream_>>>(
       static_cast<const __nv_bfloat162*>(x), rows, cols, rows_per_chunk, colsum_partial_);
-  MLP_LAUNCH_CHECK(ColumnSumPartial);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(ColumnSumPartial);
   ColumnSumFinalKernel<<<Grid(cols), kThreads, 0, stream_>>>(colsum_partial_, chunks, cols,
                                                              static_cast<__nv_bfloat16*>(out));
-  MLP_LAUNCH_CHECK(ColumnSumFinal);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(ColumnSumFinal);
   return OkStatus();
 }
 
@@ -282,12 +266,12 @@ Status MlpCuda::ForwardBlock(int l, const MlpBlockParams& p) {
   ZERO_RETURN_IF_ERROR(Gemm(false, true, B, F, D, x, D, p.w1, D, a, F, 0.0f));
   BiasReluKernel<<<Grid(xf / 8), kThreads, 0, stream_>>>(reinterpret_cast<uint4*>(a), static_cast<const uint4*>(p.b1),
                                                          xf / 8, F / 8);
-  MLP_LAUNCH_CHECK(BiasRelu);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(BiasRelu);
   // x' = a w2^T + b2 + x
   ZERO_RETURN_IF_ERROR(Gemm(false, true, B, D, F, a, F, p.w2, F, xn, D, 0.0f));
   BiasResidualKernel<<<Grid(xd / 8), kThreads, 0, stream_>>>(
       reinterpret_cast<uint4*>(xn), static_cast<const uint4*>(p.b2), reinterpret_cast<const uint4*>(x), xd / 8, D / 8);
-  MLP_LAUNCH_CHECK(BiasResidual);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(BiasResidual);
   return OkStatus();
 }
 
@@ -298,16 +282,16 @@ Status MlpCuda::Loss(float grad_scale) {
   LossPartialKernel<<<kLossBlocks, kThreads, 0, stream_>>>(reinterpret_cast<const uint4*>(x), n / 8,
                                                            static_cast<float>(2.0 / double(n) * grad_scale),
                                                            reinterpret_cast<uint4*>(g_), loss_partial_);
-  MLP_LAUNCH_CHECK(LossPartial);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(LossPartial);
   LossFinalKernel<<<1, 32, 0, stream_>>>(loss_partial_, kLossBlocks, 1.0 / double(n), loss_);
-  MLP_LAUNCH_CHECK(LossFinal);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(LossFinal);
   return OkStatus();
 }
 
 Result<double> MlpCuda::ReadLoss() {
   double v = 0.0;
-  MLP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&v, loss_, sizeof(double), cudaMemcpyDeviceToHost, stream_));
-  MLP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  ZERO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&v, loss_, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  ZERO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return v;
 }
 
@@ -324,7 +308,7 @@ Status MlpCuda::BackwardFc2(int l, const MlpBlockParams& p, void* db2, void* dw2
   ZERO_RETURN_IF_ERROR(Gemm(false, false, B, F, D, g_, D, p.w2, F, da_, F, 0.0f));
   ReluMaskKernel<<<Grid(xf / 8), kThreads, 0, stream_>>>(reinterpret_cast<uint4*>(da_),
                                                          reinterpret_cast<const uint4*>(a), xf / 8);
-  MLP_LAUNCH_CHECK(ReluMask);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(ReluMask);
   return OkStatus();
 }
 

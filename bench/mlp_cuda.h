@@ -5,8 +5,9 @@
 // Parameters are not owned here: the caller passes each block's bf16 device pointers (PyTorch's
 // nn.Linear layout, weight [out, in] row-major, then bias [out]) to every call, so the Engine (or
 // plain buffers, for the compute-only mode) owns them. Owns its cuBLAS handle and the workspace for
-// column sums and the loss; the activations live in device memory the caller allocates
-// (ActivationBytes) and binds, so they count in the caller's Device memory statistics.
+// column sums and the loss (a "workspace" DeviceArena of the Device given to Create); the
+// activations live in device memory the caller allocates (ActivationBytes) and binds. Both count in
+// the Device's memory statistics.
 //
 // Arithmetic: cuBLAS bf16 GEMMs with fp32 accumulation (CUBLAS_COMPUTE_32F); bias, ReLU, residual
 // and the loss gradient in fp32 registers, rounded to bf16 once per stored tensor; bias gradients
@@ -20,6 +21,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "runtime/device.h"
+#include "runtime/device_arena.h"
 #include "runtime/dtype.h"  // ZERO_HD
 #include "runtime/status.h"
 
@@ -60,9 +63,11 @@ ZERO_HD float HashUniform(uint32_t key, uint32_t index, float bound) {
 
 class MlpCuda {
  public:
-  // Validates the shape (dim and ffn multiples of 64, tokens >= 1), creates the cuBLAS handle on
-  // `stream` and the small workspaces (cudaMalloc).
-  static Result<std::unique_ptr<MlpCuda>> Create(const MlpShape& shape, cudaStream_t stream);
+  // Validates the shape (dim and ffn multiples of 64, tokens >= 1), makes `device` current, creates
+  // the cuBLAS handle on `stream` and the small workspaces (from `device`). `device` must be a
+  // CudaDevice (Device::AsCuda; otherwise InvalidArgument) and outlive the model; `stream` is one of
+  // its streams (null: its default stream; REQUIRES a stream of this device).
+  static Result<std::unique_ptr<MlpCuda>> Create(const MlpShape& shape, Device* device, Stream* stream);
   ~MlpCuda();
   MlpCuda(const MlpCuda&) = delete;
   MlpCuda& operator=(const MlpCuda&) = delete;
@@ -98,7 +103,8 @@ class MlpCuda {
   const MlpShape& shape() const { return shape_; }
 
  private:
-  MlpCuda(const MlpShape& shape, cudaStream_t stream) : shape_(shape), stream_(stream) {}
+  MlpCuda(const MlpShape& shape, Device* device, cudaStream_t stream)
+      : shape_(shape), device_(device), stream_(stream) {}
   Status Init();
   // Row-major C[m,n] = op(A) op(B) + beta C, bf16 in and out, fp32 accumulation.
   Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b,
@@ -106,8 +112,10 @@ class MlpCuda {
   Status ColumnSum(const void* x, int64_t rows, int64_t cols, void* out_bf16);
 
   MlpShape shape_;
+  Device* device_;
   cudaStream_t stream_;
-  void* cublas_ = nullptr;  // cublasHandle_t
+  void* cublas_ = nullptr;              // cublasHandle_t
+  DeviceArena workspace_{"workspace"};  // the three below
   float* colsum_partial_ = nullptr;
   double* loss_partial_ = nullptr;
   double* loss_ = nullptr;

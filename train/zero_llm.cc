@@ -102,7 +102,7 @@ class CudaRunner final : public ModelRunner {
     opts.attention = attention == "cudnn"    ? LlmAttention::kCudnn
                      : attention == "kernel" ? LlmAttention::kKernel
                                              : LlmAttention::kAuto;
-    ZERO_ASSIGN_OR_RETURN(r->model_, LlmCuda::Create(c, cuda->native_stream(nullptr), opts));
+    ZERO_ASSIGN_OR_RETURN(r->model_, LlmCuda::Create(c, device, /*stream=*/nullptr, opts));
     return std::unique_ptr<ModelRunner>(std::move(r));
   }
   // In training the loss is read after backward (Loss), so forward and backward queue without a

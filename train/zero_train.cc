@@ -124,7 +124,7 @@ class CudaModelRunner final : public ByteRunner {
       return InternalError("cudaSetDevice(" + std::to_string(cuda->ordinal()) + ") failed");
     }
     auto r = std::unique_ptr<CudaModelRunner>(new CudaModelRunner(c, train, seed));
-    ZERO_ASSIGN_OR_RETURN(r->model_, ByteLmCuda::Create(c, cuda->native_stream(nullptr)));
+    ZERO_ASSIGN_OR_RETURN(r->model_, ByteLmCuda::Create(c, device, /*stream=*/nullptr));
     return std::unique_ptr<train::ModelRunner>(std::move(r));
   }
   Status ForwardRows(ParamProvider& params, const uint8_t* tokens, int batch) override {

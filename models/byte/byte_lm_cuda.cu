@@ -8,32 +8,14 @@
 #include <utility>
 
 #include "models/byte/byte_lm_cuda.h"
+#include "runtime/cuda_device.h"
+#include "runtime/cuda_status.h"
+#include "runtime/device.h"
+#include "runtime/device_arena.h"
 #include "runtime/dtype.h"
 
 namespace zero::examples {
 namespace {
-
-Status CudaError(const char* what, cudaError_t e) {
-  return InternalError(std::string(what) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
-}
-
-Status CublasError(const char* what, cublasStatus_t s) {
-  return InternalError(std::string(what) + ": " + cublasGetStatusName(s) + ": " + cublasGetStatusString(s));
-}
-
-#define BLM_CUDA_RETURN_IF_ERROR(expr)                          \
-  do {                                                          \
-    cudaError_t _blm_e = (expr);                                \
-    if (_blm_e != cudaSuccess) return CudaError(#expr, _blm_e); \
-  } while (0)
-
-#define BLM_CUBLAS_RETURN_IF_ERROR(expr)                                    \
-  do {                                                                      \
-    cublasStatus_t _blm_s = (expr);                                         \
-    if (_blm_s != CUBLAS_STATUS_SUCCESS) return CublasError(#expr, _blm_s); \
-  } while (0)
-
-#define BLM_LAUNCH_CHECK(name) BLM_CUDA_RETURN_IF_ERROR(cudaGetLastError())
 
 constexpr int kThreads = 256;
 
@@ -55,7 +37,7 @@ __global__ void ToFloatKernel(const void* src, DType dtype, size_t n, float* dst
 Status ToFloat(const void* src, DType dtype, size_t n, float* dst, cudaStream_t s) {
   if (n == 0) return OkStatus();
   ToFloatKernel<<<std::min(Blocks(n), 65535u), kThreads, 0, s>>>(src, dtype, n, dst);
-  BLM_LAUNCH_CHECK(ToFloat);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(ToFloat);
   return OkStatus();
 }
 
@@ -68,7 +50,7 @@ __global__ void FromFloatKernel(const float* src, size_t n, void* dst, DType dty
 Status FromFloat(const float* src, size_t n, void* dst, DType dtype, cudaStream_t s) {
   if (n == 0) return OkStatus();
   FromFloatKernel<<<std::min(Blocks(n), 65535u), kThreads, 0, s>>>(src, n, dst, dtype);
-  BLM_LAUNCH_CHECK(FromFloat);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(FromFloat);
   return OkStatus();
 }
 
@@ -88,7 +70,7 @@ __global__ void EmbedGatherKernel(const uint8_t* tokens, int batch, int k, int d
 Status EmbedGather(const uint8_t* tokens, int batch, int k, int d, const float* table, float* x0, cudaStream_t s) {
   EmbedGatherKernel<<<std::min(Blocks(size_t(batch) * k * d), 65535u), kThreads, 0, s>>>(tokens, batch, k, d, table,
                                                                                          x0);
-  BLM_LAUNCH_CHECK(EmbedGather);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(EmbedGather);
   return OkStatus();
 }
 
@@ -109,7 +91,7 @@ __global__ void EmbedScatterKernel(const uint8_t* tokens, int batch, int k, int 
 
 Status EmbedScatter(const uint8_t* tokens, int batch, int k, int d, const float* dx0, float* dtable, cudaStream_t s) {
   EmbedScatterKernel<<<kByteVocab, std::min(d, 256), 0, s>>>(tokens, batch, k, d, dx0, dtable);
-  BLM_LAUNCH_CHECK(EmbedScatter);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(EmbedScatter);
   return OkStatus();
 }
 
@@ -127,7 +109,7 @@ __global__ void BiasResidualKernel(float* c, const float* bias, const float* res
 
 Status BiasResidual(float* c, const float* bias, const float* residual, int m, int n, cudaStream_t s) {
   BiasResidualKernel<<<std::min(Blocks(size_t(m) * n), 65535u), kThreads, 0, s>>>(c, bias, residual, m, n);
-  BLM_LAUNCH_CHECK(BiasResidual);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(BiasResidual);
   return OkStatus();
 }
 
@@ -147,7 +129,7 @@ __global__ void GeluForwardKernel(const float* pre, size_t n, float* act) {
 
 Status GeluForward(const float* pre, size_t n, float* act, cudaStream_t s) {
   GeluForwardKernel<<<std::min(Blocks(n), 65535u), kThreads, 0, s>>>(pre, n, act);
-  BLM_LAUNCH_CHECK(GeluForward);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(GeluForward);
   return OkStatus();
 }
 
@@ -159,7 +141,7 @@ __global__ void GeluBackwardKernel(const float* pre, size_t n, float* dact) {
 
 Status GeluBackward(const float* pre, size_t n, float* dact, cudaStream_t s) {
   GeluBackwardKernel<<<std::min(Blocks(n), 65535u), kThreads, 0, s>>>(pre, n, dact);
-  BLM_LAUNCH_CHECK(GeluBackward);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(GeluBackward);
   return OkStatus();
 }
 
@@ -187,7 +169,7 @@ __global__ void ColumnSumKernel(const float* x, int m, int n, float* out) {
 
 Status ColumnSum(const float* x, int m, int n, float* out, cudaStream_t s) {
   ColumnSumKernel<<<(n + kColTile - 1) / kColTile, dim3(kColTile, kRowGroups), 0, s>>>(x, m, n, out);
-  BLM_LAUNCH_CHECK(ColumnSum);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(ColumnSum);
   return OkStatus();
 }
 
@@ -269,7 +251,7 @@ Status LayerNormForward(const float* x, const float* gain, const float* bias, in
                         float* mean, float* rstd, cudaStream_t s) {
   LayerNormForwardKernel<<<(m + kRowsPerBlock - 1) / kRowsPerBlock, dim3(32, kRowsPerBlock), 0, s>>>(
       x, gain, bias, m, n, eps, y, mean, rstd);
-  BLM_LAUNCH_CHECK(LayerNormForward);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(LayerNormForward);
   return OkStatus();
 }
 
@@ -278,10 +260,10 @@ Status LayerNormBackward(const float* x, const float* mean, const float* rstd, c
                          int m, int n, bool accumulate, float* dx, float* dgain, float* dbias, cudaStream_t s) {
   LayerNormParamGradKernel<<<(n + kColTile - 1) / kColTile, dim3(kColTile, kRowGroups), 0, s>>>(x, mean, rstd, dy, m, n,
                                                                                                 dgain, dbias);
-  BLM_LAUNCH_CHECK(LayerNormParamGrad);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(LayerNormParamGrad);
   LayerNormBackwardKernel<<<(m + kRowsPerBlock - 1) / kRowsPerBlock, dim3(32, kRowsPerBlock), 0, s>>>(
       x, mean, rstd, gain, dy, m, n, accumulate ? 1 : 0, dx);
-  BLM_LAUNCH_CHECK(LayerNormBackward);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(LayerNormBackward);
   return OkStatus();
 }
 
@@ -341,22 +323,6 @@ __global__ void SoftmaxBackwardKernel(const float* logits, const float* lse, con
   dlogits[at] = (expf(logits[at] - lse[b]) - (v == target ? 1.0f : 0.0f)) * coef;
 }
 
-// ---- Device memory. -------------------------------------------------------------------------------
-
-struct DeviceFree {
-  void operator()(void* p) const { cudaFree(p); }
-};
-using DevicePtr = std::unique_ptr<void, DeviceFree>;
-
-Result<DevicePtr> DeviceAlloc(size_t bytes) {
-  void* p = nullptr;
-  cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
-  if (e != cudaSuccess) {
-    return ResourceExhaustedError("cudaMalloc of " + std::to_string(bytes) + " bytes: " + cudaGetErrorString(e));
-  }
-  return DevicePtr(p);
-}
-
 }  // namespace
 
 // ---- Activations. ---------------------------------------------------------------------------------
@@ -365,38 +331,48 @@ struct ByteLmCudaActivations::State {
   int batch = 0;
   int capacity = 0;
   bool has_forward = false;
-  DevicePtr floats, tokens_mem, loss_mem;
+  const Device* device = nullptr;  // of the arenas
+  // What Forward saves for Backward (with the batch's bytes and the loss), and Backward's scratch.
+  DeviceArena saved{"activations"};
+  DeviceArena scratch{"workspace"};
   uint8_t* tokens = nullptr;  // [B, k+1]
   double* loss = nullptr;
   float *x0, *resid, *ln, *mean, *rstd, *pre, *act, *logits, *lse, *row_loss;
   float *dresid, *dln, *dact, *dlogits, *dx0;
 
-  Status Reserve(const ByteLmConfig& c, int b) {
+  // Grows the buffers to batch b on `dev` (they are kept for smaller batches); work on `stream` may
+  // still read the old ones.
+  Status Reserve(const ByteLmConfig& c, int b, Device* dev, cudaStream_t stream) {
     batch = b;
-    if (b <= capacity) return OkStatus();
-    const size_t B = b, k = c.context, K0 = k * c.embed_dim, h = c.hidden, f = c.ffn, L = c.layers;
-    const size_t V = kByteVocab;
-    const size_t sizes[] = {B * K0,    (L + 1) * B * h, (L + 1) * B * h, (L + 1) * B, (L + 1) * B,
-                            L * B * f, L * B * f,       B * V,           B,           B,
-                            B * h,     B * h,           B * f,           B * V,       B * K0};
-    float** ptrs[] = {&x0,  &resid,    &ln,     &mean, &rstd, &pre,     &act, &logits,
-                      &lse, &row_loss, &dresid, &dln,  &dact, &dlogits, &dx0};
-    size_t total = 0;
-    for (size_t s : sizes) total += (s + 63) / 64 * 64;  // 256-byte aligned slices
-    floats.reset();
-    ZERO_ASSIGN_OR_RETURN(floats, DeviceAlloc(total * sizeof(float)));
-    ZERO_ASSIGN_OR_RETURN(tokens_mem, DeviceAlloc(B * (k + 1)));
-    if (!loss_mem) {
-      ZERO_ASSIGN_OR_RETURN(loss_mem, DeviceAlloc(sizeof(double)));
-    }
-    float* base = static_cast<float*>(floats.get());
-    size_t off = 0;
-    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); ++i) {
-      *ptrs[i] = base + off;
-      off += (sizes[i] + 63) / 64 * 64;
-    }
-    tokens = static_cast<uint8_t*>(tokens_mem.get());
-    loss = static_cast<double*>(loss_mem.get());
+    if (b <= capacity && dev == device) return OkStatus();
+    const int64_t B = b, k = c.context, K0 = k * c.embed_dim, h = c.hidden, f = c.ffn, L = c.layers;
+    const int64_t V = kByteVocab;
+    ZERO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    saved.Clear();  // freed before the new ones are allocated
+    scratch.Clear();
+    device = nullptr;
+    capacity = 0;
+    saved.Reserve(&x0, B * K0, "x0");
+    saved.Reserve(&resid, (L + 1) * B * h, "resid");
+    saved.Reserve(&ln, (L + 1) * B * h, "ln");
+    saved.Reserve(&mean, (L + 1) * B, "mean");
+    saved.Reserve(&rstd, (L + 1) * B, "rstd");
+    saved.Reserve(&pre, L * B * f, "pre");
+    saved.Reserve(&act, L * B * f, "act");
+    saved.Reserve(&logits, B * V, "logits");
+    saved.Reserve(&lse, B, "lse");
+    saved.Reserve(&row_loss, B, "row_loss");
+    saved.Reserve(&tokens, B * (k + 1), "tokens");
+    saved.Reserve(&loss, 1, "loss");
+    scratch.Reserve(&dresid, B * h, "dresid");
+    scratch.Reserve(&dln, B * h, "dln");
+    scratch.Reserve(&dact, B * f, "dact");
+    scratch.Reserve(&dlogits, B * V, "dlogits");
+    scratch.Reserve(&dx0, B * K0, "dx0");
+    const std::string what = "byte_lm_cuda: batch " + std::to_string(b);
+    ZERO_RETURN_IF_ERROR(saved.Allocate(dev).WithContext(what));
+    ZERO_RETURN_IF_ERROR(scratch.Allocate(dev).WithContext(what));
+    device = dev;
     capacity = b;
     return OkStatus();
   }
@@ -407,11 +383,15 @@ ByteLmCudaActivations::~ByteLmCudaActivations() = default;
 ByteLmCudaActivations::ByteLmCudaActivations(ByteLmCudaActivations&&) noexcept = default;
 ByteLmCudaActivations& ByteLmCudaActivations::operator=(ByteLmCudaActivations&&) noexcept = default;
 int ByteLmCudaActivations::batch() const { return state_ ? state_->batch : 0; }
+int64_t ByteLmCudaActivations::bytes() const {
+  return state_ ? static_cast<int64_t>(state_->saved.bytes() + state_->scratch.bytes()) : 0;
+}
 
 // ---- Model. ---------------------------------------------------------------------------------------
 
-ByteLmCuda::ByteLmCuda(const ByteLmConfig& config, cudaStream_t stream, ByteLmCudaOptions options)
+ByteLmCuda::ByteLmCuda(const ByteLmConfig& config, Device* device, cudaStream_t stream, ByteLmCudaOptions options)
     : config_(config),
+      device_(device),
       stream_(stream),
       options_(options),
       specs_(ByteLmParamSpecs(config)),
@@ -419,22 +399,26 @@ ByteLmCuda::ByteLmCuda(const ByteLmConfig& config, cudaStream_t stream, ByteLmCu
 
 ByteLmCuda::~ByteLmCuda() {
   if (cublas_ != nullptr) cublasDestroy(cublas_);
-  cudaFree(param_scratch_);
-  cudaFree(grad_scratch_);
 }
 
-Result<std::unique_ptr<ByteLmCuda>> ByteLmCuda::Create(const ByteLmConfig& config, cudaStream_t stream,
+Result<std::unique_ptr<ByteLmCuda>> ByteLmCuda::Create(const ByteLmConfig& config, Device* device, Stream* stream,
                                                        ByteLmCudaOptions options) {
+  CudaDevice* cuda = device == nullptr ? nullptr : device->AsCuda();
+  if (cuda == nullptr) {
+    return InvalidArgumentError("byte_lm_cuda: device " + (device == nullptr ? std::string("null") : device->name()) +
+                                " is not a CUDA device");
+  }
   ZERO_RETURN_IF_ERROR(config.Validate());
-  std::unique_ptr<ByteLmCuda> model(new ByteLmCuda(config, stream, options));
+  ZERO_CUDA_RETURN_IF_ERROR(cudaSetDevice(cuda->ordinal()));  // cuBLAS binds its handle to it
+  std::unique_ptr<ByteLmCuda> model(new ByteLmCuda(config, device, cuda->native_stream(stream), options));
   ZERO_RETURN_IF_ERROR(model->Init());
   return std::move(model);
 }
 
 Status ByteLmCuda::Init() {
-  BLM_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
-  BLM_CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_));
-  BLM_CUBLAS_RETURN_IF_ERROR(
+  ZERO_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
+  ZERO_CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_));
+  ZERO_CUBLAS_RETURN_IF_ERROR(
       cublasSetMathMode(cublas_, options_.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   int64_t max_module = 0;
   for (const ModuleSpec& m : modules_) {
@@ -442,9 +426,9 @@ Status ByteLmCuda::Init() {
     for (int i : m.params) n += (specs_[i].numel() + 63) / 64 * 64;
     max_module = std::max(max_module, n);
   }
-  BLM_CUDA_RETURN_IF_ERROR(cudaMalloc(&param_scratch_, max_module * sizeof(float)));
-  BLM_CUDA_RETURN_IF_ERROR(cudaMalloc(&grad_scratch_, max_module * sizeof(float)));
-  return OkStatus();
+  workspace_.Reserve(&param_scratch_, max_module, "fp32 parameters of one module");
+  workspace_.Reserve(&grad_scratch_, max_module, "fp32 gradients of one module");
+  return workspace_.Allocate(device_).WithContext("byte_lm_cuda");
 }
 
 // C[m,n] = op(A)[m,k] op(B)[k,n] + beta C, all row-major. cuBLAS is column-major, where a row-major
@@ -453,9 +437,9 @@ Status ByteLmCuda::Gemm(bool trans_a, bool trans_b, int m, int n, int k, const f
                         int ldb, float* c, int ldc, float beta) {
   const float one = 1.0f;
   const cublasComputeType_t compute = options_.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  BLM_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(cublas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                          trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &one, b, CUDA_R_32F, ldb, a,
-                                          CUDA_R_32F, lda, &beta, c, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
+  ZERO_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(cublas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                           trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &one, b, CUDA_R_32F, ldb, a,
+                                           CUDA_R_32F, lda, &beta, c, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
   return OkStatus();
 }
 
@@ -500,7 +484,7 @@ Status ByteLmCuda::Emit(GradSink& sink, int m, int j, const float* g) {
   if (view.data == nullptr) return InvalidArgumentError("gradient of " + specs_[index].name + ": null buffer");
   const size_t n = specs_[index].numel();
   if (view.dtype == DType::kF32) {
-    BLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(view.data, g, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    ZERO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(view.data, g, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
   } else {
     ZERO_RETURN_IF_ERROR(FromFloat(g, n, view.data, view.dtype, stream_));
   }
@@ -518,8 +502,8 @@ Status ByteLmCuda::Forward(ParamProvider& params, const uint8_t* tokens, int B, 
   if (!acts->state_) acts->state_ = std::make_unique<ByteLmCudaActivations::State>();
   ByteLmCudaActivations::State& a = *acts->state_;
   a.has_forward = false;
-  ZERO_RETURN_IF_ERROR(a.Reserve(c, B));
-  BLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(a.tokens, tokens, size_t(B) * (k + 1), cudaMemcpyHostToDevice, stream_));
+  ZERO_RETURN_IF_ERROR(a.Reserve(c, B, device_, stream_));
+  ZERO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(a.tokens, tokens, size_t(B) * (k + 1), cudaMemcpyHostToDevice, stream_));
 
   {
     ModuleScope scope(params, modules_[0].name);
@@ -566,9 +550,9 @@ Status ByteLmCuda::Forward(ParamProvider& params, const uint8_t* tokens, int B, 
     ZERO_RETURN_IF_ERROR(scope.Close());
   }
   SoftmaxLossKernel<<<B, kByteVocab, 0, stream_>>>(a.logits, a.tokens, k, a.lse, a.row_loss);
-  BLM_LAUNCH_CHECK(SoftmaxLoss);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(SoftmaxLoss);
   MeanLossKernel<<<1, kThreads, 0, stream_>>>(a.row_loss, B, a.loss);
-  BLM_LAUNCH_CHECK(MeanLoss);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(MeanLoss);
   a.has_forward = true;
   if (loss != nullptr) {
     ZERO_ASSIGN_OR_RETURN(*loss, ReadLoss(*acts));
@@ -581,8 +565,8 @@ Result<double> ByteLmCuda::ReadLoss(const ByteLmCudaActivations& acts) {
     return FailedPreconditionError("byte_lm: no forward on these activations");
   }
   double loss = 0.0;
-  BLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&loss, acts.state_->loss, sizeof(double), cudaMemcpyDeviceToHost, stream_));
-  BLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  ZERO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&loss, acts.state_->loss, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  ZERO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return loss;
 }
 
@@ -599,7 +583,7 @@ Status ByteLmCuda::Backward(ParamProvider& params, ByteLmCudaActivations* acts, 
 
   const float coef = loss_scale / float(B);
   SoftmaxBackwardKernel<<<B, kByteVocab, 0, stream_>>>(a.logits, a.lse, a.tokens, k, coef, a.dlogits);
-  BLM_LAUNCH_CHECK(SoftmaxBackward);
+  ZERO_CUDA_RETURN_IF_LAUNCH_FAILED(SoftmaxBackward);
 
   {
     const int m = 2 + L;

@@ -1,13 +1,13 @@
 // ByteLmCuda: ByteLm (byte_lm.h) on one GPU: the same function, parameter list, module order,
 // callbacks and scaling as ByteLmCpu, with cuBLAS matmuls and small kernels for the rest.
 //
-// All parameter and gradient views are device pointers on the current CUDA device. Parameters in
+// All parameter and gradient views are device pointers on the model's CUDA device. Parameters in
 // bf16/fp16 are converted to fp32 copies while their module runs and the math is fp32 throughout
 // (cuBLAS with CUBLAS_COMPUTE_32F; TF32 only if allow_tf32). Gradients are computed in fp32 and
 // converted into the sink's buffer dtype with round-to-nearest-even (dtype.h's conversions).
 //
-// Ordering: every copy and kernel is enqueued on the stream given at creation, which the caller
-// owns and which must outlive the model. Forward/Backward return once the work is enqueued (except
+// Ordering: every copy and kernel is enqueued on the stream given at creation (a stream of the
+// model's device), which must outlive the model. Forward/Backward return once the work is enqueued (except
 // that Forward waits for the loss when asked for it). A ParamProvider must make a module's data
 // ready for work enqueued on that stream after Acquire returns, and must keep it alive until the
 // stream passes the point where Release was called (record an event there); GradReady(i) means the
@@ -15,8 +15,11 @@
 // another stream. The embedding backward sums in a fixed order (no atomics), so results are
 // bitwise reproducible run to run on one GPU model.
 //
-// Owns: its cuBLAS handle and fp32 scratch for one module's parameters and gradients;
-// ByteLmCudaActivations owns the device activations. Not thread-safe; one model per stream.
+// Owns: its cuBLAS handle and fp32 scratch for one module's parameters and gradients (a
+// "workspace" DeviceArena); ByteLmCudaActivations owns the device activations ("activations" and
+// "workspace" arenas). All device memory comes from the Device given at creation (a CudaDevice,
+// reached through Device::AsCuda), so its memory_stats() count it. Not thread-safe; one model per
+// stream.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,13 +30,15 @@
 
 #include "models/byte/byte_lm.h"
 #include "models/model_api.h"
+#include "runtime/device_arena.h"
 #include "runtime/status.h"
 
 struct cublasContext;
 
 namespace zero::examples {
 
-// Device memory for what Forward saves and Backward's scratch, grown on demand to the batch.
+// Device memory for what Forward saves and Backward's scratch, grown on demand to the batch, from
+// the Device of the model that fills it (which must outlive it).
 class ByteLmCudaActivations {
  public:
   ByteLmCudaActivations();
@@ -42,6 +47,8 @@ class ByteLmCudaActivations {
   ByteLmCudaActivations& operator=(ByteLmCudaActivations&&) noexcept;
 
   int batch() const;
+  // Device bytes held now.
+  int64_t bytes() const;
 
   struct State;  // defined in byte_lm_cuda.cu
 
@@ -57,8 +64,11 @@ struct ByteLmCudaOptions {
 
 class ByteLmCuda {
  public:
-  // Creates the cuBLAS handle on the current device, bound to `stream`.
-  static Result<std::unique_ptr<ByteLmCuda>> Create(const ByteLmConfig& config, cudaStream_t stream,
+  // Makes `device` current and creates the cuBLAS handle, bound to `stream`. `device` must be a
+  // CudaDevice (Device::AsCuda; otherwise InvalidArgument) and outlive the model and every
+  // ByteLmCudaActivations it fills; `stream` is one of its streams (null: its default stream;
+  // REQUIRES a stream of this device).
+  static Result<std::unique_ptr<ByteLmCuda>> Create(const ByteLmConfig& config, Device* device, Stream* stream,
                                                     ByteLmCudaOptions options = {});
   ~ByteLmCuda();
   ByteLmCuda(const ByteLmCuda&) = delete;
@@ -67,6 +77,7 @@ class ByteLmCuda {
   const ByteLmConfig& config() const { return config_; }
   const std::vector<ModelParamSpec>& specs() const { return specs_; }
   const std::vector<ModuleSpec>& modules() const { return modules_; }
+  Device* device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
 
   // tokens: HOST memory, `batch` rows of context+1 bytes (copied before this returns). If `loss`
@@ -81,7 +92,7 @@ class ByteLmCuda {
   Status Backward(ParamProvider& params, ByteLmCudaActivations* acts, float loss_scale, GradSink& grads);
 
  private:
-  ByteLmCuda(const ByteLmConfig& config, cudaStream_t stream, ByteLmCudaOptions options);
+  ByteLmCuda(const ByteLmConfig& config, Device* device, cudaStream_t stream, ByteLmCudaOptions options);
   Status Init();
   Status Load(ModuleScope& scope, int module, std::vector<const float*>* out);
   std::vector<float*> GradSlots(int module);
@@ -90,13 +101,15 @@ class ByteLmCuda {
               float* c, int ldc, float beta);
 
   ByteLmConfig config_;
+  Device* device_;
   cudaStream_t stream_;
   ByteLmCudaOptions options_;
   std::vector<ModelParamSpec> specs_;
   std::vector<ModuleSpec> modules_;
   cublasContext* cublas_ = nullptr;
-  float* param_scratch_ = nullptr;  // device, max module numel
-  float* grad_scratch_ = nullptr;   // device, max module numel
+  DeviceArena workspace_{"workspace"};
+  float* param_scratch_ = nullptr;  // in workspace_, max module numel
+  float* grad_scratch_ = nullptr;   // in workspace_, max module numel
 };
 
 }  // namespace zero::examples

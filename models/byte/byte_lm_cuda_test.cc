@@ -16,11 +16,10 @@
 // Observed on an H200: 1.3e-6 (fp32), 2.3e-3 (bf16), 3.9e-4 (fp16) of the tensor's scale.
 #include "models/byte/byte_lm_cuda.h"
 
-#include <cuda_runtime_api.h>
-
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,6 +28,10 @@
 #include "models/device_tensors_testing.h"
 #include "models/model_api.h"
 #include "models/model_api_testing.h"
+#include "runtime/cpu_device.h"
+#include "runtime/cuda_device.h"
+#include "runtime/device.h"
+#include "runtime/device_arena.h"
 #include "runtime/gpu_test_util.h"
 #include "testing/status_matchers.h"
 
@@ -65,15 +68,27 @@ RunResult CpuRun(const ByteLmConfig& c, const HostTensors& params, const std::ve
   return r;
 }
 
+// The GPU the tests run on (GPU 0), opened once and never closed.
+CudaDevice* Gpu() {
+  static CudaDevice* const device = [] {
+    Result<std::unique_ptr<CudaDevice>> d = CudaDevice::Create(0);
+    EXPECT_OK(d);
+    return d.ok() ? std::move(d).value().release() : nullptr;
+  }();
+  return device;
+}
+
 RunResult GpuRun(const ByteLmConfig& c, const HostTensors& params, const std::vector<uint8_t>& tokens, int batch,
                  float loss_scale, GradBuffers** sink_out = nullptr, ResidentParams** provider_out = nullptr) {
-  cudaStream_t stream;
-  EXPECT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  auto model = ByteLmCuda::Create(c, stream);
+  CudaDevice* device = Gpu();
+  if (device == nullptr) return RunResult{0, HostTensors(ByteLmParamSpecs(c), params.dtype())};
+  Result<std::unique_ptr<Stream>> stream = device->CreateStream();
+  EXPECT_OK(stream);
+  auto model = ByteLmCuda::Create(c, device, stream.ok() ? stream->get() : nullptr);
   EXPECT_OK(model);
   RunResult r{0, HostTensors((*model)->specs(), params.dtype())};
-  DeviceTensors dparams(params);
-  DeviceTensors dgrads(r.grads);
+  DeviceTensors dparams(device, params);
+  DeviceTensors dgrads(device, r.grads);
   ResidentParams provider((*model)->specs(), dparams.ParamViews());
   GradBuffers sink(dgrads.GradViews());
   ByteLmCudaActivations acts;
@@ -81,13 +96,12 @@ RunResult GpuRun(const ByteLmConfig& c, const HostTensors& params, const std::ve
   EXPECT_OK(st);
   st = (*model)->Backward(provider, &acts, loss_scale, sink);
   EXPECT_OK(st);
-  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_OK(device->SynchronizeStream(stream.ok() ? stream->get() : nullptr));
   dgrads.CopyTo(&r.grads);
   EXPECT_EQ(provider.acquires(), provider.releases());
   EXPECT_EQ(provider.max_held(), 1);
   for (int i = 0; i < static_cast<int>(sink.ready_count().size()); ++i) EXPECT_EQ(sink.ready_count()[i], 1);
   model->reset();
-  cudaStreamDestroy(stream);
   return r;
 }
 
@@ -182,15 +196,15 @@ TEST(ByteLmCudaTest, LossScaleExactAndRunsReproducible) {
 TEST(ByteLmCudaTest, SgdOnDeviceReducesTheLoss) {
   ZERO_SKIP_WITHOUT_CUDA_DEVICES(1);
   ByteLmConfig c;
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  auto model = ByteLmCuda::Create(c, stream);
+  CudaDevice* device = Gpu();
+  ASSERT_NE(device, nullptr);
+  auto model = ByteLmCuda::Create(c, device, nullptr);
   ASSERT_OK(model);
   HostTensors host(ByteLmParamSpecs(c), DType::kF32);
   host.Init(ByteLmParamSpecs(c), 1);
-  DeviceTensors params(host);
+  DeviceTensors params(device, host);
   HostTensors host_grads(ByteLmParamSpecs(c), DType::kF32);
-  DeviceTensors grads(host_grads);
+  DeviceTensors grads(device, host_grads);
   ResidentParams provider((*model)->specs(), params.ParamViews());
   GradBuffers sink(grads.GradViews());
   ByteLmCudaActivations acts;
@@ -207,7 +221,6 @@ TEST(ByteLmCudaTest, SgdOnDeviceReducesTheLoss) {
     double loss = 0;
     ASSERT_OK((*model)->Forward(provider, tokens.data(), batch, &acts, &loss));
     ASSERT_OK((*model)->Backward(provider, &acts, 1.0f, sink));
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     // SGD on the host copies (small model; keeps the test free of extra kernels).
     grads.CopyTo(&host_grads);
     for (int i = 0; i < host.size(); ++i) {
@@ -215,17 +228,66 @@ TEST(ByteLmCudaTest, SgdOnDeviceReducesTheLoss) {
       const float* g = static_cast<const float*>(host_grads.data(i));
       for (int64_t j = 0; j < host.numel(i); ++j) p[j] -= 0.3f * g[j];
     }
-    std::vector<ParamView> views = params.ParamViews();
-    for (int i = 0; i < host.size(); ++i) {
-      ASSERT_EQ(cudaMemcpy(const_cast<void*>(views[i].data), host.data(i), host.numel(i) * 4, cudaMemcpyHostToDevice),
-                cudaSuccess);
-    }
+    params.CopyFrom(host);
     if (step == 0) first = loss;
     last = loss;
   }
   EXPECT_LT(last, first - 1.5) << "first " << first << " last " << last;
   model->reset();
-  cudaStreamDestroy(stream);
+}
+
+// The model's and its activations' device memory are arenas of its Device: the in-use bytes grow
+// by the arenas' tally and return when they are freed; a larger batch regrows the activations.
+TEST(ByteLmCudaTest, BuffersComeFromTheDeviceAndCountInItsMemoryStats) {
+  ZERO_SKIP_WITHOUT_CUDA_DEVICES(1);
+  Result<std::unique_ptr<CudaDevice>> opened = CudaDevice::Create(0);  // its own memory statistics
+  ASSERT_OK(opened);
+  CudaDevice* device = opened->get();
+  const ByteLmConfig c;
+  const auto specs = ByteLmParamSpecs(c);
+  HostTensors host = RandomParams(specs, DType::kBF16, 9, 0.2f);
+  HostTensors host_grads(specs, DType::kBF16);
+  DeviceTensors params(device, host), grads(device, host_grads);
+  ResidentParams provider(specs, params.ParamViews());
+  GradBuffers sink(grads.GradViews());
+  const size_t base = device->memory_stats().in_use;
+  {
+    auto model = ByteLmCuda::Create(c, device, nullptr);
+    ASSERT_OK(model);
+    EXPECT_EQ((*model)->device(), device);
+    const size_t workspace = DeviceArenaBytes(device, "workspace");
+    EXPECT_GT(workspace, 0u);  // the fp32 copies of one module's parameters and gradients
+    EXPECT_EQ(device->memory_stats().in_use - base, workspace);
+    ByteLmCudaActivations acts;
+    size_t last = 0;
+    for (int batch : {16, 64, 8}) {
+      SCOPED_TRACE(batch);
+      const auto tokens = RandomTokens(batch, c.context, 10);
+      ASSERT_OK((*model)->Forward(provider, tokens.data(), batch, &acts, nullptr));
+      ASSERT_OK((*model)->Backward(provider, &acts, 1.0f, sink));
+      ASSERT_OK(device->Synchronize());
+      EXPECT_GT(DeviceArenaBytes(device, "activations"), 0u);
+      EXPECT_EQ(DeviceArenaBytes(device), workspace + static_cast<size_t>(acts.bytes()));
+      EXPECT_EQ(device->memory_stats().in_use - base, DeviceArenaBytes(device));
+      if (batch == 8) {
+        EXPECT_EQ(static_cast<size_t>(acts.bytes()), last);  // kept for a smaller batch
+      }
+      last = acts.bytes();
+    }
+    model->reset();
+    EXPECT_EQ(DeviceArenaBytes(device), static_cast<size_t>(acts.bytes()));
+  }
+  EXPECT_EQ(DeviceArenaBytes(device), 0u);
+  EXPECT_EQ(device->memory_stats().in_use, base);
+}
+
+// Runs without a GPU: the device is checked before anything touches CUDA.
+TEST(ByteLmCudaTest, RefusesADeviceThatIsNotCuda) {
+  CpuDevice cpu;
+  const auto model = ByteLmCuda::Create(ByteLmConfig{}, &cpu, nullptr);
+  EXPECT_EQ(model.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(model.status().message().find("device cpu is not a CUDA device"), std::string::npos)
+      << model.status().ToString();
 }
 
 }  // namespace

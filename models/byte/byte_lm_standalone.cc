@@ -27,6 +27,7 @@
 #include <cuda_runtime_api.h>
 
 #include "models/byte/byte_lm_cuda.h"
+#include "runtime/cuda_device.h"
 #endif
 
 namespace zero::examples {
@@ -92,8 +93,9 @@ class CudaRunner : public Runner {
  public:
   static Result<std::unique_ptr<CudaRunner>> Create(const ByteLmConfig& c, DType dtype) {
     auto r = std::unique_ptr<CudaRunner>(new CudaRunner());
-    if (cudaStreamCreate(&r->stream_) != cudaSuccess) return InternalError("cudaStreamCreate failed");
-    ZERO_ASSIGN_OR_RETURN(r->model_, ByteLmCuda::Create(c, r->stream_));
+    ZERO_ASSIGN_OR_RETURN(r->device_, CudaDevice::Create(0));
+    r->stream_ = r->device_->native_stream(nullptr);  // the model's: its device's default stream
+    ZERO_ASSIGN_OR_RETURN(r->model_, ByteLmCuda::Create(c, r->device_.get(), nullptr));
     for (const ModelParamSpec& s : r->model_->specs()) {
       void *p = nullptr, *g = nullptr;
       const size_t bytes = s.numel() * SizeOf(dtype);
@@ -112,7 +114,6 @@ class CudaRunner : public Runner {
       cudaFree(const_cast<void*>(params_[i].data));
       cudaFree(grads_[i].data);
     }
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
   Result<double> Step(const HostTensors& params, const uint8_t* tokens, int batch, HostTensors* grads) override {
     ZERO_RETURN_IF_ERROR(Upload(params));
@@ -148,6 +149,7 @@ class CudaRunner : public Runner {
     }
     return OkStatus();
   }
+  std::unique_ptr<CudaDevice> device_;  // outlives the model and its activations
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<ByteLmCuda> model_;
   ByteLmCudaActivations acts_;

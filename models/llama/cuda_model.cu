@@ -1,5 +1,5 @@
-// LlmCuda (contract in llm_cuda.h): the module protocol, the activation buffers, and the cuBLAS
-// products; the other kernels are llm_kernels.cu's.
+// LlmCuda (contract in cuda_model.h): the module protocol, the activation buffers (DeviceArenas of
+// the model's Device), and the cuBLAS products; the other kernels are kernels.cu's.
 #include "models/llama/cuda_model.h"
 
 #include <cublas_v2.h>
@@ -17,7 +17,10 @@
 #include "models/llama/cpu_model.h"
 #include "models/llama/kernels.cuh"
 #include "models/llama/params.h"
+#include "runtime/cuda_device.h"
 #include "runtime/cuda_status.h"
+#include "runtime/device.h"
+#include "runtime/device_arena.h"
 
 namespace zero::llm {
 
@@ -31,87 +34,23 @@ using examples::ParamView;
 
 namespace {
 
-Status CublasStatus(cublasStatus_t s, const char* call, const char* file, int line) {
-  return InternalError(std::string("cuBLAS error: ") + call + " at " + file + ":" + std::to_string(line) + ": " +
-                       cublasGetStatusString(s) + " (" + cublasGetStatusName(s) + ")");
-}
-
-#define LLM_CUBLAS_RETURN_IF_ERROR(call)                                          \
-  do {                                                                            \
-    cublasStatus_t _llm_cublas_s = (call);                                        \
-    if (_llm_cublas_s != CUBLAS_STATUS_SUCCESS) {                                 \
-      return ::zero::llm::CublasStatus(_llm_cublas_s, #call, __FILE__, __LINE__); \
-    }                                                                             \
-  } while (0)
-
-// ZERO_CUDA_RETURN_IF_ERROR that also consumes the error it reports, so the next launch check
-// (cudaGetLastError) names its own launch, not this call.
-#define LLM_CUDA_RETURN_IF_ERROR(call)                                   \
-  do {                                                                   \
-    cudaError_t _llm_cuda_e = (call);                                    \
-    if (_llm_cuda_e != cudaSuccess) {                                    \
-      cudaGetLastError();                                                \
-      return ::zero::CudaStatus(_llm_cuda_e, #call, __FILE__, __LINE__); \
-    }                                                                    \
-  } while (0)
-
-struct DeviceFree {
-  void operator()(void* p) const { cudaFree(p); }
-};
-using DevicePtr = std::unique_ptr<void, DeviceFree>;
-
-struct HostFree {
-  void operator()(void* p) const { cudaFreeHost(p); }
-};
-using PinnedPtr = std::unique_ptr<void, HostFree>;
-
 struct EventDestroy {
   void operator()(CUevent_st* e) const { cudaEventDestroy(e); }
 };
 using EventPtr = std::unique_ptr<CUevent_st, EventDestroy>;
 
-Result<DevicePtr> DeviceAlloc(size_t bytes, const std::string& what) {
-  void* p = nullptr;
-  const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
-  if (e != cudaSuccess) {
-    cudaGetLastError();  // cudaMalloc's failure is not sticky; clear it for the next launch check
-    return ResourceExhaustedError("llm_cuda: cudaMalloc of " + std::to_string(bytes) + " bytes for " + what + ": " +
-                                  cudaGetErrorString(e));
-  }
-  return DevicePtr(p);
+size_t AlignUp(size_t bytes) {
+  return (bytes + DeviceArena::kAlignment - 1) / DeviceArena::kAlignment * DeviceArena::kAlignment;
 }
 
-constexpr size_t kAlign = 256;
-size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
-// Slices of one device allocation: Add() records where each pointer goes, Allocate() sets them.
-class Arena {
- public:
-  template <typename T>
-  void Add(T** ptr, int64_t count) {
-    AddBytes(reinterpret_cast<void**>(ptr), static_cast<size_t>(std::max<int64_t>(count, 0)) * sizeof(T));
-  }
-  void AddBytes(void** ptr, size_t bytes) {
-    slots_.push_back({ptr, offset_});
-    offset_ += AlignUp(bytes);
-  }
-  Status Allocate(const std::string& what) {
-    ZERO_ASSIGN_OR_RETURN(mem_, DeviceAlloc(offset_, what));
-    char* base = static_cast<char*>(mem_.get());
-    for (const Slot& s : slots_) *s.ptr = base + s.offset;
-    return OkStatus();
-  }
-  size_t bytes() const { return mem_ ? offset_ : 0; }
-
- private:
-  struct Slot {
-    void** ptr;
-    size_t offset;
-  };
-  std::vector<Slot> slots_;
-  size_t offset_ = 0;
-  DevicePtr mem_;
-};
+// *ptr: `count` elements of device memory in `arena` (one region), allocated on first use.
+template <typename T>
+Status EnsureWorkspace(Device* device, DeviceArena& arena, T** ptr, int64_t count, const char* what) {
+  if (*ptr != nullptr) return OkStatus();
+  arena.Clear();
+  arena.Reserve(ptr, count, what);
+  return arena.Allocate(device).WithContext(std::string("llm_cuda: ") + what);
+}
 
 cudaDataType_t CudaType(DType t) {
   switch (t) {
@@ -170,11 +109,11 @@ class OpProfiler {
   Result<std::vector<LlmOpTime>> Take() {
     std::vector<LlmOpTime> out;
     if (!enabled_) return out;
-    LLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    ZERO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     for (size_t i = 1; i < marks_.size(); ++i) {
       if (marks_[i].name == nullptr) continue;
       float ms = 0.0f;
-      LLM_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, events_[i - 1].get(), events_[i].get()));
+      ZERO_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, events_[i - 1].get(), events_[i].get()));
       auto it = std::find_if(out.begin(), out.end(), [&](const LlmOpTime& t) { return t.name == marks_[i].name; });
       if (it == out.end()) it = out.insert(out.end(), LlmOpTime{marks_[i].name, 0.0, 0});
       it->ms += ms;
@@ -232,8 +171,11 @@ struct LlmCudaActivations::State {
   int64_t counted = 0;
   int64_t num_unique = 0;
 
-  Arena arena;
-  PinnedPtr pinned;  // staging of the ids: [inputs N][targets N][positions N][unique ids N][starts N+1]
+  // What Forward saves for Backward (with the batch's ids and RoPE tables, and the loss), and
+  // Backward's scratch (with the lm_head's logits chunk); both from the model's Device.
+  DeviceArena saved{"activations"};
+  DeviceArena scratch{"workspace"};
+  PinnedBuffer pinned;  // staging of the ids: [inputs N][targets N][positions N][unique ids N][starts N+1]
   EventPtr upload_done;
   std::vector<float> rope_cos_host, rope_sin_host;
 
@@ -264,12 +206,11 @@ struct LlmCudaActivations::State {
   double* loss_sum = nullptr;
 
   // [V, H] fp32: the tied embedding's gradient while it is assembled, or the lm_head's gradient
-  // summed over chunks when its buffer is 16-bit.
-  DevicePtr vh_mem;
+  // summed over chunks when its buffer is 16-bit (allocated on first use).
+  DeviceArena vh_arena{"workspace"};
   float* vh = nullptr;
-  int64_t vh_elems = 0;
 
-  int64_t Bytes() const { return static_cast<int64_t>(arena.bytes()) + (vh ? vh_elems * 4 : 0); }
+  int64_t Bytes() const { return static_cast<int64_t>(saved.bytes() + scratch.bytes() + vh_arena.bytes()); }
 };
 
 LlmCudaActivations::LlmCudaActivations() : state_(std::make_unique<State>()) {}
@@ -280,6 +221,9 @@ int LlmCudaActivations::batch() const { return state_ ? state_->batch : 0; }
 int LlmCudaActivations::seq() const { return state_ ? state_->seq : 0; }
 int64_t LlmCudaActivations::counted_targets() const { return state_ ? state_->counted : 0; }
 int64_t LlmCudaActivations::bytes() const { return state_ ? state_->Bytes() : 0; }
+int64_t LlmCudaActivations::activation_bytes() const {
+  return state_ ? static_cast<int64_t>(state_->saved.bytes()) : 0;
+}
 
 // ---- The model. -----------------------------------------------------------------------------------
 
@@ -288,10 +232,11 @@ class LlmCuda::Impl {
   using State = LlmCudaActivations::State;
 
   Impl(const LlmConfig& c, const std::vector<ModelParamSpec>& specs, const std::vector<ModuleSpec>& modules,
-       cudaStream_t stream, const LlmCudaOptions& options)
+       Device* device, cudaStream_t stream, const LlmCudaOptions& options)
       : c_(c),
         specs_(specs),
         modules_(modules),
+        device_(device),
         stream_(stream),
         options_(options),
         H_(c.hidden_size),
@@ -330,10 +275,10 @@ class LlmCuda::Impl {
         attention_note_ = a.status().message();
       }
     }
-    LLM_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
-    LLM_CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_));
+    ZERO_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
+    ZERO_CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_));
     // No TF32 for fp32 products; bf16 products reduce in fp32 (no reduced-precision split-K).
-    LLM_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(
+    ZERO_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(
         cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
     // The largest set of converted matrices one phase holds: a module's, plus the tied embedding
     // in the head phase; and the largest matrix gradient staged in fp32.
@@ -422,8 +367,8 @@ class LlmCuda::Impl {
           "llm_cuda: no loss on these activations (Forward with want_loss, or Backward, computes it)");
     }
     double sum = 0.0;
-    LLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&sum, st.loss_sum, sizeof(double), cudaMemcpyDeviceToHost, stream_));
-    LLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    ZERO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&sum, st.loss_sum, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    ZERO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return st.counted > 0 ? sum / static_cast<double>(st.counted) : 0.0;
   }
 
@@ -521,7 +466,7 @@ class LlmCuda::Impl {
         ZERO_RETURN_IF_ERROR(kernels::Convert(st.vh, DType::kF32, g.data, g.dtype, V_ * H_, stream_));
         prof_.Mark("convert");
       } else {
-        LLM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(g.data, 0, V_ * H_ * SizeOf(g.dtype), stream_));
+        ZERO_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(g.data, 0, V_ * H_ * SizeOf(g.dtype), stream_));
         prof_.Mark("memset");
         ZERO_RETURN_IF_ERROR(kernels::EmbeddingBackward(st.positions, st.unique_ids, st.starts, st.num_unique, H_,
                                                         st.dh, /*accumulate=*/false, g.data, g.dtype, stream_));
@@ -560,10 +505,15 @@ class LlmCuda::Impl {
     if (!st.allocated || st.owner != this || st.batch != batch.batch || st.seq != batch.seq || st.compute != compute ||
         st.checkpointing != ckpt) {
       // The old buffers may still be read by enqueued work.
-      LLM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+      ZERO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
       st.allocated = false;
-      st.arena = Arena();
-      st.pinned.reset();
+      st.saved.Clear();
+      st.scratch.Clear();
+      st.pinned.Reset();
+      if (st.owner != this) {  // another model's [V, H] scratch: its shape and device may differ
+        st.vh_arena.Clear();
+        st.vh = nullptr;
+      }
       st.owner = this;
       st.batch = batch.batch;
       st.seq = batch.seq;
@@ -571,27 +521,28 @@ class LlmCuda::Impl {
       st.checkpointing = ckpt;
       st.chunk_rows = ChunkRows(N);
       ZERO_RETURN_IF_ERROR(Plan(st, B, S, compute, ckpt));
-      ZERO_RETURN_IF_ERROR(
-          st.arena.Allocate("the activations of batch " + std::to_string(B) + " x seq " + std::to_string(S)));
-      void* pinned = nullptr;
-      LLM_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&pinned, (5 * N + 1) * sizeof(int32_t), cudaHostAllocDefault));
-      st.pinned.reset(pinned);
+      const std::string what = "llm_cuda: batch " + std::to_string(B) + " x seq " + std::to_string(S);
+      ZERO_RETURN_IF_ERROR(st.saved.Allocate(device_).WithContext(what));
+      ZERO_RETURN_IF_ERROR(st.scratch.Allocate(device_).WithContext(what));
+      Result<PinnedBuffer> pinned = device_->AllocatePinned((5 * N + 1) * sizeof(int32_t));
+      if (!pinned.ok()) return pinned.status().WithContext(what + ": the pinned staging of the ids");
+      st.pinned = std::move(pinned).value();
       if (!st.upload_done) {
         cudaEvent_t e = nullptr;
-        LLM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        ZERO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         st.upload_done.reset(e);
       }
       RopeTables(hd_, c_.rope_theta, static_cast<int>(S), &st.rope_cos_host, &st.rope_sin_host, c_.rope_scaling);
       const size_t table = st.rope_cos_host.size() * sizeof(float);
-      LLM_CUDA_RETURN_IF_ERROR(
+      ZERO_CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(st.rope_cos, st.rope_cos_host.data(), table, cudaMemcpyHostToDevice, stream_));
-      LLM_CUDA_RETURN_IF_ERROR(
+      ZERO_CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(st.rope_sin, st.rope_sin_host.data(), table, cudaMemcpyHostToDevice, stream_));
       st.allocated = true;
     }
     // The previous batch's upload must have left the staging buffer.
-    LLM_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(st.upload_done.get()));
-    int32_t* host = static_cast<int32_t*>(st.pinned.get());
+    ZERO_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(st.upload_done.get()));
+    int32_t* host = st.pinned.as<int32_t>();
     int32_t* h_inputs = host;
     int32_t* h_targets = host + N;
     int32_t* h_positions = host + 2 * N;
@@ -614,85 +565,95 @@ class LlmCuda::Impl {
     h_starts[u] = static_cast<int32_t>(N);
     st.num_unique = u;
     // inputs, targets and positions are contiguous in both buffers; unique ids and starts too.
-    LLM_CUDA_RETURN_IF_ERROR(
+    ZERO_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(st.inputs, h_inputs, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-    LLM_CUDA_RETURN_IF_ERROR(
+    ZERO_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(st.targets, h_targets, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-    LLM_CUDA_RETURN_IF_ERROR(
+    ZERO_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(st.positions, h_positions, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-    LLM_CUDA_RETURN_IF_ERROR(
+    ZERO_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(st.unique_ids, h_unique, u * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-    LLM_CUDA_RETURN_IF_ERROR(
+    ZERO_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(st.starts, h_starts, (u + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-    LLM_CUDA_RETURN_IF_ERROR(cudaEventRecord(st.upload_done.get(), stream_));
+    ZERO_CUDA_RETURN_IF_ERROR(cudaEventRecord(st.upload_done.get(), stream_));
     return OkStatus();
   }
 
+  // Lays out st.saved (what Forward leaves for Backward: the batch's ids and RoPE tables, the
+  // layer inputs, each layer's buffers, the final norm's output, the loss) and st.scratch
+  // (Backward's gradients, the column-reduction partials, one logits chunk and its gradient).
   Status Plan(State& st, int64_t B, int64_t S, DType T, bool ckpt) {
     const int64_t N = B * S;
     const size_t ts = SizeOf(T);
     const bool f32 = T == DType::kF32;
     const bool qk = c_.qk_norm();
-    Arena& a = st.arena;
-    auto act = [&](void** p, int64_t elems) { a.AddBytes(p, static_cast<size_t>(elems) * ts); };
-    a.Add(&st.inputs, N);
-    a.Add(&st.targets, N);
-    a.Add(&st.positions, N);
-    a.Add(&st.unique_ids, N);
-    a.Add(&st.starts, N + 1);
-    a.Add(&st.rope_cos, S * (hd_ / 2));
-    a.Add(&st.rope_sin, S * (hd_ / 2));
-    a.Add(&st.hs, (L_ + 1) * N * H_);
+    DeviceArena& a = st.saved;
+    DeviceArena& w = st.scratch;
+    // A buffer of `elems` elements in the compute dtype.
+    auto act = [&](DeviceArena& arena, void** p, int64_t elems, std::string name) {
+      arena.ReserveBytes(p, static_cast<size_t>(elems) * ts, std::move(name));
+    };
+    a.Reserve(&st.inputs, N, "inputs");
+    a.Reserve(&st.targets, N, "targets");
+    a.Reserve(&st.positions, N, "positions");
+    a.Reserve(&st.unique_ids, N, "unique_ids");
+    a.Reserve(&st.starts, N + 1, "starts");
+    a.Reserve(&st.rope_cos, S * (hd_ / 2), "rope_cos");
+    a.Reserve(&st.rope_sin, S * (hd_ / 2), "rope_sin");
+    a.Reserve(&st.hs, (L_ + 1) * N * H_, "hidden_states");
     st.layers.assign(ckpt ? 1 : L_, LayerBuffers{});
-    for (LayerBuffers& lb : st.layers) {
-      a.Add(&lb.rstd1, N);
-      act(&lb.xn1, N * H_);
+    for (size_t l = 0; l < st.layers.size(); ++l) {
+      LayerBuffers& lb = st.layers[l];
+      const std::string p = "layer" + std::to_string(l) + ".";
+      a.Reserve(&lb.rstd1, N, p + "rstd1");
+      act(a, &lb.xn1, N * H_, p + "xn1");
       if (qk) {
-        act(&lb.q_raw, N * qd_);
-        act(&lb.k_raw, N * kvd_);
-        a.Add(&lb.q_rstd, N * nh_);
-        a.Add(&lb.k_rstd, N * nkv_);
+        act(a, &lb.q_raw, N * qd_, p + "q_raw");
+        act(a, &lb.k_raw, N * kvd_, p + "k_raw");
+        a.Reserve(&lb.q_rstd, N * nh_, p + "q_rstd");
+        a.Reserve(&lb.k_rstd, N * nkv_, p + "k_rstd");
       }
-      act(&lb.q, N * qd_);
-      act(&lb.k, N * kvd_);
-      act(&lb.v, N * kvd_);
-      act(&lb.o, N * qd_);
-      a.Add(&lb.lse, N * nh_);
-      a.Add(&lb.h_mid, N * H_);
-      a.Add(&lb.rstd2, N);
-      act(&lb.xn2, N * H_);
-      act(&lb.g, N * I_);
-      act(&lb.u, N * I_);
-      act(&lb.act, N * I_);
+      act(a, &lb.q, N * qd_, p + "q");
+      act(a, &lb.k, N * kvd_, p + "k");
+      act(a, &lb.v, N * kvd_, p + "v");
+      act(a, &lb.o, N * qd_, p + "o");
+      a.Reserve(&lb.lse, N * nh_, p + "lse");
+      a.Reserve(&lb.h_mid, N * H_, p + "h_mid");
+      a.Reserve(&lb.rstd2, N, p + "rstd2");
+      act(a, &lb.xn2, N * H_, p + "xn2");
+      act(a, &lb.g, N * I_, p + "gate");
+      act(a, &lb.u, N * I_, p + "up");
+      act(a, &lb.act, N * I_, p + "act");
     }
-    a.Add(&st.dh, N * H_);
-    if (!f32) act(&st.dh_t, N * H_);
-    a.Add(&st.dxn, N * H_);
-    a.Add(&st.da, N * I_);
-    act(&st.dg, N * I_);
-    act(&st.du, N * I_);
-    act(&st.dout, N * qd_);
-    a.Add(&st.delta, N * nh_);
-    a.Add(&st.dq, N * qd_);
-    a.Add(&st.dk, N * kvd_);
-    a.Add(&st.dv, N * kvd_);
+    act(a, &st.xnF, N * H_, "final_norm");
+    a.Reserve(&st.rstdF, N, "final_rstd");
+    a.Reserve(&st.row_loss, N, "row_loss");
+    a.Reserve(&st.loss_sum, 1, "loss_sum");
+
+    w.Reserve(&st.dh, N * H_, "dh");
+    if (!f32) act(w, &st.dh_t, N * H_, "dh_t");
+    w.Reserve(&st.dxn, N * H_, "dxn");
+    w.Reserve(&st.da, N * I_, "da");
+    act(w, &st.dg, N * I_, "dg");
+    act(w, &st.du, N * I_, "du");
+    act(w, &st.dout, N * qd_, "dout");
+    w.Reserve(&st.delta, N * nh_, "delta");
+    w.Reserve(&st.dq, N * qd_, "dq");
+    w.Reserve(&st.dk, N * kvd_, "dk");
+    w.Reserve(&st.dv, N * kvd_, "dv");
     if (!f32) {
-      act(&st.dq_t, N * qd_);
-      act(&st.dk_t, N * kvd_);
-      act(&st.dv_t, N * kvd_);
+      act(w, &st.dq_t, N * qd_, "dq_t");
+      act(w, &st.dk_t, N * kvd_, "dk_t");
+      act(w, &st.dv_t, N * kvd_, "dv_t");
     }
     int64_t partial = kernels::RmsNormWeightGradScratch(N, static_cast<int>(H_));
     if (qk) {
       partial = std::max(partial, kernels::RmsNormWeightGradScratch(N * nh_, static_cast<int>(hd_)));
       partial = std::max(partial, kernels::RmsNormWeightGradScratch(N * nkv_, static_cast<int>(hd_)));
     }
-    a.Add(&st.partial, partial);
-    act(&st.xnF, N * H_);
-    a.Add(&st.rstdF, N);
-    a.Add(&st.logits, st.chunk_rows * V_);
-    act(&st.dlogits, st.chunk_rows * V_);
-    a.Add(&st.row_loss, N);
-    a.Add(&st.loss_sum, 1);
+    w.Reserve(&st.partial, partial, "norm_weight_partials");
+    w.Reserve(&st.logits, st.chunk_rows * V_, "logits_chunk");
+    act(w, &st.dlogits, st.chunk_rows * V_, "dlogits_chunk");
     if (f32) {
       // fp32 compute: the products read the fp32 gradients themselves; the qk-norm backward
       // may write its output over its input (llm_kernels.cuh).
@@ -714,11 +675,7 @@ class LlmCuda::Impl {
   void* DvT(State& st) const { return st.compute == DType::kF32 ? static_cast<void*>(st.dv) : st.dv_t; }
 
   Status EnsureVh(State& st) {
-    if (st.vh != nullptr) return OkStatus();
-    ZERO_ASSIGN_OR_RETURN(st.vh_mem, DeviceAlloc(V_ * H_ * sizeof(float), "the fp32 [vocab, hidden] gradient scratch"));
-    st.vh = static_cast<float*>(st.vh_mem.get());
-    st.vh_elems = V_ * H_;
-    return OkStatus();
+    return EnsureWorkspace(device_, st.vh_arena, &st.vh, V_ * H_, "the fp32 [vocab, hidden] gradient scratch");
   }
 
   // ---- Parameters and gradients. ----
@@ -749,10 +706,9 @@ class LlmCuda::Impl {
       const ModelParamSpec& spec = specs_[mod.params[j]];
       const ParamView& v = views[j];
       if (convert && spec.shape.size() == 2 && v.dtype != compute) {
-        if (!weight_scratch_) {
-          ZERO_ASSIGN_OR_RETURN(weight_scratch_, DeviceAlloc(max_convert_bytes_, "converted weights"));
-        }
-        void* dst = static_cast<char*>(weight_scratch_.get()) + *used;
+        ZERO_RETURN_IF_ERROR(EnsureWorkspace(device_, weight_scratch_arena_, &weight_scratch_,
+                                             static_cast<int64_t>(max_convert_bytes_), "converted weights"));
+        void* dst = weight_scratch_ + *used;
         ZERO_RETURN_IF_ERROR(kernels::Convert(v.data, v.dtype, dst, compute, spec.numel(), stream_));
         prof_.Mark("convert");
         *used += static_cast<int64_t>(AlignUp(spec.numel() * SizeOf(compute)));
@@ -809,12 +765,11 @@ class LlmCuda::Impl {
       ZERO_RETURN_IF_ERROR(LinearBackwardWeight(T, dy, x, M, out, in, view.data, view.dtype, 0.0f));
       prof_.Mark("gemm_wgrad");
     } else {
-      if (!grad_stage_) {
-        ZERO_ASSIGN_OR_RETURN(grad_stage_, DeviceAlloc(max_grad_stage_ * sizeof(float), "the fp32 gradient stage"));
-      }
-      ZERO_RETURN_IF_ERROR(LinearBackwardWeight(T, dy, x, M, out, in, grad_stage_.get(), DType::kF32, 0.0f));
+      ZERO_RETURN_IF_ERROR(
+          EnsureWorkspace(device_, grad_stage_arena_, &grad_stage_, max_grad_stage_, "the fp32 gradient stage"));
+      ZERO_RETURN_IF_ERROR(LinearBackwardWeight(T, dy, x, M, out, in, grad_stage_, DType::kF32, 0.0f));
       prof_.Mark("gemm_wgrad");
-      ZERO_RETURN_IF_ERROR(kernels::Convert(grad_stage_.get(), DType::kF32, view.data, view.dtype, out * in, stream_));
+      ZERO_RETURN_IF_ERROR(kernels::Convert(grad_stage_, DType::kF32, view.data, view.dtype, out * in, stream_));
       prof_.Mark("convert");
     }
     return sink.GradReady(index);
@@ -867,7 +822,7 @@ class LlmCuda::Impl {
     }
     const float one = 1.0f;
     // cuBLAS is column-major, where a row-major X is X^T: compute C^T = op(B)^T op(A)^T.
-    LLM_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+    ZERO_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
         cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
         static_cast<int>(m), static_cast<int>(k), &one, b, CudaType(bt), static_cast<int>(ldb), a, CudaType(at),
         static_cast<int>(lda), &beta, c, CudaType(ct), static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -938,7 +893,8 @@ class LlmCuda::Impl {
     }
     prof_.Mark("attention_forward");
     // h_mid = h_in + o Wo^T: the residual add is the product's beta = 1.
-    LLM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.h_mid, h_in, N * H_ * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    ZERO_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(b.h_mid, h_in, N * H_ * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
     prof_.Mark("copy");
     ZERO_RETURN_IF_ERROR(LinearForward(T, b.o, w.data[p.o], N, H_, qd_, b.h_mid, DType::kF32, 1.0f));
     prof_.Mark("gemm_fwd");
@@ -953,7 +909,7 @@ class LlmCuda::Impl {
     ZERO_RETURN_IF_ERROR(kernels::SwiGluForward(b.g, b.u, T, N * I_, b.act, stream_));
     prof_.Mark("swi_glu_forward");
     float* h_out = st.hs + (l + 1) * N * H_;
-    LLM_CUDA_RETURN_IF_ERROR(
+    ZERO_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(h_out, b.h_mid, N * H_ * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
     prof_.Mark("copy");
     ZERO_RETURN_IF_ERROR(LinearForward(T, b.act, w.data[p.down], N, H_, I_, h_out, DType::kF32, 1.0f));
@@ -1091,6 +1047,7 @@ class LlmCuda::Impl {
   const LlmConfig c_;
   const std::vector<ModelParamSpec>& specs_;
   const std::vector<ModuleSpec>& modules_;
+  Device* const device_;  // a CudaDevice: every buffer below and in the activations comes from it
   cudaStream_t stream_;
   const LlmCudaOptions options_;
   const int64_t H_, I_, V_, L_, nh_, nkv_, hd_, qd_, kvd_;
@@ -1100,8 +1057,11 @@ class LlmCuda::Impl {
   cublasContext* cublas_ = nullptr;
   size_t max_convert_bytes_ = 0;
   int64_t max_grad_stage_ = 0;
-  DevicePtr weight_scratch_;  // converted linear weights of the module(s) held
-  DevicePtr grad_stage_;      // one matrix gradient in fp32 before its conversion
+  // Converted linear weights of the module(s) held, and one matrix gradient in fp32 before its
+  // conversion; each allocated on first use.
+  DeviceArena weight_scratch_arena_{"workspace"}, grad_stage_arena_{"workspace"};
+  char* weight_scratch_ = nullptr;
+  float* grad_stage_ = nullptr;
   OpProfiler prof_;
   std::unique_ptr<CudnnAttention> cudnn_;  // null: the model's own attention kernels only
   std::string attention_backend_, attention_note_;
@@ -1114,8 +1074,9 @@ class LlmCuda::Impl {
 
 // ---- Public API. ----------------------------------------------------------------------------------
 
-LlmCuda::LlmCuda(const LlmConfig& config, cudaStream_t stream, LlmCudaOptions options)
+LlmCuda::LlmCuda(const LlmConfig& config, Device* device, cudaStream_t stream, LlmCudaOptions options)
     : config_(config),
+      device_(device),
       stream_(stream),
       options_(std::move(options)),
       specs_(LlmParamSpecs(config)),
@@ -1123,7 +1084,13 @@ LlmCuda::LlmCuda(const LlmConfig& config, cudaStream_t stream, LlmCudaOptions op
 
 LlmCuda::~LlmCuda() = default;
 
-Result<std::unique_ptr<LlmCuda>> LlmCuda::Create(const LlmConfig& config, cudaStream_t stream, LlmCudaOptions options) {
+Result<std::unique_ptr<LlmCuda>> LlmCuda::Create(const LlmConfig& config, Device* device, Stream* stream,
+                                                 LlmCudaOptions options) {
+  CudaDevice* cuda = device == nullptr ? nullptr : device->AsCuda();
+  if (cuda == nullptr) {
+    return InvalidArgumentError("llm_cuda: device " + (device == nullptr ? std::string("null") : device->name()) +
+                                " is not a CUDA device");
+  }
   ZERO_RETURN_IF_ERROR(config.Validate());
   if (config.head_dim > kernels::kMaxHeadDim) {
     return UnimplementedError("llm_cuda: head_dim " + std::to_string(config.head_dim) +
@@ -1141,8 +1108,12 @@ Result<std::unique_ptr<LlmCuda>> LlmCuda::Create(const LlmConfig& config, cudaSt
     return InvalidArgumentError("llm_cuda options: logits_chunk_bytes must be >= 1, got " +
                                 std::to_string(options.logits_chunk_bytes));
   }
-  std::unique_ptr<LlmCuda> model(new LlmCuda(config, stream, std::move(options)));
-  model->impl_ = std::make_unique<Impl>(model->config_, model->specs_, model->modules_, stream, model->options_);
+  // cuBLAS and cuDNN bind their handles to the current device.
+  ZERO_CUDA_RETURN_IF_ERROR(cudaSetDevice(cuda->ordinal()));
+  const cudaStream_t native = cuda->native_stream(stream);
+  std::unique_ptr<LlmCuda> model(new LlmCuda(config, device, native, std::move(options)));
+  model->impl_ =
+      std::make_unique<Impl>(model->config_, model->specs_, model->modules_, device, native, model->options_);
   ZERO_RETURN_IF_ERROR(model->impl_->Init());
   return std::move(model);
 }

@@ -35,8 +35,14 @@
 // LlmCpu does. Every gradient's GradReady comes after its writes
 // are enqueued and before its module is released.
 //
-// Ordering and determinism: all work is enqueued on the stream given at creation (which the
-// caller owns and which must outlive the model); nothing waits for the device except Forward with
+// Memory: every device buffer comes from the Device given at creation (a CudaDevice, reached
+// through Device::AsCuda), as DeviceArenas (runtime/device_arena.h), so its memory_stats() count
+// it: the activations' arenas are labelled "activations" (what Forward saves for Backward) and
+// "workspace" (Backward's scratch, the logits chunk), the model's own scratch (converted weights,
+// the fp32 gradient stage) "workspace". The ids' staging is the Device's pinned memory.
+//
+// Ordering and determinism: all work is enqueued on the stream given at creation (a stream of the
+// device, which must outlive the model); nothing waits for the device except Forward with
 // want_loss and ReadLoss. Every reduction has a fixed order (no float atomics; the embedding
 // gradient sums token positions sorted by id on the host), so two runs give identical bits on one
 // GPU model and toolkit. Not thread-safe; one model per stream.
@@ -57,6 +63,11 @@
 #include "runtime/status.h"
 
 struct cublasContext;
+
+namespace zero {
+class Device;
+class Stream;
+}  // namespace zero
 
 namespace zero::llm {
 
@@ -87,7 +98,8 @@ struct LlmOpTime {
 
 // Device memory for what Forward saves for Backward and Backward's scratch, sized by Forward for
 // its batch and reused while the shape stays the same; also the tied embedding's gradient scratch.
-// Belongs to one LlmCuda at a time.
+// Allocated from the Device of the LlmCuda that fills it (which must outlive it). Belongs to one
+// LlmCuda at a time.
 class LlmCudaActivations {
  public:
   LlmCudaActivations();
@@ -99,10 +111,13 @@ class LlmCudaActivations {
   int seq() const;
   // The number of targets that are not kIgnoreIndex in the last Forward's batch.
   int64_t counted_targets() const;
-  // Device bytes held now.
+  // Device bytes held now: activation_bytes() and the workspace (Backward's scratch, the [V, H]
+  // scratch).
   int64_t bytes() const;
+  // Of bytes(): what Forward saves for Backward (the "activations" arena).
+  int64_t activation_bytes() const;
 
-  struct State;  // defined in llm_cuda.cu
+  struct State;  // defined in cuda_model.cu
 
  private:
   friend class LlmCuda;
@@ -111,10 +126,13 @@ class LlmCudaActivations {
 
 class LlmCuda {
  public:
-  // Validates the config and options, creates the cuBLAS handle on the current device bound to
-  // `stream`. Errors: an invalid config, options (compute not fp32/bf16, chunk bytes < 1), a head_dim
-  // above the attention kernels' limit (256), a cuBLAS failure.
-  static Result<std::unique_ptr<LlmCuda>> Create(const LlmConfig& config, cudaStream_t stream,
+  // Validates the config and options, makes `device` current and creates the cuBLAS handle bound
+  // to `stream`. `device` must be a CudaDevice (Device::AsCuda) and outlive the model and every
+  // LlmCudaActivations it fills; `stream` is one of its streams (null: its default stream; REQUIRES
+  // a stream of this device). Errors: a device that is not a CUDA device (InvalidArgument), an
+  // invalid config, options (compute not fp32/bf16, chunk bytes < 1), a head_dim above the
+  // attention kernels' limit (256), a CUDA or cuBLAS failure.
+  static Result<std::unique_ptr<LlmCuda>> Create(const LlmConfig& config, Device* device, Stream* stream,
                                                  LlmCudaOptions options = {});
   ~LlmCuda();
   LlmCuda(const LlmCuda&) = delete;
@@ -124,6 +142,7 @@ class LlmCuda {
   const LlmCudaOptions& options() const { return options_; }
   const std::vector<examples::ModelParamSpec>& specs() const { return specs_; }
   const std::vector<examples::ModuleSpec>& modules() const { return modules_; }
+  Device* device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
 
   // Runs the forward of `batch` (host memory, copied before this returns), saving what Backward
@@ -158,12 +177,13 @@ class LlmCuda {
   std::string attention_backend() const;
   std::string attention_note() const;
 
-  class Impl;  // llm_cuda.cu
+  class Impl;  // cuda_model.cu
 
  private:
-  LlmCuda(const LlmConfig& config, cudaStream_t stream, LlmCudaOptions options);
+  LlmCuda(const LlmConfig& config, Device* device, cudaStream_t stream, LlmCudaOptions options);
 
   LlmConfig config_;
+  Device* device_;
   cudaStream_t stream_;
   LlmCudaOptions options_;
   std::vector<examples::ModelParamSpec> specs_;

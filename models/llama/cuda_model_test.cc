@@ -27,8 +27,9 @@
 // with fp32 compute loss <= 5.3e-8, gradients <= 2.3e-3.
 // Exact properties are checked bitwise: two runs, activation checkpointing against none, loss
 // scaling by a power of two. The protocol (acquire/release order, GradReady once per parameter
-// while its module is held) is checked on a logging provider and sink. The printed lines give the
-// observed errors, so the bounds can be judged against them.
+// while its module is held) is checked on a logging provider and sink, and the model's memory
+// against its Device's memory_stats() and arena tally. The printed lines give the observed errors,
+// so the bounds can be judged against them.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -51,6 +52,10 @@
 #include "models/llama/params.h"
 #include "models/model_api.h"
 #include "models/model_api_testing.h"
+#include "runtime/cpu_device.h"
+#include "runtime/cuda_device.h"
+#include "runtime/device.h"
+#include "runtime/device_arena.h"
 #include "runtime/dtype.h"
 #include "runtime/gpu_test_util.h"
 #include "runtime/status.h"
@@ -627,18 +632,38 @@ RunResult CpuRun(const LlmConfig& c, const HostTensors& params, const LlmBatch& 
   return r;
 }
 
+// The GPU the model tests run on (GPU 0), opened once and never closed; null (after a failed
+// expectation) when it cannot be opened.
+CudaDevice* Gpu() {
+  static CudaDevice* const device = [] {
+    Result<std::unique_ptr<CudaDevice>> d = CudaDevice::Create(0);
+    EXPECT_OK(d);
+    return d.ok() ? std::move(d).value().release() : nullptr;
+  }();
+  return device;
+}
+
+// A new stream of `device` (null, after a failed expectation, when it cannot be made: the model
+// then runs on the default stream).
+std::unique_ptr<Stream> NewStream(Device* device) {
+  Result<std::unique_ptr<Stream>> s = device->CreateStream();
+  EXPECT_OK(s);
+  return s.ok() ? std::move(s).value() : nullptr;
+}
+
 // expected_ready: how often each gradient is reported (empty: once each).
 RunResult GpuRun(const LlmConfig& c, const HostTensors& params, const LlmBatch& batch, float loss_scale,
                  LlmCudaOptions options = {}, std::vector<int> expected_ready = {}) {
-  cudaStream_t stream;
-  EXPECT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  auto model = LlmCuda::Create(c, stream, options);
-  EXPECT_OK(model);
   RunResult r{0, HostTensors(LlmParamSpecs(c), params.dtype())};
+  CudaDevice* device = Gpu();
+  if (device == nullptr) return r;
+  const std::unique_ptr<Stream> stream = NewStream(device);
+  auto model = LlmCuda::Create(c, device, stream.get(), options);
+  EXPECT_OK(model);
   if (!model.ok()) return r;
   {
-    DeviceTensors dparams(params);
-    DeviceTensors dgrads(r.grads);
+    DeviceTensors dparams(device, params);
+    DeviceTensors dgrads(device, r.grads);
     ResidentParams provider((*model)->specs(), dparams.ParamViews());
     GradBuffers sink(dgrads.GradViews());
     LlmCudaActivations acts;
@@ -647,7 +672,7 @@ RunResult GpuRun(const LlmConfig& c, const HostTensors& params, const LlmBatch& 
     r.loss = loss.ok() ? *loss : 0;
     Status st = (*model)->Backward(provider, &acts, loss_scale, sink);
     EXPECT_OK(st);
-    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_OK(device->SynchronizeStream(stream.get()));
     dgrads.CopyTo(&r.grads);
     EXPECT_EQ(provider.acquires(), provider.releases());
     EXPECT_EQ(provider.held(), 0);
@@ -655,7 +680,6 @@ RunResult GpuRun(const LlmConfig& c, const HostTensors& params, const LlmBatch& 
     EXPECT_EQ(sink.ready_count(), expected_ready);
   }
   model->reset();
-  cudaStreamDestroy(stream);
   return r;
 }
 
@@ -778,17 +802,18 @@ TEST_F(LlmCudaModelTest, CudnnAttentionMatchesTheModelsOwnKernels) {
   }
   if (CudnnAttention::Built()) {
     // The backend the model reports, and kCudnn's refusals.
-    cudaStream_t stream;
-    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+    CudaDevice* device = Gpu();
+    ASSERT_NE(device, nullptr);
+    const std::unique_ptr<Stream> stream = NewStream(device);
     const ModelCase m = ModelCases()[1];  // head_dim 32
     LlmCudaOptions force;
     force.attention = LlmAttention::kCudnn;
-    auto model = LlmCuda::Create(m.config, stream, force);
+    auto model = LlmCuda::Create(m.config, device, stream.get(), force);
     ASSERT_OK(model);
     const auto specs = LlmParamSpecs(m.config);
     const HostTensors params = RandomParams(specs, DType::kBF16, 5, 0.1f);
     {
-      DeviceTensors dparams(params);
+      DeviceTensors dparams(device, params);
       ResidentParams provider(specs, dparams.ParamViews());
       LlmCudaActivations acts;
       auto loss = (*model)->Forward(provider, RandomBatch(m.config, m.batch, m.seq, 6), &acts);
@@ -796,12 +821,12 @@ TEST_F(LlmCudaModelTest, CudnnAttentionMatchesTheModelsOwnKernels) {
       EXPECT_EQ((*model)->attention_backend(), "cudnn");
     }
     const ModelCase odd = ModelCases()[3];  // head_dim 12: no cuDNN plan, named
-    auto model12 = LlmCuda::Create(odd.config, stream, force);
+    auto model12 = LlmCuda::Create(odd.config, device, stream.get(), force);
     ASSERT_OK(model12);
     {
       const auto specs12 = LlmParamSpecs(odd.config);
       const HostTensors params12 = RandomParams(specs12, DType::kBF16, 5, 0.1f);
-      DeviceTensors dparams(params12);
+      DeviceTensors dparams(device, params12);
       ResidentParams provider(specs12, dparams.ParamViews());
       LlmCudaActivations acts;
       auto loss = (*model12)->Forward(provider, RandomBatch(odd.config, odd.batch, odd.seq, 6), &acts);
@@ -811,7 +836,6 @@ TEST_F(LlmCudaModelTest, CudnnAttentionMatchesTheModelsOwnKernels) {
     }
     model->reset();
     model12->reset();
-    cudaStreamDestroy(stream);
   }
 }
 
@@ -919,19 +943,20 @@ TEST_F(LlmCudaModelTest, ModuleOrderAndGradReadyFollowTheContract) {
     const auto specs = LlmParamSpecs(c);
     const HostTensors params = RandomParams(specs, DType::kBF16, 13);
     HostTensors host_grads(specs, DType::kBF16);
-    DeviceTensors dparams(params), dgrads(host_grads);
+    CudaDevice* device = Gpu();
+    ASSERT_NE(device, nullptr);
+    DeviceTensors dparams(device, params), dgrads(device, host_grads);
     std::vector<std::string> log;
     std::multiset<std::string> held;
     LoggingProvider provider(specs, dparams.ParamViews(), &log, &held);
     LoggingSink sink(specs, dgrads.GradViews(), &log, &held);
-    cudaStream_t stream;
-    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-    auto model = LlmCuda::Create(c, stream);
+    const std::unique_ptr<Stream> stream = NewStream(device);
+    auto model = LlmCuda::Create(c, device, stream.get());
     ASSERT_OK(model);
     LlmCudaActivations acts;
     ASSERT_OK((*model)->Forward(provider, RandomBatch(c, 2, 8, 14), &acts));
     ASSERT_OK((*model)->Backward(provider, &acts, 1.0f, sink));
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    ASSERT_OK(device->SynchronizeStream(stream.get()));
     std::vector<std::string> modules;
     for (const std::string& e : log) {
       if (e[0] != 'G') modules.push_back(e);
@@ -953,7 +978,6 @@ TEST_F(LlmCudaModelTest, ModuleOrderAndGradReadyFollowTheContract) {
     ASSERT_GE(log.size(), 2u);
     EXPECT_EQ(log[log.size() - 2], "G:0");
     model->reset();
-    cudaStreamDestroy(stream);
   }
 }
 
@@ -962,12 +986,13 @@ TEST_F(LlmCudaModelTest, LossWithoutWaitingComesFromBackward) {
   const auto specs = LlmParamSpecs(m.config);
   const HostTensors params = RandomParams(specs, DType::kBF16, 15);
   HostTensors host_grads(specs, DType::kBF16);
-  DeviceTensors dparams(params), dgrads(host_grads);
+  CudaDevice* device = Gpu();
+  ASSERT_NE(device, nullptr);
+  DeviceTensors dparams(device, params), dgrads(device, host_grads);
   ResidentParams provider(specs, dparams.ParamViews());
   GradBuffers sink(dgrads.GradViews());
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  auto model = LlmCuda::Create(m.config, stream);
+  const std::unique_ptr<Stream> stream = NewStream(device);
+  auto model = LlmCuda::Create(m.config, device, stream.get());
   ASSERT_OK(model);
   const LlmBatch batch = RandomBatch(m.config, m.batch, m.seq, 16);
   LlmCudaActivations acts;
@@ -983,7 +1008,6 @@ TEST_F(LlmCudaModelTest, LossWithoutWaitingComesFromBackward) {
   EXPECT_NEAR(*later, *with, 1e-6 * *with);
   EXPECT_EQ(acts.counted_targets(), m.batch * m.seq - (m.batch * m.seq + 2) / 4);
   model->reset();
-  cudaStreamDestroy(stream);
 }
 
 TEST_F(LlmCudaModelTest, AllTargetsIgnoredGivesZeroLossAndGradients) {
@@ -1004,12 +1028,13 @@ TEST_F(LlmCudaModelTest, ErrorsNameTheProblemAndReleaseEverything) {
   const auto specs = LlmParamSpecs(m.config);
   const HostTensors params = RandomParams(specs, DType::kBF16, 19);
   HostTensors host_grads(specs, DType::kBF16);
-  DeviceTensors dparams(params), dgrads(host_grads);
+  CudaDevice* device = Gpu();
+  ASSERT_NE(device, nullptr);
+  DeviceTensors dparams(device, params), dgrads(device, host_grads);
   ResidentParams provider(specs, dparams.ParamViews());
   GradBuffers sink(dgrads.GradViews());
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  auto model = LlmCuda::Create(m.config, stream);
+  const std::unique_ptr<Stream> stream = NewStream(device);
+  auto model = LlmCuda::Create(m.config, device, stream.get());
   ASSERT_OK(model);
   LlmCudaActivations acts;
   EXPECT_EQ((*model)->Backward(provider, &acts, 1.0f, sink).code(), StatusCode::kFailedPrecondition);
@@ -1021,12 +1046,74 @@ TEST_F(LlmCudaModelTest, ErrorsNameTheProblemAndReleaseEverything) {
   EXPECT_EQ(provider.held(), 0);
   LlmCudaOptions options;
   options.compute = DType::kF16;
-  EXPECT_EQ(LlmCuda::Create(m.config, stream, options).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(LlmCuda::Create(m.config, device, stream.get(), options).status().code(), StatusCode::kInvalidArgument);
   LlmConfig wide = m.config;
   wide.head_dim = 512;
-  EXPECT_EQ(LlmCuda::Create(wide, stream).status().code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(LlmCuda::Create(wide, device, stream.get()).status().code(), StatusCode::kUnimplemented);
   model->reset();
-  cudaStreamDestroy(stream);
+}
+
+// Every buffer the model and its activations hold is an arena of the model's Device: the device's
+// in-use bytes grow by exactly the arenas' tally ("activations": what Forward saves; "workspace":
+// the backward's scratch and the model's), and return when they are freed. bf16 parameters and
+// gradients with fp32 compute and tied embeddings make every lazily allocated scratch appear (the
+// converted weights, the fp32 gradient stage, the [V, H] tied gradient).
+TEST_F(LlmCudaModelTest, BuffersComeFromTheDeviceAndCountInItsMemoryStats) {
+  const ModelCase m = ModelCases()[1];  // tied
+  ASSERT_TRUE(m.config.tie_word_embeddings);
+  Result<std::unique_ptr<CudaDevice>> opened = CudaDevice::Create(0);  // its own memory statistics
+  ASSERT_OK(opened);
+  CudaDevice* device = opened->get();
+  const auto specs = LlmParamSpecs(m.config);
+  const HostTensors params = RandomParams(specs, DType::kBF16, 21);
+  HostTensors host_grads(specs, DType::kBF16);
+  DeviceTensors dparams(device, params), dgrads(device, host_grads);
+  ResidentParams provider(specs, dparams.ParamViews());
+  GradBuffers sink(dgrads.GradViews());
+  const size_t base = device->memory_stats().in_use;
+  EXPECT_EQ(DeviceArenaBytes(device), 0u);
+  LlmCudaOptions options;
+  options.compute = DType::kF32;
+  {
+    auto model = LlmCuda::Create(m.config, device, nullptr, options);
+    ASSERT_OK(model);
+    EXPECT_EQ((*model)->device(), device);
+    EXPECT_EQ((*model)->stream(), device->native_stream(nullptr));
+    LlmCudaActivations acts;
+    ASSERT_OK((*model)->Forward(provider, RandomBatch(m.config, m.batch, m.seq, 22), &acts));
+    const size_t after_forward = DeviceArenaBytes(device, "activations");
+    EXPECT_GT(acts.activation_bytes(), 0);
+    EXPECT_EQ(after_forward, static_cast<size_t>(acts.activation_bytes()));
+    ASSERT_OK((*model)->Backward(provider, &acts, 1.0f, sink));
+    ASSERT_OK(device->Synchronize());
+    const size_t arenas = DeviceArenaBytes(device);
+    const size_t workspace = DeviceArenaBytes(device, "workspace");
+    EXPECT_EQ(arenas, after_forward + workspace);
+    EXPECT_EQ(device->memory_stats().in_use - base, arenas);
+    // The activations' workspace plus the model's converted weights and gradient stage.
+    EXPECT_GT(workspace, static_cast<size_t>(acts.bytes() - acts.activation_bytes()));
+    EXPECT_GE(acts.bytes() - acts.activation_bytes(),
+              m.config.vocab_size * m.config.hidden_size * 4);  // the [V, H] tied gradient
+    std::printf("memory of %s: activations %zu bytes, workspace %zu bytes (of which the activations' %lld)\n",
+                m.name.c_str(), after_forward, workspace,
+                static_cast<long long>(acts.bytes() - acts.activation_bytes()));
+    model->reset();
+    EXPECT_EQ(DeviceArenaBytes(device, "workspace"), static_cast<size_t>(acts.bytes() - acts.activation_bytes()));
+  }
+  EXPECT_EQ(DeviceArenaBytes(device), 0u);
+  EXPECT_EQ(device->memory_stats().in_use, base);
+}
+
+// Runs without a GPU: the device is checked before anything touches CUDA.
+TEST(LlmCudaCreateTest, RefusesADeviceThatIsNotCuda) {
+  auto tiny = Preset("tiny");
+  ASSERT_OK(tiny);
+  CpuDevice cpu;
+  const auto on_cpu = LlmCuda::Create(*tiny, &cpu, nullptr);
+  EXPECT_EQ(on_cpu.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(on_cpu.status().message().find("device cpu is not a CUDA device"), std::string::npos)
+      << on_cpu.status().ToString();
+  EXPECT_EQ(LlmCuda::Create(*tiny, nullptr, nullptr).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
