@@ -22,6 +22,7 @@
 #include "engine/engine_impl.h"
 #include "engine/engine_timeline.h"
 #include "engine/lr_scheduler.h"
+#include "runtime/device_arena.h"
 #include "runtime/hash.h"
 #include "zero/allgather_bucket.h"
 #include "zero/buffer_pool.h"
@@ -686,6 +687,8 @@ EngineMemory Engine::memory() const {
                   (impl.grad_buffers.pool != nullptr ? impl.grad_buffers.pool->bytes() : 0) + out.bucket_staging;
   out.allgather_staging = impl.weight_gather != nullptr ? impl.weight_gather->staging_bytes() : 0;
   out.device_peak = impl.device->memory_stats().peak;
+  out.activations = DeviceArenaBytes(impl.device, "activations");
+  out.workspace = DeviceArenaBytes(impl.device, "workspace");
   return out;
 }
 

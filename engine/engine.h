@@ -112,6 +112,11 @@ struct EngineMemory {
   // Stages 1/2: all-gather bucket buffers held for reuse (not in the fields above; CUDA keeps up to
   // two of the largest bucket, the CPU backend frees them after each step).
   size_t allgather_staging = 0;
+  // Device memory the model holds outside the engine's buffers, in runtime/device_arena.h arenas on
+  // the engine's device (counted in device_peak too): what its forward keeps for backward
+  // ("activations") and its scratch ("workspace"), as allocated when memory() is called.
+  size_t activations = 0;
+  size_t workspace = 0;
 };
 
 // Debug counters of the collectives the engine issued since creation (tests and logs; not saved in

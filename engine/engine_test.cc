@@ -19,7 +19,9 @@
 #include "comm/thread_ranks.h"
 #include "engine/config/config.h"
 #include "engine/engine_test_util.h"
+#include "runtime/cpu_device.h"
 #include "runtime/device.h"
+#include "runtime/device_arena.h"
 #include "runtime/dtype.h"
 #include "testing/deferred_device.h"
 #include "testing/same_bits.h"
@@ -817,6 +819,41 @@ TEST(EngineParamOffloadTest, ShardOverBufferSizeIsAnInitializeErrorNamingIt) {
     return MakeEngine(good, model, device, comm).status();
   });
   EXPECT_OK(s);
+}
+
+// The model's arenas on the engine's device (runtime/device_arena.h) show in memory() by label,
+// and only while allocated; another device's arenas do not.
+TEST(EngineMemoryTest, CountsTheModelsActivationAndWorkspaceArenas) {
+  const TestModel model = BlockModel(2, 1024, 10);
+  Status s = RunThreadRanks(1, [&](int rank, Communicator* comm, Device* device) -> Status {
+    ZERO_ASSIGN_OR_RETURN(Config c, MakeConfig(ConfigJson(3, 1, 0.0), 1));
+    ZERO_ASSIGN_OR_RETURN(auto e, MakeEngine(c, model, device, comm));
+    EXPECT_EQ(e->memory().activations, 0u);
+    EXPECT_EQ(e->memory().workspace, 0u);
+    const size_t peak_before = e->memory().device_peak;
+    float* acts = nullptr;
+    float* scratch = nullptr;
+    DeviceArena activations("activations");
+    activations.Reserve(&acts, 3000, "layer inputs");
+    DeviceArena workspace("workspace");
+    workspace.Reserve(&scratch, 500, "logits chunk");
+    ZERO_RETURN_IF_ERROR(activations.Allocate(device));
+    ZERO_RETURN_IF_ERROR(workspace.Allocate(device));
+    CpuDevice other;
+    DeviceArena elsewhere("activations");
+    float* unused = nullptr;
+    elsewhere.Reserve(&unused, 100000, "another device's");
+    ZERO_RETURN_IF_ERROR(elsewhere.Allocate(&other));
+    EXPECT_EQ(e->memory().activations, activations.planned_bytes());
+    EXPECT_GE(e->memory().activations, 3000 * sizeof(float));
+    EXPECT_EQ(e->memory().workspace, workspace.planned_bytes());
+    EXPECT_GE(e->memory().device_peak, peak_before + 3500 * sizeof(float));
+    activations.Clear();
+    EXPECT_EQ(e->memory().activations, 0u);
+    EXPECT_EQ(e->memory().workspace, workspace.planned_bytes());
+    return OkStatus();
+  });
+  ASSERT_OK(s);
 }
 
 // offload_param.device "cpu": no shard in device memory (model_params is the 4 MiB write scratch
