@@ -69,7 +69,7 @@ class Tmp(unittest.TestCase):
 
 class PresetTest(unittest.TestCase):
     def test_presets_are_the_cpp_ones(self):
-        src = read_text(os.path.join(ROOT, "examples", "llm", "llm_config.cc"))
+        src = read_text(os.path.join(ROOT, "models", "llama", "config.cc"))
         body = src[src.index("Presets() {"):]
         body = body[: body.index("return *presets;")]
         cpp = {}
