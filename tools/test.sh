@@ -24,7 +24,7 @@ format_rc=$?
 # that points up the stack), three more checks.
 bash tools/check_layers.sh --add-to /tmp/zero_test_count.$$
 layers_rc=$?
-# The installed library (tools/install.sh into a temporary prefix, examples/cmake_consumer built
+# The installed library (tools/install.sh into a temporary prefix, examples/cmake_consumer and llama_consumer built
 # with CMake and make, run): its checks are added to the count, whose line stays last.
 bash tools/check_consumer.sh --add-to /tmp/zero_test_count.$$
 consumer_rc=$?
