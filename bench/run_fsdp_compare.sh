@@ -26,7 +26,7 @@ case "${1:-}" in
     rm -rf "$CARRY" && mkdir -p "$CARRY/bin" "$CARRY/lib"
     cp -L "$src/bazel-bin/bench/mlp_bench" "$CARRY/bin/"
     for lib in /usr/lib/libgloo.so.0 $(ldd /usr/lib/libgloo.so.0 | awk '/=> \//{print $3}' | grep -E 'hiredis|ibverbs|libnl') \
-               /usr/lib/x86_64-linux-gnu/libaio.so.1; do
+               /usr/lib/x86_64-linux-gnu/libaio.so.1 /usr/lib/x86_64-linux-gnu/libcrypto.so.3; do
       cp -L "$lib" "$CARRY/lib/"
     done
     "$CARRY/bin/mlp_bench" --dry-run >/dev/null

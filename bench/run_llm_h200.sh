@@ -41,7 +41,7 @@ case "${1:-}" in
     cp -L bazel-bin/models/llama/cuda_model_test bazel-bin/train/zero_llm bazel-bin/bench/llm_cuda_bench \
           bazel-bin/tests/equivalence/gpu_equivalence "$CARRY/bin/"
     for lib in /usr/lib/libgloo.so.0 $(ldd /usr/lib/libgloo.so.0 | awk '/=> \//{print $3}' | grep -E 'hiredis|ibverbs|libnl') \
-               /usr/lib/x86_64-linux-gnu/libnuma.so.1 /usr/lib/x86_64-linux-gnu/libaio.so.1; do
+               /usr/lib/x86_64-linux-gnu/libnuma.so.1 /usr/lib/x86_64-linux-gnu/libaio.so.1 /usr/lib/x86_64-linux-gnu/libcrypto.so.3; do
       cp -L "$lib" "$CARRY/lib/"
     done
     du -sh "$CARRY"
