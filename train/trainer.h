@@ -70,6 +70,23 @@ struct TrainerOptions {
   bool progress_bar = false;    // the terminal progress bar (drawn only when stdout is a TTY)
 };
 
+// The TrainerOptions both jobs' flags give alike: --device, --timeout, --steps, --save,
+// --save-every, --resume, --log-json and --plot (the fields of those names in `flags`); the rest
+// keeps its defaults.
+template <typename Flags>
+TrainerOptions TrainerOptionsFromFlags(const Flags& flags) {
+  TrainerOptions t;
+  t.device = flags.device;
+  t.timeout_s = flags.timeout_s;
+  t.steps = flags.steps;
+  t.save_dir = flags.save_dir;
+  t.save_every = flags.save_every;
+  t.resume_dir = flags.resume_dir;
+  t.log_json = flags.log_json;
+  t.plot = flags.plot;
+  return t;
+}
+
 class Trainer;
 
 // What a job gives the Trainer. The Trainer calls the set-up hooks once, in the order listed, on

@@ -6,13 +6,15 @@
 // world size) and exports the model as a Hugging Face directory. docs/llm.md is the manual.
 //
 // Process model (as zero_train): without RANK in the environment this process checks the flags and
-// config, then starts --nproc ranks of itself (tools/launcher.h); with it, it is one rank.
-#include <sys/resource.h>
+// config, then starts --nproc ranks of itself (tools/launcher.h); with it, it is one rank. The
+// rank's loop is the Trainer's (train/trainer.h); this file gives it the transformer, its data and
+// its lines (ZeroLlmJob).
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,7 +24,6 @@
 #include <string>
 #include <vector>
 
-#include "comm/rendezvous.h"
 #include "data/token_data.h"
 #include "engine/config/config.h"
 #include "engine/engine.h"
@@ -35,7 +36,9 @@
 #include "runtime/device.h"
 #include "runtime/hash.h"
 #include "tools/launcher.h"
-#include "train/loss_plot.h"
+#include "train/model_runner.h"
+#include "train/trainer.h"
+#include "train/trainer_launch.h"
 #include "train/zero_llm_options.h"
 #include "train/zero_train_report.h"
 
@@ -49,29 +52,36 @@
 namespace zero::llm {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
 // The H200's dense bf16 peak (the MFU denominator).
 constexpr double kPeakTflopsPerGpu = 989.0;
 
 // --- the model on the rank's device --------------------------------------------------------------
 
-class ModelRunner {
+struct Data;
+
+// The transformer's micro step for the Trainer: the micro step's rows (TrainRows: sampled, in file
+// order, or the reverse-text task's) with its output head (--heads), then the backend's forward of
+// them; evaluation gives ForwardBatch windows of its own.
+class LlmRunner : public train::ModelRunner {
  public:
-  virtual ~ModelRunner() = default;
+  Status Forward(examples::ParamProvider& params, const train::MicroStep& at) final;
   // Forward of `batch`. With `need_loss` false the loss may come from Backward (Loss() after it);
   // with true Loss() is the forward's own (evaluation, no backward).
-  virtual Status Forward(examples::ParamProvider& params, const LlmBatch& batch, bool need_loss) = 0;
-  virtual Status Backward(examples::ParamProvider& params, float loss_scale, examples::GradSink& grads) = 0;
-  virtual Result<double> Loss() = 0;
-  virtual int64_t CountedTargets() = 0;
+  virtual Status ForwardBatch(examples::ParamProvider& params, const LlmBatch& batch, bool need_loss) = 0;
+
+ protected:
+  // `data` and `o` must outlive the runner.
+  LlmRunner(const Data* data, const LlmTrainOptions* o) : data_(data), o_(o) {}
+
+ private:
+  const Data* data_;
+  const LlmTrainOptions* o_;
 };
 
-class CpuRunner final : public ModelRunner {
+class CpuRunner final : public LlmRunner {
  public:
-  explicit CpuRunner(const LlmConfig& c) : model_(c) {}
-  Status Forward(examples::ParamProvider& params, const LlmBatch& batch, bool need_loss) override {
+  CpuRunner(const LlmConfig& c, const Data* data, const LlmTrainOptions* o) : LlmRunner(data, o), model_(c) {}
+  Status ForwardBatch(examples::ParamProvider& params, const LlmBatch& batch, bool need_loss) override {
     ZERO_ASSIGN_OR_RETURN(loss_, model_.Forward(params, batch, &acts_));
     return OkStatus();
   }
@@ -89,25 +99,26 @@ class CpuRunner final : public ModelRunner {
 
 #if defined(ZERO_EXAMPLES_HAS_CUDA)
 // The CUDA model on the engine's compute stream (the CudaDevice's default stream).
-class CudaRunner final : public ModelRunner {
+class CudaRunner final : public LlmRunner {
  public:
-  static Result<std::unique_ptr<ModelRunner>> Create(const LlmConfig& c, Device* device, bool checkpointing,
-                                                     const std::string& attention) {
+  static Result<std::unique_ptr<LlmRunner>> Create(const LlmConfig& c, Device* device, bool checkpointing,
+                                                   const std::string& attention, const Data* data,
+                                                   const LlmTrainOptions* o) {
     CudaDevice* cuda = device->AsCuda();
     if (cuda == nullptr) return InternalError("--device cuda: the rank's device is not a CudaDevice");
     if (cudaSetDevice(cuda->ordinal()) != cudaSuccess) return InternalError("cudaSetDevice failed");
-    auto r = std::unique_ptr<CudaRunner>(new CudaRunner());
+    auto r = std::unique_ptr<CudaRunner>(new CudaRunner(data, o));
     LlmCudaOptions opts;
     opts.activation_checkpointing = checkpointing;
     opts.attention = attention == "cudnn"    ? LlmAttention::kCudnn
                      : attention == "kernel" ? LlmAttention::kKernel
                                              : LlmAttention::kAuto;
     ZERO_ASSIGN_OR_RETURN(r->model_, LlmCuda::Create(c, device, /*stream=*/nullptr, opts));
-    return std::unique_ptr<ModelRunner>(std::move(r));
+    return std::unique_ptr<LlmRunner>(std::move(r));
   }
   // In training the loss is read after backward (Loss), so forward and backward queue without a
   // host wait; evaluation asks the forward for it.
-  Status Forward(examples::ParamProvider& params, const LlmBatch& batch, bool need_loss) override {
+  Status ForwardBatch(examples::ParamProvider& params, const LlmBatch& batch, bool need_loss) override {
     return model_->Forward(params, batch, &acts_, need_loss).status();
   }
   Status Backward(examples::ParamProvider& params, float loss_scale, examples::GradSink& grads) override {
@@ -117,28 +128,19 @@ class CudaRunner final : public ModelRunner {
   int64_t CountedTargets() override { return acts_.counted_targets(); }
 
  private:
-  CudaRunner() = default;
+  CudaRunner(const Data* data, const LlmTrainOptions* o) : LlmRunner(data, o) {}
   std::unique_ptr<LlmCuda> model_;
   LlmCudaActivations acts_;
 };
 #endif
 
-Result<std::unique_ptr<ModelRunner>> CreateRunner(const LlmTrainOptions& o, const LlmConfig& c, Device* device) {
-  if (o.device == "cpu") return std::unique_ptr<ModelRunner>(new CpuRunner(c));
+Result<std::unique_ptr<LlmRunner>> CreateRunner(const LlmTrainOptions& o, const LlmConfig& c, Device* device,
+                                                const Data* data) {
+  if (o.device == "cpu") return std::unique_ptr<LlmRunner>(new CpuRunner(c, data, &o));
 #if defined(ZERO_EXAMPLES_HAS_CUDA)
-  return CudaRunner::Create(c, device, o.activation_checkpointing, o.attention);
+  return CudaRunner::Create(c, device, o.activation_checkpointing, o.attention, data, &o);
 #else
   return UnimplementedError("--device cuda: this zero_llm was built without the CUDA toolkit");
-#endif
-}
-
-int VisibleGpus() {
-#if defined(ZERO_EXAMPLES_HAS_CUDA)
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
-  return n;
-#else
-  return 0;
 #endif
 }
 
@@ -262,12 +264,18 @@ LlmBatch TrainRows(const Data& d, const LlmTrainOptions& o, int batch, int64_t m
   return b;
 }
 
+Status LlmRunner::Forward(examples::ParamProvider& params, const train::MicroStep& at) {
+  LlmBatch batch = TrainRows(*data_, *o_, at.rows, at.index, at.rank, at.world_size);
+  batch.head = HeadForMicroStep(*o_, at.step, at.micro);
+  return ForwardBatch(params, batch, /*need_loss=*/false);
+}
+
 // --- evaluation (collective: the engine gathers at stage 3) --------------------------------------------
 
 // Mean nats per counted target over the eval windows (each rank takes every world-th window; a
 // rank without a window in the last round runs window 0 and counts nothing), and the count.
 Result<std::pair<double, int64_t>> Evaluate(const Data& d, const LlmTrainOptions& o, int64_t max_windows,
-                                            ModelRunner* model, examples::ParamProvider& params, Communicator* comm) {
+                                            LlmRunner* model, examples::ParamProvider& params, Communicator* comm) {
   std::vector<LlmBatch> windows;
   if (!d.task_eval.empty()) {
     windows = ReverseTextEvalWindows(d.task_eval, o.seq);
@@ -280,7 +288,7 @@ Result<std::pair<double, int64_t>> Evaluate(const Data& d, const LlmTrainOptions
   for (size_t base = 0; base < windows.size(); base += world) {
     const size_t i = base + rank;
     const bool mine = i < windows.size();
-    ZERO_RETURN_IF_ERROR(model->Forward(params, windows[mine ? i : 0], /*need_loss=*/true)
+    ZERO_RETURN_IF_ERROR(model->ForwardBatch(params, windows[mine ? i : 0], /*need_loss=*/true)
                              .WithContext("eval window " + std::to_string(i)));
     ZERO_ASSIGN_OR_RETURN(double loss, model->Loss());
     if (mine) {
@@ -293,13 +301,7 @@ Result<std::pair<double, int64_t>> Evaluate(const Data& d, const LlmTrainOptions
   return std::make_pair(sums[1] > 0 ? sums[0] / sums[1] : 0.0, static_cast<int64_t>(sums[1]));
 }
 
-// --- one rank ----------------------------------------------------------------------------------------
-
-double HostPeakBytes() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<double>(ru.ru_maxrss) * 1024.0;
-}
+// --- weights in and out --------------------------------------------------------------------------------
 
 // Initial values: the HF directory's tensors (at stage 3 with several ranks a rank reads only its
 // partition: Engine::InitializeFromSlices) or the preset's deterministic initialization.
@@ -358,196 +360,161 @@ Status Export(Engine* engine, const LlmTrainOptions& o, const LlmConfig& c,
   return OkStatus();
 }
 
-struct RankContext {
-  int rank = 0;
-  int world = 1;
-};
+// printf into a string.
+std::string Printf(const char* format, ...) __attribute__((format(printf, 1, 2)));
+std::string Printf(const char* format, ...) {
+  va_list args, copy;
+  va_start(args, format);
+  va_copy(copy, args);
+  const int n = std::vsnprintf(nullptr, 0, format, copy);
+  va_end(copy);
+  std::string out(n > 0 ? static_cast<size_t>(n) : 0, '\0');
+  if (n > 0) std::vsnprintf(out.data(), out.size() + 1, format, args);
+  va_end(args);
+  return out;
+}
 
-Status RunRank(const LlmTrainOptions& o, RankContext* ctx) {
-  const Clock::time_point t_start = Clock::now();
-  ZERO_ASSIGN_OR_RETURN(RendezvousOptions ro, RendezvousFromEnv());
-  ctx->rank = ro.rank;
-  ctx->world = ro.world_size;
-  if (o.timeout_s > 0) {
-    ro.comm.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
-  } else if (std::getenv("ZERO_COMM_TIMEOUT_MS") == nullptr) {
-    ro.comm.timeout = std::chrono::seconds(300);
+// --- the job the Trainer runs ------------------------------------------------------------------------
+
+// The transformer's side of the Trainer: its model config, config and data, its weights (preset or
+// Hugging Face) and runners, its header and lines, an evaluation-only run, and after training the
+// held-out loss, the export and the weights' hash.
+class ZeroLlmJob final : public train::TrainJob {
+ public:
+  explicit ZeroLlmJob(const LlmTrainOptions& o) : o_(o) {}
+
+  Result<Config> Prepare(int rank, int world_size) override {
+    world_size_ = world_size;
+    ZERO_ASSIGN_OR_RETURN(mc_, ModelConfig(o_));
+    auto config_or = ResolveLlmConfig(o_, world_size);
+    if (!config_or.ok()) return config_or.status().WithContext("config");
+    ZERO_ASSIGN_OR_RETURN(data_, LoadData(o_, mc_));
+    return std::move(config_or).value();
   }
-  const bool lead = ro.rank == 0;
-  ZERO_ASSIGN_OR_RETURN(const LlmConfig mc, ModelConfig(o));
-  auto config_or = ResolveLlmConfig(o, ro.world_size);
-  if (!config_or.ok()) return config_or.status().WithContext("config");
-  const Config config = std::move(config_or).value();
-  ZERO_ASSIGN_OR_RETURN(const Data data, LoadData(o, mc));
 
-  const int ordinal = o.device == "cuda" && VisibleGpus() == 1 ? 0 : ro.local_rank;
-  const std::string device_name = o.device == "cpu" ? "cpu" : "cuda:" + std::to_string(ordinal);
-  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, CreateDevice(device_name));
-  auto comm_or = CreateCommunicator(o.device == "cpu" ? "gloo" : "nccl", device.get(), ro);
-  if (!comm_or.ok()) return comm_or.status().WithContext("rendezvous of " + std::to_string(ro.world_size) + " ranks");
-  std::unique_ptr<Communicator> comm = std::move(comm_or).value();
+  Result<std::vector<examples::ModelParamSpec>> InitializeParameters(Engine* engine) override {
+    specs_ = LlmParamSpecs(mc_);
+    ZERO_RETURN_IF_ERROR(InitializeWeights(engine, o_, mc_, specs_).WithContext("initial weights"));
+    return specs_;
+  }
 
-  EngineEnv env;
-  env.log_sink = [](const std::string& line) { std::printf("engine %s\n", line.c_str()); };
-  auto engine_or = Engine::Create(config, device.get(), comm.get(), env);
-  if (!engine_or.ok()) return engine_or.status().WithContext("creating the engine");
-  std::unique_ptr<Engine> engine = std::move(engine_or).value();
-  const std::vector<examples::ModelParamSpec> specs = LlmParamSpecs(mc);
-  ZERO_RETURN_IF_ERROR(InitializeWeights(engine.get(), o, mc, specs).WithContext("initial weights"));
-  ZERO_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> model, CreateRunner(o, mc, device.get()));
-  examples::EngineParams params(engine.get(), specs);
-  examples::EngineGrads grads(engine.get());
+  Result<std::unique_ptr<train::ModelRunner>> CreateRunner(Device* device) override {
+    ZERO_ASSIGN_OR_RETURN(std::unique_ptr<LlmRunner> runner, llm::CreateRunner(o_, mc_, device, &data_));
+    runner_ = runner.get();
+    return std::unique_ptr<train::ModelRunner>(std::move(runner));
+  }
 
-  if (lead) {
+  void PrintHeader(const train::Trainer& t) override {
+    const Config& config = t.config();
     std::printf(
         "zero_llm: %s\n  data: %s\n  ZeRO stage %d, %s, %d rank(s) on %s, seq %d, micro batch %lld, GAS %lld: %lld "
         "tokens per step\n",
-        mc.ToString().c_str(), data.source.c_str(), config.zero.stage, DTypeName(config.model_dtype()), ro.world_size,
-        o.device.c_str(), o.seq, static_cast<long long>(config.train_micro_batch_size_per_gpu),
+        mc_.ToString().c_str(), data_.source.c_str(), config.zero.stage, DTypeName(config.model_dtype()),
+        t.world_size(), o_.device.c_str(), o_.seq, static_cast<long long>(config.train_micro_batch_size_per_gpu),
         static_cast<long long>(config.gradient_accumulation_steps),
-        static_cast<long long>(config.train_batch_size * o.seq));
-    if (o.extra_heads > 0) std::printf("  %d extra head(s), schedule %s\n", o.extra_heads, o.heads.c_str());
+        static_cast<long long>(config.train_batch_size * o_.seq));
+    if (o_.extra_heads > 0) std::printf("  %d extra head(s), schedule %s\n", o_.extra_heads, o_.heads.c_str());
     if (!config.managed_gradient_accumulation) std::printf("  unmanaged gradient accumulation\n");
     for (const std::string& w : config.warnings) std::printf("warning: %s\n", w.c_str());
   }
 
-  if (o.eval_only) {
-    ZERO_ASSIGN_OR_RETURN(auto ev, Evaluate(data, o, 0, model.get(), params, comm.get()));
-    if (lead) std::printf("eval_loss=%.6f tokens=%lld\n", ev.first, static_cast<long long>(ev.second));
-    return comm->Barrier().WithContext("final barrier");
+  Result<bool> RunWithoutTraining(train::Trainer& t) override {
+    if (!o_.eval_only) return false;
+    ZERO_ASSIGN_OR_RETURN(auto ev, Evaluate(data_, o_, 0, runner_, t.params(), t.comm()));
+    if (t.lead()) std::printf("eval_loss=%.6f tokens=%lld\n", ev.first, static_cast<long long>(ev.second));
+    return true;
   }
 
-  int64_t start_step = 0;
-  if (!o.resume_dir.empty()) {
-    ZERO_RETURN_IF_ERROR(engine->LoadCheckpoint(o.resume_dir).status().WithContext("--resume " + o.resume_dir));
-    start_step = engine->counters().global_steps;
-    if (lead) std::printf("  resumed from %s at step %lld\n", o.resume_dir.c_str(), static_cast<long long>(start_step));
-  }
-  FILE* log_json = nullptr;
-  if (lead && !o.log_json.empty()) {
-    log_json = std::fopen(o.log_json.c_str(), "w");
-    if (log_json == nullptr) return ErrnoError("--log-json: open", o.log_json, errno);
-  }
-  struct Closer {
-    FILE*& f;
-    ~Closer() {
-      if (f != nullptr) std::fclose(f);
-    }
-  } closer{log_json};
-
-  const int micro = static_cast<int>(config.train_micro_batch_size_per_gpu);
-  const int64_t gas = config.gradient_accumulation_steps;
-  // Unmanaged accumulation (managed_gradient_accumulation false): every Step() is a boundary and the
-  // user divides by the micro steps; loss_scale / GAS is the factor the managed engine applies.
-  const bool managed = config.managed_gradient_accumulation;
-  const double flops_per_token = mc.TrainFlopsPerToken(o.seq);
-  std::vector<double> plot_steps, plot_losses;
-  double window_loss = 0, window_seconds = 0, window_tokens = 0;
-  int window_steps = 0;
-  const Clock::time_point t_train = Clock::now();
-  if (lead) std::printf("  set-up %.2f s; training\n", Since(t_start));
-  for (int64_t step = start_step; step < o.steps; ++step) {
-    const Clock::time_point t0 = Clock::now();
-    double sums[2] = {0, 0};  // loss * targets, targets
-    for (int64_t m = 0; m < gas; ++m) {
-      LlmBatch batch = TrainRows(data, o, micro, step * gas + m, ro.rank, ro.world_size);
-      batch.head = HeadForMicroStep(o, step, m);
-      const std::string where = "step " + std::to_string(step + 1) + " micro step " + std::to_string(m);
-      ZERO_RETURN_IF_ERROR(model->Forward(params, batch, /*need_loss=*/false).WithContext(where + " forward"));
-      const float scale = managed ? engine->gradient_scale() : engine->loss_scale() / static_cast<float>(gas);
-      ZERO_RETURN_IF_ERROR(model->Backward(params, scale, grads).WithContext(where + " backward"));
-      ZERO_RETURN_IF_ERROR(engine->Backward().WithContext(where));
-      ZERO_ASSIGN_OR_RETURN(double loss, model->Loss());
-      const int64_t n = model->CountedTargets();
-      sums[0] += loss * static_cast<double>(n);
-      sums[1] += static_cast<double>(n);
-    }
-    const double lr = engine->lr();
-    ZERO_RETURN_IF_ERROR(engine->Step().WithContext("step " + std::to_string(step + 1)));
-    ZERO_RETURN_IF_ERROR(comm->AllReduceHost(sums, 2, ReduceOp::kSum).WithContext("averaging the loss"));
-    const double mean_loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
-    if (!std::isfinite(mean_loss) || !std::isfinite(engine->global_grad_norm())) {
-      return InternalError("step " + std::to_string(step + 1) + ": the loss (" + std::to_string(mean_loss) +
-                           ") or the gradient norm (" + std::to_string(engine->global_grad_norm()) +
+  Status CheckStep(const examples::StepRecord& rec) override {
+    if (!std::isfinite(rec.loss) || !std::isfinite(rec.grad_norm)) {
+      return InternalError("step " + std::to_string(rec.step) + ": the loss (" + std::to_string(rec.loss) +
+                           ") or the gradient norm (" + std::to_string(rec.grad_norm) +
                            ") is not finite; lower the learning rate (--lr) or check the data");
     }
-    const double seconds = Since(t0);
-    const double tokens = static_cast<double>(config.train_batch_size) * o.seq;
-    plot_steps.push_back(static_cast<double>(step + 1));
-    plot_losses.push_back(mean_loss);
-    window_loss += mean_loss;
-    window_seconds += seconds;
-    window_tokens += tokens;
-    ++window_steps;
-    if (log_json != nullptr) {
-      std::fprintf(log_json,
-                   "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"step_s\":%.6f,\"tokens\":%.0f,"
-                   "\"tokens_per_s\":%.1f,\"model_tflops\":%.3f}\n",
-                   static_cast<long long>(step + 1), mean_loss, lr, engine->global_grad_norm(), seconds, tokens,
-                   tokens / seconds, tokens * flops_per_token / seconds / 1e12);
-      std::fflush(log_json);
+    return OkStatus();
+  }
+
+  std::string StepJson(const examples::StepRecord& rec) override {
+    const double tokens = static_cast<double>(rec.tokens), seconds = rec.step_seconds;
+    return Printf(
+        "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"step_s\":%.6f,\"tokens\":%.0f,"
+        "\"tokens_per_s\":%.1f,\"model_tflops\":%.3f}",
+        static_cast<long long>(rec.step), rec.loss, rec.lr, rec.grad_norm, seconds, tokens, tokens / seconds,
+        tokens * FlopsPerToken() / seconds / 1e12);
+  }
+
+  std::string WindowLine(const examples::WindowSummary& w) override {
+    const double tps = static_cast<double>(w.tokens) / w.seconds;
+    const double tflops = tps * FlopsPerToken() / 1e12;
+    std::string mfu;
+    if (o_.device == "cuda") mfu = Printf(", MFU %.1f%%", 100.0 * tflops / (kPeakTflopsPerGpu * world_size_));
+    return Printf(
+        "step %lld/%d  loss %.4f  lr %.3g  grad norm %.3g  %s tok/s  %.2f model TFLOPS%s  peak %s device, %s host "
+        "per rank",
+        static_cast<long long>(w.last.step), o_.steps, w.mean_loss, w.last.lr, w.last.grad_norm,
+        examples::FormatCount(tps).c_str(), tflops, mfu.c_str(),
+        examples::FormatBytes(static_cast<double>(w.memory_max.device_peak)).c_str(),
+        examples::FormatBytes(w.host_peak_max).c_str());
+  }
+
+  Status AfterTraining(train::Trainer& t) override {
+    const bool lead = t.lead();
+    if (lead && o_.steps > t.start_step()) {
+      std::printf("done: %lld steps in %.1f s\n", static_cast<long long>(o_.steps - t.start_step()), t.train_seconds());
     }
-    const bool last = step + 1 == o.steps;
-    if ((step + 1) % o.print_every == 0 || last) {
-      const EngineMemory mem = engine->memory();
-      double peaks[2] = {static_cast<double>(mem.device_peak), HostPeakBytes()};
-      ZERO_RETURN_IF_ERROR(comm->AllReduceHost(peaks, 2, ReduceOp::kMax).WithContext("gathering memory use"));
-      if (lead) {
-        const double tps = window_tokens / window_seconds;
-        const double tflops = tps * flops_per_token / 1e12;
-        std::string mfu;
-        if (o.device == "cuda") {
-          char b[64];
-          std::snprintf(b, sizeof(b), ", MFU %.1f%%", 100.0 * tflops / (kPeakTflopsPerGpu * ro.world_size));
-          mfu = b;
+    if (!t.losses().empty()) {
+      ZERO_RETURN_IF_ERROR(
+          t.WriteLossPlot("zero_llm: " + mc_.ToString() + ", ZeRO stage " + std::to_string(t.config().zero.stage)));
+    }
+    if (o_.eval_windows > 0 && (!data_.eval.empty() || !data_.task_eval.empty())) {
+      ZERO_ASSIGN_OR_RETURN(auto ev, Evaluate(data_, o_, o_.eval_windows, runner_, t.params(), t.comm()));
+      if (lead) std::printf("eval_loss=%.6f tokens=%lld (held-out)\n", ev.first, static_cast<long long>(ev.second));
+    }
+    Engine* engine = t.engine();
+    if (!o_.export_hf.empty()) {
+      ZERO_RETURN_IF_ERROR(Export(engine, o_, mc_, specs_, data_.tokenizer_json, lead).WithContext("--export-hf"));
+    }
+    if (o_.hash_weights) {
+      uint64_t h = 0;
+      std::vector<float> v;
+      for (size_t i = 0; i < specs_.size(); ++i) {
+        v.resize(static_cast<size_t>(specs_[i].numel()));
+        ZERO_RETURN_IF_ERROR(engine->GatherMasterWeights(static_cast<int>(i), v.data()));
+        for (float x : v) {
+          uint32_t bits;
+          std::memcpy(&bits, &x, 4);
+          h = SplitMix64(h ^ bits);
         }
-        std::printf(
-            "step %lld/%d  loss %.4f  lr %.3g  grad norm %.3g  %s tok/s  %.2f model TFLOPS%s  peak %s device, %s host "
-            "per rank\n",
-            static_cast<long long>(step + 1), o.steps, window_loss / window_steps, lr, engine->global_grad_norm(),
-            examples::FormatCount(tps).c_str(), tflops, mfu.c_str(), examples::FormatBytes(peaks[0]).c_str(),
-            examples::FormatBytes(peaks[1]).c_str());
-        std::fflush(stdout);
       }
-      window_loss = window_seconds = window_tokens = 0;
-      window_steps = 0;
+      if (lead) std::printf("master_weights_hash=%016llx\n", static_cast<unsigned long long>(h));
     }
-    if (!o.save_dir.empty() && ((o.save_every > 0 && (step + 1) % o.save_every == 0) || last)) {
-      ZERO_RETURN_IF_ERROR(engine->SaveCheckpoint(o.save_dir).WithContext("--save " + o.save_dir));
-    }
+    return OkStatus();
   }
-  if (lead && o.steps > start_step) {
-    std::printf("done: %lld steps in %.1f s\n", static_cast<long long>(o.steps - start_step), Since(t_train));
-  }
-  if (lead && !o.plot.empty() && !plot_losses.empty()) {
-    LossPlotOptions po;
-    po.title = "zero_llm: " + mc.ToString() + ", ZeRO stage " + std::to_string(config.zero.stage);
-    po.smooth_window = static_cast<int>(std::clamp<int64_t>(o.steps / 30, 1, 50));
-    ZERO_RETURN_IF_ERROR(WriteLossSvg(o.plot, plot_steps, plot_losses, po).WithContext("--plot"));
-    std::printf("loss curve: %s\n", o.plot.c_str());
-  }
-  if (o.eval_windows > 0 && (!data.eval.empty() || !data.task_eval.empty())) {
-    ZERO_ASSIGN_OR_RETURN(auto ev, Evaluate(data, o, o.eval_windows, model.get(), params, comm.get()));
-    if (lead) std::printf("eval_loss=%.6f tokens=%lld (held-out)\n", ev.first, static_cast<long long>(ev.second));
-  }
-  if (!o.export_hf.empty()) {
-    ZERO_RETURN_IF_ERROR(Export(engine.get(), o, mc, specs, data.tokenizer_json, lead).WithContext("--export-hf"));
-  }
-  if (o.hash_weights) {
-    uint64_t h = 0;
-    std::vector<float> v;
-    for (size_t i = 0; i < specs.size(); ++i) {
-      v.resize(static_cast<size_t>(specs[i].numel()));
-      ZERO_RETURN_IF_ERROR(engine->GatherMasterWeights(static_cast<int>(i), v.data()));
-      for (float x : v) {
-        uint32_t bits;
-        std::memcpy(&bits, &x, 4);
-        h = SplitMix64(h ^ bits);
-      }
-    }
-    if (lead) std::printf("master_weights_hash=%016llx\n", static_cast<unsigned long long>(h));
-  }
-  return comm->Barrier().WithContext("final barrier");
+
+ private:
+  double FlopsPerToken() const { return mc_.TrainFlopsPerToken(o_.seq); }
+
+  const LlmTrainOptions& o_;
+  LlmConfig mc_;
+  Data data_;
+  std::vector<examples::ModelParamSpec> specs_;
+  LlmRunner* runner_ = nullptr;  // owned by the Trainer
+  int world_size_ = 1;
+};
+
+train::TrainerOptions TrainerOptionsFor(const LlmTrainOptions& o) {
+  train::TrainerOptions t = train::TrainerOptionsFromFlags(o);
+  t.default_timeout = std::chrono::seconds(300);
+  t.print_every = o.print_every;
+  t.tokens_per_row = o.seq;
+  t.loss_average = train::LossAverage::kPerTarget;
+  t.unmanaged_divides_by_gas = true;
+  return t;
+}
+
+Status RunRank(const LlmTrainOptions& o, train::RankContext* where) {
+  ZeroLlmJob job(o);
+  return train::Trainer(TrainerOptionsFor(o), &job).Run(where);
 }
 
 // --- the launching process ---------------------------------------------------------------------------
@@ -555,7 +522,7 @@ Status RunRank(const LlmTrainOptions& o, RankContext* ctx) {
 int Launch(const LlmTrainOptions& o, int argc, char** argv) {
   int nproc = o.nproc;
   if (o.device == "cuda") {
-    const int gpus = VisibleGpus();
+    const int gpus = train::VisibleGpus();
     if (gpus == 0) {
       std::fprintf(stderr, "zero_llm: --device cuda: no GPU visible (or built without CUDA)\n");
       return 2;
@@ -582,23 +549,8 @@ int Launch(const LlmTrainOptions& o, int argc, char** argv) {
     std::printf("%s\n", ConfigToJson(*config).c_str());
     return 0;
   }
-  if (nproc == 1) {
-    RankContext ctx;
-    Status st = RunRank(o, &ctx);
-    if (!st.ok()) {
-      std::fprintf(stderr, "zero_llm: %s\n", st.ToString().c_str());
-      return 1;
-    }
-    return 0;
-  }
-  LaunchOptions lo;
-  lo.nproc = nproc;
-  Status st = LaunchSelf(argc, argv, lo);
-  if (!st.ok()) {
-    std::fprintf(stderr, "zero_llm: %s\n", st.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return train::RunOrLaunchRanks("zero_llm", nproc, argc, argv,
+                                 [&](train::RankContext* where) { return RunRank(o, where); });
 }
 
 int Main(int argc, char** argv) {
@@ -614,20 +566,10 @@ int Main(int argc, char** argv) {
     std::printf("%s", LlmUsageText().c_str());
     return 0;
   }
-  if (const char* wd = std::getenv("BUILD_WORKING_DIRECTORY"); wd != nullptr && *wd != '\0') {
-    for (std::string* p : {&o.data, &o.model_dir, &o.tokenizer, &o.config_path, &o.export_hf, &o.save_dir,
-                           &o.resume_dir, &o.log_json, &o.plot}) {
-      if (!p->empty() && (*p)[0] != '/') *p = std::string(wd) + "/" + *p;
-    }
-  }
+  train::ResolveUserPaths({&o.data, &o.model_dir, &o.tokenizer, &o.config_path, &o.export_hf, &o.save_dir,
+                           &o.resume_dir, &o.log_json, &o.plot});
   if (!UnderLauncher()) return Launch(o, argc, argv);
-  RankContext ctx;
-  Status st = RunRank(o, &ctx);
-  if (!st.ok()) {
-    std::fprintf(stderr, "zero_llm: rank %d of %d: %s\n", ctx.rank, ctx.world, st.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return train::RunLaunchedRank("zero_llm", [&](train::RankContext* where) { return RunRank(o, where); });
 }
 
 }  // namespace

@@ -434,22 +434,14 @@ class ZeroTrainJob final : public train::TrainJob {
 };
 
 train::TrainerOptions TrainerOptionsFor(const TrainOptions& o) {
-  train::TrainerOptions t;
-  t.device = o.device;
-  t.timeout_s = o.timeout_s;
+  train::TrainerOptions t = train::TrainerOptionsFromFlags(o);
   t.default_timeout = std::chrono::seconds(120);
-  t.steps = o.steps;
   t.print_every = 0;     // the config's steps_per_print
   t.tokens_per_row = 1;  // one predicted byte per row
   t.loss_average = train::LossAverage::kPerMicroStep;
   t.unmanaged_divides_by_gas = false;
-  t.save_dir = o.save_dir;
-  t.save_every = o.save_every;
-  t.resume_dir = o.resume_dir;
   t.resume_past_steps_is_error = true;
   t.announce_checkpoints = true;
-  t.log_json = o.log_json;
-  t.plot = o.plot;
   t.trace = o.trace;
   t.loop_breakdown = true;
   t.progress_bar = o.progress;
@@ -458,8 +450,7 @@ train::TrainerOptions TrainerOptionsFor(const TrainOptions& o) {
 
 Status RunRank(const TrainOptions& o, train::RankContext* where) {
   ZeroTrainJob job(o);
-  train::Trainer trainer(TrainerOptionsFor(o), &job);
-  return trainer.Run(where);
+  return train::Trainer(TrainerOptionsFor(o), &job).Run(where);
 }
 
 // --- the launching process ---------------------------------------------------------------------------
