@@ -1,5 +1,7 @@
-// Launchers of the CUDA kernels of the transformer (LlmCuda, llm_cuda.h): everything but the
-// matrix products, which are cuBLAS calls in llm_cuda.cu.
+// Launchers of the CUDA kernels of the transformer (LlmCuda, cuda_model.h): everything but the
+// matrix products, which are cuBLAS calls in cuda_model.cu. One header for all of them (the model
+// and the kernel tests use every operation); each operation's kernels and launchers live in
+// kernels/<op>.cu, one file per section below.
 //
 // Plain C++ declarations, includable from host code (the kernel tests call them directly). Each
 // launcher enqueues its kernel(s) on `stream` for the current CUDA device and returns the launch
