@@ -1,10 +1,13 @@
-// CudnnAttention (contract in llm_attention_cudnn.h): one forward and one backward graph of cuDNN's
+// CudnnAttention (contract in attention_cudnn.h): one forward and one backward graph of cuDNN's
 // SDPA per shape, cached; without cuDNN in the build every call says so.
 #include "models/llama/attention_cudnn.h"
 
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "runtime/device.h"
+#include "runtime/device_arena.h"
 
 #if defined(ZERO_HAS_CUDNN)
 #include <cudnn.h>
@@ -42,6 +45,7 @@ std::vector<int64_t> Strides(const AttentionShape& s, int heads) {
 }  // namespace
 
 struct CudnnAttention::Impl {
+  Device* device = nullptr;  // a CudaDevice: the workspace's
   cudaStream_t stream = nullptr;
   bool deterministic = true;
   cudnnHandle_t handle = nullptr;
@@ -51,11 +55,13 @@ struct CudnnAttention::Impl {
     std::shared_ptr<fe::graph::Graph> fwd, bwd;
   };
   std::vector<Plans> plans;
+  DeviceArena workspace_arena{"workspace"};
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
 
   ~Impl() {
-    if (workspace != nullptr) cudaFree(workspace);
+    // Enqueued work may still read the workspace, which workspace_arena frees after this body.
+    if (workspace != nullptr) cudaStreamSynchronize(stream);
     if (handle != nullptr) cudnnDestroy(handle);
   }
 
@@ -96,16 +102,18 @@ struct CudnnAttention::Impl {
     if (!e.is_good()) return FeStatus(e, what, s);
     if (bytes > workspace_bytes) {
       // The old workspace may be read by enqueued work.
-      cudaError_t ce = cudaStreamSynchronize(stream);
-      if (ce == cudaSuccess && workspace != nullptr) ce = cudaFree(workspace);
-      workspace = nullptr;
-      workspace_bytes = 0;
-      if (ce == cudaSuccess) ce = cudaMalloc(&workspace, bytes);
+      const cudaError_t ce = cudaStreamSynchronize(stream);
       if (ce != cudaSuccess) {
         cudaGetLastError();
-        return ResourceExhaustedError("cuDNN attention: workspace of " + std::to_string(bytes) + " bytes for " +
-                                      s.ToString() + ": " + cudaGetErrorString(ce));
+        return InternalError("cuDNN attention: cudaStreamSynchronize before growing the workspace to " +
+                             std::to_string(bytes) + " bytes for " + s.ToString() + ": " + cudaGetErrorString(ce));
       }
+      workspace_arena.Clear();
+      workspace = nullptr;
+      workspace_bytes = 0;
+      workspace_arena.ReserveBytes(&workspace, static_cast<size_t>(bytes), "cuDNN attention workspace");
+      ZERO_RETURN_IF_ERROR(
+          workspace_arena.Allocate(device).WithContext("cuDNN attention: workspace for " + s.ToString()));
       workspace_bytes = bytes;
     }
     return OkStatus();
@@ -195,8 +203,14 @@ CudnnAttention::~CudnnAttention() = default;
 bool CudnnAttention::Built() { return true; }
 long CudnnAttention::RuntimeVersion() { return static_cast<long>(cudnnGetVersion()); }
 
-Result<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(cudaStream_t stream, bool deterministic) {
+Result<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(Device* device, cudaStream_t stream,
+                                                               bool deterministic) {
+  if (device == nullptr || device->AsCuda() == nullptr) {
+    return InvalidArgumentError("cuDNN attention: device " +
+                                (device == nullptr ? std::string("null") : device->name()) + " is not a CUDA device");
+  }
   auto impl = std::make_unique<Impl>();
+  impl->device = device;
   impl->stream = stream;
   impl->deterministic = deterministic;
   const cudnnStatus_t st = cudnnCreate(&impl->handle);
@@ -246,7 +260,7 @@ CudnnAttention::~CudnnAttention() = default;
 bool CudnnAttention::Built() { return false; }
 long CudnnAttention::RuntimeVersion() { return 0; }
 
-Result<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(cudaStream_t, bool) {
+Result<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(Device*, cudaStream_t, bool) {
   return UnavailableError(
       "cuDNN attention: this build has no cuDNN (tools/setup.sh fetches cuDNN's frontend headers; cudnn.h and "
       "libcudnn must be installed)");

@@ -9,9 +9,12 @@
 //
 // Plans are built per shape on first use (Prepare, or the first Forward/Backward of a shape) and
 // kept: building takes tens to hundreds of milliseconds (cuDNN may compile kernels at run time),
-// executing one enqueues kernels and nothing else. The workspace is owned here and grows to the
-// largest plan's need; growing it synchronizes the stream (the old one may be in use). All work is
-// enqueued on the stream given at creation, which the caller owns and which must outlive this.
+// executing one enqueues kernels and nothing else. The workspace is owned here, taken from the
+// Device given at creation as a DeviceArena labelled "workspace" (runtime/device_arena.h, so the
+// Device's memory_stats() and the arena tally count it), and grows to the largest plan's need;
+// growing it, and destroying this object while it holds one, synchronizes the stream (the old one
+// may be in use). All work is enqueued on the stream given at creation, which the caller owns and
+// which must outlive this.
 //
 // Determinism: with `deterministic` (the default) the backward uses cuDNN's deterministic
 // algorithm (dQ without atomics), so two runs give the same bits on one GPU model and cuDNN
@@ -25,6 +28,10 @@
 #include <string>
 
 #include "runtime/status.h"
+
+namespace zero {
+class Device;
+}  // namespace zero
 
 namespace zero::llm {
 
@@ -40,10 +47,13 @@ struct AttentionShape {
 
 class CudnnAttention {
  public:
-  // Creates the cuDNN handle on the current device, bound to `stream`. Unavailable when this build
-  // has no cuDNN (tools/setup.sh could not fetch the frontend headers, or no cudnn.h/libcudnn) or
-  // the library cannot be loaded or initialized (the message says which).
-  static Result<std::unique_ptr<CudnnAttention>> Create(cudaStream_t stream, bool deterministic = true);
+  // Creates the cuDNN handle on the current device, bound to `stream`. `device` must be a
+  // CudaDevice (Device::AsCuda; the current device) and outlive this: the workspace comes from it.
+  // `stream` is a CUDA stream of that device. InvalidArgument for a device that is not a CUDA
+  // device; Unavailable when this build has no cuDNN (tools/setup.sh could not fetch the frontend
+  // headers, or no cudnn.h/libcudnn) or the library cannot be loaded or initialized (the message
+  // says which).
+  static Result<std::unique_ptr<CudnnAttention>> Create(Device* device, cudaStream_t stream, bool deterministic = true);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;

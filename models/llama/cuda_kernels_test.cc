@@ -27,6 +27,7 @@
 #include "models/llama/cpu_model.h"
 #include "models/llama/cuda_test_util.h"
 #include "models/llama/kernels.cuh"
+#include "runtime/cuda_device.h"
 #include "runtime/dtype.h"
 #include "runtime/gpu_test_util.h"
 #include "runtime/status.h"
@@ -354,9 +355,11 @@ TEST_P(LlmKernelTest, FlashAttentionMatchesTheDirectSoftmax) {
 TEST(CudnnAttentionTest, MatchesTheDirectSoftmaxAndRepeatsBitwise) {
   ZERO_SKIP_WITHOUT_CUDA_DEVICES(1);
   if (!CudnnAttention::Built()) GTEST_SKIP() << "this build has no cuDNN";
+  Result<std::unique_ptr<CudaDevice>> device = CudaDevice::Create(0);
+  ASSERT_OK(device);
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  auto attn = CudnnAttention::Create(stream);
+  auto attn = CudnnAttention::Create(device->get(), stream);
   ASSERT_OK(attn);
   std::printf("cuDNN %ld at run time\n", CudnnAttention::RuntimeVersion());
   const DType t = DType::kBF16;

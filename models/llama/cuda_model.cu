@@ -75,7 +75,7 @@ LlmCuda::Impl::Impl(const LlmConfig& c, const std::vector<ModelParamSpec>& specs
 Status LlmCuda::Impl::Init() {
   prof_.Init(options_.profile, stream_);
   if (options_.attention != LlmAttention::kKernel) {
-    Result<std::unique_ptr<CudnnAttention>> a = CudnnAttention::Create(stream_);
+    Result<std::unique_ptr<CudnnAttention>> a = CudnnAttention::Create(device_, stream_);
     if (a.ok()) {
       cudnn_ = std::move(a).value();
     } else if (options_.attention == LlmAttention::kCudnn) {
