@@ -318,6 +318,11 @@ Status InitializeWeights(Engine* engine, const LlmTrainOptions& o, const LlmConf
   }
   ZERO_RETURN_IF_ERROR(
       weights.Check(std::vector<examples::ModelParamSpec>(specs.begin(), specs.begin() + hf_params), ignorable));
+  // A tied model computes its head from the embedding: an lm_head.weight beside it must be that copy.
+  if (c.tie_word_embeddings) {
+    ZERO_RETURN_IF_ERROR(weights.CheckTiedCopy("lm_head.weight", "model.embed_tokens.weight",
+                                               o.model_dir + "/config.json: tie_word_embeddings is true"));
+  }
   for (size_t i = 0; i < specs.size(); ++i) {
     ZERO_ASSIGN_OR_RETURN(int index, engine->RegisterParameter({specs[i].name, specs[i].shape, specs[i].module}));
     if (index != static_cast<int>(i)) return InternalError("registration order");

@@ -15,6 +15,7 @@
 
 #include "data/token_data.h"
 #include "hf/model_dir.h"
+#include "hf/safetensors.h"
 #include "testing/status_matchers.h"
 #include "train/run_binary_testing.h"
 
@@ -93,6 +94,42 @@ TEST_F(ZeroLlmTest, ImportThenExportWithoutAStepIsBitwise) {
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_EQ(ReadWholeFile(Tmp("export/model.safetensors")), ReadWholeFile(Tmp("export2/model.safetensors")));
   EXPECT_EQ(ReadWholeFile(Tmp("export/config.json")), ReadWholeFile(Tmp("export2/config.json")));
+}
+
+// A tied model's directory may hold lm_head.weight only as an exact copy of the embedding: the
+// model computes its head from the embedding, so a different lm_head would be dropped silently.
+TEST_F(ZeroLlmTest, TiedModelRefusesALmHeadThatIsNotTheEmbedding) {
+  ASSERT_EQ(trained_->exit_code, 0) << trained_->output;
+  for (const bool same : {true, false}) {
+    const std::string dir = Tmp(same ? "tied_copy" : "tied_other");
+    mkdir(dir.c_str(), 0755);
+    std::ofstream(dir + "/config.json") << ReadWholeFile(Tmp("export/config.json"));
+    std::ofstream(dir + "/tokenizer.json") << ReadWholeFile(Tmp("export/tokenizer.json"));
+    Result<SafetensorsFile> in = SafetensorsFile::Open(Tmp("export/model.safetensors"));
+    ASSERT_OK(in);
+    std::vector<std::vector<char>> bytes;
+    std::vector<TensorToWrite> out;
+    for (const TensorInfo& t : in->tensors()) {
+      bytes.emplace_back(t.data_end - t.data_begin);
+      ASSERT_OK(in->ReadRaw(t, bytes.back().data()));
+      out.push_back({t.name, t.dtype, t.shape, bytes.back().data()});
+    }
+    const TensorInfo* embed = in->Find("model.embed_tokens.weight");
+    ASSERT_NE(embed, nullptr);
+    bytes.emplace_back(embed->data_end - embed->data_begin);
+    ASSERT_OK(in->ReadRaw(*embed, bytes.back().data()));
+    if (!same) bytes.back()[6] ^= 0x40;  // one bit of one element (bf16: element 3's high byte)
+    out.push_back({"lm_head.weight", embed->dtype, embed->shape, bytes.back().data()});
+    ASSERT_OK(WriteSafetensors(dir + "/model.safetensors", out));
+    RunResult r = RunLlm(Tiny({"--nproc", "1", "--model", dir, "--steps", "0", "--eval-windows", "0"}), 60);
+    if (same) {
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+    } else {
+      EXPECT_NE(r.exit_code, 0) << r.output;
+      EXPECT_NE(r.output.find("lm_head.weight"), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("tie_word_embeddings is true"), std::string::npos) << r.output;
+    }
+  }
 }
 
 TEST_F(ZeroLlmTest, EvalOnlyPrintsOneLineAndAgreesAcrossWorldSizesAndStages) {
