@@ -97,24 +97,18 @@ class CudaRunner : public Runner {
     r->stream_ = r->device_->native_stream(nullptr);  // the model's: its device's default stream
     ZERO_ASSIGN_OR_RETURN(r->model_, ByteLmCuda::Create(c, r->device_.get(), nullptr));
     for (const ModelParamSpec& s : r->model_->specs()) {
-      void *p = nullptr, *g = nullptr;
       const size_t bytes = s.numel() * SizeOf(dtype);
-      if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMalloc(&g, bytes) != cudaSuccess) {
-        return ResourceExhaustedError("cudaMalloc for " + s.name);
-      }
-      r->params_.push_back({p, dtype});
-      r->grads_.push_back({g, dtype});
+      ZERO_ASSIGN_OR_RETURN(DeviceBuffer p, r->device_->Allocate(bytes));
+      ZERO_ASSIGN_OR_RETURN(DeviceBuffer g, r->device_->Allocate(bytes));
+      r->params_.push_back({p.data(), dtype});
+      r->grads_.push_back({g.data(), dtype});
       r->bytes_.push_back(bytes);
+      r->buffers_.push_back(std::move(p));
+      r->buffers_.push_back(std::move(g));
     }
     return r;
   }
-  ~CudaRunner() override {
-    model_.reset();
-    for (size_t i = 0; i < params_.size(); ++i) {
-      cudaFree(const_cast<void*>(params_[i].data));
-      cudaFree(grads_[i].data);
-    }
-  }
+  ~CudaRunner() override { model_.reset(); }
   Result<double> Step(const HostTensors& params, const uint8_t* tokens, int batch, HostTensors* grads) override {
     ZERO_RETURN_IF_ERROR(Upload(params));
     ResidentParams provider(model_->specs(), params_);
@@ -149,13 +143,14 @@ class CudaRunner : public Runner {
     }
     return OkStatus();
   }
-  std::unique_ptr<CudaDevice> device_;  // outlives the model and its activations
+  std::unique_ptr<CudaDevice> device_;  // outlives the model, its activations and buffers_
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<ByteLmCuda> model_;
   ByteLmCudaActivations acts_;
   std::vector<ParamView> params_;
   std::vector<GradView> grads_;
   std::vector<size_t> bytes_;
+  std::vector<DeviceBuffer> buffers_;  // the parameters' and gradients' device memory, from device_
 };
 #endif
 
