@@ -2,7 +2,9 @@
 # Every GPU test and the GPU main-job runs, in one go, for the GPU machine (docs/gpu.md).
 # Here:   tools/gpu_suite.sh pack [OLD_DIR]   builds and packs the binaries + libgloo into .carry/;
 #                                             with OLD_DIR (a folder holding an earlier build's
-#                                             zero_llm and zero_train) those go to .carry/old/
+#                                             zero_llm and zero_train) those go to .carry/old/; the
+#                                             whole is then one .carry/suite.tar.xz (about 14 MB: the
+#                                             binaries alone are over the device tool's 64 MiB)
 # There:  tools/gpu_suite.sh run OUTDIR       runs them and writes OUTDIR/gpu_suite.log (+ plot, JSON
 #                                             logs); with .carry/old/ present, the same zero_llm and
 #                                             zero_train runs with the old binaries, and their losses
@@ -19,12 +21,15 @@ case "${1:-}" in
     bash tools/pack_gpu.sh "${TARGETS[@]}" || exit 1
     if [ -n "${2:-}" ]; then
       mkdir -p .carry/old && cp -L "$2/zero_llm" "$2/zero_train" .carry/old/ || exit 1
-      du -sh .carry
     fi
+    (cd .carry && tar cf - * | xz -T2 -6 > ../.suite.tar.xz) && rm -rf .carry && mkdir .carry &&
+      mv .suite.tar.xz .carry/suite.tar.xz || exit 1
+    du -sh .carry
     ;;
   run)
     out=${2:?usage: gpu_suite.sh run OUTDIR}
     mkdir -p "$out"
+    if [ -f .carry/suite.tar.xz ] && [ ! -d .carry/bin ]; then tar xJf .carry/suite.tar.xz -C .carry || exit 1; fi
     export LD_LIBRARY_PATH=$PWD/.carry/lib:/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     export ZERO_REQUIRE_GPU=1  # a GPU test that finds no GPU fails here instead of skipping
