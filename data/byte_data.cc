@@ -1,21 +1,15 @@
 #include "data/byte_data.h"
 
-#include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
+#include "data/data_file.h"
 #include "runtime/hash.h"
 
 namespace zero::examples {
 
 Result<ByteDataset> ByteDataset::FromFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return ErrnoError("open", path, errno);
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) return ErrnoError("read", path, errno);
-  return ByteDataset(s.str(), path);
+  ZERO_ASSIGN_OR_RETURN(std::string bytes, data::ReadDataFile("", path, "a text file (the bytes the model trains on)"));
+  return ByteDataset(std::move(bytes), path);
 }
 
 Result<ByteDataset> ByteDataset::FromText(std::string text, std::string name) {

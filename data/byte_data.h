@@ -34,6 +34,8 @@ struct BatchSpec {
 
 class ByteDataset {
  public:
+  // The bytes of a regular file (data/data_file.h: a named pipe, a device such as /dev/zero or a
+  // directory is refused at once, naming what it is).
   static Result<ByteDataset> FromFile(const std::string& path);
   static Result<ByteDataset> FromText(std::string text, std::string name = "<text>");
 

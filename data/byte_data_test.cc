@@ -1,5 +1,8 @@
 #include "data/byte_data.h"
 
+#include <sys/stat.h>
+
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -7,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "data/data_file.h"
 #include "gtest/gtest.h"
 #include "testing/scratch_dir.h"
 #include "testing/status_matchers.h"
@@ -128,6 +132,33 @@ TEST(ByteDatasetTest, FromFileReadsBytesAndNamesMissingFiles) {
   auto missing = ByteDataset::FromFile(path + ".missing");
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find(".missing"), std::string::npos);
+}
+
+// A data path that is not a regular file is refused at once, naming what it is: a named pipe
+// (the read blocked forever), /dev/zero (read until memory ran out: 1 GiB in the probe), a
+// directory (read as 0 bytes: "too short").
+TEST(ByteDatasetTest, FromFileRefusesWhatIsNotARegularFileAtOnce) {
+  ASSERT_OK_AND_ASSIGN(ScratchDir dir, ScratchDir::Create("data_test"));
+  const std::string fifo = dir.File("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Case {
+    std::string path, what;
+  };
+  for (const Case& c : {Case{fifo, "(it is a named pipe)"}, Case{"/dev/zero", "(it is a character device)"},
+                        Case{dir.path(), "(it is a directory)"}}) {
+    auto ds = ByteDataset::FromFile(c.path);
+    ASSERT_FALSE(ds.ok()) << c.path;
+    EXPECT_NE(ds.status().message().find(c.path + ": not a regular file " + c.what), std::string::npos)
+        << ds.status().message();
+    const Status check = data::CheckDataFile("--data", c.path, "a text file");
+    EXPECT_NE(check.message().find("--data " + c.path + ": not a regular file " + c.what + "; expected a text file"),
+              std::string::npos)
+        << check.message();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  EXPECT_NE(data::CheckDataFile("--data", dir.File("none"), "a text file").message().find("no such file"),
+            std::string::npos);
 }
 
 }  // namespace

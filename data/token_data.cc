@@ -6,11 +6,14 @@
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <utility>
 
+#include "data/data_file.h"
 #include "runtime/hash.h"
 
 namespace zero::llm {
@@ -23,50 +26,11 @@ static_assert(std::endian::native == std::endian::little, "token files are littl
 constexpr uint64_t kWindowKey = 0x5a45524f4c4c4d57ull;   // "ZEROLLMW"
 constexpr uint64_t kExampleKey = 0x5a45524f4c4c4d45ull;  // "ZEROLLME"
 constexpr uint64_t kSnippetKey = 0x5a45524f4c4c4d53ull;  // "ZEROLLMS"
+constexpr uint64_t kHoldoutKey = 0x5a45524f4c4c4d48ull;  // "ZEROLLMH"
 
-// Owns one file descriptor for the duration of a call.
-class ScopedFd {
- public:
-  explicit ScopedFd(int fd) : fd_(fd) {}
-  ~ScopedFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  ScopedFd(const ScopedFd&) = delete;
-  ScopedFd& operator=(const ScopedFd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-// Reads a whole regular file. Opened without blocking, so a FIFO (which would wait for a writer)
-// is refused at fstat like a directory.
-Result<std::string> ReadRegularFile(const std::string& path) {
-  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
-  if (fd.get() < 0) {
-    if (errno == ENOENT) return NotFoundError(path + ": no such file");
-    return ErrnoError("open", path, errno);
-  }
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return ErrnoError("stat", path, errno);
-  if (!S_ISREG(st.st_mode)) {
-    const char* kind = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "not a regular file";
-    return InvalidArgumentError(path + ": " + kind + ", expected a regular file");
-  }
-  std::string out(static_cast<size_t>(st.st_size), '\0');
-  size_t got = 0;
-  while (got < out.size()) {
-    const ssize_t n = ::read(fd.get(), out.data() + got, out.size() - got);
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return ErrnoError("read", path, errno);
-    }
-    if (n == 0) break;  // shrank while reading
-    got += static_cast<size_t>(n);
-  }
-  out.resize(got);
-  return out;
-}
+// Reads a whole regular file (data/data_file.h: a named pipe or directory is refused at once,
+// never waited on).
+Result<std::string> ReadRegularFile(const std::string& path) { return data::ReadDataFile("", path, "a regular file"); }
 
 // Length of the valid UTF-8 character at s[i], or 0 when none starts there.
 int Utf8Length(std::string_view s, size_t i) {
@@ -129,21 +93,20 @@ std::vector<std::string> FilesUnder(const std::string& root, bool python_only) {
   return files;
 }
 
-// Appends text to corpus (after "\n\n" when not the first) up to max_bytes, cutting at a character
-// boundary. Returns false once the corpus is full.
-bool AppendCapped(std::string_view text, int64_t max_bytes, std::string* corpus) {
-  if (!corpus->empty()) {
-    if (static_cast<int64_t>(corpus->size()) + 2 >= max_bytes) return false;
-    corpus->append("\n\n");
+// The part of `text` that fits in `room` bytes of a corpus (after its "\n\n" separator when not
+// `first`), cut at a character boundary, into *out. Returns false once the corpus is full.
+bool AppendCapped(std::string_view text, int64_t room, bool first, std::string* out) {
+  if (!first) {
+    if (room <= 2) return false;
+    room -= 2;
   }
-  const size_t room = static_cast<size_t>(max_bytes) - corpus->size();
-  if (text.size() <= room) {
-    corpus->append(text);
-    return static_cast<int64_t>(corpus->size()) < max_bytes;
+  if (static_cast<int64_t>(text.size()) <= room) {
+    out->assign(text);
+    return static_cast<int64_t>(text.size()) < room;
   }
-  size_t cut = room;
+  size_t cut = static_cast<size_t>(room);
   while (cut > 0 && (static_cast<uint8_t>(text[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
-  corpus->append(text.substr(0, cut));
+  out->assign(text.substr(0, cut));
   return false;
 }
 
@@ -159,6 +122,17 @@ bool SamplerArgsOk(int seq, int batch, int64_t step, int rank, int world) {
 // Global sample index of row i (see the header).
 uint64_t SampleIndex(int64_t step, int rank, int world, int batch, int i) {
   return (static_cast<uint64_t>(step) * world + rank) * batch + i;
+}
+
+// [0, n), or with max in [1, n) the indices floor(i n / max) for i in [0, max).
+std::vector<int64_t> SpreadIndices(int64_t n, int64_t max) {
+  std::vector<int64_t> out;
+  const int64_t count = max > 0 && max < n ? max : n;
+  out.reserve(static_cast<size_t>(std::max<int64_t>(count, 0)));
+  for (int64_t i = 0; i < count; ++i) {
+    out.push_back(count == n ? i : static_cast<int64_t>(static_cast<__int128>(i) * n / count));
+  }
+  return out;
 }
 
 LlmBatch EmptyRows(int batch, int seq) {
@@ -209,7 +183,8 @@ Status WriteTokenBin(const std::string& path, const std::vector<int32_t>& tokens
 Result<std::vector<int32_t>> ReadTokenBin(const std::string& path, int64_t vocab_size) {
   if (vocab_size < 1)
     return InvalidArgumentError(path + ": vocab_size must be >= 1, got " + std::to_string(vocab_size));
-  ZERO_ASSIGN_OR_RETURN(std::string bytes, ReadRegularFile(path));
+  ZERO_ASSIGN_OR_RETURN(std::string bytes,
+                        data::ReadDataFile("", path, "a .bin file of little-endian uint32 token ids"));
   if (bytes.size() % 4 != 0) {
     return DataLossError(path + ": " + std::to_string(bytes.size()) +
                          " bytes, not a multiple of 4 (a token file holds little-endian uint32 ids)");
@@ -230,17 +205,27 @@ Result<std::vector<int32_t>> ReadTokenBin(const std::string& path, int64_t vocab
 
 // --- corpus ------------------------------------------------------------------------------------
 
-Result<std::string> LoadCorpus(const CorpusOptions& options) {
+Result<Corpus> LoadCorpusDocuments(const CorpusOptions& options) {
   if (options.max_bytes < 1) {
     return InvalidArgumentError("corpus max_bytes must be >= 1, got " + std::to_string(options.max_bytes));
   }
-  std::string corpus;
+  Corpus corpus;
+  int64_t joined = 0;  // bytes of corpus.Joined()
   std::vector<std::string> searched;
+  auto add_text = [&](const std::string& name, std::string_view text) -> bool {
+    std::string capped;
+    const bool more = AppendCapped(text, options.max_bytes - joined, corpus.documents.empty(), &capped);
+    if (!capped.empty()) {
+      joined += static_cast<int64_t>(capped.size()) + (corpus.documents.empty() ? 0 : 2);
+      corpus.documents.push_back({name, std::move(capped)});
+    }
+    return more;
+  };
   auto add_files = [&](const std::vector<std::string>& files) -> bool {
     for (const std::string& file : files) {
       Result<std::string> text = ReadRegularFile(file);
       if (!text.ok() || text->empty() || FirstInvalidUtf8(*text) != std::string::npos) continue;
-      if (!AppendCapped(*text, options.max_bytes, &corpus)) return false;
+      if (!add_text(file, *text)) return false;
     }
     return true;
   };
@@ -276,10 +261,10 @@ Result<std::string> LoadCorpus(const CorpusOptions& options) {
       if (bad != std::string::npos) {
         return InvalidArgumentError("corpus file " + path + ": not valid UTF-8 at byte " + std::to_string(bad));
       }
-      if (!text.empty() && !AppendCapped(text, options.max_bytes, &corpus)) break;
+      if (!text.empty() && !add_text(path, text)) break;
     }
   }
-  if (corpus.empty()) {
+  if (corpus.documents.empty()) {
     std::string where;
     for (const std::string& s : searched) where += (where.empty() ? "" : ", ") + s;
     return NotFoundError("no UTF-8 text found for the corpus in " + where);
@@ -287,15 +272,164 @@ Result<std::string> LoadCorpus(const CorpusOptions& options) {
   return corpus;
 }
 
+Result<std::string> LoadCorpus(const CorpusOptions& options) {
+  ZERO_ASSIGN_OR_RETURN(Corpus corpus, LoadCorpusDocuments(options));
+  return corpus.Joined();
+}
+
+std::string Corpus::Joined() const {
+  std::string out;
+  out.reserve(static_cast<size_t>(bytes()) + separator.size() * documents.size());
+  for (size_t i = 0; i < documents.size(); ++i) {
+    if (i > 0) out += separator;
+    out += documents[i].text;
+  }
+  return out;
+}
+
+int64_t Corpus::bytes() const {
+  int64_t n = 0;
+  for (const CorpusDocument& d : documents) n += static_cast<int64_t>(d.text.size());
+  return n;
+}
+
+// --- held-out documents ----------------------------------------------------------------------------
+
+std::vector<size_t> HeldOutDocuments(const std::vector<int64_t>& sizes, double share, uint64_t seed) {
+  const size_t n = sizes.size();
+  if (n < 2 || !(share > 0)) return {};
+  share = std::min(share, 1.0);
+  auto size_of = [&](size_t i) { return static_cast<double>(std::max<int64_t>(sizes[i], 0)); };
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += size_of(i);
+  constexpr size_t kBlock = 10;  // documents shuffled among themselves
+  constexpr int kDraws = 8;
+  uint64_t state = SplitMix64(seed ^ kHoldoutKey);
+  std::vector<size_t> best;
+  double best_gap = 0;
+  for (int draw = 0; draw < kDraws; ++draw) {
+    // The documents in corpus order, shuffled within consecutive blocks, then every (1 / share)-th
+    // from a drawn start: each is held out with probability `share` whatever its size, and the
+    // held-out ones are spread over the corpus.
+    std::vector<size_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+    for (size_t begin = 0; begin < n; begin += kBlock) {
+      const size_t end = std::min(n, begin + kBlock);
+      for (size_t i = end - 1; i > begin; --i) {
+        std::swap(order[i], order[begin + SplitMix64Next(&state) % (i - begin + 1)]);
+      }
+    }
+    const double start = static_cast<double>(SplitMix64Next(&state) >> 11) * 0x1.0p-53;
+    std::vector<size_t> held;
+    double bytes = 0;
+    for (size_t k = 0; k < n; ++k) {
+      if (std::floor(start + (k + 1) * share) > std::floor(start + k * share)) {
+        held.push_back(order[k]);
+        bytes += size_of(order[k]);
+      }
+    }
+    if (held.size() == n) {  // never every document
+      bytes -= size_of(held.back());
+      held.pop_back();
+    }
+    const double gap = std::abs(bytes - share * total);
+    if (draw == 0 || gap < best_gap) best = std::move(held), best_gap = gap;
+  }
+  std::sort(best.begin(), best.end());
+  return best;
+}
+
+CorpusSplit SplitCorpus(const Corpus& corpus, double share, uint64_t seed) {
+  std::vector<int64_t> sizes;
+  for (const CorpusDocument& d : corpus.documents) sizes.push_back(static_cast<int64_t>(d.text.size()));
+  const std::vector<size_t> held = HeldOutDocuments(sizes, share, seed);
+  CorpusSplit split;
+  split.train.separator = split.held_out.separator = corpus.separator;
+  size_t next = 0;
+  for (size_t i = 0; i < corpus.documents.size(); ++i) {
+    const bool out = next < held.size() && held[next] == i;
+    if (out) ++next;
+    (out ? split.held_out : split.train).documents.push_back(corpus.documents[i]);
+  }
+  return split;
+}
+
+Corpus TextPieces(const std::string& name, const std::string& text, int64_t min_piece_bytes) {
+  Corpus c;
+  c.separator = "";
+  const size_t piece =
+      static_cast<size_t>(std::max<int64_t>({min_piece_bytes, 1, static_cast<int64_t>(text.size() / 256)}));
+  for (size_t start = 0; start < text.size();) {
+    size_t end = std::min(text.size(), start + piece);
+    if (end < text.size()) {
+      const size_t nl = text.rfind('\n', end - 1);
+      if (nl != std::string::npos && nl >= start) {
+        end = nl + 1;
+      } else {
+        while (end > start + 1 && (static_cast<uint8_t>(text[end]) & 0xC0) == 0x80) --end;
+      }
+    }
+    c.documents.push_back(
+        {name + "[bytes " + std::to_string(start) + "-" + std::to_string(end) + ")", text.substr(start, end - start)});
+    start = end;
+  }
+  return c;
+}
+
+TokenSplit SplitTokens(const std::vector<int32_t>& tokens, int64_t min_piece_tokens, double share, uint64_t seed) {
+  TokenSplit split;
+  split.piece_tokens = std::max<int64_t>({min_piece_tokens, 1, static_cast<int64_t>(tokens.size() / 256)});
+  const size_t piece = static_cast<size_t>(split.piece_tokens);
+  std::vector<int64_t> sizes;
+  for (size_t start = 0; start < tokens.size(); start += piece) {
+    sizes.push_back(static_cast<int64_t>(std::min(piece, tokens.size() - start)));
+  }
+  split.pieces = sizes.size();
+  const std::vector<size_t> held = HeldOutDocuments(sizes, share, seed);
+  split.held_out_pieces = held.size();
+  size_t next = 0;
+  for (size_t p = 0; p < sizes.size(); ++p) {
+    const bool out = next < held.size() && held[next] == p;
+    if (out) ++next;
+    std::vector<int32_t>& to = out ? split.held_out : split.train;
+    to.insert(to.end(), tokens.begin() + p * piece, tokens.begin() + p * piece + sizes[p]);
+  }
+  return split;
+}
+
+// --- data files ----------------------------------------------------------------------------------
+
+bool IsTokenFileName(const std::string& path) {
+  if (path.size() < 4) return false;
+  std::string ext = path.substr(path.size() - 4);
+  for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return ext == ".bin";
+}
+
+Result<std::string> ReadTextData(const std::string& path) {
+  ZERO_ASSIGN_OR_RETURN(std::string text,
+                        data::ReadDataFile("--data", path, "a text file, or token ids in a file named *.bin"));
+  const size_t nul = text.find('\0');
+  if (nul != std::string::npos) {
+    return InvalidArgumentError("--data " + path + ": byte " + std::to_string(nul) +
+                                " is NUL, so this is binary data, not text; a file of token ids (little-endian "
+                                "uint32) must be named *.bin");
+  }
+  return text;
+}
+
 // --- windows -----------------------------------------------------------------------------------
 
-std::vector<LlmBatch> EvalWindows(const std::vector<int32_t>& tokens, int seq) {
+int64_t EvalWindowCount(size_t tokens, int seq) {
+  return seq < 1 ? 0 : static_cast<int64_t>(tokens / (static_cast<size_t>(seq) + 1));
+}
+
+std::vector<LlmBatch> EvalWindows(const std::vector<int32_t>& tokens, int seq, int64_t max_windows) {
   std::vector<LlmBatch> windows;
-  if (seq < 1) return windows;
-  const size_t step = static_cast<size_t>(seq) + 1;
-  for (size_t start = 0; start + step <= tokens.size(); start += step) {
+  const int64_t n = EvalWindowCount(tokens.size(), seq);
+  for (int64_t w : SpreadIndices(n, max_windows)) {
     LlmBatch b = EmptyRows(1, seq);
-    FillWindow(tokens, start, seq, b.inputs.data(), b.targets.data());
+    FillWindow(tokens, static_cast<size_t>(w) * (seq + 1), seq, b.inputs.data(), b.targets.data());
     windows.push_back(std::move(b));
   }
   return windows;
@@ -404,12 +538,13 @@ LlmBatch ReverseTextBatch(const std::vector<ReverseTextExample>& examples, int s
   return b;
 }
 
-std::vector<LlmBatch> ReverseTextEvalWindows(const std::vector<ReverseTextExample>& examples, int seq) {
+std::vector<LlmBatch> ReverseTextEvalWindows(const std::vector<ReverseTextExample>& examples, int seq,
+                                             int64_t max_windows) {
   std::vector<LlmBatch> windows;
   if (seq < 1) return windows;
-  for (const ReverseTextExample& ex : examples) {
+  for (int64_t e : SpreadIndices(static_cast<int64_t>(examples.size()), max_windows)) {
     LlmBatch b = EmptyRows(1, seq);
-    ReverseTextRow(ex, seq, b.inputs.data(), b.targets.data());
+    ReverseTextRow(examples[e], seq, b.inputs.data(), b.targets.data());
     windows.push_back(std::move(b));
   }
   return windows;

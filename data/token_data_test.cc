@@ -3,10 +3,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
@@ -22,6 +24,11 @@ namespace {
 std::string TempPath(const std::string& name) {
   static ScratchDir dir = std::move(ScratchDir::Create("token_data_test")).value();
   return dir.File(name);
+}
+
+std::string ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 std::vector<int32_t> Iota(int n) {
@@ -70,7 +77,7 @@ TEST(TokenBinTest, FifoRefusedWithoutHanging) {
   const auto t0 = std::chrono::steady_clock::now();
   auto r = ReadTokenBin(fifo, 100);  // no writer: a blocking open would wait forever
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("FIFO"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("named pipe"), std::string::npos) << r.status().message();
   EXPECT_FALSE(WriteTokenBin(fifo, {1, 2}).ok());  // no reader: refused, not waited on
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
 }
@@ -92,6 +99,19 @@ TEST(WindowsTest, EvalWindowsAreConsecutiveNonOverlappingChunks) {
     }
   }
   EXPECT_TRUE(EvalWindows(Iota(100), 0).empty());
+}
+
+// A cap on the windows takes them from across the stream, not its start.
+TEST(WindowsTest, CappedEvalWindowsAreSpreadOverTheStream) {
+  const int seq = 9;  // windows of 10 tokens
+  const std::vector<int32_t> t = Iota(1000);
+  EXPECT_EQ(EvalWindowCount(t.size(), seq), 100);
+  const std::vector<LlmBatch> all = EvalWindows(t, seq, 0), capped = EvalWindows(t, seq, 4);
+  ASSERT_EQ(all.size(), 100u);
+  ASSERT_EQ(capped.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(capped[i].inputs[0], 250 * i) << i;  // windows 0, 25, 50, 75
+  EXPECT_EQ(EvalWindows(t, seq, 100).size(), 100u);
+  EXPECT_EQ(EvalWindows(t, seq, 1000).size(), 100u);
 }
 
 TEST(WindowsTest, TrainBatchIsDeterministicPerRankAndSplitsAGlobalBatch) {
@@ -271,6 +291,134 @@ TEST(CorpusTest, ExplicitPathsAndErrors) {
   auto none = LoadCorpus(o);
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.status().message().find(empty), std::string::npos) << none.status().message();
+}
+
+// Writes `count` files of distinct text under DIR/NAME (sizes vary from 200 to 3000 bytes; each line
+// names its file, so a file's text is found nowhere else) and returns the directory.
+std::string WriteFiles(const std::string& name, int count) {
+  const std::string dir = TempPath(name);
+  ::mkdir(dir.c_str(), 0755);
+  for (int i = 0; i < count; ++i) {
+    char file[32];
+    std::snprintf(file, sizeof(file), "/f%03d.txt", i);
+    std::ofstream out(dir + file);
+    const int lines = 5 + (i * 37) % 70;
+    for (int l = 0; l < lines; ++l) out << "line " << l << " of " << name << file << "\n";
+  }
+  return dir;
+}
+
+// The held-out set is whole documents, none of them in the training text, about the share asked
+// for, taken from every part of the corpus (not its tail), and a function of the seed.
+TEST(HeldOutTest, WholeDocumentsFromAcrossTheCorpusReproducibleFromTheSeed) {
+  CorpusOptions o;
+  o.paths = {WriteFiles("root_a", 30), WriteFiles("root_b", 30), WriteFiles("root_c", 30)};
+  o.max_bytes = int64_t{1} << 30;
+  auto corpus = LoadCorpusDocuments(o);
+  ASSERT_OK(corpus);
+  ASSERT_EQ(corpus->documents.size(), 90u);
+  const double share = 0.1;
+  const CorpusSplit split = SplitCorpus(*corpus, share, /*seed=*/7);
+  ASSERT_FALSE(split.held_out.documents.empty());
+  EXPECT_EQ(split.train.documents.size() + split.held_out.documents.size(), 90u);
+  const std::string train = split.train.Joined();
+  std::set<std::string> roots;
+  for (const CorpusDocument& d : split.held_out.documents) {
+    EXPECT_EQ(d.text, ReadWholeFile(d.name)) << d.name << " is held out whole";
+    EXPECT_EQ(train.find(d.name.substr(d.name.size() - 15)), std::string::npos) << d.name << " is not trained on";
+    roots.insert(d.name.substr(0, d.name.size() - 9));
+  }
+  EXPECT_EQ(roots.size(), 3u) << "every part of the corpus gives some of the held-out set";
+  const double held = static_cast<double>(split.held_out.bytes()), total = static_cast<double>(corpus->bytes());
+  EXPECT_NEAR(held, share * total, 0.02 * total) << held / total;
+  EXPECT_NEAR(static_cast<double>(split.held_out.documents.size()), share * 90, 2);
+  std::printf("held out %zu of 90 documents, %.0f of %.0f bytes (%.1f%%)\n", split.held_out.documents.size(), held,
+              total, 100 * held / total);
+
+  // The same seed gives the same split, another seed another; no share, nothing held out.
+  std::vector<int64_t> sizes;
+  for (const CorpusDocument& d : corpus->documents) sizes.push_back(static_cast<int64_t>(d.text.size()));
+  EXPECT_EQ(HeldOutDocuments(sizes, share, 7), HeldOutDocuments(sizes, share, 7));
+  EXPECT_NE(HeldOutDocuments(sizes, share, 7), HeldOutDocuments(sizes, share, 8));
+  EXPECT_TRUE(HeldOutDocuments(sizes, 0.0, 7).empty());
+  EXPECT_TRUE(HeldOutDocuments({100}, 0.5, 7).empty()) << "one document: nothing to hold out";
+  EXPECT_EQ(HeldOutDocuments({100, 100}, 0.5, 7).size(), 1u) << "never every document";
+}
+
+// The default corpus (4 MiB, as tools/run.sh trains on): the held-out files are not the corpus's
+// tail (issue 35: that was Python's encodings/cp860-cp866.py, codec tables like others trained on)
+// but files from its start to its end, about 5% of it.
+TEST(HeldOutTest, DefaultCorpusHoldsOutFilesFromItsWholeLength) {
+  auto corpus = LoadCorpusDocuments(CorpusOptions());
+  ASSERT_OK(corpus);
+  const size_t n = corpus->documents.size();
+  ASSERT_GT(n, 40u);
+  std::vector<int64_t> sizes;
+  for (const CorpusDocument& d : corpus->documents) sizes.push_back(static_cast<int64_t>(d.text.size()));
+  const std::vector<size_t> held = HeldOutDocuments(sizes, 0.05, 1);
+  ASSERT_GT(held.size(), 3u);
+  EXPECT_LT(held.front(), n / 4) << "from the first quarter";
+  EXPECT_GE(held.back(), 3 * n / 4) << "to the last quarter";
+  int64_t bytes = 0;
+  std::string names;
+  for (size_t i : held) {
+    bytes += sizes[i];
+    names += " " + corpus->documents[i].name.substr(corpus->documents[i].name.rfind('/') + 1);
+  }
+  const double share = static_cast<double>(bytes) / static_cast<double>(corpus->bytes());
+  EXPECT_GT(share, 0.03);
+  EXPECT_LT(share, 0.07);
+  std::printf("default corpus: %zu documents; held out %zu (%.2f%% of the bytes):%s\n", n, held.size(), 100 * share,
+              names.c_str());
+}
+
+TEST(HeldOutTest, OneTextFileSplitsIntoLinePiecesAndATokenStreamIntoRuns) {
+  std::string text;
+  for (int l = 0; l < 3000; ++l) text += "line number " + std::to_string(l) + " \xc3\xa9t\xc3\xa9\n";
+  const Corpus pieces = TextPieces("notes.txt", text, 1000);
+  ASSERT_GT(pieces.documents.size(), 20u);
+  EXPECT_EQ(pieces.Joined(), text);
+  for (size_t i = 0; i + 1 < pieces.documents.size(); ++i) {
+    EXPECT_EQ(pieces.documents[i].text.back(), '\n') << pieces.documents[i].name;
+  }
+  EXPECT_EQ(pieces.documents[0].name.rfind("notes.txt[bytes 0-", 0), 0u) << pieces.documents[0].name;
+  const CorpusSplit split = SplitCorpus(pieces, 0.1, 3);
+  EXPECT_NEAR(static_cast<double>(split.held_out.bytes()), 0.1 * text.size(), 1000);
+
+  const std::vector<int32_t> t = Iota(100000);
+  const TokenSplit ts = SplitTokens(t, 1000, 0.05, 3);
+  EXPECT_EQ(ts.pieces, 100u);
+  EXPECT_EQ(ts.held_out_pieces, 5u);
+  EXPECT_EQ(ts.held_out.size(), 5000u);
+  EXPECT_EQ(ts.train.size() + ts.held_out.size(), t.size());
+  for (size_t i = 0; i < ts.held_out.size(); i += 1000) {  // whole runs of 1000
+    EXPECT_EQ(ts.held_out[i] % 1000, 0) << i;
+    for (size_t j = 1; j < 1000; ++j) ASSERT_EQ(ts.held_out[i + j], ts.held_out[i] + static_cast<int32_t>(j));
+  }
+  EXPECT_EQ(SplitTokens(t, 1000, 0.05, 3).held_out, ts.held_out);
+}
+
+TEST(DataFileTest, TokenFileNamesAndBinaryTextRefused) {
+  EXPECT_TRUE(IsTokenFileName("a/tokens.bin"));
+  EXPECT_TRUE(IsTokenFileName("tokens.BIN"));
+  EXPECT_TRUE(IsTokenFileName("tokens.Bin"));
+  EXPECT_FALSE(IsTokenFileName("tokens.dat"));
+  EXPECT_FALSE(IsTokenFileName("bin"));
+  const std::string ids = TempPath("ids.dat");
+  ASSERT_OK(WriteTokenBin(ids, {1, 2, 3}));
+  auto r = ReadTextData(ids);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("--data " + ids + ": byte 1 is NUL"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("*.bin"), std::string::npos) << r.status().message();
+  auto dir = ReadTextData(TempPath(""));
+  ASSERT_FALSE(dir.ok());
+  EXPECT_NE(dir.status().message().find("not a regular file (it is a directory)"), std::string::npos)
+      << dir.status().message();
+  const std::string text = TempPath("plain.txt");
+  std::ofstream(text) << "plain text";
+  auto ok = ReadTextData(text);
+  ASSERT_OK(ok);
+  EXPECT_EQ(*ok, "plain text");
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 // config, then starts --nproc ranks of itself (tools/launcher.h); with it, it is one rank. The
 // rank's loop is the Trainer's (train/trainer.h); this file gives it the transformer, its data and
 // its lines (ZeroLlmJob).
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "data/data_file.h"
 #include "data/token_data.h"
 #include "engine/config/config.h"
 #include "engine/engine.h"
@@ -144,6 +146,20 @@ Result<std::unique_ptr<LlmRunner>> CreateRunner(const LlmTrainOptions& o, const 
 #endif
 }
 
+// printf into a string.
+std::string Printf(const char* format, ...) __attribute__((format(printf, 1, 2)));
+std::string Printf(const char* format, ...) {
+  va_list args, copy;
+  va_start(args, format);
+  va_copy(copy, args);
+  const int n = std::vsnprintf(nullptr, 0, format, copy);
+  va_end(copy);
+  std::string out(n > 0 ? static_cast<size_t>(n) : 0, '\0');
+  if (n > 0) std::vsnprintf(out.data(), out.size() + 1, format, args);
+  va_end(args);
+  return out;
+}
+
 // --- model and data ----------------------------------------------------------------------------------
 
 Result<LlmConfig> ModelConfig(const LlmTrainOptions& o) {
@@ -163,28 +179,47 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-Result<std::string> ReadTextFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError("--data " + path + ": cannot open");
-  std::stringstream s;
-  s << in.rdbuf();
-  if (in.bad()) return DataLossError("--data " + path + ": read error");
-  return s.str();
-}
+// What --data takes, for its messages.
+constexpr char kDataExpected[] = "a text file, or token ids (little-endian uint32) in a file named *.bin";
+// The reverse-text task's examples (training and held-out together).
+constexpr int kTaskExamples = 4096;
 
 // Everything a rank trains and evaluates on: token ids (or, for the task, prepared rows).
 struct Data {
   std::string source;                                     // for the header line
-  std::vector<int32_t> train, eval;                       // token streams (LM data)
+  std::string held_out;                                   // the header's line on the held-out split
+  std::vector<int32_t> train, eval;                       // token streams (LM data); eval-only: eval
   std::vector<ReverseTextExample> task_train, task_eval;  // the reverse-text task
   std::string tokenizer_json;                             // the tokenizer used (empty for .bin data)
 };
 
+bool TextData(const LlmTrainOptions& o) { return o.data.empty() || !IsTokenFileName(o.data); }
+
+std::string ModelTokenizerPath(const LlmTrainOptions& o) {
+  if (o.model_dir.empty()) return "";
+  const std::string path = o.model_dir + "/tokenizer.json";
+  return access(path.c_str(), F_OK) == 0 ? path : "";
+}
+
+// A pretrained model's text must go through its own tokenizer: one trained here on the text gives
+// ids the model never saw, and a loss that means nothing. Refused unless asked for (--tokenizer-vocab).
+Status CheckTokenizerSource(const LlmTrainOptions& o) {
+  if (o.model_dir.empty() || !TextData(o) || !o.tokenizer.empty() || o.tokenizer_vocab > 0) return OkStatus();
+  if (!ModelTokenizerPath(o).empty()) return OkStatus();
+  const std::string text = !o.data.empty()   ? "--data " + o.data
+                           : !o.task.empty() ? "the --task " + o.task + " text"
+                                             : "the built-in corpus";
+  return InvalidArgumentError(
+      "--model " + o.model_dir + " has no tokenizer.json, and " + text +
+      " is text to tokenize: a tokenizer trained on it would not be the model's, so its loss would mean nothing. "
+      "Give the model's tokenizer (--tokenizer FILE), token ids (--data FILE.bin), or --tokenizer-vocab N to train "
+      "a tokenizer on the text on purpose");
+}
+
 Result<BpeTokenizer> TokenizerFor(const LlmTrainOptions& o, const LlmConfig& c, const std::string& text) {
   std::string path = o.tokenizer;
-  if (path.empty() && !o.model_dir.empty() && access((o.model_dir + "/tokenizer.json").c_str(), R_OK) == 0) {
-    path = o.model_dir + "/tokenizer.json";
-  }
+  if (path.empty()) path = ModelTokenizerPath(o);
+  ZERO_RETURN_IF_ERROR(CheckTokenizerSource(o));
   if (!path.empty()) {
     ZERO_ASSIGN_OR_RETURN(BpeTokenizer t, BpeTokenizer::Load(path));
     if (t.vocab_size() > c.vocab_size) {
@@ -201,49 +236,125 @@ Result<BpeTokenizer> TokenizerFor(const LlmTrainOptions& o, const LlmConfig& c, 
   return BpeTokenizer::Train(text, vocab);
 }
 
+// "a, b, c and 4 more": the names' last path components, at most `show` of them.
+std::string SomeNames(const std::vector<CorpusDocument>& docs, size_t show) {
+  std::string out;
+  for (size_t i = 0; i < docs.size() && i < show; ++i) {
+    const std::string& n = docs[i].name;
+    const size_t slash = n.rfind('/', n.find('['));
+    out += (i > 0 ? ", " : "") + (slash == std::string::npos ? n : n.substr(slash + 1));
+  }
+  if (docs.size() > show) out += " and " + std::to_string(docs.size() - show) + " more";
+  return out;
+}
+
+std::string Percent(double part, double whole) { return Printf("%.1f%%", whole > 0 ? 100 * part / whole : 0.0); }
+
+// The data, split (training runs with --holdout > 0) by whole documents (data/token_data.h,
+// HeldOutDocuments): the built-in corpus's files, or pieces of one --data file; the tokenizer is
+// trained on the training side only. An evaluation-only run evaluates all of it.
+// With --sequential-data the rows are the file's windows in order from its start (an outside
+// trainer is fed the same rows), so the held-out part is the stream's tail instead.
 Result<Data> LoadData(const LlmTrainOptions& o, const LlmConfig& c) {
   Data d;
-  if (!o.data.empty() && EndsWith(o.data, ".bin")) {
+  const bool tail = !o.eval_only && o.holdout > 0 && o.sequential_data;
+  const bool split = !o.eval_only && o.holdout > 0 && !o.sequential_data;
+  const std::string held_intro = Printf("held out for evaluation (--holdout %g, --seed %llu): ", o.holdout,
+                                        static_cast<unsigned long long>(o.seed));
+  if (!TextData(o)) {
     ZERO_ASSIGN_OR_RETURN(std::vector<int32_t> ids, ReadTokenBin(o.data, c.vocab_size));
     d.source = o.data + " (" + std::to_string(ids.size()) + " token ids)";
-    d.train = std::move(ids);
+    if (split) {
+      TokenSplit ts = SplitTokens(ids, int64_t{16} * (o.seq + 1), o.holdout, o.seed);
+      d.held_out = held_intro + std::to_string(ts.held_out_pieces) + " of " + std::to_string(ts.pieces) + " runs of " +
+                   std::to_string(ts.piece_tokens) + " tokens (" + std::to_string(ts.held_out.size()) + " tokens, " +
+                   Percent(ts.held_out.size(), ids.size()) + ")";
+      d.train = std::move(ts.train);
+      d.eval = std::move(ts.held_out);
+    } else {
+      (o.eval_only ? d.eval : d.train) = std::move(ids);
+    }
   } else {
-    std::string text;
+    Corpus corpus;
+    std::string unit = "files";
     if (!o.data.empty()) {
-      ZERO_ASSIGN_OR_RETURN(text, ReadTextFile(o.data));
-      d.source = o.data;
+      ZERO_ASSIGN_OR_RETURN(std::string text, ReadTextData(o.data));
+      d.source = o.data + " (" + std::to_string(text.size()) + " bytes)";
+      corpus = TextPieces(o.data, text);
+      unit = "pieces";
     } else {
       CorpusOptions co;
       co.max_bytes = o.corpus_bytes;
-      ZERO_ASSIGN_OR_RETURN(text, LoadCorpus(co));
-      d.source = "the built-in corpus (" + std::to_string(text.size()) + " bytes)";
+      ZERO_ASSIGN_OR_RETURN(corpus, LoadCorpusDocuments(co));
+      d.source = "the built-in corpus (" + std::to_string(corpus.documents.size()) + " files, " +
+                 std::to_string(corpus.bytes()) + " bytes)";
     }
-    ZERO_ASSIGN_OR_RETURN(BpeTokenizer tok, TokenizerFor(o, c, text));
+    CorpusSplit cs;
+    if (split) {
+      cs = SplitCorpus(corpus, o.holdout, o.seed);
+    } else {
+      cs.train = std::move(corpus);
+    }
+    const std::string train_text = cs.train.Joined(), held_text = cs.held_out.Joined();
+    // Trained (when it is) on the training side only: the held-out text stays unseen.
+    ZERO_ASSIGN_OR_RETURN(BpeTokenizer tok, TokenizerFor(o, c, train_text));
     d.tokenizer_json = tok.ToJson();
+    const size_t documents = cs.train.documents.size() + cs.held_out.documents.size();
+    if (!cs.held_out.documents.empty()) {
+      d.held_out = held_intro + std::to_string(cs.held_out.documents.size()) + " of " + std::to_string(documents) +
+                   " " + unit + ", " + std::to_string(cs.held_out.bytes()) + " bytes (" +
+                   Percent(cs.held_out.bytes(), cs.held_out.bytes() + cs.train.bytes()) +
+                   "): " + SomeNames(cs.held_out.documents, 6);
+    }
+    const int max_snippet = std::max(8, o.seq / 3);
     if (o.task == "reverse-text") {
-      ZERO_ASSIGN_OR_RETURN(std::vector<ReverseTextExample> ex,
-                            ReverseTextExamples(text, tok, /*count=*/4096, o.seed, /*max_snippet_chars=*/
-                                                std::max(8, o.seq / 3)));
-      const size_t hold = std::max<size_t>(1, static_cast<size_t>(ex.size() * o.holdout));
-      d.task_eval.assign(ex.end() - hold, ex.end());
-      ex.resize(ex.size() - hold);
-      d.task_train = std::move(ex);
+      if (o.eval_only) {
+        const int count = std::max(1, static_cast<int>(std::lround(kTaskExamples * o.holdout)));
+        ZERO_ASSIGN_OR_RETURN(d.task_eval, ReverseTextExamples(train_text, tok, count, o.seed, max_snippet));
+        d.source += ", reverse-text task: " + std::to_string(d.task_eval.size()) + " examples";
+        return d;
+      }
+      const int held = held_text.empty() ? 0 : std::max(1, static_cast<int>(std::lround(kTaskExamples * o.holdout)));
+      ZERO_ASSIGN_OR_RETURN(d.task_train,
+                            ReverseTextExamples(train_text, tok, kTaskExamples - held, o.seed, max_snippet));
+      if (held > 0) {
+        auto ev = ReverseTextExamples(held_text, tok, held, o.seed, max_snippet);
+        if (!ev.ok()) return ev.status().WithContext("the held-out documents");
+        d.task_eval = std::move(ev).value();
+        d.held_out += "; " + std::to_string(held) + " task examples from them";
+      }
       d.source += ", reverse-text task: " + std::to_string(d.task_train.size()) + " examples";
       return d;
     }
-    d.train = tok.Encode(text);
-    d.source += ", " + std::to_string(d.train.size()) + " tokens (vocabulary " + std::to_string(tok.vocab_size()) + ")";
+    d.train = tok.Encode(train_text);
+    d.eval = tok.Encode(held_text);
+    if (o.eval_only) std::swap(d.train, d.eval);
+    if (!d.held_out.empty()) d.held_out += Printf(" (%zu tokens)", d.eval.size());
+    d.source += ", " + std::to_string(d.train.size() + d.eval.size()) + " tokens (vocabulary " +
+                std::to_string(tok.vocab_size()) + ")";
   }
-  if (!o.eval_only && o.holdout > 0) {
+  if (tail) {
     const size_t hold = static_cast<size_t>(d.train.size() * o.holdout);
     d.eval.assign(d.train.end() - hold, d.train.end());
     d.train.resize(d.train.size() - hold);
-  } else if (o.eval_only) {
-    d.eval = d.train;
+    d.held_out = Printf(
+        "held out for evaluation (--holdout %g): the last %zu tokens (--sequential-data keeps the "
+        "file's order)",
+        o.holdout, hold);
+  }
+  if (split && d.eval.empty() && d.task_eval.empty()) {
+    d.held_out = held_intro + "nothing: the data is too small for whole pieces of it to make that share";
+  }
+  const std::string what = o.data.empty() ? std::string("the built-in corpus") : "--data " + o.data;
+  if (o.eval_only && EvalWindowCount(d.eval.size(), o.seq) < 1) {
+    return InvalidArgumentError("--eval-only: " + what + " holds " + std::to_string(d.eval.size()) +
+                                " tokens, fewer than one window of --seq + 1 = " + std::to_string(o.seq + 1) +
+                                ": nothing to evaluate");
   }
   if (!o.eval_only && d.train.size() < static_cast<size_t>(o.seq) + 1) {
-    return InvalidArgumentError("the training data holds " + std::to_string(d.train.size()) +
-                                " tokens, fewer than --seq + 1 = " + std::to_string(o.seq + 1));
+    return InvalidArgumentError(what + ": the training data holds " + std::to_string(d.train.size()) + " tokens" +
+                                (split ? " after the held-out split" : "") +
+                                ", fewer than --seq + 1 = " + std::to_string(o.seq + 1));
   }
   return d;
 }
@@ -272,33 +383,72 @@ Status LlmRunner::Forward(examples::ParamProvider& params, const train::MicroSte
 
 // --- evaluation (collective: the engine gathers at stage 3) --------------------------------------------
 
-// Mean nats per counted target over the eval windows (each rank takes every world-th window; a
-// rank without a window in the last round runs window 0 and counts nothing), and the count.
-Result<std::pair<double, int64_t>> Evaluate(const Data& d, const LlmTrainOptions& o, int64_t max_windows,
-                                            LlmRunner* model, examples::ParamProvider& params, Communicator* comm) {
-  std::vector<LlmBatch> windows;
-  if (!d.task_eval.empty()) {
-    windows = ReverseTextEvalWindows(d.task_eval, o.seq);
-  } else {
-    windows = EvalWindows(d.eval, o.seq);
-  }
-  if (max_windows > 0 && static_cast<int64_t>(windows.size()) > max_windows) windows.resize(max_windows);
+struct EvalResult {
+  double loss = 0;            // mean nats per counted target
+  int64_t targets = 0;        // targets counted
+  int64_t windows = 0;        // windows evaluated,
+  int64_t of = 0;             // of this many the data has
+  double standard_error = 0;  // of the mean of the windows' losses (0 with one window)
+};
+
+// `windows` (consecutive windows of seq + 1 tokens, or one per task example) evaluated, each rank
+// taking every world-th one (a rank without a window in the last round runs window 0 and counts
+// nothing). `what` names the data in errors: no window, or a loss that is not finite (NaN or inf
+// weights, or a model that overflows), is an error rather than a number.
+Result<EvalResult> EvaluateWindows(const std::vector<LlmBatch>& windows, int64_t of, const std::string& what,
+                                   LlmRunner* model, examples::ParamProvider& params, Communicator* comm) {
+  if (windows.empty()) return InvalidArgumentError(what + ": no window to evaluate");
   const int world = comm->world_size(), rank = comm->rank();
-  double sums[2] = {0, 0};  // loss * count, count
+  double sums[5] = {0, 0, 0, 0, 0};  // loss * count, count, windows, sum and sum of squares of the windows' losses
   for (size_t base = 0; base < windows.size(); base += world) {
     const size_t i = base + rank;
     const bool mine = i < windows.size();
     ZERO_RETURN_IF_ERROR(model->ForwardBatch(params, windows[mine ? i : 0], /*need_loss=*/true)
-                             .WithContext("eval window " + std::to_string(i)));
+                             .WithContext(what + ": window " + std::to_string(i)));
     ZERO_ASSIGN_OR_RETURN(double loss, model->Loss());
     if (mine) {
       const int64_t n = model->CountedTargets();
       sums[0] += loss * static_cast<double>(n);
       sums[1] += static_cast<double>(n);
+      sums[2] += 1;
+      sums[3] += loss;
+      sums[4] += loss * loss;
     }
   }
-  ZERO_RETURN_IF_ERROR(comm->AllReduceHost(sums, 2, ReduceOp::kSum).WithContext("summing the eval loss"));
-  return std::make_pair(sums[1] > 0 ? sums[0] / sums[1] : 0.0, static_cast<int64_t>(sums[1]));
+  ZERO_RETURN_IF_ERROR(comm->AllReduceHost(sums, 5, ReduceOp::kSum).WithContext("summing the eval loss"));
+  EvalResult r;
+  r.targets = static_cast<int64_t>(sums[1]);
+  r.windows = static_cast<int64_t>(sums[2]);
+  r.of = of;
+  r.loss = sums[1] > 0 ? sums[0] / sums[1] : NAN;
+  if (!std::isfinite(r.loss)) {
+    return FailedPreconditionError(what + ": the loss over " + std::to_string(r.windows) + " windows (" +
+                                   std::to_string(r.targets) + " targets) is " + Printf("%g", r.loss) +
+                                   ", not a number: the weights hold NaN or inf values, or the model overflows");
+  }
+  if (r.windows > 1) {
+    const double mean = sums[3] / sums[2];
+    const double var = std::max(0.0, (sums[4] - sums[2] * mean * mean) / (sums[2] - 1));
+    r.standard_error = std::sqrt(var / sums[2]);
+  }
+  return r;
+}
+
+// The LM windows of `tokens` (at most max_windows, spread over them; 0: all) or the task's examples.
+Result<EvalResult> Evaluate(const std::vector<int32_t>& tokens, const std::vector<ReverseTextExample>& examples,
+                            const LlmTrainOptions& o, int64_t max_windows, const std::string& what, LlmRunner* model,
+                            examples::ParamProvider& params, Communicator* comm) {
+  const bool task = !o.task.empty();
+  const std::vector<LlmBatch> windows =
+      task ? ReverseTextEvalWindows(examples, o.seq, max_windows) : EvalWindows(tokens, o.seq, max_windows);
+  const int64_t of = task ? static_cast<int64_t>(examples.size()) : EvalWindowCount(tokens.size(), o.seq);
+  return EvaluateWindows(windows, of, what, model, params, comm);
+}
+
+std::string EvalLine(const char* key, const EvalResult& r, const std::string& what) {
+  return Printf("%s=%.6f tokens=%lld (%s: %lld of its %lld windows, standard error %.4f)", key, r.loss,
+                static_cast<long long>(r.targets), what.c_str(), static_cast<long long>(r.windows),
+                static_cast<long long>(r.of), r.standard_error);
 }
 
 // --- weights in and out --------------------------------------------------------------------------------
@@ -365,20 +515,6 @@ Status Export(Engine* engine, const LlmTrainOptions& o, const LlmConfig& c,
   return OkStatus();
 }
 
-// printf into a string.
-std::string Printf(const char* format, ...) __attribute__((format(printf, 1, 2)));
-std::string Printf(const char* format, ...) {
-  va_list args, copy;
-  va_start(args, format);
-  va_copy(copy, args);
-  const int n = std::vsnprintf(nullptr, 0, format, copy);
-  va_end(copy);
-  std::string out(n > 0 ? static_cast<size_t>(n) : 0, '\0');
-  if (n > 0) std::vsnprintf(out.data(), out.size() + 1, format, args);
-  va_end(args);
-  return out;
-}
-
 // --- the job the Trainer runs ------------------------------------------------------------------------
 
 // The transformer's side of the Trainer: its model config, config and data, its weights (preset or
@@ -421,12 +557,24 @@ class ZeroLlmJob final : public train::TrainJob {
     if (o_.extra_heads > 0) std::printf("  %d extra head(s), schedule %s\n", o_.extra_heads, o_.heads.c_str());
     if (!config.managed_gradient_accumulation) std::printf("  unmanaged gradient accumulation\n");
     for (const std::string& w : config.warnings) std::printf("warning: %s\n", w.c_str());
+    if (!data_.held_out.empty()) std::printf("  %s\n", data_.held_out.c_str());
   }
 
+  // --eval-only: every window of the data, with the weights of --model / the preset or, with
+  // --resume DIR, of that checkpoint.
   Result<bool> RunWithoutTraining(train::Trainer& t) override {
     if (!o_.eval_only) return false;
-    ZERO_ASSIGN_OR_RETURN(auto ev, Evaluate(data_, o_, 0, runner_, t.params(), t.comm()));
-    if (t.lead()) std::printf("eval_loss=%.6f tokens=%lld\n", ev.first, static_cast<long long>(ev.second));
+    if (!o_.resume_dir.empty()) {
+      ZERO_RETURN_IF_ERROR(t.engine()->LoadCheckpoint(o_.resume_dir).status().WithContext("--resume " + o_.resume_dir));
+      if (t.lead()) {
+        std::printf("  evaluating the checkpoint %s (step %lld)\n", o_.resume_dir.c_str(),
+                    static_cast<long long>(t.engine()->counters().global_steps));
+      }
+    }
+    const std::string what = "--eval-only on " + (o_.data.empty() ? std::string("the built-in corpus") : o_.data);
+    ZERO_ASSIGN_OR_RETURN(EvalResult ev,
+                          Evaluate(data_.eval, data_.task_eval, o_, 0, what, runner_, t.params(), t.comm()));
+    if (t.lead()) std::printf("%s\n", EvalLine("eval_loss", ev, "all of the data").c_str());
     return true;
   }
 
@@ -471,10 +619,7 @@ class ZeroLlmJob final : public train::TrainJob {
       ZERO_RETURN_IF_ERROR(
           t.WriteLossPlot("zero_llm: " + mc_.ToString() + ", ZeRO stage " + std::to_string(t.config().zero.stage)));
     }
-    if (o_.eval_windows > 0 && (!data_.eval.empty() || !data_.task_eval.empty())) {
-      ZERO_ASSIGN_OR_RETURN(auto ev, Evaluate(data_, o_, o_.eval_windows, runner_, t.params(), t.comm()));
-      if (lead) std::printf("eval_loss=%.6f tokens=%lld (held-out)\n", ev.first, static_cast<long long>(ev.second));
-    }
+    ZERO_RETURN_IF_ERROR(EvaluateSplits(t));
     Engine* engine = t.engine();
     if (!o_.export_hf.empty()) {
       ZERO_RETURN_IF_ERROR(Export(engine, o_, mc_, specs_, data_.tokenizer_json, lead).WithContext("--export-hf"));
@@ -498,6 +643,34 @@ class ZeroLlmJob final : public train::TrainJob {
 
  private:
   double FlopsPerToken() const { return mc_.TrainFlopsPerToken(o_.seq); }
+
+  // After training: the held-out loss over up to --eval-windows windows spread over the held-out
+  // split, and the training split's over as many windows with the same code, so the two compare.
+  Status EvaluateSplits(train::Trainer& t) {
+    if (o_.eval_windows <= 0) return OkStatus();
+    const bool task = !o_.task.empty();
+    const int64_t held =
+        task ? static_cast<int64_t>(data_.task_eval.size()) : EvalWindowCount(data_.eval.size(), o_.seq);
+    if (held < 1) {
+      if (t.lead()) {
+        std::printf("no held-out evaluation: %s\n",
+                    o_.holdout <= 0      ? "--holdout 0"
+                    : data_.eval.empty() ? "nothing was held out (see the header)"
+                                         : "the held-out split is shorter than one window of --seq + 1 tokens");
+      }
+      return OkStatus();
+    }
+    const int64_t windows = std::min(o_.eval_windows, held);
+    ZERO_ASSIGN_OR_RETURN(EvalResult train, Evaluate(data_.train, data_.task_train, o_, windows, "the training split",
+                                                     runner_, t.params(), t.comm()));
+    ZERO_ASSIGN_OR_RETURN(EvalResult eval, Evaluate(data_.eval, data_.task_eval, o_, windows, "the held-out split",
+                                                    runner_, t.params(), t.comm()));
+    if (t.lead()) {
+      std::printf("%s\n", EvalLine("train_loss", train, "training split").c_str());
+      std::printf("%s\n", EvalLine("eval_loss", eval, "held-out").c_str());
+    }
+    return OkStatus();
+  }
 
   const LlmTrainOptions& o_;
   LlmConfig mc_;
@@ -523,6 +696,24 @@ Status RunRank(const LlmTrainOptions& o, train::RankContext* where) {
 }
 
 // --- the launching process ---------------------------------------------------------------------------
+
+// The files a run reads, checked before any rank starts: --data and --tokenizer regular files (a
+// named pipe blocked the ranks forever, a directory read as 0 tokens), a text to tokenize with a
+// tokenizer it may use, and --eval-only's --resume a directory.
+Status CheckInputs(const LlmTrainOptions& o) {
+  if (!o.data.empty()) ZERO_RETURN_IF_ERROR(data::CheckDataFile("--data", o.data, kDataExpected));
+  if (!o.tokenizer.empty()) {
+    ZERO_RETURN_IF_ERROR(data::CheckDataFile("--tokenizer", o.tokenizer, "a tokenizer.json file"));
+  }
+  ZERO_RETURN_IF_ERROR(CheckTokenizerSource(o));
+  if (o.eval_only && !o.resume_dir.empty()) {
+    struct stat st;
+    if (::stat(o.resume_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return NotFoundError("--eval-only --resume " + o.resume_dir + ": no such checkpoint directory");
+    }
+  }
+  return OkStatus();
+}
 
 int Launch(const LlmTrainOptions& o, int argc, char** argv) {
   int nproc = o.nproc;
@@ -553,6 +744,10 @@ int Launch(const LlmTrainOptions& o, int argc, char** argv) {
   if (o.print_config) {
     std::printf("%s\n", ConfigToJson(*config).c_str());
     return 0;
+  }
+  if (Status st = CheckInputs(o); !st.ok()) {
+    std::fprintf(stderr, "zero_llm: %s\n", st.ToString().c_str());
+    return 2;
   }
   return train::RunOrLaunchRanks("zero_llm", nproc, argc, argv,
                                  [&](train::RankContext* where) { return RunRank(o, where); });

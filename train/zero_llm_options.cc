@@ -18,7 +18,7 @@ const examples::FlagSet<LlmTrainOptions>& Flags() {
         .String("tokenizer", "FILE", &O::tokenizer, "tokenizer.json (default: the model's, else trained on the text)")
         .Int("tokenizer-vocab", "N", &O::tokenizer_vocab, 260, 1 << 20, "vocabulary of a trained tokenizer")
         .Int("corpus-bytes", "N", &O::corpus_bytes, 1 << 10, int64_t{1} << 34, "bytes of the built-in corpus")
-        .Double("holdout", "F", &O::holdout, 0.0, 0.5, "share of the text held out for eval")
+        .Double("holdout", "F", &O::holdout, 0.0, 0.5, "share of the data held out for eval, in whole files")
         .Int("seq", "N", &O::seq, 1, 1 << 20, "tokens per row (<= max_position_embeddings)")
         .Int("batch", "N", &O::batch, 1, 1 << 16, "rows per rank per micro step (built-in config)")
         .Int("gas", "N", &O::gas, 1, 1 << 16, "gradient accumulation steps (built-in config)")
@@ -39,8 +39,10 @@ const examples::FlagSet<LlmTrainOptions>& Flags() {
         .Choice("heads", &O::heads, {"main", "alternate", "first-micro"},
                 "which head each micro step uses: the model's own, one per window in turn, or extra head 1 in "
                 "micro step 0")
-        .Switch("eval-only", &O::eval_only, "print eval_loss over --data and exit")
-        .Int("eval-windows", "N", &O::eval_windows, 0, INT64_MAX, "held-out windows evaluated after training")
+        .Switch("eval-only", &O::eval_only,
+                "print eval_loss over all of --data (the weights of --model, or of --resume DIR) and exit")
+        .Int("eval-windows", "N", &O::eval_windows, 0, INT64_MAX,
+             "held-out windows evaluated after training, and as many training ones")
         .String("export-hf", "DIR", &O::export_hf, "write the trained model as a Hugging Face directory")
         .String("save", "DIR", &O::save_dir, "checkpoint directory")
         .Int("save-every", "N", &O::save_every, 0, 1 << 30, "steps between checkpoints (0: at the end)")
@@ -72,8 +74,19 @@ Result<LlmTrainOptions> ParseLlmTrainOptions(const std::vector<std::string>& arg
   if (o.heads != "main" && o.extra_heads < 1) {
     return InvalidArgumentError("--heads " + o.heads + " needs --extra-heads 1 or more (it uses the extra heads)");
   }
-  if (o.eval_only && o.data.empty() && o.task.empty() && o.model_dir.empty()) {
-    return InvalidArgumentError("--eval-only needs a trained model (--model DIR) or --data to evaluate");
+  if (o.eval_only && o.data.empty() && o.task.empty() && o.model_dir.empty() && o.resume_dir.empty()) {
+    return InvalidArgumentError(
+        "--eval-only needs a trained model (--model DIR or --resume CHECKPOINT) or --data to evaluate");
+  }
+  // --eval-only trains nothing and writes nothing: a flag that writes would be ignored.
+  if (o.eval_only && !o.save_dir.empty()) {
+    return InvalidArgumentError("--eval-only and --save " + o.save_dir +
+                                ": an evaluation changes no weight, so there is nothing new to save; drop --save");
+  }
+  if (o.eval_only && !o.export_hf.empty()) {
+    return InvalidArgumentError("--eval-only and --export-hf " + o.export_hf +
+                                ": --eval-only writes nothing; to export without training use --steps 0 --export-hf "
+                                "DIR (with --resume CHECKPOINT to export a checkpoint)");
   }
   return o;
 }

@@ -26,7 +26,10 @@ struct LlmTrainOptions {
   std::string tokenizer;    // tokenizer.json; "": the model directory's, else trained on the text
   int tokenizer_vocab = 0;  // vocabulary of a trained tokenizer; 0: min(model vocab, 4096)
   int64_t corpus_bytes = 4 << 20;
-  double holdout = 0.05;  // the text's last share held out for eval (training runs only)
+  // The share of the data held out for eval (training runs only), in whole files or pieces drawn
+  // from the seed across the data (data/token_data.h, HeldOutDocuments; the tail with
+  // --sequential-data).
+  double holdout = 0.05;
 
   int seq = 128;
   int batch = 8;            // micro batch per rank (the built-in config's train_micro_batch_size_per_gpu)
@@ -57,8 +60,11 @@ struct LlmTrainOptions {
   std::string heads = "main";
 
   bool eval_only = false;
-  int64_t eval_windows = 64;  // windows of the held-out text evaluated after training (0: none)
-  std::string export_hf;      // write the trained model as an HF directory here
+  // Windows of the held-out split evaluated after training, spread over it, and as many of the
+  // training split (0: none). 512 windows of 128 tokens: a standard error of about 0.02 nats on the
+  // default run, against 0.06 with 64.
+  int64_t eval_windows = 512;
+  std::string export_hf;  // write the trained model as an HF directory here
   std::string save_dir, resume_dir;
   int save_every = 0;
   std::string log_json;

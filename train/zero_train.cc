@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <optional>
@@ -32,6 +33,7 @@
 #include "comm/communicator.h"
 #include "comm/rendezvous.h"
 #include "data/byte_data.h"
+#include "data/data_file.h"
 #include "engine/checkpoint/io.h"
 #include "engine/config/config.h"
 #include "engine/engine.h"
@@ -197,6 +199,9 @@ Status CheckWritable(const std::string& flag, const std::string& path) {
 
 // Loads the text and splits off the holdout; errors name --data and what is wrong with it.
 Result<std::pair<ByteDataset, ByteDataset>> LoadData(const TrainOptions& o) {
+  // A named pipe blocked the read forever, /dev/zero read until memory ran out, a directory read as
+  // 0 bytes ("too short"): --data must be a regular file.
+  ZERO_RETURN_IF_ERROR(data::CheckDataFile("--data", o.data, "a text file (the bytes the model trains on)"));
   auto all = ByteDataset::FromFile(o.data);
   if (!all.ok()) return all.status().WithContext("--data " + o.data);
   auto split = all->Split(o.holdout);
@@ -283,25 +288,43 @@ void PrintHeader(const TrainOptions& o, const Config& c, const ByteDataset& trai
               o.config_path.empty() ? "built-in (--print-config shows it)" : o.config_path.c_str());
 }
 
-// Mean loss over `rows` windows of the held-out text with the CPU model on full fp32 parameters.
-Result<std::pair<double, int64_t>> HoldoutLoss(const ByteLmConfig& mc, const ByteDataset& holdout,
-                                               const std::vector<ModelParamSpec>& specs,
-                                               const std::vector<ParamView>& views) {
+// The held-out evaluation reads at most this many windows (of holdout.size() - context, one per
+// byte), spread evenly over the held-out text: a large --data gave tens of millions of windows and
+// an evaluation that ran for hours without a line.
+constexpr int64_t kMaxHoldoutWindows = int64_t{1} << 16;
+
+// Mean loss over windows of the held-out text (every one, or kMaxHoldoutWindows spread over it)
+// with the CPU model on full fp32 parameters, and the windows read of how many.
+struct HoldoutResult {
+  double loss = NAN;
+  int64_t windows = 0, of = 0;
+};
+Result<HoldoutResult> HoldoutLoss(const ByteLmConfig& mc, const ByteDataset& holdout,
+                                  const std::vector<ModelParamSpec>& specs, const std::vector<ParamView>& views) {
   ByteLmCpu model(mc);
   ResidentParams provider(specs, views);
   ByteLmActivations acts;
-  const int64_t windows = static_cast<int64_t>(holdout.size()) - mc.context;
+  HoldoutResult r;
+  r.of = static_cast<int64_t>(holdout.size()) - mc.context;
+  const int64_t windows = std::min(r.of, kMaxHoldoutWindows);
+  const size_t row = static_cast<size_t>(mc.context) + 1;
   double sum = 0;
-  int64_t count = 0;
   constexpr int kBatch = 256;
+  std::vector<uint8_t> rows;
   for (int64_t first = 0; first < windows; first += kBatch) {
     const int n = static_cast<int>(std::min<int64_t>(kBatch, windows - first));
-    ZERO_ASSIGN_OR_RETURN(std::vector<uint8_t> rows, holdout.SequentialBatch(first, n, mc.context));
+    rows.resize(static_cast<size_t>(n) * row);
+    for (int i = 0; i < n; ++i) {
+      // Window w of `windows` starts at byte floor(w * of / windows) (w itself when all are read).
+      const int64_t start = static_cast<int64_t>(static_cast<__int128>(first + i) * r.of / windows);
+      std::memcpy(rows.data() + i * row, holdout.bytes().data() + start, row);
+    }
     ZERO_ASSIGN_OR_RETURN(double loss, model.Forward(provider, rows.data(), n, &acts));
     sum += loss * n;
-    count += n;
+    r.windows += n;
   }
-  return std::make_pair(count > 0 ? sum / count : NAN, count);
+  if (r.windows > 0) r.loss = sum / static_cast<double>(r.windows);
+  return r;
 }
 
 // --- the job the Trainer runs ------------------------------------------------------------------------
@@ -407,9 +430,11 @@ class ZeroTrainJob final : public train::TrainJob {
     std::vector<ParamView> views;
     for (const auto& v : full) views.push_back(ParamView{v.data(), DType::kF32});
     if (!full.empty() && holdout.size() > static_cast<size_t>(o_.model.context)) {
-      ZERO_ASSIGN_OR_RETURN(auto hl, HoldoutLoss(o_.model, holdout, specs, views));
-      std::printf("held-out loss %.4f (%.3f bits/byte) over %lld windows of the last %.0f%% of the text\n", hl.first,
-                  hl.first / std::log(2.0), static_cast<long long>(hl.second), o_.holdout * 100);
+      ZERO_ASSIGN_OR_RETURN(HoldoutResult hl, HoldoutLoss(o_.model, holdout, specs, views));
+      const std::string spread =
+          hl.windows < hl.of ? " (spread over its " + std::to_string(hl.of) + ")" : std::string();
+      std::printf("held-out loss %.4f (%.3f bits/byte) over %lld windows%s of the last %.0f%% of the text\n", hl.loss,
+                  hl.loss / std::log(2.0), static_cast<long long>(hl.windows), spread.c_str(), o_.holdout * 100);
     }
     ZERO_RETURN_IF_ERROR(t.WriteLossPlot("zero_train: ByteLm " + o_.model.ToString() + ", ZeRO stage " +
                                          std::to_string(t.config().zero.stage) + ", " + std::to_string(t.world_size()) +
