@@ -9,6 +9,8 @@
 #include <queue>
 #include <sstream>
 
+#include "runtime/atomic_file.h"
+#include "runtime/file_system.h"
 #include "runtime/json_input.h"
 
 namespace zero::llm {
@@ -686,13 +688,9 @@ std::string BpeTokenizer::ToJson() const {
 }
 
 Status BpeTokenizer::Save(const std::string& path) const {
-  const std::string text = ToJson();
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return ErrnoError("open", path, errno);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  out.close();
-  if (!out) return ErrnoError("write", path, errno);
-  return OkStatus();
+  // Atomic and checked (a full disk is an error naming the file, never a truncated tokenizer.json):
+  // written beside `path`, fsynced, renamed over it (runtime/atomic_file.h).
+  return WriteFileAtomic(*DefaultFileSystem(), path, ToJson());
 }
 
 Result<BpeTokenizer> BpeTokenizer::Load(const std::string& path) {

@@ -83,7 +83,8 @@ class BpeTokenizer {
   // The same from the file's text; `name` stands for the file in errors.
   static Result<BpeTokenizer> FromJson(std::string_view json_text, const std::string& name);
 
-  // Writes tokenizer.json (Hugging Face format "1.0", merges as "a b" strings).
+  // Writes tokenizer.json (Hugging Face format "1.0", merges as "a b" strings) atomically: a failed
+  // write (a full disk) is an error naming `path` and leaves what was there before.
   Status Save(const std::string& path) const;
   std::string ToJson() const;
 

@@ -11,6 +11,8 @@
 #include <utility>
 
 #include "engine/checkpoint/io.h"
+#include "runtime/atomic_file.h"
+#include "runtime/file_system.h"
 #include "runtime/json_input.h"
 
 namespace zero::llm {
@@ -54,11 +56,6 @@ bool IsShardName(const std::string& name) {
     if (pattern[i] == '#' ? (name[i] < '0' || name[i] > '9') : name[i] != pattern[i]) return false;
   }
   return true;
-}
-
-Status RemoveFile(const std::string& path) {
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoError("remove", path, errno);
-  return OkStatus();
 }
 
 }  // namespace
@@ -254,15 +251,148 @@ std::string HfShardName(int k, int n) {
   return buf;
 }
 
-Status ExportHf(const std::string& dir, const std::string& config_json,
+bool IsExportFileName(const std::string& name) {
+  return name == kHfWeightsFile || name == kHfIndexFile || name == kHfConfigFile || IsShardName(name) ||
+         name == "tokenizer.json" || name == "tokenizer_config.json";
+}
+
+namespace {
+
+// Whether `dir` exists (as a directory an export may replace); an error for anything else there.
+Result<bool> ExportTargetExists(FileSystem& fs, const std::string& dir) {
+  Result<FileInfo> info = fs.LinkStat(dir);
+  if (!info.ok()) {
+    if (info.status().code() == StatusCode::kNotFound) return false;
+    if (info.status().message().find("(errno " + std::to_string(ENOTDIR) + ")") != std::string::npos) {
+      return FailedPreconditionError("export to " + dir +
+                                     ": a part of the path is a file, not a directory; pass a directory's path");
+    }
+    return info.status().WithContext("export to " + dir);
+  }
+  if (info->type != FileType::kDirectory) {
+    return FailedPreconditionError(
+        "export to " + dir + ": the path exists and is not a directory (it is " +
+        (info->type == FileType::kRegular ? std::string("a file") : std::string(FileTypeText(info->type))) +
+        "); pass a directory's path (created when missing)");
+  }
+  ZERO_ASSIGN_OR_RETURN(std::vector<std::string> entries, fs.ListDirectory(dir));
+  for (const std::string& e : entries) {
+    if (!IsExportFileName(e)) {
+      return FailedPreconditionError("export to " + dir + ": the directory holds '" + e +
+                                     "', which an export does not write; refusing to replace it (pass a new or "
+                                     "empty directory, or an earlier export)");
+    }
+  }
+  return true;
+}
+
+// An atomic write into the staging directory whose size is read back and compared.
+Status WriteChecked(FileSystem& fs, const std::string& path, std::string_view contents) {
+  ZERO_RETURN_IF_ERROR(WriteFileAtomic(fs, path, contents));
+  ZERO_ASSIGN_OR_RETURN(uint64_t size, FileSize(fs, path));
+  if (size != contents.size()) {
+    return DataLossError(path + ": wrote " + std::to_string(contents.size()) + " bytes but the file holds " +
+                         std::to_string(size));
+  }
+  return OkStatus();
+}
+
+// Every file of the export written into `stage` (which exists and is empty), each one's size
+// checked against what was written, and `stage` synced.
+Status WriteExport(FileSystem& fs, const std::string& dir, const std::string& stage, const std::string& config_json,
+                   const std::vector<examples::ModelParamSpec>& specs, DType dtype,
+                   const std::function<Status(int index, float* out)>& values,
+                   const std::vector<std::vector<int>>& shards, const std::vector<int64_t>& bytes,
+                   const std::vector<ExportFile>& extra_files) {
+  const int n = static_cast<int>(shards.size());
+  std::vector<float> buf;
+  std::vector<uint16_t> half(kConvertChunk);
+  json weight_map = json::object();
+  uint64_t total_size = 0;
+  for (int k = 0; k < n; ++k) {
+    const std::string file = n == 1 ? std::string(kHfWeightsFile) : HfShardName(k + 1, n);
+    std::vector<TensorToWrite> layout;
+    for (int i : shards[k]) layout.push_back({specs[i].name, dtype, specs[i].shape, nullptr});
+    ZERO_ASSIGN_OR_RETURN(SafetensorsWriter w,
+                          SafetensorsWriter::Open(JoinPath(stage, file), layout, {{"format", "pt"}}));
+    for (int i : shards[k]) {
+      const int64_t numel = bytes[i] / static_cast<int64_t>(SizeOf(dtype));
+      buf.assign(static_cast<size_t>(numel), 0.0f);
+      Status st = values(i, buf.data());
+      if (!st.ok()) {
+        return st.WithContext("values of '" + specs[i].name + "'");
+      }
+      if (dtype == DType::kF32) {
+        ZERO_RETURN_IF_ERROR(w.Append(buf.data(), static_cast<size_t>(bytes[i])));
+      } else {
+        for (int64_t done = 0; done < numel; done += kConvertChunk) {
+          const int64_t m = std::min(numel - done, kConvertChunk);
+          for (int64_t j = 0; j < m; ++j) StoreFromFloat(half.data(), dtype, j, buf[done + j]);
+          ZERO_RETURN_IF_ERROR(w.Append(half.data(), static_cast<size_t>(m) * 2));
+        }
+      }
+      weight_map[specs[i].name] = file;
+    }
+    total_size += w.data_bytes();
+    const uint64_t file_bytes = w.file_bytes();
+    ZERO_RETURN_IF_ERROR(w.Commit());
+    ZERO_ASSIGN_OR_RETURN(uint64_t size, FileSize(fs, JoinPath(stage, file)));
+    if (size != file_bytes) {
+      return DataLossError(JoinPath(stage, file) + ": wrote " + std::to_string(file_bytes) +
+                           " bytes but the file holds " + std::to_string(size));
+    }
+  }
+  buf.clear();
+  buf.shrink_to_fit();
+  if (n > 1) {
+    json index = {{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}};
+    ZERO_RETURN_IF_ERROR(WriteChecked(fs, JoinPath(stage, kHfIndexFile), index.dump(2) + "\n"));
+  }
+  ZERO_RETURN_IF_ERROR(WriteChecked(fs, JoinPath(stage, kHfConfigFile), config_json));
+  for (const ExportFile& f : extra_files) {
+    ZERO_RETURN_IF_ERROR(WriteChecked(fs, JoinPath(stage, f.name), f.contents));
+  }
+  return fs.SyncDirectory(stage);
+}
+
+}  // namespace
+
+Status CheckExportTarget(const std::string& dir_in, FileSystem* fs_or_null) {
+  FileSystem& fs = *FileSystemOrDefault(fs_or_null);
+  std::string dir = dir_in;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  ZERO_RETURN_IF_ERROR(ExportTargetExists(fs, dir).status());
+  Status st = CheckWritableDirectory(DirName(dir), &fs);
+  if (!st.ok()) return st.WithContext("export to " + dir + ": its parent directory (where the export is staged)");
+  return OkStatus();
+}
+
+Status ExportHf(const std::string& dir_in, const std::string& config_json,
                 const std::vector<examples::ModelParamSpec>& specs, DType dtype,
-                const std::function<Status(int index, float* out)>& values, int64_t max_shard_bytes) {
+                const std::function<Status(int index, float* out)>& values, int64_t max_shard_bytes,
+                const std::vector<ExportFile>& extra_files, FileSystem* fs_or_null) {
+  FileSystem& fs = *FileSystemOrDefault(fs_or_null);
+  std::string dir = dir_in;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const std::string parent = DirName(dir);
+  const std::string base = dir.substr(dir.find_last_of('/') == std::string::npos ? 0 : dir.find_last_of('/') + 1);
+  if (base.empty() || base == "." || base == ".." || dir == "/") {
+    return InvalidArgumentError("export to " + dir_in + ": name the directory by a path that ends in its name");
+  }
   if (max_shard_bytes <= 0) {
     return InvalidArgumentError("export to " + dir + ": max_shard_bytes must be positive, got " +
                                 std::to_string(max_shard_bytes));
   }
   ZERO_ASSIGN_OR_RETURN(json config, ParseJsonText<json>(config_json, "export to " + dir + ": config.json"));
   if (!config.is_object()) return InvalidArgumentError("export to " + dir + ": config.json is not a JSON object");
+  std::set<std::string> extra_names;
+  for (const ExportFile& f : extra_files) {
+    if (!SafeFileName(f.name) || !IsExportFileName(f.name) || f.name == kHfConfigFile || f.name == kHfIndexFile ||
+        f.name == kHfWeightsFile || IsShardName(f.name) || !extra_names.insert(f.name).second) {
+      return InvalidArgumentError("export to " + dir + ": extra file '" + f.name +
+                                  "' is not tokenizer.json or tokenizer_config.json, or is given twice");
+    }
+  }
   // Sizes first (checked here, so a bad shape never reaches the writer half way through).
   std::vector<int64_t> bytes(specs.size());
   std::set<std::string> names;
@@ -292,64 +422,41 @@ Status ExportHf(const std::string& dir, const std::string& config_json,
     current += bytes[i];
   }
   if (shards.empty()) shards.emplace_back();  // a model without parameters: one empty file
-  const int n = static_cast<int>(shards.size());
 
-  ZERO_RETURN_IF_ERROR(CreateDirectories(dir));
+  // What is at `dir` now: nothing, or a directory this export may replace.
+  ZERO_ASSIGN_OR_RETURN(const bool exists, ExportTargetExists(fs, dir));
+  Status made = CreateDirectories(fs, parent);
+  if (!made.ok()) return made.WithContext("export to " + dir + ": its parent directory");
 
-  std::vector<float> buf;
-  std::vector<uint16_t> half(kConvertChunk);
-  json weight_map = json::object();
-  std::set<std::string> written;
-  uint64_t total_size = 0;
-  for (int k = 0; k < n; ++k) {
-    const std::string file = n == 1 ? std::string(kHfWeightsFile) : HfShardName(k + 1, n);
-    std::vector<TensorToWrite> layout;
-    for (int i : shards[k]) layout.push_back({specs[i].name, dtype, specs[i].shape, nullptr});
-    ZERO_ASSIGN_OR_RETURN(SafetensorsWriter w,
-                          SafetensorsWriter::Open(JoinPath(dir, file), layout, {{"format", "pt"}}));
-    for (int i : shards[k]) {
-      const int64_t numel = bytes[i] / static_cast<int64_t>(SizeOf(dtype));
-      buf.assign(static_cast<size_t>(numel), 0.0f);
-      Status st = values(i, buf.data());
-      if (!st.ok()) {
-        return st.WithContext("export to " + dir + ": values of '" + specs[i].name + "'");
-      }
-      if (dtype == DType::kF32) {
-        ZERO_RETURN_IF_ERROR(w.Append(buf.data(), static_cast<size_t>(bytes[i])));
-      } else {
-        for (int64_t done = 0; done < numel; done += kConvertChunk) {
-          const int64_t m = std::min(numel - done, kConvertChunk);
-          for (int64_t j = 0; j < m; ++j) StoreFromFloat(half.data(), dtype, j, buf[done + j]);
-          ZERO_RETURN_IF_ERROR(w.Append(half.data(), static_cast<size_t>(m) * 2));
+  const std::string stage = JoinPath(parent, "." + base + ".export-tmp." + std::to_string(::getpid()));
+  ZERO_RETURN_IF_ERROR(RemoveTree(fs, stage));  // debris of an earlier process with this pid
+  ZERO_RETURN_IF_ERROR(fs.CreateDirectory(stage, nullptr).WithContext("export to " + dir + ": staging directory"));
+  Status st = WriteExport(fs, dir, stage, config_json, specs, dtype, values, shards, bytes, extra_files);
+  if (st.ok()) {
+    if (!exists) {
+      st = fs.Rename(stage, dir);
+    } else {
+      st = fs.Exchange(stage, dir);
+      if (st.code() == StatusCode::kUnimplemented) {
+        // No atomic exchange here: the old export moves aside first, so `dir` is missing (never
+        // half-written) for the moment between the two renames.
+        const std::string old = JoinPath(parent, "." + base + ".export-old." + std::to_string(::getpid()));
+        st = RemoveTree(fs, old);
+        if (st.ok()) st = fs.Rename(dir, old);
+        if (st.ok()) {
+          st = fs.Rename(stage, dir);
+          if (!st.ok()) (void)fs.Rename(old, dir);  // put the old export back
         }
+        if (st.ok()) st = RemoveTree(fs, old);
+      } else if (st.ok()) {
+        st = RemoveTree(fs, stage);  // now the earlier export
       }
-      weight_map[specs[i].name] = file;
     }
-    total_size += w.data_bytes();
-    ZERO_RETURN_IF_ERROR(w.Commit());
-    written.insert(file);
+    if (st.ok()) st = fs.SyncDirectory(parent);
+    if (st.ok()) return OkStatus();
   }
-  buf.clear();
-  buf.shrink_to_fit();
-  if (n > 1) {
-    json index = {{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}};
-    ZERO_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(dir, kHfIndexFile), index.dump(2) + "\n"));
-    written.insert(kHfIndexFile);
-  }
-  ZERO_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(dir, kHfConfigFile), config_json));
-
-  // Weight files of an earlier save that this one replaced.
-  ZERO_ASSIGN_OR_RETURN(std::vector<std::string> entries, ListDirectory(dir));
-  bool removed = false;
-  for (const std::string& e : entries) {
-    const bool weights_file = e == kHfWeightsFile || e == kHfIndexFile || IsShardName(e);
-    if (weights_file && written.count(e) == 0) {
-      ZERO_RETURN_IF_ERROR(RemoveFile(JoinPath(dir, e)));
-      removed = true;
-    }
-  }
-  if (removed) ZERO_RETURN_IF_ERROR(SyncDirectory(dir));
-  return OkStatus();
+  (void)RemoveTree(fs, stage);
+  return st.WithContext("export to " + dir + " (nothing was replaced)");
 }
 
 }  // namespace zero::llm

@@ -7,8 +7,8 @@
 // (safetensors.h) and reads tensors, or element ranges of them, on demand, so a ZeRO stage 3 rank
 // reads only its partition. ExportHf writes such a directory from values computed one tensor at a
 // time. Tensors are named as in transformers (LLM_CONTRACT.md); this file knows nothing of the
-// model beyond the ModelParamSpec list it is given. Each file is written atomically; a directory as a
-// whole is not (a crash mid-export can leave some new shards beside old ones).
+// model beyond the ModelParamSpec list it is given. An export is written to a staging directory and
+// takes the target's place whole (ExportHf).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +21,7 @@
 #include "hf/safetensors.h"
 #include "models/model_api.h"
 #include "runtime/dtype.h"
+#include "runtime/file_system.h"
 #include "runtime/status.h"
 
 namespace zero::llm {
@@ -90,23 +91,49 @@ class HfWeights {
 // The name of shard `k` (1-based) of `n`, as transformers writes it: "model-00002-of-00005.safetensors".
 std::string HfShardName(int k, int n);
 
+// A file an export writes beside the weights and config (tokenizer.json, tokenizer_config.json).
+struct ExportFile {
+  std::string name;  // a plain file name inside the export
+  std::string contents;
+};
+
 // Writes a checkpoint directory transformers loads: `dir`/config.json (config_json as given; it
-// must be a JSON object that runtime/json_input.h accepts, checked before anything is written) and the weights:
-// model.safetensors when the tensors' bytes total at most max_shard_bytes, else shards model-0000k-of-0000n.safetensors
-// of at most max_shard_bytes each (filled in spec order; a tensor larger than that gets a shard of its own) plus
-// model.safetensors.index.json with total_size (tensor bytes) and weight_map. Every tensor is
-// stored in `dtype` (round to nearest even from float), in spec order, with metadata {"format":
-// "pt"}. values(i, out) fills out[0, specs[i].numel()) with parameter i's values; it is called once
-// per tensor, in spec order, and only one tensor's values are held at a time (plus a small
-// conversion buffer), so exporting never holds the model twice. Each file is written atomically;
-// `dir` is created if missing (INVALID_ARGUMENT/FAILED_PRECONDITION when it exists and is not a
-// directory). Weight files of an earlier save in `dir` that this one does not write
-// (model.safetensors, the index, model-*-of-*.safetensors) are removed afterwards, as
-// transformers' save_pretrained does, so a stale file never shadows the new ones. An error from
-// `values` is returned with the tensor's name; the shard being written is then not published
-// (earlier shards are) and no index, config or clean-up follows.
+// must be a JSON object that runtime/json_input.h accepts, checked before anything is written), the
+// `extra_files`, and the weights: model.safetensors when the tensors' bytes total at most
+// max_shard_bytes, else shards model-0000k-of-0000n.safetensors (of at most max_shard_bytes each,
+// filled in spec order; a tensor larger than that gets a shard of its own) plus
+// model.safetensors.index.json with total_size (tensor bytes) and weight_map. Every tensor is stored
+// in `dtype` (round to nearest even from float), in spec order, with metadata {"format": "pt"}.
+// values(i, out) fills out[0, specs[i].numel()) with parameter i's values; it is called once per
+// tensor, in spec order, and only one tensor's values are held at a time (plus a small conversion
+// buffer), so exporting never holds the model twice.
+//
+// The directory is written whole or not at all: everything goes into a staging directory beside it
+// (`<parent>/.<name>.export-tmp.<pid>`), each file fsynced and its size checked against what was
+// meant, and the staging directory then takes `dir`'s place: renamed to it when `dir` is missing,
+// exchanged with it atomically (renameat2 RENAME_EXCHANGE; where the filesystem cannot, two renames)
+// when `dir` is an earlier export, whose files are then removed. So nothing of an earlier export
+// (a stale tokenizer.json, old shards) survives beside the new one, and a failure at any point
+// (a full disk, an error from `values`) leaves `dir` as it was and no partial export visible.
+// `dir` is replaced only when it is empty or holds nothing but files an export writes (config.json,
+// the weights files, the index, tokenizer.json, tokenizer_config.json): anything else there is
+// refused with FAILED_PRECONDITION naming the entry, so an export never deletes what it did not
+// write. `dir` existing as something other than a directory is FAILED_PRECONDITION; the parent is
+// created if missing. File operations other than the safetensors writes go through `fs` (null: the
+// POSIX one), so fault tests can fail them. An error from `values` is returned with the tensor's name.
 Status ExportHf(const std::string& dir, const std::string& config_json,
                 const std::vector<examples::ModelParamSpec>& specs, DType dtype,
-                const std::function<Status(int index, float* out)>& values, int64_t max_shard_bytes = 5'000'000'000);
+                const std::function<Status(int index, float* out)>& values, int64_t max_shard_bytes = 5'000'000'000,
+                const std::vector<ExportFile>& extra_files = {}, FileSystem* fs = nullptr);
+
+// The names ExportHf may write into a directory (what lets it replace an earlier export).
+bool IsExportFileName(const std::string& name);
+
+// The check ExportHf makes before writing, for a job to make at its start (so that --export-hf DIR
+// fails before training, not after it): `dir` is missing, or a directory ExportHf would replace
+// (empty, or holding only export files); its parent exists or can be created, and takes a file (the
+// staging directory goes there). FAILED_PRECONDITION naming `dir` and what is wrong. Through `fs`
+// (null: the POSIX one); may create the parent.
+Status CheckExportTarget(const std::string& dir, FileSystem* fs = nullptr);
 
 }  // namespace zero::llm

@@ -1,10 +1,16 @@
 #include "hf/model_dir.h"
 
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -15,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hf/safetensors.h"
+#include "runtime/faulty_file_system.h"
 #include "testing/status_matchers.h"
 
 namespace zero::llm {
@@ -109,7 +116,7 @@ TEST(HfCheckpointTest, ShardsWithIndexAndRemovesStaleFiles) {
   const std::vector<ModelParamSpec> specs = Specs();
   // An earlier unsharded save, which the sharded one must replace.
   ASSERT_OK(ExportHf(dir, kConfig, specs, DType::kF32, ValuesOf(specs)));
-  ASSERT_OK(WriteFileAtomic(dir + "/tokenizer.json", "{}"));  // not a weights file: kept
+  ASSERT_OK(WriteFileAtomic(dir + "/tokenizer.json", "{}"));  // an earlier export's: this one drops it
 
   const int64_t max_bytes = 64;
   Status st = ExportHf(dir, kConfig, specs, DType::kBF16, ValuesOf(specs), max_bytes);
@@ -118,7 +125,7 @@ TEST(HfCheckpointTest, ShardsWithIndexAndRemovesStaleFiles) {
   EXPECT_EQ(Listing(dir), (std::vector<std::string>{
                               "config.json", "model-00001-of-00005.safetensors", "model-00002-of-00005.safetensors",
                               "model-00003-of-00005.safetensors", "model-00004-of-00005.safetensors",
-                              "model-00005-of-00005.safetensors", "model.safetensors.index.json", "tokenizer.json"}));
+                              "model-00005-of-00005.safetensors", "model.safetensors.index.json"}));
   auto index = nlohmann::json::parse(*ReadFile(dir + "/model.safetensors.index.json"));
   EXPECT_EQ(index["metadata"]["total_size"], 32 + 16 + 64 + 6 + 200 + 4);
   EXPECT_EQ(index["weight_map"].size(), specs.size());
@@ -140,10 +147,10 @@ TEST(HfCheckpointTest, ShardsWithIndexAndRemovesStaleFiles) {
 
   // Fewer shards, then one file again: the old shards and index go.
   ASSERT_OK(ExportHf(dir, kConfig, specs, DType::kBF16, ValuesOf(specs), 250));
-  EXPECT_EQ(Listing(dir), (std::vector<std::string>{"config.json", "model-00001-of-00002.safetensors",
-                                                    "model-00002-of-00002.safetensors", "model.safetensors.index.json",
-                                                    "tokenizer.json"}));
-  ASSERT_OK(ExportHf(dir, kConfig, specs, DType::kF16, ValuesOf(specs)));
+  EXPECT_EQ(Listing(dir),
+            (std::vector<std::string>{"config.json", "model-00001-of-00002.safetensors",
+                                      "model-00002-of-00002.safetensors", "model.safetensors.index.json"}));
+  ASSERT_OK(ExportHf(dir, kConfig, specs, DType::kF16, ValuesOf(specs), 5'000'000'000, {{"tokenizer.json", "{}"}}));
   EXPECT_EQ(Listing(dir), (std::vector<std::string>{"config.json", "model.safetensors", "tokenizer.json"}));
   auto w16 = HfWeights::Open(dir);
   ASSERT_OK(w16);
@@ -479,7 +486,7 @@ TEST(HfCheckpointTest, ExportRefusesBadArgumentsAndStopsOnValueErrors) {
   EXPECT_THAT(ExportHf(dir + "/m", kConfig, twice, DType::kBF16, ValuesOf(specs)).message(),
               AllOf(HasSubstr("'model.embed_tokens.weight'"), HasSubstr("used twice")));
 
-  // values fails on tensor 4: the first shards stay, nothing after them is written.
+  // values fails on tensor 4: nothing is published (the first shards were written only to staging).
   const std::string out = dir + "/fail";
   Status st = ExportHf(
       out, kConfig, specs, DType::kBF16,
@@ -490,9 +497,114 @@ TEST(HfCheckpointTest, ExportRefusesBadArgumentsAndStopsOnValueErrors) {
       64);
   EXPECT_EQ(st.code(), StatusCode::kInternal);
   EXPECT_THAT(st.message(), AllOf(HasSubstr("'model.layers.0.mlp.down_proj.weight'"), HasSubstr("device lost")));
-  EXPECT_EQ(Listing(out),
-            (std::vector<std::string>{"model-00001-of-00005.safetensors", "model-00002-of-00005.safetensors",
-                                      "model-00003-of-00005.safetensors"}));
+  EXPECT_THAT(st.message(), HasSubstr("export to " + out + " (nothing was replaced)"));
+  EXPECT_FALSE(PathExists(out));
+  EXPECT_EQ(Listing(dir), (std::vector<std::string>{"file"}));  // no staging directory left
+}
+
+// The files of `dir`, name -> contents.
+std::map<std::string, std::string> Contents(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const std::string& f : Listing(dir)) out[f] = *ReadFile(dir + "/" + f);
+  return out;
+}
+
+// An export into an earlier one replaces it whole: its tokenizer files and shards do not survive.
+TEST(HfExportTest, ReplacesAnEarlierExportWhole) {
+  const std::string root = ScratchDir("hf"), dir = root + "/m";
+  const std::vector<ModelParamSpec> specs = Specs();
+  ASSERT_OK(ExportHf(dir, kConfig, specs, DType::kBF16, ValuesOf(specs), 64,
+                     {{"tokenizer.json", "{\"old\": 1}"}, {"tokenizer_config.json", "{}"}}));
+  ASSERT_EQ(Listing(dir).size(), 9u);  // config, index, 5 shards, 2 tokenizer files
+  ASSERT_OK(ExportHf(dir, kConfig, specs, DType::kF32, ValuesOf(specs)));
+  EXPECT_EQ(Listing(dir), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(Listing(root), (std::vector<std::string>{"m"}));  // no staging or old directory beside it
+  auto w = HfWeights::Open(dir);
+  ASSERT_OK(w);
+  ExpectValues(*w, specs, DType::kF32);
+  // The same where the filesystem cannot exchange two directories (two renames).
+  FaultyFileSystem fs;
+  fs.SetExchangeSupported(false);
+  ASSERT_OK(
+      ExportHf(dir, kConfig, specs, DType::kBF16, ValuesOf(specs), 5'000'000'000, {{"tokenizer.json", "{}"}}, &fs));
+  EXPECT_EQ(Listing(dir), (std::vector<std::string>{"config.json", "model.safetensors", "tokenizer.json"}));
+  EXPECT_EQ(Listing(root), (std::vector<std::string>{"m"}));
+}
+
+// A directory holding anything an export does not write is never replaced.
+TEST(HfExportTest, RefusesToReplaceADirectoryThatIsNotAnExport) {
+  const std::string dir = ScratchDir("hf");
+  const std::vector<ModelParamSpec> specs = Specs();
+  ASSERT_OK(WriteFileAtomic(dir + "/config.json", "{}"));
+  ASSERT_OK(WriteFileAtomic(dir + "/notes.txt", "mine"));
+  Status st = ExportHf(dir, kConfig, specs, DType::kBF16, ValuesOf(specs));
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st.message(), AllOf(HasSubstr(dir), HasSubstr("'notes.txt'"), HasSubstr("refusing to replace")));
+  EXPECT_EQ(Listing(dir), (std::vector<std::string>{"config.json", "notes.txt"}));
+  EXPECT_THAT(ExportHf(dir + "/x", kConfig, specs, DType::kBF16, ValuesOf(specs), 100, {{"notes.txt", ""}}).message(),
+              HasSubstr("extra file 'notes.txt'"));
+}
+
+// A write that fails midway (ENOSPC on the n-th append through the FileSystem, each in turn, and
+// on each rename or exchange): the earlier export stays byte for byte, no partial new one is visible.
+TEST(HfExportTest, AFailedWriteLeavesTheOldExportIntact) {
+  const std::string root = ScratchDir("hf"), dir = root + "/m";
+  const std::vector<ModelParamSpec> specs = Specs();
+  const std::vector<ExportFile> tokenizer = {{"tokenizer.json", std::string(5000, 't')},
+                                             {"tokenizer_config.json", "{}"}};
+  ASSERT_OK(ExportHf(dir, kConfig, specs, DType::kBF16, ValuesOf(specs), 64, tokenizer));
+  const std::map<std::string, std::string> before = Contents(dir);
+  struct Fault {
+    const char* op;
+    int nth;
+  };
+  for (Fault f : std::vector<Fault>{{"Append", 1},
+                                    {"Append", 2},
+                                    {"Append", 3},
+                                    {"Sync", 1},
+                                    {"Sync", 3},
+                                    {"Rename", 1},
+                                    {"Rename", 3},
+                                    {"Exchange", 1},
+                                    {"SyncDirectory", 1}}) {
+    SCOPED_TRACE(std::string(f.op) + " #" + std::to_string(f.nth));
+    FaultyFileSystem fs;
+    fs.FailNthCall(f.op, f.nth, ENOSPC);
+    Status st = ExportHf(dir, kConfig, specs, DType::kF32, ValuesOf(specs), 5'000'000'000,
+                         {{"tokenizer.json", "{}"}, {"tokenizer_config.json", "{\"new\": 1}"}}, &fs);
+    ASSERT_FALSE(st.ok());
+    EXPECT_THAT(st.message(), AllOf(HasSubstr("export to " + dir), HasSubstr("No space left on device")));
+    EXPECT_TRUE(Contents(dir) == before);
+    EXPECT_EQ(Listing(root), (std::vector<std::string>{"m"}));
+  }
+}
+
+// A real short write: the file size limit (RLIMIT_FSIZE, what a full disk does to a write, without
+// mounting anything) makes the large tokenizer.json fail with EFBIG in a child process. Before
+// exports were staged and checked, the tokenizer was written with an unchecked ofstream and the
+// export reported success with a truncated file.
+TEST(HfExportTest, AShortWriteFailsAndLeavesTheOldExportIntact) {
+  const std::string root = ScratchDir("hf"), dir = root + "/m";
+  const std::vector<ModelParamSpec> specs = Specs();
+  ASSERT_OK(ExportHf(dir, kConfig, specs, DType::kBF16, ValuesOf(specs), 5'000'000'000, {{"tokenizer.json", "{}"}}));
+  const std::map<std::string, std::string> before = Contents(dir);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim = {64 * 1024, 64 * 1024};
+    ::setrlimit(RLIMIT_FSIZE, &lim);
+    Status st = ExportHf(dir, kConfig, specs, DType::kBF16, ValuesOf(specs), 5'000'000'000,
+                         {{"tokenizer.json", std::string(200 * 1024, 'x')}});
+    const bool named = st.message().find("tokenizer.json") != std::string::npos;
+    ::_exit(st.ok() ? 1 : named ? 0 : 2);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: the export reported success; 2: its error did not name tokenizer.json";
+  EXPECT_TRUE(Contents(dir) == before);
+  EXPECT_EQ(Listing(root), (std::vector<std::string>{"m"}));
 }
 
 }  // namespace
