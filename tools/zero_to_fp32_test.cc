@@ -141,5 +141,33 @@ TEST(ZeroToFp32BinaryTest, UsageAndErrors) {
   EXPECT_THAT(run.output, HasSubstr("checkpoint tag 'missing' does not exist"));
 }
 
+// An output inside the checkpoint directory that names one of its files (`latest`, the lock, a
+// tag directory or anything below one) is refused naming both, and nothing is changed; a new
+// .safetensors file directly in the directory (or an earlier one) is fine.
+TEST(ZeroToFp32BinaryTest, RefusesToOverwriteTheCheckpoint) {
+  const std::string dir = ScratchDir("z2f_self");
+  FullState full = SyntheticState(SyntheticModel(), 2);
+  SaveSynthetic(dir, "global_step7", full, 2);
+  const std::string latest = *ReadFile(dir + "/latest");
+  const std::string rank0 = *ReadFile(dir + "/global_step7/" + RankFileName(0));
+  for (const std::string& out :
+       {dir + "/latest", dir + "/./latest", dir + "/global_step7", dir + "/global_step7/" + RankFileName(0),
+        dir + "/global_step7/new.safetensors", dir + "/" + kDirectoryLockFile, dir}) {
+    SCOPED_TRACE(out);
+    ToolRun run = RunTool(dir + " " + out);
+    EXPECT_EQ(run.code, 2) << run.output;
+    EXPECT_THAT(run.output, HasSubstr("inside the checkpoint directory " + dir));
+    EXPECT_THAT(run.output, HasSubstr(out));
+  }
+  EXPECT_EQ(*ReadFile(dir + "/latest"), latest);
+  EXPECT_TRUE(*ReadFile(dir + "/global_step7/" + RankFileName(0)) == rank0);
+  EXPECT_FALSE(PathExists(dir + "/global_step7/new.safetensors"));
+  ToolRun run = RunTool(dir + " " + dir + "/fp32.safetensors");
+  ASSERT_EQ(run.code, 0) << run.output;
+  run = RunTool(dir + " " + dir + "/fp32.safetensors");  // an earlier output is replaced
+  ASSERT_EQ(run.code, 0) << run.output;
+  ExpectMatches(dir + "/fp32.safetensors", full);
+}
+
 }  // namespace
 }  // namespace zero
