@@ -112,6 +112,54 @@ void KillAll(const std::vector<pid_t>& pids, const std::vector<bool>& done, int 
   }
 }
 
+// --- signals to the launcher (launcher.h) ---
+
+volatile sig_atomic_t g_signal = 0;   // the first SIGINT/SIGTERM while ranks run; 0: none
+volatile sig_atomic_t g_signals = 0;  // how many came
+pid_t* volatile g_ranks = nullptr;    // the ranks to forward to (<= 0: none there)
+volatile sig_atomic_t g_rank_count = 0;
+
+void ForwardSignal(int sig) {
+  if (g_signal == 0) g_signal = sig;
+  g_signals = g_signals + 1;
+  pid_t* ranks = g_ranks;
+  for (int i = 0; i < g_rank_count; ++i) {
+    if (ranks != nullptr && ranks[i] > 0) kill(ranks[i], sig);
+  }
+}
+
+// Installs ForwardSignal for SIGINT and SIGTERM (without SA_RESTART, so the wait wakes up) while
+// it exists; restores the previous handlers after.
+class ForwardSignals {
+ public:
+  explicit ForwardSignals(pid_t* ranks) {
+    g_signal = 0;
+    g_signals = 0;
+    g_rank_count = 0;
+    g_ranks = ranks;
+    struct sigaction sa {};
+    sa.sa_handler = ForwardSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~ForwardSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+    g_rank_count = 0;
+    g_ranks = nullptr;
+  }
+  ForwardSignals(const ForwardSignals&) = delete;
+  ForwardSignals& operator=(const ForwardSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {
+  }, old_term_{};
+};
+
+const char* SignalName(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
+
 }  // namespace
 
 Status LaunchLocal(const std::vector<std::string>& argv, const LaunchOptions& options) {
@@ -135,6 +183,8 @@ Status LaunchLocal(const std::vector<std::string>& argv, const LaunchOptions& op
   std::vector<pid_t> pids;
   std::vector<bool> done;
   const pid_t launcher = getpid();
+  std::vector<pid_t> forward(static_cast<size_t>(options.nproc), 0);  // what the signal handler sees
+  ForwardSignals forwarding(forward.data());
   for (int r = 0; r < options.nproc; ++r) {
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
@@ -164,6 +214,8 @@ Status LaunchLocal(const std::vector<std::string>& argv, const LaunchOptions& op
       // The rank dies with the launcher, however the launcher dies (SIGKILL included): a rank left
       // behind would train on alone. PDEATHSIG survives execve; the getppid() check covers a
       // launcher that died before the prctl.
+      signal(SIGINT, SIG_DFL);  // the launcher's forwarding is not the rank's
+      signal(SIGTERM, SIG_DFL);
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != launcher) _exit(128 + SIGKILL);
       std::vector<char*> cargv, cenv;
@@ -177,9 +229,28 @@ Status LaunchLocal(const std::vector<std::string>& argv, const LaunchOptions& op
     }
     pids.push_back(pid);
     done.push_back(false);
+    forward[pids.size() - 1] = pid;
+    g_rank_count = static_cast<sig_atomic_t>(pids.size());
   }
   int remaining = options.nproc;
+  int announced = 0;         // signals reported so far
+  std::string stop_outcome;  // with a signal: how each rank ended
   while (remaining > 0) {
+    if (g_signals > announced) {
+      // The handler forwarded it already; a second one stops the ranks at once.
+      if (announced == 0) {
+        std::fprintf(stderr,
+                     "launch: got %s: forwarding it to the %d ranks and waiting for them to stop (a second "
+                     "signal stops them at once)\n",
+                     SignalName(g_signal), options.nproc);
+      } else {
+        std::fprintf(stderr, "launch: got a second signal: stopping the ranks now\n");
+        KillAll(pids, done, 0);
+        return UnavailableError(std::string("launch: stopped by ") + SignalName(g_signal) +
+                                " and then another signal; the ranks were killed");
+      }
+      announced = g_signals;
+    }
     int status = 0;
     pid_t pid = waitpid(-1, &status, 0);
     if (pid < 0) {
@@ -194,13 +265,24 @@ Status LaunchLocal(const std::vector<std::string>& argv, const LaunchOptions& op
     }
     if (rank < 0) continue;
     done[rank] = true;
+    forward[rank] = 0;
     --remaining;
     bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (g_signal != 0) {
+      // Stopping: every rank got the signal and may be saving (a graceful stop); none is cut short.
+      stop_outcome += (stop_outcome.empty() ? "" : ", ") + ("rank " + std::to_string(rank) + " ") +
+                      (ok ? "exit status 0" : DescribeExit(status));
+      continue;
+    }
     if (!ok) {
       KillAll(pids, done, options.grace_seconds);
       return UnavailableError("launch: rank " + std::to_string(rank) + " of " + std::to_string(options.nproc) + " (" +
                               argv[0] + ") failed with " + DescribeExit(status) + "; the other ranks were stopped");
     }
+  }
+  if (g_signal != 0) {
+    return UnavailableError(std::string("launch: stopped by ") + SignalName(g_signal) + " (forwarded to the " +
+                            std::to_string(options.nproc) + " ranks): " + stop_outcome);
   }
   return OkStatus();
 }

@@ -7,6 +7,13 @@
 // killed (SIGTERM, then SIGKILL after a grace period) if the launcher returns early, and the kernel
 // kills them (PR_SET_PDEATHSIG, SIGKILL) when the thread that called LaunchLocal dies, however it
 // dies. Only the ranks themselves: processes a rank starts are its own to end.
+//
+// A SIGINT or SIGTERM to the launcher while its ranks run is forwarded to every rank (the Trainer's
+// ranks then stop gracefully: train/trainer.h), announced on stderr ("launch: got SIGTERM:
+// forwarding it to the N ranks ..."), and the launcher waits for every rank, cutting none short
+// even when one exits non-zero; LaunchLocal then returns UNAVAILABLE "launch: stopped by SIGTERM"
+// with each rank's end. A second signal kills the ranks at once. The handlers are the launcher's
+// only while LaunchLocal runs (the previous ones are restored); call it from one thread at a time.
 #pragma once
 
 #include <string>

@@ -159,5 +159,131 @@ TEST(LauncherTest, BadNproc) {
   EXPECT_FALSE(LaunchLocal({"/bin/true"}, o).ok());
 }
 
+// --- the launch binary ---------------------------------------------------------------------------
+
+// The launch binary under bazel (data = [":launch"]), else beside the working directory.
+std::string LaunchBinary() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const std::string in_runfiles = srcdir != nullptr ? std::string(srcdir) + "/zero/tools/launch" : "";
+  if (!in_runfiles.empty() && access(in_runfiles.c_str(), X_OK) == 0) return in_runfiles;
+  return "tools/launch";
+}
+
+// A started process whose stdout and stderr go to `log`.
+struct Started {
+  pid_t pid = -1;
+  std::string log;
+};
+
+Started Start(const std::vector<std::string>& args, const std::string& log) {
+  Started s{-1, log};
+  s.pid = fork();
+  if (s.pid == 0) {
+    setpgid(0, 0);
+    FILE* f = std::fopen(log.c_str(), "w");
+    dup2(fileno(f), 1);
+    dup2(fileno(f), 2);
+    std::vector<char*> argv;
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return s;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Waits up to timeout_s for the process; its exit status, or -1 (killed by the timeout, or by a signal).
+int Wait(const Started& s, double timeout_s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  int status = 0;
+  while (waitpid(s.pid, &status, WNOHANG) != s.pid) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::duration<double>(timeout_s)) {
+      kill(-s.pid, SIGKILL);
+      waitpid(s.pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+struct LaunchRun {
+  int code;
+  std::string output;
+};
+
+LaunchRun RunLaunch(const std::vector<std::string>& args, const std::string& dir) {
+  std::vector<std::string> all = {LaunchBinary()};
+  all.insert(all.end(), args.begin(), args.end());
+  Started s = Start(all, dir + "/launch.log");
+  const int code = Wait(s, 30);
+  return {code, ReadAll(s.log)};
+}
+
+// A bad value says what was expected and what came; an unknown flag before the program is not
+// taken for the program, and names the flag it resembles.
+TEST(LaunchBinaryTest, FlagErrorsSayWhatWasExpected) {
+  ASSERT_OK_AND_ASSIGN(ScratchDir scratch, ScratchDir::Create("launch_flags"));
+  const std::string dir = scratch.path();
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--nproc", "abc", "--", "/bin/true"}, "--nproc expects a whole number >= 1, got 'abc'"},
+           {{"--nproc", "0", "--", "/bin/true"}, "--nproc expects a whole number >= 1, got '0'"},
+           {{"--nproc", "2x", "--", "/bin/true"}, "got '2x'"},
+           {{"--nproc=-1", "--", "/bin/true"}, "got '-1'"},
+           {{"--nprocs", "2", "--", "/bin/true"}, "unknown flag --nprocs (did you mean --nproc?)"},
+           {{"--master-port", "2", "/bin/true"}, "unknown flag --master-port (did you mean --master_port?)"},
+           {{"--master_port", "70000", "/bin/true"},
+            "--master_port expects a port in 1..65535 (or 0: pick a free one), got '70000'"},
+           {{"--nproc"}, "--nproc needs a value"},
+           {{"--nproc", "2"}, "no program given"},
+       }) {
+    LaunchRun r = RunLaunch(c.args, dir);
+    EXPECT_EQ(r.code, 2) << c.args[0] << ": " << r.output;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << "expected '" << c.expect << "' in: " << r.output;
+  }
+  LaunchRun ok = RunLaunch({"--nproc=2", "--", "/bin/true"}, dir);
+  EXPECT_EQ(ok.code, 0) << ok.output;
+}
+
+// SIGTERM or SIGINT to the launcher: it says so, forwards the signal to every rank (which may stop
+// gracefully: each rank here prints and exits 7), waits for them, and exits non-zero.
+TEST(LaunchBinaryTest, ASignalIsForwardedToTheRanksAndReported) {
+  for (int sig : {SIGTERM, SIGINT}) {
+    ASSERT_OK_AND_ASSIGN(ScratchDir scratch, ScratchDir::Create("launch_signal"));
+    const std::string dir = scratch.path();
+    const std::string name = sig == SIGTERM ? "TERM" : "INT";
+    Started s = Start({LaunchBinary(), "--nproc", "2", "--", "/bin/sh", "-c",
+                       "trap 'echo rank $RANK got " + name + "; exit 7' " + name + "; touch " + dir +
+                           "/ready$RANK; while :; do sleep 0.05; done"},
+                      dir + "/launch.log");
+    const auto t0 = std::chrono::steady_clock::now();
+    while ((access((dir + "/ready0").c_str(), F_OK) != 0 || access((dir + "/ready1").c_str(), F_OK) != 0) &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the traps are set before `touch`
+    kill(s.pid, sig);
+    const int code = Wait(s, 20);
+    const std::string out = ReadAll(s.log);
+    EXPECT_NE(code, 0) << out;
+    EXPECT_NE(code, -1) << "the launcher did not exit by itself: " << out;
+    EXPECT_NE(out.find("launch: got SIG" + name + ": forwarding it to the 2 ranks"), std::string::npos) << out;
+    EXPECT_NE(out.find("rank 0 got " + name), std::string::npos) << out;
+    EXPECT_NE(out.find("rank 1 got " + name), std::string::npos) << out;
+    EXPECT_NE(out.find("launch: stopped by SIG" + name), std::string::npos) << out;
+  }
+}
+
 }  // namespace
 }  // namespace zero
