@@ -11,6 +11,7 @@
 
 #include "models/engine_adapters.h"
 #include "runtime/device.h"
+#include "runtime/hash.h"
 #include "train/loss_plot.h"
 
 namespace zero::train {
@@ -26,7 +27,102 @@ double HostPeakBytes() {
   return static_cast<double>(ru.ru_maxrss) * 1024.0;
 }
 
+// RankAgreementItem lists as bytes: each field as its decimal length, ':', then its bytes.
+void AppendField(const std::string& f, std::string* out) {
+  *out += std::to_string(f.size());
+  *out += ':';
+  *out += f;
+}
+std::string SerializeItems(const std::vector<RankAgreementItem>& items) {
+  std::string out;
+  for (const RankAgreementItem& it : items) {
+    AppendField(it.name, &out);
+    AppendField(it.value, &out);
+    AppendField(it.where, &out);
+  }
+  return out;
+}
+// The inverse of SerializeItems (a malformed tail ends the list).
+std::vector<RankAgreementItem> ParseItems(const std::string& s) {
+  std::vector<RankAgreementItem> items;
+  size_t at = 0;
+  auto field = [&](std::string* f) {
+    const size_t colon = s.find(':', at);
+    if (colon == std::string::npos) return false;
+    const size_t n = std::strtoull(s.c_str() + at, nullptr, 10);
+    if (colon + 1 + n > s.size()) return false;
+    *f = s.substr(colon + 1, n);
+    at = colon + 1 + n;
+    return true;
+  };
+  while (at < s.size()) {
+    RankAgreementItem it;
+    if (!field(&it.name) || !field(&it.value) || !field(&it.where)) break;
+    items.push_back(std::move(it));
+  }
+  return items;
+}
+
+// `bytes` from `root` to every rank (its size first).
+Status BroadcastString(Communicator* comm, std::string* bytes, int root) {
+  uint64_t n = bytes->size();
+  ZERO_RETURN_IF_ERROR(comm->BroadcastHost(&n, sizeof(n), root));
+  bytes->resize(static_cast<size_t>(n));
+  if (n == 0) return OkStatus();
+  return comm->BroadcastHost(bytes->data(), static_cast<size_t>(n), root);
+}
+
+// A value for a message: a one-line value as it is (cut at 200 characters); of a multi-line one
+// (the config) the first line that differs from `other`'s, with its number.
+std::string ShownValue(const std::string& value, const std::string& other) {
+  std::string v = value;
+  if (value.find('\n') != std::string::npos) {
+    size_t line = 1, at = 0;
+    while (true) {
+      const size_t end = std::min(value.find('\n', at), value.size());
+      const size_t other_end = std::min(other.find('\n', at), other.size());
+      const std::string mine = value.substr(at, end - at);
+      if (at >= other.size() || mine != other.substr(at, other_end - at) || end >= value.size()) {
+        size_t b = mine.find_first_not_of(' ');
+        v = "line " + std::to_string(line) + " '" + (b == std::string::npos ? mine : mine.substr(b)) + "'";
+        break;
+      }
+      at = end + 1;
+      ++line;
+    }
+  }
+  if (v.size() > 200) v = v.substr(0, 200) + "...";
+  return v;
+}
+
+// "40 s", "12 min", "3.5 h", "9 days".
+std::string Duration(double s) {
+  char b[32];
+  if (s < 120) {
+    std::snprintf(b, sizeof(b), "%.0f s", s);
+  } else if (s < 7200) {
+    std::snprintf(b, sizeof(b), "%.0f min", s / 60);
+  } else if (s < 172800) {
+    std::snprintf(b, sizeof(b), "%.1f h", s / 3600);
+  } else {
+    std::snprintf(b, sizeof(b), "%.0f days", s / 86400);
+  }
+  return b;
+}
+
+// A step expected to take longer than this is announced after its first micro step, and a step
+// still running says how far it is every kStepNoteSeconds (a huge gradient_accumulation_steps
+// printed nothing for minutes).
+constexpr double kLongStepSeconds = 10;
+constexpr double kStepNoteSeconds = 30;
+
 }  // namespace
+
+std::string HexHash(const void* data, size_t bytes) {
+  char out[17];
+  std::snprintf(out, sizeof(out), "%016llx", static_cast<unsigned long long>(XxHash64(data, bytes)));
+  return out;
+}
 
 Trainer::Trainer(TrainerOptions options, TrainJob* job) : options_(std::move(options)), job_(job) {}
 
@@ -48,6 +144,7 @@ Status Trainer::Run(RankContext* where) {
   print_every_ = options_.print_every > 0 ? options_.print_every : std::max<int64_t>(1, config_.steps_per_print);
   tokens_per_step_ = config_.train_batch_size * options_.tokens_per_row;
   ZERO_RETURN_IF_ERROR(Connect(std::move(ro)));
+  ZERO_RETURN_IF_ERROR(CheckRanksAgree());
 
   // The engine's own breakdown line (its view: GatherModule to GradReady, waits on collectives and
   // offload) under the loop's, marked so the two are told apart.
@@ -92,6 +189,47 @@ Status Trainer::Connect(RendezvousOptions ro) {
   return OkStatus();
 }
 
+Status Trainer::CheckRanksAgree() {
+  std::vector<RankAgreementItem> items = job_->RankAgreement();
+  items.push_back(
+      {"the log line's period in steps (--print-every or steps_per_print)", std::to_string(print_every_), ""});
+  items.push_back({"the resolved engine config", ConfigToJson(config_), ""});
+  if (world_ == 1) return OkStatus();
+  std::string lead_bytes = SerializeItems(items);
+  ZERO_RETURN_IF_ERROR(BroadcastString(comm_.get(), &lead_bytes, 0).WithContext("comparing the ranks' flags"));
+  const std::vector<RankAgreementItem> lead_items = ParseItems(lead_bytes);
+  // The first item that differs from rank 0's, as item * world + rank so that the minimum over the
+  // ranks is the first item and, of the ranks that differ there, the first rank.
+  double first = std::numeric_limits<double>::max();
+  for (size_t i = 0; i < std::max(items.size(), lead_items.size()); ++i) {
+    if (i >= items.size() || i >= lead_items.size() || items[i].name != lead_items[i].name ||
+        items[i].value != lead_items[i].value) {
+      first = static_cast<double>(i) * world_ + rank_;
+      break;
+    }
+  }
+  first = -first;  // the minimum as the maximum of the negations
+  ZERO_RETURN_IF_ERROR(comm_->AllReduceHost(&first, 1, ReduceOp::kMax).WithContext("comparing the ranks' flags"));
+  first = -first;
+  if (first == std::numeric_limits<double>::max()) return OkStatus();
+  const size_t index = static_cast<size_t>(first) / world_;
+  const int other = static_cast<int>(static_cast<int64_t>(first) % world_);
+  std::string other_bytes = rank_ == other && index < items.size() ? SerializeItems({items[index]}) : "";
+  ZERO_RETURN_IF_ERROR(BroadcastString(comm_.get(), &other_bytes, other).WithContext("comparing the ranks' flags"));
+  const std::vector<RankAgreementItem> got = ParseItems(other_bytes);
+  const RankAgreementItem none{"", "(nothing: a different program or version)", ""};
+  const RankAgreementItem& theirs = got.empty() ? none : got[0];
+  const RankAgreementItem& lead = index < lead_items.size() ? lead_items[index] : none;
+  auto shown = [](const RankAgreementItem& it, const RankAgreementItem& vs) {
+    return ShownValue(it.value, vs.value) + (it.where.empty() ? "" : " (" + it.where + ")");
+  };
+  std::string what = lead.name.empty() ? theirs.name : lead.name;
+  if (!theirs.name.empty() && !lead.name.empty() && theirs.name != lead.name) what = theirs.name + " / " + lead.name;
+  return InvalidArgumentError("the ranks were started differently: " + what + ": rank " + std::to_string(other) +
+                              " has " + shown(theirs, lead) + ", rank 0 has " + shown(lead, theirs) +
+                              "; start every rank with the same flags, config and data");
+}
+
 // --resume, --log-json, then the steps from the resumed one to options_.steps, then the last
 // checkpoint.
 Status Trainer::Train() {
@@ -102,9 +240,21 @@ Status Trainer::Train() {
     if (lead()) {
       std::printf("  resumed from %s at step %lld\n", o.resume_dir.c_str(), static_cast<long long>(start_step_));
     }
-    if (o.resume_past_steps_is_error && start_step_ > o.steps) {
+    // --steps 0 trains nothing on purpose: the checkpoint's weights go to what follows training
+    // (zero_llm's "--steps 0 --resume DIR --export-hf OUT").
+    if (o.steps == 0) {
+      if (lead())
+        std::printf("  nothing to train: --steps 0 (the checkpoint is at step %lld)\n",
+                    static_cast<long long>(start_step_));
+    } else if (start_step_ > o.steps) {
       return InvalidArgumentError("--resume " + o.resume_dir + ": the checkpoint is at step " +
-                                  std::to_string(start_step_) + ", past --steps " + std::to_string(o.steps));
+                                  std::to_string(start_step_) + ", past --steps " + std::to_string(o.steps) +
+                                  ": give --steps " + std::to_string(start_step_) +
+                                  " or more (the step the run ends at, not the steps to add)");
+    }
+    if (o.steps > 0 && start_step_ == o.steps && lead()) {
+      std::printf("  nothing to train: the checkpoint is at step %lld = --steps\n",
+                  static_cast<long long>(start_step_));
     }
   }
   if (lead() && !o.log_json.empty()) {
@@ -148,6 +298,7 @@ Status Trainer::RunStep(int64_t step, LoopTiming* timing, examples::WindowSummar
                                ? engine_->gradient_scale()
                                : loss_scale / static_cast<float>(gas);
   double sums[2] = {0, 0};  // kPerTarget: loss * targets, targets; kPerMicroStep: loss
+  double next_note = kStepNoteSeconds;
   for (int64_t m = 0; m < gas; ++m) {
     const MicroStep at{
         .step = step, .micro = m, .index = step * gas + m, .rows = micro, .rank = rank_, .world_size = world_};
@@ -175,6 +326,22 @@ Status Trainer::RunStep(int64_t step, LoopTiming* timing, examples::WindowSummar
       sums[1] += static_cast<double>(n);
     } else {
       sums[0] += *loss;
+    }
+    if (lead()) {
+      const double so_far = Since(t0);
+      if (m == 0 && step == start_step_ && gas > 1 && so_far * static_cast<double>(gas) > kLongStepSeconds) {
+        std::printf(
+            "  step %lld: %lld micro steps (gradient_accumulation_steps) of about %.3g s each: about %s per step; the "
+            "log line comes every %lld steps\n",
+            static_cast<long long>(step + 1), static_cast<long long>(gas), so_far,
+            Duration(so_far * static_cast<double>(gas)).c_str(), static_cast<long long>(print_every_));
+        std::fflush(stdout);
+      } else if (so_far >= next_note) {
+        std::printf("  step %lld: micro step %lld of %lld, %s so far\n", static_cast<long long>(step + 1),
+                    static_cast<long long>(m + 1), static_cast<long long>(gas), Duration(so_far).c_str());
+        std::fflush(stdout);
+        next_note = so_far + kStepNoteSeconds;
+      }
     }
   }
   const double lr = engine_->lr();

@@ -59,8 +59,9 @@ struct TrainerOptions {
   std::string save_dir;
   int64_t save_every = 0;
   std::string resume_dir;
-  bool resume_past_steps_is_error = false;  // a checkpoint past `steps` ends the rank (zero_train)
-  bool announce_checkpoints = false;        // rank 0 prints "  checkpoint saved: DIR/global_step<N>"
+  // A checkpoint past `steps` is an error (it trained further than this run is asked to); one at
+  // `steps` trains nothing, which rank 0 says.
+  bool announce_checkpoints = false;  // rank 0 prints "  checkpoint saved: DIR/global_step<N>"
 
   // Outputs, on rank 0 (the trace on every rank).
   std::string log_json;         // a JSON line per step (TrainJob::StepJson); "": none
@@ -89,6 +90,18 @@ TrainerOptions TrainerOptionsFromFlags(const Flags& flags) {
 
 class Trainer;
 
+// One thing every rank of a run must have alike (Trainer::CheckRanksAgree): a flag that shapes the
+// run, the data's or the initial weights' identity. `name` says what it is in messages ("--seq",
+// "the data (--data)"); `value` is compared (a number, "given", a size and hash, or text such as
+// the resolved config, of which a message shows the first differing line); `where` is shown beside
+// the value but not compared (the path, which may differ between machines that hold the same file).
+struct RankAgreementItem {
+  std::string name, value, where;
+};
+
+// A content hash for RankAgreementItem::value: XXH64 of `bytes` as 16 hex digits.
+std::string HexHash(const void* data, size_t bytes);
+
 // What a job gives the Trainer. The Trainer calls the set-up hooks once, in the order listed, on
 // every rank; hooks marked collective must run on every rank in the same order.
 class TrainJob {
@@ -98,6 +111,11 @@ class TrainJob {
   // With the rank and world size known, before any device or connection: the config the run trains
   // with; loads and checks the job's data. An error ends the rank.
   virtual Result<Config> Prepare(int rank, int world_size) = 0;
+  // After Prepare: what must be alike on every rank besides the resolved config (which the Trainer
+  // adds): the job's flags that shape the run and its data's and initial weights' identity. The
+  // Trainer compares them across ranks before the engine is created; any difference ends every
+  // rank with a message naming the first one.
+  virtual std::vector<RankAgreementItem> RankAgreement() { return {}; }
   // Registers the model's parameters with `engine` and gives them their initial values
   // (collective). Returns their specs in registration order (ParamProvider's indices).
   virtual Result<std::vector<examples::ModelParamSpec>> InitializeParameters(Engine* engine) = 0;
@@ -169,6 +187,10 @@ class Trainer {
 
  private:
   Status Connect(RendezvousOptions ro);
+  // Collective: the job's RankAgreement items and the Trainer's own (the resolved config, the log
+  // period) compared with rank 0's; a difference is an error on every rank naming the first item,
+  // the first rank that differs, its value and rank 0's.
+  Status CheckRanksAgree();
   Status Train();
   Status RunStep(int64_t step, LoopTiming* timing, examples::WindowSummary* window, examples::ProgressBar* bar);
   Status PrintWindow(examples::WindowSummary* window, examples::ProgressBar* bar);

@@ -9,10 +9,12 @@
 // config, then starts --nproc ranks of itself (tools/launcher.h); with it, it is one rank. The
 // rank's loop is the Trainer's (train/trainer.h); this file gives it the transformer, its data and
 // its lines (ZeroLlmJob).
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
@@ -21,7 +23,9 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <new>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -515,6 +519,115 @@ Status Export(Engine* engine, const LlmTrainOptions& o, const LlmConfig& c,
   return OkStatus();
 }
 
+// --- what the ranks must agree on ----------------------------------------------------------------------
+
+// The data's identity: the token streams (and task examples) this rank trains and evaluates on,
+// counted and hashed, so that different files (or the same file's different tokenization) differ
+// while one file at different paths agrees.
+std::string DataIdentity(const Data& d) {
+  uint64_t h = 0;
+  auto mix = [&h](const void* p, size_t bytes) { h = SplitMix64(h ^ XxHash64(p, bytes)); };
+  mix(d.train.data(), d.train.size() * sizeof(int32_t));
+  mix(d.eval.data(), d.eval.size() * sizeof(int32_t));
+  for (const auto* examples : {&d.task_train, &d.task_eval}) {
+    for (const ReverseTextExample& e : *examples) {
+      mix(e.tokens.data(), e.tokens.size() * sizeof(int32_t));
+      mix(&e.prompt_tokens, sizeof(e.prompt_tokens));
+    }
+  }
+  char out[160];
+  std::snprintf(out, sizeof(out), "%zu training + %zu held-out tokens, %zu + %zu task examples, xxh64 %016llx",
+                d.train.size(), d.eval.size(), d.task_train.size(), d.task_eval.size(),
+                static_cast<unsigned long long>(h));
+  return std::string(out);
+}
+
+// The initial weights' identity for --model DIR: every *.safetensors and *.json file in DIR (in name
+// order) with its size and the XXH64 of its content, read in 4 MiB pieces. The engine compares the
+// initial values across ranks itself only when every rank reads every value (not at stage 3 with
+// several ranks, where each reads its own shard), so the files are compared here.
+Result<std::string> ModelDirIdentity(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      const std::string n = e->d_name;
+      if (EndsWith(n, ".safetensors") || EndsWith(n, ".json")) names.push_back(n);
+    }
+    closedir(d);
+  } else {
+    return ErrnoError("--model: cannot list", dir, errno);
+  }
+  std::sort(names.begin(), names.end());
+  uint64_t h = 0, total = 0;
+  std::vector<char> buf(size_t{4} << 20);
+  for (const std::string& n : names) {
+    FILE* f = std::fopen((dir + "/" + n).c_str(), "rb");
+    if (f == nullptr) return ErrnoError("--model: cannot open", dir + "/" + n, errno);
+    h = SplitMix64(h ^ Fnv1a64(n));
+    size_t got;
+    while ((got = std::fread(buf.data(), 1, buf.size(), f)) > 0) {
+      h = SplitMix64(h ^ XxHash64(buf.data(), got));
+      total += got;
+    }
+    const bool bad = std::ferror(f) != 0;
+    std::fclose(f);
+    if (bad) return DataLossError("--model: read error in " + dir + "/" + n);
+  }
+  char out[120];
+  std::snprintf(out, sizeof(out), "%zu files (*.safetensors, *.json), %llu bytes, xxh64 %016llx", names.size(),
+                static_cast<unsigned long long>(total), static_cast<unsigned long long>(h));
+  return std::string(out);
+}
+
+// --- sizes ----------------------------------------------------------------------------------------------
+
+// What the rank's device can hold: the host's physical memory on the CPU, the GPU's on cuda
+// (device 0's total; 0: unknown).
+double DeviceMemoryBytes(const LlmTrainOptions& o) {
+#if defined(ZERO_EXAMPLES_HAS_CUDA)
+  if (o.device == "cuda") {
+    cudaDeviceProp prop{};
+    return cudaGetDeviceProperties(&prop, 0) == cudaSuccess ? static_cast<double>(prop.totalGlobalMem) : 0.0;
+  }
+#endif
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+}
+
+// A lower bound of one micro step's activations (cpu_model.h's memory note: per layer the [N, H]
+// tensors, q/k/v and the attention output, the MLP's three [N, I], and the attention
+// probabilities; once the logits and their gradient [N, V]; fp32 on the CPU; on cuda bf16 and,
+// with activation checkpointing, only each layer's input) against the device's memory, before
+// anything is allocated: an absurd --batch or --seq is an error naming them instead of a
+// bad_alloc (or a machine swapping) in every rank.
+Status CheckMicroBatchFits(const LlmTrainOptions& o, const LlmConfig& c, const Config& config) {
+  const long double rows = static_cast<long double>(config.train_micro_batch_size_per_gpu);
+  const long double n = rows * o.seq;
+  const long double layers = static_cast<long double>(c.num_hidden_layers);
+  const long double h = c.hidden_size, inter = c.intermediate_size, v = c.vocab_size;
+  const long double qkv = (2.0L * c.num_attention_heads + 2.0L * c.num_key_value_heads) * c.head_dim;
+  long double need = 0;
+  if (o.device == "cuda") {
+    need = 2.0L * n * ((o.activation_checkpointing ? layers * h : layers * (4 * h + qkv + 3 * inter)) + v);
+  } else {
+    need = 4.0L * (n * (layers * (4 * h + qkv + 3 * inter) + 2 * v + 2 * h) +
+                   layers * rows * c.num_attention_heads * static_cast<long double>(o.seq) * o.seq);
+  }
+  const double have = DeviceMemoryBytes(o);
+  if (have <= 0 || need <= have) return OkStatus();
+  const std::string batch = o.config_path.empty() ? "--batch " + std::to_string(o.batch)
+                                                  : "train_micro_batch_size_per_gpu " +
+                                                        std::to_string(config.train_micro_batch_size_per_gpu) +
+                                                        " (--config " + o.config_path + ")";
+  return ResourceExhaustedError(batch + " x --seq " + std::to_string(o.seq) + " = " +
+                                std::to_string(static_cast<long long>(n)) + " tokens per micro step need at least " +
+                                examples::FormatBytes(static_cast<double>(need)) + " of activations per rank (" +
+                                c.ToString() + ", vocabulary " + std::to_string(c.vocab_size) +
+                                ": a lower bound), more than the " + examples::FormatBytes(have) + " of memory " +
+                                (o.device == "cuda" ? "of one GPU" : "of this machine") +
+                                "; lower --batch (and raise --gas for the same tokens per step) or --seq");
+}
+
 // --- the job the Trainer runs ------------------------------------------------------------------------
 
 // The transformer's side of the Trainer: its model config, config and data, its weights (preset or
@@ -529,9 +642,20 @@ class ZeroLlmJob final : public train::TrainJob {
     ZERO_ASSIGN_OR_RETURN(mc_, ModelConfig(o_));
     auto config_or = ResolveLlmConfig(o_, world_size);
     if (!config_or.ok()) return config_or.status().WithContext("config");
+    ZERO_RETURN_IF_ERROR(CheckMicroBatchFits(o_, mc_, *config_or));
     ZERO_ASSIGN_OR_RETURN(data_, LoadData(o_, mc_));
+    agreement_.clear();
+    for (auto& [flag, value] : LlmAgreedFlags(o_)) agreement_.push_back({flag, value, ""});
+    agreement_.push_back({"the model", mc_.ToString(), ""});
+    agreement_.push_back({"the data (--data)", DataIdentity(data_), o_.data.empty() ? "the built-in corpus" : o_.data});
+    if (!o_.model_dir.empty()) {
+      ZERO_ASSIGN_OR_RETURN(std::string weights, ModelDirIdentity(o_.model_dir));
+      agreement_.push_back({"the initial weights (--model)", weights, o_.model_dir});
+    }
     return std::move(config_or).value();
   }
+
+  std::vector<train::RankAgreementItem> RankAgreement() override { return agreement_; }
 
   Result<std::vector<examples::ModelParamSpec>> InitializeParameters(Engine* engine) override {
     specs_ = LlmParamSpecs(mc_);
@@ -678,12 +802,14 @@ class ZeroLlmJob final : public train::TrainJob {
   std::vector<examples::ModelParamSpec> specs_;
   LlmRunner* runner_ = nullptr;  // owned by the Trainer
   int world_size_ = 1;
+  std::vector<train::RankAgreementItem> agreement_;
 };
 
 train::TrainerOptions TrainerOptionsFor(const LlmTrainOptions& o) {
   train::TrainerOptions t = train::TrainerOptionsFromFlags(o);
   t.default_timeout = std::chrono::seconds(300);
-  t.print_every = o.print_every;
+  // With --config the file's steps_per_print, unless --print-every was given (and agrees with it).
+  t.print_every = o.config_path.empty() || o.Given("print-every") ? o.print_every : 0;
   t.tokens_per_row = o.seq;
   t.loss_average = train::LossAverage::kPerTarget;
   t.unmanaged_divides_by_gas = true;
@@ -745,6 +871,10 @@ int Launch(const LlmTrainOptions& o, int argc, char** argv) {
     std::printf("%s\n", ConfigToJson(*config).c_str());
     return 0;
   }
+  if (Status st = CheckMicroBatchFits(o, *mc, *config); !st.ok()) {
+    std::fprintf(stderr, "zero_llm: %s\n", st.ToString().c_str());
+    return 2;
+  }
   if (Status st = CheckInputs(o); !st.ok()) {
     std::fprintf(stderr, "zero_llm: %s\n", st.ToString().c_str());
     return 2;
@@ -775,4 +905,17 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace zero::llm
 
-int main(int argc, char** argv) { return zero::llm::Main(argc, argv); }
+// The last net under absurd input that passes every check: an allocation the machine cannot
+// satisfy ends the rank with a message and exit status 1, not an abort without one.
+int main(int argc, char** argv) {
+  try {
+    return zero::llm::Main(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "zero_llm: out of host memory (std::bad_alloc): the model, --seq or the micro batch is too large for "
+                 "this machine\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero_llm: unexpected exception: %s\n", e.what());
+  }
+  return 1;
+}

@@ -1,5 +1,8 @@
 #include "train/zero_llm_options.h"
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "train/cli_flags.h"
@@ -57,13 +60,48 @@ const examples::FlagSet<LlmTrainOptions>& Flags() {
   return *flags;
 }
 
+// The flag names in `args` as FlagSet::Parse reads them: "--name" or "--name=value", '_' as '-'.
+// (A value that itself looks like a flag, "--prompt --stage", is counted too: harmless here.)
+std::vector<std::string> GivenFlags(const std::vector<std::string>& args) {
+  std::vector<std::string> given;
+  for (const std::string& a : args) {
+    if (a.rfind("--", 0) != 0 || a.size() == 2) continue;
+    std::string name = a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2);
+    std::replace(name.begin(), name.end(), '_', '-');
+    given.push_back(name);
+  }
+  return given;
+}
+
+// The shortest of %.15g and %.17g that reads back as `v`.
+std::string Num(double v) {
+  char b[40];
+  std::snprintf(b, sizeof(b), "%.15g", v);
+  if (std::strtod(b, nullptr) != v) std::snprintf(b, sizeof(b), "%.17g", v);
+  return b;
+}
+
+// A flag given with --config that disagrees with the file's key.
+Status FlagAgainstFile(const LlmTrainOptions& o, const std::string& flag, const std::string& flag_value,
+                       const std::string& key, const std::string& file_value) {
+  if (!o.Given(flag) || flag_value == file_value) return OkStatus();
+  return InvalidArgumentError("--" + flag + " " + flag_value + " disagrees with --config " + o.config_path + ": " +
+                              key + " is " + file_value + " there (the file's keys set the run; give the flag " +
+                              "the file's value, or leave it out)");
+}
+
 }  // namespace
+
+bool LlmTrainOptions::Given(const std::string& flag) const {
+  return std::find(given.begin(), given.end(), flag) != given.end();
+}
 
 Result<LlmTrainOptions> ParseLlmTrainOptions(const std::vector<std::string>& args) {
   LlmTrainOptions o;
   std::vector<std::string> a;
   for (const std::string& s : args) a.push_back(s == "-h" ? "--help" : s);
   ZERO_RETURN_IF_ERROR(Flags().Parse(a, &o));
+  o.given = GivenFlags(a);
   if (o.plot == "none") o.plot.clear();
   if (o.save_every > 0 && o.save_dir.empty()) {
     return InvalidArgumentError("--save-every " + std::to_string(o.save_every) + " needs --save DIR");
@@ -133,11 +171,69 @@ Result<Config> ResolveLlmConfig(const LlmTrainOptions& o, int world_size) {
   po.world_size = world_size;
   if (!o.config_path.empty()) {
     po.source = o.config_path;
-    return LoadConfigFile(o.config_path, po);
+    ZERO_ASSIGN_OR_RETURN(Config c, LoadConfigFile(o.config_path, po));
+    ZERO_RETURN_IF_ERROR(
+        FlagAgainstFile(o, "stage", std::to_string(o.stage), "zero_optimization.stage", std::to_string(c.zero.stage)));
+    ZERO_RETURN_IF_ERROR(FlagAgainstFile(o, "batch", std::to_string(o.batch), "train_micro_batch_size_per_gpu",
+                                         std::to_string(c.train_micro_batch_size_per_gpu)));
+    ZERO_RETURN_IF_ERROR(FlagAgainstFile(o, "gas", std::to_string(o.gas), "gradient_accumulation_steps",
+                                         std::to_string(c.gradient_accumulation_steps)));
+    ZERO_RETURN_IF_ERROR(FlagAgainstFile(o, "lr", Num(o.lr), "optimizer.params.lr", Num(c.optimizer.lr)));
+    ZERO_RETURN_IF_ERROR(FlagAgainstFile(o, "print-every", std::to_string(o.print_every), "steps_per_print",
+                                         std::to_string(c.steps_per_print)));
+    return c;
   }
   po.source = "zero_llm's built-in config";
   po.strict = true;
   return ParseConfig(LlmBuiltinConfigJson(o), po);
+}
+
+}  // namespace zero::llm
+
+namespace zero::llm {
+
+std::vector<std::pair<std::string, std::string>> LlmAgreedFlags(const LlmTrainOptions& o) {
+  auto given = [](const std::string& path) { return std::string(path.empty() ? "not given" : "given"); };
+  auto yes = [](bool b) { return std::string(b ? "on" : "off"); };
+  return {
+      {"--preset", o.preset},
+      {"--model", given(o.model_dir)},
+      {"--data", given(o.data)},
+      {"--task", o.task},
+      {"--tokenizer", given(o.tokenizer)},
+      {"--tokenizer-vocab", std::to_string(o.tokenizer_vocab)},
+      {"--corpus-bytes", std::to_string(o.corpus_bytes)},
+      {"--holdout", Num(o.holdout)},
+      {"--seq", std::to_string(o.seq)},
+      {"--batch", std::to_string(o.batch)},
+      {"--gas", std::to_string(o.gas)},
+      {"--stage", std::to_string(o.stage)},
+      {"--lr", Num(o.lr)},
+      {"--config", given(o.config_path)},
+      {"--device", o.device},
+      {"--steps", std::to_string(o.steps)},
+      {"--seed", std::to_string(o.seed)},
+      {"--activation-checkpointing", yes(o.activation_checkpointing)},
+      {"--attention", o.attention},
+      {"--sequential-data", yes(o.sequential_data)},
+      {"--hash-weights", yes(o.hash_weights)},
+      {"--extra-heads", std::to_string(o.extra_heads)},
+      {"--heads", o.heads},
+      {"--eval-only", yes(o.eval_only)},
+      {"--eval-windows", std::to_string(o.eval_windows)},
+      {"--export-hf", given(o.export_hf)},
+      {"--save", given(o.save_dir)},
+      {"--save-every", std::to_string(o.save_every)},
+      {"--resume", given(o.resume_dir)},
+      {"--print-every", std::to_string(o.print_every)},
+  };
+}
+
+const std::vector<std::string>& LlmPerRankFlags() {
+  // --nproc is ignored under a launcher, --timeout is each rank's own wait, the outputs are rank 0's.
+  static const auto* flags =
+      new std::vector<std::string>{"nproc", "timeout", "log-json", "plot", "print-config", "help"};
+  return *flags;
 }
 
 }  // namespace zero::llm

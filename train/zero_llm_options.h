@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/config/config.h"
@@ -72,6 +73,11 @@ struct LlmTrainOptions {
   int print_every = 10;
   bool print_config = false;
   bool help = false;
+
+  // The flags given on the command line ("stage", "print-every", ...), whatever their values: a
+  // flag given with --config must agree with the file (ResolveLlmConfig).
+  std::vector<std::string> given;
+  bool Given(const std::string& flag) const;
 };
 
 Result<LlmTrainOptions> ParseLlmTrainOptions(const std::vector<std::string>& args);
@@ -84,7 +90,20 @@ std::string LlmUsageText();
 // the flags.
 std::string LlmBuiltinConfigJson(const LlmTrainOptions& o);
 
-// --config FILE parsed for `world_size` (batch keys resolved against it) or the built-in one.
+// --config FILE parsed for `world_size` (batch keys resolved against it) or the built-in one. With
+// --config, a flag the built-in config takes (--stage, --batch, --gas, --lr, --print-every) given
+// on the command line must agree with the file's key: otherwise an error naming the flag, the key
+// path and both values (a flag cannot override the file, and the file silently overriding it was
+// the bug).
 Result<Config> ResolveLlmConfig(const LlmTrainOptions& o, int world_size);
+
+// What every rank of a run must be started with alike (the Trainer compares them,
+// train/trainer.h): ("--flag", value) for every flag but LlmPerRankFlags(); a path flag (--data,
+// --model, --config, ...) as "given" or "not given", since what the path holds is compared instead
+// (the tokens, the weights, the resolved config) and may live at different paths on different
+// machines.
+std::vector<std::pair<std::string, std::string>> LlmAgreedFlags(const LlmTrainOptions& o);
+// The flags that may differ between ranks (without "--"): per machine or rank 0's only.
+const std::vector<std::string>& LlmPerRankFlags();
 
 }  // namespace zero::llm

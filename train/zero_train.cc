@@ -355,6 +355,22 @@ class ZeroTrainJob final : public train::TrainJob {
     return config;
   }
 
+  // The flags, then the text's identity: its training and held-out bytes, counted and hashed (one
+  // file at different paths agrees, different files do not). The initial values the engine
+  // compares across ranks itself (a function of --seed and the model flags).
+  std::vector<train::RankAgreementItem> RankAgreement() override {
+    std::vector<train::RankAgreementItem> items;
+    for (auto& [flag, value] : AgreedFlags(o_)) items.push_back({flag, value, ""});
+    const auto& tb = train_->bytes();
+    const auto& hb = holdout_->bytes();
+    items.push_back({"the data (--data)",
+                     std::to_string(tb.size()) + " training + " + std::to_string(hb.size()) +
+                         " held-out bytes, xxh64 " + train::HexHash(tb.data(), tb.size()) + " " +
+                         train::HexHash(hb.data(), hb.size()),
+                     o_.data});
+    return items;
+  }
+
   Result<std::vector<ModelParamSpec>> InitializeParameters(Engine* engine) override {
     std::vector<ModelParamSpec> specs = ByteLmParamSpecs(o_.model);
     ZERO_RETURN_IF_ERROR(RegisterAndInitialize(engine, specs, o_.seed).WithContext("registering the model"));
@@ -420,12 +436,14 @@ class ZeroTrainJob final : public train::TrainJob {
     double last_loss = 0;
     for (size_t i = n - tail; i < n; ++i) last_loss += losses[i];
     last_loss = tail > 0 ? last_loss / tail : NAN;
-    std::printf(
-        "done: %lld steps in %.1f s (%.1f steps/s, %s tok/s); loss %.4f at step %lld -> %.4f (mean of the "
-        "last %zu steps)\n",
-        static_cast<long long>(done), train_seconds, done / train_seconds,
-        FormatCount(done * t.tokens_per_step() / train_seconds).c_str(), t.first_loss(),
-        static_cast<long long>(t.start_step() + 1), last_loss, tail);
+    // A run resumed at --steps trained nothing (the Trainer said so): no loss to report.
+    if (done > 0)
+      std::printf(
+          "done: %lld steps in %.1f s (%.1f steps/s, %s tok/s); loss %.4f at step %lld -> %.4f (mean of the "
+          "last %zu steps)\n",
+          static_cast<long long>(done), train_seconds, done / train_seconds,
+          FormatCount(done * t.tokens_per_step() / train_seconds).c_str(), t.first_loss(),
+          static_cast<long long>(t.start_step() + 1), last_loss, tail);
     const std::vector<ModelParamSpec>& specs = t.specs();
     std::vector<ParamView> views;
     for (const auto& v : full) views.push_back(ParamView{v.data(), DType::kF32});
@@ -465,7 +483,6 @@ train::TrainerOptions TrainerOptionsFor(const TrainOptions& o) {
   t.tokens_per_row = 1;  // one predicted byte per row
   t.loss_average = train::LossAverage::kPerMicroStep;
   t.unmanaged_divides_by_gas = false;
-  t.resume_past_steps_is_error = true;
   t.announce_checkpoints = true;
   t.trace = o.trace;
   t.loop_breakdown = true;

@@ -282,6 +282,39 @@ Result<Config> ResolveConfig(const TrainOptions& options, int world_size) {
   return LoadConfigFile(options.config_path, po);
 }
 
+std::vector<std::pair<std::string, std::string>> AgreedFlags(const TrainOptions& o) {
+  auto given = [](const std::string& path) { return std::string(path.empty() ? "not given" : "given"); };
+  std::ostringstream holdout;
+  holdout.precision(17);
+  holdout << o.holdout;
+  // The data's default path counts as given: what matters is the text, compared separately.
+  return {
+      {"--data", given(o.data)},
+      {"--holdout", holdout.str()},
+      {"--config", given(o.config_path)},
+      {"--device", o.device},
+      {"--steps", std::to_string(o.steps)},
+      {"--seed", std::to_string(o.seed)},
+      {"--context", std::to_string(o.model.context)},
+      {"--embed", std::to_string(o.model.embed_dim)},
+      {"--hidden", std::to_string(o.model.hidden)},
+      {"--ffn", std::to_string(o.model.ffn)},
+      {"--layers", std::to_string(o.model.layers)},
+      {"--sample", std::to_string(o.sample)},
+      {"--save", given(o.save_dir)},
+      {"--save-every", std::to_string(o.save_every)},
+      {"--resume", given(o.resume_dir)},
+  };
+}
+
+const std::vector<std::string>& PerRankFlags() {
+  // --nproc is ignored under a launcher, --timeout is each rank's own wait; the outputs, the
+  // progress bar and the sample's temperature and prompt are rank 0's.
+  static const auto* flags = new std::vector<std::string>{
+      "nproc", "timeout", "log-json", "trace", "plot", "no-progress", "temperature", "prompt", "print-config", "help"};
+  return *flags;
+}
+
 std::vector<std::string> ConfigNotes(const TrainOptions& options, const Config& config) {
   std::vector<std::string> notes;
   const SchedulerConfig& s = config.scheduler;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/config/config.h"
@@ -67,6 +68,14 @@ std::string BuiltinConfigJson(int steps);
 // The config of the run for `world_size` ranks: --config FILE (parsed with that world size, so the
 // batch keys resolve against it) or the built-in one. Errors carry the file and the key path.
 Result<Config> ResolveConfig(const TrainOptions& options, int world_size);
+
+// What every rank of a run must be started with alike (the Trainer compares them,
+// train/trainer.h): ("--flag", value) for every flag but PerRankFlags(); --data, --config, --save and
+// --resume as "given" or "not given", since what the path holds is compared instead (the text, the
+// resolved config) and may live at different paths on different machines.
+std::vector<std::pair<std::string, std::string>> AgreedFlags(const TrainOptions& options);
+// The flags that may differ between ranks (without "--"): per machine, or rank 0's only.
+const std::vector<std::string>& PerRankFlags();
 
 // Notes for the user about a valid but probably unintended combination (e.g. the scheduler's
 // total_num_steps differing from --steps), one line each; empty when there is nothing to say.
