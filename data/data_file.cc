@@ -7,6 +7,7 @@
 #include <cerrno>
 
 #include "runtime/file_system.h"
+#include "runtime/scoped_fd.h"
 
 namespace zero::data {
 namespace {
@@ -35,21 +36,6 @@ Status OpenFailed(const std::string& flag, const std::string& path, int err, con
   if (err == ENOENT) return NotFoundError(Named(flag, path) + ": no such file; expected " + expected);
   return ErrnoError("open", Named(flag, path), err);
 }
-
-// Owns one file descriptor for the duration of a call.
-class ScopedFd {
- public:
-  explicit ScopedFd(int fd) : fd_(fd) {}
-  ~ScopedFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  ScopedFd(const ScopedFd&) = delete;
-  ScopedFd& operator=(const ScopedFd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 }  // namespace
 

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "runtime/json_input.h"
+#include "runtime/scoped_fd.h"
 
 namespace zero::llm {
 namespace {
@@ -28,22 +29,6 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr int kMaxHeaderDepth = 64;
 // Elements converted per pread when the stored dtype is 16-bit.
 constexpr int64_t kConvertChunk = 1 << 16;
-
-// Owns one file descriptor for the duration of a call.
-class ScopedFd {
- public:
-  explicit ScopedFd(int fd) : fd_(fd) {}
-  ~ScopedFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  ScopedFd(const ScopedFd&) = delete;
-  ScopedFd& operator=(const ScopedFd&) = delete;
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
 
 const char* FileTypeName(mode_t mode) {
   if (S_ISDIR(mode)) return "a directory";
