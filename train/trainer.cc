@@ -1,14 +1,19 @@
 #include "train/trainer.h"
 
+#include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <mutex>
 #include <utility>
 
+#include "engine/checkpoint/io.h"
 #include "models/engine_adapters.h"
 #include "runtime/device.h"
 #include "runtime/hash.h"
@@ -116,7 +121,94 @@ std::string Duration(double s) {
 constexpr double kLongStepSeconds = 10;
 constexpr double kStepNoteSeconds = 30;
 
+// --- the graceful stop (trainer.h) ---
+
+volatile sig_atomic_t g_stop_signal = 0;  // the first SIGINT/SIGTERM while training; 0: none
+volatile sig_atomic_t g_stop_at_s = 0;    // CLOCK_MONOTONIC seconds when it came
+
+void OnStopSignal(int sig) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  if (g_stop_signal != 0) {
+    if (now.tv_sec - g_stop_at_s < static_cast<time_t>(kStopSignalDebounceSeconds)) return;  // the same request
+    signal(sig, SIG_DFL);
+    raise(sig);
+    return;
+  }
+  g_stop_signal = sig;
+  g_stop_at_s = static_cast<sig_atomic_t>(now.tv_sec);
+  const char msg[] =
+      "\nstop requested: finishing this step, saving a checkpoint (with --save) and exiting non-zero; "
+      "a second signal stops at once\n";
+  ssize_t ignored = write(STDERR_FILENO, msg, sizeof(msg) - 1);
+  (void)ignored;
+}
+
+// Installs OnStopSignal for SIGINT and SIGTERM while one exists (counted: thread ranks in tests
+// share it); the last one restores the previous handlers.
+class StopSignals {
+ public:
+  StopSignals() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (users_++ > 0) return;
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = OnStopSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--users_ > 0) return;
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  static inline std::mutex mu_;
+  static inline int users_ = 0;
+  static inline struct sigaction old_int_ { }, old_term_{}; };
+
 }  // namespace
+
+Status CheckSaveDirectory(const std::string& dir) {
+  if (dir.empty()) return OkStatus();
+  struct stat st;
+  if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+    return FailedPreconditionError("--save " + dir + ": exists and is not a directory (" +
+                                   (S_ISREG(st.st_mode) ? "a file" : "not a regular file either") +
+                                   "); pass a checkpoint directory (created when missing)");
+  }
+  return CheckWritableDirectory(dir).WithContext("--save " + dir);
+}
+
+Status Trainer::CheckOutputs() {
+  Status mine = CheckSaveDirectory(options_.save_dir);
+  if (mine.ok() && lead() && options_.check_lead_outputs) mine = options_.check_lead_outputs();
+  // The first rank that failed, as the maximum of -rank (-world: none did).
+  double first = mine.ok() ? -world_ : -rank_;
+  if (world_ > 1) {
+    ZERO_RETURN_IF_ERROR(comm_->AllReduceHost(&first, 1, ReduceOp::kMax).WithContext("checking the output paths"));
+  }
+  if (!mine.ok()) return mine;
+  if (first > -world_) {
+    return FailedPreconditionError("rank " + std::to_string(static_cast<int>(-first)) +
+                                   " cannot write its outputs (its error above names the flag and path)");
+  }
+  return OkStatus();
+}
+
+Result<int> Trainer::AgreeToStop() {
+  double sig = g_stop_signal;
+  if (world_ > 1) {
+    ZERO_RETURN_IF_ERROR(comm_->AllReduceHost(&sig, 1, ReduceOp::kMax).WithContext("agreeing whether to stop"));
+  }
+  return static_cast<int>(sig);
+}
 
 std::string HexHash(const void* data, size_t bytes) {
   char out[17];
@@ -145,6 +237,7 @@ Status Trainer::Run(RankContext* where) {
   tokens_per_step_ = config_.train_batch_size * options_.tokens_per_row;
   ZERO_RETURN_IF_ERROR(Connect(std::move(ro)));
   ZERO_RETURN_IF_ERROR(CheckRanksAgree());
+  ZERO_RETURN_IF_ERROR(CheckOutputs());
 
   // The engine's own breakdown line (its view: GatherModule to GradReady, waits on collectives and
   // offload) under the loop's, marked so the two are told apart.
@@ -269,8 +362,25 @@ Status Trainer::Train() {
                                            device_.get(), rank_, start_step_));
   t_train_ = Clock::now();
   if (lead()) std::printf("  set-up %.2f s; training\n", Since(t_start_));
+  StopSignals stop_signals;
   for (int64_t step = start_step_; step < o.steps; ++step) {
     ZERO_RETURN_IF_ERROR(RunStep(step, timing.get(), &window, &bar));
+    ZERO_ASSIGN_OR_RETURN(const int sig, AgreeToStop());
+    if (sig == 0) continue;
+    // A graceful stop: every rank is here after the same step.
+    bar.Finish();
+    const int64_t done = step + 1;
+    std::string saved = "no checkpoint (no --save)";
+    if (!o.save_dir.empty()) {
+      if (!(o.save_every > 0 && done % o.save_every == 0)) ZERO_RETURN_IF_ERROR(SaveCheckpoint(done));
+      saved = "the checkpoint of step " + std::to_string(done) + " is saved in " + o.save_dir +
+              " (resume with --resume " + o.save_dir + ")";
+    }
+    return UnavailableError(std::string("stopped by ") +
+                            (sig == SIGINT    ? "SIGINT"
+                             : sig == SIGTERM ? "SIGTERM"
+                                              : "a signal") +
+                            " after step " + std::to_string(done) + " of " + std::to_string(o.steps) + "; " + saved);
   }
   bar.Finish();
   train_seconds_ = Since(t_train_);

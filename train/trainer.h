@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -69,7 +70,28 @@ struct TrainerOptions {
   std::string trace;            // Chrome trace of steps 2-4 (trainer_timing.h); "": none
   bool loop_breakdown = false;  // the loop's timers when the config says wall_clock_breakdown
   bool progress_bar = false;    // the terminal progress bar (drawn only when stdout is a TTY)
+
+  // Rank 0, once the ranks are connected and before the engine is created: the job's check of the
+  // outputs it writes after training (zero_llm's --export-hf), so that a bad path fails at the start
+  // rather than after the run. An error ends every rank there. Empty: none.
+  std::function<Status()> check_lead_outputs;
 };
+
+// --save DIR can take a checkpoint: a directory, or missing and creatable, in which a file can be
+// created (engine/checkpoint/io.h's CheckWritableDirectory; it creates DIR); an existing file or
+// other non-directory is refused. Errors start "--save DIR: ". For the launching process; the
+// Trainer checks it again on every rank (each writes its partition there) before the engine starts.
+Status CheckSaveDirectory(const std::string& dir);
+
+// A graceful stop (docs/reliability.md): while a Trainer trains, the first SIGINT or SIGTERM this
+// process gets asks it to stop. The ranks agree on it at the next step boundary (a one-value
+// all-reduce after each step, so a signal that reached one rank stops all of them at the same step);
+// each then saves the checkpoint of that step (with --save, atomically as every save) and Run
+// returns UNAVAILABLE "stopped by SIGTERM after step N of M ...", so the process exits non-zero
+// without the job's AfterTraining. A signal at least kStopSignalDebounceSeconds after the first
+// ends the process at once (the signal's default action); one sooner counts as the same request
+// (Ctrl-C reaches the ranks from the terminal and again from the launcher, which forwards it).
+inline constexpr double kStopSignalDebounceSeconds = 1.0;
 
 // The TrainerOptions both jobs' flags give alike: --device, --timeout, --steps, --save,
 // --save-every, --resume, --log-json and --plot (the fields of those names in `flags`); the rest
@@ -191,6 +213,11 @@ class Trainer {
   // period) compared with rank 0's; a difference is an error on every rank naming the first item,
   // the first rank that differs, its value and rank 0's.
   Status CheckRanksAgree();
+  // Collective: --save on every rank, options_.check_lead_outputs on rank 0; one rank's error ends
+  // every rank.
+  Status CheckOutputs();
+  // Collective, at a step boundary: the stop signal any rank got (0: none).
+  Result<int> AgreeToStop();
   Status Train();
   Status RunStep(int64_t step, LoopTiming* timing, examples::WindowSummary* window, examples::ProgressBar* bar);
   Status PrintWindow(examples::WindowSummary* window, examples::ProgressBar* bar);

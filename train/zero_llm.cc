@@ -169,6 +169,17 @@ std::string Printf(const char* format, ...) {
 Result<LlmConfig> ModelConfig(const LlmTrainOptions& o) {
   LlmConfig c;
   if (!o.model_dir.empty()) {
+    // --model names the directory (the weights, tokenizer and config beside each other); a file such
+    // as DIR/config.json passed the config's read and failed only in the ranks, at the weights.
+    struct stat st;
+    if (::stat(o.model_dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+      const size_t slash = o.model_dir.rfind('/');
+      const std::string dir = slash == std::string::npos ? "." : o.model_dir.substr(0, slash == 0 ? 1 : slash);
+      return InvalidArgumentError("--model " + o.model_dir +
+                                  ": a file; pass the Hugging Face directory that holds config.json and the "
+                                  "safetensors (here perhaps --model " +
+                                  dir + ")");
+    }
     ZERO_ASSIGN_OR_RETURN(c, LoadHfConfig(o.model_dir));
   } else {
     auto p = Preset(o.preset);
@@ -504,17 +515,24 @@ Status Export(Engine* engine, const LlmTrainOptions& o, const LlmConfig& c,
   const DType dtype = c.torch_dtype == "float32"   ? DType::kF32
                       : c.torch_dtype == "float16" ? DType::kF16
                                                    : DType::kBF16;
-  ZERO_RETURN_IF_ERROR(ExportHf(o.export_hf, ToHfConfigJson(c), hf, dtype, [&](int index, float* out) {
-    std::copy(full[index].begin(), full[index].end(), out);
-    return OkStatus();
-  }));
+  // The tokenizer files are part of the export: written, checked and published with the weights
+  // (hf/model_dir.h: the directory is replaced whole, so an earlier export's tokenizer never stays).
+  std::vector<ExportFile> extra;
   if (!tokenizer_json.empty()) {
     // tokenizer_config.json tells transformers' AutoTokenizer which class and special token to use.
-    std::ofstream(o.export_hf + "/tokenizer.json") << tokenizer_json;
-    std::ofstream(o.export_hf + "/tokenizer_config.json")
-        << "{\"tokenizer_class\": \"PreTrainedTokenizerFast\", \"eos_token\": \"" << kEndOfText
-        << "\", \"pad_token\": \"" << kEndOfText << "\", \"model_max_length\": " << c.max_position_embeddings << "}\n";
+    extra.push_back({"tokenizer.json", tokenizer_json});
+    extra.push_back({"tokenizer_config.json",
+                     std::string("{\"tokenizer_class\": \"PreTrainedTokenizerFast\", \"eos_token\": \"") + kEndOfText +
+                         "\", \"pad_token\": \"" + kEndOfText +
+                         "\", \"model_max_length\": " + std::to_string(c.max_position_embeddings) + "}\n"});
   }
+  ZERO_RETURN_IF_ERROR(ExportHf(
+      o.export_hf, ToHfConfigJson(c), hf, dtype,
+      [&](int index, float* out) {
+        std::copy(full[index].begin(), full[index].end(), out);
+        return OkStatus();
+      },
+      5'000'000'000, extra));
   std::printf("exported the model to %s (Hugging Face directory, %s)\n", o.export_hf.c_str(), c.torch_dtype.c_str());
   return OkStatus();
 }
@@ -813,6 +831,9 @@ train::TrainerOptions TrainerOptionsFor(const LlmTrainOptions& o) {
   t.tokens_per_row = o.seq;
   t.loss_average = train::LossAverage::kPerTarget;
   t.unmanaged_divides_by_gas = true;
+  if (!o.export_hf.empty()) {
+    t.check_lead_outputs = [&o] { return CheckExportTarget(o.export_hf).WithContext("--export-hf " + o.export_hf); };
+  }
   return t;
 }
 
@@ -827,6 +848,11 @@ Status RunRank(const LlmTrainOptions& o, train::RankContext* where) {
 // named pipe blocked the ranks forever, a directory read as 0 tokens), a text to tokenize with a
 // tokenizer it may use, and --eval-only's --resume a directory.
 Status CheckInputs(const LlmTrainOptions& o) {
+  // The outputs first, so that a path the run cannot write fails now, not after training.
+  ZERO_RETURN_IF_ERROR(train::CheckSaveDirectory(o.save_dir));
+  if (!o.export_hf.empty()) {
+    ZERO_RETURN_IF_ERROR(CheckExportTarget(o.export_hf).WithContext("--export-hf " + o.export_hf));
+  }
   if (!o.data.empty()) ZERO_RETURN_IF_ERROR(data::CheckDataFile("--data", o.data, kDataExpected));
   if (!o.tokenizer.empty()) {
     ZERO_RETURN_IF_ERROR(data::CheckDataFile("--tokenizer", o.tokenizer, "a tokenizer.json file"));
