@@ -328,7 +328,9 @@ Status Trainer::CheckRanksAgree() {
 Status Trainer::Train() {
   const TrainerOptions& o = options_;
   if (!o.resume_dir.empty()) {
-    ZERO_RETURN_IF_ERROR(engine_->LoadCheckpoint(o.resume_dir).status().WithContext("--resume " + o.resume_dir));
+    Result<std::string> client_state = engine_->LoadCheckpoint(o.resume_dir);
+    ZERO_RETURN_IF_ERROR(client_state.status().WithContext("--resume " + o.resume_dir));
+    ZERO_RETURN_IF_ERROR(job_->CheckResumedClientState(*client_state).WithContext("--resume " + o.resume_dir));
     start_step_ = engine_->counters().global_steps;
     if (lead()) {
       std::printf("  resumed from %s at step %lld\n", o.resume_dir.c_str(), static_cast<long long>(start_step_));

@@ -160,6 +160,9 @@ class TrainJob {
   virtual std::string WindowLine(const examples::WindowSummary& window) = 0;
   // The client state saved with the checkpoint after `step` steps ("": none).
   virtual std::string CheckpointClientState(int64_t step) { return ""; }
+  // Every rank, after --resume loaded a checkpoint: `client_state` is what CheckpointClientState
+  // saved ("{}" when nothing). An error ends the run before any step (e.g. another tokenizer).
+  virtual Status CheckResumedClientState(const std::string& client_state) { return OkStatus(); }
 
   // After the loop and its last checkpoint: evaluation, export, the closing lines. Collective.
   virtual Status AfterTraining(Trainer& trainer) = 0;

@@ -41,6 +41,7 @@
 #include "models/llama/params.h"
 #include "runtime/device.h"
 #include "runtime/hash.h"
+#include "runtime/json_input.h"
 #include "tools/launcher.h"
 #include "train/model_runner.h"
 #include "train/trainer.h"
@@ -657,6 +658,7 @@ class ZeroLlmJob final : public train::TrainJob {
 
   Result<Config> Prepare(int rank, int world_size) override {
     world_size_ = world_size;
+    world_rank_ = rank;
     ZERO_ASSIGN_OR_RETURN(mc_, ModelConfig(o_));
     auto config_or = ResolveLlmConfig(o_, world_size);
     if (!config_or.ok()) return config_or.status().WithContext("config");
@@ -674,6 +676,37 @@ class ZeroLlmJob final : public train::TrainJob {
   }
 
   std::vector<train::RankAgreementItem> RankAgreement() override { return agreement_; }
+
+  // A checkpoint records the tokenizer and the data it was trained with: resuming with another
+  // tokenizer is refused (the token ids would mean other text), with other data it is said.
+  std::string CheckpointClientState(int64_t step) override {
+    nlohmann::json j;
+    j["zero_llm_step"] = step;
+    j["tokenizer"] = TokenizerIdentity();
+    j["data"] = DataIdentity(data_);
+    return j.dump();
+  }
+  Status CheckResumedClientState(const std::string& client_state) override {
+    ZERO_ASSIGN_OR_RETURN(nlohmann::json j,
+                          ParseJsonText<nlohmann::json>(client_state, "the checkpoint's client state"));
+    if (!j.is_object() || !j.contains("tokenizer") || !j["tokenizer"].is_string()) {
+      if (world_rank_ == 0) std::printf("  note: the checkpoint records no tokenizer (saved before zero_llm did)\n");
+      return OkStatus();
+    }
+    const std::string saved = j["tokenizer"].get<std::string>(), mine = TokenizerIdentity();
+    if (saved != mine) {
+      return InvalidArgumentError("the checkpoint was trained with another tokenizer (" + saved +
+                                  "; this run's: " + mine +
+                                  "): its token ids would mean other text; resume with the same --tokenizer / "
+                                  "--model / --tokenizer-vocab and data as the run that saved it");
+    }
+    if (world_rank_ == 0 && j.contains("data") && j["data"].is_string() &&
+        j["data"].get<std::string>() != DataIdentity(data_)) {
+      std::printf("  note: this run's data differs from the checkpoint's (%s; saved with %s)\n",
+                  DataIdentity(data_).c_str(), j["data"].get<std::string>().c_str());
+    }
+    return OkStatus();
+  }
 
   Result<std::vector<examples::ModelParamSpec>> InitializeParameters(Engine* engine) override {
     specs_ = LlmParamSpecs(mc_);
@@ -707,7 +740,9 @@ class ZeroLlmJob final : public train::TrainJob {
   Result<bool> RunWithoutTraining(train::Trainer& t) override {
     if (!o_.eval_only) return false;
     if (!o_.resume_dir.empty()) {
-      ZERO_RETURN_IF_ERROR(t.engine()->LoadCheckpoint(o_.resume_dir).status().WithContext("--resume " + o_.resume_dir));
+      Result<std::string> client_state = t.engine()->LoadCheckpoint(o_.resume_dir);
+      ZERO_RETURN_IF_ERROR(client_state.status().WithContext("--resume " + o_.resume_dir));
+      ZERO_RETURN_IF_ERROR(CheckResumedClientState(*client_state).WithContext("--resume " + o_.resume_dir));
       if (t.lead()) {
         std::printf("  evaluating the checkpoint %s (step %lld)\n", o_.resume_dir.c_str(),
                     static_cast<long long>(t.engine()->counters().global_steps));
@@ -819,7 +854,23 @@ class ZeroLlmJob final : public train::TrainJob {
   Data data_;
   std::vector<examples::ModelParamSpec> specs_;
   LlmRunner* runner_ = nullptr;  // owned by the Trainer
+  // What the token ids mean: the tokenizer trained or loaded (its tokenizer.json, hashed), or, for
+  // token-id data with no tokenizer, the vocabulary size alone.
+  std::string TokenizerIdentity() const {
+    char out[96];
+    if (data_.tokenizer_json.empty()) {
+      std::snprintf(out, sizeof(out), "token ids of a vocabulary of %lld, no tokenizer",
+                    static_cast<long long>(mc_.vocab_size));
+    } else {
+      std::snprintf(
+          out, sizeof(out), "tokenizer.json xxh64 %016llx",
+          static_cast<unsigned long long>(XxHash64(data_.tokenizer_json.data(), data_.tokenizer_json.size())));
+    }
+    return out;
+  }
+
   int world_size_ = 1;
+  int world_rank_ = 0;
   std::vector<train::RankAgreementItem> agreement_;
 };
 

@@ -149,6 +149,24 @@ TEST_F(ZeroLlmTest, EvalOnlyPrintsOneLineAndAgreesAcrossWorldSizesAndStages) {
   EXPECT_GT(EvalLoss(one.output), 0.0);
 }
 
+// A checkpoint records its tokenizer: resuming with another one is refused (the ids would mean other
+// text); with the same one the run goes on.
+TEST(ZeroLlmResume, ACheckpointResumesOnlyWithItsTokenizer) {
+  const std::string ckpt = Tmp("tokenizer_ckpt");
+  RunResult first = RunLlm(Tiny({"--nproc", "1", "--steps", "2", "--eval-windows", "0", "--save", ckpt}), 60);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  RunResult same = RunLlm(Tiny({"--nproc", "1", "--steps", "3", "--eval-windows", "0", "--resume", ckpt}), 60);
+  EXPECT_EQ(same.exit_code, 0) << same.output;
+  std::vector<std::string> other = Tiny({"--nproc", "1", "--steps", "3", "--eval-windows", "0", "--resume", ckpt});
+  for (size_t i = 0; i + 1 < other.size(); ++i) {
+    if (other[i] == "--tokenizer-vocab") other[i + 1] = "384";
+  }
+  RunResult changed = RunLlm(other, 60);
+  EXPECT_NE(changed.exit_code, 0) << changed.output;
+  EXPECT_NE(changed.output.find("the checkpoint was trained with another tokenizer"), std::string::npos)
+      << changed.output;
+}
+
 std::string WeightsHash(const std::string& output) {
   const size_t at = output.find("master_weights_hash=");
   return at == std::string::npos ? "" : output.substr(at + 20, 16);
